@@ -1,0 +1,62 @@
+package canon
+
+import "testing"
+
+func TestJSONEquivalent(t *testing.T) {
+	a, err := JSON([]byte(`{"b": 1, "a": {"y": [1, 2], "x": "s"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := JSON([]byte("{\n\"a\":{\"x\":\"s\",\"y\":[1,2]},\"b\":1}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(a) != string(b) {
+		t.Fatalf("got %s and %s; want equal", a, b)
+	}
+	if want := `{"a":{"x":"s","y":[1,2]},"b":1}`; string(a) != want {
+		t.Fatalf("got %s; want %s", a, want)
+	}
+}
+
+func TestJSONDifferentValues(t *testing.T) {
+	for _, pair := range [][2]string{
+		{`{"a":1}`, `{"a":2}`},
+		{`{"a":1}`, `{"a":1.0}`},
+		{`{"a":"1"}`, `{"a":1}`},
+		{`[1,2]`, `[2,1]`},
+		{`{"a":null}`, `{}`},
+	} {
+		x, err1 := JSON([]byte(pair[0]))
+		y, err2 := JSON([]byte(pair[1]))
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%v %v", err1, err2)
+		}
+		if string(x) == string(y) {
+			t.Errorf("%s and %s canonicalise to the same %s; want different", pair[0], pair[1], x)
+		}
+	}
+}
+
+func TestJSONRejectsTrailingData(t *testing.T) {
+	for _, in := range []string{`{"a":1} {"b":2}`, `{"a":`, ``, `nope`} {
+		if _, err := JSON([]byte(in)); err == nil {
+			t.Errorf("JSON(%q): got nil error; want one", in)
+		}
+	}
+}
+
+func TestBody(t *testing.T) {
+	if got := Body("application/json; charset=utf-8", []byte(`{ "a" : 1 }`)); string(got) != `{"a":1}` {
+		t.Errorf("json: got %s", got)
+	}
+	if got := Body("application/problem+json", []byte(`{ "a" : 1 }`)); string(got) != `{"a":1}` {
+		t.Errorf("+json: got %s", got)
+	}
+	if got := Body("text/plain", []byte(`{ "a" : 1 }`)); string(got) != `{ "a" : 1 }` {
+		t.Errorf("text: got %s; want bytes unchanged", got)
+	}
+	if got := Body("application/json", []byte(`{bad`)); string(got) != `{bad` {
+		t.Errorf("invalid json: got %s; want bytes unchanged", got)
+	}
+}

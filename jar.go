@@ -1,0 +1,157 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// State is where an operation stands in a Jar.
+//
+//	         Begin (durable)          final answer               Forget
+//	(none) ──────────────▶ pending ─────────────────▶ done ──────────────▶ (gone)
+//	                          │  422, local mismatch ─▶ failed
+//	                          │  older than Horizon ──▶ reconcile
+//	                          │  Abandon ─────────────▶ abandoned
+//	                          └─ crash, ctx cancelled, budget spent: stays pending
+type State string
+
+const (
+	// StatePending: the key is persisted and the outcome is unknown. The
+	// operation is resumed with the same key.
+	StatePending State = "pending"
+	// StateDone: a final answer (2xx, 3xx, 4xx other than 422, or 500) was received.
+	StateDone State = "done"
+	// StateFailed: the server refused the key with 422 (reused with other
+	// parameters). It must not be retried.
+	StateFailed State = "failed"
+	// StateReconcile: the first send is older than the retry horizon. The
+	// caller must find out from the server what happened; the SDK will not
+	// send it again.
+	StateReconcile State = "reconcile"
+	// StateAbandoned: the caller established that the original did not
+	// happen and is not executing. Begin may then reuse the name with a new key.
+	StateAbandoned State = "abandoned"
+)
+
+// Valid reports whether s is one of the states above.
+func (s State) Valid() bool {
+	switch s {
+	case StatePending, StateDone, StateFailed, StateReconcile, StateAbandoned:
+		return true
+	}
+	return false
+}
+
+// Record is one logical operation as a Jar stores it.
+type Record struct {
+	Op          string // the operation's name; unique in a jar
+	Key         string // the Idempotency-Key sent on every attempt
+	Fingerprint string // hex SHA-256 of method, URL and canonical body
+	State       State
+
+	// The request, so that it can be resumed after a restart. Header never
+	// holds credentials (see SecretHeader). Body is nil when the body was
+	// larger than the transport's MaxStoredBody; BodySize is its length.
+	Method   string
+	URL      string
+	Header   http.Header
+	Body     []byte
+	BodySize int64
+
+	Created     time.Time // when the key was persisted, before the first send; the horizon runs from here
+	Updated     time.Time // last change
+	Attempts    int       // attempts sent so far, across calls and restarts
+	LastStatus  int       // status of the last answer; 0 when none
+	LastError   string    // the last attempt's error; "" when none
+	NextAttempt time.Time // zero, or the earliest time the server asked to be retried at
+	Note        string    // why the operation is in its state (abandon reason, reconcile hint)
+
+	// The lease: at most one holder sends the operation at a time, across
+	// goroutines and processes. Holder is "" when free.
+	Holder     string
+	LeaseUntil time.Time
+}
+
+// BodyStored reports whether the record holds the whole request body.
+func (r Record) BodyStored() bool { return int64(len(r.Body)) == r.BodySize }
+
+// Change is what Jar.Update applies to a record, atomically.
+type Change struct {
+	Now        time.Time // becomes Updated
+	State      State     // the new state; "" keeps the current one
+	Attempts   int       // added to Attempts
+	LastStatus int       // replaces LastStatus
+	LastError  string    // replaces LastError
+	// NextAttempt replaces NextAttempt.
+	NextAttempt time.Time
+	Note        string // replaces Note when not ""
+	Release     bool   // drop the lease
+}
+
+// A Jar stores operations durably. *keyjar.Jar (SQLite), pgjar (PostgreSQL)
+// and MemoryJar implement it. Implementations must be safe for concurrent use
+// and keep these rules:
+//
+//   - Begin is an atomic get-or-create across goroutines and, for jars on
+//     shared storage, across processes: two callers never create two records
+//     for one name. The created record is durable (on stable storage) before
+//     Begin returns. An existing record is returned unchanged with
+//     created=false, except one in StateAbandoned, which Begin replaces.
+//   - Acquire takes the lease on op for holder until now+ttl when the lease is
+//     free, held by holder, or expired at now; otherwise it returns the
+//     record and ErrLeased.
+//   - Update applies c to op. When holder is not "", the change is fenced:
+//     if op's lease is no longer held by holder, nothing changes and Update
+//     returns ErrLeaseLost. Update need not be durable at return: losing it
+//     on power loss only causes a re-send that the server replays.
+//   - Get, Acquire and Update return ErrNotFound for an unknown op.
+//   - Credentials are never written: callers strip them (see SecretHeader),
+//     and a jar may strip them again.
+type Jar interface {
+	Begin(ctx context.Context, r Record) (rec Record, created bool, err error)
+	Get(ctx context.Context, op string) (Record, error)
+	Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (Record, error)
+	Update(ctx context.Context, op, holder string, c Change) (Record, error)
+}
+
+// Errors returned by Jar implementations.
+var (
+	// ErrNotFound is returned by Jar.Get, Jar.Acquire and Jar.Update for an
+	// operation that is not in the jar.
+	ErrNotFound = errors.New("idem: operation not found in jar")
+	// ErrLeased is returned by Jar.Acquire when another holder's lease on the
+	// operation has not expired.
+	ErrLeased = errors.New("idem: operation is being sent by another holder")
+	// ErrLeaseLost is returned by Jar.Update when the holder's lease was taken
+	// over: the change was not applied.
+	ErrLeaseLost = errors.New("idem: lease lost to another holder")
+)
+
+// Apply applies c to r, as Jar.Update does once the fencing check passed. It
+// is exported for Jar implementations.
+func (c Change) Apply(r *Record) {
+	r.Updated = c.Now
+	if c.State != "" {
+		r.State = c.State
+	}
+	r.Attempts += c.Attempts
+	r.LastStatus = c.LastStatus
+	r.LastError = c.LastError
+	r.NextAttempt = c.NextAttempt
+	if c.Note != "" {
+		r.Note = c.Note
+	}
+	if c.Release {
+		r.Holder = ""
+		r.LeaseUntil = time.Time{}
+	}
+}
+
+// CanLease reports whether holder may take r's lease at now: the lease is
+// free, already held by holder, or expired. It is exported for Jar
+// implementations.
+func (r Record) CanLease(holder string, now time.Time) bool {
+	return r.Holder == "" || r.Holder == holder || !now.Before(r.LeaseUntil)
+}

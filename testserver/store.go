@@ -1,0 +1,78 @@
+package testserver
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// Status is the state of a key on the server.
+type Status string
+
+const (
+	// StatusInFlight: a worker claimed the key and runs the handler.
+	StatusInFlight Status = "in_flight"
+	// StatusDone: the first answer is saved and is replayed.
+	StatusDone Status = "done"
+)
+
+// Response is a saved answer: replayed byte for byte to every retry.
+type Response struct {
+	Status int
+	Header http.Header // only the replay-safe headers (see ReplayHeaders)
+	Body   []byte
+}
+
+// Entry is one row of the idempotency_keys table.
+type Entry struct {
+	Scope       string // the tenant; keys of two scopes never meet
+	Key         string
+	Fingerprint string
+	Status      Status
+	// Token is the fencing token: locked_at, in Unix nanoseconds, of the
+	// worker that holds the claim. Every write after the claim is
+	// conditioned on it.
+	Token    int64
+	Response *Response // nil while in flight
+	Created  time.Time
+}
+
+// LockedAt returns the time the claim was taken, from its token.
+func (e Entry) LockedAt() time.Time { return time.Unix(0, e.Token) }
+
+// Store persists keys for the Middleware. Every method must be safe for
+// concurrent use by many goroutines and, for shared storage, by many server
+// processes; each is one atomic statement (no SELECT-then-INSERT).
+//
+// Conformance: testserver/storetest runs the same cases against every Store.
+type Store interface {
+	// Claim inserts an in-flight entry for (scope, key) with the given
+	// fingerprint and token, created at now, if none exists
+	// (INSERT … ON CONFLICT DO NOTHING). claimed reports whether this call
+	// inserted it; when it did not, Claim returns the existing entry.
+	Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (e Entry, claimed bool, err error)
+
+	// TakeOver replaces the token of an in-flight entry by compare-and-set:
+	// it succeeds only if the entry is still in flight with token old. Of
+	// many concurrent callers with the same old token, exactly one wins.
+	// The caller chooses a new token greater than old.
+	TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error)
+
+	// Save marks the entry done with resp, fenced: only if it is in flight
+	// with token. Otherwise nothing changes and Save returns ErrFenced.
+	Save(ctx context.Context, scope, key string, token int64, resp Response) error
+
+	// Release deletes the entry, fenced: only if it is in flight with token.
+	// It reports whether it deleted it; false means someone took over, and
+	// the entry is left alone.
+	Release(ctx context.Context, scope, key string, token int64) (bool, error)
+
+	// Prune deletes at most limit entries created before before (done or
+	// abandoned in flight) and returns how many it deleted.
+	Prune(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// ErrFenced is returned by Store.Save when the caller's token no longer
+// holds the claim: another worker took over, and the late write was refused.
+var ErrFenced = errors.New("testserver: write fenced: the claim was taken over")
