@@ -1,0 +1,299 @@
+// Package retry decides whether one attempt of a keyed request is retried,
+// and how long to wait before the next.
+//
+// A retry is only allowed because every attempt carries the same
+// Idempotency-Key (RFC 9110 §9.2.2): the server replays the first answer.
+// The decisions follow one table:
+//
+//	network error (dial, reset, EOF, attempt timeout)     Retry, same key
+//	409 Conflict (key still in flight on the server)      Retry, honour Retry-After
+//	429, 502, 503, 504                                    Retry, honour Retry-After up to a cap
+//	422 Unprocessable (key reused with other parameters)  Stop: never retry
+//	other 4xx, 2xx, 3xx, 500                              Final: return it
+//	context cancelled, other errors                       Stop
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Decision is the verdict on one attempt.
+type Decision int
+
+const (
+	// Final: the answer is the operation's outcome; return it.
+	Final Decision = iota
+	// Retry: send again with the same key.
+	Retry
+	// Stop: do not send again. For 422 the response is still returned;
+	// for an error, the error is.
+	Stop
+)
+
+func (d Decision) String() string {
+	switch d {
+	case Final:
+		return "final"
+	case Retry:
+		return "retry"
+	case Stop:
+		return "stop"
+	}
+	return "Decision(" + strconv.Itoa(int(d)) + ")"
+}
+
+// Classify decides on one attempt's (resp, err), as http.RoundTripper
+// returns them: resp is used when err is nil.
+//
+// Errors are classified by type, never by message: context.Canceled stops;
+// a net.Error (timeouts included, so an attempt's own deadline retries),
+// io.EOF, io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED and
+// EPIPE retry; any other error (a bad URL, a TLS certificate) stops. The
+// caller must check its own context first: a caller's expired deadline is a
+// net.Error too.
+func Classify(resp *http.Response, err error) Decision {
+	if err != nil {
+		return classifyError(err)
+	}
+	if resp == nil {
+		return Stop
+	}
+	switch resp.StatusCode {
+	case http.StatusConflict, http.StatusTooManyRequests,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return Retry
+	case http.StatusUnprocessableEntity:
+		return Stop
+	}
+	return Final
+}
+
+func classifyError(err error) Decision {
+	if errors.Is(err, context.Canceled) {
+		return Stop
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return Retry
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return Retry
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.ECONNABORTED, syscall.EPIPE} {
+		if errors.Is(err, errno) {
+			return Retry
+		}
+	}
+	return Stop
+}
+
+// ParseRetryAfter parses a Retry-After value, in delay-seconds or
+// HTTP-date form, relative to now. It reports false for an empty, negative
+// or malformed value. A date in the past is a zero wait.
+func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			if errors.Is(err, strconv.ErrRange) {
+				return maxWait, true
+			}
+			return 0, false
+		}
+		if secs > uint64(maxWait/time.Second) {
+			return maxWait, true
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	if d := t.Sub(now); d > 0 {
+		return d, true
+	}
+	return 0, true
+}
+
+// maxWait bounds a parsed Retry-After so that arithmetic on it never
+// overflows: about 292 years is far beyond any horizon.
+const maxWait = time.Duration(1<<63 - 1)
+
+// RetryAfter returns the wait that resp's Retry-After header asks for.
+func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
+	if resp == nil {
+		return 0, false
+	}
+	return ParseRetryAfter(resp.Header.Get("Retry-After"), now)
+}
+
+// Policy is how one logical operation is retried. The zero value is the
+// default written beside each field. A negative duration or count is
+// treated as its default.
+type Policy struct {
+	// MaxAttempts is the number of attempts one call may send, the first
+	// included. Zero means 5.
+	MaxAttempts int
+	// InitialInterval is the backoff before the first retry. Zero means
+	// 200 ms.
+	InitialInterval time.Duration
+	// MaxInterval caps one backoff interval. Zero means 10 s.
+	MaxInterval time.Duration
+	// Multiplier grows the interval after each retry. Zero means 2.
+	Multiplier float64
+	// NoJitter disables full jitter. With jitter (the default) each wait
+	// is drawn uniformly from [0, interval), so that clients that failed
+	// together do not retry together.
+	NoJitter bool
+	// MaxRetryAfter caps how long one call honours a server's Retry-After.
+	// A longer Retry-After is not slept through: the call stops and the
+	// operation records when it may be sent again. Zero means 30 s.
+	MaxRetryAfter time.Duration
+	// MaxElapsed is the per-call budget: a call never starts a wait that
+	// would end after it. It is the MaxElapsedTime of the backoff, set on
+	// purpose (backoff's own default is 15 minutes). Zero means 1 minute.
+	MaxElapsed time.Duration
+	// AttemptTimeout bounds one attempt, from sending to the response
+	// headers; a timed-out attempt is a network error and is retried. Zero
+	// means no per-attempt limit (the caller's context still applies).
+	AttemptTimeout time.Duration
+	// Horizon is how long after its first send an operation may still be
+	// retried. Past it, the SDK stops in favour of reconciliation. It must
+	// stay below the server's key retention (Stripe keeps keys ≥ 24 h).
+	// Zero means 24 h.
+	Horizon time.Duration
+}
+
+// Defaults returns p with every zero or negative field set to its default.
+func (p Policy) Defaults() Policy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 5
+	}
+	if p.InitialInterval <= 0 {
+		p.InitialInterval = 200 * time.Millisecond
+	}
+	if p.MaxInterval <= 0 {
+		p.MaxInterval = 10 * time.Second
+	}
+	if p.Multiplier <= 0 {
+		p.Multiplier = 2
+	}
+	if p.MaxRetryAfter <= 0 {
+		p.MaxRetryAfter = 30 * time.Second
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = time.Minute
+	}
+	if p.AttemptTimeout < 0 {
+		p.AttemptTimeout = 0
+	}
+	if p.Horizon <= 0 {
+		p.Horizon = 24 * time.Hour
+	}
+	return p
+}
+
+// Expired reports whether an operation first sent at created is past the
+// horizon at now.
+func (p Policy) Expired(created, now time.Time) bool {
+	return now.Sub(created) > p.Defaults().Horizon
+}
+
+// Schedule is the retry schedule of one call. It is not safe for
+// concurrent use: make one per call with Policy.Schedule.
+type Schedule struct {
+	p    Policy
+	b    *backoff.ExponentialBackOff
+	rand func() float64
+}
+
+// Schedule starts the schedule of one call at the current time.
+func (p Policy) Schedule() *Schedule {
+	p = p.Defaults()
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     p.InitialInterval,
+		RandomizationFactor: 0, // full jitter is applied below
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.MaxInterval,
+		MaxElapsedTime:      p.MaxElapsed,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	b.Reset()
+	return &Schedule{p: p, b: b, rand: rand.Float64}
+}
+
+// Elapsed returns the time since the schedule started.
+func (s *Schedule) Elapsed() time.Duration { return s.b.GetElapsedTime() }
+
+// Next returns the wait before the next attempt, after an attempt that
+// Classify judged Retry. retryAfter is the server's Retry-After, when it
+// sent one (ok). Next reports false when the call's budget does not allow
+// another attempt (the wait would end after MaxElapsed), and deferred when
+// the server asked for a longer wait than MaxRetryAfter: the caller then
+// records the time and stops rather than sleep.
+func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, more, deferred bool) {
+	interval := s.b.NextBackOff()
+	if interval == backoff.Stop {
+		return 0, false, false
+	}
+	wait = interval
+	if !s.p.NoJitter {
+		wait = time.Duration(s.rand() * float64(interval))
+	}
+	if ok {
+		if retryAfter > s.p.MaxRetryAfter {
+			return retryAfter, false, true
+		}
+		wait = max(wait, retryAfter)
+	}
+	if s.Elapsed()+wait > s.p.MaxElapsed {
+		return wait, false, false
+	}
+	return wait, true, false
+}
+
+// Sleep waits for d or until ctx is done, whichever is first, and returns
+// ctx's error in the second case.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return CtxErr(ctx)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return CtxErr(ctx)
+	}
+}
+
+// CtxErr returns ctx's error, joined with its cause when the cause differs,
+// so that errors.Is matches both context.Canceled (or DeadlineExceeded) and
+// the cause. It returns nil while ctx is not done.
+func CtxErr(ctx context.Context) error {
+	err := ctx.Err()
+	if err == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
+}

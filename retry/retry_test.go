@@ -1,0 +1,207 @@
+package retry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem/retry"
+)
+
+func resp(code int) *http.Response { return &http.Response{StatusCode: code, Header: http.Header{}} }
+
+func TestClassify(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	opErr := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	tests := []struct {
+		name string
+		resp *http.Response
+		err  error
+		want retry.Decision
+	}{
+		{"200", resp(200), nil, retry.Final},
+		{"201", resp(201), nil, retry.Final},
+		{"302", resp(302), nil, retry.Final},
+		{"400", resp(400), nil, retry.Final},
+		{"404", resp(404), nil, retry.Final},
+		{"409", resp(409), nil, retry.Retry},
+		{"422", resp(422), nil, retry.Stop},
+		{"429", resp(429), nil, retry.Retry},
+		{"500", resp(500), nil, retry.Final},
+		{"502", resp(502), nil, retry.Retry},
+		{"503", resp(503), nil, retry.Retry},
+		{"504", resp(504), nil, retry.Retry},
+		{"nil response", nil, nil, retry.Stop},
+		{"io.EOF", nil, io.EOF, retry.Retry},
+		{"unexpected EOF wrapped", nil, fmt.Errorf("read: %w", io.ErrUnexpectedEOF), retry.Retry},
+		{"*net.OpError", nil, opErr, retry.Retry},
+		{"url.Error around OpError", nil, &url.Error{Op: "Post", URL: "http://x", Err: opErr}, retry.Retry},
+		{"ECONNRESET", nil, fmt.Errorf("write: %w", syscall.ECONNRESET), retry.Retry},
+		{"attempt deadline", nil, context.DeadlineExceeded, retry.Retry},
+		{"cancelled ctx", nil, cancelled.Err(), retry.Stop},
+		{"cancelled ctx wrapped", nil, &url.Error{Op: "Post", URL: "http://x", Err: context.Canceled}, retry.Stop},
+		{"other error", nil, errors.New("x509: certificate signed by unknown authority"), retry.Stop},
+		{"error with 'connection reset' text only", nil, errors.New("connection reset by peer"), retry.Stop},
+	}
+	for _, tt := range tests {
+		if got := retry.Classify(tt.resp, tt.err); got != tt.want {
+			t.Errorf("%s: got %v; want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestExpiredHorizon(t *testing.T) {
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var p retry.Policy
+	for _, tt := range []struct {
+		after time.Duration
+		want  bool
+	}{
+		{0, false},
+		{23*time.Hour + 59*time.Minute, false},
+		{24 * time.Hour, false},
+		{24*time.Hour + time.Minute, true},
+	} {
+		if got := p.Expired(created, created.Add(tt.after)); got != tt.want {
+			t.Errorf("Expired after %v: got %v; want %v", tt.after, got, tt.want)
+		}
+	}
+	short := retry.Policy{Horizon: time.Hour}
+	if !short.Expired(created, created.Add(61*time.Minute)) {
+		t.Errorf("Horizon 1h, 61m later: got not expired; want expired")
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		in     string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"", 0, false},
+		{"0", 0, true},
+		{"7", 7 * time.Second, true},
+		{" 12 ", 12 * time.Second, true},
+		{"-1", 0, false},
+		{"1.5", 0, false},
+		{"abc", 0, false},
+		{"99999999999999999999999", time.Duration(1<<63 - 1), true},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
+		{"Sun, 06 Nov 1994 08:49:37 GMT", 0, true},
+		{"Sunday, 06-Nov-94 08:49:37 GMT", 0, true},
+		{"Mon, 30 Nov 2026 12:00:05 +0000", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := retry.ParseRetryAfter(tt.in, now)
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	p := retry.Policy{}.Defaults()
+	if p.MaxAttempts != 5 || p.InitialInterval != 200*time.Millisecond || p.MaxInterval != 10*time.Second ||
+		p.Multiplier != 2 || p.MaxRetryAfter != 30*time.Second || p.MaxElapsed != time.Minute || p.Horizon != 24*time.Hour {
+		t.Fatalf("zero Policy defaults: got %+v", p)
+	}
+	if q := (retry.Policy{MaxAttempts: 2, Horizon: time.Hour}).Defaults(); q.MaxAttempts != 2 || q.Horizon != time.Hour {
+		t.Fatalf("set fields changed: got %+v", q)
+	}
+}
+
+func TestScheduleExponentialWithoutJitter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := retry.Policy{InitialInterval: time.Second, MaxInterval: 4 * time.Second, NoJitter: true, MaxElapsed: time.Hour}.Schedule()
+		for i, want := range []time.Duration{1, 2, 4, 4} {
+			wait, more, deferred := s.Next(0, false)
+			if !more || deferred || wait != want*time.Second {
+				t.Fatalf("retry %d: got %v, more=%v, deferred=%v; want %v, true, false", i, wait, more, deferred, want*time.Second)
+			}
+			time.Sleep(wait) // fake time inside the bubble
+		}
+	})
+}
+
+func TestScheduleFullJitterBounded(t *testing.T) {
+	s := retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second}.Schedule()
+	seen := map[time.Duration]bool{}
+	for range 50 {
+		wait, more, _ := s.Next(0, false)
+		if !more || wait < 0 || wait >= time.Second {
+			t.Fatalf("got %v, more=%v; want in [0, 1s)", wait, more)
+		}
+		seen[wait] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("got %d distinct waits in 50; want jitter", len(seen))
+	}
+}
+
+func TestScheduleBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := retry.Policy{InitialInterval: 10 * time.Second, MaxInterval: 10 * time.Second, NoJitter: true, MaxElapsed: 25 * time.Second}.Schedule()
+		for i := range 2 {
+			wait, more, _ := s.Next(0, false)
+			if !more {
+				t.Fatalf("retry %d: got budget spent after %v; want more", i, s.Elapsed())
+			}
+			time.Sleep(wait)
+		}
+		if _, more, _ := s.Next(0, false); more {
+			t.Fatalf("after %v of a 25s budget: got more; want budget spent", s.Elapsed())
+		}
+	})
+}
+
+func TestScheduleRetryAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := retry.Policy{InitialInterval: time.Millisecond, NoJitter: true, MaxRetryAfter: 30 * time.Second, MaxElapsed: time.Minute}
+		s := p.Schedule()
+		if wait, more, deferred := s.Next(7*time.Second, true); wait != 7*time.Second || !more || deferred {
+			t.Fatalf("Retry-After 7s: got %v, %v, %v; want 7s, true, false", wait, more, deferred)
+		}
+		if wait, more, deferred := s.Next(time.Hour, true); wait != time.Hour || more || !deferred {
+			t.Fatalf("Retry-After 1h over a 30s cap: got %v, %v, %v; want 1h, false, true", wait, more, deferred)
+		}
+		s = p.Schedule()
+		time.Sleep(50 * time.Second)
+		if _, more, deferred := s.Next(20*time.Second, true); more || deferred {
+			t.Fatalf("Retry-After 20s with 10s of budget left: got more=%v deferred=%v; want budget spent", more, deferred)
+		}
+	})
+}
+
+func TestSleepEndsWithContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cause := errors.New("shutting down")
+		ctx, cancel := context.WithCancelCause(context.Background())
+		go func() {
+			time.Sleep(time.Second)
+			cancel(cause)
+		}()
+		start := time.Now()
+		err := retry.Sleep(ctx, time.Hour)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
+			t.Fatalf("got %v; want context.Canceled and the cause", err)
+		}
+		if d := time.Since(start); d != time.Second {
+			t.Fatalf("slept %v; want 1s (until cancel)", d)
+		}
+		if err := retry.Sleep(context.Background(), 5*time.Second); err != nil {
+			t.Fatalf("uncancelled: got %v; want nil", err)
+		}
+	})
+}
