@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -81,6 +82,11 @@ func Classify(resp *http.Response, err error) Decision {
 }
 
 func classifyError(err error) Decision {
+	// *url.Error is itself a net.Error whatever it wraps: judge what it wraps.
+	var ue *url.Error
+	for errors.As(err, &ue) && ue.Err != nil {
+		err = ue.Err
+	}
 	if errors.Is(err, context.Canceled) {
 		return Stop
 	}

@@ -1,0 +1,268 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/retry"
+)
+
+// call is one RoundTrip of a keyed request: one logical operation, sent
+// once or more.
+type call struct {
+	t      *Transport
+	req    *http.Request
+	body   *reqBody
+	policy retry.Policy
+	op     string
+
+	key      string
+	holder   string // this call's lease holder id
+	rec      Record
+	sched    *retry.Schedule
+	attempts int // attempts sent by this call
+	lastCode int
+	lastErr  error
+}
+
+func (c *call) pending(err error, next time.Time) *PendingError {
+	return &PendingError{Op: c.op, Key: c.key, Attempts: c.attempts, LastStatus: c.lastCode,
+		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err}
+}
+
+// update records the outcome so far, fenced by this call's lease. A failed
+// update is not fatal once a send happened: the record stays pending and a
+// resume gets the server's replay.
+func (c *call) update(ctx context.Context, ch Change) {
+	ch.Now = time.Now()
+	ch.LastStatus = c.lastCode
+	if c.lastErr != nil {
+		ch.LastError = c.lastErr.Error()
+	}
+	_, _ = c.t.Jar.Update(context.WithoutCancel(ctx), c.op, c.holder, ch)
+}
+
+func (c *call) run(ctx context.Context) (*http.Response, error) {
+	c.sched = c.policy.Schedule()
+	if err := c.begin(ctx); err != nil {
+		return nil, err
+	}
+	for {
+		if err := retry.CtxErr(ctx); err != nil {
+			return nil, c.stop(ctx, err)
+		}
+		now := time.Now()
+		if c.attempts > 0 || c.rec.Holder != c.holder {
+			rec, err := c.t.Jar.Acquire(ctx, c.op, c.holder, now, c.t.lease(c.policy))
+			switch {
+			case errors.Is(err, ErrLeased):
+				c.rec = rec
+				c.lastErr = err
+				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
+					return nil, c.pending(c.lastErr, time.Time{})
+				}
+				continue
+			case err != nil:
+				if c.attempts == 0 {
+					return nil, &JarError{Op: c.op, Err: err}
+				}
+				return nil, c.stop(ctx, err)
+			}
+			c.rec = rec
+		}
+		// Checked under the lease, before every attempt, against the
+		// stored first-send time: a restart does not reset it.
+		if c.policy.Expired(c.rec.Created, now) {
+			return nil, c.reconcile(ctx)
+		}
+		if !c.rec.NextAttempt.IsZero() && now.Before(c.rec.NextAttempt) {
+			wait := c.rec.NextAttempt.Sub(now)
+			if wait > c.policy.MaxRetryAfter || c.sched.Elapsed()+wait > c.policy.MaxElapsed {
+				return nil, c.stop(ctx, nil)
+			}
+			if err := retry.Sleep(ctx, wait); err != nil {
+				return nil, c.stop(ctx, err)
+			}
+			c.rec.NextAttempt = time.Time{}
+			continue
+		}
+
+		resp, err := c.send(ctx)
+		c.attempts++
+		c.lastErr = err
+		if resp != nil {
+			c.lastCode = resp.StatusCode
+		}
+		if err != nil && retry.CtxErr(ctx) != nil {
+			// The caller's context ended: its error, not the transport's.
+			return nil, c.stop(ctx, retry.CtxErr(ctx))
+		}
+		switch retry.Classify(resp, err) {
+		case retry.Final:
+			c.update(ctx, Change{State: StateDone, Attempts: 1, Release: true})
+			return resp, nil
+		case retry.Stop:
+			if err != nil {
+				return nil, c.stop(ctx, err)
+			}
+			c.update(ctx, Change{State: StateFailed, Attempts: 1, Release: true})
+			return resp, nil
+		}
+		ra, hasRA := retry.RetryAfter(resp, time.Now())
+		wait, more, deferred := c.sched.Next(ra, hasRA)
+		if c.attempts >= c.policy.MaxAttempts {
+			more = false
+		}
+		if !more {
+			var next time.Time
+			if deferred {
+				next = time.Now().Add(wait)
+			}
+			c.update(ctx, Change{Attempts: 1, NextAttempt: next, Release: true})
+			if resp != nil {
+				return resp, nil // the last answer; the operation stays pending
+			}
+			return nil, c.pending(err, next)
+		}
+		c.update(ctx, Change{Attempts: 1})
+		if resp != nil {
+			body.Drain(resp.Body)
+		}
+		if err := retry.Sleep(ctx, wait); err != nil {
+			return nil, c.stop(ctx, err)
+		}
+	}
+}
+
+// wait sleeps before trying to take a lease again, at most until the lease
+// ends, within the call's budget. It reports false when the budget or the
+// context does not allow another try.
+func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
+	wait, more, _ := c.sched.Next(0, false)
+	if !more {
+		return false
+	}
+	if leaseLeft > 0 && leaseLeft < wait {
+		wait = leaseLeft
+	}
+	if err := retry.Sleep(ctx, wait); err != nil {
+		c.lastErr = err
+		return false
+	}
+	return true
+}
+
+// stop ends the call without a response: the operation stays pending.
+func (c *call) stop(ctx context.Context, err error) error {
+	if err == nil {
+		err = c.lastErr
+	}
+	c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
+	return c.pending(err, c.rec.NextAttempt)
+}
+
+func (c *call) reconcile(ctx context.Context) error {
+	c.update(ctx, Change{State: StateReconcile, Release: true,
+		Note: "first send older than the horizon: ask the server what happened, then abandon or forget"})
+	return &ReconcileError{Op: c.op, Key: c.key, Created: c.rec.Created, Horizon: c.policy.Horizon,
+		Attempts: c.rec.Attempts + c.attempts, LastStatus: c.lastCode}
+}
+
+// begin finds or creates the operation in the jar, durably, before the
+// first send.
+func (c *call) begin(ctx context.Context) error {
+	holder, err := newKey()
+	if err != nil {
+		return err
+	}
+	c.holder = holder
+	c.key = c.req.Header.Get(KeyHeader)
+	if c.key == "" {
+		if c.key, err = newKey(); err != nil {
+			return err
+		}
+	}
+	if c.op == "" {
+		c.op = c.key
+	}
+	now := time.Now()
+	r := Record{
+		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
+		Method: c.req.Method, URL: c.req.URL.String(), Header: PublicHeader(c.req.Header),
+		Body: c.body.saved, BodySize: c.body.size,
+		Created: now, Updated: now,
+		Holder: c.holder, LeaseUntil: now.Add(c.t.lease(c.policy)),
+	}
+	r.Header.Del(KeyHeader)
+	rec, created, err := c.t.Jar.Begin(ctx, r)
+	if err != nil {
+		return &JarError{Op: c.op, Err: err}
+	}
+	c.rec = rec
+	if created {
+		return nil
+	}
+	gotKey := c.req.Header.Get(KeyHeader)
+	if rec.Fingerprint != c.body.fp || (gotKey != "" && gotKey != rec.Key) {
+		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey}
+	}
+	c.key = rec.Key
+	if rec.State == StateReconcile {
+		return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
+			Attempts: rec.Attempts, LastStatus: rec.LastStatus}
+	}
+	return nil
+}
+
+// send sends one attempt: a clone of the caller's request with the key and
+// a fresh body.
+func (c *call) send(ctx context.Context) (*http.Response, error) {
+	// The attempt timeout covers sending and the response headers, not
+	// the caller's reading of the body: its timer stops once headers come.
+	actx, cancel := context.WithCancel(ctx)
+	var timedOut atomic.Bool
+	if d := c.policy.AttemptTimeout; d > 0 {
+		timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
+		defer timer.Stop()
+	}
+	out := c.req.Clone(actx)
+	out.Header.Set(KeyHeader, c.key)
+	if c.body.open != nil {
+		rc, err := c.body.open()
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		out.Body, out.GetBody, out.ContentLength = rc, c.body.open, c.body.size
+	}
+	resp, err := c.t.base().RoundTrip(out)
+	if err != nil {
+		cancel()
+		if timedOut.Load() && ctx.Err() == nil {
+			return nil, &attemptTimeoutError{d: c.policy.AttemptTimeout, err: err}
+		}
+		return nil, err
+	}
+	resp.Body = body.OnClose(resp.Body, cancel)
+	return resp, nil
+}
+
+// attemptTimeoutError is an attempt that ran out of Policy.AttemptTimeout:
+// a net.Error with Timeout true, so that retry.Classify retries it. It does
+// not unwrap to the context.Canceled that ended the attempt, which would
+// read as the caller's cancellation.
+type attemptTimeoutError struct {
+	d   time.Duration
+	err error
+}
+
+func (e *attemptTimeoutError) Error() string {
+	return fmt.Sprintf("idem: attempt timed out after %v: %v", e.d, e.err)
+}
+func (e *attemptTimeoutError) Timeout() bool   { return true }
+func (e *attemptTimeoutError) Temporary() bool { return true }

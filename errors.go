@@ -1,0 +1,117 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinels, each matched with errors.Is against the error RoundTrip returns
+// (also through the *url.Error that http.Client wraps it in).
+var (
+	// ErrNilJar is returned by Transport.RoundTrip, before anything is sent,
+	// for a keyed request when Transport.Jar is nil. There is no silent
+	// in-memory fallback: keys that vanish on a restart are the bug this
+	// package exists to prevent.
+	ErrNilJar = errors.New("idem: Transport.Jar is nil; open a jar (keyjar.Open) or use an explicit &idem.MemoryJar{}")
+	// ErrBodyNotRewindable is returned by Transport.RoundTrip, before
+	// anything is sent, for a body that has no GetBody and is larger than
+	// Transport.MaxBuffer: it could not be sent again on a retry.
+	ErrBodyNotRewindable = errors.New("idem: request body cannot be rewound")
+	// ErrMismatch matches *MismatchError.
+	ErrMismatch = errors.New("idem: operation reused with a different request")
+	// ErrReconcile matches *ReconcileError.
+	ErrReconcile = errors.New("idem: operation past its retry horizon")
+	// ErrPending matches *PendingError.
+	ErrPending = errors.New("idem: operation outcome unknown")
+)
+
+// MismatchError is returned by Transport.RoundTrip, before anything is sent,
+// when a named operation already in the jar is called with a different
+// request (method, URL or body) or a different Idempotency-Key. Reusing a
+// key with other parameters is a client bug: the server would answer 422.
+type MismatchError struct {
+	Op, Key string
+	// Stored and Got are the fingerprints of the stored and the new
+	// request; equal when only the key differs.
+	Stored, Got string
+	// GotKey is the caller's Idempotency-Key, when it differs from Key.
+	GotKey string
+}
+
+func (e *MismatchError) Error() string {
+	if e.GotKey != "" && e.GotKey != e.Key {
+		return fmt.Sprintf("idem: operation %q has key %q; the request carries key %q", e.Op, e.Key, e.GotKey)
+	}
+	return fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body; use a new operation name for a new request", e.Op, e.Key)
+}
+
+// Is reports whether target is ErrMismatch.
+func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
+
+// ReconcileError is returned by Transport.RoundTrip, before anything is
+// sent, when the operation's first send is older than the policy's
+// Horizon. The operation is marked StateReconcile. Ask the server what
+// happened (look the resource up); if it did not happen and is not
+// executing, Abandon the operation and start a new one.
+type ReconcileError struct {
+	Op, Key    string
+	Created    time.Time     // the stored first-send time
+	Horizon    time.Duration // the policy's horizon
+	Attempts   int           // attempts sent before
+	LastStatus int           // last answer's status, 0 when none
+}
+
+func (e *ReconcileError) Error() string {
+	return fmt.Sprintf("idem: operation %q (key %q) was first sent at %s, more than %v ago: not retried; reconcile with the server, then abandon or forget it",
+		e.Op, e.Key, e.Created.UTC().Format(time.RFC3339), e.Horizon)
+}
+
+// Is reports whether target is ErrReconcile.
+func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
+
+// PendingError is returned by Transport.RoundTrip when it stops without a
+// response: the budget is spent on network errors, the caller's context
+// ended, another holder is sending the operation, or the server asked for a
+// wait beyond the call's budget. The outcome is unknown and the operation
+// stays pending in the jar: a later call with the same operation name
+// resumes it with the same key.
+type PendingError struct {
+	Op, Key    string
+	Attempts   int           // attempts this call sent
+	LastStatus int           // status of the last answer, 0 when none
+	Elapsed    time.Duration // time this call spent
+	// NextAttempt, when not zero, is the earliest time to send again.
+	NextAttempt time.Time
+	Err         error // the last error (a network or context error, ErrLeased)
+}
+
+func (e *PendingError) Error() string {
+	msg := fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond))
+	if !e.NextAttempt.IsZero() {
+		msg += "; retry after " + e.NextAttempt.UTC().Format(time.RFC3339)
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the last error, so that errors.Is(err, context.Canceled)
+// and errors.As(err, &netErr) work.
+func (e *PendingError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrPending.
+func (e *PendingError) Is(target error) bool { return target == ErrPending }
+
+// JarError is returned by Transport.RoundTrip when the jar fails before the
+// send: nothing is sent (fail closed).
+type JarError struct {
+	Op  string
+	Err error
+}
+
+func (e *JarError) Error() string { return fmt.Sprintf("idem: jar: operation %q: %v", e.Op, e.Err) }
+
+// Unwrap returns the jar's error.
+func (e *JarError) Unwrap() error { return e.Err }

@@ -1,0 +1,61 @@
+// Package body reads request bodies boundedly, so that they can be sent
+// again, and disposes of response bodies that are superseded by a retry.
+package body
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"sync"
+)
+
+// DrainLimit is how much of a superseded response body Drain reads before
+// closing it. Reading a small body to EOF lets the connection be reused;
+// a larger one is cheaper to close.
+const DrainLimit = 64 << 10
+
+// Drain reads at most DrainLimit bytes of rc and closes it. A nil rc is a
+// no-op.
+func Drain(rc io.ReadCloser) {
+	if rc == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, rc, DrainLimit)
+	_ = rc.Close()
+}
+
+// ErrTooLarge is returned by ReadAtMost when the body is longer than the
+// limit.
+var ErrTooLarge = errors.New("body: longer than the limit")
+
+// ReadAtMost reads r up to limit bytes. It returns ErrTooLarge, and the
+// bytes read so far, when r holds more.
+func ReadAtMost(r io.Reader, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
+	if err != nil {
+		return buf.Bytes(), err
+	}
+	if n > limit {
+		return buf.Bytes(), ErrTooLarge
+	}
+	return buf.Bytes(), nil
+}
+
+// OnClose wraps rc so that fn runs once, after rc is closed. It is used to
+// release an attempt's context with its response body.
+func OnClose(rc io.ReadCloser, fn func()) io.ReadCloser {
+	return &onClose{ReadCloser: rc, fn: fn}
+}
+
+type onClose struct {
+	io.ReadCloser
+	fn   func()
+	once sync.Once
+}
+
+func (c *onClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(c.fn)
+	return err
+}

@@ -1,0 +1,272 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/canon"
+	"github.com/idemkit/idem/retry"
+)
+
+// KeyHeader is the request header that carries the key.
+const KeyHeader = "Idempotency-Key"
+
+type opKey struct{}
+
+// WithOperation returns a context that names the logical operation of the
+// requests sent with it. The same name reuses the same key, in this process
+// and, through the jar, after a restart. Without a name each RoundTrip call
+// is an operation of its own, named by its key.
+func WithOperation(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, opKey{}, name)
+}
+
+// Operation returns the operation name set by WithOperation, or "".
+func Operation(ctx context.Context) string {
+	name, _ := ctx.Value(opKey{}).(string)
+	return name
+}
+
+// Transport is an http.RoundTripper that makes non-idempotent requests safe
+// to retry: it gives each logical operation one Idempotency-Key, persists it
+// in Jar before the first byte is sent, and retries with the same key.
+//
+// Transport keeps the http.RoundTripper contract:
+//
+//   - It is safe for concurrent use by multiple goroutines. The zero value
+//     (with a Jar) sends through http.DefaultTransport with the default
+//     retry.Policy.
+//   - Requests whose method is not in Methods (GET, HEAD, PUT, DELETE, … by
+//     default) pass through to Base untouched: no key, no jar, no retry.
+//   - It never modifies the caller's request: every attempt is a
+//     req.Clone, and the key header goes on the clone only.
+//   - It always closes the caller's body, even on error.
+//   - The body is sent again through req.GetBody (set by http.NewRequest
+//     for bytes, strings and buffers). Without GetBody, a body of at most
+//     MaxBuffer bytes is buffered; a larger one is refused before anything
+//     is sent with ErrBodyNotRewindable.
+//   - The key, the fingerprint (method, URL, canonical body) and the
+//     creation time are in the jar, durably, before the first send. A named
+//     operation called again with a different request is refused with a
+//     *MismatchError: nothing is sent.
+//   - It interprets responses only to decide on a retry (retry.Classify:
+//     409, 429, 502, 503, 504 and network errors). Each superseded response
+//     body is drained (at most 64 KiB) and closed. The final response comes
+//     back with a nil error whatever its status, 422 included, and so does
+//     the last retryable response when the call's attempts or budget run
+//     out: the operation then stays pending.
+//   - A non-nil error means there is no response. It is one of this
+//     package's typed errors (*PendingError, *ReconcileError,
+//     *MismatchError, *JarError, or ErrNilJar, ErrBodyNotRewindable
+//     wrapped), never a *url.Error, which http.Client adds.
+//   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
+//     stored in the jar, not from an in-memory timer that a restart would
+//     reset. Past it, the operation is marked StateReconcile and RoundTrip
+//     returns a *ReconcileError without sending.
+//   - At most one holder sends an operation at a time: a lease in the jar
+//     (Lease) covers each call, across goroutines and processes sharing
+//     the jar.
+//   - http.Transport may itself re-send one attempt on a dead reused
+//     connection, because the key header makes the request replayable: the
+//     server can see more attempts than the SDK counts. That is safe.
+//   - CloseIdleConnections is forwarded to Base.
+type Transport struct {
+	// Base sends each attempt. Nil means http.DefaultTransport.
+	Base http.RoundTripper
+
+	// Jar stores the operations. It is required for keyed requests: a nil
+	// Jar fails each one with ErrNilJar.
+	Jar Jar
+
+	// Policy is the retry policy; the zero value is the default.
+	Policy retry.Policy
+
+	// Methods are the methods that get a key. Nil means POST and PATCH.
+	Methods []string
+
+	// MaxBuffer bounds the body read into memory: to buffer a body without
+	// GetBody, and to canonicalise a JSON body (a larger body with GetBody
+	// is fingerprinted byte for byte, streamed). Zero means 8 MiB.
+	MaxBuffer int64
+
+	// MaxStoredBody is the largest body stored in the jar with the request,
+	// so that the operation can be resumed after a restart without the
+	// caller. Zero means 64 KiB; negative means never store bodies.
+	MaxStoredBody int64
+
+	// Lease is how long one call holds an operation before another holder
+	// may take it over. Zero means one minute, or twice
+	// Policy.AttemptTimeout when that is longer.
+	Lease time.Duration
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+func (t *Transport) base() http.RoundTripper {
+	if t.Base != nil {
+		return t.Base
+	}
+	return http.DefaultTransport
+}
+
+func (t *Transport) keyed(method string) bool {
+	if t.Methods == nil {
+		return method == http.MethodPost || method == http.MethodPatch
+	}
+	return slices.ContainsFunc(t.Methods, func(m string) bool { return strings.EqualFold(m, method) })
+}
+
+func (t *Transport) maxBuffer() int64 {
+	if t.MaxBuffer > 0 {
+		return t.MaxBuffer
+	}
+	return 8 << 20
+}
+
+func (t *Transport) maxStoredBody() int64 {
+	switch {
+	case t.MaxStoredBody < 0:
+		return -1
+	case t.MaxStoredBody == 0:
+		return 64 << 10
+	}
+	return t.MaxStoredBody
+}
+
+func (t *Transport) lease(p retry.Policy) time.Duration {
+	if t.Lease > 0 {
+		return t.Lease
+	}
+	return max(time.Minute, 2*p.AttemptTimeout)
+}
+
+// CloseIdleConnections closes the idle connections of Base, when it has
+// such a method.
+func (t *Transport) CloseIdleConnections() {
+	type closeIdler interface{ CloseIdleConnections() }
+	if ci, ok := t.base().(closeIdler); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// RoundTrip implements http.RoundTripper with the rules in the Transport
+// documentation.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !t.keyed(req.Method) {
+		return t.base().RoundTrip(req)
+	}
+	if req.Body != nil {
+		defer req.Body.Close()
+	}
+	if t.Jar == nil {
+		return nil, ErrNilJar
+	}
+	b, err := t.prepareBody(req)
+	if err != nil {
+		return nil, err
+	}
+	c := &call{t: t, req: req, body: b, policy: t.Policy.Defaults(), op: Operation(req.Context())}
+	return c.run(req.Context())
+}
+
+// reqBody is how a request's body is produced for each attempt.
+type reqBody struct {
+	open  func() (io.ReadCloser, error) // nil for no body
+	size  int64
+	fp    string // hex SHA-256 of method, URL and canonical body
+	saved []byte // the body, when it is small enough to store in the jar
+}
+
+// prepareBody fingerprints the body and arranges to produce it again for
+// every attempt, before anything is sent.
+func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n", req.Method, req.URL.String())
+	rb := &reqBody{}
+	if req.Body == nil || req.Body == http.NoBody {
+		rb.fp = hex.EncodeToString(h.Sum(nil))
+		rb.saved = []byte{}
+		return rb, nil
+	}
+	limit := t.maxBuffer()
+	ctype := req.Header.Get("Content-Type")
+	var whole []byte // the whole body, when it fits in MaxBuffer
+	if req.GetBody == nil {
+		buf, err := body.ReadAtMost(req.Body, limit)
+		if errors.Is(err, body.ErrTooLarge) {
+			return nil, fmt.Errorf("%w: it has no GetBody and is longer than MaxBuffer (%d bytes); build the request with http.NewRequest from a bytes.Reader or set GetBody", ErrBodyNotRewindable, limit)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("idem: reading request body: %w", err)
+		}
+		rb.open = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+		whole = buf
+	} else {
+		rb.open = req.GetBody
+		rc, err := req.GetBody()
+		if err != nil {
+			return nil, fmt.Errorf("idem: GetBody: %w", err)
+		}
+		defer rc.Close()
+		buf, err := body.ReadAtMost(rc, limit)
+		switch {
+		case err == nil:
+			whole = buf
+		case errors.Is(err, body.ErrTooLarge):
+			// Too large to canonicalise: hash it byte for byte, streamed.
+			h.Write(buf)
+			n, err := io.Copy(h, rc)
+			if err != nil {
+				return nil, fmt.Errorf("idem: reading request body: %w", err)
+			}
+			rb.size = int64(len(buf)) + n
+		default:
+			return nil, fmt.Errorf("idem: reading request body: %w", err)
+		}
+	}
+	if whole != nil {
+		rb.size = int64(len(whole))
+		writeCanonical(h, ctype, whole)
+		if rb.size <= t.maxStoredBody() {
+			rb.saved = slices.Clip(whole)
+		}
+	}
+	rb.fp = hex.EncodeToString(h.Sum(nil))
+	return rb, nil
+}
+
+// writeCanonical writes the canonical form of a body to h: canonical JSON
+// when the Content-Type is JSON (or absent) and the body parses, the bytes
+// otherwise.
+func writeCanonical(h hash.Hash, ctype string, b []byte) {
+	if ctype == "" {
+		if c, err := canon.JSON(b); err == nil {
+			h.Write(c)
+			return
+		}
+	}
+	h.Write(canon.Body(ctype, b))
+}
+
+// newKey returns a fresh UUID v4. It fails closed when the system's random
+// source does.
+func newKey() (string, error) {
+	u, err := uuid.NewRandom()
+	if err != nil {
+		return "", fmt.Errorf("idem: generating key: %w", err)
+	}
+	return u.String(), nil
+}

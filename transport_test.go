@@ -1,0 +1,643 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/jarcoal/httpmock"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retry"
+)
+
+const chargeURL = "https://api.example.test/v1/charges"
+
+// fastPolicy retries without real waits: tests that wait run in a synctest
+// bubble, where time is fake.
+var fastPolicy = retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 5}
+
+// recorder is an httpmock responder that answers from a script and
+// records the key of every attempt and whether each body was closed.
+type recorder struct {
+	mu     sync.Mutex
+	keys   []string
+	bodies []string
+	script []func() (*http.Response, error)
+	closed []*closeTracker
+}
+
+type closeTracker struct {
+	io.Reader
+	closed bool
+}
+
+func (c *closeTracker) Close() error { c.closed = true; return nil }
+
+func (r *recorder) respond(req *http.Request) (*http.Response, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, _ := io.ReadAll(req.Body)
+	r.keys = append(r.keys, req.Header.Get(idem.KeyHeader))
+	r.bodies = append(r.bodies, string(b))
+	i := len(r.keys) - 1
+	if i >= len(r.script) {
+		i = len(r.script) - 1
+	}
+	resp, err := r.script[i]()
+	if resp != nil {
+		ct := &closeTracker{Reader: resp.Body}
+		resp.Body = ct
+		r.closed = append(r.closed, ct)
+		resp.Request = req
+	}
+	return resp, err
+}
+
+func (r *recorder) attempts() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.keys)
+}
+
+func status(code int, header ...string) func() (*http.Response, error) {
+	return func() (*http.Response, error) {
+		resp := httpmock.NewStringResponse(code, `{"status":`+http.StatusText(code)+`}`)
+		for i := 0; i+1 < len(header); i += 2 {
+			resp.Header.Set(header[i], header[i+1])
+		}
+		return resp, nil
+	}
+}
+
+func netErr(errno syscall.Errno) func() (*http.Response, error) {
+	return func() (*http.Response, error) {
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: errno}
+	}
+}
+
+func newTransport(t *testing.T, steps ...func() (*http.Response, error)) (*idem.Transport, *recorder, *idem.MemoryJar) {
+	t.Helper()
+	rec := &recorder{script: steps}
+	mt := httpmock.NewMockTransport()
+	mt.RegisterResponder(http.MethodPost, chargeURL, rec.respond)
+	jar := &idem.MemoryJar{}
+	return &idem.Transport{Base: mt, Jar: jar, Policy: fastPolicy}, rec, jar
+}
+
+func post(t *testing.T, ctx context.Context, tr http.RoundTripper, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return tr.RoundTrip(req)
+}
+
+func TestSameKeyOnEveryRetryNewKeyPerOperation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, _ := newTransport(t, status(503), netErr(syscall.ECONNRESET), status(201))
+		resp, err := post(t, context.Background(), tr, `{"amount":100}`)
+		if err != nil {
+			t.Fatalf("got %v; want the 201", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 || len(rec.keys) != 3 {
+			t.Fatalf("got status %d after %d attempts; want 201 after 3", resp.StatusCode, len(rec.keys))
+		}
+		if rec.keys[0] == "" || rec.keys[1] != rec.keys[0] || rec.keys[2] != rec.keys[0] {
+			t.Fatalf("keys %q; want one non-empty key on every attempt", rec.keys)
+		}
+		if rec.bodies[2] != `{"amount":100}` {
+			t.Fatalf("third attempt's body %q; want the original body again", rec.bodies[2])
+		}
+		if _, err := post(t, context.Background(), tr, `{"amount":100}`); err != nil {
+			t.Fatal(err)
+		}
+		if rec.keys[3] == rec.keys[0] {
+			t.Fatalf("a second unnamed operation reused key %q; want a new key", rec.keys[0])
+		}
+	})
+}
+
+func TestConflictThenCreated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(409, "Retry-After", "1"), status(201))
+		ctx := idem.WithOperation(context.Background(), "charge:order-1")
+		resp, err := post(t, ctx, tr, `{"amount":100}`)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("got %v, %v; want 201", resp, err)
+		}
+		if len(rec.keys) != 2 || rec.keys[0] != rec.keys[1] {
+			t.Fatalf("keys %q; want 2 attempts with one key", rec.keys)
+		}
+		if !rec.closed[0].closed {
+			t.Errorf("the superseded 409's body was not closed")
+		}
+		r, err := jar.Get(context.Background(), "charge:order-1")
+		if err != nil || r.State != idem.StateDone || r.Attempts != 2 || r.Key != rec.keys[0] || r.LastStatus != 201 {
+			t.Fatalf("jar record %+v, %v; want done, 2 attempts, the key sent, last status 201", r, err)
+		}
+		if r.Holder != "" {
+			t.Errorf("lease still held by %q after the call; want released", r.Holder)
+		}
+	})
+}
+
+func TestUnprocessableStopsAndReturnsResponse(t *testing.T) {
+	tr, rec, jar := newTransport(t, status(422), status(201))
+	ctx := idem.WithOperation(context.Background(), "op")
+	resp, err := post(t, ctx, tr, `{}`)
+	if err != nil {
+		t.Fatalf("got error %v; want the 422 response with a nil error", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 422 || rec.attempts() != 1 {
+		t.Fatalf("got %d after %d attempts; want 422 after 1", resp.StatusCode, rec.attempts())
+	}
+	if b, _ := io.ReadAll(resp.Body); len(b) == 0 {
+		t.Errorf("the final response's body is empty; want it readable")
+	}
+	if r, _ := jar.Get(ctx, "op"); r.State != idem.StateFailed {
+		t.Fatalf("state %q; want failed", r.State)
+	}
+}
+
+func TestFinalStatusesAreNotRetried(t *testing.T) {
+	for _, code := range []int{200, 201, 302, 400, 404, 500} {
+		tr, rec, _ := newTransport(t, status(code), status(201))
+		resp, err := post(t, context.Background(), tr, `{}`)
+		if err != nil || resp.StatusCode != code || rec.attempts() != 1 {
+			t.Errorf("%d: got %v, %v after %d attempts; want it returned after 1", code, resp, err, rec.attempts())
+		}
+	}
+}
+
+func TestResetConnectionIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, _ := newTransport(t, netErr(syscall.ECONNRESET), func() (*http.Response, error) { return nil, io.EOF }, status(200))
+		resp, err := post(t, context.Background(), tr, `{}`)
+		if err != nil || resp.StatusCode != 200 || rec.attempts() != 3 {
+			t.Fatalf("got %v, %v after %d attempts; want 200 after 3", resp, err, rec.attempts())
+		}
+	})
+}
+
+func TestRetryAfterHonoured(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sent []time.Time
+		tr, _, _ := newTransport(t, status(503, "Retry-After", "7"), status(201))
+		base := tr.Base
+		tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent = append(sent, time.Now())
+			return base.RoundTrip(r)
+		})
+		if _, err := post(t, context.Background(), tr, `{}`); err != nil {
+			t.Fatal(err)
+		}
+		if len(sent) != 2 || sent[1].Sub(sent[0]) != 7*time.Second {
+			t.Fatalf("attempts at %v; want two, 7s apart", sent)
+		}
+	})
+}
+
+func TestRetryAfterBeyondCapIsDeferred(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(503, "Retry-After", "3600"), status(201))
+		ctx := idem.WithOperation(context.Background(), "op")
+		start := time.Now()
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("got %v, %v; want the 503 back with a nil error", resp, err)
+		}
+		if time.Since(start) != 0 || rec.attempts() != 1 {
+			t.Fatalf("waited %v and sent %d; want no wait beyond the 30s cap and 1 attempt", time.Since(start), rec.attempts())
+		}
+		r, _ := jar.Get(ctx, "op")
+		if r.State != idem.StatePending || !r.NextAttempt.Equal(start.Add(time.Hour)) {
+			t.Fatalf("record %s next attempt %v; want pending, next attempt %v", r.State, r.NextAttempt, start.Add(time.Hour))
+		}
+		_, err = post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || !pe.NextAttempt.Equal(start.Add(time.Hour)) || rec.attempts() != 1 {
+			t.Fatalf("second call: got %v after %d attempts; want *PendingError saying when, nothing sent", err, rec.attempts())
+		}
+		time.Sleep(time.Hour)
+		resp, err = post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 201 || rec.keys[1] != rec.keys[0] {
+			t.Fatalf("after the hour: got %v, %v, keys %q; want 201 with the same key", resp, err, rec.keys)
+		}
+	})
+}
+
+func TestCallerRequestUnchanged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, _ := newTransport(t, status(503), status(201))
+		req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{"a":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		before := req.Header.Clone()
+		url := req.URL.String()
+		resp, err := tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != 201 || rec.attempts() != 2 {
+			t.Fatalf("got %v, %v", resp, err)
+		}
+		if req.Header.Get(idem.KeyHeader) != "" || len(req.Header) != len(before) || req.URL.String() != url {
+			t.Fatalf("caller's request changed: header %v, url %s", req.Header, req.URL)
+		}
+		b, _ := req.GetBody()
+		if got, _ := io.ReadAll(b); string(got) != `{"a":1}` {
+			t.Fatalf("caller's GetBody now yields %q", got)
+		}
+	})
+}
+
+func TestSafeMethodsPassThrough(t *testing.T) {
+	mt := httpmock.NewMockTransport()
+	var key string
+	var n int
+	mt.RegisterResponder(http.MethodGet, chargeURL, func(r *http.Request) (*http.Response, error) {
+		n++
+		key = r.Header.Get(idem.KeyHeader)
+		return httpmock.NewStringResponse(503, ""), nil
+	})
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: mt, Jar: jar}
+	req, _ := http.NewRequest(http.MethodGet, chargeURL, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != 503 || n != 1 || key != "" {
+		t.Fatalf("GET: got %v, %v, %d attempts, key %q; want one untouched attempt", resp, err, n, key)
+	}
+	if recs, _ := jar.List(context.Background(), idem.Filter{}); len(recs) != 0 {
+		t.Fatalf("a GET wrote %d records to the jar; want none", len(recs))
+	}
+}
+
+func TestCallersOwnKeyKeptAndPersisted(t *testing.T) {
+	tr, rec, jar := newTransport(t, status(201))
+	req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{}`))
+	req.Header.Set(idem.KeyHeader, "my-key-1")
+	req = req.WithContext(idem.WithOperation(req.Context(), "op"))
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	if rec.keys[0] != "my-key-1" {
+		t.Fatalf("sent key %q; want the caller's my-key-1", rec.keys[0])
+	}
+	if r, _ := jar.Get(context.Background(), "op"); r.Key != "my-key-1" {
+		t.Fatalf("jar key %q; want my-key-1", r.Key)
+	}
+	req2, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{}`))
+	req2.Header.Set(idem.KeyHeader, "my-key-2")
+	req2 = req2.WithContext(idem.WithOperation(req2.Context(), "op"))
+	_, err := tr.RoundTrip(req2)
+	var me *idem.MismatchError
+	if !errors.As(err, &me) || rec.attempts() != 1 {
+		t.Fatalf("same operation, other key: got %v; want *MismatchError, nothing sent", err)
+	}
+}
+
+func TestNamedOperationMismatchRefusedLocally(t *testing.T) {
+	tr, rec, _ := newTransport(t, status(201))
+	ctx := idem.WithOperation(context.Background(), "charge:order-7")
+	if _, err := post(t, ctx, tr, `{"amount": 100, "currency": "eur"}`); err != nil {
+		t.Fatal(err)
+	}
+	// Same JSON, other key order and whitespace: the same operation.
+	if _, err := post(t, ctx, tr, "{\"currency\":\"eur\",\n \"amount\":100}"); err != nil {
+		t.Fatalf("equivalent JSON: got %v; want it sent as the same operation", err)
+	}
+	if rec.attempts() != 2 || rec.keys[1] != rec.keys[0] {
+		t.Fatalf("keys %q; want the same key twice", rec.keys)
+	}
+	_, err := post(t, ctx, tr, `{"amount": 200, "currency": "eur"}`)
+	var me *idem.MismatchError
+	if !errors.As(err, &me) || !errors.Is(err, idem.ErrMismatch) || me.Op != "charge:order-7" || me.Key != rec.keys[0] {
+		t.Fatalf("different amount: got %v; want *MismatchError for the operation and its key", err)
+	}
+	if rec.attempts() != 2 {
+		t.Fatalf("a mismatched request was sent")
+	}
+}
+
+func TestNilJarIsAnError(t *testing.T) {
+	var sent bool
+	tr := &idem.Transport{Base: roundTripFunc(func(*http.Request) (*http.Response, error) { sent = true; return nil, nil })}
+	body := &closeTracker{Reader: strings.NewReader("{}")}
+	req, _ := http.NewRequest(http.MethodPost, chargeURL, body)
+	_, err := tr.RoundTrip(req)
+	if !errors.Is(err, idem.ErrNilJar) || sent {
+		t.Fatalf("got %v, sent=%v; want ErrNilJar and nothing sent", err, sent)
+	}
+	if !body.closed {
+		t.Fatalf("the caller's body was not closed on error")
+	}
+}
+
+func TestBodyThatCannotBeRewoundIsRefused(t *testing.T) {
+	tr, rec, jar := newTransport(t, status(201))
+	tr.MaxBuffer = 16
+	body := &closeTracker{Reader: strings.NewReader(strings.Repeat("x", 17))}
+	req, _ := http.NewRequest(http.MethodPost, chargeURL, body) // no GetBody for a custom reader
+	_, err := tr.RoundTrip(req)
+	if !errors.Is(err, idem.ErrBodyNotRewindable) || rec.attempts() != 0 || !body.closed {
+		t.Fatalf("got %v, %d attempts, closed=%v; want ErrBodyNotRewindable, nothing sent, body closed", err, rec.attempts(), body.closed)
+	}
+	if recs, _ := jar.List(context.Background(), idem.Filter{}); len(recs) != 0 {
+		t.Fatalf("jar holds %d records; want none for a refused request", len(recs))
+	}
+}
+
+func TestBodyWithoutGetBodyIsBufferedForRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, _ := newTransport(t, status(503), status(201))
+		req, _ := http.NewRequest(http.MethodPost, chargeURL, io.NopCloser(strings.NewReader("hello")))
+		if req.GetBody != nil {
+			t.Fatal("test needs a request without GetBody")
+		}
+		if _, err := tr.RoundTrip(req); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.bodies) != 2 || rec.bodies[0] != "hello" || rec.bodies[1] != "hello" {
+			t.Fatalf("bodies %q; want hello twice", rec.bodies)
+		}
+	})
+}
+
+func TestHorizonFromStoredFirstSend(t *testing.T) {
+	for _, tt := range []struct {
+		age  time.Duration
+		sent bool
+	}{
+		{23*time.Hour + 59*time.Minute, true},
+		{24*time.Hour + time.Minute, false},
+	} {
+		tr, rec, jar := newTransport(t, status(201))
+		ctx := idem.WithOperation(context.Background(), "op")
+		// The first send happened in an earlier process: only the jar knows when.
+		if _, err := post(t, ctx, &idem.Transport{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
+		}), Jar: jar, Policy: retry.Policy{MaxAttempts: 1}}, `{}`); err == nil {
+			t.Fatal("want the first call to fail")
+		}
+		r, _ := jar.Get(ctx, "op")
+		backdate(t, jar, r, time.Now().Add(-tt.age))
+
+		resp, err := post(t, ctx, tr, `{}`)
+		if tt.sent {
+			if err != nil || resp.StatusCode != 201 || rec.attempts() != 1 || rec.keys[0] != r.Key {
+				t.Fatalf("%v old: got %v, %v; want it sent with key %s", tt.age, resp, err, r.Key)
+			}
+			continue
+		}
+		var re *idem.ReconcileError
+		if !errors.As(err, &re) || !errors.Is(err, idem.ErrReconcile) || rec.attempts() != 0 || re.Key != r.Key {
+			t.Fatalf("%v old: got %v after %d attempts; want *ReconcileError, nothing sent", tt.age, err, rec.attempts())
+		}
+		if got, _ := jar.Get(ctx, "op"); got.State != idem.StateReconcile {
+			t.Fatalf("state %q; want reconcile", got.State)
+		}
+		if _, err := post(t, ctx, tr, `{}`); !errors.As(err, &re) || rec.attempts() != 0 {
+			t.Fatalf("again: got %v; want *ReconcileError, nothing sent", err)
+		}
+	}
+}
+
+// backdate rewrites a record's creation time, as if the first send were at t0.
+func backdate(t *testing.T, jar *idem.MemoryJar, r idem.Record, t0 time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	if err := jar.Forget(ctx, r.Op); err != nil {
+		t.Fatal(err)
+	}
+	r.Created = t0
+	if _, created, err := jar.Begin(ctx, r); err != nil || !created {
+		t.Fatal(err)
+	}
+}
+
+func TestBudgetSpentLeavesOperationPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, netErr(syscall.ECONNREFUSED), netErr(syscall.ECONNREFUSED), netErr(syscall.ECONNREFUSED), status(201))
+		tr.Policy.MaxAttempts = 3
+		ctx := idem.WithOperation(context.Background(), "charge:order-9")
+		_, err := post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("got %v; want *PendingError", err)
+		}
+		var ne net.Error
+		if pe.Op != "charge:order-9" || pe.Key != rec.keys[0] || pe.Attempts != 3 || !errors.As(err, &ne) {
+			t.Fatalf("got %+v; want op, key, 3 attempts and the last network error", pe)
+		}
+		r, _ := jar.Get(ctx, "charge:order-9")
+		if r.State != idem.StatePending || r.Attempts != 3 || r.LastError == "" || r.Holder != "" {
+			t.Fatalf("record %+v; want pending with 3 attempts, the last error, no lease", r)
+		}
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 201 || rec.keys[3] != rec.keys[0] {
+			t.Fatalf("resume: got %v, %v, key %q; want 201 with the same key %q", resp, err, rec.keys[3], rec.keys[0])
+		}
+	})
+}
+
+func TestLastRetryableResponseReturnedWhenAttemptsRunOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(409))
+		tr.Policy.MaxAttempts = 3
+		ctx := idem.WithOperation(context.Background(), "op")
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 409 || rec.attempts() != 3 {
+			t.Fatalf("got %v, %v after %d; want the last 409 with a nil error after 3", resp, err, rec.attempts())
+		}
+		if rec.closed[2].closed || !rec.closed[0].closed || !rec.closed[1].closed {
+			t.Fatalf("want superseded bodies closed and the returned one open")
+		}
+		if r, _ := jar.Get(ctx, "op"); r.State != idem.StatePending {
+			t.Fatalf("state %q; want pending", r.State)
+		}
+	})
+}
+
+func TestCancelledContextStopsTheWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(503, "Retry-After", "20"), status(201))
+		ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+		go func() {
+			time.Sleep(5 * time.Second)
+			cancel()
+		}()
+		_, err := post(t, ctx, tr, `{}`)
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, idem.ErrPending) || rec.attempts() != 1 {
+			t.Fatalf("got %v after %d attempts; want a pending error matching context.Canceled after 1", err, rec.attempts())
+		}
+		if r, _ := jar.Get(context.Background(), "op"); r.State != idem.StatePending || r.Holder != "" {
+			t.Fatalf("record %+v; want pending, lease released", r)
+		}
+	})
+}
+
+func TestAttemptTimeoutRetriesAndBodyStaysReadable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n int
+		tr := &idem.Transport{Jar: &idem.MemoryJar{}, Policy: retry.Policy{AttemptTimeout: time.Second, InitialInterval: time.Millisecond}}
+		tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			n++
+			if n == 1 {
+				<-r.Context().Done() // a server that never answers
+				return nil, r.Context().Err()
+			}
+			go func() {
+				time.Sleep(2 * time.Second) // longer than the attempt timeout
+			}()
+			return &http.Response{StatusCode: 201, Body: io.NopCloser(&ctxReader{ctx: r.Context(), data: "ok"}), Header: http.Header{}}, nil
+		})
+		resp, err := post(t, context.Background(), tr, `{}`)
+		if err != nil || n != 2 {
+			t.Fatalf("got %v after %d attempts; want a response after 2", err, n)
+		}
+		time.Sleep(3 * time.Second)
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || string(b) != "ok" {
+			t.Fatalf("reading the body after the attempt timeout: %q, %v; want ok", b, err)
+		}
+		resp.Body.Close()
+	})
+}
+
+// ctxReader fails once its attempt's context is done, as a real response
+// body does when its request is cancelled.
+type ctxReader struct {
+	ctx  context.Context
+	data string
+}
+
+func (r *ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if r.data == "" {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func TestLeaseHeldElsewhereWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		tr.Policy.MaxElapsed = 10 * time.Second
+		ctx := idem.WithOperation(context.Background(), "op")
+		// Another process created the operation and holds its lease for 5s.
+		now := time.Now()
+		fp := fingerprintOf(t, `{}`)
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k-other", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Holder: "other", LeaseUntil: now.Add(5 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("got %v, %v; want 201 once the lease expired", resp, err)
+		}
+		if rec.keys[0] != "k-other" || time.Since(now) < 5*time.Second {
+			t.Fatalf("sent key %q after %v; want k-other, not before the lease ended (5s)", rec.keys[0], time.Since(now))
+		}
+
+		// A lease longer than the budget: pending, nothing sent.
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op2", Key: "k2", Fingerprint: fp, State: idem.StatePending,
+			Created: time.Now(), Holder: "other", LeaseUntil: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = post(t, idem.WithOperation(context.Background(), "op2"), tr, `{}`)
+		if !errors.Is(err, idem.ErrLeased) || !errors.Is(err, idem.ErrPending) || rec.attempts() != 1 {
+			t.Fatalf("got %v after %d attempts; want pending with ErrLeased, nothing sent", err, rec.attempts())
+		}
+	})
+}
+
+// fingerprintOf learns the fingerprint the transport computes for a POST of
+// body to chargeURL, from what it stores.
+func fingerprintOf(t *testing.T, body string) string {
+	t.Helper()
+	tr, _, jar := newTransport(t, status(201))
+	if _, err := post(t, idem.WithOperation(context.Background(), "probe"), tr, body); err != nil {
+		t.Fatal(err)
+	}
+	r, err := jar.Get(context.Background(), "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Fingerprint
+}
+
+func TestSecretHeadersNotStored(t *testing.T) {
+	tr, _, jar := newTransport(t, status(201))
+	req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer sk_live_secret")
+	req.Header.Set("Cookie", "session=abc")
+	req.Header.Set("X-Api-Key", "k")
+	req.Header.Set("X-Request-Source", "test")
+	req = req.WithContext(idem.WithOperation(req.Context(), "op"))
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := jar.Get(context.Background(), "op")
+	for _, h := range []string{"Authorization", "Cookie", "X-Api-Key"} {
+		if r.Header.Get(h) != "" {
+			t.Errorf("jar stored %s", h)
+		}
+	}
+	if r.Header.Get("X-Request-Source") != "test" || string(r.Body) != `{}` || r.Method != "POST" || r.URL != chargeURL {
+		t.Errorf("record %+v; want the non-secret request stored for resume", r)
+	}
+}
+
+func TestConcurrentOperationsGetDistinctKeys(t *testing.T) {
+	tr, rec, _ := newTransport(t, status(201))
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := post(t, context.Background(), tr, `{"i":`+string(rune('0'+i%10))+`}`)
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for _, k := range rec.keys {
+		seen[k] = true
+	}
+	if len(rec.keys) != 32 || len(seen) != 32 {
+		t.Fatalf("%d attempts with %d distinct keys; want 32 and 32", len(rec.keys), len(seen))
+	}
+}
+
+func TestCloseIdleConnectionsForwarded(t *testing.T) {
+	b := &idleCounter{}
+	(&idem.Transport{Base: b}).CloseIdleConnections()
+	if b.n != 1 {
+		t.Fatalf("CloseIdleConnections reached Base %d times; want 1", b.n)
+	}
+}
+
+type idleCounter struct{ n int }
+
+func (c *idleCounter) RoundTrip(*http.Request) (*http.Response, error) { return nil, errors.New("unused") }
+func (c *idleCounter) CloseIdleConnections()                          { c.n++ }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
