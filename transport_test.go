@@ -634,10 +634,11 @@ func TestCloseIdleConnectionsForwarded(t *testing.T) {
 
 type idleCounter struct{ n int }
 
-func (c *idleCounter) RoundTrip(*http.Request) (*http.Response, error) { return nil, errors.New("unused") }
-func (c *idleCounter) CloseIdleConnections()                          { c.n++ }
+func (c *idleCounter) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New("unused")
+}
+func (c *idleCounter) CloseIdleConnections() { c.n++ }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
