@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -64,6 +66,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				c.rec = rec
 				c.lastErr = err
 				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
+					c.giveUp(ctx, c.lastErr, "operation leased by another holder")
 					return nil, c.pending(c.lastErr, time.Time{})
 				}
 				continue
@@ -92,11 +95,17 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			continue
 		}
 
-		resp, err := c.send(ctx)
 		c.attempts++
+		e := c.event(0, nil)
+		fire(c.t.Hooks.OnAttempt, e)
+		c.log(ctx, slog.LevelDebug, "idem: attempt", e)
+		resp, err := c.send(ctx)
 		c.lastErr = err
 		if resp != nil {
 			c.lastCode = resp.StatusCode
+			if resp.Header.Get("Idempotent-Replayed") == "true" {
+				fire(c.t.Hooks.OnReplay, c.event(resp.StatusCode, nil))
+			}
 		}
 		if err != nil && retry.CtxErr(ctx) != nil {
 			// The caller's context ended: its error, not the transport's.
@@ -124,12 +133,17 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				next = time.Now().Add(wait)
 			}
 			c.update(ctx, Change{Attempts: 1, NextAttempt: next, Release: true})
+			c.giveUp(ctx, err, "attempts or budget spent after "+reason(resp, err))
 			if resp != nil {
 				return resp, nil // the last answer; the operation stays pending
 			}
 			return nil, c.pending(err, next)
 		}
 		c.update(ctx, Change{Attempts: 1})
+		e = c.event(c.lastCode, err)
+		e.Wait, e.Reason = wait, reason(resp, err)
+		fire(c.t.Hooks.OnRetry, e)
+		c.log(ctx, slog.LevelInfo, "idem: retrying", e)
 		if resp != nil {
 			body.Drain(resp.Body)
 		}
@@ -163,12 +177,34 @@ func (c *call) stop(ctx context.Context, err error) error {
 		err = c.lastErr
 	}
 	c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
+	c.giveUp(ctx, err, "stopped")
 	return c.pending(err, c.rec.NextAttempt)
+}
+
+func (c *call) giveUp(ctx context.Context, err error, why string) {
+	e := c.event(c.lastCode, err)
+	e.Reason = why
+	fire(c.t.Hooks.OnGiveUp, e)
+	c.log(ctx, slog.LevelWarn, "idem: giving up; operation stays pending", e)
+}
+
+// reason names why an attempt is retried, for hooks and logs.
+func reason(resp *http.Response, err error) string {
+	switch {
+	case err != nil:
+		return "network error"
+	case resp != nil:
+		return "status " + strconv.Itoa(resp.StatusCode)
+	}
+	return ""
 }
 
 func (c *call) reconcile(ctx context.Context) error {
 	c.update(ctx, Change{State: StateReconcile, Release: true,
 		Note: "first send older than the horizon: ask the server what happened, then abandon or forget"})
+	e := c.event(c.lastCode, nil)
+	fire(c.t.Hooks.OnReconcile, e)
+	c.log(ctx, slog.LevelWarn, "idem: past the horizon; reconcile", e)
 	return &ReconcileError{Op: c.op, Key: c.key, Created: c.rec.Created, Horizon: c.policy.Horizon,
 		Attempts: c.rec.Attempts + c.attempts, LastStatus: c.lastCode}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -111,6 +112,14 @@ type Transport struct {
 	// may take it over. Zero means one minute, or twice
 	// Policy.AttemptTimeout when that is longer.
 	Lease time.Duration
+
+	// Hooks are called on each attempt, retry, give-up, replay and
+	// reconciliation. The zero value calls nothing.
+	Hooks Hooks
+
+	// Logger receives a record per retry (Info), give-up and
+	// reconciliation (Warn), and attempt (Debug). Nil means silent.
+	Logger *slog.Logger
 }
 
 var _ http.RoundTripper = (*Transport)(nil)

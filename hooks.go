@@ -1,0 +1,66 @@
+package idem
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Event describes one step of an operation, for Hooks and logs.
+type Event struct {
+	Op      string
+	Key     string
+	Attempt int           // 1-based number of the attempt within this call; 0 before the first
+	Status  int           // the attempt's status; 0 when it has none
+	Err     error         // the attempt's error, or why the call stopped
+	Wait    time.Duration // OnRetry: the wait before the next attempt
+	Reason  string        // OnRetry and OnGiveUp: why, in a few words
+}
+
+// Hooks are callbacks on an operation's steps, for metrics and tracing. A
+// nil field is skipped. They run synchronously on the calling goroutine, so
+// they must be fast and safe for concurrent use.
+type Hooks struct {
+	// OnAttempt runs before each attempt is sent.
+	OnAttempt func(Event)
+	// OnRetry runs after an attempt that will be retried, before the wait.
+	OnRetry func(Event)
+	// OnGiveUp runs when a call stops without a final answer: the
+	// operation stays pending.
+	OnGiveUp func(Event)
+	// OnReplay runs when the server answered with Idempotent-Replayed: true.
+	OnReplay func(Event)
+	// OnReconcile runs when an operation is past its horizon.
+	OnReconcile func(Event)
+}
+
+func (c *call) event(status int, err error) Event {
+	return Event{Op: c.op, Key: c.key, Attempt: c.attempts, Status: status, Err: err}
+}
+
+func (c *call) log(ctx context.Context, level slog.Level, msg string, e Event) {
+	l := c.t.Logger
+	if l == nil || !l.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{slog.String("op", e.Op), slog.String("key", e.Key), slog.Int("attempt", e.Attempt)}
+	if e.Status != 0 {
+		attrs = append(attrs, slog.Int("status", e.Status))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("err", e.Err.Error()))
+	}
+	if e.Wait != 0 {
+		attrs = append(attrs, slog.Duration("wait", e.Wait))
+	}
+	if e.Reason != "" {
+		attrs = append(attrs, slog.String("reason", e.Reason))
+	}
+	l.LogAttrs(ctx, level, msg, attrs...)
+}
+
+func fire(fn func(Event), e Event) {
+	if fn != nil {
+		fn(e)
+	}
+}
