@@ -1,0 +1,401 @@
+// Package pgtest starts throwaway PostgreSQL clusters for tests, from the
+// server binaries of the Debian packages (postgresql-NN).
+//
+// A cluster lives in a temporary directory: initdb with trust
+// authentication, a server listening on 127.0.0.1 only, at a port the
+// operating system chose, with its unix socket in the same directory. Stop
+// shuts it down immediately (as pg_ctl stop -m immediate) and removes the
+// directory. The server keeps fsync and synchronous_commit on, so
+// benchmarks measure realistic durability.
+//
+// Tests use one cluster per test binary: TestMain calls Main, and each test
+// calls DB for a fresh database of its own. When the binaries are absent,
+// DB skips the test, unless IDEM_REQUIRE_POSTGRES=1 (CI sets it), when it
+// fails it.
+//
+// The package imports only the standard library: it runs the PostgreSQL
+// binaries (initdb, postgres, createdb) and speaks no SQL itself.
+package pgtest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// ErrNoBinaries is returned by Start when no PostgreSQL server binaries
+// (initdb, postgres) are installed.
+var ErrNoBinaries = errors.New("pgtest: PostgreSQL server binaries not found (install the Debian package postgresql)")
+
+// DebianRoot is where the Debian packages install one directory per major
+// version, each with a bin directory.
+const DebianRoot = "/usr/lib/postgresql"
+
+// readyLine is what the postmaster logs once it accepts connections
+// (lc_messages is set to C, so it is never translated).
+const readyLine = "database system is ready to accept connections"
+
+// startAttempts bounds the retries when the chosen port was taken between
+// asking the OS for it and the server binding it.
+const startAttempts = 3
+
+// Binaries are the PostgreSQL programs a Cluster runs.
+type Binaries struct {
+	Initdb   string
+	Postgres string
+	Createdb string
+}
+
+// FindBinaries returns the programs of the highest PostgreSQL version
+// installed under root (DebianRoot in practice: root/NN/bin), falling back
+// to the directories of PATH. It returns ErrNoBinaries when none is found.
+func FindBinaries(root string) (Binaries, error) {
+	if dirs, err := os.ReadDir(root); err == nil {
+		var versions []string
+		for _, d := range dirs {
+			if _, err := versionKey(d.Name()); err == nil {
+				versions = append(versions, d.Name())
+			}
+		}
+		slices.SortFunc(versions, func(a, b string) int {
+			ka, _ := versionKey(a)
+			kb, _ := versionKey(b)
+			return slices.Compare(ka, kb)
+		})
+		for _, v := range slices.Backward(versions) {
+			if b, ok := binariesIn(filepath.Join(root, v, "bin")); ok {
+				return b, nil
+			}
+		}
+	}
+	initdb, err := exec.LookPath("initdb")
+	if err != nil {
+		return Binaries{}, ErrNoBinaries
+	}
+	// /usr/local/bin/initdb may be a link into a version's bin directory,
+	// next to which the other programs are.
+	if real, err := filepath.EvalSymlinks(initdb); err == nil {
+		if b, ok := binariesIn(filepath.Dir(real)); ok {
+			return b, nil
+		}
+	}
+	if b, ok := binariesIn(filepath.Dir(initdb)); ok {
+		return b, nil
+	}
+	return Binaries{}, ErrNoBinaries
+}
+
+// versionKey parses a version directory name such as "15" or "9.6".
+func versionKey(name string) ([]int, error) {
+	var key []int
+	for part := range strings.SplitSeq(name, ".") {
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("pgtest: not a version: %q", name)
+		}
+		key = append(key, n)
+	}
+	return key, nil
+}
+
+func binariesIn(dir string) (Binaries, bool) {
+	b := Binaries{
+		Initdb:   filepath.Join(dir, "initdb"),
+		Postgres: filepath.Join(dir, "postgres"),
+		Createdb: filepath.Join(dir, "createdb"),
+	}
+	for _, p := range []string{b.Initdb, b.Postgres, b.Createdb} {
+		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return Binaries{}, false
+		}
+	}
+	return b, true
+}
+
+// A Cluster is a running PostgreSQL server in a temporary directory. Its
+// methods are safe for concurrent use.
+type Cluster struct {
+	bin  Binaries
+	dir  string // temporary directory: data/, the socket, postgres.log
+	port int
+	cred *syscall.Credential // nil when not running as root
+
+	pid    int
+	exited chan struct{} // closed when the server process has exited
+	seq    atomic.Int64  // names databases uniquely
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start creates and starts a cluster from bin. When the process runs as
+// root (initdb and postgres refuse to), the cluster's files and processes
+// belong to the postgres user. If the test process dies without calling
+// Stop, the server gets SIGQUIT and shuts down immediately, but the
+// temporary directory stays.
+func Start(ctx context.Context, bin Binaries) (_ *Cluster, err error) {
+	c := &Cluster{bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("pgtest: running as root needs a postgres user to run the server as: %w", err)
+		}
+		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("pgtest: postgres user: %w", err)
+		}
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	c.dir, err = os.MkdirTemp("", "pgtest-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(c.dir)
+		}
+	}()
+	if c.cred != nil {
+		if err := os.Chown(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			return nil, fmt.Errorf("pgtest: %w", err)
+		}
+	}
+
+	initdb := c.command(ctx, bin.Initdb, "-D", c.dataDir(), "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	for attempt := 1; ; attempt++ {
+		err = c.startServer(ctx)
+		if err == nil {
+			return c, nil
+		}
+		if attempt == startAttempts || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+func (c *Cluster) dataDir() string { return filepath.Join(c.dir, "data") }
+
+// command prepares one of the cluster's programs, run as the postgres user
+// when we are root, with an environment free of PG* variables that could
+// point it elsewhere.
+func (c *Cluster) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.dir
+	cmd.Env = cleanEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	return cmd
+}
+
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, "LC_ALL=C")
+}
+
+// startServer runs the postmaster on a fresh free port and waits until it
+// accepts connections, it exits, or ctx ends.
+func (c *Cluster) startServer(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(c.dir, "postgres.log"))
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		logFile.Close()
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	cmd := c.command(context.Background(), c.bin.Postgres, "-D", c.dataDir(),
+		"-p", strconv.Itoa(port),
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories="+c.dir,
+		"-c", "fsync=on",
+		"-c", "synchronous_commit=on",
+		"-c", "lc_messages=C",
+		"-c", "logging_collector=off")
+	cmd.Stdout, cmd.Stderr = w, w
+	// SIGQUIT is PostgreSQL's immediate shutdown: sent to the server if this
+	// process dies without stopping it. Its own process group keeps a
+	// terminal's ^C away from it.
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	cmd.SysProcAttr.Setpgid = true
+
+	exited := make(chan struct{})
+	started := make(chan error, 1)
+	go func() {
+		// Pdeathsig fires when the thread that started the child exits, not
+		// the process: keep this goroutine on its thread while the server
+		// runs. The thread ends with the goroutine, after the server.
+		runtime.LockOSThread()
+		err := cmd.Start()
+		w.Close()
+		started <- err
+		if err == nil {
+			cmd.Wait()
+		}
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		r.Close()
+		logFile.Close()
+		return fmt.Errorf("pgtest: start postgres: %w", err)
+	}
+
+	ready := make(chan struct{})
+	var tail lastLines
+	go func() {
+		defer logFile.Close()
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		seen := false
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logFile, line)
+			if !seen {
+				tail.add(line)
+				if strings.Contains(line, readyLine) {
+					seen = true
+					close(ready)
+				}
+			}
+		}
+		io.Copy(logFile, r) // a line longer than the scanner's buffer
+	}()
+
+	select {
+	case <-ready:
+		c.port, c.pid, c.exited = port, cmd.Process.Pid, exited
+		return nil
+	case <-exited:
+		return fmt.Errorf("pgtest: postgres exited before accepting connections:\n%s", tail.String())
+	case <-ctx.Done():
+		cmd.Process.Signal(syscall.SIGQUIT)
+		<-exited
+		return fmt.Errorf("pgtest: waiting for postgres to accept connections: %w\n%s", ctx.Err(), tail.String())
+	}
+}
+
+// lastLines keeps the last lines of the server's log before it was ready,
+// for error messages.
+type lastLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lastLines) add(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == 20 {
+		l.lines = l.lines[1:]
+	}
+	l.lines = append(l.lines, s)
+}
+
+func (l *lastLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// freePort asks the OS for a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Port returns the TCP port the server listens on, on 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
+// Dir returns the cluster's temporary directory: the data directory
+// (data/), the unix socket and the server's log (postgres.log).
+func (c *Cluster) Dir() string { return c.dir }
+
+// DSN returns a URL that connects to database db as the superuser
+// postgres, over TCP, without a password (trust authentication).
+func (c *Cluster) DSN(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, db)
+}
+
+// CreateDB creates a new empty database whose name starts with prefix
+// (reduced to lowercase letters, digits and underscores) and returns its DSN.
+func (c *Cluster) CreateDB(ctx context.Context, prefix string) (string, error) {
+	name := fmt.Sprintf("%s_%d", dbName(prefix), c.seq.Add(1))
+	conn := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", c.port)
+	cmd := exec.CommandContext(ctx, c.bin.Createdb, "--no-password", "--maintenance-db="+conn, name)
+	cmd.Env = cleanEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("pgtest: createdb %s: %w\n%s", name, err, out)
+	}
+	return c.DSN(name), nil
+}
+
+// dbName reduces s to a database name prefix: lowercase letters, digits
+// and underscores, starting with a letter, at most 40 bytes (the limit is 63).
+func dbName(s string) string {
+	var b strings.Builder
+	b.WriteString("t_")
+	for _, r := range strings.ToLower(s) {
+		if b.Len() >= 40 {
+			break
+		}
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// Stop shuts the server down immediately (SIGQUIT, as pg_ctl stop -m
+// immediate: no checkpoint, the data is thrown away) and removes the
+// cluster's directory. Later calls return the first call's result.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() {
+		if err := syscall.Kill(c.pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
+			c.stopErr = fmt.Errorf("pgtest: stop postgres: %w", err)
+		}
+		select {
+		case <-c.exited:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(c.pid, syscall.SIGKILL)
+			<-c.exited
+		}
+		if err := os.RemoveAll(c.dir); err != nil {
+			c.stopErr = errors.Join(c.stopErr, fmt.Errorf("pgtest: %w", err))
+		}
+	})
+	return c.stopErr
+}
