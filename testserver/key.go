@@ -1,0 +1,83 @@
+package testserver
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// MaxKeyLen is the longest Idempotency-Key ParseKey accepts, in characters.
+const MaxKeyLen = 255
+
+// ErrInvalidKey is matched (errors.Is) by every error ParseKey returns.
+var ErrInvalidKey = errors.New("testserver: invalid Idempotency-Key")
+
+// KeyError is the error ParseKey returns: the header value and why it was
+// refused. It matches ErrInvalidKey.
+type KeyError struct {
+	Value  string // the header value as received
+	Reason string // what is wrong with it, for a person to act on
+}
+
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("testserver: invalid Idempotency-Key %q: %s", e.Value, e.Reason)
+}
+
+// Unwrap returns ErrInvalidKey.
+func (e *KeyError) Unwrap() error { return ErrInvalidKey }
+
+// ParseKey validates one Idempotency-Key header value and returns the key.
+//
+// Two forms are accepted. The IETF draft's Structured Field string form,
+// "abc" in double quotes, where \" and \\ are the only escapes; and the
+// bare form, abc, taken as it is (a value that starts with a double quote is
+// always read as the quoted form). The key itself must be 1 to MaxKeyLen
+// printable ASCII characters (0x20 to 0x7E) and must not begin or end with a
+// space, which HTTP would strip. Every error is a *KeyError.
+func ParseKey(v string) (string, error) {
+	key := v
+	if strings.HasPrefix(v, `"`) {
+		var err error
+		if key, err = unquote(v); err != nil {
+			return "", &KeyError{Value: v, Reason: err.Error()}
+		}
+	}
+	switch {
+	case key == "":
+		return "", &KeyError{Value: v, Reason: "the key is empty; send 1 to 255 printable ASCII characters, e.g. a UUID"}
+	case len(key) > MaxKeyLen:
+		return "", &KeyError{Value: v, Reason: fmt.Sprintf("the key is %d characters long; the limit is %d", len(key), MaxKeyLen)}
+	case key[0] == ' ' || key[len(key)-1] == ' ':
+		return "", &KeyError{Value: v, Reason: "the key begins or ends with a space"}
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return "", &KeyError{Value: v, Reason: fmt.Sprintf("byte %d (0x%02x) is not printable ASCII", i, c)}
+		}
+	}
+	return key, nil
+}
+
+// unquote decodes an RFC 8941 sf-string: DQUOTE *chr DQUOTE, where chr is
+// printable ASCII other than '"' and '\', or the escapes \" and \\.
+func unquote(v string) (string, error) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch c := v[i]; c {
+		case '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", errors.New(`a quoted key may only escape " and \`)
+			}
+			b.WriteByte(v[i])
+		case '"':
+			if i != len(v)-1 {
+				return "", errors.New("text follows the closing quote; send exactly one key")
+			}
+			return b.String(), nil
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", errors.New("the quoted key has no closing quote")
+}

@@ -1,0 +1,658 @@
+package testserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem/internal/canon"
+)
+
+// Defaults and floors of the Middleware's settings.
+const (
+	DefaultLockTimeout      = 60 * time.Second
+	MinRetention            = 24 * time.Hour
+	DefaultMaxBody          = 1 << 20
+	DefaultMaxSavedResponse = 1 << 20
+	DefaultPruneBatch       = 1000
+
+	// storeWriteTimeout bounds the save or release that follows a handler.
+	// It runs on a context detached from the request, so that a client
+	// that hangs up does not leave the claim in flight.
+	storeWriteTimeout = 10 * time.Second
+	// maxDecisions bounds how often one request re-reads the key after
+	// losing a take-over race before it answers 409.
+	maxDecisions = 3
+	// maxPruneBatches bounds one call of Middleware.Prune.
+	maxPruneBatches = 10000
+)
+
+// ErrorPolicy is what the Middleware does with a claim when its handler
+// fails: answers a status of 500 or more, or panics.
+type ErrorPolicy int
+
+const (
+	// ReleaseClaim deletes the claim (fenced) and sends the error to the
+	// caller without saving it, so the caller's retry runs the handler
+	// again. It is safe only when the handler's effects are idempotent
+	// downstream: the reference payments server passes its own key,
+	// charge:<order_id>, to PayCo, so a second run cannot charge twice. If a
+	// second run could repeat a side effect, use SaveError.
+	ReleaseClaim ErrorPolicy = iota
+	// SaveError saves the failed answer like any other and replays it to
+	// every retry, as Stripe does with 500s. It is always safe against a
+	// second execution, at the cost that a transient failure becomes
+	// permanent for that key: the caller must reconcile and use a new key.
+	// Under SaveError a handler should not answer 502, 503 or 504 for a
+	// failure it expects to clear, since the replay repeats it.
+	SaveError
+)
+
+func (p ErrorPolicy) String() string {
+	switch p {
+	case ReleaseClaim:
+		return "release"
+	case SaveError:
+		return "save"
+	}
+	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
+}
+
+// Middleware makes non-idempotent requests safe to retry: a request that
+// carries an Idempotency-Key is run at most once per scope and key, and
+// every retry gets the first answer. It implements the decision table of
+// DESIGN.md:
+//
+//	state of (scope, key)          action                                   answer
+//	none: Claim wins               run the handler, save its answer fenced  the handler's
+//	fingerprint differs            nothing runs, nothing is replayed        422 problem
+//	done, same fingerprint         replay status, ReplayHeaders and body    the first answer
+//	in flight, lock younger        nothing runs; Retry-After = lease left   409 problem
+//	  than LockTimeout
+//	in flight, lock stale          TakeOver by compare-and-set; the one     the handler's
+//	                               winner runs the handler
+//
+// A replay carries Idempotent-Replayed: true. Every answer of the Middleware
+// itself is application/problem+json with one of the Problem* types.
+//
+// The handler's answer is recorded, saved, and only then sent, so a caller
+// never sees an answer that a retry would not get again. Saving and
+// releasing are fenced by the claim's token: a worker that stalled past its
+// lease and was taken over cannot overwrite the new owner's answer nor
+// delete its claim. Such a worker's caller gets 409 (ProblemTakenOver) and
+// its retry gets the new owner's saved answer. A store error on the save
+// after the handler ran is logged and the handler's answer is sent; the
+// claim stays in flight until LockTimeout, after which a retry takes it over.
+//
+// The handler's request has a fresh body holding the bytes read, and a
+// context cancelled after LockTimeout, so that a handler that honours its
+// context cannot outlive its claim.
+//
+// A Middleware is safe for concurrent use. Set its fields before the first
+// request and do not change or copy it afterwards. The zero value with a
+// Store set is ready to use; with a nil Store every protected request
+// answers 503.
+type Middleware struct {
+	// Store holds the keys. Nil makes every protected request fail closed
+	// with 503.
+	Store Store
+
+	// Methods are the request methods that carry a key. Nil means POST and
+	// PATCH. Requests with other methods pass through untouched.
+	Methods []string
+
+	// Optional lets a request of a protected method without an
+	// Idempotency-Key through to the handler, unprotected. False (the
+	// default) answers 400 ProblemKeyMissing. An invalid key is refused
+	// either way.
+	Optional bool
+
+	// Scope names the key space of a request (the tenant): keys of two
+	// scopes never meet. Nil means CredentialScope, a hash of the
+	// Authorization header.
+	Scope func(*http.Request) string
+
+	// LockTimeout is how long a claim is honoured before another request
+	// may take it over. It must outlast every honest run of the handler:
+	// the request deadline plus the downstream timeout, or live workers
+	// are taken over by design. Zero means DefaultLockTimeout (60 s): the
+	// reference server's handler is bounded by a 30 s request budget and
+	// a 10 s downstream timeout, with margin.
+	LockTimeout time.Duration
+
+	// Retention is how long a key is kept after its creation; Prune
+	// deletes older ones. It must exceed the clients' retry horizon, or a
+	// late retry becomes a new operation. Zero or anything below
+	// MinRetention (24 h) means MinRetention.
+	Retention time.Duration
+
+	// PruneBatch is the most entries one statement of Prune deletes.
+	// Zero means DefaultPruneBatch.
+	PruneBatch int
+
+	// MaxBody is the largest request body read, in bytes; a larger one is
+	// refused with 413 before anything is claimed. Zero or negative means
+	// DefaultMaxBody (1 MiB).
+	MaxBody int64
+
+	// MaxSavedResponse is the largest response body saved for replay, in
+	// bytes. Zero or negative means DefaultMaxSavedResponse (1 MiB). A
+	// larger answer is sent to its caller as it is written (memory stays
+	// bounded), and the key is saved done with a 500 ProblemResponseTooLarge
+	// marker that names the original status and Location. Retries get the
+	// marker: the operation never runs twice, and the caller is told to
+	// look the result up instead.
+	MaxSavedResponse int64
+
+	// ReplayHeaders are the response headers saved and replayed. Nil means
+	// Content-Type, Content-Encoding, Content-Language, Content-Location,
+	// Location, ETag, Last-Modified, Cache-Control, Expires, Link and Vary.
+	// Set-Cookie and credential headers are never saved, even when listed.
+	ReplayHeaders []string
+
+	// OnError is what happens to the claim when the handler answers 500 or
+	// more, or panics (a panic is recovered and answered with 500). The
+	// zero value is ReleaseClaim.
+	OnError ErrorPolicy
+
+	// Now returns the current time. Nil means time.Now. Claim tokens,
+	// lease ages and retention are measured with it.
+	Now func() time.Time
+
+	// Logger receives one record per decision. Nil means silent.
+	Logger *slog.Logger
+
+	stats counters
+}
+
+// Stats are the Middleware's counters since it was created, for operators.
+type Stats struct {
+	Claims      int64 // keys claimed: first runs of the handler
+	Takeovers   int64 // stale claims taken over: runs after a worker went silent
+	Replays     int64 // saved answers replayed
+	Conflicts   int64 // 409: the key was in flight
+	Mismatches  int64 // 422: the key was reused with another request
+	Fenced      int64 // late saves or releases refused because another worker took over
+	Released    int64 // claims released after a handler error (ReleaseClaim)
+	TooLarge    int64 // answers larger than MaxSavedResponse, saved as a marker
+	StoreErrors int64 // store calls that failed (503 before the handler, logged after)
+	Rejected    int64 // 400 and 413: missing, invalid or repeated key, unreadable or large body
+}
+
+type counters struct {
+	claims, takeovers, replays, conflicts, mismatches atomic.Int64
+	fenced, released, tooLarge, storeErrors, rejected atomic.Int64
+}
+
+// Stats returns a snapshot of the counters.
+func (m *Middleware) Stats() Stats {
+	c := &m.stats
+	return Stats{
+		Claims: c.claims.Load(), Takeovers: c.takeovers.Load(), Replays: c.replays.Load(),
+		Conflicts: c.conflicts.Load(), Mismatches: c.mismatches.Load(), Fenced: c.fenced.Load(),
+		Released: c.released.Load(), TooLarge: c.tooLarge.Load(), StoreErrors: c.storeErrors.Load(),
+		Rejected: c.rejected.Load(),
+	}
+}
+
+// CredentialScope is the default Scope: the hex SHA-256 of the request's
+// Authorization header values, or "" (the anonymous scope) when there are
+// none. Only the hash is stored, never the credential.
+func CredentialScope(r *http.Request) string {
+	a := r.Header.Values("Authorization")
+	if len(a) == 0 {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(strings.Join(a, "\n")))
+	return hex.EncodeToString(sum[:])
+}
+
+// Wrap returns a handler that runs h under the decision table.
+func (m *Middleware) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !m.protects(r.Method) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		vals := r.Header.Values("Idempotency-Key")
+		switch {
+		case len(vals) == 0 && m.Optional:
+			h.ServeHTTP(w, r)
+			return
+		case len(vals) == 0:
+			m.reject(w, r, Problem{Type: ProblemKeyMissing, Title: "Idempotency-Key missing", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("%s requests need an Idempotency-Key header: generate one random key (a UUID) per operation, store it, and send it on every retry of that operation.", r.Method)})
+			return
+		case len(vals) > 1:
+			m.reject(w, r, Problem{Type: ProblemKeyRepeated, Title: "Idempotency-Key sent more than once", Status: http.StatusBadRequest,
+				Detail: fmt.Sprintf("The request has %d Idempotency-Key headers; send exactly one.", len(vals))})
+			return
+		}
+		key, err := ParseKey(vals[0])
+		if err != nil {
+			var ke *KeyError
+			errors.As(err, &ke)
+			m.reject(w, r, Problem{Type: ProblemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest,
+				Detail: "The Idempotency-Key header is not valid: " + ke.Reason + "."})
+			return
+		}
+		body, p := m.readBody(r)
+		if p != nil {
+			p.Key = key
+			m.reject(w, r, *p)
+			return
+		}
+		scope := m.scope(r)
+		fp := Fingerprint(r, scope, body)
+		m.decide(w, r, h, scope, key, fp, body)
+	})
+}
+
+func (m *Middleware) protects(method string) bool {
+	if m.Methods == nil {
+		return method == http.MethodPost || method == http.MethodPatch
+	}
+	return slices.Contains(m.Methods, method)
+}
+
+func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, p Problem) {
+	m.stats.rejected.Add(1)
+	m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", "status", p.Status, "type", p.Type)
+	WriteProblem(w, p, 0)
+}
+
+// readBody reads the whole body, bounded by MaxBody. A non-nil Problem is
+// the answer when it cannot.
+func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
+	limit := m.MaxBody
+	if limit <= 0 {
+		limit = DefaultMaxBody
+	}
+	tooLarge := &Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+		Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this server reads for an idempotent request.", limit)}
+	if r.ContentLength > limit {
+		return nil, tooLarge
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe) || int64(len(b)) > limit:
+		return nil, tooLarge
+	case err != nil:
+		return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
+			Detail: "The request body could not be read (" + err.Error() + "); send the request again with the same Idempotency-Key."}
+	}
+	return b, nil
+}
+
+func (m *Middleware) scope(r *http.Request) string {
+	if m.Scope != nil {
+		return m.Scope(r)
+	}
+	return CredentialScope(r)
+}
+
+// Fingerprint returns the hex SHA-256 that identifies a request under one
+// key: its method, escaped path, raw query, scope, media type (without
+// parameters) and canonical body (see internal/canon: JSON key order and
+// whitespace do not count; other bodies count byte for byte).
+func Fingerprint(r *http.Request, scope string, body []byte) string {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		mt = ct
+	}
+	h := sha256.New()
+	for _, f := range [][]byte{[]byte(r.Method), []byte(r.URL.EscapedPath()), []byte(r.URL.RawQuery),
+		[]byte(scope), []byte(mt), canon.Body(ct, body)} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		h.Write(n[:])
+		h.Write(f)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (m *Middleware) now() time.Time {
+	if m.Now != nil {
+		return m.Now()
+	}
+	return time.Now()
+}
+
+func (m *Middleware) lockTimeout() time.Duration {
+	if m.LockTimeout > 0 {
+		return m.LockTimeout
+	}
+	return DefaultLockTimeout
+}
+
+// decide runs the decision table for one request.
+func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handler, scope, key, fp string, body []byte) {
+	ctx := r.Context()
+	if m.Store == nil {
+		m.storeFailed(w, r, key, errors.New("testserver: Middleware.Store is nil"))
+		return
+	}
+	for range maxDecisions {
+		now := m.now()
+		token := now.UnixNano()
+		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, token, now)
+		switch {
+		case err != nil:
+			m.storeFailed(w, r, key, err)
+			return
+		case claimed:
+			m.stats.claims.Add(1)
+			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", token)
+			m.run(w, r, h, scope, key, token, body)
+			return
+		case e.Fingerprint != fp:
+			m.stats.mismatches.Add(1)
+			m.log(ctx, slog.LevelInfo, "idempotency: key reused with another request", "key", key)
+			WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused with another request", Status: http.StatusUnprocessableEntity, Key: key,
+				Detail: "This Idempotency-Key was first used with a different method, path or body. Do not retry: send a new key for a new operation, or resend the original request unchanged."}, 0)
+			return
+		case e.Status == StatusDone && e.Response != nil:
+			m.stats.replays.Add(1)
+			m.log(ctx, slog.LevelDebug, "idempotency: replayed", "key", key, "status", e.Response.Status)
+			m.replay(w, *e.Response)
+			return
+		case e.Status != StatusInFlight:
+			m.storeFailed(w, r, key, fmt.Errorf("testserver: entry in state %q with response %v", e.Status, e.Response != nil))
+			return
+		}
+		lt := m.lockTimeout()
+		if age := now.Sub(e.LockedAt()); age < lt {
+			m.stats.conflicts.Add(1)
+			left := int((lt - age + time.Second - 1) / time.Second)
+			m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", left)
+			m.inFlight(w, key, left)
+			return
+		}
+		next := max(token, e.Token+1)
+		won, err := m.Store.TakeOver(ctx, scope, key, e.Token, next)
+		if err != nil {
+			m.storeFailed(w, r, key, err)
+			return
+		}
+		if won {
+			m.stats.takeovers.Add(1)
+			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next)
+			m.run(w, r, h, scope, key, next, body)
+			return
+		}
+		// Another request took it over, saved or released it first: look again.
+	}
+	m.stats.conflicts.Add(1)
+	m.inFlight(w, key, 1)
+}
+
+func (m *Middleware) inFlight(w http.ResponseWriter, key string, retryAfter int) {
+	WriteProblem(w, Problem{Type: ProblemInFlight, Title: "Request with this Idempotency-Key in progress", Status: http.StatusConflict, Key: key,
+		Detail: fmt.Sprintf("A request with this Idempotency-Key is being processed. Retry the same request with the same key after %d s to get its answer.", retryAfter)}, retryAfter)
+}
+
+func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
+	m.stats.storeErrors.Add(1)
+	m.log(r.Context(), slog.LevelError, "idempotency: store failed; request refused", "key", key, "err", err)
+	WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
+		Detail: "The server could not record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}, 1)
+}
+
+// replay writes a saved answer.
+func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
+	h := w.Header()
+	for name, vs := range resp.Header {
+		if m.replayable(name) {
+			h[http.CanonicalHeaderKey(name)] = slices.Clone(vs)
+		}
+	}
+	h.Set("Idempotent-Replayed", "true")
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
+
+var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary"}
+
+// replayable reports whether a response header may be saved and replayed.
+func (m *Middleware) replayable(name string) bool {
+	name = http.CanonicalHeaderKey(name)
+	switch name {
+	case "Set-Cookie", "Set-Cookie2", "Cookie", "Authorization", "Proxy-Authorization",
+		"Authentication-Info", "Proxy-Authentication-Info", "Www-Authenticate", "Proxy-Authenticate":
+		return false
+	}
+	list := m.ReplayHeaders
+	if list == nil {
+		list = defaultReplayHeaders
+	}
+	return slices.ContainsFunc(list, func(s string) bool { return http.CanonicalHeaderKey(s) == name })
+}
+
+// run executes the handler under the claim token, then saves or releases
+// the claim, and answers.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, scope, key string, token int64, body []byte) {
+	limit := m.MaxSavedResponse
+	if limit <= 0 {
+		limit = DefaultMaxSavedResponse
+	}
+	rec := &recorder{w: w, header: make(http.Header), limit: limit}
+	hctx, cancel := context.WithTimeout(r.Context(), m.lockTimeout())
+	defer cancel()
+	hr := r.WithContext(hctx)
+	hr.Body = io.NopCloser(bytes.NewReader(body))
+	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	hr.ContentLength = int64(len(body))
+	if v := m.call(h, rec, hr); v != nil {
+		m.log(r.Context(), slog.LevelError, "idempotency: handler panicked", "key", key, "panic", v)
+		if !rec.streamed {
+			rec.reset()
+			WriteProblem(rec, Problem{Type: ProblemHandlerFailed, Title: "Handler failed", Status: http.StatusInternalServerError, Key: key,
+				Detail: "The server failed while processing the request."}, 0)
+		}
+		rec.status = http.StatusInternalServerError
+	}
+	rec.finish()
+
+	// The handler ran: record the outcome even if the caller hung up.
+	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
+	defer cancelWrite()
+	if rec.status >= 500 && m.OnError == ReleaseClaim {
+		released, err := m.Store.Release(ctx, scope, key, token)
+		switch {
+		case err != nil:
+			m.stats.storeErrors.Add(1)
+			m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
+		case !released:
+			m.takenOver(w, ctx, rec, key, "release")
+			return
+		default:
+			m.stats.released.Add(1)
+			m.log(ctx, slog.LevelDebug, "idempotency: claim released after handler error", "key", key, "status", rec.status)
+		}
+		rec.send()
+		return
+	}
+	resp := m.saved(rec, key)
+	err := m.Store.Save(ctx, scope, key, token, resp)
+	switch {
+	case errors.Is(err, ErrFenced):
+		m.takenOver(w, ctx, rec, key, "save")
+		return
+	case err != nil:
+		m.stats.storeErrors.Add(1)
+		m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", "key", key, "err", err)
+	default:
+		m.log(ctx, slog.LevelDebug, "idempotency: saved", "key", key, "status", resp.Status)
+	}
+	rec.send()
+}
+
+// takenOver answers a worker whose claim was taken over while its handler
+// ran: its write changed nothing, and its caller is told to retry, which
+// replays the new owner's answer.
+func (m *Middleware) takenOver(w http.ResponseWriter, ctx context.Context, rec *recorder, key, write string) {
+	m.stats.fenced.Add(1)
+	m.log(ctx, slog.LevelWarn, "idempotency: late "+write+" fenced: the claim was taken over", "key", key)
+	if rec.streamed {
+		return // the answer is already on its way
+	}
+	WriteProblem(w, Problem{Type: ProblemTakenOver, Title: "Request with this Idempotency-Key taken over", Status: http.StatusConflict, Key: key,
+		Detail: "This request outlived its lease and another request with the same key took over. Retry the same request with the same key to get the saved answer."}, 1)
+}
+
+// call runs the handler and returns the value of its panic, or nil.
+func (m *Middleware) call(h http.Handler, w http.ResponseWriter, r *http.Request) (recovered any) {
+	defer func() {
+		if v := recover(); v != nil {
+			recovered = v
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return nil
+}
+
+// saved returns what is stored for the recorded answer: the answer itself,
+// or the ProblemResponseTooLarge marker.
+func (m *Middleware) saved(rec *recorder, key string) Response {
+	if !rec.streamed {
+		hdr := make(http.Header)
+		for name, vs := range rec.header {
+			if m.replayable(name) {
+				hdr[name] = slices.Clone(vs)
+			}
+		}
+		return Response{Status: rec.status, Header: hdr, Body: bytes.Clone(rec.body.Bytes())}
+	}
+	m.stats.tooLarge.Add(1)
+	m.log(context.Background(), slog.LevelWarn, "idempotency: response too large to save; a marker is saved", "key", key, "status", rec.status, "bytes", rec.size)
+	p := Problem{Type: ProblemResponseTooLarge, Title: "Response too large to replay", Status: http.StatusInternalServerError, Key: key, OriginalStatus: rec.status,
+		Detail: fmt.Sprintf("The first request with this Idempotency-Key completed with status %d, and its answer was sent to that caller, but at %d bytes it was too large to save. The operation will not run again: look its result up instead of retrying.", rec.status, rec.size)}
+	hdr := http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}}
+	if loc := rec.header.Get("Location"); loc != "" {
+		hdr.Set("Location", loc)
+	}
+	return Response{Status: p.Status, Header: hdr, Body: p.body()}
+}
+
+func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args ...any) {
+	if m.Logger != nil {
+		m.Logger.Log(ctx, level, msg, args...)
+	}
+}
+
+// Prune deletes the entries created more than Retention ago, in batches of
+// PruneBatch (one store statement each, so no writer waits long), until a
+// batch comes back short, ctx is done, or 10 000 batches ran. It returns
+// how many it deleted. Run it periodically.
+func (m *Middleware) Prune(ctx context.Context) (int, error) {
+	if m.Store == nil {
+		return 0, errors.New("testserver: Middleware.Store is nil")
+	}
+	retention := max(m.Retention, MinRetention)
+	batch := m.PruneBatch
+	if batch <= 0 {
+		batch = DefaultPruneBatch
+	}
+	before := m.now().Add(-retention)
+	total := 0
+	for range maxPruneBatches {
+		n, err := m.Store.Prune(ctx, before, batch)
+		total += n
+		if err != nil || n < batch {
+			return total, err
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// recorder buffers a handler's answer up to limit bytes of body. Past the
+// limit it sends what it has and passes the rest through (streamed).
+type recorder struct {
+	w        http.ResponseWriter
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	limit    int64
+	size     int64 // body bytes the handler wrote
+	streamed bool
+}
+
+func (rec *recorder) Header() http.Header { return rec.header }
+
+func (rec *recorder) WriteHeader(code int) {
+	if rec.status != 0 || code < 200 { // informational answers are dropped
+		return
+	}
+	rec.status = code
+}
+
+func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.status == 0 {
+		rec.WriteHeader(http.StatusOK)
+	}
+	rec.size += int64(len(p))
+	if rec.streamed {
+		return rec.w.Write(p)
+	}
+	if int64(rec.body.Len()+len(p)) <= rec.limit {
+		return rec.body.Write(p)
+	}
+	rec.send()
+	rec.streamed = true
+	rec.body = bytes.Buffer{}
+	return rec.w.Write(p)
+}
+
+// reset drops what the handler wrote, when nothing was sent yet.
+func (rec *recorder) reset() {
+	rec.header = make(http.Header)
+	rec.status = 0
+	rec.body.Reset()
+}
+
+// finish completes the answer as net/http would: status 200 when none was
+// written, and a sniffed Content-Type, so the replay has the same one.
+func (rec *recorder) finish() {
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	if _, ok := rec.header["Content-Type"]; !ok && rec.body.Len() > 0 && !rec.streamed {
+		rec.header.Set("Content-Type", http.DetectContentType(rec.body.Bytes()))
+	}
+}
+
+// send writes the buffered answer to the real writer, unless it was
+// streamed already.
+func (rec *recorder) send() {
+	if rec.streamed {
+		return
+	}
+	h := rec.w.Header()
+	for name, vs := range rec.header {
+		h[name] = vs
+	}
+	rec.w.WriteHeader(rec.status)
+	rec.w.Write(rec.body.Bytes())
+}

@@ -1,0 +1,263 @@
+// Package sqlitestore is a testserver.Store on SQLite (modernc.org/sqlite,
+// no cgo): the reference server's embedded default. Several server
+// processes on one machine may share the file; for many machines use
+// testserver/pgstore.
+//
+// The database runs in WAL mode with synchronous=FULL, so a saved answer
+// survives power loss; every transaction begins IMMEDIATE (it takes the
+// write lock at once, so two writers never deadlock upgrading), waits up to
+// BusyTimeout for another process's lock, and goes through one connection.
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+)
+
+// schemaVersion is PRAGMA user_version once the schema below is in place.
+const schemaVersion = 1
+
+const schema = `
+CREATE TABLE idempotency_keys (
+	scope           TEXT    NOT NULL,
+	key             TEXT    NOT NULL,
+	fingerprint     TEXT    NOT NULL,
+	status          TEXT    NOT NULL CHECK (status IN ('in_flight', 'done')),
+	response_status INTEGER,
+	response_header TEXT,    -- JSON object: header name to values
+	response_body   BLOB,
+	locked_at       INTEGER NOT NULL, -- the fencing token, Unix nanoseconds
+	created         INTEGER NOT NULL, -- Unix nanoseconds
+	PRIMARY KEY (scope, key)
+);
+CREATE INDEX idempotency_keys_created ON idempotency_keys (created);
+`
+
+// DefaultBusyTimeout is how long a statement waits for another
+// connection's write lock when Options.BusyTimeout is zero.
+const DefaultBusyTimeout = 5 * time.Second
+
+// Options configure Open. A nil *Options means the defaults.
+type Options struct {
+	// BusyTimeout is how long a statement waits for another process's
+	// write lock before failing. Zero means DefaultBusyTimeout.
+	BusyTimeout time.Duration
+}
+
+// Store is a testserver.Store in one SQLite file. It is safe for concurrent
+// use.
+type Store struct {
+	db *sql.DB
+}
+
+var _ testserver.Store = (*Store)(nil)
+
+// ErrSchemaTooNew is returned by Open when the file was written by a newer
+// version of this package.
+var ErrSchemaTooNew = errors.New("sqlitestore: database schema is newer than this program")
+
+// Open opens the database at path, creating it with mode 0600 when it does
+// not exist (an existing file keeps its mode), and creates or checks the
+// schema. path is a file name, not a URI; ":memory:" opens a private
+// in-memory database.
+func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if path == "" || strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") {
+		return nil, fmt.Errorf("sqlitestore: invalid path %q: want a plain file name", path)
+	}
+	if path != ":memory:" {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("sqlitestore: %w", err)
+		}
+		f.Close()
+	}
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = DefaultBusyTimeout
+	}
+	dsn := fmt.Sprintf("%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate",
+		path, busy.Milliseconds())
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: %w", err)
+	}
+	db.SetMaxOpenConns(1) // one writer; also keeps a :memory: database alive
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxIdleTime(0)
+	db.SetConnMaxLifetime(0)
+	s := &Store{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	return s.update(ctx, func(tx *sql.Tx) error {
+		var v int
+		if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+			return err
+		}
+		switch {
+		case v == schemaVersion:
+			return nil
+		case v > schemaVersion:
+			return fmt.Errorf("%w: version %d, this program knows %d", ErrSchemaTooNew, v, schemaVersion)
+		}
+		if _, err := tx.ExecContext(ctx, schema); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion))
+		return err
+	})
+}
+
+// DB returns the underlying database, so that an application can keep its
+// own tables in the same file (the reference server keeps its PayCo ledger
+// there). It has one connection: do not hold a transaction open while
+// calling the Store.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// update runs f in one IMMEDIATE transaction, committed when f returns nil.
+func (s *Store) update(ctx context.Context, f func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: %w", err)
+	}
+	defer tx.Rollback()
+	if err := f(tx); err != nil {
+		if errors.Is(err, ErrSchemaTooNew) {
+			return err
+		}
+		return fmt.Errorf("sqlitestore: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlitestore: %w", err)
+	}
+	return nil
+}
+
+// Claim implements testserver.Store.
+func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (e testserver.Entry, claimed bool, err error) {
+	err = s.update(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+			VALUES (?, ?, ?, 'in_flight', ?, ?) ON CONFLICT (scope, key) DO NOTHING`,
+			scope, key, fingerprint, token, now.UnixNano())
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			claimed = true
+			e = testserver.Entry{Scope: scope, Key: key, Fingerprint: fingerprint, Status: testserver.StatusInFlight,
+				Token: token, Created: time.Unix(0, now.UnixNano())}
+			return err
+		}
+		e, err = get(ctx, tx, scope, key)
+		return err
+	})
+	return e, claimed, err
+}
+
+func get(ctx context.Context, tx *sql.Tx, scope, key string) (testserver.Entry, error) {
+	e := testserver.Entry{Scope: scope, Key: key}
+	var (
+		status  sql.NullInt64
+		header  sql.NullString
+		body    []byte
+		created int64
+	)
+	err := tx.QueryRowContext(ctx, `SELECT fingerprint, status, response_status, response_header, response_body, locked_at, created
+		FROM idempotency_keys WHERE scope = ? AND key = ?`, scope, key).
+		Scan(&e.Fingerprint, &e.Status, &status, &header, &body, &e.Token, &created)
+	if err != nil {
+		return e, err
+	}
+	e.Created = time.Unix(0, created)
+	if status.Valid {
+		r := &testserver.Response{Status: int(status.Int64), Body: body}
+		if header.Valid {
+			if err := json.Unmarshal([]byte(header.String), &r.Header); err != nil {
+				return e, fmt.Errorf("response header of key %q: %w", key, err)
+			}
+		}
+		e.Response = r
+	}
+	return e, nil
+}
+
+// exec runs one fenced statement and reports whether it changed a row.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (bool, error) {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, fmt.Errorf("sqlitestore: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("sqlitestore: %w", err)
+	}
+	return n == 1, nil
+}
+
+// TakeOver implements testserver.Store.
+func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+	return s.exec(ctx, `UPDATE idempotency_keys SET locked_at = ?
+		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`, new, scope, key, old)
+}
+
+// Save implements testserver.Store.
+func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: %w", err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	ok, err := s.exec(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
+		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`,
+		resp.Status, string(header), body, scope, key, token)
+	if err == nil && !ok {
+		err = testserver.ErrFenced
+	}
+	return err
+}
+
+// Release implements testserver.Store.
+func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+	return s.exec(ctx, `DELETE FROM idempotency_keys
+		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`, scope, key, token)
+}
+
+// Prune implements testserver.Store.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
+		(SELECT rowid FROM idempotency_keys WHERE created < ? ORDER BY created LIMIT ?)`, before.UnixNano(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sqlitestore: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("sqlitestore: %w", err)
+	}
+	return int(n), nil
+}
