@@ -28,6 +28,7 @@ type call struct {
 	rec      Record
 	sched    *retry.Schedule
 	attempts int // attempts sent by this call
+	cost     int // what Transport.Budget charged for this call's last retry
 	lastCode int
 	lastErr  error
 }
@@ -113,6 +114,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		}
 		switch retry.Classify(resp, err) {
 		case retry.Final:
+			if c.t.Budget != nil {
+				c.t.Budget.Deposit(c.cost)
+			}
 			c.update(ctx, Change{State: StateDone, Attempts: 1, Release: true})
 			return resp, nil
 		case retry.Stop:
@@ -127,13 +131,19 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		if c.attempts >= c.policy.MaxAttempts {
 			more = false
 		}
+		why := "attempts or budget spent after "
+		if more && c.t.Budget != nil {
+			if c.cost, more = c.t.Budget.Withdraw(err); !more {
+				why = "retry budget empty after "
+			}
+		}
 		if !more {
 			var next time.Time
 			if deferred {
 				next = time.Now().Add(wait)
 			}
 			c.update(ctx, Change{Attempts: 1, NextAttempt: next, Release: true})
-			c.giveUp(ctx, err, "attempts or budget spent after "+reason(resp, err))
+			c.giveUp(ctx, err, why+reason(resp, err))
 			if resp != nil {
 				return resp, nil // the last answer; the operation stays pending
 			}

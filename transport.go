@@ -95,6 +95,15 @@ type Transport struct {
 	// Policy is the retry policy; the zero value is the default.
 	Policy retry.Policy
 
+	// Budget, when not nil, is a retry quota shared by every call through
+	// this Transport (and any other Transport given the same Budget): each
+	// retry draws from it and final answers refill it. When it cannot pay
+	// for a retry, the call stops as when its attempts run out: the last
+	// retryable response comes back as is, or a *PendingError when there
+	// is none, and the operation stays pending. First attempts never draw.
+	// Nil means retries are limited by Policy alone.
+	Budget *retry.Budget
+
 	// Methods are the methods that get a key. Nil means POST and PATCH.
 	Methods []string
 
