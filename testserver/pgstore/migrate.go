@@ -1,0 +1,80 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// migrations[i] brings the schema from version i to version i+1. Versions
+// are only ever appended: a released migration is never edited.
+var migrations = [][]string{
+	{ // 1
+		`CREATE TABLE idempotency_keys (
+			scope           text    NOT NULL,
+			key             text    NOT NULL,
+			fingerprint     text    NOT NULL,
+			status          text    NOT NULL CHECK (status IN ('in_flight', 'done')),
+			response_status integer,
+			response_header jsonb,  -- header name to values
+			response_body   bytea,
+			locked_at       bigint  NOT NULL, -- the fencing token, Unix nanoseconds
+			created         bigint  NOT NULL, -- Unix nanoseconds
+			PRIMARY KEY (scope, key)
+		)`,
+		`CREATE INDEX idempotency_keys_created ON idempotency_keys (created)`,
+	},
+}
+
+// ErrSchemaTooNew is returned by Open and New when the database's schema
+// was written by a newer version of this package.
+var ErrSchemaTooNew = errors.New("pgstore: database schema is newer than this program")
+
+// migrateLock is the key of the transaction-scoped advisory lock that
+// serialises migrations, so that server instances starting together do not
+// race to create the tables.
+const migrateLock = 0x6964656d73746f72 // "idemstor"
+
+// migrate brings the schema to len(migrations) in one transaction, recording
+// each version applied in idempotency_keys_schema.
+func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idempotency_keys_schema (
+			version    integer     PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now()
+		)`); err != nil {
+			return err
+		}
+		var v int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM idempotency_keys_schema`).Scan(&v); err != nil {
+			return err
+		}
+		if v > len(migrations) {
+			return fmt.Errorf("%w: version %d, this program knows %d", ErrSchemaTooNew, v, len(migrations))
+		}
+		for ; v < len(migrations); v++ {
+			for _, stmt := range migrations[v] {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("version %d: %w", v+1, err)
+				}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys_schema (version) VALUES ($1)`, v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	return err
+}

@@ -1,0 +1,274 @@
+// Package pgstore is a testserver.Store on PostgreSQL (github.com/jackc/pgx/v5
+// and its pool): for many server instances that share one database.
+//
+// Every method is one statement under PostgreSQL's default READ COMMITTED
+// isolation: a claim is an INSERT … ON CONFLICT DO NOTHING on the primary
+// key (scope, key), a takeover an UPDATE that compares and sets locked_at,
+// and saving or releasing a claim is fenced by status and locked_at in its
+// WHERE clause. Each statement runs under its own deadline
+// (Options.QueryTimeout) inside the caller's context. Any error, a timeout
+// included, is returned as an error: the store never reports a claim it
+// did not make.
+//
+// A claim is as durable as the server's synchronous_commit makes it (on by
+// default): with it off, a server crash may lose a claim or a saved answer
+// that was already acknowledged.
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults for the zero fields of Options.
+const (
+	DefaultQueryTimeout = 5 * time.Second
+	DefaultPruneBatch   = 1000
+)
+
+// claimAttempts bounds Claim's retries when the row it conflicted with
+// disappeared (released or pruned) before it could be read. Each retry
+// means another writer made progress, so two are the most an honest race
+// needs.
+const claimAttempts = 10
+
+// Options configure Open and New. A nil *Options means the defaults.
+type Options struct {
+	// QueryTimeout bounds each statement the store runs, inside the
+	// caller's context. A statement that runs out of time returns an
+	// error wrapping context.DeadlineExceeded. Zero means
+	// DefaultQueryTimeout.
+	QueryTimeout time.Duration
+
+	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs
+	// as many as its limit needs, so no statement holds many row locks or
+	// runs for long. Zero means DefaultPruneBatch.
+	PruneBatch int
+}
+
+// Store is a testserver.Store on a PostgreSQL database. It is safe for
+// concurrent use by many goroutines, and many processes may share the
+// database.
+type Store struct {
+	pool    *pgxpool.Pool
+	owned   bool // Close closes the pool
+	timeout time.Duration
+	batch   int
+}
+
+var _ testserver.Store = (*Store)(nil)
+
+// Open connects to the database dsn names (a postgres:// URL or key=value
+// string, as pgxpool.ParseConfig reads it, pool_max_conns included),
+// creates or upgrades the schema, and returns a Store that owns its pool.
+func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	s, err := New(ctx, pool, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// New returns a Store on pool after creating or upgrading the schema. The
+// caller keeps the pool: Close leaves it open.
+func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	s := &Store{pool: pool, timeout: opts.QueryTimeout, batch: opts.PruneBatch}
+	if s.timeout <= 0 {
+		s.timeout = DefaultQueryTimeout
+	}
+	if s.batch <= 0 {
+		s.batch = DefaultPruneBatch
+	}
+	if err := migrate(ctx, pool, s.timeout); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Pool returns the store's connection pool, so that an application can keep
+// its own tables in the same database.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool if Open created it. It always returns nil.
+func (s *Store) Close() error {
+	if s.owned {
+		s.pool.Close()
+	}
+	return nil
+}
+
+// entryColumns are scanned by scanEntry, in this order.
+const entryColumns = `fingerprint, status, response_status, response_header, response_body, locked_at, created`
+
+func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, error) {
+	e := testserver.Entry{Scope: scope, Key: key}
+	var (
+		status  *int32
+		header  []byte
+		body    []byte
+		created int64
+	)
+	dest := append(extra, &e.Fingerprint, &e.Status, &status, &header, &body, &e.Token, &created)
+	if err := row.Scan(dest...); err != nil {
+		return e, err
+	}
+	e.Created = time.Unix(0, created)
+	if status != nil {
+		r := &testserver.Response{Status: int(*status), Body: body}
+		if r.Body == nil {
+			r.Body = []byte{}
+		}
+		if header != nil {
+			if err := json.Unmarshal(header, &r.Header); err != nil {
+				return e, fmt.Errorf("response header of key %q: %w", key, err)
+			}
+		}
+		e.Response = r
+	}
+	return e, nil
+}
+
+// Claim implements testserver.Store. It runs one statement: the insert
+// and, when it conflicted, the existing row. Should that row have been
+// committed after the statement began (the insert waits for it, the read
+// cannot see it) or deleted meanwhile, the statement returns nothing and
+// runs again.
+func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (testserver.Entry, bool, error) {
+	created := now.UnixNano()
+	for range claimAttempts {
+		e, claimed, err := s.claim(ctx, scope, key, fingerprint, token, created)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return testserver.Entry{}, false, fmt.Errorf("pgstore: claim: %w", err)
+		}
+		return e, claimed, nil
+	}
+	return testserver.Entry{}, false, fmt.Errorf("pgstore: claim of key %q: the entry changed under %d attempts", key, claimAttempts)
+}
+
+func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token, created int64) (testserver.Entry, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	row := s.pool.QueryRow(ctx, `WITH ins AS (
+			INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+			VALUES ($1, $2, $3, 'in_flight', $4, $5)
+			ON CONFLICT (scope, key) DO NOTHING
+			RETURNING `+entryColumns+`
+		)
+		SELECT true, `+entryColumns+` FROM ins
+		UNION ALL
+		SELECT false, `+entryColumns+` FROM idempotency_keys
+		WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`,
+		scope, key, fingerprint, token, created)
+	var claimed bool
+	e, err := scanEntry(row, scope, key, &claimed)
+	return e, claimed, err
+}
+
+// exec runs one statement under the query timeout and returns how many rows
+// it changed.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// TakeOver implements testserver.Store.
+func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+	n, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = $4
+		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, old, new)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: take over: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Save implements testserver.Store.
+func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		return fmt.Errorf("pgstore: save: %w", err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{} // NULL would read back as no body at all
+	}
+	n, err := s.exec(ctx, `UPDATE idempotency_keys
+		SET status = 'done', response_status = $4, response_header = $5, response_body = $6
+		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`,
+		scope, key, token, resp.Status, string(header), body)
+	if err != nil {
+		return fmt.Errorf("pgstore: save: %w", err)
+	}
+	if n == 0 {
+		return testserver.ErrFenced
+	}
+	return nil
+}
+
+// Release implements testserver.Store.
+func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+	n, err := s.exec(ctx, `DELETE FROM idempotency_keys
+		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, token)
+	if err != nil {
+		return false, fmt.Errorf("pgstore: release: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Prune implements testserver.Store. It deletes the oldest entries first,
+// in statements of at most Options.PruneBatch rows, skipping rows another
+// transaction holds locked (they are in use: a later Prune gets them). A
+// limit <= 0 deletes nothing. On an error it returns how many it deleted
+// before.
+func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
+		return 0, nil
+	}
+	cutoff := int64(math.MaxInt64)
+	if before.Before(time.Unix(0, math.MaxInt64)) {
+		cutoff = before.UnixNano()
+	}
+	total := 0
+	for total < limit {
+		want := min(s.batch, limit-total)
+		n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
+			SELECT scope, key FROM idempotency_keys WHERE created < $1
+			ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, want)
+		total += int(n)
+		if err != nil {
+			return total, fmt.Errorf("pgstore: prune: %w", err)
+		}
+		if int(n) < want {
+			break
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,425 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/pgstore"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func open(t *testing.T, dsn string, opts *pgstore.Options) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.Open(t.Context(), dsn, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+var t0 = time.Unix(1_700_000_000, 123_456_789)
+
+func TestClaimSaveReplayRoundTrip(t *testing.T) {
+	s := open(t, pgtest.DB(t), nil)
+	ctx := t.Context()
+	e, claimed, err := s.Claim(ctx, "tenant", "k1", "fp1", 42, t0)
+	if err != nil || !claimed {
+		t.Fatalf("first Claim = %v, %v; want claimed", claimed, err)
+	}
+	if e.Status != testserver.StatusInFlight || e.Token != 42 || e.Fingerprint != "fp1" || !e.Created.Equal(t0) || e.Response != nil {
+		t.Errorf("claimed entry = %+v", e)
+	}
+	resp := testserver.Response{
+		Status: 201,
+		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
+		Body:   []byte(`{"id":"ch_1"}` + "\x00\xff"),
+	}
+	if err := s.Save(ctx, "tenant", "k1", 42, resp); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	e, claimed, err = s.Claim(ctx, "tenant", "k1", "fp2", 43, t0.Add(time.Hour))
+	if err != nil || claimed {
+		t.Fatalf("second Claim = %v, %v; want the existing entry", claimed, err)
+	}
+	if e.Status != testserver.StatusDone || e.Token != 42 || e.Fingerprint != "fp1" || !e.Created.Equal(t0) {
+		t.Errorf("existing entry = %+v", e)
+	}
+	if e.Response == nil {
+		t.Fatal("existing entry has no response")
+	}
+	if e.Response.Status != 201 || string(e.Response.Body) != string(resp.Body) ||
+		!slices.Equal(e.Response.Header["X-Multi"], []string{"a", "b"}) ||
+		e.Response.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("replayed response = %+v; want %+v", *e.Response, resp)
+	}
+
+	// Another scope never meets this key.
+	if _, claimed, err := s.Claim(ctx, "other", "k1", "fp9", 7, t0); err != nil || !claimed {
+		t.Errorf("Claim in another scope = %v, %v; want claimed", claimed, err)
+	}
+}
+
+func TestSaveEmptyBodyIsNotNil(t *testing.T) {
+	s := open(t, pgtest.DB(t), nil)
+	ctx := t.Context()
+	if _, _, err := s.Claim(ctx, "", "k", "fp", 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(ctx, "", "k", 1, testserver.Response{Status: 204}); err != nil {
+		t.Fatal(err)
+	}
+	e, _, err := s.Claim(ctx, "", "k", "fp", 2, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Response == nil || e.Response.Status != 204 || e.Response.Body == nil || len(e.Response.Body) != 0 || len(e.Response.Header) != 0 {
+		t.Errorf("response = %+v; want status 204, empty non-nil body, no header", e.Response)
+	}
+}
+
+// TestClaimRace runs many claims of one key at once, through two stores on
+// the same database (as two server instances): exactly one wins, and the
+// others see the winner's entry.
+func TestClaimRace(t *testing.T) {
+	dsn := pgtest.DB(t)
+	stores := []*pgstore.Store{open(t, dsn, nil), open(t, dsn, nil)}
+	const n = 32
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []int64
+		seen    = map[int64]int{}
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			e, claimed, err := stores[i%2].Claim(t.Context(), "s", "race", "fp", int64(i+1), t0)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("Claim %d: %v", i, err)
+				return
+			}
+			if claimed {
+				winners = append(winners, int64(i+1))
+			}
+			seen[e.Token]++
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(winners) != 1 {
+		t.Fatalf("%d claims won (%v); want exactly 1", len(winners), winners)
+	}
+	if len(seen) != 1 || seen[winners[0]] != n {
+		t.Errorf("tokens seen = %v; want all %d callers to see the winner's token %d", seen, n, winners[0])
+	}
+}
+
+func TestTakeOverRace(t *testing.T) {
+	dsn := pgtest.DB(t)
+	stores := []*pgstore.Store{open(t, dsn, nil), open(t, dsn, nil)}
+	if _, _, err := stores[0].Claim(t.Context(), "s", "k", "fp", 100, t0); err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		wins []int64
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			ok, err := stores[i%2].TakeOver(t.Context(), "s", "k", 100, int64(200+i))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("TakeOver: %v", err)
+			}
+			if ok {
+				wins = append(wins, int64(200+i))
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(wins) != 1 {
+		t.Fatalf("%d takeovers won; want exactly 1", len(wins))
+	}
+	// The old holder is fenced out; the new one saves.
+	if err := stores[0].Save(t.Context(), "s", "k", 100, testserver.Response{Status: 200}); !errors.Is(err, testserver.ErrFenced) {
+		t.Errorf("Save with the old token = %v; want ErrFenced", err)
+	}
+	if ok, err := stores[0].Release(t.Context(), "s", "k", 100); ok || err != nil {
+		t.Errorf("Release with the old token = %v, %v; want false, nil", ok, err)
+	}
+	if err := stores[1].Save(t.Context(), "s", "k", wins[0], testserver.Response{Status: 200}); err != nil {
+		t.Errorf("Save with the new token: %v", err)
+	}
+	// A done entry cannot be taken over, saved again or released.
+	if ok, err := stores[0].TakeOver(t.Context(), "s", "k", wins[0], wins[0]+1); ok || err != nil {
+		t.Errorf("TakeOver of a done entry = %v, %v; want false, nil", ok, err)
+	}
+	if err := stores[0].Save(t.Context(), "s", "k", wins[0], testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
+		t.Errorf("second Save = %v; want ErrFenced", err)
+	}
+	if ok, err := stores[0].Release(t.Context(), "s", "k", wins[0]); ok || err != nil {
+		t.Errorf("Release of a done entry = %v, %v; want false, nil", ok, err)
+	}
+}
+
+func TestReleaseLetsTheKeyBeClaimedAgain(t *testing.T) {
+	s := open(t, pgtest.DB(t), nil)
+	ctx := t.Context()
+	if _, _, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Release(ctx, "s", "k", 2); ok || err != nil {
+		t.Fatalf("Release with a wrong token = %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := s.Release(ctx, "s", "k", 1); !ok || err != nil {
+		t.Fatalf("Release = %v, %v; want true, nil", ok, err)
+	}
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 3, t0); !claimed || err != nil {
+		t.Errorf("Claim after Release = %v, %v; want claimed", claimed, err)
+	}
+}
+
+// TestClaimSeesRowCommittedDuringIt makes Claim's insert wait for another
+// transaction's uncommitted insert of the same key, then commits it: the
+// row is newer than the claim's snapshot, and Claim must still return it,
+// unclaimed.
+func TestClaimSeesRowCommittedDuringIt(t *testing.T) {
+	dsn := pgtest.DB(t)
+	s := open(t, dsn, nil)
+	ctx := t.Context()
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+		VALUES ('s', 'k', 'theirs', 'in_flight', 7, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		e       testserver.Entry
+		claimed bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		e, claimed, err := s.Claim(ctx, "s", "k", "mine", 8, t0)
+		done <- result{e, claimed, err}
+	}()
+	waitBlocked(t, s.Pool(), 1)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.claimed {
+		t.Fatalf("Claim = %v, %v; want the other's entry, unclaimed", r.claimed, r.err)
+	}
+	if r.e.Fingerprint != "theirs" || r.e.Token != 7 {
+		t.Errorf("entry = %+v; want the committed one", r.e)
+	}
+}
+
+// waitBlocked waits until n backends of the database wait for a lock.
+func waitBlocked(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	for range 100_000 {
+		var waiting int
+		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= n {
+			return
+		}
+	}
+	t.Fatalf("never saw %d backends waiting for a lock", n)
+}
+
+func TestQueryTimeoutFailsClosed(t *testing.T) {
+	dsn := pgtest.DB(t)
+	s := open(t, dsn, &pgstore.Options{QueryTimeout: 300 * time.Millisecond})
+	ctx := t.Context()
+	if _, _, err := s.Claim(ctx, "s", "locked", "fp", 7, t0); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// An uncommitted insert of "pending", and a lock on "locked".
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+		VALUES ('s', 'pending', 'fp', 'in_flight', 7, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT FROM idempotency_keys WHERE key = 'locked' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each statement waits for the other transaction until its deadline.
+	e, claimed, err := s.Claim(ctx, "s", "pending", "fp", 8, t0)
+	if err == nil || claimed {
+		t.Fatalf("Claim blocked past its timeout = %+v, %v, %v; want an error, unclaimed", e, claimed, err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v; want it to wrap context.DeadlineExceeded", err)
+	}
+	if ok, err := s.TakeOver(ctx, "s", "locked", 7, 9); err == nil || ok {
+		t.Errorf("TakeOver blocked past its timeout = %v, %v; want an error", ok, err)
+	}
+	if err := s.Save(ctx, "s", "locked", 7, testserver.Response{Status: 200}); err == nil || errors.Is(err, testserver.ErrFenced) {
+		t.Errorf("Save blocked past its timeout = %v; want an error other than ErrFenced", err)
+	}
+	if ok, err := s.Release(ctx, "s", "locked", 7); err == nil || ok {
+		t.Errorf("Release blocked past its timeout = %v, %v; want an error", ok, err)
+	}
+}
+
+func TestClosedPoolFailsClosed(t *testing.T) {
+	dsn := pgtest.DB(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := pgstore.New(t.Context(), pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Close leaves a pool it did not open.
+	s.Close()
+	if err := pool.Ping(t.Context()); err != nil {
+		t.Fatalf("Close closed the caller's pool: %v", err)
+	}
+	pool.Close()
+	ctx := t.Context()
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err == nil || claimed {
+		t.Errorf("Claim on a closed pool = %v, %v; want an error", claimed, err)
+	}
+	if ok, err := s.TakeOver(ctx, "s", "k", 1, 2); err == nil || ok {
+		t.Errorf("TakeOver on a closed pool = %v, %v; want an error", ok, err)
+	}
+	if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 200}); err == nil || errors.Is(err, testserver.ErrFenced) {
+		t.Errorf("Save on a closed pool = %v; want an error other than ErrFenced", err)
+	}
+	if ok, err := s.Release(ctx, "s", "k", 1); err == nil || ok {
+		t.Errorf("Release on a closed pool = %v, %v; want an error", ok, err)
+	}
+	if _, err := s.Prune(ctx, t0, 10); err == nil {
+		t.Error("Prune on a closed pool: no error")
+	}
+}
+
+func TestPruneInBatches(t *testing.T) {
+	s := open(t, pgtest.DB(t), &pgstore.Options{PruneBatch: 4})
+	ctx := t.Context()
+	for i := range 25 {
+		if _, _, err := s.Claim(ctx, "s", fmt.Sprintf("old-%d", i), "fp", 1, t0.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := s.Save(ctx, "s", fmt.Sprintf("old-%d", i), 1, testserver.Response{Status: 200}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cutoff := t0.Add(time.Hour)
+	for i := range 5 {
+		if _, _, err := s.Claim(ctx, "s", fmt.Sprintf("new-%d", i), "fp", 1, cutoff.Add(time.Duration(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := s.Prune(ctx, cutoff, 0); n != 0 || err != nil {
+		t.Errorf("Prune(limit 0) = %d, %v; want 0", n, err)
+	}
+	if n, err := s.Prune(ctx, cutoff, 10); n != 10 || err != nil {
+		t.Errorf("Prune(limit 10) = %d, %v; want 10", n, err)
+	}
+	// The oldest went first.
+	if _, claimed, err := s.Claim(ctx, "s", "old-9", "fp", 2, t0); !claimed || err != nil {
+		t.Errorf("old-9 still there after pruning the 10 oldest (claimed %v, %v)", claimed, err)
+	}
+	if _, claimed, err := s.Claim(ctx, "s", "old-10", "fp", 2, t0); claimed || err != nil {
+		t.Errorf("old-10 pruned among the 10 oldest (claimed %v, %v)", claimed, err)
+	}
+	// old-10…old-24 and the new old-9 are older than cutoff.
+	if n, err := s.Prune(ctx, cutoff, 100); n != 16 || err != nil {
+		t.Errorf("Prune(limit 100) = %d, %v; want 16", n, err)
+	}
+	for i := range 5 {
+		if _, claimed, err := s.Claim(ctx, "s", fmt.Sprintf("new-%d", i), "fp", 2, t0); claimed || err != nil {
+			t.Errorf("new-%d pruned (claimed %v, %v); want it kept", i, claimed, err)
+		}
+	}
+	if n, err := s.Prune(ctx, time.Time{}, 100); n != 0 || err != nil {
+		t.Errorf("Prune(before zero time) = %d, %v; want 0", n, err)
+	}
+}
+
+func TestMigrations(t *testing.T) {
+	dsn := pgtest.DB(t)
+	// Instances starting together migrate once, without error.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			s, err := pgstore.Open(t.Context(), dsn, nil)
+			if err != nil {
+				t.Errorf("concurrent Open: %v", err)
+				return
+			}
+			s.Close()
+		})
+	}
+	wg.Wait()
+	s := open(t, dsn, nil)
+	var versions []int32
+	rows, err := s.Pool().Query(t.Context(), `SELECT version FROM idempotency_keys_schema ORDER BY version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var v int32
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		versions = append(versions, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(versions, []int32{1}) {
+		t.Errorf("schema versions = %v; want [1]", versions)
+	}
+	if _, err := s.Pool().Exec(t.Context(), `INSERT INTO idempotency_keys_schema (version) VALUES (99)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgstore.Open(t.Context(), dsn, nil); !errors.Is(err, pgstore.ErrSchemaTooNew) {
+		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew", err)
+	}
+}
+
+func TestOpenBadDSN(t *testing.T) {
+	if _, err := pgstore.Open(t.Context(), "postgres://%zz", nil); err == nil {
+		t.Error("Open with a malformed DSN: no error")
+	}
+}
