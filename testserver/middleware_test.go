@@ -1,0 +1,687 @@
+package testserver_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/sqlitestore"
+)
+
+// backends are the stores every middleware test runs on.
+var backends = []struct {
+	name string
+	open func(t *testing.T) testserver.Store
+}{
+	{"memory", func(*testing.T) testserver.Store { return new(testserver.MemoryStore) }},
+	{"sqlite", func(t *testing.T) testserver.Store {
+		s, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "keys.db"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+}
+
+func eachStore(t *testing.T, f func(t *testing.T, store testserver.Store)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { f(t, b.open(t)) })
+	}
+}
+
+// clock is a settable time source for Middleware.Now.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Unix(1_700_000_000, 0)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// charges is a handler that counts its runs and answers 201 with the run
+// number, replayable and unreplayable headers.
+type charges struct {
+	runs atomic.Int64
+	// hold, when set, is called inside the handler before it answers.
+	hold func(run int64)
+}
+
+func (c *charges) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := c.runs.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	if c.hold != nil {
+		c.hold(n)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Location", fmt.Sprintf("/v1/charges/ch_%d", n))
+	h.Set("ETag", fmt.Sprintf(`"%d"`, n))
+	h.Set("Set-Cookie", "session=secret")
+	h.Set("X-Run", fmt.Sprint(n))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"run":%d,"auth":%q,"request":%q}`, n, r.Header.Get("Authorization"), body)
+}
+
+// request builds a request; header is name, value pairs.
+func request(method, path, body string, header ...string) *http.Request {
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	if body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		r.Header.Add(header[i], header[i+1])
+	}
+	return r
+}
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// wantProblem checks an application/problem+json answer.
+func wantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, typ string) testserver.Problem {
+	t.Helper()
+	if w.Code != status {
+		t.Fatalf("status %d (%s); want %d", w.Code, w.Body, status)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q; want application/problem+json", ct)
+	}
+	var p testserver.Problem
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", w.Body, err)
+	}
+	if p.Type != typ || p.Status != status || p.Title == "" || len(p.Detail) < 20 {
+		t.Fatalf("problem %+v; want type %s, status %d, a title and an actionable detail", p, typ, status)
+	}
+	return p
+}
+
+const chargeBody = `{"amount": 1000, "currency": "usd", "order_id": "o-1"}`
+
+func TestDecisionTable(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		clk := newClock()
+		h := &charges{}
+		started, release := make(chan struct{}), make(chan struct{})
+		h.hold = func(n int64) {
+			if n == 2 { // the run on key "slow" waits for the test
+				close(started)
+				<-release
+			}
+		}
+		mw := &testserver.Middleware{Store: store, Now: clk.Now}
+		srv := mw.Wrap(h)
+
+		// Row 1: no entry. The claim wins and the handler answers.
+		first := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k1"))
+		if first.Code != 201 || h.runs.Load() != 1 || first.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatalf("first request: %d %q, runs %d; want the handler's 201, run once, not a replay", first.Code, first.Body, h.runs.Load())
+		}
+		if first.Header().Get("Set-Cookie") == "" || first.Header().Get("X-Run") != "1" {
+			t.Errorf("first answer lost the handler's own headers: %v", first.Header())
+		}
+
+		// Row 3: done, same fingerprint (JSON reordered, quoted key): replay.
+		same := `{ "order_id":"o-1","currency":"usd",  "amount":1000 }`
+		replay := serve(srv, request("POST", "/v1/charges", same, "Idempotency-Key", `"k1"`))
+		if replay.Code != 201 || !bytes.Equal(replay.Body.Bytes(), first.Body.Bytes()) || h.runs.Load() != 1 {
+			t.Fatalf("replay: %d %q, runs %d; want 201 with the first body byte for byte, no run", replay.Code, replay.Body, h.runs.Load())
+		}
+		rh := replay.Header()
+		if rh.Get("Idempotent-Replayed") != "true" || rh.Get("Location") != "/v1/charges/ch_1" || rh.Get("ETag") != `"1"` || rh.Get("Content-Type") != "application/json" {
+			t.Errorf("replay headers %v; want Idempotent-Replayed, Location, ETag and Content-Type of the first", rh)
+		}
+		if rh.Get("Set-Cookie") != "" || rh.Get("X-Run") != "" {
+			t.Errorf("replay carries headers outside the allow-list: %v", rh)
+		}
+
+		// Row 2: the key reused with another request: 422, nothing runs.
+		for name, r := range map[string]*http.Request{
+			"body":   request("POST", "/v1/charges", `{"amount": 999, "currency": "usd", "order_id": "o-1"}`, "Idempotency-Key", "k1"),
+			"path":   request("POST", "/v1/refunds", chargeBody, "Idempotency-Key", "k1"),
+			"method": request("PATCH", "/v1/charges", chargeBody, "Idempotency-Key", "k1"),
+			"query":  request("POST", "/v1/charges?expand=customer", chargeBody, "Idempotency-Key", "k1"),
+		} {
+			p := wantProblem(t, serve(srv, r), 422, testserver.ProblemMismatch)
+			if p.Key != "k1" {
+				t.Errorf("%s mismatch names key %q; want k1", name, p.Key)
+			}
+		}
+
+		// Row 4: in flight, lock young: 409 with the lease left.
+		done := make(chan *httptest.ResponseRecorder)
+		go func() { done <- serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "slow")) }()
+		<-started
+		for _, c := range []struct {
+			advance time.Duration
+			want    string
+		}{{0, "60"}, {45 * time.Second, "15"}, {14*time.Second + 500*time.Millisecond, "1"}} {
+			clk.Add(c.advance)
+			w := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "slow"))
+			wantProblem(t, w, 409, testserver.ProblemInFlight)
+			if got := w.Header().Get("Retry-After"); got != c.want {
+				t.Errorf("Retry-After %q after the lease ran %v; want %s", got, c.advance, c.want)
+			}
+		}
+		// An in-flight key with another body is still a mismatch.
+		wantProblem(t, serve(srv, request("POST", "/v1/charges", `{}`, "Idempotency-Key", "slow")), 422, testserver.ProblemMismatch)
+
+		// Row 5: in flight, lock stale: take over; the winner runs.
+		clk.Add(time.Second)
+		taken := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "slow"))
+		if taken.Code != 201 || h.runs.Load() != 3 || taken.Header().Get("X-Run") != "3" {
+			t.Fatalf("stale claim: %d %q, runs %d; want the handler's 201 from run 3", taken.Code, taken.Body, h.runs.Load())
+		}
+		close(release)
+		wantProblem(t, <-done, 409, testserver.ProblemTakenOver)
+
+		want := testserver.Stats{Claims: 2, Takeovers: 1, Replays: 1, Conflicts: 3, Mismatches: 5, Fenced: 1}
+		if got := mw.Stats(); got != want {
+			t.Errorf("Stats = %+v; want %+v", got, want)
+		}
+	})
+}
+
+func TestBadRequests(t *testing.T) {
+	long := strings.Repeat("k", 256)
+	cases := []struct {
+		name   string
+		header []string
+		body   string
+		status int
+		typ    string
+	}{
+		{"missing", nil, chargeBody, 400, testserver.ProblemKeyMissing},
+		{"empty", []string{"Idempotency-Key", ""}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"empty quoted", []string{"Idempotency-Key", `""`}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"256 characters", []string{"Idempotency-Key", long}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"10000 characters", []string{"Idempotency-Key", strings.Repeat("k", 10000)}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"non-ASCII", []string{"Idempotency-Key", "clé"}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"control character", []string{"Idempotency-Key", "a\x01b"}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"tab", []string{"Idempotency-Key", "a\tb"}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"unterminated quote", []string{"Idempotency-Key", `"abc`}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"two quoted keys", []string{"Idempotency-Key", `"a", "b"`}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"bad escape", []string{"Idempotency-Key", `"a\nb"`}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		{"sent twice", []string{"Idempotency-Key", "a", "Idempotency-Key", "a"}, chargeBody, 400, testserver.ProblemKeyRepeated},
+		{"body too large", []string{"Idempotency-Key", "a"}, strings.Repeat("x", 2000), 413, testserver.ProblemBodyTooLarge},
+	}
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		h := &charges{}
+		mw := &testserver.Middleware{Store: store, MaxBody: 1000}
+		srv := mw.Wrap(h)
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				wantProblem(t, serve(srv, request("POST", "/v1/charges", c.body, c.header...)), c.status, c.typ)
+			})
+		}
+		if h.runs.Load() != 0 {
+			t.Errorf("handler ran %d times on bad requests; want 0", h.runs.Load())
+		}
+		if got := mw.Stats().Rejected; got != int64(len(cases)) {
+			t.Errorf("Stats.Rejected = %d; want %d", got, len(cases))
+		}
+	})
+}
+
+// A body without Content-Length (chunked) is cut at MaxBody as well.
+func TestBodyTooLargeWithoutLength(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore), MaxBody: 10}).Wrap(h)
+	r := request("POST", "/", "", "Idempotency-Key", "k")
+	r.Body = io.NopCloser(strings.NewReader(strings.Repeat("x", 11)))
+	r.ContentLength = -1
+	wantProblem(t, serve(srv, r), 413, testserver.ProblemBodyTooLarge)
+	r = request("POST", "/", "", "Idempotency-Key", "k")
+	r.Body = io.NopCloser(io.MultiReader(strings.NewReader("x"), errReader{}))
+	r.ContentLength = -1
+	wantProblem(t, serve(srv, r), 400, testserver.ProblemBodyUnreadable)
+	if h.runs.Load() != 0 {
+		t.Fatal("handler ran")
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+func TestKeyForms(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"abc", "abc"},
+		{`"abc"`, "abc"},
+		{`"a\"b\\c"`, `a"b\c`},
+		{"a b", "a b"},
+		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
+		{"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+	} {
+		got, err := testserver.ParseKey(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParseKey(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, in := range []string{"", `""`, " a", "a ", `"a`, `"a"b`, `"a\b"`, "\x7f", strings.Repeat("k", 256)} {
+		_, err := testserver.ParseKey(in)
+		var ke *testserver.KeyError
+		if !errors.As(err, &ke) || !errors.Is(err, testserver.ErrInvalidKey) || ke.Value != in || ke.Reason == "" {
+			t.Errorf("ParseKey(%q) error = %v; want a *KeyError matching ErrInvalidKey", in, err)
+		}
+	}
+}
+
+func TestPassThrough(t *testing.T) {
+	h := &charges{}
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := mw.Wrap(h)
+	// GET is not protected: a key is ignored, and there is no replay.
+	for range 2 {
+		if w := serve(srv, request("GET", "/v1/charges/1", "", "Idempotency-Key", "k")); w.Code != 201 {
+			t.Fatalf("GET: %d", w.Code)
+		}
+	}
+	if h.runs.Load() != 2 {
+		t.Fatalf("GET ran %d times; want 2 (not protected)", h.runs.Load())
+	}
+	// Optional: a POST without a key runs unprotected; with one, protected.
+	mw = &testserver.Middleware{Store: new(testserver.MemoryStore), Optional: true, Methods: []string{"POST", "PUT"}}
+	srv = mw.Wrap(h)
+	for range 2 {
+		serve(srv, request("POST", "/", chargeBody))
+		serve(srv, request("PUT", "/", chargeBody, "Idempotency-Key", "k"))
+	}
+	if h.runs.Load() != 5 {
+		t.Fatalf("runs %d; want 5 (two unprotected POSTs, one protected PUT)", h.runs.Load())
+	}
+	wantProblem(t, serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "")), 400, testserver.ProblemKeyInvalid)
+}
+
+func TestOnError(t *testing.T) {
+	for _, c := range []struct {
+		policy testserver.ErrorPolicy
+		panics bool
+	}{{testserver.ReleaseClaim, false}, {testserver.ReleaseClaim, true}, {testserver.SaveError, false}, {testserver.SaveError, true}} {
+		t.Run(fmt.Sprintf("%v/panic=%v", c.policy, c.panics), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, store testserver.Store) {
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if runs.Add(1) == 1 {
+						if c.panics {
+							panic("downstream exploded")
+						}
+						w.Header().Set("Content-Type", "text/plain")
+						w.WriteHeader(502)
+						io.WriteString(w, "payco unreachable")
+						return
+					}
+					w.WriteHeader(201)
+					io.WriteString(w, "charged")
+				})
+				mw := &testserver.Middleware{Store: store, OnError: c.policy}
+				srv := mw.Wrap(h)
+				first := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				if c.panics {
+					wantProblem(t, first, 500, testserver.ProblemHandlerFailed)
+				} else if first.Code != 502 || first.Body.String() != "payco unreachable" {
+					t.Fatalf("first answer %d %q; want the handler's 502", first.Code, first.Body)
+				}
+				retry := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				switch c.policy {
+				case testserver.ReleaseClaim:
+					if retry.Code != 201 || runs.Load() != 2 || mw.Stats().Released != 1 {
+						t.Fatalf("retry after a released claim: %d, runs %d, %+v; want a second run answering 201", retry.Code, runs.Load(), mw.Stats())
+					}
+				case testserver.SaveError:
+					if retry.Code != first.Code || !bytes.Equal(retry.Body.Bytes(), first.Body.Bytes()) ||
+						retry.Header().Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+						t.Fatalf("retry after a saved error: %d %q, runs %d; want the first error replayed, one run", retry.Code, retry.Body, runs.Load())
+					}
+				}
+			})
+		})
+	}
+}
+
+// Worker A stalls past its lease; B takes over and answers. A's late save
+// and release change nothing, and the client gets B's answer on replay.
+func TestZombieWriter(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		t.Run(policy.String(), func(t *testing.T) {
+			eachStore(t, func(t *testing.T, store testserver.Store) {
+				clk := newClock()
+				started, unblockA := make(chan struct{}), make(chan struct{})
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if runs.Add(1) == 1 { // worker A
+						close(started)
+						<-unblockA
+						w.WriteHeader(500) // A fails late: its release must be fenced too
+						io.WriteString(w, "A")
+						return
+					}
+					w.WriteHeader(201)
+					io.WriteString(w, "B")
+				})
+				mw := &testserver.Middleware{Store: store, Now: clk.Now, OnError: policy}
+				srv := mw.Wrap(h)
+				send := func() *httptest.ResponseRecorder {
+					return serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				}
+				a := make(chan *httptest.ResponseRecorder)
+				go func() { a <- send() }()
+				<-started
+				clk.Add(testserver.DefaultLockTimeout)
+				if b := send(); b.Code != 201 || b.Body.String() != "B" {
+					t.Fatalf("worker B: %d %q; want 201 B", b.Code, b.Body)
+				}
+				close(unblockA)
+				wantProblem(t, <-a, 409, testserver.ProblemTakenOver)
+				replay := send()
+				if replay.Code != 201 || replay.Body.String() != "B" || replay.Header().Get("Idempotent-Replayed") != "true" {
+					t.Fatalf("replay after the zombie: %d %q; want B's 201 B", replay.Code, replay.Body)
+				}
+				if s := mw.Stats(); runs.Load() != 2 || s.Fenced != 1 || s.Takeovers != 1 || s.Released != 0 {
+					t.Fatalf("runs %d, %+v; want 2 runs, 1 takeover, 1 fenced write, nothing released", runs.Load(), s)
+				}
+			})
+		})
+	}
+}
+
+// 64 identical requests at once over HTTP: one run; the others get 409
+// while it runs, and every later request the byte-identical replay.
+func TestConcurrentIdenticalRequests(t *testing.T) {
+	const n = 64
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		rejected := make(chan struct{}, n)
+		h := &charges{hold: func(int64) {
+			for range n - 1 { // answer once every other request was turned away
+				select {
+				case <-rejected:
+				case <-time.After(10 * time.Second):
+					panic("the other requests were not answered while the first ran")
+				}
+			}
+		}}
+		mw := &testserver.Middleware{Store: store}
+		ts := httptest.NewServer(mw.Wrap(h))
+		defer ts.Close()
+		post := func() (int, []byte, error) {
+			req, err := http.NewRequest("POST", ts.URL+"/v1/charges", strings.NewReader(chargeBody))
+			if err != nil {
+				return 0, nil, err
+			}
+			req.Header.Set("Idempotency-Key", "same")
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := ts.Client().Do(req)
+			if err != nil {
+				return 0, nil, err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			return resp.StatusCode, b, err
+		}
+		var (
+			wg     sync.WaitGroup
+			mu     sync.Mutex
+			counts = map[int]int{}
+			first  []byte
+		)
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, body, err := post()
+				if err != nil {
+					t.Error(err)
+				}
+				if code == 409 {
+					rejected <- struct{}{}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				counts[code]++
+				if code == 201 {
+					first = body
+				}
+			}()
+		}
+		wg.Wait()
+		if h.runs.Load() != 1 || counts[201] != 1 || counts[409] != n-1 {
+			t.Fatalf("runs %d, answers %v; want 1 run, one 201 and %d × 409", h.runs.Load(), counts, n-1)
+		}
+		for range 3 {
+			code, body, err := post()
+			if err != nil || code != 201 || !bytes.Equal(body, first) {
+				t.Fatalf("replay: %d %q, %v; want 201 %q", code, body, err, first)
+			}
+		}
+		if h.runs.Load() != 1 {
+			t.Fatalf("runs %d after replays; want 1", h.runs.Load())
+		}
+	})
+}
+
+func TestResponseTooLarge(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		var runs atomic.Int64
+		big := strings.Repeat("0123456789", 10)
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Location", "/v1/reports/1")
+			w.WriteHeader(201)
+			for i := 0; i < len(big); i += 7 { // in pieces, past the cap mid-way
+				io.WriteString(w, big[i:min(i+7, len(big))])
+			}
+		})
+		mw := &testserver.Middleware{Store: store, MaxSavedResponse: 16}
+		srv := mw.Wrap(h)
+		first := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if first.Code != 201 || first.Body.String() != big {
+			t.Fatalf("first answer %d, %d bytes; want the whole 201 answer", first.Code, first.Body.Len())
+		}
+		replay := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		p := wantProblem(t, replay, 500, testserver.ProblemResponseTooLarge)
+		if p.OriginalStatus != 201 || replay.Header().Get("Location") != "/v1/reports/1" || replay.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("marker %+v, headers %v; want original status 201 and the Location", p, replay.Header())
+		}
+		if runs.Load() != 1 || mw.Stats().TooLarge != 1 {
+			t.Fatalf("runs %d, %+v; want 1 run and TooLarge 1", runs.Load(), mw.Stats())
+		}
+		// A response of exactly the cap is saved whole.
+		big = big[:16]
+		exact := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k2"))
+		again := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k2"))
+		if exact.Body.String() != big || again.Code != 201 || again.Body.String() != big || runs.Load() != 2 {
+			t.Fatalf("at the cap: %q, replay %d %q, runs %d; want %q saved and replayed", exact.Body, again.Code, again.Body, runs.Load(), big)
+		}
+	})
+}
+
+// failingStore fails the chosen methods.
+type failingStore struct {
+	testserver.MemoryStore
+	claim, takeOver, save bool
+}
+
+var errDown = errors.New("store down")
+
+func (s *failingStore) Claim(ctx context.Context, scope, key, fp string, tok int64, now time.Time) (testserver.Entry, bool, error) {
+	if s.claim {
+		return testserver.Entry{}, false, errDown
+	}
+	return s.MemoryStore.Claim(ctx, scope, key, fp, tok, now)
+}
+
+func (s *failingStore) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+	if s.takeOver {
+		return false, errDown
+	}
+	return s.MemoryStore.TakeOver(ctx, scope, key, old, new)
+}
+
+func (s *failingStore) Save(ctx context.Context, scope, key string, tok int64, resp testserver.Response) error {
+	if s.save {
+		return errDown
+	}
+	return s.MemoryStore.Save(ctx, scope, key, tok, resp)
+}
+
+func TestStoreErrors(t *testing.T) {
+	h := &charges{}
+	// Claim fails, and a nil Store: 503, the handler never runs.
+	for name, mw := range map[string]*testserver.Middleware{
+		"claim":     {Store: &failingStore{claim: true}},
+		"nil store": {},
+	} {
+		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		wantProblem(t, w, 503, testserver.ProblemStoreUnavailable)
+		if w.Header().Get("Retry-After") == "" || h.runs.Load() != 0 || mw.Stats().StoreErrors != 1 {
+			t.Fatalf("%s: Retry-After %q, runs %d, %+v; want a Retry-After, no run, one store error", name, w.Header().Get("Retry-After"), h.runs.Load(), mw.Stats())
+		}
+	}
+
+	// TakeOver fails on a stale claim: 503, no run.
+	clk := newClock()
+	fs := &failingStore{takeOver: true}
+	if _, _, err := fs.Claim(context.Background(), "", "k", "other-worker", clk.Now().UnixNano(), clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Hour)
+	mw := &testserver.Middleware{Store: fs, Now: clk.Now}
+	w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	// The fingerprint differs from "other-worker": a mismatch comes first.
+	wantProblem(t, w, 422, testserver.ProblemMismatch)
+	r := request("POST", "/", chargeBody, "Idempotency-Key", "k2")
+	fp := testserver.Fingerprint(r, "", []byte(chargeBody))
+	if _, _, err := fs.MemoryStore.Claim(context.Background(), "", "k2", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Hour)
+	wantProblem(t, serve(mw.Wrap(h), r), 503, testserver.ProblemStoreUnavailable)
+	if h.runs.Load() != 0 {
+		t.Fatalf("handler ran %d times; want 0", h.runs.Load())
+	}
+
+	// Save fails after the handler ran: the caller gets the handler's
+	// answer; the claim stays in flight, so a retry is told to wait.
+	fs = &failingStore{save: true}
+	mw = &testserver.Middleware{Store: fs}
+	if w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")); w.Code != 201 {
+		t.Fatalf("after a failed save: %d; want the handler's 201", w.Code)
+	}
+	wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 409, testserver.ProblemInFlight)
+	if h.runs.Load() != 1 || mw.Stats().StoreErrors != 1 {
+		t.Fatalf("runs %d, %+v; want 1 run, 1 store error", h.runs.Load(), mw.Stats())
+	}
+}
+
+// Two credentials with the same key and body: two runs, and each replay is
+// its own.
+func TestTenantIsolation(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		h := &charges{}
+		srv := (&testserver.Middleware{Store: store}).Wrap(h)
+		send := func(auth string) *httptest.ResponseRecorder {
+			r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "shared-key")
+			if auth != "" {
+				r.Header.Set("Authorization", auth)
+			}
+			return serve(srv, r)
+		}
+		tenants := []string{"Bearer sk_a", "Bearer sk_b", ""}
+		firsts := map[string]string{}
+		for _, auth := range tenants {
+			w := send(auth)
+			if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("tenant %q: %d, replayed %q; want its own run", auth, w.Code, w.Header().Get("Idempotent-Replayed"))
+			}
+			firsts[auth] = w.Body.String()
+		}
+		if h.runs.Load() != int64(len(tenants)) {
+			t.Fatalf("runs %d; want one per tenant", h.runs.Load())
+		}
+		for _, auth := range tenants {
+			w := send(auth)
+			if w.Body.String() != firsts[auth] || !strings.Contains(w.Body.String(), fmt.Sprintf(`"auth":%q`, auth)) {
+				t.Errorf("tenant %q replay %q; want its own %q", auth, w.Body, firsts[auth])
+			}
+		}
+	})
+}
+
+// The save runs even when the caller hung up while the handler ran.
+func TestSaveAfterClientGone(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		var deadline time.Time
+		ctx, cancel := context.WithCancel(context.Background())
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			deadline, _ = r.Context().Deadline()
+			cancel() // the client goes away after the work is done
+			w.WriteHeader(201)
+		})
+		mw := &testserver.Middleware{Store: store, LockTimeout: time.Hour}
+		srv := mw.Wrap(h)
+		before := time.Now()
+		serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
+		if deadline.IsZero() || deadline.Before(before.Add(59*time.Minute)) || deadline.After(time.Now().Add(time.Hour)) {
+			t.Errorf("handler deadline %v; want about LockTimeout (1 h) from now", deadline)
+		}
+		w := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry after the caller hung up: %d; want the saved 201 replayed", w.Code)
+		}
+	})
+}
+
+func TestPrune(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		clk := newClock()
+		h := &charges{}
+		mw := &testserver.Middleware{Store: store, Now: clk.Now, Retention: time.Hour, PruneBatch: 2}
+		srv := mw.Wrap(h)
+		for i := range 5 {
+			serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", fmt.Sprint("old", i)))
+		}
+		clk.Add(23 * time.Hour)
+		serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "young"))
+		clk.Add(time.Hour + time.Second)
+		// Retention below 24 h counts as 24 h: only the five old keys are due.
+		n, err := mw.Prune(context.Background())
+		if err != nil || n != 5 {
+			t.Fatalf("Prune = %d, %v; want 5", n, err)
+		}
+		serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "young"))
+		if h.runs.Load() != 6 {
+			t.Fatalf("runs %d; want 6: the young key replayed", h.runs.Load())
+		}
+		serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "old0"))
+		if h.runs.Load() != 7 {
+			t.Fatalf("runs %d; want 7: a pruned key is a new operation", h.runs.Load())
+		}
+	})
+}
