@@ -20,7 +20,7 @@ var migrations = [][]string{
 			fingerprint     text    NOT NULL,
 			status          text    NOT NULL CHECK (status IN ('in_flight', 'done')),
 			response_status integer,
-			response_header jsonb,  -- header name to values
+			response_header text,    -- JSON object: header name to values
 			response_body   bytea,
 			locked_at       bigint  NOT NULL, -- the fencing token, Unix nanoseconds
 			created         bigint  NOT NULL, -- Unix nanoseconds

@@ -150,10 +150,13 @@ func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, 
 }
 
 // Claim implements testserver.Store. It runs one statement: the insert
-// and, when it conflicted, the existing row. Should that row have been
-// committed after the statement began (the insert waits for it, the read
-// cannot see it) or deleted meanwhile, the statement returns nothing and
-// runs again.
+// and, when it conflicted, the existing row as of the statement's start.
+// Should that row have been committed after the statement began (the
+// insert waits for it, the read cannot see it) or deleted meanwhile, the
+// statement returns nothing and runs again. The entry returned may thus be
+// a moment old, as any read is by the time the caller acts on it: every
+// write after it is a compare-and-set on the token, so a stale entry can
+// only make a write fail, never succeed wrongly.
 func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (testserver.Entry, bool, error) {
 	created := now.UnixNano()
 	for range claimAttempts {

@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/pgstore"
+	"github.com/idemkit/idem/testserver/storetest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -422,4 +423,8 @@ func TestOpenBadDSN(t *testing.T) {
 	if _, err := pgstore.Open(t.Context(), "postgres://%zz", nil); err == nil {
 		t.Error("Open with a malformed DSN: no error")
 	}
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) testserver.Store { return open(t, pgtest.DB(t), nil) })
 }
