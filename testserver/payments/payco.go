@@ -1,0 +1,219 @@
+package payments
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Charge is a charge as PayCo made it and the API returns it.
+type Charge struct {
+	ID       string `json:"id"`
+	Amount   int64  `json:"amount"` // in the currency's minor unit
+	Currency string `json:"currency"`
+	OrderID  string `json:"order_id"`
+}
+
+// Stats are PayCo's counts. Charges, DoubleCharged and PerOrder count the
+// charge calls PayCo received, before its own dedup: they show every time
+// the server ran a charge, so a broken idempotency store shows up even
+// though PayCo's dedup keeps the money right. Settled and
+// SettledDoubleCharged count the charges PayCo actually made.
+type Stats struct {
+	Charges              int            `json:"charges"`                // charge calls received
+	DoubleCharged        int            `json:"double_charged"`         // orders charged (called) more than once
+	PerOrder             map[string]int `json:"per_order"`              // charge calls per order
+	Settled              int            `json:"settled"`                // charges made, after dedup
+	SettledDoubleCharged int            `json:"settled_double_charged"` // orders with more than one charge made
+}
+
+// ErrNoCharge is returned by PayCo.Get for an unknown charge id.
+var ErrNoCharge = errors.New("payments: no such charge")
+
+// ErrKeyReused is returned (wrapped) by PayCo.Charge when its key already
+// charged an order with another amount or currency.
+var ErrKeyReused = errors.New("payments: PayCo key already used with other parameters")
+
+// PayCo is the downstream payment processor of the reference server: a
+// ledger in a SQL database that dedups charges on the caller's key. It
+// keeps its tables (payco_calls, payco_charges) beside the server's keys,
+// so several server processes on one database share one ledger, and a
+// restart keeps the counts. It is safe for concurrent use.
+type PayCo struct {
+	// NoDedup makes PayCo charge on every call, ignoring the key: the
+	// ablation that shows what the downstream key prevents. False (the
+	// default) dedups.
+	NoDedup bool
+
+	db *sql.DB
+}
+
+const paycoSchema = `
+CREATE TABLE IF NOT EXISTS payco_calls (
+	order_id TEXT PRIMARY KEY,
+	calls    INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS payco_charges (
+	id        TEXT PRIMARY KEY,
+	dedup_key TEXT UNIQUE, -- NULL when charged without dedup
+	order_id  TEXT NOT NULL,
+	amount    INTEGER NOT NULL,
+	currency  TEXT NOT NULL,
+	created   BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS payco_charges_order ON payco_charges (order_id);
+`
+
+// NewPayCo creates PayCo's tables in db if they are missing. The SQL is
+// portable between SQLite and PostgreSQL.
+func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
+	if _, err := db.ExecContext(ctx, paycoSchema); err != nil {
+		return nil, fmt.Errorf("payments: creating the PayCo ledger: %w", err)
+	}
+	return &PayCo{db: db}, nil
+}
+
+// Charge counts one call for the order, then charges it unless key already
+// made a charge, in which case it returns that charge. With NoDedup every
+// call charges.
+func (p *PayCo) Charge(ctx context.Context, key, orderID string, amount int64, currency string) (Charge, error) {
+	var id [12]byte
+	rand.Read(id[:])
+	c := Charge{ID: "ch_" + hex.EncodeToString(id[:]), Amount: amount, Currency: currency, OrderID: orderID}
+	dedup := sql.NullString{String: key, Valid: !p.NoDedup}
+	err := p.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO payco_calls (order_id, calls) VALUES ($1, 1)
+			ON CONFLICT (order_id) DO UPDATE SET calls = payco_calls.calls + 1`, orderID); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO payco_charges (id, dedup_key, order_id, amount, currency, created)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dedup_key) DO NOTHING`,
+			c.ID, dedup, orderID, amount, currency, time.Now().UnixNano()); err != nil {
+			return err
+		}
+		if p.NoDedup {
+			return nil
+		}
+		made, err := scanCharge(tx.QueryRowContext(ctx,
+			`SELECT id, amount, currency, order_id FROM payco_charges WHERE dedup_key = $1`, key))
+		if err != nil {
+			return err
+		}
+		if made.Amount != amount || made.Currency != currency || made.OrderID != orderID {
+			return fmt.Errorf("%w: key %q charged order %q %d %s", ErrKeyReused, key, made.OrderID, made.Amount, made.Currency)
+		}
+		c = made
+		return nil
+	})
+	if err != nil {
+		return Charge{}, err
+	}
+	return c, nil
+}
+
+func (p *PayCo) tx(ctx context.Context, f func(*sql.Tx) error) error {
+	tx, err := p.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("payments: %w", err)
+	}
+	defer tx.Rollback()
+	if err := f(tx); err != nil {
+		if errors.Is(err, ErrKeyReused) {
+			return err
+		}
+		return fmt.Errorf("payments: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("payments: %w", err)
+	}
+	return nil
+}
+
+func scanCharge(row interface{ Scan(...any) error }) (Charge, error) {
+	var c Charge
+	err := row.Scan(&c.ID, &c.Amount, &c.Currency, &c.OrderID)
+	return c, err
+}
+
+// Get returns the charge with the given id, or ErrNoCharge.
+func (p *PayCo) Get(ctx context.Context, id string) (Charge, error) {
+	c, err := scanCharge(p.db.QueryRowContext(ctx,
+		`SELECT id, amount, currency, order_id FROM payco_charges WHERE id = $1`, id))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Charge{}, ErrNoCharge
+	case err != nil:
+		return Charge{}, fmt.Errorf("payments: %w", err)
+	}
+	return c, nil
+}
+
+// Order returns the charges made for an order, oldest first; none is an
+// empty slice.
+func (p *PayCo) Order(ctx context.Context, orderID string) ([]Charge, error) {
+	rows, err := p.db.QueryContext(ctx, `SELECT id, amount, currency, order_id FROM payco_charges
+		WHERE order_id = $1 ORDER BY created, id`, orderID)
+	if err != nil {
+		return nil, fmt.Errorf("payments: %w", err)
+	}
+	defer rows.Close()
+	cs := []Charge{}
+	for rows.Next() {
+		c, err := scanCharge(rows)
+		if err != nil {
+			return nil, fmt.Errorf("payments: %w", err)
+		}
+		cs = append(cs, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("payments: %w", err)
+	}
+	return cs, nil
+}
+
+// Stats returns the ledger's counts.
+func (p *PayCo) Stats(ctx context.Context) (Stats, error) {
+	s := Stats{PerOrder: map[string]int{}}
+	err := p.tx(ctx, func(tx *sql.Tx) error {
+		if err := eachCount(ctx, tx, `SELECT order_id, calls FROM payco_calls`, func(order string, n int) {
+			s.PerOrder[order] = n
+			s.Charges += n
+			if n > 1 {
+				s.DoubleCharged++
+			}
+		}); err != nil {
+			return err
+		}
+		return eachCount(ctx, tx, `SELECT order_id, count(*) FROM payco_charges GROUP BY order_id`, func(_ string, n int) {
+			s.Settled += n
+			if n > 1 {
+				s.SettledDoubleCharged++
+			}
+		})
+	})
+	return s, err
+}
+
+// eachCount calls f for each (order, count) row of query.
+func eachCount(ctx context.Context, tx *sql.Tx, query string, f func(string, int)) error {
+	rows, err := tx.QueryContext(ctx, query)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			order string
+			n     int
+		)
+		if err := rows.Scan(&order, &n); err != nil {
+			return err
+		}
+		f(order, n)
+	}
+	return rows.Err()
+}

@@ -1,0 +1,283 @@
+package payments_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/sqlitestore"
+)
+
+// newApp opens an app on the SQLite file at path, keys and ledger in one file.
+func newApp(t *testing.T, path string) *payments.App {
+	t.Helper()
+	ctx := context.Background()
+	store, err := sqlitestore.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	payco, err := payments.NewPayCo(ctx, store.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &payments.App{PayCo: payco, Idempotency: &testserver.Middleware{Store: store}}
+}
+
+func tempApp(t *testing.T) *payments.App {
+	return newApp(t, filepath.Join(t.TempDir(), "server.db"))
+}
+
+func post(h http.Handler, key, contentType, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(body))
+	r.Header.Set("Content-Type", contentType)
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func get(t *testing.T, h http.Handler, path string, v any) int {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+	if err := json.Unmarshal(w.Body.Bytes(), v); err != nil {
+		t.Fatalf("GET %s: %d %q: %v", path, w.Code, w.Body, err)
+	}
+	return w.Code
+}
+
+func decode(t *testing.T, w *httptest.ResponseRecorder) payments.Charge {
+	t.Helper()
+	if w.Code != 201 {
+		t.Fatalf("charge answered %d %q; want 201", w.Code, w.Body)
+	}
+	var c payments.Charge
+	if err := json.Unmarshal(w.Body.Bytes(), &c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func stats(t *testing.T, h http.Handler) payments.Stats {
+	t.Helper()
+	var s payments.Stats
+	if code := get(t, h, "/v1/stats", &s); code != 200 {
+		t.Fatalf("stats: %d", code)
+	}
+	return s
+}
+
+const jsonBody = `{"amount": 1000, "currency": "USD", "order_id": "o-1"}`
+
+func TestChargeForms(t *testing.T) {
+	h := tempApp(t).Handler()
+	for i, c := range []struct{ ct, body string }{
+		{"application/json", `{"amount": 1000, "currency": "usd", "order_id": "o-0"}`},
+		{"application/json; charset=utf-8", `{"amount": 1000, "currency": "USD", "metadata": {"order_id": "o-1"}}`},
+		{"application/x-www-form-urlencoded", "amount=1000&currency=usd&order_id=o-2"},
+		{"application/x-www-form-urlencoded", "amount=1000&currency=usd&metadata%5Border_id%5D=o-3"},
+	} {
+		w := post(h, fmt.Sprint("k", i), c.ct, c.body)
+		ch := decode(t, w)
+		want := payments.Charge{ID: ch.ID, Amount: 1000, Currency: "usd", OrderID: fmt.Sprint("o-", i)}
+		if ch != want || !strings.HasPrefix(ch.ID, "ch_") || w.Header().Get("Location") != "/v1/charges/"+ch.ID {
+			t.Fatalf("%s %s: %+v, Location %q; want %+v", c.ct, c.body, ch, w.Header().Get("Location"), want)
+		}
+		var got payments.Charge
+		if code := get(t, h, "/v1/charges/"+ch.ID, &got); code != 200 || got != ch {
+			t.Fatalf("GET charge: %d %+v; want %+v", code, got, ch)
+		}
+		var order struct {
+			OrderID string            `json:"order_id"`
+			Charges []payments.Charge `json:"charges"`
+		}
+		if code := get(t, h, "/v1/orders/"+ch.OrderID, &order); code != 200 || order.OrderID != ch.OrderID || len(order.Charges) != 1 || order.Charges[0] != ch {
+			t.Fatalf("GET order: %d %+v; want the one charge", code, order)
+		}
+	}
+	var p testserver.Problem
+	if code := get(t, h, "/v1/charges/ch_missing", &p); code != 404 || p.Status != 404 || p.Detail == "" {
+		t.Fatalf("unknown charge: %d %+v; want a 404 problem", code, p)
+	}
+	var order struct{ Charges []payments.Charge }
+	if code := get(t, h, "/v1/orders/never", &order); code != 200 || order.Charges == nil || len(order.Charges) != 0 {
+		t.Fatalf("order never charged: %d %+v; want 200 with an empty list", code, order)
+	}
+}
+
+func TestValidation(t *testing.T) {
+	h := tempApp(t).Handler()
+	for _, c := range []struct {
+		name, ct, body string
+		status         int
+		detail         string
+	}{
+		{"no amount", "application/json", `{"currency": "usd", "order_id": "o"}`, 400, "amount"},
+		{"zero amount", "application/json", `{"amount": 0, "currency": "usd", "order_id": "o"}`, 400, "amount"},
+		{"fractional amount", "application/json", `{"amount": 10.5, "currency": "usd", "order_id": "o"}`, 400, "amount"},
+		{"amount as text", "application/json", `{"amount": "ten", "currency": "usd", "order_id": "o"}`, 400, "JSON"},
+		{"bad currency", "application/x-www-form-urlencoded", "amount=1&currency=dollars&order_id=o", 400, "currency"},
+		{"no order", "application/x-www-form-urlencoded", "amount=1&currency=usd", 400, "order_id"},
+		{"order with space", "application/json", `{"amount": 1, "currency": "usd", "order_id": "o 1"}`, 400, "order_id"},
+		{"malformed JSON", "application/json", `{"amount": 1,`, 400, "JSON"},
+		{"malformed form", "application/x-www-form-urlencoded", "amount=%zz", 400, "form"},
+		{"text", "text/plain", "amount=1", 415, "application/json"},
+	} {
+		w := post(h, "key-"+c.name, c.ct, c.body)
+		var p testserver.Problem
+		json.Unmarshal(w.Body.Bytes(), &p)
+		if w.Code != c.status || w.Header().Get("Content-Type") != "application/problem+json" || p.Status != c.status || !strings.Contains(p.Detail, c.detail) {
+			t.Errorf("%s: %d %q; want a %d problem about %s", c.name, w.Code, w.Body, c.status, c.detail)
+		}
+	}
+	if s := stats(t, h); s.Charges != 0 {
+		t.Fatalf("invalid requests reached PayCo: %+v", s)
+	}
+}
+
+func TestReplayAndStats(t *testing.T) {
+	h := tempApp(t).Handler()
+	first := post(h, "k", "application/json", jsonBody)
+	again := post(h, "k", "application/json", `{"order_id":"o-1","currency":"USD","amount":1000}`)
+	if decode(t, again) != decode(t, first) || again.Body.String() != first.Body.String() || again.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay %q; want %q replayed", again.Body, first.Body)
+	}
+	want := payments.Stats{Charges: 1, PerOrder: map[string]int{"o-1": 1}, Settled: 1}
+	if s := stats(t, h); !reflect.DeepEqual(s, want) {
+		t.Fatalf("stats %+v; want %+v", s, want)
+	}
+}
+
+// Two keys for one order reach PayCo twice (the stats show it), but
+// PayCo's dedup on charge:<order_id> makes one charge; without dedup, two.
+func TestDownstreamDedup(t *testing.T) {
+	for _, noDedup := range []bool{false, true} {
+		app := tempApp(t)
+		app.PayCo.NoDedup = noDedup
+		h := app.Handler()
+		a := decode(t, post(h, "key-a", "application/json", jsonBody))
+		b := decode(t, post(h, "key-b", "application/json", jsonBody))
+		s := stats(t, h)
+		if s.Charges != 2 || s.DoubleCharged != 1 || s.PerOrder["o-1"] != 2 {
+			t.Errorf("noDedup=%v: stats %+v; want 2 calls for o-1, counted double", noDedup, s)
+		}
+		if !noDedup && (a != b || s.Settled != 1 || s.SettledDoubleCharged != 0) {
+			t.Errorf("dedup: charges %v and %v, stats %+v; want one charge", a, b, s)
+		}
+		if noDedup && (a.ID == b.ID || s.Settled != 2 || s.SettledDoubleCharged != 1) {
+			t.Errorf("no dedup: charges %v and %v, stats %+v; want two charges", a, b, s)
+		}
+	}
+	app := tempApp(t)
+	h := app.Handler()
+	decode(t, post(h, "key-a", "application/json", jsonBody))
+	w := post(h, "key-b", "application/json", `{"amount": 999, "currency": "usd", "order_id": "o-1"}`)
+	if w.Code != 422 || !strings.Contains(w.Body.String(), "order-charged") {
+		t.Fatalf("order charged again with another amount: %d %q; want 422 order-charged", w.Code, w.Body)
+	}
+}
+
+func TestUnprotected(t *testing.T) {
+	app := tempApp(t)
+	app.Idempotency = nil
+	h := app.Handler()
+	post(h, "k", "application/json", jsonBody)
+	post(h, "k", "application/json", jsonBody)
+	if s := stats(t, h); s.Charges != 2 || s.DoubleCharged != 1 {
+		t.Fatalf("without the middleware: %+v; want the same key charged twice", s)
+	}
+}
+
+func TestFailAfterCharge(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		app := tempApp(t)
+		app.Idempotency.OnError = policy
+		var failed atomic.Bool
+		app.Faults.FailAfterCharge = func(string) bool { return !failed.Swap(true) }
+		h := app.Handler()
+		if w := post(h, "k", "application/json", jsonBody); w.Code != 500 {
+			t.Fatalf("%v: first answer %d; want the injected 500", policy, w.Code)
+		}
+		retry := post(h, "k", "application/json", jsonBody)
+		s := stats(t, h)
+		switch policy {
+		case testserver.ReleaseClaim: // the retry runs again; PayCo's key keeps one charge
+			if retry.Code != 201 || s.Charges != 2 || s.Settled != 1 {
+				t.Errorf("release: retry %d, stats %+v; want 201, two calls, one charge", retry.Code, s)
+			}
+		case testserver.SaveError: // the retry replays the 500
+			if retry.Code != 500 || retry.Header().Get("Idempotent-Replayed") != "true" || s.Charges != 1 {
+				t.Errorf("save: retry %d, stats %+v; want the 500 replayed, one call", retry.Code, s)
+			}
+		}
+	}
+}
+
+// The Charged hook runs while the key is in flight: a retry then is a 409.
+func TestChargedHook(t *testing.T) {
+	app := tempApp(t)
+	charged, resume := make(chan payments.Charge), make(chan struct{})
+	app.Faults.Charged = func(c payments.Charge) {
+		charged <- c
+		<-resume
+	}
+	h := app.Handler()
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- post(h, "k", "application/json", jsonBody) }()
+	c := <-charged
+	if w := post(h, "k", "application/json", jsonBody); w.Code != 409 || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("retry while in flight: %d; want 409 with Retry-After", w.Code)
+	}
+	close(resume)
+	if got := decode(t, <-done); got != c {
+		t.Fatalf("answer %+v; want the charge the hook saw, %+v", got, c)
+	}
+}
+
+// A delayed answer ends early when the caller goes away, and is saved.
+func TestDelayEndsWithContext(t *testing.T) {
+	app := tempApp(t)
+	app.Faults.Delay = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	app.Faults.Charged = func(payments.Charge) { cancel() }
+	h := app.Handler()
+	r := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(jsonBody)).WithContext(ctx)
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", "k")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	app.Faults.Charged = nil
+	if w := post(h, "k", "application/json", jsonBody); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d; want the saved answer", w.Code)
+	}
+}
+
+// Two server processes on one database share the keys and the ledger.
+func TestSharedDatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "server.db")
+	one, two := newApp(t, path).Handler(), newApp(t, path).Handler()
+	first := decode(t, post(one, "k", "application/json", jsonBody))
+	replay := post(two, "k", "application/json", jsonBody)
+	if decode(t, replay) != first || replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("second server: %q; want the first server's charge replayed", replay.Body)
+	}
+	if s := stats(t, two); s.Charges != 1 || s.Settled != 1 {
+		t.Fatalf("second server's stats %+v; want the shared ledger's one charge", s)
+	}
+	three := newApp(t, path).Handler() // a restart
+	if s := stats(t, three); s.Charges != 1 {
+		t.Fatalf("after a restart: %+v; want the ledger kept", s)
+	}
+}
