@@ -1,0 +1,215 @@
+// Command idemserver runs the reference server: the payments API of
+// testserver/payments behind the idempotency Middleware, with its keys and
+// its PayCo ledger in one SQLite file.
+//
+//	go run ./testserver/cmd/idemserver                 # listens on 127.0.0.1:8080, ./idemserver.db
+//	go run ./testserver/cmd/idemserver -addr 127.0.0.1:0 -db /tmp/idem.db -on-error save
+//
+// It prints the address it listens on, and stops gracefully on SIGINT or
+// SIGTERM. Several processes may serve the same -db file at once.
+//
+// Fault switches, for demos and labs: -fail-after-charge P answers 500 after
+// PayCo charged, with probability P; -crash-after-charge P exits the process
+// (status 3) right after PayCo charged; -delay D holds each answer; -no-dedup
+// makes PayCo ignore its key; -optional-key lets requests without a key
+// through unprotected. -seed fixes the random draws.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/sqlitestore"
+)
+
+// crashStatus is the exit status of -crash-after-charge.
+const crashStatus = 3
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemserver:", err)
+		os.Exit(1)
+	}
+}
+
+// backend is where the server keeps its keys and its ledger.
+type backend struct {
+	store testserver.Store
+	db    *sql.DB // PayCo's tables live here
+	close func() error
+}
+
+// openBackend opens the database named by dsn: a SQLite file path. Every
+// choice of backend goes through here.
+func openBackend(ctx context.Context, dsn string) (*backend, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		return nil, errors.New("PostgreSQL databases are not supported by this build yet; give -db a SQLite file path")
+	}
+	s, err := sqlitestore.Open(ctx, dsn, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &backend{store: s, db: s.DB(), close: s.Close}, nil
+}
+
+// dice draws seeded random numbers for the fault switches, safely from
+// many goroutines.
+type dice struct {
+	mu  sync.Mutex
+	rnd *rand.Rand
+}
+
+// roll returns a function reporting true with probability p, or nil when p
+// is zero.
+func (d *dice) roll(p float64) func() bool {
+	if p <= 0 {
+		return nil
+	}
+	return func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.rnd.Float64() < p
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("idemserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		addr        = fs.String("addr", "127.0.0.1:8080", "address to listen on (port 0 picks a free one)")
+		db          = fs.String("db", "idemserver.db", "SQLite file for the keys and the PayCo ledger")
+		lockTimeout = fs.Duration("lock-timeout", testserver.DefaultLockTimeout, "how long a claim is honoured before a retry may take it over")
+		retention   = fs.Duration("retention", testserver.MinRetention, "how long keys are kept (at least 24h)")
+		pruneEvery  = fs.Duration("prune-every", time.Hour, "how often keys older than -retention are deleted")
+		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
+		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
+		noDedup     = fs.Bool("no-dedup", false, "fault: PayCo charges on every call, ignoring the server's key")
+		failAfter   = fs.Float64("fail-after-charge", 0, "fault: probability of answering 500 after PayCo charged")
+		crashAfter  = fs.Float64("crash-after-charge", 0, "fault: probability of exiting (status 3) right after PayCo charged")
+		delay       = fs.Duration("delay", 0, "fault: hold each charge's answer this long after PayCo charged")
+		seed        = fs.Uint64("seed", 1, "seed of the fault switches' random draws")
+		verbose     = fs.Bool("v", false, "log every idempotency decision to stderr")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	policy := map[string]testserver.ErrorPolicy{"release": testserver.ReleaseClaim, "save": testserver.SaveError}
+	onErr, ok := policy[*onError]
+	if !ok {
+		return fmt.Errorf("-on-error %q: want release or save", *onError)
+	}
+	for name, p := range map[string]float64{"-fail-after-charge": *failAfter, "-crash-after-charge": *crashAfter} {
+		if p < 0 || p > 1 {
+			return fmt.Errorf("%s %v: want a probability from 0 to 1", name, p)
+		}
+	}
+	if *retention < testserver.MinRetention {
+		return fmt.Errorf("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
+	}
+
+	b, err := openBackend(ctx, *db)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	payco, err := payments.NewPayCo(ctx, b.db)
+	if err != nil {
+		return err
+	}
+	payco.NoDedup = *noDedup
+
+	mw := &testserver.Middleware{Store: b.store, LockTimeout: *lockTimeout, Retention: *retention, OnError: onErr, Optional: *optional}
+	if *verbose {
+		mw.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	d := &dice{rnd: rand.New(rand.NewPCG(*seed, 0))}
+	app := &payments.App{PayCo: payco, Idempotency: mw, Faults: payments.Faults{Delay: *delay}}
+	if fail := d.roll(*failAfter); fail != nil {
+		app.Faults.FailAfterCharge = func(string) bool { return fail() }
+	}
+	if crash := d.roll(*crashAfter); crash != nil {
+		app.Faults.Charged = func(c payments.Charge) {
+			if crash() {
+				fmt.Fprintf(stderr, "idemserver: crashing after charging order %s (fault injection)\n", c.OrderID)
+				os.Exit(crashStatus)
+			}
+		}
+	}
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: app.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	fmt.Fprintf(stdout, "idemserver: listening on http://%s (db %s, lock timeout %v, on error %s)\n", ln.Addr(), *db, mw.LockTimeout, onErr)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	pruneDone := make(chan struct{})
+	pruneCtx, stopPrune := context.WithCancel(ctx)
+	go func() {
+		defer close(pruneDone)
+		prune(pruneCtx, mw, *pruneEvery, stderr)
+	}()
+	defer func() {
+		stopPrune()
+		<-pruneDone
+	}()
+
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	fmt.Fprintln(stdout, "idemserver: stopped")
+	return nil
+}
+
+// prune deletes expired keys every interval until ctx ends.
+func prune(ctx context.Context, mw *testserver.Middleware, every time.Duration, stderr io.Writer) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := mw.Prune(ctx); err != nil && ctx.Err() == nil {
+				fmt.Fprintln(stderr, "idemserver: prune:", err)
+			}
+		}
+	}
+}

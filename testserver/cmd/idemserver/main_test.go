@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/sqlitestore"
+)
+
+// serverBin is the idemserver binary built once by TestMain.
+var serverBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemserver-test")
+	if err != nil {
+		panic(err)
+	}
+	serverBin = filepath.Join(dir, "idemserver")
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", serverBin, ".").CombinedOutput()
+	if err != nil {
+		os.RemoveAll(dir)
+		panic("building idemserver: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// server is a running idemserver process.
+type server struct {
+	cmd  *exec.Cmd
+	url  string
+	out  chan string // the rest of stdout, once the process ended
+	errb *bytes.Buffer
+}
+
+// start runs the binary and waits for the address it prints.
+func start(t *testing.T, args ...string) *server {
+	t.Helper()
+	cmd := exec.Command(serverBin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, out: make(chan string, 1), errb: new(bytes.Buffer)}
+	cmd.Stderr = s.errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	r := bufio.NewReader(stdout)
+	line, err := r.ReadString('\n')
+	const prefix = "idemserver: listening on "
+	if err != nil || !strings.HasPrefix(line, prefix) {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("first line %q, %v; stderr %s", line, err, s.errb)
+	}
+	s.url, _, _ = strings.Cut(strings.TrimPrefix(line, prefix), " ")
+	go func() {
+		rest, _ := io.ReadAll(r)
+		s.out <- string(rest)
+	}()
+	return s
+}
+
+// stop sends SIGTERM and returns the exit status and the rest of stdout.
+func (s *server) stop(t *testing.T) (int, string) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	return s.wait(t)
+}
+
+func (s *server) wait(t *testing.T) (int, string) {
+	t.Helper()
+	err := s.cmd.Wait()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return s.cmd.ProcessState.ExitCode(), <-s.out
+}
+
+func (s *server) charge(key, order string) (*http.Response, []byte, error) {
+	req, err := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader("amount=1000&currency=eur&order_id="+order))
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Authorization", "Bearer sk_test")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, b, err
+}
+
+func (s *server) stats(t *testing.T) payments.Stats {
+	t.Helper()
+	resp, err := http.Get(s.url + "/v1/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st payments.Stats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestServeReplayRestart(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "idem.db")
+	s := start(t, "-db", db)
+	resp, first, err := s.charge("key-1", "o-1")
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("charge: %v %v %s; stderr %s", resp, err, first, s.errb)
+	}
+	resp, again, err := s.charge("key-1", "o-1")
+	if err != nil || resp.StatusCode != 201 || !bytes.Equal(again, first) || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %v %v %s; want %s replayed", resp, err, again, first)
+	}
+	if st := s.stats(t); st.Charges != 1 || st.Settled != 1 || st.PerOrder["o-1"] != 1 {
+		t.Fatalf("stats %+v; want one charge for o-1", st)
+	}
+	code, out := s.stop(t)
+	if code != 0 || !strings.Contains(out, "idemserver: stopped") {
+		t.Fatalf("after SIGTERM: exit %d, stdout %q, stderr %s; want a graceful stop", code, out, s.errb)
+	}
+
+	// A restart on the same file keeps the keys and the ledger.
+	s = start(t, "-db", db)
+	resp, again, err = s.charge("key-1", "o-1")
+	if err != nil || resp.StatusCode != 201 || !bytes.Equal(again, first) {
+		t.Fatalf("replay after restart: %v %v %s; want %s", resp, err, again, first)
+	}
+	if st := s.stats(t); st.Charges != 1 {
+		t.Fatalf("stats after restart %+v; want 1 charge", st)
+	}
+	s.stop(t)
+}
+
+// The server dies right after PayCo charged, before saving the answer. A
+// new server takes the stale claim over; PayCo's key keeps one charge.
+func TestCrashAfterCharge(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "idem.db")
+	s := start(t, "-db", db, "-crash-after-charge", "1")
+	if resp, _, err := s.charge("key-1", "o-1"); err == nil {
+		t.Fatalf("charge on a crashing server answered %d; want the connection dropped", resp.StatusCode)
+	}
+	if code, _ := s.wait(t); code != crashStatus {
+		t.Fatalf("exit status %d (stderr %s); want %d", code, s.errb, crashStatus)
+	}
+
+	s = start(t, "-db", db)
+	if resp, body, err := s.charge("key-1", "o-1"); err != nil || resp.StatusCode != 409 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("retry within the lease: %v %v %s; want 409 with Retry-After", resp, err, body)
+	}
+	age(t, db) // an hour passes: the dead server's claim is stale
+	resp, body, err := s.charge("key-1", "o-1")
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("retry after the lease: %v %v %s; want 201", resp, err, body)
+	}
+	st := s.stats(t)
+	if st.Charges != 2 || st.Settled != 1 || st.SettledDoubleCharged != 0 {
+		t.Fatalf("stats %+v; want the charge run twice and made once", st)
+	}
+	s.stop(t)
+}
+
+// age moves every claim in the file an hour into the past.
+func age(t *testing.T, path string) {
+	t.Helper()
+	s, err := sqlitestore.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.DB().Exec(`UPDATE idempotency_keys SET locked_at = locked_at - 3600000000000 WHERE status = 'in_flight'`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFlags(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "x.db")
+	for _, args := range [][]string{
+		{"-on-error", "ignore"},
+		{"-retention", "1h"},
+		{"-fail-after-charge", "2"},
+		{"-db", "postgres://localhost/idem"},
+		{"-addr", "256.0.0.1:0", "-db", db},
+		{"-db", db, "extra"},
+		{"-nope"},
+	} {
+		var stderr bytes.Buffer
+		if err := run(context.Background(), args, io.Discard, &stderr); err == nil {
+			t.Errorf("run(%q) succeeded; want an error", args)
+		}
+	}
+}
+
+// run stops gracefully when its context ends.
+func TestRunStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	db := filepath.Join(t.TempDir(), "x.db")
+	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-db", db}, pw, io.Discard); pw.Close() }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil || !strings.Contains(line, "listening on http://127.0.0.1:") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	go io.Copy(io.Discard, pr)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run after cancel: %v; want nil", err)
+	}
+	if fi, err := os.Stat(db); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("database file: %v, %v; want mode 0600", fi, err)
+	}
+}
+
