@@ -242,4 +242,3 @@ func TestRunStops(t *testing.T) {
 		t.Fatalf("database file: %v, %v; want mode 0600", fi, err)
 	}
 }
-
