@@ -410,6 +410,9 @@ func (m *Middleware) inFlight(w http.ResponseWriter, key string, retryAfter int)
 }
 
 func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
+	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+		return // the caller went away: nobody to answer, nothing failed
+	}
 	m.stats.storeErrors.Add(1)
 	m.log(r.Context(), slog.LevelError, "idempotency: store failed; request refused", "key", key, "err", err)
 	WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
@@ -482,7 +485,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 			m.stats.storeErrors.Add(1)
 			m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
 		case !released:
-			m.takenOver(w, ctx, rec, key, "release")
+			m.takenOver(ctx, w, rec, key, "release")
 			return
 		default:
 			m.stats.released.Add(1)
@@ -495,7 +498,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	err := m.Store.Save(ctx, scope, key, token, resp)
 	switch {
 	case errors.Is(err, ErrFenced):
-		m.takenOver(w, ctx, rec, key, "save")
+		m.takenOver(ctx, w, rec, key, "save")
 		return
 	case err != nil:
 		m.stats.storeErrors.Add(1)
@@ -509,7 +512,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 // takenOver answers a worker whose claim was taken over while its handler
 // ran: its write changed nothing, and its caller is told to retry, which
 // replays the new owner's answer.
-func (m *Middleware) takenOver(w http.ResponseWriter, ctx context.Context, rec *recorder, key, write string) {
+func (m *Middleware) takenOver(ctx context.Context, w http.ResponseWriter, rec *recorder, key, write string) {
 	m.stats.fenced.Add(1)
 	m.log(ctx, slog.LevelWarn, "idempotency: late "+write+" fenced: the claim was taken over", "key", key)
 	if rec.streamed {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -684,4 +685,62 @@ func TestPrune(t *testing.T) {
 			t.Fatalf("runs %d; want 7: a pruned key is a new operation", h.runs.Load())
 		}
 	})
+}
+
+// The logger hears every decision and never a credential.
+func TestLogger(t *testing.T) {
+	var buf bytes.Buffer
+	clk := newClock()
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Now: clk.Now,
+		Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	srv := mw.Wrap(&charges{})
+	for _, body := range []string{chargeBody, chargeBody, `{}`} {
+		serve(srv, request("POST", "/", body, "Idempotency-Key", "k", "Authorization", "Bearer sk_live_secret"))
+	}
+	serve(srv, request("POST", "/", chargeBody))
+	log := buf.String()
+	for _, want := range []string{"idempotency: claimed", "idempotency: replayed", "idempotency: key reused with another request", "idempotency: request rejected"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	if strings.Contains(log, "sk_live_secret") {
+		t.Errorf("log holds the credential:\n%s", log)
+	}
+}
+
+// A caller that hangs up before the claim is not a store error.
+func TestCallerGoneBeforeClaim(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	h := &charges{}
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
+	if h.runs.Load() != 0 || mw.Stats().StoreErrors != 0 {
+		t.Fatalf("runs %d, %+v; want no run and no store error", h.runs.Load(), mw.Stats())
+	}
+}
+
+// ReplayHeaders chooses the saved headers, but never a cookie; a sniffed
+// Content-Type is saved so the replay has the same one.
+func TestReplayHeaders(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Cost", "3")
+		w.Header().Set("Set-Cookie", "session=secret")
+		w.Header().Set("Location", "/x")
+		io.WriteString(w, "<html><body>done</body></html>")
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), ReplayHeaders: []string{"x-request-cost", "Set-Cookie", "Content-Type"}}
+	srv := mw.Wrap(h)
+	first := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	replay := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	if ct := replay.Header().Get("Content-Type"); ct != first.Header().Get("Content-Type") || !strings.HasPrefix(ct, "text/html") {
+		t.Errorf("replay Content-Type %q, first %q; want the same sniffed text/html", ct, first.Header().Get("Content-Type"))
+	}
+	if replay.Header().Get("X-Request-Cost") != "3" || replay.Header().Get("Set-Cookie") != "" || replay.Header().Get("Location") != "" {
+		t.Errorf("replay headers %v; want X-Request-Cost only, never Set-Cookie, Location not listed", replay.Header())
+	}
+	if replay.Code != 200 || replay.Body.String() != first.Body.String() {
+		t.Errorf("replay %d %q; want 200 %q", replay.Code, replay.Body, first.Body)
+	}
 }
