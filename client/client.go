@@ -1,0 +1,500 @@
+// Package client is the layer over idem.Transport that a program uses: an
+// *http.Client whose POST and PATCH requests are safe to retry, statuses
+// turned into typed errors, and the operations that deal with outcomes left
+// unknown, even by a crash: Pending, Resume, Abandon and Forget.
+//
+//	c, err := client.New(ctx, "keys.db", &client.Options{
+//		Header: func(r *http.Request) error {
+//			r.Header.Set("Authorization", "Bearer "+token)
+//			return nil
+//		},
+//	})
+//	if err != nil { ... }
+//	defer c.Close()
+//	var charge Charge
+//	_, err = c.PostJSON(ctx, "charge:order-42", url, ChargeRequest{...}, &charge)
+//
+// An operation is named by the caller ("charge:order-42"): the name keeps
+// its Idempotency-Key in the jar across retries and restarts. After a
+// crash, Pending lists the operations whose outcome is unknown and Resume
+// sends each again with its key; the server replays the first answer if
+// the original got through.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/retry"
+)
+
+// Jar is what a Client needs of its jar: an idem.Jar that can also list,
+// forget and prune its records. *keyjar.Jar, pgjar's jar and
+// *idem.MemoryJar implement it.
+type Jar interface {
+	idem.Jar
+	// List returns the records that pass f, oldest Created first.
+	List(ctx context.Context, f idem.Filter) ([]idem.Record, error)
+	// Forget deletes op whatever its state, or returns idem.ErrNotFound.
+	Forget(ctx context.Context, op string) error
+	// Prune deletes at most limit (<= 0: no limit) records whose state is
+	// idem.Prunable, last updated before before, and returns how many.
+	Prune(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// Options configures New. A nil *Options means the zero value, and every
+// zero field means its documented default.
+type Options struct {
+	// Jar stores the operations. Nil means the SQLite jar (keyjar) at the
+	// path given to New, which the Client opens and closes. A Jar set here
+	// belongs to the caller: Close leaves it open.
+	Jar Jar
+
+	// JarOptions are passed to keyjar.Open when Jar is nil.
+	JarOptions *keyjar.Options
+
+	// Base sends each attempt. Nil means a clone of http.DefaultTransport
+	// that keeps up to 64 idle connections per host (http.Transport's
+	// default of 2 loses a third of the throughput at 32 concurrent
+	// callers).
+	Base http.RoundTripper
+
+	// Header, when not nil, is called on every request the Client sends,
+	// each attempt and every resume included, on a copy of the request, to
+	// add what the jar does not keep: credentials (Authorization, API
+	// keys, cookies). The jar never sees what Header adds. An error stops
+	// the attempt before it is sent; the operation stays pending.
+	Header func(*http.Request) error
+
+	// Policy is the retry policy of each call; the zero value is the
+	// default (see retry.Policy).
+	Policy retry.Policy
+
+	// Budget is the retry quota shared by all of the Client's calls. Nil
+	// means a new retry.Budget with its defaults (500 tokens, 5 per retry).
+	// Give a Budget with a very large Capacity to retry within Policy
+	// alone.
+	Budget *retry.Budget
+
+	// MaxStoredBody is the largest request body stored in the jar for
+	// Resume; a larger body must be supplied again to ResumeWithBody. Zero
+	// means 64 KiB; negative means never store bodies.
+	MaxStoredBody int64
+
+	// MaxErrorBody is how much of a non-2xx response body a StatusError
+	// keeps. Zero means 64 KiB.
+	MaxErrorBody int64
+
+	// Lease is how long one call holds an operation before another
+	// process may take it over (idem.Transport.Lease). Zero means the
+	// Transport's default.
+	Lease time.Duration
+
+	// Hooks and Logger are passed to the idem.Transport.
+	Hooks  idem.Hooks
+	Logger *slog.Logger
+}
+
+// Client sends requests through an idem.Transport over a jar. It is safe
+// for concurrent use. Close it when done.
+type Client struct {
+	jar          Jar
+	closeJar     func() error // nil when the jar belongs to the caller
+	tr           *idem.Transport
+	hc           *http.Client
+	maxErrorBody int64
+}
+
+// New returns a Client over the jar file at path, opened with keyjar.Open
+// (created with mode 0600 if it does not exist), or over opts.Jar, in
+// which case path must be "". opts may be nil.
+func New(ctx context.Context, path string, opts *Options) (*Client, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody}
+	switch {
+	case o.Jar != nil && path != "":
+		return nil, fmt.Errorf("client: New: both a path (%q) and Options.Jar are given; give one", path)
+	case o.Jar == nil && path == "":
+		return nil, errors.New("client: New: no jar: give a path or Options.Jar")
+	case o.Jar == nil:
+		j, err := keyjar.Open(ctx, path, o.JarOptions)
+		if err != nil {
+			return nil, err
+		}
+		c.jar, c.closeJar = j, j.Close
+	}
+	if c.maxErrorBody <= 0 {
+		c.maxErrorBody = 64 << 10
+	}
+	base := o.Base
+	if base == nil {
+		base = pooledTransport()
+	}
+	budget := o.Budget
+	if budget == nil {
+		budget = &retry.Budget{}
+	}
+	c.tr = &idem.Transport{
+		Base:          &sender{base: base, header: o.Header},
+		Jar:           c.jar,
+		Policy:        o.Policy,
+		Budget:        budget,
+		MaxStoredBody: o.MaxStoredBody,
+		Lease:         o.Lease,
+		Hooks:         o.Hooks,
+		Logger:        o.Logger,
+	}
+	c.hc = &http.Client{Transport: c.tr, CheckRedirect: checkRedirect}
+	return c, nil
+}
+
+// pooledTransport is http.DefaultTransport with a pool sized for many
+// concurrent callers to one host.
+func pooledTransport() *http.Transport {
+	t, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		t = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true}
+	}
+	t = t.Clone()
+	t.MaxIdleConnsPerHost = 64
+	t.MaxIdleConns = max(t.MaxIdleConns, 256)
+	return t
+}
+
+// checkRedirect follows redirects that become GET requests (301, 302,
+// 303) and stops at those that would send the keyed request again to
+// another URL (307, 308): that would be another operation, and the
+// redirect comes back as the answer.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if req.Method == http.MethodPost || req.Method == http.MethodPatch {
+		return http.ErrUseLastResponse
+	}
+	if len(via) >= 10 {
+		return errors.New("client: stopped after 10 redirects")
+	}
+	return nil
+}
+
+// HTTPClient returns the Client's *http.Client, for code that wants the
+// plain net/http API. Its POST and PATCH requests get keys and retries
+// (name the operation with idem.WithOperation); statuses are not turned
+// into errors.
+func (c *Client) HTTPClient() *http.Client { return c.hc }
+
+// Jar returns the Client's jar.
+func (c *Client) Jar() Jar { return c.jar }
+
+// Close closes idle connections and the jar New opened. A jar given in
+// Options.Jar is left open.
+func (c *Client) Close() error {
+	c.tr.CloseIdleConnections()
+	if c.closeJar != nil {
+		return c.closeJar()
+	}
+	return nil
+}
+
+// Response is a 2xx answer to an operation.
+type Response struct {
+	*http.Response
+	Op  string // the operation's name (its key when it was unnamed)
+	Key string // the Idempotency-Key sent; "" for requests without one
+	// Replayed reports that the server did not run the request again but
+	// replayed the saved answer to an earlier attempt
+	// (Idempotent-Replayed: true).
+	Replayed bool
+}
+
+// replayedHeader is the response header a server sets on a replay.
+const replayedHeader = "Idempotent-Replayed"
+
+// Do sends req as the operation named op, retrying with one key, and
+// returns the 2xx answer with its body open for the caller to read and
+// close. An empty op makes req an operation of its own (a new key). ctx
+// replaces req's context; req is not modified.
+//
+// A non-2xx answer is an error, with the body read (at most
+// Options.MaxErrorBody) and closed: a *StatusError, whose Err says more:
+//
+//   - 422: *idem.MismatchError: the server refused the key as reused with
+//     another request. The operation is failed; never retry it.
+//   - 409 left when the attempts or budget ran out: *ConflictError. The
+//     server is still running the first attempt; the operation stays
+//     pending: Resume it later.
+//   - 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
+//     says when the server asked to be called again.
+//
+// errors.Is(err, idem.ErrPending) reports every outcome that stays
+// unknown and resumable. Errors without an answer are those of
+// http.Client.Do (a *url.Error) wrapping the Transport's typed errors:
+// *idem.PendingError, *idem.ReconcileError (past the horizon: reconcile),
+// *idem.MismatchError (op reused with another request: nothing sent),
+// *idem.JarError.
+func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Response, error) {
+	tr := &tracker{}
+	ctx = context.WithValue(ctx, trackerKey{}, tr)
+	if op != "" {
+		ctx = idem.WithOperation(ctx, op)
+	}
+	start := time.Now()
+	resp, err := c.hc.Do(req.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	attempts, key := tr.get()
+	if op == "" {
+		op = key
+	}
+	r := &Response{Response: resp, Op: op, Key: key, Replayed: resp.Header.Get(replayedHeader) == "true"}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return r, nil
+	}
+	return nil, c.statusError(ctx, r, attempts, time.Since(start))
+}
+
+// PostJSON sends in, encoded as JSON, in a POST to url as the operation
+// named op, and decodes a 2xx answer's JSON body into out (unless out is
+// nil or the body is empty). The returned Response's body is already read
+// and closed. Errors are those of Do; a body that does not decode is an
+// error returned with the Response: the operation did happen.
+func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("client: encoding the request of %q: %w", op, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.Do(ctx, op, req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		body.Drain(resp.Body)
+		resp.Body = http.NoBody
+	}()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil && !errors.Is(err, io.EOF) {
+			return resp, fmt.Errorf("client: decoding the answer to %q (status %d): %w", resp.Op, resp.StatusCode, err)
+		}
+	}
+	return resp, nil
+}
+
+// Pending returns the operations whose outcome is unknown (StatePending),
+// oldest first. Each record says how many attempts were sent, when the
+// first was (Created), the last error and status, and NextAttempt, the
+// earliest time the server asked to be called again (zero when it did
+// not).
+func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
+	return c.jar.List(ctx, idem.Filter{State: idem.StatePending})
+}
+
+// Resume sends the pending operation op again, from the request stored in
+// the jar, with the same key; Options.Header adds the credentials. It
+// respects the horizon (*idem.ReconcileError, nothing sent), a stored
+// NextAttempt (an *idem.PendingError saying when, nothing sent, when it is
+// further than Policy.MaxRetryAfter) and the lease of another process
+// sending it. Answers and errors are those of Do.
+//
+// Resume returns an error wrapping idem.ErrNotFound for an unknown op,
+// ErrState for an operation that is not pending (done, failed or
+// abandoned), and ErrBodyNotStored when the body was too large to store:
+// use ResumeWithBody.
+func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
+	rec, err := c.resumable(ctx, op)
+	if err != nil {
+		return nil, err
+	}
+	if !rec.BodyStored() {
+		return nil, fmt.Errorf("client: resume %q: %w (%d bytes): use ResumeWithBody", op, ErrBodyNotStored, rec.BodySize)
+	}
+	stored := rec.Body
+	return c.resume(ctx, rec, func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(stored)), nil
+	})
+}
+
+// ResumeWithBody is Resume for an operation whose body the jar did not
+// store: getBody returns the body afresh for each attempt, like
+// http.Request.GetBody. The body is checked against the stored
+// fingerprint before anything is sent: a different body is an
+// *idem.MismatchError.
+func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
+	if getBody == nil {
+		return nil, fmt.Errorf("client: resume %q: nil getBody", op)
+	}
+	rec, err := c.resumable(ctx, op)
+	if err != nil {
+		return nil, err
+	}
+	return c.resume(ctx, rec, getBody)
+}
+
+func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) {
+	rec, err := c.jar.Get(ctx, op)
+	if err != nil {
+		return rec, fmt.Errorf("client: resume %q: %w", op, err)
+	}
+	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
+		return rec, fmt.Errorf("client: resume %q: the operation is %s: %w", op, rec.State, ErrState)
+	}
+	return rec, nil
+}
+
+func (c *Client) resume(ctx context.Context, rec idem.Record, getBody func() (io.ReadCloser, error)) (*Response, error) {
+	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.URL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("client: resume %q: stored request: %w", rec.Op, err)
+	}
+	if rec.Header != nil {
+		req.Header = rec.Header.Clone()
+	}
+	if rec.BodySize > 0 {
+		rc, err := getBody()
+		if err != nil {
+			return nil, fmt.Errorf("client: resume %q: body: %w", rec.Op, err)
+		}
+		req.Body, req.GetBody, req.ContentLength = rc, getBody, rec.BodySize
+	}
+	return c.Do(ctx, rec.Op, req)
+}
+
+// Abandon records that the caller established that the pending (or
+// reconcile) operation op did not happen and is not executing: it moves to
+// StateAbandoned with reason as its note, and a later call with the same
+// name gets a new key. Use it only with that certainty: a new key for an
+// operation that did happen runs it twice.
+//
+// Abandon returns ErrNoReason for an empty reason, an error wrapping
+// idem.ErrNotFound for an unknown op, idem.ErrLeased while another call
+// or process is sending it, and ErrState when its outcome is known (done
+// or failed). Abandoning an abandoned operation changes nothing.
+func (c *Client) Abandon(ctx context.Context, op, reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
+	}
+	rec, err := c.jar.Get(ctx, op)
+	if err != nil {
+		return fmt.Errorf("client: abandon %q: %w", op, err)
+	}
+	switch rec.State {
+	case idem.StateAbandoned:
+		return nil
+	case idem.StatePending, idem.StateReconcile:
+	default:
+		return fmt.Errorf("client: abandon %q: the operation is %s, its outcome is known: %w", op, rec.State, ErrState)
+	}
+	holder := uuid.NewString()
+	now := time.Now()
+	rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
+	if err != nil {
+		return fmt.Errorf("client: abandon %q: %w", op, err)
+	}
+	ch := idem.Change{Now: now, State: idem.StateAbandoned, Note: reason, Release: true,
+		LastStatus: rec.LastStatus, LastError: rec.LastError}
+	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
+		// It finished between the two reads: leave it as it is.
+		ch.State, ch.Note, ch.NextAttempt = "", "", rec.NextAttempt
+		_, _ = c.jar.Update(context.WithoutCancel(ctx), op, holder, ch)
+		return fmt.Errorf("client: abandon %q: the operation is %s, its outcome is known: %w", op, rec.State, ErrState)
+	}
+	if _, err := c.jar.Update(ctx, op, holder, ch); err != nil {
+		return fmt.Errorf("client: abandon %q: %w", op, err)
+	}
+	return nil
+}
+
+// Forget deletes op from the jar, once its outcome is known or
+// reconciled (done, failed, reconcile or abandoned). It returns an error
+// wrapping idem.ErrNotFound for an unknown op and ErrState for a pending
+// one: forgetting it would lose its key while its outcome is unknown;
+// Resume or Abandon it first.
+func (c *Client) Forget(ctx context.Context, op string) error {
+	rec, err := c.jar.Get(ctx, op)
+	if err != nil {
+		return fmt.Errorf("client: forget %q: %w", op, err)
+	}
+	if rec.State == idem.StatePending {
+		return fmt.Errorf("client: forget %q: the operation is pending, its outcome unknown; resume or abandon it first: %w", op, ErrState)
+	}
+	if err := c.jar.Forget(ctx, op); err != nil {
+		return fmt.Errorf("client: forget %q: %w", op, err)
+	}
+	return nil
+}
+
+// sender is the Transport's Base: it adds Options.Header to each attempt
+// and tells the call's tracker what was sent.
+type sender struct {
+	base   http.RoundTripper
+	header func(*http.Request) error
+}
+
+func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
+		t.sent(r.Header.Get(idem.KeyHeader))
+	}
+	if s.header != nil {
+		r = r.Clone(r.Context())
+		if err := s.header(r); err != nil {
+			if r.Body != nil {
+				r.Body.Close()
+			}
+			return nil, fmt.Errorf("client: Options.Header: %w", err)
+		}
+	}
+	return s.base.RoundTrip(r)
+}
+
+func (s *sender) CloseIdleConnections() {
+	type closeIdler interface{ CloseIdleConnections() }
+	if ci, ok := s.base.(closeIdler); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// tracker counts the attempts of one Do call and keeps the key they
+// carried.
+type tracker struct {
+	mu       sync.Mutex
+	attempts int
+	key      string
+}
+
+type trackerKey struct{}
+
+func (t *tracker) sent(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.attempts++
+	if key != "" {
+		t.key = key
+	}
+}
+
+func (t *tracker) get() (int, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.attempts, t.key
+}

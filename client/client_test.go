@@ -1,0 +1,328 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/retry"
+)
+
+func TestPostJSONChargesOnceAndSurfacesReplay(t *testing.T) {
+	s := newShop()
+	c := newClient(t, s, nil)
+	ctx := context.Background()
+	var out charge
+	resp, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 201 || resp.Replayed || out.ID != "ch_o1" || resp.Op != "charge:o1" || resp.Key != s.key(0) {
+		t.Fatalf("got %d replayed=%v %+v op %q key %q; want 201, not replayed, ch_o1, op charge:o1, the key sent", resp.StatusCode, resp.Replayed, out, resp.Op, resp.Key)
+	}
+	out = charge{}
+	again, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Replayed || again.Key != resp.Key || out.ID != "ch_o1" || s.charges("o1") != 1 {
+		t.Fatalf("second call: replayed=%v key %q %+v, charged %d times; want a replay with key %q, charged once", again.Replayed, again.Key, out, s.charges("o1"), resp.Key)
+	}
+	if state(t, c.Jar(), "charge:o1") != idem.StateDone {
+		t.Fatalf("state %q; want done", state(t, c.Jar(), "charge:o1"))
+	}
+
+	// An unnamed operation gets its own key and is named by it.
+	other, err := c.PostJSON(ctx, "", chargesURL, chargeReq{Order: "o2", Amount: 5}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Key == "" || other.Key == resp.Key || other.Op != other.Key {
+		t.Fatalf("unnamed: op %q key %q; want a new key naming the operation", other.Op, other.Key)
+	}
+}
+
+func TestDoReturnsOpenBodyForTheCaller(t *testing.T) {
+	s := newShop()
+	c := newClient(t, s, nil)
+	req, err := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o3","amount":7}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(context.Background(), "charge:o3", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || !bytes.Contains(b, []byte(`"ch_o3"`)) {
+		t.Fatalf("body %q, %v; want the charge", b, err)
+	}
+	if req.Header.Get(idem.KeyHeader) != "" || req.Header.Get("Authorization") != "" {
+		t.Fatalf("the caller's request was modified: %v", req.Header)
+	}
+}
+
+func TestStatusesBecomeTypedErrors(t *testing.T) {
+	ctx := context.Background()
+	t.Run("422 is a mismatch, failed, not retried", func(t *testing.T) {
+		s := newShop()
+		c := newClient(t, s, nil)
+		if _, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil); err != nil {
+			t.Fatal(err)
+		}
+		// Another program reused the key with another amount: the server
+		// refuses it. Send the same key by hand, as another operation.
+		req, _ := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o1","amount":999}`))
+		req.Header.Set(idem.KeyHeader, s.key(0))
+		_, err := c.Do(ctx, "charge:o1-bis", req)
+		var se *client.StatusError
+		var me *idem.MismatchError
+		if !errors.As(err, &se) || se.StatusCode != 422 || !errors.As(err, &me) || !errors.Is(err, idem.ErrMismatch) {
+			t.Fatalf("got %v; want *StatusError 422 wrapping *idem.MismatchError", err)
+		}
+		if me.Op != "charge:o1-bis" || me.Key != s.key(0) || !bytes.Contains(se.Body, []byte("mismatch")) {
+			t.Fatalf("mismatch %+v, body %q; want the op, its key and the server's problem", me, se.Body)
+		}
+		if s.sends() != 2 || state(t, c.Jar(), "charge:o1-bis") != idem.StateFailed || s.charges("o1") != 1 {
+			t.Fatalf("%d sends, state %q; want 2 sends (no retry), failed, charged once", s.sends(), state(t, c.Jar(), "charge:o1-bis"))
+		}
+	})
+	t.Run("409 left after the attempts is a conflict, pending", func(t *testing.T) {
+		s := newShop()
+		s.failNext(409, 409, 409)
+		c := newClient(t, s, &client.Options{Policy: retry.Policy{MaxAttempts: 3, InitialInterval: time.Microsecond}})
+		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
+		var ce *client.ConflictError
+		var se *client.StatusError
+		if !errors.As(err, &ce) || !errors.Is(err, idem.ErrPending) || !errors.As(err, &se) || se.StatusCode != 409 {
+			t.Fatalf("got %v; want *StatusError 409 wrapping *ConflictError, matching idem.ErrPending", err)
+		}
+		if ce.Attempts != 3 || ce.Key != s.key(0) || s.sends() != 3 || state(t, c.Jar(), "charge:o1") != idem.StatePending {
+			t.Fatalf("conflict %+v after %d sends, state %q; want 3 attempts with the key, pending", ce, s.sends(), state(t, c.Jar(), "charge:o1"))
+		}
+	})
+	t.Run("404 is a status error with its body", func(t *testing.T) {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "no such order "+strings.Repeat("x", 100), http.StatusNotFound)
+		})
+		c := newClient(t, h, &client.Options{MaxErrorBody: 20})
+		_, err := c.PostJSON(ctx, "charge:o9", chargesURL, chargeReq{Order: "o9"}, nil)
+		var se *client.StatusError
+		if !errors.As(err, &se) || se.StatusCode != 404 || se.Err != nil || errors.Is(err, idem.ErrPending) {
+			t.Fatalf("got %v; want a plain *StatusError 404", err)
+		}
+		if string(se.Body) != "no such order xxxxxx" || se.Method != "POST" || se.URL != chargesURL || se.Op != "charge:o9" {
+			t.Fatalf("status error %+v; want the first 20 bytes of the body, method, URL and op", se)
+		}
+		if !strings.Contains(err.Error(), "404 Not Found: no such order") {
+			t.Fatalf("message %q; want the status and the start of the body", err)
+		}
+		if state(t, c.Jar(), "charge:o9") != idem.StateDone {
+			t.Fatalf("a 404 is a final answer; state %q, want done", state(t, c.Jar(), "charge:o9"))
+		}
+	})
+}
+
+func TestLongRetryAfterIsAnErrorThatSaysWhen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := newShop()
+		busy := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if s.sends() == 0 {
+				s.mu.Lock()
+				s.keys = append(s.keys, r.Header.Get(idem.KeyHeader))
+				s.mu.Unlock()
+				w.Header().Set("Retry-After", "3600")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			s.ServeHTTP(w, r)
+		})
+		c := newClient(t, busy, nil)
+		start := time.Now()
+		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || !pe.NextAttempt.Equal(start.Add(time.Hour)) || pe.LastStatus != 503 {
+			t.Fatalf("got %v; want *idem.PendingError with NextAttempt %v", err, start.Add(time.Hour))
+		}
+		if !strings.Contains(err.Error(), "retry after "+start.Add(time.Hour).UTC().Format(time.RFC3339)) || time.Since(start) != 0 {
+			t.Fatalf("message %q after %v; want it to say when, at once", err, time.Since(start))
+		}
+
+		pending, err := c.Pending(ctx)
+		if err != nil || len(pending) != 1 || !pending[0].NextAttempt.Equal(start.Add(time.Hour)) || pending[0].Attempts != 1 || !pending[0].Created.Equal(start) {
+			t.Fatalf("pending %+v, %v; want charge:o1 with its next attempt, 1 attempt, first sent at start", pending, err)
+		}
+
+		time.Sleep(30 * time.Minute)
+		_, err = c.Resume(ctx, "charge:o1")
+		if !errors.As(err, &pe) || !pe.NextAttempt.Equal(start.Add(time.Hour)) || s.sends() != 1 || time.Since(start) != 30*time.Minute {
+			t.Fatalf("resume before the time: %v after %d sends; want *PendingError saying when, nothing sent, no wait", err, s.sends())
+		}
+
+		time.Sleep(30 * time.Minute)
+		resp, err := c.Resume(ctx, "charge:o1")
+		if err != nil || resp.StatusCode != 201 || s.key(1) != s.key(0) {
+			t.Fatalf("resume at the time: %v; want 201 sent with the first key", err)
+		}
+		resp.Body.Close()
+	})
+}
+
+func TestResume(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, nil)
+	resp, err := c.Resume(ctx, "charge:o1")
+	if err != nil || resp.StatusCode != 201 || resp.Replayed || s.key(1) != s.key(0) || s.sends() != 2 {
+		t.Fatalf("resume: %v after %d sends; want 201 with the same key", err, s.sends())
+	}
+	resp.Body.Close()
+	if s.auths[1] != authValue {
+		t.Fatalf("the resumed attempt carried Authorization %q; want Options.Header's credential", s.auths[1])
+	}
+	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrState) {
+		t.Fatalf("resume of a done operation: %v; want ErrState", err)
+	}
+	if _, err := c.Resume(ctx, "charge:nope"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("resume of an unknown operation: %v; want idem.ErrNotFound", err)
+	}
+	if s.sends() != 2 || s.charges("o1") != 1 {
+		t.Fatalf("%d sends, %d charges; want 2 and 1", s.sends(), s.charges("o1"))
+	}
+}
+
+func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})
+	body := `{"order":"o1","amount":100}`
+	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrBodyNotStored) {
+		t.Fatalf("resume without the body: %v; want ErrBodyNotStored", err)
+	}
+	bodyOf := func(s string) func() (io.ReadCloser, error) {
+		return func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(s)), nil }
+	}
+	_, err := c.ResumeWithBody(ctx, "charge:o1", bodyOf(`{"order":"o1","amount":999}`))
+	var me *idem.MismatchError
+	if !errors.As(err, &me) || s.sends() != 1 {
+		t.Fatalf("resume with another body: %v after %d sends; want *idem.MismatchError, nothing sent", err, s.sends())
+	}
+	resp, err := c.ResumeWithBody(ctx, "charge:o1", bodyOf(body))
+	if err != nil || resp.StatusCode != 201 || s.key(1) != s.key(0) {
+		t.Fatalf("resume with the body: %v; want 201 with the same key", err)
+	}
+	resp.Body.Close()
+}
+
+func TestAbandonThenNewKey(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, nil)
+	if err := c.Abandon(ctx, "charge:o1", "  "); !errors.Is(err, client.ErrNoReason) {
+		t.Fatalf("abandon without a reason: %v; want ErrNoReason", err)
+	}
+	// Another process is sending it right now: not abandoned.
+	if _, err := c.Jar().Acquire(ctx, "charge:o1", "other", time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Abandon(ctx, "charge:o1", "checked"); !errors.Is(err, idem.ErrLeased) || state(t, c.Jar(), "charge:o1") != idem.StatePending {
+		t.Fatalf("abandon while leased: %v; want idem.ErrLeased, still pending", err)
+	}
+	if _, err := c.Jar().Update(ctx, "charge:o1", "other", idem.Change{Now: time.Now(), Release: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Abandon(ctx, "charge:o1", "ledger shows no charge for o1"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.Jar().Get(ctx, "charge:o1")
+	if r.State != idem.StateAbandoned || r.Note != "ledger shows no charge for o1" || r.Holder != "" {
+		t.Fatalf("record %+v; want abandoned with the reason, no lease", r)
+	}
+	resp, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+	if err != nil || resp.Key == s.key(0) || s.charges("o1") != 1 {
+		t.Fatalf("after abandon: %v, key %q; want a new key (not %q), charged once", err, resp.Key, s.key(0))
+	}
+	if err := c.Abandon(ctx, "charge:o1", "oops"); !errors.Is(err, client.ErrState) {
+		t.Fatalf("abandon of a done operation: %v; want ErrState", err)
+	}
+	if err := c.Abandon(ctx, "charge:none", "x"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("abandon of an unknown operation: %v; want idem.ErrNotFound", err)
+	}
+}
+
+func TestForgetRefusesPending(t *testing.T) {
+	ctx := context.Background()
+	_, c := pendingCharge(t, nil)
+	if err := c.Forget(ctx, "charge:o1"); !errors.Is(err, client.ErrState) || state(t, c.Jar(), "charge:o1") != idem.StatePending {
+		t.Fatalf("forget of a pending operation: %v; want ErrState and the record kept", err)
+	}
+	if _, err := c.Resume(ctx, "charge:o1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Forget(ctx, "charge:o1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Jar().Get(ctx, "charge:o1"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("after forget: %v; want idem.ErrNotFound", err)
+	}
+	if err := c.Forget(ctx, "charge:o1"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("forget twice: %v; want idem.ErrNotFound", err)
+	}
+}
+
+func TestHeaderErrorSendsNothing(t *testing.T) {
+	s := newShop()
+	c := newClient(t, s, &client.Options{Header: func(*http.Request) error { return errors.New("token expired") }})
+	_, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
+	if !errors.Is(err, idem.ErrPending) || !strings.Contains(err.Error(), "token expired") || s.sends() != 0 {
+		t.Fatalf("got %v after %d sends; want a pending error naming the cause, nothing sent", err, s.sends())
+	}
+}
+
+func TestKeyedRedirectIsNotFollowed(t *testing.T) {
+	var other int
+	mux := http.NewServeMux()
+	mux.HandleFunc("/charges", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+	})
+	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) { other++ })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.PostJSON(context.Background(), "op", srv.URL+"/charges", chargeReq{}, nil)
+	var se *client.StatusError
+	if !errors.As(err, &se) || se.StatusCode != 307 || other != 0 {
+		t.Fatalf("got %v, redirect target hit %d times; want the 307 as a *StatusError, not followed", err, other)
+	}
+}
+
+func TestNewChecksItsJar(t *testing.T) {
+	ctx := context.Background()
+	if _, err := client.New(ctx, "", nil); err == nil {
+		t.Fatal("New without a path or a jar: nil error")
+	}
+	if _, err := client.New(ctx, t.TempDir()+"/j.db", &client.Options{Jar: &idem.MemoryJar{}}); err == nil {
+		t.Fatal("New with both a path and a jar: nil error")
+	}
+	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := client.MaxIdleConnsPerHost(c); n < 32 {
+		t.Fatalf("default pool keeps %d idle connections per host; want at least 32", n)
+	}
+}

@@ -1,0 +1,153 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/retry"
+)
+
+// Sentinels, each returned wrapped with the operation's name: test with
+// errors.Is.
+var (
+	// ErrState is returned by Resume and ResumeWithBody for an operation
+	// that is not pending (done, failed or abandoned), by Abandon for one
+	// whose outcome is known (done or failed), and by Forget for a pending
+	// one.
+	ErrState = errors.New("client: the operation's state does not allow this")
+	// ErrBodyNotStored is returned by Resume when the jar did not store the
+	// operation's body (it was larger than Options.MaxStoredBody): resume
+	// it with ResumeWithBody.
+	ErrBodyNotStored = errors.New("client: the request body is not stored in the jar")
+	// ErrNoReason is returned by Abandon for an empty reason.
+	ErrNoReason = errors.New("client: abandoning an operation needs a reason")
+)
+
+// StatusError is returned by Do, PostJSON and Resume for an answer that is
+// not 2xx. Err, when not nil, says what the answer means for the
+// operation.
+type StatusError struct {
+	Op, Key     string // "" for a request without a key (GET, …)
+	Method, URL string
+	StatusCode  int
+	Status      string // as in http.Response: "503 Service Unavailable"
+	Header      http.Header
+	Body        []byte // the body, at most Options.MaxErrorBody bytes of it
+	Replayed    bool   // the server replayed a saved answer
+	// Err is *idem.MismatchError for 422 (the server's refusal of a key
+	// reused with another request: Stored and Got are empty, the server
+	// does not say them), *ConflictError for 409 and *idem.PendingError for
+	// 429, 502, 503 and 504 when the call's attempts or budget ran out;
+	// nil otherwise.
+	Err error
+}
+
+func (e *StatusError) Error() string {
+	msg := fmt.Sprintf("client: %s %s: %s", e.Method, e.URL, e.Status)
+	if e.Replayed {
+		msg += " (replayed)"
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	if ex := excerpt(e.Body, 200); ex != "" {
+		msg += ": " + ex
+	}
+	return msg
+}
+
+// Unwrap returns Err.
+func (e *StatusError) Unwrap() error { return e.Err }
+
+// ConflictError is the Err of a *StatusError for a 409 Conflict left when
+// a call's attempts or budget ran out: the server is still running an
+// earlier attempt with the same key. The outcome is unknown and the
+// operation stays pending: Resume it later, with the same key. It matches
+// idem.ErrPending.
+type ConflictError struct {
+	Op, Key  string
+	Attempts int // attempts this call sent
+	// NextAttempt is the earliest time to resume, from the jar or the
+	// server's Retry-After; zero when neither said.
+	NextAttempt time.Time
+}
+
+func (e *ConflictError) Error() string {
+	msg := fmt.Sprintf("client: operation %q (key %q) still in flight on the server after %d attempt(s); it stays pending: resume it later", e.Op, e.Key, e.Attempts)
+	if !e.NextAttempt.IsZero() {
+		msg += ", after " + e.NextAttempt.UTC().Format(time.RFC3339)
+	}
+	return msg
+}
+
+// Is reports whether target is idem.ErrPending.
+func (e *ConflictError) Is(target error) bool { return target == idem.ErrPending }
+
+// statusError reads (bounded) and closes a non-2xx answer and says what it
+// means for the operation.
+func (c *Client) statusError(ctx context.Context, r *Response, attempts int, elapsed time.Duration) error {
+	b, _ := body.ReadAtMost(r.Body, c.maxErrorBody)
+	if int64(len(b)) > c.maxErrorBody {
+		b = b[:c.maxErrorBody]
+	}
+	body.Drain(r.Body)
+	se := &StatusError{Op: r.Op, Key: r.Key, StatusCode: r.StatusCode, Status: r.Status,
+		Header: r.Header, Body: b, Replayed: r.Replayed}
+	if r.Request != nil {
+		se.Method, se.URL = r.Request.Method, r.Request.URL.String()
+	}
+	if se.Status == "" {
+		se.Status = fmt.Sprintf("%d %s", r.StatusCode, http.StatusText(r.StatusCode))
+	}
+	if r.Key == "" {
+		return se
+	}
+	switch {
+	case r.StatusCode == http.StatusUnprocessableEntity:
+		se.Err = &idem.MismatchError{Op: r.Op, Key: r.Key}
+	case retry.Classify(r.Response, nil) == retry.Retry:
+		next := c.nextAttempt(ctx, r)
+		if r.StatusCode == http.StatusConflict {
+			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next}
+		} else {
+			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
+				Elapsed: elapsed, NextAttempt: next}
+		}
+	}
+	return se
+}
+
+// nextAttempt is when a pending operation may be sent again: the time the
+// Transport stored, or else the answer's Retry-After.
+func (c *Client) nextAttempt(ctx context.Context, r *Response) time.Time {
+	rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op)
+	if err == nil && !rec.NextAttempt.IsZero() {
+		return rec.NextAttempt
+	}
+	now := time.Now()
+	if d, ok := retry.RetryAfter(r.Response, now); ok {
+		return now.Add(d)
+	}
+	return time.Time{}
+}
+
+// excerpt returns the start of a body as one line of at most n bytes of
+// valid UTF-8, for error messages.
+func excerpt(b []byte, n int) string {
+	cut := len(b) > n
+	if cut {
+		b = b[:n]
+	}
+	s := strings.Join(strings.FieldsFunc(strings.ToValidUTF8(string(b), ""), unicode.IsSpace), " ")
+	if cut && s != "" {
+		s += "…"
+	}
+	return s
+}

@@ -1,0 +1,103 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/retry"
+	"github.com/idemkit/idem/testserver"
+)
+
+// paymentsServer is a stand-in for a payments API: it charges once per
+// Idempotency-Key and replays the answer to retries. Its first
+// failFirst answers are 503.
+func paymentsServer(failFirst int64) *httptest.Server {
+	var n atomic.Int64
+	mw := &testserver.Middleware{Store: &testserver.MemoryStore{}}
+	charge := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1","status":"succeeded"}`)
+	}))
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) <= failFirst {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		charge.ServeHTTP(w, r)
+	}))
+}
+
+func ExampleClient_PostJSON() {
+	srv := paymentsServer(0)
+	defer srv.Close()
+	ctx := context.Background()
+
+	// A real program gives a jar file path instead of an in-memory jar:
+	// client.New(ctx, "keys.db", opts).
+	c, err := client.New(ctx, "", &client.Options{
+		Jar: &idem.MemoryJar{},
+		Header: func(r *http.Request) error {
+			r.Header.Set("Authorization", "Bearer sk_test_123") // never stored in the jar
+			return nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	in := map[string]any{"order": "order-42", "amount": 1000}
+	var out struct{ ID, Status string }
+	for range 2 {
+		resp, err := c.PostJSON(ctx, "charge:order-42", srv.URL+"/charges", in, &out)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(resp.StatusCode, out.ID, out.Status, "replayed:", resp.Replayed)
+	}
+	// Output:
+	// 201 ch_1 succeeded replayed: false
+	// 201 ch_1 succeeded replayed: true
+}
+
+func ExampleClient_Resume() {
+	srv := paymentsServer(1) // the first attempt fails
+	defer srv.Close()
+	ctx := context.Background()
+	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = c.PostJSON(ctx, "charge:order-7", srv.URL+"/charges", map[string]any{"order": "order-7", "amount": 500}, nil)
+	fmt.Println("outcome unknown:", errors.Is(err, idem.ErrPending))
+
+	// Later, or after a restart: resume what is pending, with the same key.
+	pending, err := c.Pending(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, rec := range pending {
+		fmt.Printf("%s: %d attempt(s), last status %d\n", rec.Op, rec.Attempts, rec.LastStatus)
+		resp, err := c.Resume(ctx, rec.Op)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println("resumed:", resp.StatusCode, "same key:", resp.Key == rec.Key)
+	}
+	// Output:
+	// outcome unknown: true
+	// charge:order-7: 1 attempt(s), last status 503
+	// resumed: 201 same key: true
+}

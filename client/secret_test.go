@@ -1,0 +1,84 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/retry"
+)
+
+// jarBytes returns the bytes of the jar file and of its -wal and -shm files.
+func jarBytes(t *testing.T, path string) []byte {
+	t.Helper()
+	var all []byte
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		b, err := os.ReadFile(p)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		all = append(all, b...)
+	}
+	return all
+}
+
+func TestCredentialsNeverReachTheJarFile(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	const ownAuth = "Bearer sk_test_set_on_the_request_itself"
+	s := newShop()
+	s.failNext(503)
+	c, err := client.New(ctx, path, &client.Options{Base: inProcess{s}, Header: withAuth, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// Credentials from Options.Header, on a call that stays pending and is resumed.
+	if _, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("got %v; want pending", err)
+	}
+	resp, err := c.Resume(ctx, "charge:o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	// Credentials set on the request by the caller.
+	s.failNext(503)
+	req, _ := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o2","amount":5}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Api-Key", ownAuth)
+	if _, err := c.Do(ctx, "charge:o2", req); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("got %v; want pending", err)
+	}
+
+	for i, a := range s.auths {
+		if a != authValue {
+			t.Fatalf("attempt %d carried Authorization %q; want the credential on every attempt, resume included", i, a)
+		}
+	}
+	for _, when := range []string{"open", "closed"} {
+		if when == "closed" {
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b := jarBytes(t, path)
+		if !bytes.Contains(b, []byte(s.key(0))) || !bytes.Contains(b, []byte("charge:o2")) {
+			t.Fatalf("jar %s: the key and operations are not in the files read; the scan proves nothing", when)
+		}
+		for _, secret := range []string{authValue, "sk_test_9f8e7d6c5b4a", ownAuth} {
+			if bytes.Contains(b, []byte(secret)) {
+				t.Fatalf("jar %s: its files contain the credential %q", when, secret)
+			}
+		}
+	}
+}
