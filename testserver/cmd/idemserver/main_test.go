@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,7 +19,8 @@ import (
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
 
-// serverBin is the idemserver binary built once by TestMain.
+// serverBin is the idemserver binary built once by TestMain, with the go
+// command that runs the tests (go test puts its GOROOT/bin first in PATH).
 var serverBin string
 
 func TestMain(m *testing.M) {
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	serverBin = filepath.Join(dir, "idemserver")
-	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", serverBin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", serverBin, ".").CombinedOutput()
 	if err != nil {
 		os.RemoveAll(dir)
 		panic("building idemserver: " + err.Error() + "\n" + string(out))
