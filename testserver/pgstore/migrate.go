@@ -42,7 +42,7 @@ const migrateLock = 0x6964656d73746f72 // "idemstor"
 // migrate brings the schema to len(migrations) in one transaction, recording
 // each version applied in idempotency_keys_schema.
 func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {

@@ -6,9 +6,9 @@
 // key (scope, key), a takeover an UPDATE that compares and sets locked_at,
 // and saving or releasing a claim is fenced by status and locked_at in its
 // WHERE clause. Each statement runs under its own deadline
-// (Options.QueryTimeout) inside the caller's context. Any error, a timeout
-// included, is returned as an error: the store never reports a claim it
-// did not make.
+// (Options.QueryTimeout), on the server and on the client, inside the
+// caller's context. Any error, a timeout included, is returned as an
+// error: the store never reports a claim it did not make.
 //
 // A claim is as durable as the server's synchronous_commit makes it (on by
 // default): with it off, a server crash may lose a claim or a saved answer
@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/idemkit/idem/testserver"
@@ -42,10 +43,17 @@ const claimAttempts = 10
 
 // Options configure Open and New. A nil *Options means the defaults.
 type Options struct {
-	// QueryTimeout bounds each statement the store runs, inside the
-	// caller's context. A statement that runs out of time returns an
-	// error wrapping context.DeadlineExceeded. Zero means
-	// DefaultQueryTimeout.
+	// QueryTimeout bounds each statement the store runs. Open makes it
+	// the server's statement_timeout on the store's connections (unless
+	// the DSN sets one): the server cancels and rolls back a statement
+	// that runs longer, and the method returns its error (SQLSTATE 57014,
+	// query_canceled). The store itself waits at most twice as long for an
+	// answer, within the caller's context, then gives the connection up
+	// and returns an error wrapping context.DeadlineExceeded. The server
+	// is the one to give up first so that a write the store reported as
+	// failed is not applied later, once the lock it waited for is free; a
+	// pool passed to New should set statement_timeout likewise. Zero
+	// means DefaultQueryTimeout.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs
@@ -69,10 +77,18 @@ var _ testserver.Store = (*Store)(nil)
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the schema, and returns a Store that owns its pool.
+// It returns ErrSchemaTooNew for a schema newer than this package.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	timeout := DefaultQueryTimeout
+	if opts != nil && opts.QueryTimeout > 0 {
+		timeout = opts.QueryTimeout
+	}
+	if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(max(1, timeout.Milliseconds()), 10)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -87,8 +103,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// New returns a Store on pool after creating or upgrading the schema. The
-// caller keeps the pool: Close leaves it open.
+// New returns a Store on pool after creating or upgrading the schema, or
+// ErrSchemaTooNew. The caller keeps the pool: Close leaves it open.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
@@ -173,7 +189,7 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token
 }
 
 func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token, created int64) (testserver.Entry, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := context.WithTimeout(ctx, 2*s.timeout) // see Options.QueryTimeout
 	defer cancel()
 	row := s.pool.QueryRow(ctx, `WITH ins AS (
 			INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
@@ -194,7 +210,7 @@ func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token
 // exec runs one statement under the query timeout and returns how many rows
 // it changed.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := context.WithTimeout(ctx, 2*s.timeout) // see Options.QueryTimeout
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, query, args...)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/storetest"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -278,22 +279,63 @@ func TestQueryTimeoutFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Each statement waits for the other transaction until its deadline.
+	// The server cancels each statement at the timeout, before the store
+	// gives up waiting: the error is the server's, and nothing is applied
+	// later when the locks go.
 	e, claimed, err := s.Claim(ctx, "s", "pending", "fp", 8, t0)
 	if err == nil || claimed {
 		t.Fatalf("Claim blocked past its timeout = %+v, %v, %v; want an error, unclaimed", e, claimed, err)
 	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("err = %v; want it to wrap context.DeadlineExceeded", err)
+	checkCancelled(t, "Claim", err)
+	ok, err := s.TakeOver(ctx, "s", "locked", 7, 9)
+	if ok {
+		t.Error("TakeOver blocked past its timeout reported success")
 	}
-	if ok, err := s.TakeOver(ctx, "s", "locked", 7, 9); err == nil || ok {
-		t.Errorf("TakeOver blocked past its timeout = %v, %v; want an error", ok, err)
+	checkCancelled(t, "TakeOver", err)
+	checkCancelled(t, "Save", s.Save(ctx, "s", "locked", 7, testserver.Response{Status: 200}))
+	ok, err = s.Release(ctx, "s", "locked", 7)
+	if ok {
+		t.Error("Release blocked past its timeout reported success")
 	}
-	if err := s.Save(ctx, "s", "locked", 7, testserver.Response{Status: 200}); err == nil || errors.Is(err, testserver.ErrFenced) {
-		t.Errorf("Save blocked past its timeout = %v; want an error other than ErrFenced", err)
+	checkCancelled(t, "Release", err)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
 	}
-	if ok, err := s.Release(ctx, "s", "locked", 7); err == nil || ok {
-		t.Errorf("Release blocked past its timeout = %v, %v; want an error", ok, err)
+	if e, claimed, err := s.Claim(ctx, "s", "locked", "fp", 10, t0); err != nil || claimed ||
+		e.Status != testserver.StatusInFlight || e.Token != 7 {
+		t.Errorf("after timed-out writes: %+v, claimed %v, %v; want the entry unchanged", e, claimed, err)
+	}
+	if _, claimed, err := s.Claim(ctx, "s", "pending", "fp", 11, t0); err != nil || !claimed {
+		t.Errorf("the rolled-back key: claimed %v, %v; want it free", claimed, err)
+	}
+}
+
+// checkCancelled checks that err is the server's statement timeout.
+func checkCancelled(t *testing.T, what string, err error) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		t.Errorf("%s: err = %v; want the server's query_canceled (57014)", what, err)
+	}
+}
+
+// TestCallerDeadlineFailsClosed gives up through the caller's context,
+// before the server's timeout: the claim fails.
+func TestCallerDeadlineFailsClosed(t *testing.T) {
+	s := open(t, pgtest.DB(t), nil)
+	tx, err := s.Pool().Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+		VALUES ('s', 'k', 'fp', 'in_flight', 7, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 8, t0); err == nil || claimed || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Claim past the caller's deadline = claimed %v, %v; want an error wrapping context.DeadlineExceeded", claimed, err)
 	}
 }
 
@@ -427,4 +469,25 @@ func TestOpenBadDSN(t *testing.T) {
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) testserver.Store { return open(t, pgtest.DB(t), nil) })
+}
+
+func TestStatementTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	show := func(s *pgstore.Store) string {
+		var v string
+		if err := s.Pool().QueryRow(t.Context(), "SHOW statement_timeout").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if got := show(open(t, dsn, &pgstore.Options{QueryTimeout: 1500 * time.Millisecond})); got != "1500ms" {
+		t.Errorf("statement_timeout = %q; want 1500ms, the QueryTimeout", got)
+	}
+	if got := show(open(t, dsn, nil)); got != "5s" {
+		t.Errorf("statement_timeout by default = %q; want 5s", got)
+	}
+	// An explicit choice in the DSN is the operator's.
+	if got := show(open(t, dsn+"&statement_timeout=0", nil)); got != "0" {
+		t.Errorf("statement_timeout with the DSN's choice = %q; want 0", got)
+	}
 }

@@ -1,0 +1,464 @@
+// Package pgjar is an idem.Jar on PostgreSQL (github.com/jackc/pgx/v5 and
+// its pool): for a fleet of workers, on many machines, that must resume each
+// other's pending operations. It keeps the semantics of idem.MemoryJar and
+// of the SQLite jar in package keyjar, and passes the same conformance
+// suite (keyjar/jartest).
+//
+// Every method is one atomic statement under PostgreSQL's default READ
+// COMMITTED isolation, or a short sequence of them that retries when a
+// concurrent writer changed the row in between:
+//
+//   - Begin is an INSERT … ON CONFLICT (op) DO UPDATE … WHERE the existing
+//     record is abandoned: two workers never create two keys for one name.
+//   - Acquire is an UPDATE that compares and sets the lease.
+//   - Update is an UPDATE fenced by the holder.
+//
+// The jar's connections run with synchronous_commit=on (unless the DSN
+// sets it), so that a key Begin created is on stable storage, on the
+// primary and on any synchronous standby, before Begin returns. Each
+// statement runs under its own deadline (Options.QueryTimeout) inside the
+// caller's context, on the server and on the client, and any error, a
+// timeout included, is returned as an error: the jar never reports a lease
+// or a key it did not get. As with any remote write, an error other than
+// the server's own refusal leaves the outcome unknown: a write whose
+// answer was lost may have been applied.
+package pgjar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults for the zero fields of Options.
+const (
+	DefaultQueryTimeout = 5 * time.Second
+	DefaultPruneBatch   = 1000
+)
+
+// raceAttempts bounds the retries of a method whose second statement found
+// the row changed by a concurrent writer since its first. Each retry means
+// another writer made progress.
+const raceAttempts = 10
+
+// Errors returned by Open and the Jar's methods, besides idem.ErrNotFound,
+// idem.ErrLeased and idem.ErrLeaseLost, which the methods return as the
+// idem.Jar contract says. Each is wrapped with details: test with errors.Is.
+var (
+	// ErrClosed is returned by every method of a Jar after Close, Close
+	// included.
+	ErrClosed = errors.New("pgjar: jar is closed")
+
+	// ErrVersion is returned by Open for a database whose jar schema was
+	// written by a newer version of this package.
+	ErrVersion = errors.New("pgjar: database has a newer jar schema version")
+
+	// ErrInvalid is returned by Begin for a record without Op or Key, or
+	// with a State that is not valid, by Update for a Change with an invalid
+	// State, and by Begin, Acquire and Update for a time that cannot be
+	// stored (outside the years 1678 to 2262). Nothing is written.
+	ErrInvalid = errors.New("pgjar: invalid record")
+)
+
+// Options configure Open. A nil *Options means the defaults.
+type Options struct {
+	// QueryTimeout bounds each statement the jar runs. It is the server's
+	// statement_timeout on the jar's connections (unless the DSN sets
+	// one): the server cancels and rolls back a statement that runs
+	// longer, and the method returns its error (SQLSTATE 57014,
+	// query_canceled). The jar itself waits at most twice as long for an
+	// answer, within the caller's context, then gives the connection up
+	// and returns an error wrapping context.DeadlineExceeded. The server
+	// is the one to give up first so that a statement the jar reported as
+	// failed is not applied later, once the lock it waited for is free.
+	// Zero means DefaultQueryTimeout.
+	QueryTimeout time.Duration
+
+	// PruneBatch is the most records one DELETE of Prune removes; Prune runs
+	// as many as it needs, so no statement holds many row locks or runs for
+	// long. Zero means DefaultPruneBatch.
+	PruneBatch int
+}
+
+// Jar is an idem.Jar in a PostgreSQL database, with the operator methods
+// List, Forget and Prune. It is safe for concurrent use, and many processes
+// may share the database.
+type Jar struct {
+	pool    *pgxpool.Pool
+	timeout time.Duration
+	batch   int
+	closed  atomic.Bool
+}
+
+var _ idem.Jar = (*Jar)(nil)
+
+// Open connects to the database dsn names (a postgres:// URL or key=value
+// string, as pgxpool.ParseConfig reads it, pool_max_conns included) and
+// creates or upgrades the jar's schema (tables idem_operations and
+// idem_operations_schema). It returns ErrVersion for a schema newer than
+// this package.
+func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgjar: %w", err)
+	}
+	j := &Jar{timeout: opts.QueryTimeout, batch: opts.PruneBatch}
+	if j.timeout <= 0 {
+		j.timeout = DefaultQueryTimeout
+	}
+	if j.batch <= 0 {
+		j.batch = DefaultPruneBatch
+	}
+	for name, value := range map[string]string{
+		"synchronous_commit": "on",
+		"statement_timeout":  strconv.FormatInt(max(1, j.timeout.Milliseconds()), 10),
+	} {
+		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+			cfg.ConnConfig.RuntimeParams[name] = value
+		}
+	}
+	j.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgjar: %w", err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, j.timeout)
+	defer cancel()
+	if err := migrate(mctx, j.pool); err != nil {
+		j.pool.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// Close closes the jar's connections. Every method called after it, Close
+// included, returns ErrClosed.
+func (j *Jar) Close() error {
+	if j.closed.Swap(true) {
+		return ErrClosed
+	}
+	j.pool.Close()
+	return nil
+}
+
+// check reports whether the jar is open and ctx alive.
+func (j *Jar) check(ctx context.Context) error {
+	if j.closed.Load() {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// start checks that the jar is open and ctx alive, and returns the context
+// for one statement.
+func (j *Jar) start(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if err := j.check(ctx); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*j.timeout) // see Options.QueryTimeout
+	return ctx, cancel, nil
+}
+
+// queryRecord runs one statement that returns at most one record.
+func (j *Jar) queryRecord(ctx context.Context, query string, args ...any) (idem.Record, error) {
+	ctx, cancel, err := j.start(ctx)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	defer cancel()
+	return scanRecord(j.pool.QueryRow(ctx, query, args...))
+}
+
+// exec runs one statement and returns how many rows it changed.
+func (j *Jar) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	ctx, cancel, err := j.start(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	tag, err := j.pool.Exec(ctx, query, args...)
+	return tag.RowsAffected(), err
+}
+
+// get returns op's record, pgx.ErrNoRows when there is none.
+func (j *Jar) get(ctx context.Context, op string) (idem.Record, error) {
+	return j.queryRecord(ctx, `SELECT `+columns+` FROM idem_operations WHERE op = $1`, op)
+}
+
+// Begin implements idem.Jar: it returns op's record, creating it from r
+// (created=true) when the jar holds none or holds one in StateAbandoned. A
+// created record is on stable storage before Begin returns. Headers that
+// idem.SecretHeader names are dropped; an empty State means StatePending.
+//
+// Begin returns ErrInvalid for a record without Op or Key, with an invalid
+// State or with a time that cannot be stored.
+func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	if r.Op == "" || r.Key == "" {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: empty Op or Key", r.Op, ErrInvalid)
+	}
+	if r.State == "" {
+		r.State = idem.StatePending
+	}
+	if !r.State.Valid() {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: state %q", r.Op, ErrInvalid, r.State)
+	}
+	var times [4]*int64
+	for i, t := range []struct {
+		field string
+		t     time.Time
+	}{{"Created", r.Created}, {"Updated", r.Updated}, {"NextAttempt", r.NextAttempt}, {"LeaseUntil", r.LeaseUntil}} {
+		var err error
+		if times[i], err = nanos(t.field, t.t); err != nil {
+			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+		}
+	}
+	header, err := json.Marshal(idem.PublicHeader(r.Header))
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: header: %v", r.Op, ErrInvalid, err)
+	}
+	for range raceAttempts {
+		// One statement claims the name: a new row, or the replacement of an
+		// abandoned one. It returns nothing when another record holds it.
+		rec, err := j.queryRecord(ctx, `
+			INSERT INTO idem_operations (op, key, fingerprint, state, method, url, header, body, body_size,
+				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+			ON CONFLICT (op) DO UPDATE SET key = excluded.key, fingerprint = excluded.fingerprint,
+				state = excluded.state, method = excluded.method, url = excluded.url,
+				header = excluded.header, body = excluded.body, body_size = excluded.body_size,
+				created = excluded.created, updated = excluded.updated, attempts = excluded.attempts,
+				last_status = excluded.last_status, last_error = excluded.last_error,
+				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
+				lease_until = excluded.lease_until
+			WHERE idem_operations.state = 'abandoned'
+			RETURNING `+columns,
+			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, string(header), r.Body, r.BodySize,
+			times[0], times[1], r.Attempts, r.LastStatus, r.LastError, times[2], r.Note, r.Holder, times[3])
+		if err == nil {
+			return rec, true, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+		}
+		// A second statement reads the record that holds the name, as
+		// committed now (the first one's snapshot may predate it).
+		rec, err = j.get(ctx, r.Op)
+		if err == nil && rec.State != idem.StateAbandoned {
+			return rec, false, nil
+		}
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+		}
+		// Forgotten or abandoned in between: claim it again.
+	}
+	return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: the record changed under %d attempts", r.Op, raceAttempts)
+}
+
+// Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
+func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
+	rec, err := j.get(ctx, op)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = idem.ErrNotFound
+	}
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
+	}
+	return rec, nil
+}
+
+// Acquire implements idem.Jar: it takes op's lease for holder until now+ttl
+// when the lease is free, held by holder or expired at now. Otherwise it
+// returns the record and idem.ErrLeased. It returns idem.ErrNotFound for an
+// unknown op, and ErrInvalid when now or now+ttl cannot be stored.
+func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	at, err := nanos("now", now)
+	if err == nil && at == nil {
+		err = fmt.Errorf("%w: zero now", ErrInvalid)
+	}
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+	}
+	until, err := nanos("lease end", now.Add(ttl))
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+	}
+	for range raceAttempts {
+		rec, err := j.queryRecord(ctx, `UPDATE idem_operations SET holder = $2, lease_until = $4
+			WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)
+			RETURNING `+columns, op, holder, *at, until)
+		if err == nil {
+			return rec, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+		}
+		rec, err = j.get(ctx, op)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = idem.ErrNotFound
+		}
+		if err != nil {
+			return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+		}
+		if !rec.CanLease(holder, now) {
+			return rec, fmt.Errorf("pgjar: acquire %q: %w", op, idem.ErrLeased)
+		}
+		// Released between the two statements: try again.
+	}
+	return idem.Record{}, fmt.Errorf("pgjar: acquire %q: the record changed under %d attempts", op, raceAttempts)
+}
+
+// Update implements idem.Jar: it applies c to op, as idem.Change.Apply
+// does. When holder is not "" and op's lease is no longer held by holder,
+// nothing changes and Update returns the current record and
+// idem.ErrLeaseLost. It returns idem.ErrNotFound for an unknown op, and
+// ErrInvalid for an invalid c.State or a time that cannot be stored.
+func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	if c.State != "" && !c.State.Valid() {
+		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w: state %q", op, ErrInvalid, c.State)
+	}
+	now, err := nanos("Now", c.Now)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+	}
+	next, err := nanos("NextAttempt", c.NextAttempt)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+	}
+	for range raceAttempts {
+		rec, err := j.queryRecord(ctx, `UPDATE idem_operations SET
+				updated = $3,
+				state = CASE WHEN $4::text = '' THEN state ELSE $4::text END,
+				attempts = attempts + $5,
+				last_status = $6,
+				last_error = $7,
+				next_attempt = $8,
+				note = CASE WHEN $9::text = '' THEN note ELSE $9::text END,
+				holder = CASE WHEN $10::boolean THEN '' ELSE holder END,
+				lease_until = CASE WHEN $10::boolean THEN NULL ELSE lease_until END
+			WHERE op = $1 AND ($2::text = '' OR holder = $2::text)
+			RETURNING `+columns,
+			op, holder, now, string(c.State), int64(c.Attempts), c.LastStatus, c.LastError, next, c.Note, c.Release)
+		if err == nil {
+			return rec, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+		}
+		rec, err = j.get(ctx, op)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = idem.ErrNotFound
+		}
+		if err != nil {
+			return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+		}
+		if holder != "" && rec.Holder != holder {
+			return rec, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
+		}
+		// The lease came back to holder between the two statements: try again.
+	}
+	return idem.Record{}, fmt.Errorf("pgjar: update %q: the record changed under %d attempts", op, raceAttempts)
+}
+
+// List returns the records that pass f, oldest Created first (the zero
+// time first), then by Op.
+func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
+	ctx, cancel, err := j.start(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgjar: list: %w", err)
+	}
+	defer cancel()
+	var limit *int64
+	if f.Limit > 0 {
+		l := int64(f.Limit)
+		limit = &l
+	}
+	rows, err := j.pool.Query(ctx, `SELECT `+columns+` FROM idem_operations
+		WHERE $1::text = '' OR state = $1::text
+		ORDER BY created NULLS FIRST, op LIMIT $2`, string(f.State), limit)
+	if err != nil {
+		return nil, fmt.Errorf("pgjar: list: %w", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("pgjar: list: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgjar: list: %w", err)
+	}
+	return out, nil
+}
+
+// Forget deletes op, whatever its state. It returns idem.ErrNotFound for an
+// unknown op.
+func (j *Jar) Forget(ctx context.Context, op string) error {
+	n, err := j.exec(ctx, `DELETE FROM idem_operations WHERE op = $1`, op)
+	if err == nil && n == 0 {
+		err = idem.ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("pgjar: forget %q: %w", op, err)
+	}
+	return nil
+}
+
+// prunable is the SQL test for idem.Prunable and "updated before $1".
+const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL OR updated < $1)`
+
+// Prune deletes at most limit records whose state is idem.Prunable and that
+// were last updated before before, and returns how many it deleted. limit
+// <= 0 means no limit. It deletes the least recently updated first, in
+// statements of at most Options.PruneBatch records, skipping records that
+// another transaction holds locked (a later Prune gets them). On an error it
+// returns how many it deleted before.
+func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := j.check(ctx); err != nil {
+		return 0, fmt.Errorf("pgjar: prune: %w", err)
+	}
+	if before.IsZero() {
+		return 0, nil // nothing is older than the zero time
+	}
+	cut := cutoff(before)
+	if limit <= 0 {
+		// Bound the batches by what is due now.
+		var due int64
+		ctx, cancel, err := j.start(ctx)
+		if err == nil {
+			err = j.pool.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
+			cancel()
+		}
+		if err != nil {
+			return 0, fmt.Errorf("pgjar: prune: %w", err)
+		}
+		limit = int(due)
+	}
+	total := 0
+	for total < limit {
+		want := min(j.batch, limit-total)
+		n, err := j.exec(ctx, `DELETE FROM idem_operations WHERE op IN (
+			SELECT op FROM idem_operations WHERE `+prunable+`
+			ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)`, cut, want)
+		total += int(n)
+		if err != nil {
+			return total, fmt.Errorf("pgjar: prune: %w", err)
+		}
+		if int(n) < want {
+			break
+		}
+	}
+	return total, nil
+}

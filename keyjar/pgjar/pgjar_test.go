@@ -1,0 +1,392 @@
+package pgjar_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/keyjar/jartest"
+	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func open(t *testing.T, dsn string, opts *pgjar.Options) *pgjar.Jar {
+	t.Helper()
+	j, err := pgjar.Open(t.Context(), dsn, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := j.Close(); err != nil && !errors.Is(err, pgjar.ErrClosed) {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return j
+}
+
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func TestConformance(t *testing.T) {
+	jartest.Run(t, func(t *testing.T) jartest.Jar { return open(t, pgtest.DB(t), nil) })
+}
+
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
+
+func record(op string) idem.Record {
+	return idem.Record{Op: op, Key: "key-" + op, Fingerprint: "fp", State: idem.StatePending,
+		Method: http.MethodPost, URL: "https://api.example.com/charges", Created: t0, Updated: t0}
+}
+
+// TestSecretHeadersNeverReachTheDatabase reads the table itself: no
+// credential is in any column, whatever the API returns.
+func TestSecretHeadersNeverReachTheDatabase(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, nil)
+	r := record("op")
+	r.Header = http.Header{
+		"Authorization": {"Bearer sk_live_SECRET1"},
+		"Cookie":        {"session=SECRET2"},
+		"X-Api-Key":     {"SECRET3"},
+		"Content-Type":  {"application/json"},
+	}
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	if err := connect(t, dsn).QueryRow(t.Context(),
+		`SELECT t::text FROM idem_operations t WHERE op = 'op'`).Scan(&row); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(row, "SECRET") || strings.Contains(strings.ToLower(row), "authorization") {
+		t.Errorf("stored row holds a credential: %s", row)
+	}
+	if !strings.Contains(row, "application/json") {
+		t.Errorf("stored row lost the public header: %s", row)
+	}
+}
+
+func TestSessionSettings(t *testing.T) {
+	dsn := pgtest.DB(t)
+	// A database whose default is off: the jar turns it on for itself.
+	conn := connect(t, dsn)
+	var db string
+	if err := conn.QueryRow(t.Context(), "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(t.Context(), "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET synchronous_commit = off"); err != nil {
+		t.Fatal(err)
+	}
+	show := func(j *pgjar.Jar, setting string) string {
+		var v string
+		if err := pgjar.PoolOf(j).QueryRow(t.Context(), "SHOW "+setting).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	j := open(t, dsn, &pgjar.Options{QueryTimeout: 2 * time.Second})
+	if got := show(j, "synchronous_commit"); got != "on" {
+		t.Errorf("synchronous_commit = %q; want on", got)
+	}
+	if got := show(j, "statement_timeout"); got != "2s" {
+		t.Errorf("statement_timeout = %q; want 2s, the QueryTimeout", got)
+	}
+	// An explicit choice in the DSN is the operator's.
+	j = open(t, dsn+"&synchronous_commit=remote_write&statement_timeout=0", nil)
+	if got := show(j, "synchronous_commit"); got != "remote_write" {
+		t.Errorf("synchronous_commit with the DSN's choice = %q; want remote_write", got)
+	}
+	if got := show(j, "statement_timeout"); got != "0" {
+		t.Errorf("statement_timeout with the DSN's choice = %q; want 0", got)
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	ctx := t.Context()
+	far := time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)
+	for name, edit := range map[string]func(*idem.Record){
+		"empty op":      func(r *idem.Record) { r.Op = "" },
+		"empty key":     func(r *idem.Record) { r.Key = "" },
+		"bad state":     func(r *idem.Record) { r.State = "sent" },
+		"created 2300":  func(r *idem.Record) { r.Created = far },
+		"lease in 1600": func(r *idem.Record) { r.LeaseUntil = time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC) },
+	} {
+		r := record("invalid")
+		edit(&r)
+		if _, _, err := j.Begin(ctx, r); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Begin with %s: err = %v; want ErrInvalid", name, err)
+		}
+	}
+	if _, err := j.Get(ctx, "invalid"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("an invalid Begin wrote a record (Get: %v)", err)
+	}
+
+	// An empty State means pending.
+	r := record("op")
+	r.State = ""
+	if got, _, err := j.Begin(ctx, r); err != nil || got.State != idem.StatePending {
+		t.Fatalf("Begin with no state = %q, %v; want pending", got.State, err)
+	}
+	if _, err := j.Update(ctx, "op", "", idem.Change{Now: t0, State: "sent"}); !errors.Is(err, pgjar.ErrInvalid) {
+		t.Errorf("Update to a bad state: err = %v; want ErrInvalid", err)
+	}
+	if _, err := j.Update(ctx, "op", "", idem.Change{Now: far}); !errors.Is(err, pgjar.ErrInvalid) {
+		t.Errorf("Update at 2300: err = %v; want ErrInvalid", err)
+	}
+	if _, err := j.Acquire(ctx, "op", "a", far, time.Minute); !errors.Is(err, pgjar.ErrInvalid) {
+		t.Errorf("Acquire at 2300: err = %v; want ErrInvalid", err)
+	}
+	if _, err := j.Acquire(ctx, "op", "a", time.Time{}, time.Minute); !errors.Is(err, pgjar.ErrInvalid) {
+		t.Errorf("Acquire at the zero time: err = %v; want ErrInvalid", err)
+	}
+	if got, err := j.Get(ctx, "op"); err != nil || got.State != idem.StatePending || !got.Updated.Equal(t0) || got.Holder != "" {
+		t.Errorf("after invalid changes: %+v, %v; want the record unchanged", got, err)
+	}
+}
+
+func TestClosed(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	if _, _, err := j.Begin(t.Context(), record("op")); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	ctx := t.Context()
+	_, _, errBegin := j.Begin(ctx, record("new"))
+	_, errGet := j.Get(ctx, "op")
+	_, errAcquire := j.Acquire(ctx, "op", "a", t0, time.Minute)
+	_, errUpdate := j.Update(ctx, "op", "", idem.Change{Now: t0})
+	_, errList := j.List(ctx, idem.Filter{})
+	errForget := j.Forget(ctx, "op")
+	_, errPrune := j.Prune(ctx, t0, 0)
+	errClose := j.Close()
+	for name, err := range map[string]error{"Begin": errBegin, "Get": errGet, "Acquire": errAcquire,
+		"Update": errUpdate, "List": errList, "Forget": errForget, "Prune": errPrune, "Close": errClose} {
+		if !errors.Is(err, pgjar.ErrClosed) {
+			t.Errorf("%s after Close: err = %v; want ErrClosed", name, err)
+		}
+	}
+}
+
+// uncommitted inserts a record for op with key "theirs" in a transaction it
+// leaves open until the test ends, unless the test ends it first.
+func uncommitted(t *testing.T, dsn, op string) pgx.Tx {
+	t.Helper()
+	tx, err := connect(t, dsn).Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(t.Context(), `INSERT INTO idem_operations (op, key, fingerprint, state, method, url,
+		body_size, attempts, last_status, last_error, note, holder)
+		VALUES ($1, 'theirs', '', 'pending', 'POST', '', 0, 0, 0, '', '', '')`, op); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// TestQueryTimeoutFailsClosed blocks the jar's statements behind another
+// transaction's locks: each fails with its deadline, and never reports a
+// key or a lease it did not get.
+func TestQueryTimeoutFailsClosed(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, &pgjar.Options{QueryTimeout: 300 * time.Millisecond})
+	ctx := t.Context()
+	if _, _, err := j.Begin(ctx, record("locked")); err != nil {
+		t.Fatal(err)
+	}
+	tx := uncommitted(t, dsn, "uncommitted")
+	if _, err := tx.Exec(ctx, `SELECT FROM idem_operations WHERE op = 'locked' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	// The server cancels each statement at the timeout, before the jar
+	// gives up waiting: the error is the server's, and nothing is applied
+	// later when the locks go.
+	rec, created, err := j.Begin(ctx, record("uncommitted"))
+	if err == nil || created {
+		t.Errorf("Begin blocked past its timeout = %+v, created %v, %v; want an error", rec, created, err)
+	}
+	checkCancelled(t, "Begin", err)
+	rec, err = j.Acquire(ctx, "locked", "a", t0, time.Minute)
+	if err == nil || rec.Holder == "a" {
+		t.Errorf("Acquire blocked past its timeout = holder %q, %v; want an error", rec.Holder, err)
+	}
+	checkCancelled(t, "Acquire", err)
+	_, err = j.Update(ctx, "locked", "", idem.Change{Now: t0, State: idem.StateDone})
+	checkCancelled(t, "Update", err)
+	checkCancelled(t, "Forget", j.Forget(ctx, "locked"))
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := j.Get(ctx, "locked"); err != nil || got.State != idem.StatePending || got.Holder != "" {
+		t.Errorf("after timed-out writes: %+v, %v; want the record unchanged", got, err)
+	}
+	if _, err := j.Get(ctx, "uncommitted"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("the timed-out Begin created a record later (Get: %v)", err)
+	}
+}
+
+// checkCancelled checks that err is the server's statement timeout.
+func checkCancelled(t *testing.T, what string, err error) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		t.Errorf("%s: err = %v; want the server's query_canceled (57014)", what, err)
+	}
+}
+
+// TestCallerDeadlineFailsClosed gives up through the caller's context,
+// before the server's timeout: the call fails, and reports no key.
+func TestCallerDeadlineFailsClosed(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, nil)
+	uncommitted(t, dsn, "op")
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	rec, created, err := j.Begin(ctx, record("op"))
+	if err == nil || created || rec.Key != "" {
+		t.Errorf("Begin past the caller's deadline = key %q, created %v, %v; want an error and no key", rec.Key, created, err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v; want it to wrap context.DeadlineExceeded", err)
+	}
+}
+
+// TestBeginSeesRecordCommittedDuringIt makes Begin wait for another
+// transaction's uncommitted record of the same name, then commits it:
+// Begin must return that record, not create a second key.
+func TestBeginSeesRecordCommittedDuringIt(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	tx := uncommitted(t, dsn, "op")
+	type result struct {
+		rec     idem.Record
+		created bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rec, created, err := j.Begin(ctx, record("op"))
+		done <- result{rec, created, err}
+	}()
+	waitBlocked(t, connect(t, dsn))
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.created || r.rec.Key != "theirs" {
+		t.Errorf("Begin = key %q, created %v, %v; want their key, not created", r.rec.Key, r.created, r.err)
+	}
+}
+
+// waitBlocked waits until a backend of the database waits for a lock.
+func waitBlocked(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	for range 100_000 {
+		var waiting int
+		err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+	}
+	t.Fatal("never saw a backend wait for a lock")
+}
+
+func TestPruneInBatches(t *testing.T) {
+	j := open(t, pgtest.DB(t), &pgjar.Options{PruneBatch: 2})
+	ctx := t.Context()
+	for i := range 7 {
+		op := fmt.Sprint("done-", i)
+		if _, _, err := j.Begin(ctx, record(op)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Update(ctx, op, "", idem.Change{Now: t0.Add(time.Duration(i) * time.Second), State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := j.Begin(ctx, record("pending")); err != nil {
+		t.Fatal(err)
+	}
+	before := t0.Add(time.Hour)
+	if n, err := j.Prune(ctx, before, 3); n != 3 || err != nil {
+		t.Fatalf("Prune(limit 3) = %d, %v; want 3", n, err)
+	}
+	// The least recently updated went first.
+	for i := range 7 {
+		_, err := j.Get(ctx, fmt.Sprint("done-", i))
+		if gone := errors.Is(err, idem.ErrNotFound); gone != (i < 3) {
+			t.Errorf("done-%d pruned = %v; want %v", i, gone, i < 3)
+		}
+	}
+	if n, err := j.Prune(ctx, before, 0); n != 4 || err != nil {
+		t.Fatalf("Prune(no limit) = %d, %v; want the 4 left", n, err)
+	}
+	if n, err := j.Prune(ctx, time.Time{}, 0); n != 0 || err != nil {
+		t.Errorf("Prune(before the zero time) = %d, %v; want 0", n, err)
+	}
+	if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 1 || all[0].Op != "pending" {
+		t.Errorf("left after Prune: %v, %v; want only pending", all, err)
+	}
+}
+
+func TestMigrations(t *testing.T) {
+	dsn := pgtest.DB(t)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			j, err := pgjar.Open(t.Context(), dsn, nil)
+			if err != nil {
+				t.Errorf("concurrent Open: %v", err)
+				return
+			}
+			j.Close()
+		})
+	}
+	wg.Wait()
+	conn := connect(t, dsn)
+	var versions string
+	if err := conn.QueryRow(t.Context(),
+		`SELECT string_agg(version::text, ',' ORDER BY version) FROM idem_operations_schema`).Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	if versions != "1" {
+		t.Errorf("schema versions = %q; want 1", versions)
+	}
+	if _, err := conn.Exec(t.Context(), `INSERT INTO idem_operations_schema (version) VALUES (99)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgjar.Open(t.Context(), dsn, nil); !errors.Is(err, pgjar.ErrVersion) {
+		t.Errorf("Open of a newer schema: err = %v; want ErrVersion", err)
+	}
+}
+
+func TestOpenBadDSN(t *testing.T) {
+	if _, err := pgjar.Open(t.Context(), "postgres://%zz", nil); err == nil {
+		t.Error("Open with a malformed DSN: no error")
+	}
+}
