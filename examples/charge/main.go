@@ -1,0 +1,224 @@
+// Command charge charges a list of orders against the reference server
+// (testserver/cmd/idemserver) and survives being killed at any moment: each
+// charge is the operation charge:<order>, whose Idempotency-Key is in the
+// jar file before the request leaves, and on start the program first
+// resumes, with the same keys, whatever a previous run left pending.
+//
+//	go run ./testserver/cmd/idemserver -addr 127.0.0.1:8080 &
+//	go run ./examples/charge -server http://127.0.0.1:8080 -jar charge.db -orders 5
+//	go run ./examples/charge -server http://127.0.0.1:8080 -jar charge.db -orders order-7,order-9
+//
+// Kill it with kill -9 while a charge is in flight and run it again: the
+// interrupted charge is sent again with its first key, the server replays
+// its answer, and the order is charged once.
+//
+// A run killed mid-charge leaves that charge leased in the jar for -lease
+// (one minute): a restart waits for the lease to end before it resumes it.
+//
+// The credential for the server, if it needs one, is read from the
+// environment variable CHARGE_TOKEN (sent as "Authorization: Bearer …") and
+// is never written to the jar. Exit status: 0 when every order is charged,
+// 1 when some could not be (they stay in the jar, pending, for the next
+// run), 2 for bad flags.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/retry"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv("CHARGE_TOKEN"), os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// charge is the answer of POST /v1/charges.
+type charge struct {
+	ID       string `json:"id"`
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+	OrderID  string `json:"order_id"`
+}
+
+type chargeRequest struct {
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+	OrderID  string `json:"order_id"`
+}
+
+const opPrefix = "charge:"
+
+func run(ctx context.Context, args []string, token string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("charge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	server := fs.String("server", "http://127.0.0.1:8080", "base URL of the payments server")
+	jarPath := fs.String("jar", "charge.db", "the key jar file")
+	orders := fs.String("orders", "3", "how many orders to charge (order-1 … order-N), or a comma-separated list of order ids")
+	amount := fs.Int64("amount", 1000, "amount of each charge, in the currency's minor unit")
+	currency := fs.String("currency", "usd", "currency of each charge")
+	lease := fs.Duration("lease", time.Minute, "how long a charge in flight is held against other processes; a charge interrupted by a crash can be resumed once its lease ends")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ids, err := orderIDs(*orders)
+	if err != nil || fs.NArg() > 0 || *amount <= 0 || *lease <= 0 {
+		fmt.Fprintln(stderr, "charge: -orders needs a positive count or a list of order ids, -amount and -lease positive values, and no other arguments")
+		return 2
+	}
+	url := strings.TrimSuffix(*server, "/") + "/v1/charges"
+
+	// A charge left in flight by a killed run is leased until its lease
+	// ends: each call's budget outlasts it, so that a restart waits for it
+	// rather than give up.
+	c, err := client.New(ctx, *jarPath, &client.Options{
+		Header: bearer(token),
+		Lease:  *lease,
+		Policy: retry.Policy{MaxElapsed: *lease + 30*time.Second},
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "charge:", err)
+		return 1
+	}
+	defer c.Close()
+
+	resumed, failed := resumePending(ctx, c, stdout)
+	for _, id := range ids {
+		op := opPrefix + id
+		if resumed[op] {
+			continue
+		}
+		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State != idem.StateAbandoned {
+			switch rec.State {
+			case idem.StateDone:
+				fmt.Fprintf(stdout, "%s: charged in an earlier run (key %s)\n", id, rec.Key)
+			default:
+				failed++
+				fmt.Fprintf(stdout, "%s: %s in an earlier run (key %s): %s\n", id, rec.State, rec.Key, rec.Note)
+			}
+			continue
+		}
+		fmt.Fprintf(stdout, "%s: charging %d %s\n", id, *amount, *currency)
+		var ch charge
+		resp, err := c.PostJSON(ctx, op, url, chargeRequest{Amount: *amount, Currency: *currency, OrderID: id}, &ch)
+		if !report(stdout, id, resp, ch, err) {
+			failed++
+		}
+	}
+	if failed > 0 {
+		fmt.Fprintf(stdout, "%d order(s) not charged yet; run again to resume them\n", failed)
+		return 1
+	}
+	return 0
+}
+
+// resumePending resends, with their keys, the charges a previous run left
+// pending, oldest first. It returns the operations it resumed and how
+// many of them are still not charged.
+func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (resumed map[string]bool, failed int) {
+	resumed = make(map[string]bool)
+	pending, err := c.Pending(ctx)
+	if err != nil {
+		fmt.Fprintln(stdout, "listing pending charges:", err)
+		return resumed, 1
+	}
+	for _, rec := range pending {
+		id, ok := strings.CutPrefix(rec.Op, opPrefix)
+		if !ok {
+			continue
+		}
+		resumed[rec.Op] = true
+		fmt.Fprintf(stdout, "%s: resuming (key %s, first sent %s, %d attempt(s) answered)\n",
+			id, rec.Key, rec.Created.UTC().Format(time.RFC3339), rec.Attempts)
+		resp, err := c.Resume(ctx, rec.Op)
+		var ch charge
+		if err == nil {
+			err = decode(resp, &ch)
+		}
+		if !report(stdout, id, resp, ch, err) {
+			failed++
+		}
+	}
+	return resumed, failed
+}
+
+func decode(resp *client.Response, ch *charge) error {
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(ch); err != nil {
+		return fmt.Errorf("decoding the charge: %w", err)
+	}
+	return nil
+}
+
+// report prints one order's outcome and reports whether it is charged.
+func report(w io.Writer, id string, resp *client.Response, ch charge, err error) bool {
+	var re *idem.ReconcileError
+	switch {
+	case errors.As(err, &re):
+		fmt.Fprintf(w, "%s: first sent more than %v ago; look the order up on the server (GET /v1/orders/%s), then abandon or forget %s with idemctl\n", id, re.Horizon, id, re.Op)
+		return false
+	case errors.Is(err, idem.ErrPending):
+		fmt.Fprintf(w, "%s: outcome unknown, still pending: %v\n", id, err)
+		return false
+	case err != nil:
+		fmt.Fprintf(w, "%s: failed: %v\n", id, err)
+		return false
+	}
+	how := "charged"
+	if resp.Replayed {
+		how = "charged (replayed: the server had already charged it)"
+	}
+	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, ch.ID, ch.Amount, ch.Currency, resp.Key)
+	return true
+}
+
+// orderIDs reads -orders: a count N (order-1 … order-N) or a list.
+func orderIDs(s string) ([]string, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n <= 0 || n > 1_000_000 {
+			return nil, fmt.Errorf("order count %d out of range", n)
+		}
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = "order-" + strconv.Itoa(i+1)
+		}
+		return ids, nil
+	}
+	var ids []string
+	for _, id := range strings.Split(s, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("no order ids")
+	}
+	return ids, nil
+}
+
+// bearer returns an Options.Header that sends token, or nil without one.
+func bearer(token string) func(*http.Request) error {
+	if token == "" {
+		return nil
+	}
+	return func(r *http.Request) error {
+		r.Header.Set("Authorization", "Bearer "+token)
+		return nil
+	}
+}

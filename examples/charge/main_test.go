@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/sqlitestore"
+)
+
+// bound is the longest the test waits for any one step: a step that takes
+// longer is a failure, not a slow pass.
+const bound = 60 * time.Second
+
+// sent is one charge request as the server received it.
+type sent struct {
+	run      int // 1 for the killed process, 2 for the restarted one
+	order    string
+	key      string
+	replayed bool
+}
+
+// The program is killed (SIGKILL) while a charge is in flight, after the
+// server charged and before it answered. Restarted with the same jar, it
+// sends that charge again with the same key, the server replays its
+// answer, and PayCo charged the order once.
+func TestKilledMidChargeResumesWithTheSameKey(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "charge")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	store, err := sqlitestore.Open(ctx, filepath.Join(dir, "server.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	payco, err := payments.NewPayCo(ctx, store.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := &testserver.Middleware{Store: store}
+
+	const victim = "order-2"
+	charged := make(chan struct{})  // the victim's charge is made at PayCo
+	release := make(chan struct{})  // the test killed the client: answer
+	answered := make(chan struct{}) // the victim's first request is over
+	var once sync.Once
+	app := &payments.App{PayCo: payco, Idempotency: mw, Faults: payments.Faults{
+		Charged: func(c payments.Charge) {
+			if c.OrderID != victim {
+				return
+			}
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(charged)
+				<-release
+			}
+		},
+	}}
+
+	var (
+		mu   sync.Mutex
+		run  = 1
+		log  []sent
+		held bool
+	)
+	api := app.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			api.ServeHTTP(w, r)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		var in struct {
+			OrderID string `json:"order_id"`
+		}
+		json.Unmarshal(b, &in)
+		rw := httptest.NewRecorder()
+		api.ServeHTTP(rw, r)
+		mu.Lock()
+		log = append(log, sent{run: run, order: in.OrderID, key: r.Header.Get(idem.KeyHeader),
+			replayed: rw.Header().Get("Idempotent-Replayed") == "true"})
+		first := in.OrderID == victim && !held
+		held = held || in.OrderID == victim
+		mu.Unlock()
+		for k, v := range rw.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rw.Code)
+		w.Write(rw.Body.Bytes())
+		if first {
+			close(answered)
+		}
+	}))
+	defer srv.Close()
+
+	jar := filepath.Join(dir, "charge.db")
+	// A short lease: the killed run's lease on order-2 ends soon after the kill.
+	args := []string{"-server", srv.URL, "-jar", jar, "-orders", "3", "-lease", "1s"}
+
+	// Run 1: killed while order-2's charge is in flight.
+	var out1 bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out1, &out1
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-charged:
+	case <-time.After(bound):
+		cmd.Process.Kill()
+		t.Fatalf("order-2 was never charged; output:\n%s", out1.String())
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	close(release)
+	select {
+	case <-answered:
+	case <-time.After(bound):
+		t.Fatal("the server never finished order-2's first request")
+	}
+	if strings.Contains(out1.String(), "order-2: charged") {
+		t.Fatalf("run 1 saw order-2's answer before it was killed:\n%s", out1.String())
+	}
+
+	// Run 2: the same program, the same jar.
+	mu.Lock()
+	run = 2
+	mu.Unlock()
+	out2, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("run 2: %v\n%s", err, out2)
+	}
+	if !strings.Contains(string(out2), "order-2: resuming") {
+		t.Fatalf("run 2 did not resume order-2:\n%s", out2)
+	}
+
+	t.Logf("run 1 (killed):\n%s\nrun 2:\n%s", out1.String(), out2)
+	mu.Lock()
+	defer mu.Unlock()
+	var firstKey string
+	var resent []sent
+	for _, s := range log {
+		switch {
+		case s.order == victim && s.run == 1:
+			firstKey = s.key
+		case s.order == victim && s.run == 2:
+			resent = append(resent, s)
+		}
+	}
+	if firstKey == "" || len(resent) == 0 {
+		t.Fatalf("requests %+v; want order-2 sent by both runs", log)
+	}
+	for _, s := range resent {
+		if s.key != firstKey {
+			t.Fatalf("the restarted process sent order-2 with key %q; want the first key %q", s.key, firstKey)
+		}
+	}
+	if !resent[len(resent)-1].replayed {
+		t.Fatalf("order-2's resend was not a replay: %+v", resent)
+	}
+
+	stats, err := payco.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []string{"order-1", "order-2", "order-3"} {
+		cs, err := payco.Order(ctx, o)
+		if err != nil || len(cs) != 1 || stats.PerOrder[o] != 1 {
+			t.Fatalf("%s: %d charges made, %d charge calls at PayCo (%v); want exactly 1 and 1\nrun 1:\n%s\nrun 2:\n%s", o, len(cs), stats.PerOrder[o], err, out1.String(), out2)
+		}
+	}
+	if stats.SettledDoubleCharged != 0 || stats.Settled != 3 {
+		t.Fatalf("PayCo stats %+v; want 3 charges, none double", stats)
+	}
+	if st := mw.Stats(); st.Claims != 3 || st.Replays != 1 {
+		t.Fatalf("middleware stats %+v; want 3 claims and 1 replay", st)
+	}
+}
+
+func TestOrderIDsAndBadFlags(t *testing.T) {
+	if ids, err := orderIDs("3"); err != nil || strings.Join(ids, ",") != "order-1,order-2,order-3" {
+		t.Fatalf("orderIDs(3) = %q, %v", ids, err)
+	}
+	if ids, err := orderIDs(" a, b ,,c"); err != nil || strings.Join(ids, ",") != "a,b,c" {
+		t.Fatalf("orderIDs(list) = %q, %v", ids, err)
+	}
+	for _, args := range [][]string{{"-orders", "0"}, {"-orders", ","}, {"-amount", "-5"}, {"extra"}, {"-nope"}} {
+		var out bytes.Buffer
+		if code := run(context.Background(), args, "", &out, &out); code != 2 {
+			t.Errorf("run(%q) = %d; want 2 (bad flags)", args, code)
+		}
+	}
+}
