@@ -1,0 +1,44 @@
+package pgjar_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar/pgjar"
+)
+
+// Workers that share a database share their operations: whichever begins
+// "charge:order-42" first creates its key, and every other worker gets that
+// same key back. The lease lets one of them send it at a time.
+func ExampleOpen() {
+	ctx := context.Background()
+	jar, err := pgjar.Open(ctx, "postgres://worker@db.internal:5432/app?sslmode=verify-full", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer jar.Close()
+
+	now := time.Now()
+	rec, created, err := jar.Begin(ctx, idem.Record{
+		Op: "charge:order-42", Key: "0b6f6f8e-4f4b-4d0e-9a63-2f7d1c1f4f2a", State: idem.StatePending,
+		Method: http.MethodPost, URL: "https://payco.example/charges", Created: now, Updated: now,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(rec.Key, created)
+
+	if _, err := jar.Acquire(ctx, rec.Op, "worker-7", now, time.Minute); err != nil {
+		log.Fatal(err) // idem.ErrLeased: another worker is sending it
+	}
+	// … send the request with Idempotency-Key: rec.Key, then record the outcome:
+	if _, err := jar.Update(ctx, rec.Op, "worker-7", idem.Change{
+		Now: time.Now(), State: idem.StateDone, Attempts: 1, LastStatus: 201, Release: true,
+	}); err != nil {
+		log.Fatal(err) // idem.ErrLeaseLost: the lease expired and another worker took over
+	}
+}
