@@ -6,7 +6,9 @@
 // operating system chose, with its unix socket in the same directory. Stop
 // shuts it down immediately (as pg_ctl stop -m immediate) and removes the
 // directory. The server keeps fsync and synchronous_commit on, so
-// benchmarks measure realistic durability.
+// benchmarks measure realistic durability; tests keep them on too, since
+// a test's cost is its database's creation (tens of milliseconds), not its
+// commits.
 //
 // Tests use one cluster per test binary: TestMain calls Main, and each test
 // calls DB for a fresh database of its own. When the binaries are absent,
