@@ -1,0 +1,375 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+)
+
+func flagString(fs *flag.FlagSet, name string) string { return fs.Lookup(name).Value.String() }
+
+func oneArg(name string, args []string) (string, error) {
+	if len(args) != 1 {
+		return "", usagef("%s needs exactly one operation name, got %d arguments", name, len(args))
+	}
+	return args[0], nil
+}
+
+func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	if len(args) > 0 {
+		return usagef("list takes no arguments, got %q", args)
+	}
+	st := idem.State(flagString(fs, "status"))
+	if st != "" && !st.Valid() {
+		return usagef("unknown --status %q: pending, done, failed, reconcile or abandoned", st)
+	}
+	recs, err := s.jar.List(ctx, idem.Filter{State: st})
+	if err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		fmt.Fprintln(s.stdout, "no operations")
+		return nil
+	}
+	tw := tabwriter.NewWriter(s.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tFIRST SENT\tLAST\tNEXT ATTEMPT\tNOTE")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), r.State, r.Attempts,
+			stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
+	}
+	return tw.Flush()
+}
+
+func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	op, err := oneArg("show", args)
+	if err != nil {
+		return err
+	}
+	r, err := s.jar.Get(ctx, op)
+	if errors.Is(err, idem.ErrNotFound) {
+		return fmt.Errorf("no operation %q in %s", op, s.path)
+	}
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(s.stdout, 0, 4, 1, ' ', 0)
+	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
+	field("op", cell(r.Op, 0))
+	field("key", r.Key)
+	field("state", string(r.State))
+	field("request", r.Method+" "+r.URL)
+	for _, name := range sortedKeys(r.Header) {
+		for _, v := range r.Header[name] {
+			field("header", cell(name+": "+v, 0))
+		}
+	}
+	switch {
+	case r.BodySize == 0:
+		field("body", "none")
+	case !r.BodyStored():
+		field("body", fmt.Sprintf("%d bytes, not stored: resume needs it again", r.BodySize))
+	case utf8.Valid(r.Body):
+		field("body", fmt.Sprintf("%d bytes: %s", r.BodySize, cell(string(r.Body), 2000)))
+	default:
+		field("body", fmt.Sprintf("%d bytes, binary", r.BodySize))
+	}
+	field("fingerprint", r.Fingerprint)
+	field("first sent", stamp(r.Created))
+	field("updated", stamp(r.Updated))
+	field("attempts", strconv.Itoa(r.Attempts))
+	field("last", cell(last(r), 0))
+	field("next attempt", stamp(r.NextAttempt))
+	field("note", cell(r.Note, 0))
+	lease := "free"
+	if r.Holder != "" {
+		lease = fmt.Sprintf("held by %s until %s", r.Holder, stamp(r.LeaseUntil))
+	}
+	field("lease", lease)
+	return tw.Flush()
+}
+
+// headerFlag is the repeatable --header 'Name: value'.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t") {
+		return fmt.Errorf("header %q: want 'Name: value'", oneLine(v))
+	}
+	if f.h == nil {
+		f.h = make(http.Header)
+	}
+	f.h.Add(textproto.CanonicalMIMEHeaderKey(name), strings.TrimSpace(value))
+	return nil
+}
+
+func resumeFlags(fs *flag.FlagSet) {
+	fs.Bool("all", false, "resume every pending operation, oldest first")
+	fs.Var(&headerFlag{}, "header", "a header to send, 'Name: value' (repeatable); also $IDEM_HEADER, one per line")
+}
+
+func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	all := flagString(fs, "all") == "true"
+	if all == (len(args) > 0) || len(args) > 1 {
+		return usagef("resume needs one operation name or --all")
+	}
+	hf := fs.Lookup("header").Value.(*headerFlag)
+	for _, line := range strings.Split(os.Getenv("IDEM_HEADER"), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		if err := hf.Set(line); err != nil {
+			return usagef("IDEM_HEADER: %v", err)
+		}
+	}
+	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Header: func(r *http.Request) error {
+		for name, vs := range hf.h {
+			r.Header[name] = append([]string(nil), vs...)
+		}
+		return nil
+	}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ops := args
+	if all {
+		pending, err := c.Pending(ctx)
+		if err != nil {
+			return err
+		}
+		for _, r := range pending {
+			ops = append(ops, r.Op)
+		}
+		if len(ops) == 0 {
+			fmt.Fprintln(s.stdout, "nothing pending")
+			return nil
+		}
+	}
+	failed := 0
+	for _, op := range ops {
+		resp, err := c.Resume(ctx, op)
+		if err != nil {
+			failed++
+			fmt.Fprintf(s.stderr, "idemctl: %s: %s\n", cell(op, 0), oneLine(s.describe(err).Error()))
+			continue
+		}
+		resp.Body.Close()
+		replayed := ""
+		if resp.Replayed {
+			replayed = " (replayed)"
+		}
+		fmt.Fprintf(s.stdout, "%s: %s%s, key %s\n", cell(op, 0), resp.Status, replayed, resp.Key)
+	}
+	if failed > 0 {
+		return errFailed
+	}
+	return nil
+}
+
+func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	op, err := oneArg("abandon", args)
+	if err != nil {
+		return err
+	}
+	reason := flagString(fs, "reason")
+	if strings.TrimSpace(reason) == "" {
+		return usagef("abandon needs --reason: how you established that %q did not happen and is not running", op)
+	}
+	c, err := client.New(ctx, "", &client.Options{Jar: s.jar})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Abandon(ctx, op, reason); err != nil {
+		return err
+	}
+	fmt.Fprintf(s.stdout, "%s: abandoned; a new call with this name gets a new key\n", cell(op, 0))
+	return nil
+}
+
+func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	op, err := oneArg("forget", args)
+	if err != nil {
+		return err
+	}
+	c, err := client.New(ctx, "", &client.Options{Jar: s.jar})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Forget(ctx, op); err != nil {
+		return err
+	}
+	fmt.Fprintf(s.stdout, "%s: forgotten\n", cell(op, 0))
+	return nil
+}
+
+func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	if len(args) > 0 {
+		return usagef("prune takes no arguments, got %q", args)
+	}
+	v := flagString(fs, "older-than")
+	age, err := parseAge(v)
+	if err != nil {
+		return err
+	}
+	n, err := s.jar.Prune(ctx, time.Now().Add(-age), 0)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(s.stdout, "pruned %d operation(s) done, failed or abandoned and not updated for %s\n", n, v)
+	return nil
+}
+
+// parseAge reads --older-than: a Go duration (720h) or a number of days (30d).
+func parseAge(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, usagef("prune needs --older-than, such as 720h or 30d")
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n > 100_000 {
+			return 0, usagef("--older-than %q: want a duration such as 720h or 30d", v)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			return 0, usagef("--older-than %q: want a duration such as 720h or 30d", v)
+		}
+	}
+	if d <= 0 {
+		return 0, usagef("--older-than %q: want a positive age", v)
+	}
+	return d, nil
+}
+
+// exported is one operation in export's JSON.
+type exported struct {
+	Op          string      `json:"op"`
+	Key         string      `json:"key"`
+	State       idem.State  `json:"state"`
+	Fingerprint string      `json:"fingerprint"`
+	Method      string      `json:"method"`
+	URL         string      `json:"url"`
+	Header      http.Header `json:"header,omitempty"`
+	Body        *string     `json:"body,omitempty"`        // the stored body, when it is UTF-8
+	BodyBase64  []byte      `json:"body_base64,omitempty"` // the stored body, when it is not
+	BodySize    int64       `json:"body_size"`
+	BodyStored  bool        `json:"body_stored"`
+	Created     time.Time   `json:"created"`
+	Updated     time.Time   `json:"updated"`
+	Attempts    int         `json:"attempts"`
+	LastStatus  int         `json:"last_status,omitempty"`
+	LastError   string      `json:"last_error,omitempty"`
+	NextAttempt *time.Time  `json:"next_attempt,omitempty"`
+	Note        string      `json:"note,omitempty"`
+	Holder      string      `json:"holder,omitempty"`
+	LeaseUntil  *time.Time  `json:"lease_until,omitempty"`
+}
+
+func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	if len(args) > 0 {
+		return usagef("export takes no arguments, got %q", args)
+	}
+	if flagString(fs, "json") != "true" {
+		return usagef("export writes JSON only (--json)")
+	}
+	recs, err := s.jar.List(ctx, idem.Filter{})
+	if err != nil {
+		return err
+	}
+	out := make([]exported, 0, len(recs))
+	for _, r := range recs {
+		e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: r.URL,
+			Header: r.Header, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
+			Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, Note: r.Note, Holder: r.Holder,
+			NextAttempt: optTime(r.NextAttempt), LeaseUntil: optTime(r.LeaseUntil)}
+		if len(r.Header) == 0 {
+			e.Header = nil
+		}
+		if r.BodyStored() && r.BodySize > 0 {
+			if utf8.Valid(r.Body) {
+				b := string(r.Body)
+				e.Body = &b
+			} else {
+				e.BodyBase64 = r.Body
+			}
+		}
+		out = append(out, e)
+	}
+	enc := json.NewEncoder(s.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// last is the outcome of an operation's last attempt, in a few words.
+func last(r idem.Record) string {
+	switch {
+	case r.LastError != "" && r.LastStatus != 0:
+		return strconv.Itoa(r.LastStatus) + ": " + r.LastError
+	case r.LastError != "":
+		return r.LastError
+	case r.LastStatus != 0:
+		return strconv.Itoa(r.LastStatus) + " " + http.StatusText(r.LastStatus)
+	}
+	return "-"
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// cell makes s safe to print on one line of a table: control characters
+// are escaped, and it is cut at n runes (0: no limit).
+func cell(s string, n int) string {
+	if s == "" {
+		return "-"
+	}
+	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0 {
+		s = strings.Trim(strconv.QuoteToGraphic(s), `"`)
+	}
+	if n > 0 && utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:n]) + "…"
+	}
+	return s
+}
+
+func sortedKeys(h http.Header) []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

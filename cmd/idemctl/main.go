@@ -1,0 +1,277 @@
+// Command idemctl inspects and operates a key jar: the operations a program
+// sent through idem, their keys and what became of them.
+//
+//	idemctl --jar keys.db list [--status pending]
+//	idemctl --jar keys.db show charge:order-42
+//	idemctl --jar keys.db resume charge:order-42 --header 'Authorization: Bearer sk_…'
+//	idemctl --jar keys.db resume --all
+//	idemctl --jar keys.db abandon charge:order-42 --reason 'no charge in the ledger'
+//	idemctl --jar keys.db forget charge:order-42
+//	idemctl --jar keys.db prune --older-than 720h
+//	idemctl --jar keys.db export --json
+//
+// The jar is named by --jar (before or after the command) or by the
+// environment variable IDEM_JAR. It must exist: idemctl never creates one.
+//
+// resume sends a pending operation again from the request stored in the jar,
+// with the same Idempotency-Key. The jar never holds credentials: give them
+// with --header 'Name: value' (repeatable), or, to keep them out of the
+// process list, in the environment variable IDEM_HEADER (one "Name: value"
+// per line).
+//
+// forget refuses a pending operation: its outcome is unknown, so its key
+// must be kept. Reconcile first (ask the server what happened), then
+// abandon it (it did not happen: a new call gets a new key) or resume it.
+//
+// Exit status: 0 on success, 1 when the jar cannot be used (missing,
+// locked, corrupt) or an operation fails, 2 for a usage error. Every error
+// is one line on stderr.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/keyjar"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs idemctl with args (without the program name) and returns its
+// exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+const usage = `usage: idemctl [--jar PATH] COMMAND [ARGS]
+
+commands:
+  list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned)
+  show OP                                one operation in full
+  resume (OP | --all) [--header 'N: V']  send pending operations again with their keys
+  abandon OP --reason R                  record that OP did not happen and is not running
+  forget OP                              delete OP once its outcome is known
+  prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)
+  export --json                          every operation as a JSON array
+
+flags of every command:
+  --jar PATH          the jar file (default: $IDEM_JAR)
+  --lock-timeout D    how long to wait for a jar locked by another process (default 2s)
+`
+
+// usageError is a mistake in the command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
+
+// errFailed reports that a command printed its own errors: exit status 1.
+var errFailed = errors.New("some operations failed")
+
+// session is what a command works with.
+type session struct {
+	jar         client.Jar
+	path        string
+	lockTimeout time.Duration
+	stdout      io.Writer
+	stderr      io.Writer
+}
+
+type command struct {
+	run func(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error
+	// flags declares the command's own flags on the command's flag set.
+	flags func(fs *flag.FlagSet)
+}
+
+// lookup returns the command called name.
+func lookup(name string) (command, bool) {
+	switch name {
+	case "list":
+		return command{run: list, flags: func(set *flag.FlagSet) { set.String("status", "", "only operations in this state") }}, true
+	case "show":
+		return command{run: show}, true
+	case "resume":
+		return command{run: resume, flags: resumeFlags}, true
+	case "abandon":
+		return command{run: abandon, flags: func(set *flag.FlagSet) { set.String("reason", "", "how you established that it did not happen") }}, true
+	case "forget":
+		return command{run: forget}, true
+	case "prune":
+		return command{run: prune, flags: func(set *flag.FlagSet) { set.String("older-than", "", "age of the last update, such as 720h or 30d") }}, true
+	case "export":
+		return command{run: export, flags: func(set *flag.FlagSet) { set.Bool("json", true, "JSON (the only format)") }}, true
+	}
+	return command{}, false
+}
+
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(stderr, "idemctl: internal error: %s\n", oneLine(fmt.Sprint(r)))
+			code = 1
+		}
+	}()
+	err := dispatch(ctx, args, stdout, stderr)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, usage)
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "idemctl: %s (idemctl help for usage)\n", oneLine(ue.msg))
+		return 2
+	case errors.Is(err, errFailed):
+		return 1
+	}
+	fmt.Fprintf(stderr, "idemctl: %s\n", oneLine(err.Error()))
+	return 1
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	global := flag.NewFlagSet("idemctl", flag.ContinueOnError)
+	global.SetOutput(io.Discard)
+	jarPath := global.String("jar", os.Getenv("IDEM_JAR"), "")
+	lockTimeout := global.Duration("lock-timeout", 2*time.Second, "")
+	if err := global.Parse(args); err != nil {
+		return flagError(err)
+	}
+	args = global.Args()
+	if len(args) == 0 {
+		return usagef("no command")
+	}
+	name, args := args[0], args[1:]
+	if name == "help" || name == "-h" || name == "--help" {
+		return flag.ErrHelp
+	}
+	cmd, ok := lookup(name)
+	if !ok {
+		return usagef("unknown command %q", name)
+	}
+	set := flag.NewFlagSet(name, flag.ContinueOnError)
+	set.SetOutput(io.Discard)
+	set.StringVar(jarPath, "jar", *jarPath, "")
+	set.DurationVar(lockTimeout, "lock-timeout", *lockTimeout, "")
+	if cmd.flags != nil {
+		cmd.flags(set)
+	}
+	pos, err := parseInterspersed(set, args)
+	if err != nil {
+		return flagError(err)
+	}
+	if *jarPath == "" {
+		return usagef("no jar: give --jar PATH or set IDEM_JAR")
+	}
+	if *lockTimeout <= 0 {
+		return usagef("--lock-timeout must be positive")
+	}
+	jar, closeJar, err := openJar(ctx, *jarPath, *lockTimeout)
+	if err != nil {
+		return err
+	}
+	defer closeJar()
+	s := &session{jar: jar, path: *jarPath, lockTimeout: *lockTimeout, stdout: stdout, stderr: stderr}
+	return s.describe(cmd.run(ctx, s, set, pos))
+}
+
+// parseInterspersed parses set's flags wherever they are among args, as in
+// "abandon OP --reason R", and returns the other arguments. Every argument
+// after "--" is positional.
+func parseInterspersed(set *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, rest = args[:i], args[i+1:]
+	}
+	var pos []string
+	for len(args) > 0 { // each round consumes at least one argument
+		if err := set.Parse(args); err != nil {
+			return nil, err
+		}
+		args = set.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	return append(pos, rest...), nil
+}
+
+func flagError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usagef("%v", err)
+}
+
+// openJar opens the jar that spec names, choosing its kind by spec's form.
+// Today that is a SQLite key jar file, which must exist; this is where a
+// PostgreSQL URL (postgres://…) will open a PostgreSQL jar.
+func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
+	if strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://") {
+		return nil, nil, errors.New("PostgreSQL jars are not supported by this idemctl yet; give the path of a jar file")
+	}
+	fi, err := os.Stat(spec)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil, fmt.Errorf("%s: no such jar file", spec)
+	case errors.Is(err, fs.ErrPermission):
+		return nil, nil, fmt.Errorf("%s: permission denied", spec)
+	case err != nil:
+		return nil, nil, fmt.Errorf("%s: %v", spec, err)
+	case fi.IsDir():
+		return nil, nil, fmt.Errorf("%s is a directory, not a jar file", spec)
+	}
+	j, err := keyjar.Open(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout})
+	if err != nil {
+		return nil, nil, explain(spec, lockTimeout, err)
+	}
+	return j, j.Close, nil
+}
+
+// explain turns a jar error into a sentence for the operator.
+func explain(path string, lockTimeout time.Duration, err error) error {
+	switch {
+	case errors.Is(err, keyjar.ErrCorrupt):
+		return fmt.Errorf("%s is not a key jar or is corrupt", path)
+	case errors.Is(err, keyjar.ErrLocked):
+		return fmt.Errorf("%s is locked by another process (waited %v); try again later or raise --lock-timeout", path, lockTimeout)
+	case errors.Is(err, keyjar.ErrVersion):
+		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("%s: permission denied", path)
+	}
+	return err
+}
+
+// describe makes a command's error clear: the jar's failures as in
+// explain, an unknown operation by name.
+func (s *session) describe(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ue *usageError
+	if errors.As(err, &ue) || errors.Is(err, errFailed) {
+		return err
+	}
+	return explain(s.path, s.lockTimeout, err)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

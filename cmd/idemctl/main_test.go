@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/retry"
+	"github.com/idemkit/idem/testserver"
+)
+
+const secret = "Bearer sk_test_idemctl_SECRET"
+
+// server is a payments stand-in behind the idempotency middleware that
+// records the credential and key of each request.
+type server struct {
+	*httptest.Server
+	mu    sync.Mutex
+	auths []string
+	keys  []string
+}
+
+func newServer(t *testing.T) *server {
+	s := &server{}
+	mw := &testserver.Middleware{Store: &testserver.MemoryStore{}}
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.auths = append(s.auths, r.Header.Get("Authorization"))
+		s.keys = append(s.keys, r.Header.Get(idem.KeyHeader))
+		s.mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// seed creates a jar file holding two pending operations (charge:p1 and
+// charge:p2, sent once to srv while it was unreachable, with the secret
+// credential) and one operation in each other state, last updated two days
+// ago.
+func seed(t *testing.T, srv *server) string {
+	t.Helper()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(ctx, path, &client.Options{Base: refused, Policy: retry.Policy{MaxAttempts: 1},
+		Header: func(r *http.Request) error { r.Header.Set("Authorization", secret); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"charge:p1", "charge:p2"} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"order_id":"`+op+`","amount":100}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Api-Key", secret)
+		if _, err := c.Do(ctx, op, req); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("seeding %s: %v; want pending", op, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateReconcile, idem.StateAbandoned} {
+		r := idem.Record{Op: "charge:" + string(st), Key: "key-" + string(st), Fingerprint: "fp", State: st,
+			Method: "POST", URL: srv.URL + "/v1/charges", Created: old, Updated: old, Attempts: 1, LastStatus: 201}
+		if _, _, err := j.Begin(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// idemctl runs the command and returns its exit status, stdout and stderr.
+func idemctl(args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// wantError checks a failure: the exit status and one line on stderr that
+// says want, and no stack trace.
+func wantError(t *testing.T, code int, stderr string, wantCode int, want string) {
+	t.Helper()
+	if code != wantCode || !strings.Contains(stderr, want) || strings.Count(stderr, "\n") != 1 ||
+		strings.Contains(stderr, "goroutine") || strings.Contains(stderr, "panic") {
+		t.Fatalf("exit %d, stderr %q; want exit %d and one line saying %q", code, stderr, wantCode, want)
+	}
+}
+
+func jarState(t *testing.T, path, op string) (idem.Record, error) {
+	t.Helper()
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	return j.Get(context.Background(), op)
+}
+
+func TestList(t *testing.T) {
+	path := seed(t, newServer(t))
+	code, out, errOut := idemctl("--jar", path, "list")
+	if code != 0 || errOut != "" {
+		t.Fatalf("list: exit %d, %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 7 || !strings.HasPrefix(lines[0], "OP") {
+		t.Fatalf("list printed %d lines; want a header and 6 operations:\n%s", len(lines), out)
+	}
+	// Oldest first: the four seeded two days ago, then the two pending ones.
+	if !strings.HasPrefix(lines[5], "charge:p1") || !strings.Contains(lines[5], "pending") || !strings.Contains(lines[5], "connection refused") {
+		t.Fatalf("line %q; want charge:p1, pending, with its last error", lines[5])
+	}
+
+	code, out, _ = idemctl("list", "--status", "pending", "--jar", path)
+	if code != 0 || strings.Count(out, "\n") != 3 || !strings.Contains(out, "charge:p2") || strings.Contains(out, "charge:done") {
+		t.Fatalf("list --status pending: exit %d:\n%s\nwant the header and the 2 pending operations", code, out)
+	}
+	code, _, errOut = idemctl("--jar", path, "list", "--status", "bogus")
+	wantError(t, code, errOut, 2, `unknown --status "bogus"`)
+}
+
+func TestShow(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	rec, _ := jarState(t, path, "charge:p1")
+	code, out, errOut := idemctl("--jar", path, "show", "charge:p1")
+	if code != 0 || errOut != "" {
+		t.Fatalf("show: exit %d, %s", code, errOut)
+	}
+	for _, want := range []string{"key:", rec.Key, "state:", "pending", "POST " + srv.URL + "/v1/charges",
+		"Content-Type: application/json", `{"order_id":"charge:p1","amount":100}`, "connection refused", "lease:", "free"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("show output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, secret) || strings.Contains(out, "X-Api-Key") {
+		t.Fatalf("show printed a credential:\n%s", out)
+	}
+	code, _, errOut = idemctl("--jar", path, "show", "charge:nope")
+	wantError(t, code, errOut, 1, `no operation "charge:nope"`)
+	code, _, errOut = idemctl("--jar", path, "show")
+	wantError(t, code, errOut, 2, "exactly one operation")
+}
+
+func TestResume(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	rec, _ := jarState(t, path, "charge:p1")
+
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret)
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+rec.Key) {
+		t.Fatalf("resume: exit %d, %q, %q; want 201 with the stored key", code, out, errOut)
+	}
+	if len(srv.keys) != 1 || srv.keys[0] != rec.Key || srv.auths[0] != secret {
+		t.Fatalf("server got keys %q with Authorization %q; want the stored key with the --header credential", srv.keys, srv.auths)
+	}
+	if r, _ := jarState(t, path, "charge:p1"); r.State != idem.StateDone {
+		t.Fatalf("after resume: %s; want done", r.State)
+	}
+
+	// The credential from the environment; --all resumes what is left.
+	t.Setenv("IDEM_HEADER", "Authorization: "+secret+"\nX-Trace: 1\n")
+	code, out, errOut = idemctl("--jar", path, "resume", "--all")
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "charge:p2: 201 Created") || srv.auths[1] != secret {
+		t.Fatalf("resume --all: exit %d, %q, %q, auth %q; want charge:p2 sent with the credential", code, out, errOut, srv.auths)
+	}
+	code, out, _ = idemctl("--jar", path, "resume", "--all")
+	if code != 0 || out != "nothing pending\n" {
+		t.Fatalf("resume --all with nothing pending: exit %d, %q", code, out)
+	}
+
+	code, _, errOut = idemctl("--jar", path, "resume", "charge:done")
+	wantError(t, code, errOut, 1, "charge:done")
+	for _, args := range [][]string{{"resume"}, {"resume", "charge:p1", "--all"}, {"resume", "a", "b"}, {"resume", "a", "--header", "no colon"}} {
+		code, _, errOut = idemctl(append([]string{"--jar", path}, args...)...)
+		wantError(t, code, errOut, 2, "")
+	}
+	t.Setenv("IDEM_HEADER", "garbage")
+	code, _, errOut = idemctl("--jar", path, "resume", "--all")
+	wantError(t, code, errOut, 2, "IDEM_HEADER")
+	if len(srv.keys) != 2 {
+		t.Fatalf("server got %d requests; want 2", len(srv.keys))
+	}
+}
+
+func TestAbandon(t *testing.T) {
+	path := seed(t, newServer(t))
+	code, _, errOut := idemctl("--jar", path, "abandon", "charge:reconcile")
+	wantError(t, code, errOut, 2, "--reason")
+	code, out, errOut := idemctl("--jar", path, "abandon", "charge:reconcile", "--reason", "ledger shows no charge")
+	if code != 0 || !strings.Contains(out, "abandoned") {
+		t.Fatalf("abandon: exit %d, %q, %q", code, out, errOut)
+	}
+	if r, _ := jarState(t, path, "charge:reconcile"); r.State != idem.StateAbandoned || r.Note != "ledger shows no charge" {
+		t.Fatalf("after abandon: %s %q; want abandoned with the reason", r.State, r.Note)
+	}
+	code, _, errOut = idemctl("--jar", path, "abandon", "charge:done", "--reason", "x")
+	wantError(t, code, errOut, 1, "known")
+	code, _, errOut = idemctl("--jar", path, "abandon", "charge:nope", "--reason", "x")
+	wantError(t, code, errOut, 1, "not found")
+}
+
+func TestForget(t *testing.T) {
+	path := seed(t, newServer(t))
+	code, _, errOut := idemctl("--jar", path, "forget", "charge:p1")
+	wantError(t, code, errOut, 1, "pending")
+	if _, err := jarState(t, path, "charge:p1"); err != nil {
+		t.Fatalf("a refused forget deleted the operation: %v", err)
+	}
+	code, out, _ := idemctl("--jar", path, "forget", "charge:done")
+	if code != 0 || out != "charge:done: forgotten\n" {
+		t.Fatalf("forget: exit %d, %q", code, out)
+	}
+	if _, err := jarState(t, path, "charge:done"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("after forget: %v; want not found", err)
+	}
+}
+
+func TestPrune(t *testing.T) {
+	path := seed(t, newServer(t))
+	for _, bad := range []string{"", "soon", "-5h", "0s", "xd"} {
+		code, _, errOut := idemctl("--jar", path, "prune", "--older-than", bad)
+		wantError(t, code, errOut, 2, "--older-than")
+	}
+	code, out, _ := idemctl("--jar", path, "prune", "--older-than", "3d")
+	if code != 0 || !strings.HasPrefix(out, "pruned 0 ") {
+		t.Fatalf("prune 3d: exit %d, %q; want nothing pruned", code, out)
+	}
+	code, out, _ = idemctl("--jar", path, "prune", "--older-than", "24h")
+	if code != 0 || !strings.HasPrefix(out, "pruned 3 ") {
+		t.Fatalf("prune 24h: exit %d, %q; want done, failed and abandoned pruned", code, out)
+	}
+	_, out, _ = idemctl("--jar", path, "list")
+	for _, op := range []string{"charge:p1", "charge:p2", "charge:reconcile"} {
+		if !strings.Contains(out, op) {
+			t.Fatalf("prune removed %s:\n%s", op, out)
+		}
+	}
+}
+
+func TestExportJSON(t *testing.T) {
+	path := seed(t, newServer(t))
+	code, out, errOut := idemctl("--jar", path, "export", "--json")
+	if code != 0 {
+		t.Fatalf("export: exit %d, %s", code, errOut)
+	}
+	var recs []exported
+	if err := json.Unmarshal([]byte(out), &recs); err != nil {
+		t.Fatalf("export is not JSON: %v\n%s", err, out)
+	}
+	if len(recs) != 6 || recs[4].Op != "charge:p1" || recs[4].State != idem.StatePending || recs[4].Body == nil ||
+		*recs[4].Body != `{"order_id":"charge:p1","amount":100}` || recs[4].Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("export: %+v; want 6 records, charge:p1 pending with its body and headers", recs)
+	}
+	if strings.Contains(out, secret) {
+		t.Fatal("export printed a credential")
+	}
+	code, _, errOut = idemctl("--jar", path, "export", "--json=false")
+	wantError(t, code, errOut, 2, "JSON only")
+}
+
+// lockJar holds a lock on the jar file through another connection, as
+// another process would. exclusive also shuts out readers.
+func lockJar(t *testing.T, path string, exclusive bool) {
+	t.Helper()
+	params := "?_txlock=exclusive"
+	if exclusive {
+		params += "&_pragma=locking_mode(EXCLUSIVE)"
+	}
+	db, err := sql.Open("sqlite", "file:"+path+params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("CREATE TABLE lock_probe (x)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(); db.Close() })
+}
+
+func TestJarErrors(t *testing.T) {
+	dir := t.TempDir()
+	corrupt := filepath.Join(dir, "corrupt.db")
+	if err := os.WriteFile(corrupt, bytes.Repeat([]byte("not a jar "), 500), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := idemctl("--jar", filepath.Join(dir, "missing.db"), "list")
+	wantError(t, code, errOut, 1, "no such jar file")
+	if _, err := os.Stat(filepath.Join(dir, "missing.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("idemctl created the missing jar: %v", err)
+	}
+	code, _, errOut = idemctl("--jar", corrupt, "list")
+	wantError(t, code, errOut, 1, "not a key jar or is corrupt")
+	code, _, errOut = idemctl("--jar", dir, "show", "x")
+	wantError(t, code, errOut, 1, "is a directory")
+	code, _, errOut = idemctl("--jar", "postgres://localhost/jars", "list")
+	wantError(t, code, errOut, 1, "PostgreSQL")
+	t.Setenv("IDEM_JAR", "")
+	code, _, errOut = idemctl("list")
+	wantError(t, code, errOut, 2, "--jar")
+	code, _, errOut = idemctl("--jar", corrupt)
+	wantError(t, code, errOut, 2, "no command")
+	code, _, errOut = idemctl("--jar", corrupt, "frob")
+	wantError(t, code, errOut, 2, "unknown command")
+	code, out, _ := idemctl("help")
+	if code != 0 || !strings.Contains(out, "usage: idemctl") {
+		t.Fatalf("help: exit %d, %q", code, out)
+	}
+}
+
+func TestLockedJar(t *testing.T) {
+	srv := newServer(t)
+	t.Run("exclusive lock: nothing can be read", func(t *testing.T) {
+		path := seed(t, srv)
+		lockJar(t, path, true)
+		code, _, errOut := idemctl("--jar", path, "--lock-timeout", "50ms", "list")
+		wantError(t, code, errOut, 1, "is locked by another process")
+	})
+	t.Run("write lock held by another process", func(t *testing.T) {
+		path := seed(t, srv)
+		lockJar(t, path, false)
+		for _, args := range [][]string{{"show", "charge:p1"}, {"abandon", "charge:p1", "--reason", "x"}} {
+			code, _, errOut := idemctl(append([]string{"--jar", path, "--lock-timeout", "50ms"}, args...)...)
+			wantError(t, code, errOut, 1, "is locked by another process")
+		}
+	})
+}
+
+func TestJarFromEnvironment(t *testing.T) {
+	path := seed(t, newServer(t))
+	t.Setenv("IDEM_JAR", path)
+	if code, out, errOut := idemctl("show", "charge:p2"); code != 0 || !strings.Contains(out, "charge:p2") {
+		t.Fatalf("IDEM_JAR: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// The built program: errors are one line and exit status 1, never a stack trace.
+func TestBinary(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemctl")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	path := seed(t, newServer(t))
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "--jar", path, "list", "--status", "pending")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "charge:p1") {
+		t.Fatalf("list: %v, %q, %q", err, stdout.String(), stderr.String())
+	}
+	corrupt := filepath.Join(t.TempDir(), "bad.db")
+	os.WriteFile(corrupt, []byte("SQLite format 3\x00 but not really"), 0o600)
+	for _, p := range []string{corrupt, filepath.Join(t.TempDir(), "missing.db")} {
+		stderr.Reset()
+		cmd = exec.Command(bin, "--jar", p, "list")
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("%s: %v; want exit status 1", p, err)
+		}
+		wantError(t, ee.ExitCode(), stderr.String(), 1, "idemctl: "+p)
+	}
+}
