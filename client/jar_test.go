@@ -1,0 +1,15 @@
+package client_test
+
+import (
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/keyjar/pgjar"
+)
+
+// The jars the Client documents as usable.
+var (
+	_ client.Jar = (*idem.MemoryJar)(nil)
+	_ client.Jar = (*keyjar.Jar)(nil)
+	_ client.Jar = (*pgjar.Jar)(nil)
+)
