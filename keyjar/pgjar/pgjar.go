@@ -292,8 +292,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
 	}
+	var rec idem.Record
 	for range raceAttempts {
-		rec, err := j.queryRecord(ctx, `UPDATE idem_operations SET holder = $2, lease_until = $4
+		rec, err = j.queryRecord(ctx, `UPDATE idem_operations SET holder = $2, lease_until = $4
 			WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)
 			RETURNING `+columns, op, holder, *at, until)
 		if err == nil {
@@ -314,7 +315,10 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 		}
 		// Released between the two statements: try again.
 	}
-	return idem.Record{}, fmt.Errorf("pgjar: acquire %q: the record changed under %d attempts", op, raceAttempts)
+	// Every UPDATE found the lease held by another, and every read found it
+	// released since: the lease is busy, and ErrLeased is true of the last
+	// UPDATE's moment.
+	return rec, fmt.Errorf("pgjar: acquire %q: %w", op, idem.ErrLeased)
 }
 
 // Update implements idem.Jar: it applies c to op, as idem.Change.Apply
@@ -334,6 +338,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
 	}
+	var last idem.Record
 	for range raceAttempts {
 		rec, err := j.queryRecord(ctx, `UPDATE idem_operations SET
 				updated = $3,
@@ -364,7 +369,14 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		if holder != "" && rec.Holder != holder {
 			return rec, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
 		}
-		// The lease came back to holder between the two statements: try again.
+		// The lease came back to holder, or the record was created, between
+		// the two statements: try again.
+		last = rec
+	}
+	if holder != "" {
+		// Every UPDATE found the lease held by another: ErrLeaseLost is true
+		// of the last one's moment.
+		return last, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
 	}
 	return idem.Record{}, fmt.Errorf("pgjar: update %q: the record changed under %d attempts", op, raceAttempts)
 }

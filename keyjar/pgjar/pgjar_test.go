@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,6 +316,56 @@ func waitBlocked(t *testing.T, conn *pgx.Conn) {
 		}
 	}
 	t.Fatal("never saw a backend wait for a lock")
+}
+
+// TestAcquireUnderContention has goroutines on two jars (two pools, as two
+// processes) take and release one lease as fast as they can: a refusal is
+// ErrLeased, never another error, and no two hold it at once.
+func TestAcquireUnderContention(t *testing.T) {
+	dsn := pgtest.DB(t)
+	jars := []*pgjar.Jar{open(t, dsn, nil), open(t, dsn, nil)}
+	if _, _, err := jars[0].Begin(t.Context(), record("op")); err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, attempts = 8, 100
+	var (
+		inside, maxInside, held atomic.Int64
+		wg                      sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for g := range goroutines {
+		wg.Go(func() {
+			j, holder := jars[g%2], fmt.Sprint("holder-", g)
+			<-start
+			for range attempts {
+				_, err := j.Acquire(t.Context(), "op", holder, time.Now(), time.Minute)
+				if errors.Is(err, idem.ErrLeased) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+				n := inside.Add(1)
+				for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
+				}
+				inside.Add(-1)
+				held.Add(1)
+				if _, err := j.Update(t.Context(), "op", holder, idem.Change{Now: time.Now(), Attempts: 1, Release: true}); err != nil {
+					t.Errorf("release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if maxInside.Load() != 1 {
+		t.Errorf("at most %d holders at once; want 1", maxInside.Load())
+	}
+	if rec, err := jars[1].Get(t.Context(), "op"); err != nil || int64(rec.Attempts) != held.Load() || rec.Holder != "" {
+		t.Errorf("record: %d attempts, holder %q, %v; want %d attempts, no holder", rec.Attempts, rec.Holder, err, held.Load())
+	}
 }
 
 func TestPruneInBatches(t *testing.T) {
