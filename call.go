@@ -27,8 +27,10 @@ type call struct {
 	holder   string // this call's lease holder id
 	rec      Record
 	sched    *retry.Schedule
-	attempts int // attempts sent by this call
-	cost     int // what Transport.Budget charged for this call's last retry
+	attempts int  // attempts sent by this call
+	cost     int  // what Transport.Budget charged for this call's last retry
+	tookOver bool // released a dead holder's lease once already
+	created  bool // Begin created the operation (and counted its first attempt)
 	lastCode int
 	lastErr  error
 }
@@ -65,6 +67,15 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			switch {
 			case errors.Is(err, ErrLeased):
 				c.rec = rec
+				if !c.tookOver && holderGone(rec.Holder) {
+					// Its holder was killed: release its lease with its own
+					// id (fenced: if anyone took it meanwhile, nothing
+					// changes) and take it, rather than wait it out.
+					c.tookOver = true
+					_, _ = c.t.Jar.Update(ctx, c.op, rec.Holder, Change{Now: now, LastStatus: rec.LastStatus,
+						LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+					continue
+				}
 				c.lastErr = err
 				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
 					c.giveUp(ctx, c.lastErr, "operation leased by another holder")
@@ -96,6 +107,11 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			continue
 		}
 
+		// Count the attempt before it is sent, so that one cut off by a
+		// crash shows in the jar. Begin counted a new operation's first.
+		if !c.created || c.attempts > 0 {
+			c.update(ctx, Change{Attempts: 1})
+		}
 		c.attempts++
 		e := c.event(0, nil)
 		fire(c.t.Hooks.OnAttempt, e)
@@ -117,13 +133,13 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if c.t.Budget != nil {
 				c.t.Budget.Deposit(c.cost)
 			}
-			c.update(ctx, Change{State: StateDone, Attempts: 1, Release: true})
+			c.update(ctx, Change{State: StateDone, Release: true})
 			return resp, nil
 		case retry.Stop:
 			if err != nil {
 				return nil, c.stop(ctx, err)
 			}
-			c.update(ctx, Change{State: StateFailed, Attempts: 1, Release: true})
+			c.update(ctx, Change{State: StateFailed, Release: true})
 			return resp, nil
 		}
 		ra, hasRA := retry.RetryAfter(resp, time.Now())
@@ -142,14 +158,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if deferred {
 				next = time.Now().Add(wait)
 			}
-			c.update(ctx, Change{Attempts: 1, NextAttempt: next, Release: true})
+			c.update(ctx, Change{NextAttempt: next, Release: true})
 			c.giveUp(ctx, err, why+reason(resp, err))
 			if resp != nil {
 				return resp, nil // the last answer; the operation stays pending
 			}
 			return nil, c.pending(err, next)
 		}
-		c.update(ctx, Change{Attempts: 1})
+		c.update(ctx, Change{})
 		e = c.event(c.lastCode, err)
 		e.Wait, e.Reason = wait, reason(resp, err)
 		fire(c.t.Hooks.OnRetry, e)
@@ -216,13 +232,13 @@ func (c *call) reconcile(ctx context.Context) error {
 	fire(c.t.Hooks.OnReconcile, e)
 	c.log(ctx, slog.LevelWarn, "idem: past the horizon; reconcile", e)
 	return &ReconcileError{Op: c.op, Key: c.key, Created: c.rec.Created, Horizon: c.policy.Horizon,
-		Attempts: c.rec.Attempts + c.attempts, LastStatus: c.lastCode}
+		Attempts: c.rec.Attempts, LastStatus: c.lastCode}
 }
 
 // begin finds or creates the operation in the jar, durably, before the
 // first send.
 func (c *call) begin(ctx context.Context) error {
-	holder, err := newKey()
+	holder, err := newHolder()
 	if err != nil {
 		return err
 	}
@@ -241,7 +257,7 @@ func (c *call) begin(ctx context.Context) error {
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
 		Method: c.req.Method, URL: c.req.URL.String(), Header: PublicHeader(c.req.Header),
 		Body: c.body.saved, BodySize: c.body.size,
-		Created: now, Updated: now,
+		Created: now, Updated: now, Attempts: 1, // the first send follows at once
 		Holder: c.holder, LeaseUntil: now.Add(c.t.lease(c.policy)),
 	}
 	r.Header.Del(KeyHeader)
@@ -249,9 +265,13 @@ func (c *call) begin(ctx context.Context) error {
 	if err != nil {
 		return &JarError{Op: c.op, Err: err}
 	}
-	c.rec = rec
+	c.rec, c.created = rec, created
 	if created {
 		return nil
+	}
+	c.lastCode = rec.LastStatus
+	if rec.LastError != "" {
+		c.lastErr = errors.New(rec.LastError)
 	}
 	gotKey := c.req.Header.Get(KeyHeader)
 	if rec.Fingerprint != c.body.fp || (gotKey != "" && gotKey != rec.Key) {

@@ -1,0 +1,55 @@
+package idem
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// A lease holder id is "host/pid/random": unique per call, and telling
+// which process on which host holds the lease. When that process is gone
+// (killed, crashed), a restart on the same host need not wait for the
+// lease to expire: the holder cannot be sending any more.
+
+var processPrefix = sync.OnceValue(func() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return strings.ReplaceAll(host, "/", "_") + "/" + strconv.Itoa(os.Getpid())
+})
+
+func newHolder() (string, error) {
+	id, err := newKey()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s/%s", processPrefix(), id), nil
+}
+
+// holderGone reports whether holder names a process on this host that no
+// longer exists. It errs towards false: an unknown format, another host,
+// this process, or a process that cannot be checked are taken as alive,
+// and their lease is waited out. (A pid reused by an unrelated process
+// also reads as alive: the wait is the safe side.)
+func holderGone(holder string) bool {
+	host, rest, ok := strings.Cut(holder, "/")
+	if !ok {
+		return false
+	}
+	pidText, _, ok := strings.Cut(rest, "/")
+	if !ok {
+		return false
+	}
+	pid, err := strconv.Atoi(pidText)
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	myHost, _, _ := strings.Cut(processPrefix(), "/")
+	if host != myHost {
+		return false
+	}
+	return processGone(pid)
+}

@@ -1,0 +1,63 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// A restart after kill -9 does not wait out the dead process's lease; a
+// live holder's lease is waited out.
+func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("process liveness is not checked on windows: leases are waited out")
+	}
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadPID := child.ProcessState.Pid()
+	host, _ := os.Hostname()
+
+	for _, tt := range []struct {
+		name   string
+		holder string
+		sent   bool
+	}{
+		{"dead process on this host", fmt.Sprintf("%s/%d/x", host, deadPID), true},
+		{"this process, another call", fmt.Sprintf("%s/%d/x", host, os.Getpid()), false},
+		{"another host", fmt.Sprintf("elsewhere/%d/x", deadPID), false},
+		{"unknown format", "worker-7", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tr, rec, jar := newTransport(t, status(201))
+			tr.Policy.MaxElapsed = time.Millisecond // no time to wait out a lease
+			ctx := idem.WithOperation(context.Background(), "op")
+			now := time.Now()
+			if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fingerprintOf(t, `{}`), State: idem.StatePending,
+				Created: now, Updated: now, Attempts: 1, LastStatus: 503, Holder: tt.holder, LeaseUntil: now.Add(time.Hour)}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := post(t, ctx, tr, `{}`)
+			if tt.sent {
+				if err != nil || rec.attempts() != 1 || rec.keys[0] != "k1" {
+					t.Fatalf("got %v after %d sends; want the dead holder's lease taken and k1 sent at once", err, rec.attempts())
+				}
+				if r, _ := jar.Get(ctx, "op"); r.State != idem.StateDone || r.Attempts != 2 {
+					t.Fatalf("record %+v; want done after 2 attempts", r)
+				}
+				return
+			}
+			if !errors.Is(err, idem.ErrLeased) || rec.attempts() != 0 {
+				t.Fatalf("got %v after %d sends; want ErrLeased and nothing sent", err, rec.attempts())
+			}
+		})
+	}
+}

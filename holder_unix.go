@@ -1,0 +1,14 @@
+//go:build unix
+
+package idem
+
+import (
+	"errors"
+	"syscall"
+)
+
+// processGone reports whether no process with pid exists: signal 0 checks
+// existence without sending anything.
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
