@@ -12,8 +12,9 @@
 // interrupted charge is sent again with its first key, the server replays
 // its answer, and the order is charged once.
 //
-// A run killed mid-charge leaves that charge leased in the jar for -lease
-// (one minute): a restart waits for the lease to end before it resumes it.
+// A run killed mid-charge leaves that charge leased in the jar: a restart
+// on the same host sees that the holder process is gone and resumes at
+// once; another host waits for the lease (-lease, one minute) to end.
 //
 // The credential for the server, if it needs one, is read from the
 // environment variable CHARGE_TOKEN (sent as "Authorization: Bearer …") and
@@ -84,9 +85,9 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	}
 	url := strings.TrimSuffix(*server, "/") + "/v1/charges"
 
-	// A charge left in flight by a killed run is leased until its lease
-	// ends: each call's budget outlasts it, so that a restart waits for it
-	// rather than give up.
+	// A charge left in flight by a killed run on another host is leased
+	// until its lease ends: each call's budget outlasts it, so that a
+	// restart waits for it rather than give up.
 	c, err := client.New(ctx, *jarPath, &client.Options{
 		Header: bearer(token),
 		Lease:  *lease,

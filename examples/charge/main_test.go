@@ -112,8 +112,9 @@ func TestKilledMidChargeResumesWithTheSameKey(t *testing.T) {
 	defer srv.Close()
 
 	jar := filepath.Join(dir, "charge.db")
-	// A short lease: the killed run's lease on order-2 ends soon after the kill.
-	args := []string{"-server", srv.URL, "-jar", jar, "-orders", "3", "-lease", "1s"}
+	// A one-hour lease: the restart must not wait it out, since the killed
+	// holder is gone; run 2 is killed after `bound` if it waits.
+	args := []string{"-server", srv.URL, "-jar", jar, "-orders", "3", "-lease", "1h"}
 
 	// Run 1: killed while order-2's charge is in flight.
 	var out1 bytes.Buffer
@@ -146,7 +147,9 @@ func TestKilledMidChargeResumesWithTheSameKey(t *testing.T) {
 	mu.Lock()
 	run = 2
 	mu.Unlock()
-	out2, err := exec.Command(bin, args...).CombinedOutput()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), bound)
+	defer cancel2()
+	out2, err := exec.CommandContext(ctx2, bin, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("run 2: %v\n%s", err, out2)
 	}
