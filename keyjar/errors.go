@@ -1,0 +1,100 @@
+package keyjar
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Errors returned by Open and the Jar's methods, besides idem.ErrNotFound,
+// idem.ErrLeased and idem.ErrLeaseLost, which the methods return as the
+// idem.Jar contract says. Each is wrapped with details: test with errors.Is.
+var (
+	// ErrClosed is returned by every method of a Jar after Close, Close
+	// included.
+	ErrClosed = errors.New("keyjar: jar is closed")
+
+	// ErrCorrupt is returned by Open for a file that is not a key jar (not a
+	// SQLite database, or a database of some other program), and by any
+	// method that finds the file damaged.
+	ErrCorrupt = errors.New("keyjar: file is not a key jar or is corrupt")
+
+	// ErrLocked is returned by Open and by any method when another
+	// connection or process held a lock on the file for longer than
+	// Options.BusyTimeout (for example a connection in
+	// locking_mode=EXCLUSIVE).
+	ErrLocked = errors.New("keyjar: jar file is locked by another connection")
+
+	// ErrVersion is returned by Open for a jar written by a newer version of
+	// this package (its schema version is higher than this package knows).
+	ErrVersion = errors.New("keyjar: jar file has a newer schema version")
+
+	// ErrInvalid is returned by Begin for a record without Op or Key, or
+	// with a State that is not valid, and by Begin, Acquire and Update for a
+	// time that cannot be stored (outside the years 1678 to 2262). Nothing
+	// is written.
+	ErrInvalid = errors.New("keyjar: invalid record")
+)
+
+// classify turns a driver error into one of the sentinels above when it is
+// one of them, keeping the original error in the chain.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return fmt.Errorf("%w: %w", ErrLocked, err)
+	case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_FORMAT:
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
+		return fmt.Errorf("%w: %w", fs.ErrPermission, err)
+	}
+	return err
+}
+
+func openError(path string, err error) error {
+	if isSQLiteCode(err, sqlite3.SQLITE_CANTOPEN) {
+		if cause := cantOpen(path); cause != nil {
+			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, cause)
+		}
+	}
+	return fmt.Errorf("keyjar: open %s: %w", path, classify(err))
+}
+
+// cantOpen finds why SQLite could not open the files beside the database
+// (the -wal and -shm files, which it creates in the same directory), so that
+// a permission problem is reported as one (fs.ErrPermission).
+func cantOpen(path string) error {
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err == nil {
+			f.Close()
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".keyjar-probe-*")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return nil
+}
+
+// isSQLiteCode reports whether err is a SQLite error with the primary result
+// code code.
+func isSQLiteCode(err error, code int) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == code
+}

@@ -1,0 +1,347 @@
+// Package keyjar is the default durable idem.Jar: operations and their
+// idempotency keys in one SQLite file (modernc.org/sqlite, pure Go).
+//
+//	jar, err := keyjar.Open(ctx, "keys.db", nil)
+//	if err != nil { ... }
+//	defer jar.Close()
+//	hc := &http.Client{Transport: &idem.Transport{Jar: jar}}
+//
+// # Durability
+//
+// Begin returns only after the transaction holding the new key committed with
+// synchronous=FULL: the key is on stable storage before the first byte of the
+// request can be sent, and survives a crash or a power loss. Concurrent Begin
+// calls share one transaction and one fsync (group commit): a single
+// goroutine owns the only writer connection, drains the queue of pending
+// writes into one IMMEDIATE transaction, commits, and only then answers each
+// caller.
+//
+// Acquire, Update, Forget and Prune go through the same queue but do not ask
+// for an fsync of their own: when a transaction holds none of them, it
+// commits with synchronous=NORMAL. They are visible to every reader and every
+// process as soon as they return, and they survive a crash of the process;
+// a power loss may lose the last of them (which only causes a re-send that the
+// server replays). In WAL mode a later FULL commit, a checkpoint or Close
+// makes them durable too, in order.
+//
+// # File
+//
+// The file is created with mode 0600 if it does not exist (an existing file
+// keeps its mode); SQLite gives its -wal and -shm files the database file's
+// mode. Each connection sets busy_timeout (Options.BusyTimeout); the writer
+// also uses journal_mode=WAL, synchronous=FULL (NORMAL for batches without a
+// key creation), secure_delete=FAST and BEGIN IMMEDIATE transactions
+// (_txlock=immediate); the readers (Get, List) are query_only and never
+// block the writer. The schema is versioned with PRAGMA user_version and the
+// file is marked with PRAGMA application_id; Open refuses a newer version with
+// ErrVersion and a file that is not a jar with ErrCorrupt. Times are stored
+// as Unix nanoseconds, so a Record's times must lie between the years 1678
+// and 2262 (or be zero); headers are stored as JSON.
+//
+// Credentials never reach the file: Begin drops every header that
+// idem.SecretHeader names, even when the caller forgot to.
+//
+// Several processes may open the same file: Begin is an atomic get-or-create
+// across all of them (INSERT … ON CONFLICT DO NOTHING and a read back in one
+// IMMEDIATE transaction), and Acquire and Update are compare-and-set
+// operations in the same kind of transaction.
+package keyjar
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// Options configures Open. A nil *Options means the zero value, and every
+// zero field means its documented default.
+type Options struct {
+	// BusyTimeout is how long a statement waits for a lock held by another
+	// connection or process before failing with ErrLocked. Zero means 5s.
+	BusyTimeout time.Duration
+
+	// MaxBatch is the most writes (Begin, Acquire, Update, Forget, one Prune
+	// batch) that share one transaction and one commit. Zero means 128; 1
+	// turns group commit off.
+	MaxBatch int
+}
+
+const (
+	defaultBusyTimeout = 5 * time.Second
+	defaultMaxBatch    = 128
+	readConns          = 4    // size of the read-only pool used by Get and List
+	pruneBatch         = 1000 // rows Prune deletes per transaction
+)
+
+// Jar is an idem.Jar stored in a SQLite file. It is safe for concurrent use
+// by many goroutines, and several processes may open the same file.
+type Jar struct {
+	path   string
+	writer *sql.DB   // exactly one connection
+	wconn  *sql.Conn // that connection, pinned to the committer
+	reader *sql.DB   // query_only pool for Get and List
+
+	queue    chan *job
+	maxBatch int
+	done     chan struct{} // closed when the committer has exited
+	hooks    hooks
+
+	mu     sync.RWMutex // guards closed and sends on queue
+	closed bool
+}
+
+var _ idem.Jar = (*Jar)(nil)
+
+// hooks are test seams (see export_test.go); the zero value does nothing.
+type hooks struct {
+	// beforeCommit runs in the committer after a batch's statements and
+	// before its COMMIT.
+	beforeCommit func(tx *sql.Tx, jobs int, durable bool)
+	pruneBatch   int // 0 means pruneBatch
+}
+
+// Open opens the jar file at path, creating it (mode 0600) and its schema if
+// it does not exist. opts may be nil. The context bounds the opening only.
+//
+// Open returns an error wrapping fs.ErrPermission when the file or its
+// directory cannot be written, ErrCorrupt when the file is not a key jar,
+// ErrVersion when it was written by a newer version of this package, and
+// ErrLocked when another process holds a lock on it longer than
+// Options.BusyTimeout.
+func Open(ctx context.Context, path string, opts *Options) (*Jar, error) {
+	return open(ctx, path, opts, hooks{})
+}
+
+func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.BusyTimeout < 0 || o.MaxBatch < 0 {
+		return nil, fmt.Errorf("keyjar: invalid options: BusyTimeout %v, MaxBatch %d", o.BusyTimeout, o.MaxBatch)
+	}
+	if o.BusyTimeout == 0 {
+		o.BusyTimeout = defaultBusyTimeout
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = defaultMaxBatch
+	}
+	if path == "" {
+		return nil, errors.New("keyjar: open: empty path")
+	}
+
+	// SQLite's busy handler does not watch the context, so the opening runs
+	// aside and a caller whose context ends gets its answer at once; the jar,
+	// if it opens after all, is closed.
+	type result struct {
+		j   *Jar
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		j, err := openFile(path, o, h)
+		ch <- result{j, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.j, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.j != nil {
+				r.j.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
+	}
+	created, err := createFile(abs)
+	if err != nil {
+		return nil, err
+	}
+	busy := strconv.FormatInt(o.BusyTimeout.Milliseconds(), 10)
+	writer, err := sql.Open("sqlite", dsn(abs,
+		"_txlock", "immediate",
+		"_pragma", "busy_timeout("+busy+")",
+		"_pragma", "synchronous(FULL)",
+		"_pragma", "secure_delete(FAST)",
+	))
+	if err != nil {
+		return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
+	}
+	writer.SetMaxOpenConns(1)
+	writer.SetMaxIdleConns(1)
+	j := &Jar{path: abs, writer: writer, maxBatch: o.MaxBatch, hooks: h}
+	defer func() {
+		if err != nil {
+			j.closeDBs()
+		}
+	}()
+	bg := context.Background()
+	// Connect and look before changing anything: a database of another
+	// program or of a newer version is left as it is. A plain SQL error
+	// here (such as "unsupported file format") means SQLite cannot read
+	// the schema of an existing file.
+	j.wconn, err = writer.Conn(bg)
+	if err == nil {
+		_, err = inspect(bg, j.wconn)
+	}
+	if err != nil {
+		if !created && isSQLiteCode(err, sqlite3.SQLITE_ERROR) {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		return nil, openError(abs, err)
+	}
+	var mode string
+	if err := j.wconn.QueryRowContext(bg, "PRAGMA journal_mode = WAL").Scan(&mode); err != nil {
+		return nil, openError(abs, err)
+	}
+	if mode != "wal" {
+		return nil, fmt.Errorf("keyjar: open %s: cannot use WAL mode (journal_mode is %q)", abs, mode)
+	}
+	if err := j.migrate(bg); err != nil {
+		return nil, openError(abs, err)
+	}
+	if created {
+		// The new file's directory entry, so that the file itself survives a
+		// power loss; SQLite syncs the directory for its -wal file.
+		if err := syncDir(filepath.Dir(abs)); err != nil {
+			return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
+		}
+	}
+	j.reader, err = sql.Open("sqlite", dsn(abs,
+		"_pragma", "busy_timeout("+busy+")",
+		"_pragma", "query_only(1)",
+	))
+	if err != nil {
+		return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
+	}
+	j.reader.SetMaxOpenConns(readConns)
+	j.reader.SetMaxIdleConns(readConns)
+
+	j.queue = make(chan *job, o.MaxBatch)
+	j.done = make(chan struct{})
+	go j.commitLoop()
+	return j, nil
+}
+
+// sqliteMagic starts every SQLite database file.
+var sqliteMagic = []byte("SQLite format 3\x00")
+
+// createFile creates the jar file with mode 0600 unless it exists, and checks
+// that an existing, non-empty file is a SQLite database. It reports whether
+// it created the file.
+func createFile(path string) (created bool, err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		return true, f.Close()
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+	}
+	f, err = os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+	}
+	defer f.Close()
+	head := make([]byte, len(sqliteMagic))
+	n, err := io.ReadFull(f, head)
+	switch {
+	case n == 0 && err == io.EOF:
+		return false, nil // empty: a new database
+	case err != nil && err != io.ErrUnexpectedEOF:
+		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+	case !bytes.Equal(head[:n], sqliteMagic):
+		return false, fmt.Errorf("%w: %s is not a SQLite database", ErrCorrupt, path)
+	}
+	return false, nil
+}
+
+func syncDir(dir string) error {
+	if runtime.GOOS == "windows" {
+		return nil // directories cannot be opened for fsync there
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return err
+	}
+	return nil
+}
+
+// dsn builds a modernc.org/sqlite URI for path with the given query
+// parameters (name, value pairs). The path is escaped, so it may hold '?',
+// '#' or '%'.
+func dsn(path string, params ...string) string {
+	q := url.Values{}
+	for i := 0; i+1 < len(params); i += 2 {
+		q.Add(params[i], params[i+1])
+	}
+	p := filepath.ToSlash(path)
+	if p[0] != '/' {
+		p = "/" + p // a Windows volume: file:///C:/...
+	}
+	u := url.URL{Scheme: "file", Path: p, RawQuery: q.Encode()}
+	// url.URL.String writes "file:///path" only when Host is set or the path
+	// starts with "//"; SQLite reads "file:/path" and "file:///path" alike.
+	return u.String()
+}
+
+// Close waits for the writes already accepted, stops the committer and
+// closes the file. Everything committed before is then on stable storage.
+// Close returns ErrClosed when the jar was already closed.
+func (j *Jar) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return ErrClosed
+	}
+	j.closed = true
+	close(j.queue)
+	j.mu.Unlock()
+	<-j.done
+	if err := j.closeDBs(); err != nil {
+		return fmt.Errorf("keyjar: close %s: %w", j.path, err)
+	}
+	return nil
+}
+
+// closeDBs closes the readers first, so that the writer is the last
+// connection: SQLite then checkpoints the WAL into the database file.
+func (j *Jar) closeDBs() error {
+	var errs []error
+	if j.reader != nil {
+		errs = append(errs, j.reader.Close())
+	}
+	if j.wconn != nil {
+		errs = append(errs, j.wconn.Close())
+	}
+	errs = append(errs, j.writer.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,313 @@
+package keyjar
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Begin implements idem.Jar: it returns op's record, creating it from r
+// (created=true) when the jar holds none or holds one in StateAbandoned. A
+// created record is on stable storage before Begin returns. Headers that
+// idem.SecretHeader names are dropped; an empty State means StatePending.
+//
+// Begin returns ErrInvalid for a record without Op or Key, with an invalid
+// State or with a time that cannot be stored.
+func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	if r.Op == "" || r.Key == "" {
+		return idem.Record{}, false, fmt.Errorf("%w: empty Op or Key (op %q)", ErrInvalid, r.Op)
+	}
+	if r.State == "" {
+		r.State = idem.StatePending
+	}
+	if !r.State.Valid() {
+		return idem.Record{}, false, fmt.Errorf("%w: op %q: state %q", ErrInvalid, r.Op, r.State)
+	}
+	r.Header = idem.PublicHeader(r.Header)
+	w, err := encode(r)
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("keyjar: begin %q: %w", r.Op, err)
+	}
+	var (
+		rec     idem.Record
+		created bool
+	)
+	err = j.write(ctx, true, func(ctx context.Context, tx *sql.Tx) error {
+		// One statement claims the name: a new row, or the replacement of an
+		// abandoned one; any other existing row is left as it is.
+		res, err := tx.ExecContext(ctx, `
+			INSERT INTO operations (op, key, fingerprint, state, method, url, header, body, body_size,
+				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (op) DO UPDATE SET key = excluded.key, fingerprint = excluded.fingerprint,
+				state = excluded.state, method = excluded.method, url = excluded.url,
+				header = excluded.header, body = excluded.body, body_size = excluded.body_size,
+				created = excluded.created, updated = excluded.updated, attempts = excluded.attempts,
+				last_status = excluded.last_status, last_error = excluded.last_error,
+				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
+				lease_until = excluded.lease_until
+			WHERE operations.state = ?`,
+			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, w.header, r.Body, r.BodySize,
+			w.created, w.updated, r.Attempts, r.LastStatus, r.LastError, w.next, r.Note, r.Holder, w.leaseUntil,
+			string(idem.StateAbandoned))
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		created = n == 1
+		rec, err = getRecord(ctx, tx, r.Op)
+		return err
+	})
+	if err != nil {
+		return idem.Record{}, false, fmt.Errorf("keyjar: begin %q: %w", r.Op, err)
+	}
+	return rec, created, nil
+}
+
+// Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
+func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
+	if err := j.readable(ctx); err != nil {
+		return idem.Record{}, err
+	}
+	r, err := getRecord(ctx, j.reader, op)
+	if err != nil {
+		return idem.Record{}, j.readError("get", op, err)
+	}
+	return r, nil
+}
+
+// Acquire implements idem.Jar: it takes op's lease for holder until now+ttl
+// when the lease is free, held by holder or expired at now. Otherwise it
+// returns the record and idem.ErrLeased. It returns idem.ErrNotFound for an
+// unknown op.
+func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	until := now.Add(ttl)
+	if _, err := nanos("lease end", until); err != nil {
+		return idem.Record{}, fmt.Errorf("keyjar: acquire %q: %w", op, err)
+	}
+	return j.modify(ctx, "acquire", op, func(r *idem.Record) error {
+		if !r.CanLease(holder, now) {
+			return idem.ErrLeased
+		}
+		r.Holder, r.LeaseUntil = holder, until
+		return nil
+	})
+}
+
+// Update implements idem.Jar: it applies c to op. When holder is not "" and
+// op's lease is no longer held by holder, nothing changes and Update returns
+// the current record and idem.ErrLeaseLost. It returns idem.ErrNotFound for
+// an unknown op, and ErrInvalid for an invalid c.State or a time that
+// cannot be stored. The change is visible to every reader when Update
+// returns, and durable at the next key creation, checkpoint or Close.
+func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	err := error(nil)
+	if c.State != "" && !c.State.Valid() {
+		err = fmt.Errorf("%w: state %q", ErrInvalid, c.State)
+	} else if _, err = nanos("Now", c.Now); err == nil {
+		_, err = nanos("NextAttempt", c.NextAttempt)
+	}
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("keyjar: update %q: %w", op, err)
+	}
+	return j.modify(ctx, "update", op, func(r *idem.Record) error {
+		if holder != "" && r.Holder != holder {
+			return idem.ErrLeaseLost
+		}
+		c.Apply(r)
+		return nil
+	})
+}
+
+// modify reads op's record and applies change to it in one transaction.
+// When change refuses (returns an error), nothing is written and modify
+// returns the record as it is with that error.
+func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.Record) error) (idem.Record, error) {
+	var (
+		rec     idem.Record
+		refusal error
+	)
+	err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) (err error) {
+		rec, err = getRecord(ctx, tx, op)
+		if err == idem.ErrNotFound {
+			refusal = err
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if refusal = change(&rec); refusal != nil {
+			return nil
+		}
+		return save(ctx, tx, rec)
+	})
+	if err == nil {
+		err = refusal
+	}
+	if err != nil {
+		return rec, fmt.Errorf("keyjar: %s %q: %w", verb, op, err)
+	}
+	return rec, nil
+}
+
+// save writes the fields of r that Acquire and Update change.
+func save(ctx context.Context, tx *sql.Tx, r idem.Record) error {
+	w, err := encode(r)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `
+		UPDATE operations SET state = ?, updated = ?, attempts = ?, last_status = ?, last_error = ?,
+			next_attempt = ?, note = ?, holder = ?, lease_until = ?
+		WHERE op = ?`,
+		string(r.State), w.updated, r.Attempts, r.LastStatus, r.LastError, w.next, r.Note, r.Holder, w.leaseUntil, r.Op)
+	return err
+}
+
+// List returns the records that pass f, oldest Created first, then by Op.
+func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
+	if err := j.readable(ctx); err != nil {
+		return nil, err
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	rows, err := j.reader.QueryContext(ctx, "SELECT "+columns+` FROM operations
+		WHERE ?1 = '' OR state = ?1 ORDER BY created, op LIMIT ?2`, string(f.State), limit)
+	if err != nil {
+		return nil, j.readError("list", "", err)
+	}
+	defer rows.Close()
+	var out []idem.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, j.readError("list", "", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, j.readError("list", "", err)
+	}
+	return out, nil
+}
+
+// Forget deletes op, whatever its state. It returns idem.ErrNotFound for an
+// unknown op.
+func (j *Jar) Forget(ctx context.Context, op string) error {
+	var result error
+	err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, "DELETE FROM operations WHERE op = ?", op)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if n == 0 && err == nil {
+			result = idem.ErrNotFound
+		}
+		return err
+	})
+	if err == nil {
+		err = result
+	}
+	if err != nil {
+		return fmt.Errorf("keyjar: forget %q: %w", op, err)
+	}
+	return nil
+}
+
+// allStates lists every idem.State, for Prune to pick the prunable ones.
+var allStates = [...]idem.State{idem.StatePending, idem.StateDone, idem.StateFailed, idem.StateReconcile, idem.StateAbandoned}
+
+// Prune deletes at most limit records whose state is idem.Prunable and that
+// were last updated before before, and returns how many it deleted; limit
+// <= 0 means no limit. It deletes in transactions of at most 1000 rows, so
+// neither memory nor the time the write lock is held grows with the number
+// of rows deleted. When it fails part way, the count says how many are gone.
+func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	var states []idem.State
+	for _, s := range allStates {
+		if idem.Prunable(s) {
+			states = append(states, s)
+		}
+	}
+	b, _ := json.Marshal(states) // a []string cannot fail to marshal
+	prunable := string(b)
+	// The condition on updated: a zero Updated is stored as NULL; a before
+	// outside what Unix nanoseconds hold is earlier or later than any row.
+	bound, all := int64(0), false
+	zeroToo := time.Time{}.Before(before)
+	if n := before.UnixNano(); time.Unix(0, n).Equal(before) {
+		bound = n
+	} else if before.Before(time.Unix(0, 0)) {
+		bound = math.MinInt64
+	} else {
+		all = true
+	}
+	batch := pruneBatch
+	if j.hooks.pruneBatch > 0 {
+		batch = j.hooks.pruneBatch
+	}
+	total := 0
+	for {
+		n := batch
+		if limit > 0 && limit-total < n {
+			n = limit - total
+		}
+		var deleted int64
+		err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, `
+				DELETE FROM operations WHERE rowid IN (
+					SELECT rowid FROM operations
+					WHERE state IN (SELECT value FROM json_each(?1))
+						AND (?2 OR updated < ?3 OR (updated IS NULL AND ?4))
+					LIMIT ?5)`,
+				prunable, all, bound, zeroToo, n)
+			if err != nil {
+				return err
+			}
+			deleted, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("keyjar: prune: %w", err)
+		}
+		total += int(deleted)
+		if deleted < int64(n) || (limit > 0 && total >= limit) {
+			return total, nil
+		}
+	}
+}
+
+// readable checks the context and that the jar is open, for the methods that
+// read through the read-only pool.
+func (j *Jar) readable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	if j.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+func (j *Jar) readError(verb, op string, err error) error {
+	if j.readable(context.Background()) == ErrClosed {
+		err = ErrClosed // closed while reading
+	}
+	if op != "" {
+		return fmt.Errorf("keyjar: %s %q: %w", verb, op, classify(err))
+	}
+	return fmt.Errorf("keyjar: %s: %w", verb, classify(err))
+}

@@ -1,0 +1,196 @@
+package keyjar
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+const (
+	// schemaVersion is the PRAGMA user_version this package writes and reads.
+	schemaVersion = 1
+	// applicationID marks a SQLite file as a key jar ("idmj").
+	applicationID = 0x69646d6a
+)
+
+const schema = `
+CREATE TABLE operations (
+	op           TEXT PRIMARY KEY,
+	key          TEXT NOT NULL,
+	fingerprint  TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	method       TEXT NOT NULL,
+	url          TEXT NOT NULL,
+	header       TEXT,              -- JSON object; NULL for a nil header
+	body         BLOB,              -- NULL for a nil body
+	body_size    INTEGER NOT NULL,
+	created      INTEGER,           -- Unix nanoseconds; NULL for the zero time
+	updated      INTEGER,
+	attempts     INTEGER NOT NULL,
+	last_status  INTEGER NOT NULL,
+	last_error   TEXT NOT NULL,
+	next_attempt INTEGER,
+	note         TEXT NOT NULL,
+	holder       TEXT NOT NULL,
+	lease_until  INTEGER
+) STRICT;
+CREATE INDEX operations_by_created ON operations (created, op);
+CREATE INDEX operations_by_state ON operations (state, updated);
+`
+
+// inspect reports whether the database is new (empty), and fails with
+// ErrCorrupt for a database of another program and with ErrVersion for a jar
+// of a newer version.
+func inspect(ctx context.Context, q querier) (isNew bool, err error) {
+	var app, version, tables int
+	if err := q.QueryRowContext(ctx, "PRAGMA application_id").Scan(&app); err != nil {
+		return false, err
+	}
+	if err := q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return false, err
+	}
+	if err := q.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&tables); err != nil {
+		return false, err
+	}
+	switch {
+	case app == 0 && version == 0 && tables == 0:
+		return true, nil
+	case app != applicationID:
+		return false, fmt.Errorf("%w: a SQLite database of another program (application_id %#x, %d tables)", ErrCorrupt, app, tables)
+	case version > schemaVersion:
+		return false, fmt.Errorf("%w: version %d, this package reads up to %d", ErrVersion, version, schemaVersion)
+	case version < schemaVersion:
+		return false, fmt.Errorf("%w: unknown schema version %d", ErrCorrupt, version)
+	}
+	// A jar of this version: its table has every column this package reads.
+	var n int
+	if err := q.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT "+columns+" FROM operations LIMIT 0)").Scan(&n); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return false, nil
+}
+
+// migrate creates the schema in a new file, in an IMMEDIATE transaction that
+// looks again: another process may have created it in the meantime.
+func (j *Jar) migrate(ctx context.Context) error {
+	tx, err := j.wconn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	isNew, err := inspect(ctx, tx)
+	if err != nil || !isNew {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = %d", applicationID, schemaVersion)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// columns are the columns of operations in the order scanRecord reads them.
+const columns = `op, key, fingerprint, state, method, url, header, body, body IS NOT NULL, body_size,
+	created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRecord(s scanner) (idem.Record, error) {
+	var (
+		r                                  idem.Record
+		header                             sql.NullString
+		hasBody                            bool
+		created, updated, next, leaseUntil sql.NullInt64
+	)
+	err := s.Scan(&r.Op, &r.Key, &r.Fingerprint, &r.State, &r.Method, &r.URL, &header, &r.Body, &hasBody, &r.BodySize,
+		&created, &updated, &r.Attempts, &r.LastStatus, &r.LastError, &next, &r.Note, &r.Holder, &leaseUntil)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	if header.Valid {
+		if err := json.Unmarshal([]byte(header.String), &r.Header); err != nil {
+			return idem.Record{}, fmt.Errorf("%w: header of %q: %v", ErrCorrupt, r.Op, err)
+		}
+		if r.Header == nil {
+			r.Header = http.Header{}
+		}
+	}
+	if hasBody && r.Body == nil {
+		r.Body = []byte{} // the driver reads an empty blob as nil
+	}
+	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
+	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
+	return r, nil
+}
+
+func fromNanos(n sql.NullInt64) time.Time {
+	if !n.Valid {
+		return time.Time{}
+	}
+	return time.Unix(0, n.Int64).UTC()
+}
+
+// nanos encodes t as Unix nanoseconds, the zero time as NULL. A time that
+// Unix nanoseconds cannot hold is an ErrInvalid.
+func nanos(field string, t time.Time) (any, error) {
+	if t.IsZero() {
+		return nil, nil
+	}
+	n := t.UnixNano()
+	if !time.Unix(0, n).Equal(t) {
+		return nil, fmt.Errorf("%w: %s %v is outside the years 1678 to 2262", ErrInvalid, field, t)
+	}
+	return n, nil
+}
+
+// row is a record encoded for the operations table, in the order of
+// columns without the computed "body IS NOT NULL".
+type row struct {
+	header                             any
+	created, updated, next, leaseUntil any
+}
+
+func encode(r idem.Record) (row, error) {
+	var w row
+	var err error
+	if r.Header != nil {
+		b, err := json.Marshal(r.Header)
+		if err != nil {
+			return row{}, fmt.Errorf("%w: header: %v", ErrInvalid, err)
+		}
+		w.header = string(b)
+	}
+	if w.created, err = nanos("Created", r.Created); err != nil {
+		return row{}, err
+	}
+	if w.updated, err = nanos("Updated", r.Updated); err != nil {
+		return row{}, err
+	}
+	if w.next, err = nanos("NextAttempt", r.NextAttempt); err != nil {
+		return row{}, err
+	}
+	if w.leaseUntil, err = nanos("LeaseUntil", r.LeaseUntil); err != nil {
+		return row{}, err
+	}
+	return w, nil
+}
+
+// querier is what *sql.Conn, *sql.DB and *sql.Tx have in common.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func getRecord(ctx context.Context, q querier, op string) (idem.Record, error) {
+	r, err := scanRecord(q.QueryRowContext(ctx, "SELECT "+columns+" FROM operations WHERE op = ?", op))
+	if err == sql.ErrNoRows {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return r, err
+}
