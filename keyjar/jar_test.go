@@ -1,0 +1,38 @@
+package keyjar_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/keyjar/jartest"
+)
+
+// openPath opens the jar at path and closes it when the test ends.
+func openPath(t *testing.T, path string, opts *keyjar.Options) *keyjar.Jar {
+	t.Helper()
+	j, err := keyjar.Open(t.Context(), path, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := j.Close(); err != nil && err != keyjar.ErrClosed {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return j
+}
+
+// openTemp opens a new jar in a temporary directory.
+func openTemp(t *testing.T, opts *keyjar.Options) (*keyjar.Jar, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	return openPath(t, path, opts), path
+}
+
+func TestConformance(t *testing.T) {
+	jartest.Run(t, func(t *testing.T) jartest.Jar {
+		j, _ := openTemp(t, nil)
+		return j
+	})
+}

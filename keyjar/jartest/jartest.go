@@ -1,0 +1,741 @@
+// Package jartest is the conformance suite that every idem.Jar with the
+// operator methods (List, Forget, Prune) must pass: idem.MemoryJar,
+// *keyjar.Jar and the PostgreSQL jar run the same cases.
+//
+//	func TestJar(t *testing.T) {
+//		jartest.Run(t, func(t *testing.T) jartest.Jar {
+//			j, err := keyjar.Open(t.Context(), filepath.Join(t.TempDir(), "keys.db"), nil)
+//			if err != nil {
+//				t.Fatal(err)
+//			}
+//			t.Cleanup(func() { j.Close() })
+//			return j
+//		})
+//	}
+//
+// Time is a parameter of the Jar methods, so no case sleeps.
+package jartest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Jar is what the suite tests: an idem.Jar with the methods an operator
+// uses to inspect and clean it, with the semantics of idem.MemoryJar.
+type Jar interface {
+	idem.Jar
+	// List returns the records that pass f, oldest Created first, then by Op.
+	List(ctx context.Context, f idem.Filter) ([]idem.Record, error)
+	// Forget deletes op whatever its state, or returns idem.ErrNotFound.
+	Forget(ctx context.Context, op string) error
+	// Prune deletes at most limit (<= 0: no limit) records whose state is
+	// idem.Prunable and whose Updated is before before, and returns how many.
+	Prune(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// Run runs every case against jars made by open. open is called once per
+// case and must return a new, empty jar; it should close it with t.Cleanup.
+func Run(t *testing.T, open func(t *testing.T) Jar) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.run(t, open(t))
+		})
+	}
+}
+
+var cases = []struct {
+	name string
+	run  func(t *testing.T, j Jar)
+}{
+	{"BeginCreates", testBeginCreates},
+	{"BeginReturnsExisting", testBeginReturnsExisting},
+	{"BeginConcurrent", testBeginConcurrent},
+	{"BeginReplacesAbandoned", testBeginReplacesAbandoned},
+	{"AcquireLease", testAcquireLease},
+	{"UpdateFenced", testUpdateFenced},
+	{"UpdateUnfenced", testUpdateUnfenced},
+	{"NotFound", testNotFound},
+	{"List", testList},
+	{"Forget", testForget},
+	{"Prune", testPrune},
+	{"PruneLimit", testPruneLimit},
+	{"SecretHeaders", testSecretHeaders},
+	{"RoundTrip", testRoundTrip},
+	{"Times", testTimes},
+	{"NoAliasing", testNoAliasing},
+	{"CancelledContext", testCancelledContext},
+}
+
+// t0 has nanoseconds, so a jar that rounds times fails.
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
+
+// record returns a pending record for op created at t0.
+func record(op string) idem.Record {
+	body := []byte(`{"amount":42,"currency":"EUR"}`)
+	return idem.Record{
+		Op:          op,
+		Key:         "key-" + op,
+		Fingerprint: "fp-" + op,
+		State:       idem.StatePending,
+		Method:      http.MethodPost,
+		URL:         "https://api.example.com/v1/charges?order=" + op,
+		Header:      http.Header{"Content-Type": {"application/json"}, "X-Request-Tag": {"a", "b"}},
+		Body:        body,
+		BodySize:    int64(len(body)),
+		Created:     t0,
+		Updated:     t0,
+	}
+}
+
+func begin(t *testing.T, j Jar, r idem.Record) idem.Record {
+	t.Helper()
+	got, created, err := j.Begin(t.Context(), r)
+	if err != nil {
+		t.Fatalf("Begin(%q): %v", r.Op, err)
+	}
+	if !created {
+		t.Fatalf("Begin(%q): created = false; want true", r.Op)
+	}
+	return got
+}
+
+func get(t *testing.T, j Jar, op string) idem.Record {
+	t.Helper()
+	r, err := j.Get(t.Context(), op)
+	if err != nil {
+		t.Fatalf("Get(%q): %v", op, err)
+	}
+	return r
+}
+
+func update(t *testing.T, j Jar, op, holder string, c idem.Change) idem.Record {
+	t.Helper()
+	r, err := j.Update(t.Context(), op, holder, c)
+	if err != nil {
+		t.Fatalf("Update(%q, %q): %v", op, holder, err)
+	}
+	return r
+}
+
+// diff describes how got differs from want, or returns "". Times are
+// compared with Equal; a nil and an empty Header are the same, a nil and an
+// empty Body are not.
+func diff(got, want idem.Record) string {
+	var d []string
+	for _, f := range []struct {
+		name      string
+		got, want any
+	}{
+		{"Op", got.Op, want.Op},
+		{"Key", got.Key, want.Key},
+		{"Fingerprint", got.Fingerprint, want.Fingerprint},
+		{"State", got.State, want.State},
+		{"Method", got.Method, want.Method},
+		{"URL", got.URL, want.URL},
+		{"BodySize", got.BodySize, want.BodySize},
+		{"Attempts", got.Attempts, want.Attempts},
+		{"LastStatus", got.LastStatus, want.LastStatus},
+		{"LastError", got.LastError, want.LastError},
+		{"Note", got.Note, want.Note},
+		{"Holder", got.Holder, want.Holder},
+	} {
+		if f.got != f.want {
+			d = append(d, fmt.Sprintf("%s = %#v; want %#v", f.name, f.got, f.want))
+		}
+	}
+	if !(len(got.Header) == 0 && len(want.Header) == 0) && !headerEqual(got.Header, want.Header) {
+		d = append(d, fmt.Sprintf("Header = %v; want %v", got.Header, want.Header))
+	}
+	if (got.Body == nil) != (want.Body == nil) || !bytes.Equal(got.Body, want.Body) {
+		d = append(d, fmt.Sprintf("Body = %#v; want %#v", got.Body, want.Body))
+	}
+	for _, f := range []struct {
+		name      string
+		got, want time.Time
+	}{
+		{"Created", got.Created, want.Created},
+		{"Updated", got.Updated, want.Updated},
+		{"NextAttempt", got.NextAttempt, want.NextAttempt},
+		{"LeaseUntil", got.LeaseUntil, want.LeaseUntil},
+	} {
+		if !f.got.Equal(f.want) {
+			d = append(d, fmt.Sprintf("%s = %s; want %s", f.name, f.got.Format(time.RFC3339Nano), f.want.Format(time.RFC3339Nano)))
+		}
+	}
+	if len(d) == 0 {
+		return ""
+	}
+	return fmt.Sprint(d)
+}
+
+func headerEqual(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, va := range a {
+		vb, ok := b[k]
+		if !ok || !slices.Equal(va, vb) {
+			return false
+		}
+	}
+	return true
+}
+
+func expect(t *testing.T, what string, got, want idem.Record) {
+	t.Helper()
+	if d := diff(got, want); d != "" {
+		t.Errorf("%s: %s", what, d)
+	}
+}
+
+func testBeginCreates(t *testing.T, j Jar) {
+	want := record("charge:1")
+	got := begin(t, j, want)
+	expect(t, "Begin", got, want)
+	expect(t, "Get after Begin", get(t, j, want.Op), want)
+}
+
+func testBeginReturnsExisting(t *testing.T, j Jar) {
+	first := begin(t, j, record("op"))
+	leased, err := j.Acquire(t.Context(), "op", "worker-1", t0, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := update(t, j, "op", "worker-1", idem.Change{Now: t0.Add(time.Second), Attempts: 1, LastStatus: 503})
+	if want.Key != first.Key || want.Holder != leased.Holder {
+		t.Fatalf("setup: got %+v", want)
+	}
+	for _, s := range []idem.State{idem.StatePending, idem.StateDone, idem.StateFailed, idem.StateReconcile} {
+		if s != idem.StatePending {
+			want = update(t, j, "op", "", idem.Change{Now: t0.Add(2 * time.Second), State: s, Attempts: 0, LastStatus: 201})
+		}
+		other := record("op")
+		other.Key, other.Fingerprint, other.Body, other.BodySize = "another-key", "another-fp", []byte("x"), 1
+		got, created, err := j.Begin(t.Context(), other)
+		if err != nil {
+			t.Fatalf("Begin over %s: %v", s, err)
+		}
+		if created {
+			t.Errorf("Begin over %s: created = true; want false", s)
+		}
+		expect(t, "Begin over "+string(s), got, want)
+		expect(t, "Get after Begin over "+string(s), get(t, j, "op"), want)
+	}
+}
+
+func testBeginConcurrent(t *testing.T, j Jar) {
+	const n = 64
+	type result struct {
+		rec     idem.Record
+		created bool
+		err     error
+	}
+	results := make([]result, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r := record("charge:race")
+			r.Key = fmt.Sprintf("key-%d", i)
+			<-start
+			rec, created, err := j.Begin(t.Context(), r)
+			results[i] = result{rec, created, err}
+		})
+	}
+	close(start)
+	wg.Wait()
+	createdN := 0
+	keys := map[string]int{}
+	for i, r := range results {
+		if r.err != nil {
+			t.Fatalf("Begin %d: %v", i, r.err)
+		}
+		if r.created {
+			createdN++
+		}
+		keys[r.rec.Key]++
+	}
+	if createdN != 1 || len(keys) != 1 {
+		t.Fatalf("%d concurrent Begins: %d created, keys %v; want 1 created and one key", n, createdN, keys)
+	}
+	if stored := get(t, j, "charge:race").Key; keys[stored] != n {
+		t.Errorf("stored key %q; every Begin returned %v", stored, keys)
+	}
+}
+
+func testBeginReplacesAbandoned(t *testing.T, j Jar) {
+	begin(t, j, record("op"))
+	if _, err := j.Acquire(t.Context(), "op", "worker-1", t0, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	update(t, j, "op", "worker-1", idem.Change{Now: t0.Add(time.Second), State: idem.StateAbandoned,
+		Attempts: 3, LastStatus: 503, Note: "did not happen", Release: true})
+
+	// Many callers race to replace it: one wins, all see the new key.
+	const n = 16
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		created int
+		keys    = map[string]bool{}
+	)
+	for i := range n {
+		wg.Go(func() {
+			r := record("op")
+			r.Key, r.Fingerprint = fmt.Sprintf("new-key-%d", i), "new-fp"
+			r.Created, r.Updated = t0.Add(time.Hour), t0.Add(time.Hour)
+			rec, c, err := j.Begin(t.Context(), r)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("Begin: %v", err)
+				return
+			}
+			if c {
+				created++
+			}
+			keys[rec.Key] = true
+		})
+	}
+	wg.Wait()
+	if created != 1 || len(keys) != 1 {
+		t.Fatalf("Begin over abandoned: %d created, keys %v; want 1 created and one key", created, keys)
+	}
+	got := get(t, j, "op")
+	want := record("op")
+	want.Key, want.Fingerprint = got.Key, "new-fp"
+	want.Created, want.Updated = t0.Add(time.Hour), t0.Add(time.Hour)
+	if !keys[got.Key] {
+		t.Errorf("stored key %q; Begin returned %v", got.Key, keys)
+	}
+	expect(t, "replaced record", got, want)
+}
+
+func testAcquireLease(t *testing.T, j Jar) {
+	ctx := t.Context()
+	begin(t, j, record("op"))
+	ttl := 30 * time.Second
+
+	r, err := j.Acquire(ctx, "op", "a", t0, ttl)
+	if err != nil || r.Holder != "a" || !r.LeaseUntil.Equal(t0.Add(ttl)) {
+		t.Fatalf("Acquire free = %q until %v, %v; want a until %v", r.Holder, r.LeaseUntil, err, t0.Add(ttl))
+	}
+	// The holder renews its own lease.
+	r, err = j.Acquire(ctx, "op", "a", t0.Add(10*time.Second), ttl)
+	if err != nil || r.Holder != "a" || !r.LeaseUntil.Equal(t0.Add(40*time.Second)) {
+		t.Fatalf("Acquire own = %q until %v, %v; want a until %v", r.Holder, r.LeaseUntil, err, t0.Add(40*time.Second))
+	}
+	// Another holder is refused until the lease ends, and sees the holder.
+	r, err = j.Acquire(ctx, "op", "b", t0.Add(40*time.Second-time.Nanosecond), ttl)
+	if !errors.Is(err, idem.ErrLeased) {
+		t.Fatalf("Acquire held: err = %v; want ErrLeased", err)
+	}
+	if r.Holder != "a" || r.Op != "op" {
+		t.Errorf("Acquire held returned holder %q op %q; want a, op", r.Holder, r.Op)
+	}
+	if g := get(t, j, "op"); g.Holder != "a" || !g.LeaseUntil.Equal(t0.Add(40*time.Second)) {
+		t.Errorf("after refused Acquire: holder %q until %v; want a until %v", g.Holder, g.LeaseUntil, t0.Add(40*time.Second))
+	}
+	// At the end of the lease it is expired: b takes it over.
+	r, err = j.Acquire(ctx, "op", "b", t0.Add(40*time.Second), ttl)
+	if err != nil || r.Holder != "b" || !r.LeaseUntil.Equal(t0.Add(70*time.Second)) {
+		t.Fatalf("Acquire expired = %q until %v, %v; want b until %v", r.Holder, r.LeaseUntil, err, t0.Add(70*time.Second))
+	}
+	// Released, it is free for anyone at any time.
+	update(t, j, "op", "b", idem.Change{Now: t0.Add(41 * time.Second), Release: true})
+	r, err = j.Acquire(ctx, "op", "c", t0.Add(42*time.Second), ttl)
+	if err != nil || r.Holder != "c" {
+		t.Fatalf("Acquire released = %q, %v; want c", r.Holder, err)
+	}
+	want := record("op")
+	want.Updated, want.Holder, want.LeaseUntil = t0.Add(41*time.Second), "c", t0.Add(72*time.Second)
+	expect(t, "after leases", get(t, j, "op"), want)
+}
+
+func testUpdateFenced(t *testing.T, j Jar) {
+	ctx := t.Context()
+	begin(t, j, record("op"))
+	if _, err := j.Acquire(ctx, "op", "a", t0, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	want := update(t, j, "op", "a", idem.Change{Now: t0.Add(time.Second), Attempts: 1, LastStatus: 503,
+		LastError: "unavailable", NextAttempt: t0.Add(5 * time.Second), Note: "retrying"})
+	// b takes the expired lease over; a's late write is refused.
+	want2, err := j.Acquire(ctx, "op", "b", t0.Add(time.Minute), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Holder, want.LeaseUntil = want2.Holder, want2.LeaseUntil
+	r, err := j.Update(ctx, "op", "a", idem.Change{Now: t0.Add(2 * time.Minute), State: idem.StateDone,
+		Attempts: 1, LastStatus: 201, Release: true})
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Update by the old holder: err = %v; want ErrLeaseLost", err)
+	}
+	if r.Holder != "b" {
+		t.Errorf("Update by the old holder returned holder %q; want b", r.Holder)
+	}
+	expect(t, "after a lost Update", get(t, j, "op"), want)
+
+	// The new holder's change applies: attempts add up, NextAttempt and the
+	// last status and error are replaced, an empty Note keeps the note.
+	got := update(t, j, "op", "b", idem.Change{Now: t0.Add(2 * time.Minute), State: idem.StateDone,
+		Attempts: 2, LastStatus: 201, Release: true})
+	want.State, want.Updated, want.Attempts, want.LastStatus, want.LastError = idem.StateDone, t0.Add(2*time.Minute), 3, 201, ""
+	want.NextAttempt, want.Holder, want.LeaseUntil = time.Time{}, "", time.Time{}
+	expect(t, "Update by the holder", got, want)
+	expect(t, "Get after Update", get(t, j, "op"), want)
+}
+
+func testUpdateUnfenced(t *testing.T, j Jar) {
+	begin(t, j, record("op"))
+	if _, err := j.Acquire(t.Context(), "op", "a", t0, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// holder "" applies whoever holds the lease, and keeps the lease unless
+	// told to release it; an empty State keeps the state.
+	got := update(t, j, "op", "", idem.Change{Now: t0.Add(time.Second), Attempts: 2, Note: "operator"})
+	want := record("op")
+	want.Updated, want.Attempts, want.Note, want.Holder, want.LeaseUntil = t0.Add(time.Second), 2, "operator", "a", t0.Add(time.Minute)
+	expect(t, "unfenced Update", got, want)
+	got = update(t, j, "op", "", idem.Change{Now: t0.Add(2 * time.Second), State: idem.StateReconcile, Release: true})
+	want.Updated, want.State, want.Holder, want.LeaseUntil = t0.Add(2*time.Second), idem.StateReconcile, "", time.Time{}
+	expect(t, "unfenced Update with Release", got, want)
+	expect(t, "Get after unfenced Update", get(t, j, "op"), want)
+}
+
+func testNotFound(t *testing.T, j Jar) {
+	ctx := t.Context()
+	begin(t, j, record("known"))
+	if _, err := j.Get(ctx, "unknown"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get: err = %v; want ErrNotFound", err)
+	}
+	if _, err := j.Acquire(ctx, "unknown", "a", t0, time.Minute); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Acquire: err = %v; want ErrNotFound", err)
+	}
+	if _, err := j.Update(ctx, "unknown", "", idem.Change{Now: t0}); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Update: err = %v; want ErrNotFound", err)
+	}
+	if _, err := j.Update(ctx, "unknown", "a", idem.Change{Now: t0}); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("fenced Update: err = %v; want ErrNotFound", err)
+	}
+	if err := j.Forget(ctx, "unknown"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Forget: err = %v; want ErrNotFound", err)
+	}
+	// None of them created anything.
+	all, err := j.List(ctx, idem.Filter{})
+	if err != nil || len(all) != 1 || all[0].Op != "known" {
+		t.Errorf("List after unknown ops = %v, %v; want only known", ops(all), err)
+	}
+}
+
+func ops(rs []idem.Record) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Op
+	}
+	return out
+}
+
+func testList(t *testing.T, j Jar) {
+	ctx := t.Context()
+	if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 0 {
+		t.Fatalf("List of an empty jar = %v, %v; want none", ops(all), err)
+	}
+	// Created out of insertion order, with ties broken by Op, and a zero
+	// Created first.
+	for _, c := range []struct {
+		op      string
+		created time.Time
+		state   idem.State
+	}{
+		{"d", t0.Add(2 * time.Second), idem.StatePending},
+		{"b", t0.Add(time.Second), idem.StateDone},
+		{"c", t0.Add(time.Second), idem.StatePending},
+		{"a", t0.Add(3 * time.Second), idem.StateDone},
+		{"e", t0.Add(time.Nanosecond), idem.StateFailed},
+		{"z", time.Time{}, idem.StatePending},
+	} {
+		r := record(c.op)
+		r.Created, r.State = c.created, c.state
+		begin(t, j, r)
+	}
+	for _, c := range []struct {
+		f    idem.Filter
+		want []string
+	}{
+		{idem.Filter{}, []string{"z", "e", "b", "c", "d", "a"}},
+		{idem.Filter{Limit: 3}, []string{"z", "e", "b"}},
+		{idem.Filter{Limit: 100}, []string{"z", "e", "b", "c", "d", "a"}},
+		{idem.Filter{State: idem.StatePending}, []string{"z", "c", "d"}},
+		{idem.Filter{State: idem.StateDone, Limit: 1}, []string{"b"}},
+		{idem.Filter{State: idem.StateReconcile}, []string{}},
+	} {
+		got, err := j.List(ctx, c.f)
+		if err != nil {
+			t.Fatalf("List(%+v): %v", c.f, err)
+		}
+		if !slices.Equal(ops(got), c.want) {
+			t.Errorf("List(%+v) = %v; want %v", c.f, ops(got), c.want)
+		}
+	}
+	all, err := j.List(ctx, idem.Filter{State: idem.StateFailed})
+	if err != nil || len(all) != 1 {
+		t.Fatalf("List failed = %v, %v", ops(all), err)
+	}
+	want := record("e")
+	want.Created, want.State = t0.Add(time.Nanosecond), idem.StateFailed
+	expect(t, "listed record", all[0], want)
+}
+
+func testForget(t *testing.T, j Jar) {
+	ctx := t.Context()
+	begin(t, j, record("keep"))
+	begin(t, j, record("pending"))
+	if _, err := j.Acquire(ctx, "pending", "a", t0, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Forget(ctx, "pending"); err != nil {
+		t.Fatalf("Forget of a pending, leased op: %v", err)
+	}
+	if _, err := j.Get(ctx, "pending"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get after Forget: err = %v; want ErrNotFound", err)
+	}
+	if err := j.Forget(ctx, "pending"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("second Forget: err = %v; want ErrNotFound", err)
+	}
+	// The name is free again: Begin creates it with the new key.
+	r := record("pending")
+	r.Key = "second-key"
+	if got := begin(t, j, r); got.Key != "second-key" || got.Holder != "" {
+		t.Errorf("Begin after Forget: key %q holder %q; want second-key and no holder", got.Key, got.Holder)
+	}
+	expect(t, "untouched record", get(t, j, "keep"), record("keep"))
+}
+
+func testPrune(t *testing.T, j Jar) {
+	ctx := t.Context()
+	before := t0.Add(time.Hour)
+	type row struct {
+		state   idem.State
+		updated time.Time
+		pruned  bool
+	}
+	rows := map[string]row{
+		"done-old":        {idem.StateDone, before.Add(-time.Nanosecond), true},
+		"failed-old":      {idem.StateFailed, t0, true},
+		"abandoned-old":   {idem.StateAbandoned, t0, true},
+		"done-zero":       {idem.StateDone, time.Time{}, true},
+		"done-at":         {idem.StateDone, before, false},
+		"done-new":        {idem.StateDone, before.Add(time.Hour), false},
+		"pending-old":     {idem.StatePending, t0, false},
+		"reconcile-old":   {idem.StateReconcile, t0, false},
+		"abandoned-newer": {idem.StateAbandoned, before.Add(time.Second), false},
+	}
+	for op, r := range rows {
+		begin(t, j, record(op))
+		update(t, j, op, "", idem.Change{Now: r.updated, State: r.state})
+	}
+	n, err := j.Prune(ctx, before, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 {
+		t.Errorf("Prune = %d; want 4", n)
+	}
+	for op, r := range rows {
+		_, err := j.Get(ctx, op)
+		if gone := errors.Is(err, idem.ErrNotFound); gone != r.pruned {
+			t.Errorf("%s: pruned = %v (err %v); want %v", op, gone, err, r.pruned)
+		}
+	}
+	if n, err := j.Prune(ctx, before, 0); n != 0 || err != nil {
+		t.Errorf("second Prune = %d, %v; want 0", n, err)
+	}
+}
+
+func testPruneLimit(t *testing.T, j Jar) {
+	ctx := t.Context()
+	for i := range 5 {
+		op := fmt.Sprintf("done-%d", i)
+		begin(t, j, record(op))
+		update(t, j, op, "", idem.Change{Now: t0, State: idem.StateDone})
+	}
+	begin(t, j, record("pending"))
+	for i, want := range []int{2, 2, 1, 0} {
+		n, err := j.Prune(ctx, t0.Add(time.Hour), 2)
+		if err != nil || n != want {
+			t.Fatalf("Prune #%d with limit 2 = %d, %v; want %d", i, n, err, want)
+		}
+	}
+	all, err := j.List(ctx, idem.Filter{})
+	if err != nil || !slices.Equal(ops(all), []string{"pending"}) {
+		t.Errorf("after Prune: %v, %v; want [pending]", ops(all), err)
+	}
+}
+
+func testSecretHeaders(t *testing.T, j Jar) {
+	r := record("op")
+	r.Header = http.Header{
+		"Authorization":       {"Bearer sk_live_secret"},
+		"Proxy-Authorization": {"Basic c2VjcmV0"},
+		"Cookie":              {"session=secret"},
+		"X-Api-Key":           {"secret-api-key"},
+		"X-Auth-Token":        {"secret-token"},
+		"Content-Type":        {"application/json"},
+		"Accept":              {"application/json", "text/plain"},
+	}
+	in := r.Header.Clone()
+	want := http.Header{"Content-Type": {"application/json"}, "Accept": {"application/json", "text/plain"}}
+	check := func(what string, h http.Header) {
+		t.Helper()
+		for k := range h {
+			if idem.SecretHeader(k) {
+				t.Errorf("%s holds secret header %s", what, k)
+			}
+		}
+		if !headerEqual(h, want) {
+			t.Errorf("%s header = %v; want %v", what, h, want)
+		}
+	}
+	got := begin(t, j, r)
+	check("Begin", got.Header)
+	check("Get", get(t, j, "op").Header)
+	all, err := j.List(t.Context(), idem.Filter{})
+	if err != nil || len(all) != 1 {
+		t.Fatalf("List = %v, %v", ops(all), err)
+	}
+	check("List", all[0].Header)
+	if !headerEqual(r.Header, in) {
+		t.Errorf("Begin modified the caller's header: %v; want %v", r.Header, in)
+	}
+}
+
+func testRoundTrip(t *testing.T, j Jar) {
+	binary := make([]byte, 256)
+	for i := range binary {
+		binary[i] = byte(i)
+	}
+	for _, c := range []struct {
+		name string
+		edit func(r *idem.Record)
+	}{
+		{"nil body", func(r *idem.Record) { r.Body, r.BodySize = nil, 0 }},
+		{"empty body", func(r *idem.Record) { r.Body, r.BodySize = []byte{}, 0 }},
+		{"binary body", func(r *idem.Record) { r.Body, r.BodySize = binary, int64(len(binary)) }},
+		{"body not stored", func(r *idem.Record) { r.Body, r.BodySize = nil, 100<<20 }},
+		{"nil header", func(r *idem.Record) { r.Header = nil }},
+		{"odd header", func(r *idem.Record) {
+			r.Header = http.Header{
+				"X-Empty":          {""},
+				"X-Many":           {"1", "2", "3", "2"},
+				"x-not-canonical":  {"kept as is"},
+				"X-Unicode":        {"日本語 \"quoted\" \\ \n"},
+				"Idempotency-Key":  {"key-op"},
+				"Content-Encoding": {"gzip"},
+			}
+		}},
+		{"every field", func(r *idem.Record) {
+			r.State, r.Attempts, r.LastStatus, r.LastError = idem.StateReconcile, 7, 503, "dial tcp: connection refused"
+			r.NextAttempt, r.Note = t0.Add(time.Minute), "note ✓"
+			r.Holder, r.LeaseUntil = "host:1234", t0.Add(30*time.Second)
+			r.URL = "http://[::1]:8080/a%20b?q=1&q=2#frag"
+			r.Fingerprint = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := record("op:" + c.name)
+			c.edit(&want)
+			got := begin(t, j, want)
+			if want.Header == nil {
+				want.Header = http.Header{}
+			}
+			expect(t, "Begin", got, want)
+			stored := get(t, j, want.Op)
+			expect(t, "Get", stored, want)
+			if stored.BodyStored() != want.BodyStored() {
+				t.Errorf("BodyStored = %v; want %v", stored.BodyStored(), want.BodyStored())
+			}
+		})
+	}
+}
+
+func testTimes(t *testing.T, j Jar) {
+	zone := time.FixedZone("UTC+5:30", 5*3600+30*60)
+	now := time.Now() // has a monotonic reading, which a jar cannot keep
+	r := record("op")
+	r.Created = time.Date(2024, 2, 29, 23, 59, 59, 999999999, zone)
+	r.Updated = now
+	r.NextAttempt = time.Date(1999, 12, 31, 23, 59, 59, 1, time.UTC)
+	r.LeaseUntil = time.Date(2200, 1, 1, 0, 0, 0, 1, zone)
+	got := begin(t, j, r)
+	expect(t, "Begin", got, r)
+	expect(t, "Get", get(t, j, "op"), r)
+
+	// Zero times stay zero.
+	got = update(t, j, "op", "", idem.Change{Now: now.Add(time.Nanosecond), Release: true})
+	if !got.NextAttempt.IsZero() || !got.LeaseUntil.IsZero() {
+		t.Errorf("cleared times: NextAttempt %v, LeaseUntil %v; want zero", got.NextAttempt, got.LeaseUntil)
+	}
+	stored := get(t, j, "op")
+	if !stored.NextAttempt.IsZero() || !stored.LeaseUntil.IsZero() || !stored.Updated.Equal(now.Add(time.Nanosecond)) {
+		t.Errorf("stored times: NextAttempt %v, LeaseUntil %v, Updated %v; want zero, zero, %v",
+			stored.NextAttempt, stored.LeaseUntil, stored.Updated, now.Add(time.Nanosecond))
+	}
+}
+
+func testNoAliasing(t *testing.T, j Jar) {
+	r := record("op")
+	got := begin(t, j, r)
+	// Changing what Begin was given or returned changes nothing stored.
+	r.Header.Set("Content-Type", "text/plain")
+	r.Body[0] = 'X'
+	got.Header.Set("X-Request-Tag", "changed")
+	got.Body[1] = 'Y'
+	stored := get(t, j, "op")
+	expect(t, "after changing Begin's argument and result", stored, record("op"))
+	stored.Header.Del("Content-Type")
+	stored.Body[2] = 'Z'
+	expect(t, "after changing Get's result", get(t, j, "op"), record("op"))
+}
+
+func testCancelledContext(t *testing.T, j Jar) {
+	begin(t, j, record("op"))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, _, err := j.Begin(ctx, record("new")); !errors.Is(err, context.Canceled) {
+		t.Errorf("Begin: err = %v; want context.Canceled", err)
+	}
+	if _, err := j.Get(ctx, "op"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Get: err = %v; want context.Canceled", err)
+	}
+	if _, err := j.Acquire(ctx, "op", "a", t0, time.Minute); !errors.Is(err, context.Canceled) {
+		t.Errorf("Acquire: err = %v; want context.Canceled", err)
+	}
+	if _, err := j.Update(ctx, "op", "", idem.Change{Now: t0, State: idem.StateDone}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Update: err = %v; want context.Canceled", err)
+	}
+	if _, err := j.List(ctx, idem.Filter{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("List: err = %v; want context.Canceled", err)
+	}
+	if err := j.Forget(ctx, "op"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Forget: err = %v; want context.Canceled", err)
+	}
+	if _, err := j.Prune(ctx, t0.Add(time.Hour), 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("Prune: err = %v; want context.Canceled", err)
+	}
+	// Nothing happened.
+	if _, err := j.Get(t.Context(), "new"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get(new) after a cancelled Begin: err = %v; want ErrNotFound", err)
+	}
+	expect(t, "after cancelled calls", get(t, j, "op"), record("op"))
+}
