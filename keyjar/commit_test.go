@@ -1,0 +1,190 @@
+package keyjar_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+func newRecord(op string) idem.Record {
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	return idem.Record{Op: op, Key: "key-" + op, Fingerprint: "fp", State: idem.StatePending,
+		Method: "POST", URL: "http://127.0.0.1/charge", Created: now, Updated: now}
+}
+
+// commitGate is a beforeCommit seam that records each commit and, until
+// open is called, holds it until the test releases it.
+type commitGate struct {
+	mu      sync.Mutex
+	commits []keyjar.Commit
+	entered chan struct{}
+	release chan struct{}
+	free    chan struct{}
+	once    sync.Once
+}
+
+func newCommitGate() *commitGate {
+	return &commitGate{entered: make(chan struct{}, 1000), release: make(chan struct{}, 1000), free: make(chan struct{})}
+}
+
+func (g *commitGate) hook(c keyjar.Commit) {
+	g.mu.Lock()
+	g.commits = append(g.commits, c)
+	g.mu.Unlock()
+	select {
+	case <-g.free:
+		return
+	default:
+	}
+	g.entered <- struct{}{}
+	select {
+	case <-g.release:
+	case <-g.free:
+	}
+}
+
+// open lets every commit through from now on.
+func (g *commitGate) open() { g.once.Do(func() { close(g.free) }) }
+
+// openGated opens a new jar whose commits go through a gate. At the end of
+// the test the gate opens, then the jar closes.
+func openGated(t *testing.T) (*keyjar.Jar, *commitGate) {
+	t.Helper()
+	gate := newCommitGate()
+	j, err := keyjar.OpenHooked(t.Context(), filepath.Join(t.TempDir(), "keys.db"), nil, gate.hook, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	t.Cleanup(gate.open) // runs first, also when the test fails
+	return j, gate
+}
+
+func (g *commitGate) log() []keyjar.Commit {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]keyjar.Commit(nil), g.commits...)
+}
+
+// TestBeginWaitsForDurableCommit holds the COMMIT of a key creation and
+// checks that Begin has not returned: a jar that answered before its commit
+// was durable would fail here.
+func TestBeginWaitsForDurableCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j, gate := openGated(t)
+		returned := make(chan error, 1)
+		go func() {
+			_, _, err := j.Begin(t.Context(), newRecord("op"))
+			returned <- err
+		}()
+		<-gate.entered
+		synctest.Wait() // every goroutine is blocked: Begin, if it was going to return early, has
+		select {
+		case err := <-returned:
+			t.Fatalf("Begin returned (err %v) before its transaction committed", err)
+		default:
+		}
+		if c := gate.log()[0]; !c.Durable || c.Synchronous != 2 {
+			t.Errorf("key creation committed with %+v; want durable with synchronous=FULL (2)", c)
+		}
+		gate.release <- struct{}{}
+		if err := <-returned; err != nil {
+			t.Fatalf("Begin: %v", err)
+		}
+	})
+}
+
+// TestGroupCommit holds one commit while more Begins arrive: they must all
+// share the next transaction, and none may return before it commits.
+func TestGroupCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j, gate := openGated(t)
+		const n = 32
+		var returned sync.WaitGroup
+		var done [n]chan error
+		begin := func(i int) {
+			done[i] = make(chan error, 1)
+			returned.Go(func() {
+				_, created, err := j.Begin(t.Context(), newRecord(fmt.Sprint("op-", i)))
+				if err == nil && !created {
+					err = fmt.Errorf("op-%d: created = false", i)
+				}
+				done[i] <- err
+			})
+		}
+		begin(0)
+		<-gate.entered // the first commit is held
+		for i := 1; i < n; i++ {
+			begin(i)
+		}
+		synctest.Wait() // the other Begins are all queued
+		gate.release <- struct{}{}
+		<-gate.entered // the second commit holds the other 31
+		synctest.Wait()
+		for i := 1; i < n; i++ {
+			select {
+			case err := <-done[i]:
+				t.Fatalf("Begin %d returned (err %v) before its transaction committed", i, err)
+			default:
+			}
+		}
+		gate.release <- struct{}{}
+		returned.Wait()
+		for i := range n {
+			if err := <-done[i]; err != nil {
+				t.Error(err)
+			}
+		}
+		commits := gate.log()
+		if len(commits) != 2 || commits[0].Jobs != 1 || commits[1].Jobs != n-1 {
+			t.Errorf("%d Begins committed as %+v; want 2 commits of 1 and %d", n, commits, n-1)
+		}
+	})
+}
+
+// TestOnlyKeyCreationsSync checks that only transactions holding a key
+// creation commit with synchronous=FULL: Acquire, Update, Forget and Prune
+// are written without an fsync of their own.
+func TestOnlyKeyCreationsSync(t *testing.T) {
+	j, gate := openGated(t)
+	gate.open()
+	ctx := t.Context()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	steps := []struct {
+		name    string
+		durable bool
+		run     func() error
+	}{
+		{"Begin", true, func() error { _, _, err := j.Begin(ctx, newRecord("op")); return err }},
+		{"Acquire", false, func() error { _, err := j.Acquire(ctx, "op", "a", now, time.Minute); return err }},
+		{"Update", false, func() error {
+			_, err := j.Update(ctx, "op", "a", idem.Change{Now: now, State: idem.StateDone, Release: true})
+			return err
+		}},
+		{"Begin again", true, func() error { _, _, err := j.Begin(ctx, newRecord("op2")); return err }},
+		{"Prune", false, func() error { _, err := j.Prune(ctx, now.Add(time.Hour), 0); return err }},
+		{"Forget", false, func() error { return j.Forget(ctx, "op2") }},
+	}
+	for i, s := range steps {
+		if err := s.run(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		commits := gate.log()
+		if len(commits) != i+1 {
+			t.Fatalf("after %s: %d commits; want %d", s.name, len(commits), i+1)
+		}
+		want := keyjar.Commit{Jobs: 1, Durable: s.durable, Synchronous: 1}
+		if s.durable {
+			want.Synchronous = 2
+		}
+		if c := commits[i]; c != want {
+			t.Errorf("%s committed as %+v; want %+v", s.name, c, want)
+		}
+	}
+}

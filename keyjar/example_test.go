@@ -1,0 +1,75 @@
+package keyjar_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+// A key persisted by Begin survives a restart: the program that opens the
+// jar again and begins the same operation gets the same key back, and the
+// credential it forgot to strip was never stored.
+func ExampleOpen() {
+	dir, err := os.MkdirTemp("", "keyjar-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "keys.db")
+	ctx := context.Background()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+	jar, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rec, created, err := jar.Begin(ctx, idem.Record{
+		Op:      "charge:order-42",
+		Key:     "5f0c6d1e-8a4b-4c3d-9e2f-1a2b3c4d5e6f",
+		State:   idem.StatePending,
+		Method:  http.MethodPost,
+		URL:     "https://payments.example/charges",
+		Header:  http.Header{"Authorization": {"Bearer sk_live_x"}, "Content-Type": {"application/json"}},
+		Created: now,
+		Updated: now,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("first run:", rec.Key, "created:", created)
+	if err := jar.Close(); err != nil {
+		log.Fatal(err)
+	}
+
+	// A restart.
+	jar, err = keyjar.Open(ctx, path, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer jar.Close()
+	rec, created, err = jar.Begin(ctx, idem.Record{
+		Op: "charge:order-42", Key: "a-fresh-key-that-is-not-used", Created: now, Updated: now,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("after restart:", rec.Key, "created:", created)
+	fmt.Printf("stored headers: %v\n", rec.Header)
+	fi, err := os.Stat(path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("file mode:", fi.Mode().Perm())
+	// Output:
+	// first run: 5f0c6d1e-8a4b-4c3d-9e2f-1a2b3c4d5e6f created: true
+	// after restart: 5f0c6d1e-8a4b-4c3d-9e2f-1a2b3c4d5e6f created: false
+	// stored headers: map[Content-Type:[application/json]]
+	// file mode: -rw-------
+}

@@ -1,0 +1,295 @@
+package keyjar_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+// TestReopenKeepsRecords closes the jar and opens the file again, as a
+// restarted program does: the operation and its key are still there.
+func TestReopenKeepsRecords(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, err := j.Begin(ctx, newRecord("charge:order-42"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2025, 3, 1, 12, 0, 1, 5, time.UTC)
+	want, err := j.Update(ctx, "charge:order-42", "", idem.Change{Now: now, Attempts: 1, LastStatus: 503})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	j = openPath(t, path, nil)
+	again := newRecord("charge:order-42")
+	again.Key = "a-new-key"
+	got, created, err := j.Begin(ctx, again)
+	if err != nil || created || got.Key != first.Key {
+		t.Fatalf("Begin after reopen = key %q, created %v, %v; want %q, false", got.Key, created, err, first.Key)
+	}
+	if got.Attempts != 1 || got.LastStatus != 503 || !got.Updated.Equal(want.Updated) {
+		t.Errorf("after reopen: attempts %d, status %d, updated %v; want 1, 503, %v",
+			got.Attempts, got.LastStatus, got.Updated, want.Updated)
+	}
+}
+
+// TestFileModes checks that the jar file and SQLite's -wal and -shm files
+// beside it are readable by their owner only.
+func TestFileModes(t *testing.T) {
+	j, path := openTemp(t, nil)
+	if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Get(t.Context(), "op"); err != nil { // a reader maps the -shm file too
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatalf("%s: %v", filepath.Base(p), err)
+		}
+		if m := fi.Mode().Perm(); m&0o077 != 0 {
+			t.Errorf("%s has mode %v; want no access for group and others (0600)", filepath.Base(p), m)
+		}
+	}
+}
+
+// TestNoSecretInFile scans every byte of the jar's files for credentials
+// that a caller forgot to strip. A header that is not a secret is found, so
+// the scan looks where the headers are.
+func TestNoSecretInFile(t *testing.T) {
+	const (
+		secret  = "Bearer sk_live_7f3a9c1e0b5d"
+		cookie  = "session=5c4d3e2f1a0b"
+		apiKey  = "ak_9e8d7c6b5a49"
+		visible = "visible-marker-3b1f"
+	)
+	j, path := openTemp(t, nil)
+	r := newRecord("op")
+	r.Header = http.Header{
+		"Authorization":       {secret},
+		"Proxy-Authorization": {secret},
+		"Cookie":              {cookie},
+		"X-Api-Key":           {apiKey},
+		"X-Trace":             {visible},
+	}
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Update(t.Context(), "op", "", idem.Change{Now: time.Now(), State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+	scan := func(when string) {
+		t.Helper()
+		var all []byte
+		for _, p := range []string{path, path + "-wal"} {
+			b, err := os.ReadFile(p)
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+			all = append(all, b...)
+		}
+		if !bytes.Contains(all, []byte(visible)) {
+			t.Fatalf("%s: the scan does not find the visible header %q in the files", when, visible)
+		}
+		for _, s := range []string{secret, cookie, apiKey} {
+			if bytes.Contains(all, []byte(s)) {
+				t.Errorf("%s: the jar's files hold the credential %q", when, s)
+			}
+		}
+	}
+	scan("open")
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	scan("closed")
+}
+
+func TestClosed(t *testing.T) {
+	ctx := t.Context()
+	j, _ := openTemp(t, nil)
+	if _, _, err := j.Begin(ctx, newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	checks := map[string]error{
+		"Close":   j.Close(),
+		"Forget":  j.Forget(ctx, "op"),
+		"Begin":   third(j.Begin(ctx, newRecord("op2"))),
+		"Get":     second(j.Get(ctx, "op")),
+		"Acquire": second(j.Acquire(ctx, "op", "a", time.Now(), time.Minute)),
+		"Update":  second(j.Update(ctx, "op", "", idem.Change{Now: time.Now()})),
+		"List":    second(j.List(ctx, idem.Filter{})),
+		"Prune":   second(j.Prune(ctx, time.Now(), 0)),
+	}
+	for name, err := range checks {
+		if !errors.Is(err, keyjar.ErrClosed) {
+			t.Errorf("%s after Close: err = %v; want ErrClosed", name, err)
+		}
+	}
+}
+
+// second and third return the error of a call's results.
+func second[T any](_ T, err error) error { return err }
+
+func third[T, U any](_ T, _ U, err error) error { return err }
+
+// TestInvalidInput: bad records are refused with ErrInvalid, and nothing in
+// the jar changes.
+func TestInvalidInput(t *testing.T) {
+	ctx := t.Context()
+	j, _ := openTemp(t, nil)
+	want, _, err := j.Begin(ctx, newRecord("op"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tooLate := time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)
+	tooEarly := time.Date(1600, 1, 1, 0, 0, 0, 0, time.UTC)
+	edit := func(f func(r *idem.Record)) idem.Record {
+		r := newRecord("new")
+		f(&r)
+		return r
+	}
+	for name, r := range map[string]idem.Record{
+		"empty op":        edit(func(r *idem.Record) { r.Op = "" }),
+		"empty key":       edit(func(r *idem.Record) { r.Key = "" }),
+		"unknown state":   edit(func(r *idem.Record) { r.State = "sent" }),
+		"created in 2300": edit(func(r *idem.Record) { r.Created = tooLate }),
+		"updated in 1600": edit(func(r *idem.Record) { r.Updated = tooEarly }),
+		"lease in 2300":   edit(func(r *idem.Record) { r.LeaseUntil = tooLate }),
+		"existing op":     func() idem.Record { r := newRecord("op"); r.Created = tooLate; return r }(),
+	} {
+		if _, _, err := j.Begin(ctx, r); !errors.Is(err, keyjar.ErrInvalid) {
+			t.Errorf("Begin with %s: err = %v; want ErrInvalid", name, err)
+		}
+	}
+	for name, c := range map[string]idem.Change{
+		"unknown state":     {Now: time.Now(), State: "sent"},
+		"now in 2300":       {Now: tooLate},
+		"next attempt 1600": {Now: time.Now(), NextAttempt: tooEarly},
+	} {
+		if _, err := j.Update(ctx, "op", "", c); !errors.Is(err, keyjar.ErrInvalid) {
+			t.Errorf("Update with %s: err = %v; want ErrInvalid", name, err)
+		}
+	}
+	if _, err := j.Acquire(ctx, "op", "a", time.Date(2262, 1, 1, 0, 0, 0, 0, time.UTC), 365*24*time.Hour); !errors.Is(err, keyjar.ErrInvalid) {
+		t.Errorf("Acquire until past 2262: err = %v; want ErrInvalid", err)
+	}
+	all, err := j.List(ctx, idem.Filter{})
+	if err != nil || len(all) != 1 {
+		t.Fatalf("List = %d records, %v; want only op", len(all), err)
+	}
+	if got := all[0]; got.Key != want.Key || got.Holder != "" || !got.Updated.Equal(want.Updated) || got.State != want.State {
+		t.Errorf("op changed by refused calls: %+v; want %+v", got, want)
+	}
+}
+
+// TestEmptyStateIsPending: Begin stores a record without State as pending.
+func TestEmptyStateIsPending(t *testing.T) {
+	j, _ := openTemp(t, nil)
+	r := newRecord("op")
+	r.State = ""
+	got, _, err := j.Begin(t.Context(), r)
+	if err != nil || got.State != idem.StatePending {
+		t.Fatalf("Begin without State = %q, %v; want pending", got.State, err)
+	}
+}
+
+// TestPruneInBatches deletes more rows than one batch holds: every batch is
+// its own transaction, and the limit bounds the total.
+func TestPruneInBatches(t *testing.T) {
+	ctx := t.Context()
+	var commits []keyjar.Commit
+	j, err := keyjar.OpenHooked(ctx, filepath.Join(t.TempDir(), "keys.db"), &keyjar.Options{MaxBatch: 1},
+		func(c keyjar.Commit) { commits = append(commits, c) }, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := range 45 {
+		op := "op-" + string(rune('A'+i))
+		if _, _, err := j.Begin(ctx, newRecord(op)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Update(ctx, op, "", idem.Change{Now: now, State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct{ limit, deleted, commits int }{
+		{12, 12, 2}, // 10 + 2
+		{0, 33, 4},  // 10 + 10 + 10 + 3
+		{0, 0, 1},
+	} {
+		commits = nil
+		n, err := j.Prune(ctx, now.Add(time.Second), c.limit)
+		if err != nil || n != c.deleted || len(commits) != c.commits {
+			t.Errorf("Prune(limit %d) = %d, %v in %d commits; want %d in %d", c.limit, n, err, len(commits), c.deleted, c.commits)
+		}
+	}
+}
+
+// TestLockedJar: another connection holds the file locked longer than the
+// busy timeout: writes fail with ErrLocked, and the caller's deadline is
+// kept even when the busy timeout is long.
+func TestLockedJar(t *testing.T) {
+	ctx := t.Context()
+	j, path := openTemp(t, &keyjar.Options{BusyTimeout: 20 * time.Millisecond})
+	if _, _, err := j.Begin(ctx, newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+	unlock := lockFile(t, path, false)
+	if _, _, err := j.Begin(ctx, newRecord("op2")); !errors.Is(err, keyjar.ErrLocked) {
+		t.Errorf("Begin on a locked file: err = %v; want ErrLocked", err)
+	}
+	if _, err := j.Update(ctx, "op", "", idem.Change{Now: time.Now(), State: idem.StateDone}); !errors.Is(err, keyjar.ErrLocked) {
+		t.Errorf("Update on a locked file: err = %v; want ErrLocked", err)
+	}
+	unlock()
+	r, err := j.Get(ctx, "op")
+	if err != nil || r.State != idem.StatePending {
+		t.Errorf("after the lock: %q, %v; want op still pending", r.State, err)
+	}
+	if _, _, err := j.Begin(ctx, newRecord("op2")); err != nil {
+		t.Errorf("Begin after the lock is released: %v", err)
+	}
+}
+
+func TestLockedJarDeadline(t *testing.T) {
+	j, path := openTemp(t, &keyjar.Options{BusyTimeout: time.Minute})
+	unlock := lockFile(t, path, false)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := j.Begin(ctx, newRecord("op"))
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 30*time.Second {
+		t.Errorf("Begin on a locked file = %v after %v; want DeadlineExceeded at the deadline", err, time.Since(start))
+	}
+	unlock()
+	// The committer reached the job after its deadline: nothing was written.
+	// A later Begin returns after the committer is past the first one.
+	if _, _, err := j.Begin(t.Context(), newRecord("later")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Get(t.Context(), "op"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get after a Begin past its deadline: err = %v; want ErrNotFound", err)
+	}
+}

@@ -1,0 +1,190 @@
+package keyjar_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/keyjar"
+)
+
+// rawDB opens path with the SQLite driver directly, bypassing keyjar.
+func rawDB(t *testing.T, path string, params string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// lockFile holds a write transaction on the SQLite file at path through
+// another connection, as another process would, and returns its release.
+// The lock blocks every other writer; in locking_mode=EXCLUSIVE (exclusive
+// true, possible only while no other connection has the file open) it blocks
+// readers too.
+func lockFile(t *testing.T, path string, exclusive bool) (unlock func()) {
+	t.Helper()
+	params := "?_txlock=exclusive&_pragma=busy_timeout(5000)"
+	if exclusive {
+		params += "&_pragma=locking_mode(EXCLUSIVE)"
+	}
+	db := rawDB(t, path, params)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("CREATE TABLE lock_probe (x)"); err != nil {
+		t.Fatal(err)
+	}
+	return func() { tx.Rollback(); db.Close() }
+}
+
+// newJarFile creates a closed jar at path holding one operation.
+func newJarFile(t testing.TB, path string) {
+	t.Helper()
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := j.Begin(context.Background(), newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOpenErrors opens files that are not usable jars: each gives its typed
+// error, never a panic, and the file is left exactly as it was.
+func TestOpenErrors(t *testing.T) {
+	random := make([]byte, 8192)
+	rand.NewChaCha8([32]byte{1}).Read(random)
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, path string) // creates the file at path
+		opts  *keyjar.Options
+		want  error
+	}{
+		{"random bytes", writeFile(random), nil, keyjar.ErrCorrupt},
+		{"short garbage", writeFile([]byte("not a database")), nil, keyjar.ErrCorrupt},
+		{"truncated header", writeFile([]byte("SQLite format 3\x00\x10\x00")), nil, keyjar.ErrCorrupt},
+		{"jar with a damaged header", func(t *testing.T, path string) {
+			newJarFile(t, path)
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(b[16:], bytes.Repeat([]byte{0xff}, 84)) // page size, versions, counters
+			writeFile(b)(t, path)
+		}, nil, keyjar.ErrCorrupt},
+		{"another program's database", func(t *testing.T, path string) {
+			db := rawDB(t, path, "")
+			if _, err := db.Exec("CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('ann')"); err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
+		}, nil, keyjar.ErrCorrupt},
+		{"newer schema version", func(t *testing.T, path string) {
+			newJarFile(t, path)
+			db := rawDB(t, path, "")
+			if _, err := db.Exec("PRAGMA user_version = 99"); err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
+		}, nil, keyjar.ErrVersion},
+		{"locked new file", func(t *testing.T, path string) {
+			t.Cleanup(lockFile(t, path, false))
+		}, &keyjar.Options{BusyTimeout: 20 * time.Millisecond}, keyjar.ErrLocked},
+		{"jar in a write transaction", func(t *testing.T, path string) {
+			newJarFile(t, path)
+			t.Cleanup(lockFile(t, path, false))
+		}, &keyjar.Options{BusyTimeout: 20 * time.Millisecond}, keyjar.ErrLocked},
+		{"jar in locking_mode=EXCLUSIVE", func(t *testing.T, path string) {
+			newJarFile(t, path)
+			t.Cleanup(lockFile(t, path, true))
+		}, &keyjar.Options{BusyTimeout: 20 * time.Millisecond}, keyjar.ErrLocked},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "keys.db")
+			c.setup(t, path)
+			before, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			j, err := keyjar.Open(t.Context(), path, c.opts)
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Open: err = %v; want %v", err, c.want)
+			}
+			after, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(before, after) {
+				t.Errorf("Open changed the file (%d bytes, was %d)", len(after), len(before))
+			}
+		})
+	}
+}
+
+func writeFile(b []byte) func(t *testing.T, path string) {
+	return func(t *testing.T, path string) {
+		t.Helper()
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOpenEmptyFile: an empty file is a new jar.
+func TestOpenEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	writeFile(nil)(t, path)
+	j := openPath(t, path, nil)
+	if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOpenDeadline: Open keeps the caller's deadline while another
+// connection holds the file, even with a long busy timeout.
+func TestOpenDeadline(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	newJarFile(t, path)
+	unlock := lockFile(t, path, true)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	j, err := keyjar.Open(ctx, path, &keyjar.Options{BusyTimeout: time.Minute})
+	if !errors.Is(err, context.DeadlineExceeded) || j != nil {
+		t.Fatalf("Open on a locked file = %v, %v; want nil, DeadlineExceeded", j, err)
+	}
+}
+
+func TestOpenBadOptions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	for _, o := range []keyjar.Options{{BusyTimeout: -1}, {MaxBatch: -1}} {
+		if j, err := keyjar.Open(t.Context(), path, &o); err == nil {
+			j.Close()
+			t.Errorf("Open with %+v succeeded; want an error", o)
+		}
+	}
+	if _, err := keyjar.Open(t.Context(), "", nil); err == nil {
+		t.Error("Open with an empty path succeeded; want an error")
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused Open created the file: %v", err)
+	}
+}

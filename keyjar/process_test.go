@@ -1,0 +1,216 @@
+package keyjar_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/idemkit/idem/keyjar"
+)
+
+// The test binary re-executes itself as a child process: with helperEnv set,
+// TestMain runs the helper named by it instead of the tests.
+const (
+	helperEnv = "KEYJAR_TEST_HELPER" // race, hold or open
+	pathEnv   = "KEYJAR_TEST_PATH"   // the jar file
+	idEnv     = "KEYJAR_TEST_ID"     // the child's name, part of its keys
+)
+
+// raceOps is how many operations each child of TestTwoProcessesRace begins.
+const raceOps = 50
+
+func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		if err := helper(h, os.Getenv(pathEnv), os.Getenv(idEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// helper is the child's side. It talks line by line on stdout and waits on
+// stdin where told:
+//
+//	race: open, print "ready", wait for a line, Begin op-0 … op-49 with keys
+//	      <id>-<i>, print "<op> <key> <created>" for each, close.
+//	hold: open, Begin "op" with key <id>, print the key, then wait for a line
+//	      without closing (the parent kills the process).
+//	open: open (as an unprivileged user), print "permission" when the error
+//	      wraps fs.ErrPermission, else the error or "ok".
+func helper(mode, path, id string) error {
+	ctx := context.Background()
+	stdin := bufio.NewReader(os.Stdin)
+	switch mode {
+	case "open":
+		j, err := keyjar.Open(ctx, path, nil)
+		switch {
+		case err == nil:
+			fmt.Println("ok")
+			return j.Close()
+		case errors.Is(err, fs.ErrPermission):
+			fmt.Println("permission:", err)
+		default:
+			fmt.Println("other:", err)
+		}
+		return nil
+	case "race", "hold":
+	default:
+		return fmt.Errorf("unknown helper %q", mode)
+	}
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		return err
+	}
+	if mode == "hold" {
+		r := newRecord("op")
+		r.Key = id
+		if _, _, err := j.Begin(ctx, r); err != nil {
+			return err
+		}
+		fmt.Println(id)
+		_, err := stdin.ReadString('\n') // killed here
+		return err
+	}
+	defer j.Close()
+	fmt.Println("ready")
+	if _, err := stdin.ReadString('\n'); err != nil {
+		return err
+	}
+	for i := range raceOps {
+		r := newRecord(fmt.Sprint("op-", i))
+		r.Key = fmt.Sprint(id, "-", i)
+		rec, created, err := j.Begin(ctx, r)
+		if err != nil {
+			return err
+		}
+		fmt.Println(rec.Op, rec.Key, created)
+	}
+	return nil
+}
+
+// child is a helper process.
+type child struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Scanner
+}
+
+func startChild(t *testing.T, bin, mode, path, id string, attr *syscall.SysProcAttr) *child {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, pathEnv+"="+path, idEnv+"="+id)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = attr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return &child{cmd: cmd, stdin: stdin, stdout: bufio.NewScanner(stdout)}
+}
+
+func (c *child) line(t *testing.T) string {
+	t.Helper()
+	if !c.stdout.Scan() {
+		t.Fatalf("child %v ended early: %v", c.cmd.Env[len(c.cmd.Env)-3:], c.stdout.Err())
+	}
+	return c.stdout.Text()
+}
+
+func testBinary(t *testing.T) string {
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// TestTwoProcessesRace has two processes Begin the same operations at the
+// same moment: each operation gets one key, created by exactly one of them.
+func TestTwoProcessesRace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	bin := testBinary(t)
+	children := []*child{startChild(t, bin, "race", path, "a", nil), startChild(t, bin, "race", path, "b", nil)}
+	for _, c := range children {
+		if got := c.line(t); got != "ready" {
+			t.Fatalf("child says %q; want ready", got)
+		}
+	}
+	for _, c := range children {
+		if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := map[string]map[string]bool{} // op → keys returned
+	created := map[string]int{}
+	for _, c := range children {
+		for range raceOps {
+			f := strings.Fields(c.line(t))
+			if len(f) != 3 {
+				t.Fatalf("child line %q", f)
+			}
+			if keys[f[0]] == nil {
+				keys[f[0]] = map[string]bool{}
+			}
+			keys[f[0]][f[1]] = true
+			if f[2] == "true" {
+				created[f[0]]++
+			}
+		}
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("child: %v", err)
+		}
+	}
+	j := openPath(t, path, nil)
+	for i := range raceOps {
+		op := fmt.Sprint("op-", i)
+		r, err := j.Get(t.Context(), op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys[op]) != 1 || !keys[op][r.Key] || created[op] != 1 {
+			t.Errorf("%s: keys %v, created %d times, stored %q; want one key, created once", op, keys[op], created[op], r.Key)
+		}
+	}
+}
+
+// TestKilledProcessKeepsKey kills a process (SIGKILL, no Close) right after
+// its Begin returned: the next process finds the key.
+func TestKilledProcessKeepsKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	c := startChild(t, testBinary(t), "hold", path, "the-key", nil)
+	if got := c.line(t); got != "the-key" {
+		t.Fatalf("child says %q; want the-key", got)
+	}
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	c.cmd.Wait()
+	j := openPath(t, path, nil)
+	r, created, err := j.Begin(t.Context(), newRecord("op"))
+	if err != nil || created || r.Key != "the-key" {
+		t.Fatalf("Begin after the kill = key %q, created %v, %v; want the-key, false", r.Key, created, err)
+	}
+}

@@ -1,0 +1,93 @@
+//go:build unix
+
+package keyjar_test
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/idemkit/idem/keyjar"
+)
+
+// TestOpenReadOnlyDir opens jars in a directory the process cannot write:
+// a new one, an existing one, and one open elsewhere whose -wal and -shm
+// files the process cannot open. Each error wraps fs.ErrPermission. Run as
+// root, whom permissions do not stop, the test runs the Opens in a child
+// process as the user nobody.
+func TestOpenReadOnlyDir(t *testing.T) {
+	top := t.TempDir()
+	dir := filepath.Join(top, "ro")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	existing, held := filepath.Join(dir, "existing.db"), filepath.Join(dir, "held.db")
+	newJarFile(t, existing)
+	hj := openPath(t, held, nil)
+	if _, _, err := hj.Begin(t.Context(), newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+	open := func(path string) (permission bool, msg string) {
+		_, err := keyjar.Open(t.Context(), path, nil)
+		if err == nil {
+			return false, "opened"
+		}
+		return errors.Is(err, fs.ErrPermission), err.Error()
+	}
+	if os.Geteuid() == 0 {
+		open = asNobody(t, top, existing, held)
+	} else {
+		for _, p := range []string{held + "-wal", held + "-shm"} {
+			if err := os.Chmod(p, 0); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Chmod(p, 0o600) })
+		}
+	}
+	if err := os.Chmod(dir, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(dir, 0o755) })
+	for _, name := range []string{"new.db", "existing.db", "held.db"} {
+		if ok, msg := open(filepath.Join(dir, name)); !ok {
+			t.Errorf("Open of %s in a read-only directory: %s; want an error wrapping fs.ErrPermission", name, msg)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new.db")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("new.db exists after the refused Open: %v", err)
+	}
+}
+
+// asNobody prepares top for the user nobody (the test binary copied there,
+// the jar files owned by nobody) and returns an open function that runs
+// keyjar.Open in a child process as nobody.
+func asNobody(t *testing.T, top string, jars ...string) func(path string) (bool, string) {
+	const nobody = 65534
+	self, err := os.ReadFile(testBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(top, "keyjar.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Dir(top), top} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, jar := range jars {
+		if err := os.Chown(jar, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func(path string) (bool, string) {
+		c := startChild(t, bin, "open", path, "", &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}})
+		line := c.line(t)
+		return bytes.HasPrefix([]byte(line), []byte("permission:")), line
+	}
+}
