@@ -18,6 +18,13 @@ var (
 	// anything is sent, for a body that has no GetBody and is larger than
 	// Transport.MaxBuffer: it could not be sent again on a retry.
 	ErrBodyNotRewindable = errors.New("idem: request body cannot be rewound")
+	// ErrInvalidKey is returned by Transport.RoundTrip, before anything is
+	// stored or sent, for a request that carries its own Idempotency-Key
+	// when the header is set more than once, or the key is empty, longer
+	// than 255 characters, not printable ASCII, or begins or ends with a
+	// space: the server would refuse it, and a record whose key cannot be
+	// sent would stay pending in the jar.
+	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
 	// ErrMismatch matches *MismatchError.
 	ErrMismatch = errors.New("idem: operation reused with a different request")
 	// ErrReconcile matches *ReconcileError.

@@ -59,6 +59,10 @@ func Operation(ctx context.Context) string {
 //     for bytes, strings and buffers). Without GetBody, a body of at most
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
 //     is sent with ErrBodyNotRewindable.
+//   - A key the caller set in the Idempotency-Key header is used instead of
+//     a generated one. It must be one header value of 1 to 255 printable
+//     ASCII characters, without a space at either end; any other is refused
+//     with ErrInvalidKey before anything is stored or sent.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -71,8 +75,9 @@ func Operation(ctx context.Context) string {
 //     out: the operation then stays pending.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
-//     *MismatchError, *JarError, or ErrNilJar, ErrBodyNotRewindable
-//     wrapped), never a *url.Error, which http.Client adds.
+//     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,
+//     ErrBodyNotRewindable wrapped), never a *url.Error, which http.Client
+//     adds.
 //   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
 //     stored in the jar, not from an in-memory timer that a restart would
 //     reset. Past it, the operation is marked StateReconcile and RoundTrip
@@ -192,12 +197,44 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Jar == nil {
 		return nil, ErrNilJar
 	}
+	if err := checkKey(req.Header); err != nil {
+		return nil, err
+	}
 	b, err := t.prepareBody(req)
 	if err != nil {
 		return nil, err
 	}
 	c := &call{t: t, req: req, body: b, policy: t.Policy.Defaults(), op: Operation(req.Context())}
 	return c.run(req.Context())
+}
+
+// maxKeyLen is the longest key a server accepts (Stripe, testserver).
+const maxKeyLen = 255
+
+// checkKey refuses a key set by the caller that no server would accept.
+func checkKey(h http.Header) error {
+	vs := h.Values(KeyHeader)
+	switch {
+	case len(vs) == 0:
+		return nil
+	case len(vs) > 1:
+		return fmt.Errorf("%w: the header is set %d times; set it once", ErrInvalidKey, len(vs))
+	}
+	k := vs[0]
+	switch {
+	case k == "":
+		return fmt.Errorf("%w: the key is empty; delete the header to have one generated", ErrInvalidKey)
+	case len(k) > maxKeyLen:
+		return fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(k), maxKeyLen)
+	case k[0] == ' ' || k[len(k)-1] == ' ':
+		return fmt.Errorf("%w: the key begins or ends with a space", ErrInvalidKey)
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%w: byte %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
+		}
+	}
+	return nil
 }
 
 // reqBody is how a request's body is produced for each attempt.
