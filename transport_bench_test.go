@@ -1,0 +1,248 @@
+//go:build linux
+
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+// The benchmarks below compare, against one loopback server in one run:
+// a plain http.Client, idem.Transport over a MemoryJar and over a keyjar
+// file, and a raw fdatasync loop (the floor of a durable key). BENCHMARKS.md
+// has the commands, the figures and the targets.
+
+// benchBody is the request every benchmark sends: a small JSON charge.
+var benchBody = []byte(`{"amount":1000,"currency":"eur","order":"order-42","customer":"cus_8f2a"}`)
+
+// newBenchServer starts a loopback server that reads the request and
+// answers a small JSON body, as a payments API would.
+func newBenchServer(b *testing.B) *httptest.Server {
+	b.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"ch_1","status":"succeeded"}`)
+	}))
+	b.Cleanup(srv.Close)
+	return srv
+}
+
+// tunedTransport is http.DefaultTransport with a pool that keeps a
+// connection per caller: the default MaxIdleConnsPerHost (2) closes and
+// redials most connections at 32 callers.
+func tunedTransport(b *testing.B) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 64
+	t.MaxIdleConnsPerHost = 64
+	b.Cleanup(t.CloseIdleConnections)
+	return t
+}
+
+// postCharge sends benchBody and reads the answer to the end.
+func postCharge(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(benchBody))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %d; want 200", resp.StatusCode)
+	}
+	return err
+}
+
+// runCallers times op with the given number of concurrent callers: a
+// serial loop for 1, b.RunParallel with exactly that many goroutines
+// otherwise. ns/op is then wall time per operation, the inverse of
+// throughput.
+func runCallers(b *testing.B, callers int, op func() error) {
+	b.Helper()
+	defer reportCPU(b)()
+	if callers == 1 {
+		for b.Loop() {
+			if err := op(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	procs := runtime.GOMAXPROCS(0)
+	if callers%procs != 0 {
+		b.Fatalf("%d callers is not a multiple of GOMAXPROCS (%d)", callers, procs)
+	}
+	b.SetParallelism(callers / procs)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// reportCPU starts counting the process's CPU time (user and system, all
+// goroutines, the server's included); the function it returns reports it
+// per operation as cpu-ns/op. On a shared machine CPU time moves less with
+// the other load than wall time does. Call it after the setup:
+//
+//	defer reportCPU(b)()
+func reportCPU(b *testing.B) func() {
+	start := cpuTime(b)
+	return func() {
+		if b.N > 0 {
+			b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N), "cpu-ns/op")
+		}
+	}
+}
+
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkTransport: plain http.Client vs idem.Transport (MemoryJar and
+// keyjar), 1 and 32 callers, with the same tuned base transport, beside a
+// raw fdatasync loop.
+func BenchmarkTransport(b *testing.B) {
+	srv := newBenchServer(b)
+	base := tunedTransport(b)
+	clients := []struct {
+		name string
+		rt   func(b *testing.B) http.RoundTripper
+	}{
+		{"plain", func(*testing.B) http.RoundTripper { return base }},
+		{"memjar", func(*testing.B) http.RoundTripper {
+			return &idem.Transport{Base: base, Jar: &idem.MemoryJar{}}
+		}},
+		{"keyjar", func(b *testing.B) http.RoundTripper {
+			jar, err := keyjar.Open(context.Background(), filepath.Join(b.TempDir(), "keys.db"), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { jar.Close() })
+			return &idem.Transport{Base: base, Jar: jar}
+		}},
+	}
+	for _, callers := range []int{1, 32} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			for _, c := range clients {
+				b.Run("client="+c.name, func(b *testing.B) {
+					hc := &http.Client{Transport: c.rt(b)}
+					ctx := context.Background()
+					runCallers(b, callers, func() error { return postCharge(ctx, hc, srv.URL) })
+				})
+			}
+			if callers == 1 {
+				b.Run("client=fdatasync", benchFdatasync)
+			}
+		})
+	}
+}
+
+// benchFdatasync appends 100 bytes to a file and fdatasyncs it: the cost of
+// one durable write on this disk, the floor under a durable Begin.
+func benchFdatasync(b *testing.B) {
+	f, err := os.OpenFile(filepath.Join(b.TempDir(), "append"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	rec := bytes.Repeat([]byte("k"), 100)
+	fd := int(f.Fd())
+	for b.Loop() {
+		if _, err := f.Write(rec); err != nil {
+			b.Fatal(err)
+		}
+		if err := syscall.Fdatasync(fd); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTransportPool: a plain http.Client at 32 callers with
+// http.DefaultTransport's pool (MaxIdleConnsPerHost 2) vs the tuned one.
+func BenchmarkTransportPool(b *testing.B) {
+	srv := newBenchServer(b)
+	pools := []struct {
+		name string
+		rt   func(b *testing.B) *http.Transport
+	}{
+		{"default", func(b *testing.B) *http.Transport {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			b.Cleanup(t.CloseIdleConnections)
+			return t
+		}},
+		{"tuned", tunedTransport},
+	}
+	for _, p := range pools {
+		b.Run("pool="+p.name, func(b *testing.B) {
+			hc := &http.Client{Transport: p.rt(b)}
+			ctx := context.Background()
+			runCallers(b, 32, func() error { return postCharge(ctx, hc, srv.URL) })
+		})
+	}
+}
+
+// cannedTransport answers every request at once with a small 200, without
+// a network: BenchmarkTransportOverhead measures what idem.Transport adds
+// to a round trip, free of the loopback's noise.
+type cannedTransport struct{}
+
+func (cannedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		io.Copy(io.Discard, req.Body)
+		req.Body.Close()
+	}
+	return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+}
+
+// BenchmarkTransportOverhead: the CPU time and allocations idem.Transport
+// with a MemoryJar adds per call, over a base that answers at once.
+func BenchmarkTransportOverhead(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		rt   func() http.RoundTripper
+	}{
+		{"plain", func() http.RoundTripper { return cannedTransport{} }},
+		{"memjar", func() http.RoundTripper {
+			return &idem.Transport{Base: cannedTransport{}, Jar: &idem.MemoryJar{}}
+		}},
+	} {
+		b.Run("client="+c.name, func(b *testing.B) {
+			hc := &http.Client{Transport: c.rt()}
+			ctx := context.Background()
+			b.ReportAllocs()
+			defer reportCPU(b)()
+			for b.Loop() {
+				if err := postCharge(ctx, hc, "http://127.0.0.1:1/charge"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
