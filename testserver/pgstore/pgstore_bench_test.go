@@ -1,0 +1,153 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/pgstore"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// benchConns is the pool size of both sides of BenchmarkClaimSave: one
+// connection per caller at 32 callers.
+const benchConns = 32
+
+// benchResponse is the answer every benchmark saves.
+var benchResponse = testserver.Response{
+	Status: http.StatusCreated,
+	Header: http.Header{"Content-Type": {"application/json"}},
+	Body:   []byte(`{"id":"ch_1","status":"succeeded"}`),
+}
+
+// BenchmarkClaimSave: a claim and the save of its answer through the Store,
+// beside the same two SQL statements run through a pgx pool directly, with
+// 1 and 32 callers, on one database of the test cluster (fsync and
+// synchronous_commit on). Both pools have 32 connections and the same
+// statement_timeout; the table is emptied before each round.
+func BenchmarkClaimSave(b *testing.B) {
+	dsn := pgtest.DB(b)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("pool_max_conns", strconv.Itoa(benchConns))
+	u.RawQuery = q.Encode()
+	dsn = u.String()
+
+	s, err := pgstore.Open(context.Background(), dsn, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	// The raw pool: the store's settings, statement_timeout included.
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(pgstore.DefaultQueryTimeout.Milliseconds(), 10)
+	raw, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
+	header := `{"Content-Type":["application/json"]}`
+
+	impls := []struct {
+		name string
+		op   func(ctx context.Context, key string, token int64) error
+	}{
+		{"store", func(ctx context.Context, key string, token int64) error {
+			if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", token, time.Now()); err != nil || !claimed {
+				return fmt.Errorf("Claim = %v, %v; want claimed", claimed, err)
+			}
+			return s.Save(ctx, "tenant", key, token, benchResponse)
+		}},
+		{"rawsql", func(ctx context.Context, key string, token int64) error {
+			// Store.Claim's statement: the insert, or the existing row.
+			var claimed bool
+			var fp, status string
+			var respStatus *int32
+			var respHeader, respBody []byte
+			var lockedAt, created int64
+			err := raw.QueryRow(ctx, `WITH ins AS (
+					INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+					VALUES ($1, $2, $3, 'in_flight', $4, $5)
+					ON CONFLICT (scope, key) DO NOTHING
+					RETURNING fingerprint, status, response_status, response_header, response_body, locked_at, created
+				)
+				SELECT true, fingerprint, status, response_status, response_header, response_body, locked_at, created FROM ins
+				UNION ALL
+				SELECT false, fingerprint, status, response_status, response_header, response_body, locked_at, created FROM idempotency_keys
+				WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`,
+				"tenant", key, "fp", token, time.Now().UnixNano()).
+				Scan(&claimed, &fp, &status, &respStatus, &respHeader, &respBody, &lockedAt, &created)
+			if err != nil || !claimed {
+				return fmt.Errorf("claim = %v, %v; want claimed", claimed, err)
+			}
+			// Store.Save's statement: the fenced update.
+			tag, err := raw.Exec(ctx, `UPDATE idempotency_keys
+				SET status = 'done', response_status = $4, response_header = $5, response_body = $6
+				WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`,
+				"tenant", key, token, benchResponse.Status, header, benchResponse.Body)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("update changed %d rows; want 1", tag.RowsAffected())
+			}
+			return nil
+		}},
+	}
+	for _, callers := range []int{1, benchConns} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			for _, impl := range impls {
+				b.Run("impl="+impl.name, func(b *testing.B) {
+					if _, err := raw.Exec(context.Background(), "TRUNCATE idempotency_keys"); err != nil {
+						b.Fatal(err)
+					}
+					runClaimSave(b, callers, impl.op)
+				})
+			}
+		})
+	}
+}
+
+// runClaimSave times op on fresh keys with the given number of callers: a
+// serial loop for 1, b.RunParallel with that many goroutines otherwise.
+func runClaimSave(b *testing.B, callers int, op func(ctx context.Context, key string, token int64) error) {
+	b.Helper()
+	ctx := context.Background()
+	var seq atomic.Int64
+	next := func() error {
+		n := seq.Add(1)
+		return op(ctx, "key-"+strconv.FormatInt(n, 10), n)
+	}
+	if callers == 1 {
+		for b.Loop() {
+			if err := next(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := next(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

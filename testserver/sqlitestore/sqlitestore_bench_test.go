@@ -1,0 +1,134 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/sqlitestore"
+)
+
+// benchResponse is the answer every benchmark saves.
+var benchResponse = testserver.Response{
+	Status: http.StatusCreated,
+	Header: http.Header{"Content-Type": {"application/json"}},
+	Body:   []byte(`{"id":"ch_1","status":"succeeded"}`),
+}
+
+// BenchmarkClaimSave: a claim and the save of its answer through the Store,
+// beside the same SQL statements run through database/sql directly on the
+// same kind of connection (one, WAL, synchronous=FULL, BEGIN IMMEDIATE),
+// with 1 and 32 callers. Each round starts from an empty file.
+func BenchmarkClaimSave(b *testing.B) {
+	for _, callers := range []int{1, 32} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			b.Run("impl=store", func(b *testing.B) {
+				s, err := sqlitestore.Open(context.Background(), filepath.Join(b.TempDir(), "keys.db"), nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				runClaimSave(b, callers, func(ctx context.Context, key string, token int64) error {
+					if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", token, time.Now()); err != nil || !claimed {
+						return fmt.Errorf("Claim = %v, %v; want claimed", claimed, err)
+					}
+					return s.Save(ctx, "tenant", key, token, benchResponse)
+				})
+			})
+			b.Run("impl=rawsql", func(b *testing.B) {
+				db := openRaw(b)
+				header := `{"Content-Type":["application/json"]}`
+				runClaimSave(b, callers, func(ctx context.Context, key string, token int64) error {
+					// Store.Claim: one IMMEDIATE transaction around the insert.
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						return err
+					}
+					res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+						VALUES (?, ?, ?, 'in_flight', ?, ?) ON CONFLICT (scope, key) DO NOTHING`,
+						"tenant", key, "fp", token, time.Now().UnixNano())
+					if err != nil {
+						tx.Rollback()
+						return err
+					}
+					if n, err := res.RowsAffected(); err != nil || n != 1 {
+						tx.Rollback()
+						return fmt.Errorf("insert changed %d rows (%v); want 1", n, err)
+					}
+					if err := tx.Commit(); err != nil {
+						return err
+					}
+					// Store.Save: one fenced update.
+					res, err = db.ExecContext(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
+						WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`,
+						benchResponse.Status, header, benchResponse.Body, "tenant", key, token)
+					if err != nil {
+						return err
+					}
+					if n, err := res.RowsAffected(); err != nil || n != 1 {
+						return fmt.Errorf("update changed %d rows (%v); want 1", n, err)
+					}
+					return nil
+				})
+			})
+		})
+	}
+}
+
+// openRaw returns a database/sql handle on a new file with the store's
+// schema (made by Open) and the store's connection settings.
+func openRaw(b *testing.B) *sql.DB {
+	b.Helper()
+	path := filepath.Join(b.TempDir(), "keys.db")
+	s, err := sqlitestore.Open(context.Background(), path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s.Close()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
+	if err != nil {
+		b.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	b.Cleanup(func() { db.Close() })
+	return db
+}
+
+// runClaimSave times op on fresh keys with the given number of callers: a
+// serial loop for 1, b.RunParallel with that many goroutines otherwise.
+func runClaimSave(b *testing.B, callers int, op func(ctx context.Context, key string, token int64) error) {
+	b.Helper()
+	ctx := context.Background()
+	var seq atomic.Int64
+	next := func() error {
+		n := seq.Add(1)
+		return op(ctx, "key-"+strconv.FormatInt(n, 10), n)
+	}
+	if callers == 1 {
+		for b.Loop() {
+			if err := next(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := next(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
