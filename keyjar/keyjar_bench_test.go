@@ -1,0 +1,257 @@
+package keyjar_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+// grownRows is the size of the grown jar of BenchmarkJarGrowth.
+const grownRows = 1_000_000
+
+// grownStart is the Created time of the grown jar's first row; the rows
+// follow each other by a microsecond, so all are older than time.Now.
+var grownStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// BenchmarkJarGrowth: Begin on an empty jar and on one holding 1M done
+// operations, and Prune of 100k and of 1M rows, with the peak memory each
+// Prune takes. The 1M-row file is built once per run, only when a
+// sub-benchmark that needs it is selected, in a temporary directory removed
+// at the end.
+func BenchmarkJarGrowth(b *testing.B) {
+	dir := b.TempDir()
+	grown := sync.OnceValues(func() (string, error) {
+		return buildGrown(filepath.Join(dir, "grown.db"), grownRows)
+	})
+	grownCopy := func(b *testing.B, name string) string {
+		b.Helper()
+		src, err := grown()
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst := filepath.Join(dir, name)
+		if err := copyFile(dst, src); err != nil {
+			b.Fatal(err)
+		}
+		return dst
+	}
+
+	b.Run("Begin/rows=0", func(b *testing.B) {
+		benchBegin(b, filepath.Join(b.TempDir(), "keys.db"))
+	})
+	var beginCopy sync.Once
+	b.Run("Begin/rows=1M", func(b *testing.B) {
+		// One working copy for every round: Begin adds b.N pending rows to
+		// the 1M, which does not change the picture, and the pristine file
+		// stays for Prune.
+		beginCopy.Do(func() { grownCopy(b, "begin.db") })
+		benchBegin(b, filepath.Join(dir, "begin.db"))
+	})
+	for _, p := range []struct {
+		name  string
+		limit int
+	}{{"rows=100k", 100_000}, {"rows=1M", 0}} {
+		b.Run("Prune/"+p.name, func(b *testing.B) {
+			want := p.limit
+			if want == 0 {
+				want = grownRows
+			}
+			var peak memPeak
+			var elapsed time.Duration
+			for range b.N {
+				b.StopTimer()
+				path := grownCopy(b, "prune.db")
+				j, err := keyjar.Open(context.Background(), path, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				runtime.GC()
+				stop := peak.sample(b)
+				start := time.Now()
+				b.StartTimer()
+				n, err := j.Prune(context.Background(), time.Now(), p.limit)
+				b.StopTimer()
+				elapsed += time.Since(start)
+				stop()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n != want {
+					b.Fatalf("Prune deleted %d rows; want %d", n, want)
+				}
+				if err := j.Close(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N*want), "ns/row")
+			peak.report(b)
+		})
+	}
+}
+
+// benchBegin times Begin of new operations, one caller, on the jar at path.
+func benchBegin(b *testing.B, path string) {
+	ctx := context.Background()
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer j.Close()
+	header := http.Header{"Content-Type": {"application/json"}}
+	body := []byte(`{"amount":1000,"currency":"eur","order":"order-42"}`)
+	for b.Loop() {
+		key := rand.Text()
+		now := time.Now()
+		r := idem.Record{Op: key, Key: key, Fingerprint: strings.Repeat("f", 64), State: idem.StatePending,
+			Method: http.MethodPost, URL: "http://127.0.0.1:8080/charges", Header: header,
+			Body: body, BodySize: int64(len(body)), Created: now, Updated: now,
+			Holder: "bench", LeaseUntil: now.Add(time.Minute)}
+		if _, created, err := j.Begin(ctx, r); err != nil || !created {
+			b.Fatalf("Begin = %v, %v; want created", created, err)
+		}
+	}
+}
+
+// buildGrown writes a jar at path holding rows done operations, such as
+// idem.Transport leaves behind, in one transaction of one statement.
+func buildGrown(path string, rows int) (string, error) {
+	ctx := context.Background()
+	j, err := keyjar.Open(ctx, path, nil) // the schema, exactly as the jar makes it
+	if err != nil {
+		return "", err
+	}
+	if err := j.Close(); err != nil {
+		return "", err
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=synchronous(OFF)&_pragma=cache_size(-262144)")
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback()
+	body := `{"amount":1000,"currency":"eur","order":"order-42"}`
+	start := grownStart.UnixNano()
+	_, err = tx.ExecContext(ctx, `
+		WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1),
+		ids(i, u) AS MATERIALIZED (
+			SELECT i, lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2)
+				|| '-' || hex(randomblob(2)) || '-' || hex(randomblob(6))) FROM n)
+		INSERT INTO operations (op, key, fingerprint, state, method, url, header, body, body_size,
+			created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
+		SELECT u, u, lower(hex(randomblob(32))), 'done', 'POST', 'http://127.0.0.1:8080/charges',
+			'{"Content-Type":["application/json"]}', CAST(?2 AS BLOB), length(?2),
+			?3 + i * 1000, ?3 + i * 1000 + 5000000, 1, 201, '', NULL, '', '', NULL
+		FROM ids`, rows, body, start)
+	if err != nil {
+		return "", fmt.Errorf("filling %s: %w", path, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return "", err
+	}
+	// Leave one self-contained file: the WAL folded into it.
+	if _, err := db.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// memPeak is the highest memory seen while Prune runs: the Go heap in use
+// (runtime.MemStats.HeapInuse, sampled every 2 ms) and the process's
+// resident set (VmHWM, whose mark is reset before each run; it covers
+// SQLite's page cache, which modernc.org/sqlite keeps outside the Go heap).
+type memPeak struct {
+	heapInuse, rss uint64
+}
+
+// sample resets the resident-set mark and samples the heap until the
+// returned function is called.
+func (p *memPeak) sample(b *testing.B) (stop func()) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		b.Logf("cannot reset the peak resident set (%v); peak-rss-B is the process's", err)
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			p.heapInuse = max(p.heapInuse, ms.HeapInuse)
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		p.rss = max(p.rss, peakRSS(b))
+	}
+}
+
+func (p *memPeak) report(b *testing.B) {
+	b.ReportMetric(float64(p.heapInuse), "peak-heapinuse-B")
+	if p.rss > 0 {
+		b.ReportMetric(float64(p.rss), "peak-rss-B")
+	}
+}
+
+// peakRSS returns VmHWM of /proc/self/status in bytes, or 0 when it cannot
+// be read.
+func peakRSS(b *testing.B) uint64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				b.Logf("VmHWM %q: %v", rest, err)
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
