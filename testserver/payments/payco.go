@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS payco_charges (
 	id        TEXT PRIMARY KEY,
 	dedup_key TEXT UNIQUE, -- NULL when charged without dedup
 	order_id  TEXT NOT NULL,
-	amount    INTEGER NOT NULL,
+	amount    BIGINT NOT NULL, -- PostgreSQL's INTEGER has 32 bits
 	currency  TEXT NOT NULL,
 	created   BIGINT NOT NULL
 );
@@ -69,7 +69,10 @@ CREATE INDEX IF NOT EXISTS payco_charges_order ON payco_charges (order_id);
 `
 
 // NewPayCo creates PayCo's tables in db if they are missing. The SQL is
-// portable between SQLite and PostgreSQL.
+// portable between SQLite and PostgreSQL (through github.com/jackc/pgx/v5/stdlib).
+// On PostgreSQL, processes that may start together must not call it at the
+// same time: a CREATE TABLE IF NOT EXISTS that races another fails.
+// idemserver serialises them with an advisory lock.
 func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 	if _, err := db.ExecContext(ctx, paycoSchema); err != nil {
 		return nil, fmt.Errorf("payments: creating the PayCo ledger: %w", err)
