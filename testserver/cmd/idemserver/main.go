@@ -1,12 +1,17 @@
 // Command idemserver runs the reference server: the payments API of
 // testserver/payments behind the idempotency Middleware, with its keys and
-// its PayCo ledger in one SQLite file.
+// its PayCo ledger in one database: a SQLite file (testserver/sqlitestore),
+// or a PostgreSQL database (testserver/pgstore) when -db is a postgres:// or
+// postgresql:// URL.
 //
 //	go run ./testserver/cmd/idemserver                 # listens on 127.0.0.1:8080, ./idemserver.db
 //	go run ./testserver/cmd/idemserver -addr 127.0.0.1:0 -db /tmp/idem.db -on-error save
+//	go run ./testserver/cmd/idemserver -db 'postgres://idem@db:5432/idem?sslmode=verify-full'
 //
 // It prints the address it listens on, and stops gracefully on SIGINT or
-// SIGTERM. Several processes may serve the same -db file at once.
+// SIGTERM. Several processes may serve the same -db at once: on one machine
+// a SQLite file, across machines a PostgreSQL database, where they share
+// the keys and the ledger.
 //
 // Fault switches, for demos and labs: -fail-after-charge P answers 500 after
 // PayCo charged, with probability P; -crash-after-charge P exits the process
@@ -17,7 +22,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,6 +30,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -35,7 +40,10 @@ import (
 
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/sqlitestore"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // crashStatus is the exit status of -crash-after-charge.
@@ -57,21 +65,87 @@ func main() {
 // backend is where the server keeps its keys and its ledger.
 type backend struct {
 	store testserver.Store
-	db    *sql.DB // PayCo's tables live here
+	payco *payments.PayCo
 	close func() error
 }
 
-// openBackend opens the database named by dsn: a SQLite file path. Every
-// choice of backend goes through here.
+// isPostgres reports whether dsn names a PostgreSQL database rather than a
+// SQLite file.
+func isPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// openBackend opens the database named by dsn: a PostgreSQL URL or a SQLite
+// file path. Every choice of backend goes through here.
 func openBackend(ctx context.Context, dsn string) (*backend, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		return nil, errors.New("PostgreSQL databases are not supported by this build yet; give -db a SQLite file path")
+	if isPostgres(dsn) {
+		return openPostgres(ctx, dsn)
 	}
 	s, err := sqlitestore.Open(ctx, dsn, nil)
 	if err != nil {
 		return nil, err
 	}
-	return &backend{store: s, db: s.DB(), close: s.Close}, nil
+	payco, err := payments.NewPayCo(ctx, s.DB())
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return &backend{store: s, payco: payco, close: s.Close}, nil
+}
+
+// redact returns dsn fit to print: a PostgreSQL URL without its password.
+func redact(dsn string) string {
+	if !isPostgres(dsn) {
+		return dsn
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "a PostgreSQL database" // unreachable: openBackend parsed it
+	}
+	return u.Redacted()
+}
+
+// paycoLock is the key of the advisory lock under which a server creates
+// PayCo's tables in PostgreSQL: CREATE TABLE IF NOT EXISTS is not safe
+// against a concurrent CREATE, and a fleet's servers start together.
+const paycoLock = 0x6964656d70617963 // "idempayc"
+
+// openPostgres opens the keys (pgstore, its own pool) and the ledger (its own
+// database/sql handle) in the PostgreSQL database dsn names.
+func openPostgres(ctx context.Context, dsn string) (_ *backend, err error) {
+	s, err := pgstore.Open(ctx, dsn, nil)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(dsn) // cannot fail: pgstore.Open parsed it
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("-db: %w", err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	db.SetMaxOpenConns(int(s.Pool().Config().MaxConns))
+	defer func() {
+		if err != nil {
+			db.Close()
+			s.Close()
+		}
+	}()
+	var payco *payments.PayCo
+	// The lock is held by a transaction on the store's pool while PayCo
+	// creates its tables through its own connections: it ends with the
+	// transaction, whatever happens.
+	err = pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(paycoLock)); err != nil {
+			return fmt.Errorf("locking the ledger's schema: %w", err)
+		}
+		var perr error
+		payco, perr = payments.NewPayCo(ctx, db)
+		return perr
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &backend{store: s, payco: payco, close: func() error { return errors.Join(db.Close(), s.Close()) }}, nil
 }
 
 // dice draws seeded random numbers for the fault switches, safely from
@@ -99,7 +173,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var (
 		addr        = fs.String("addr", "127.0.0.1:8080", "address to listen on (port 0 picks a free one)")
-		db          = fs.String("db", "idemserver.db", "SQLite file for the keys and the PayCo ledger")
+		db          = fs.String("db", "idemserver.db", "the keys and the PayCo ledger: a SQLite file, or a postgres:// URL")
 		lockTimeout = fs.Duration("lock-timeout", testserver.DefaultLockTimeout, "how long a claim is honoured before a retry may take it over")
 		retention   = fs.Duration("retention", testserver.MinRetention, "how long keys are kept (at least 24h)")
 		pruneEvery  = fs.Duration("prune-every", time.Hour, "how often keys older than -retention are deleted")
@@ -137,10 +211,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.close()
-	payco, err := payments.NewPayCo(ctx, b.db)
-	if err != nil {
-		return err
-	}
+	payco := b.payco
 	payco.NoDedup = *noDedup
 
 	mw := &testserver.Middleware{Store: b.store, LockTimeout: *lockTimeout, Retention: *retention, OnError: onErr, Optional: *optional}
@@ -166,7 +237,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	srv := &http.Server{Handler: app.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
-	fmt.Fprintf(stdout, "idemserver: listening on http://%s (db %s, lock timeout %v, on error %s)\n", ln.Addr(), *db, mw.LockTimeout, onErr)
+	fmt.Fprintf(stdout, "idemserver: listening on http://%s (db %s, lock timeout %v, on error %s)\n", ln.Addr(), redact(*db), mw.LockTimeout, onErr)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -15,47 +15,54 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
 
-// serverBin is the idemserver binary built once by TestMain, with the go
-// command that runs the tests (go test puts its GOROOT/bin first in PATH).
-var serverBin string
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemserver-test")
-	if err != nil {
-		panic(err)
+// TestProcesses runs the built program. Its subtests share one binary,
+// built into the test's temporary directory with the go command on PATH
+// (go test puts its own first).
+func TestProcesses(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemserver")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building idemserver: %v\n%s", err, out)
 	}
-	serverBin = filepath.Join(dir, "idemserver")
-	out, err := exec.Command("go", "build", "-o", serverBin, ".").CombinedOutput()
-	if err != nil {
-		os.RemoveAll(dir)
-		panic("building idemserver: " + err.Error() + "\n" + string(out))
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	t.Run("replay and restart", func(t *testing.T) { testServeReplayRestart(t, bin) })
+	t.Run("crash after charge", func(t *testing.T) { testCrashAfterCharge(t, bin) })
+	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
+	t.Run("fleet: a killed server's claim is taken over", func(t *testing.T) { testFleetKilledServer(t, bin) })
 }
 
 // server is a running idemserver process.
 type server struct {
-	cmd  *exec.Cmd
-	url  string
-	out  chan string // the rest of stdout, once the process ended
-	errb *bytes.Buffer
+	cmd    *exec.Cmd
+	stdout io.Reader
+	url    string
+	out    chan string // the rest of stdout, once the process ended
+	errb   *bytes.Buffer
 }
 
 // start runs the binary and waits for the address it prints.
-func start(t *testing.T, args ...string) *server {
+func start(t *testing.T, bin string, args ...string) *server {
 	t.Helper()
-	cmd := exec.Command(serverBin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	s := launch(t, bin, args...)
+	s.ready(t)
+	return s
+}
+
+// launch runs the binary on 127.0.0.1 at a port the OS chooses, and
+// kills it when t ends if it is still running.
+func launch(t *testing.T, bin string, args ...string) *server {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, out: make(chan string, 1), errb: new(bytes.Buffer)}
+	s := &server{cmd: cmd, stdout: stdout, out: make(chan string, 1), errb: new(bytes.Buffer)}
 	cmd.Stderr = s.errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -66,12 +73,18 @@ func start(t *testing.T, args ...string) *server {
 			cmd.Wait()
 		}
 	})
-	r := bufio.NewReader(stdout)
+	return s
+}
+
+// ready waits for the address the server prints once it listens.
+func (s *server) ready(t *testing.T) {
+	t.Helper()
+	r := bufio.NewReader(s.stdout)
 	line, err := r.ReadString('\n')
 	const prefix = "idemserver: listening on "
 	if err != nil || !strings.HasPrefix(line, prefix) {
-		cmd.Process.Kill()
-		cmd.Wait()
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
 		t.Fatalf("first line %q, %v; stderr %s", line, err, s.errb)
 	}
 	s.url, _, _ = strings.Cut(strings.TrimPrefix(line, prefix), " ")
@@ -79,7 +92,6 @@ func start(t *testing.T, args ...string) *server {
 		rest, _ := io.ReadAll(r)
 		s.out <- string(rest)
 	}()
-	return s
 }
 
 // stop sends SIGTERM and returns the exit status and the rest of stdout.
@@ -132,9 +144,9 @@ func (s *server) stats(t *testing.T) payments.Stats {
 	return st
 }
 
-func TestServeReplayRestart(t *testing.T) {
+func testServeReplayRestart(t *testing.T, bin string) {
 	db := filepath.Join(t.TempDir(), "idem.db")
-	s := start(t, "-db", db)
+	s := start(t, bin, "-db", db)
 	resp, first, err := s.charge("key-1", "o-1")
 	if err != nil || resp.StatusCode != 201 {
 		t.Fatalf("charge: %v %v %s; stderr %s", resp, err, first, s.errb)
@@ -152,7 +164,7 @@ func TestServeReplayRestart(t *testing.T) {
 	}
 
 	// A restart on the same file keeps the keys and the ledger.
-	s = start(t, "-db", db)
+	s = start(t, bin, "-db", db)
 	resp, again, err = s.charge("key-1", "o-1")
 	if err != nil || resp.StatusCode != 201 || !bytes.Equal(again, first) {
 		t.Fatalf("replay after restart: %v %v %s; want %s", resp, err, again, first)
@@ -165,9 +177,9 @@ func TestServeReplayRestart(t *testing.T) {
 
 // The server dies right after PayCo charged, before saving the answer. A
 // new server takes the stale claim over; PayCo's key keeps one charge.
-func TestCrashAfterCharge(t *testing.T) {
+func testCrashAfterCharge(t *testing.T, bin string) {
 	db := filepath.Join(t.TempDir(), "idem.db")
-	s := start(t, "-db", db, "-crash-after-charge", "1")
+	s := start(t, bin, "-db", db, "-crash-after-charge", "1")
 	if resp, _, err := s.charge("key-1", "o-1"); err == nil {
 		t.Fatalf("charge on a crashing server answered %d; want the connection dropped", resp.StatusCode)
 	}
@@ -175,7 +187,7 @@ func TestCrashAfterCharge(t *testing.T) {
 		t.Fatalf("exit status %d (stderr %s); want %d", code, s.errb, crashStatus)
 	}
 
-	s = start(t, "-db", db)
+	s = start(t, bin, "-db", db)
 	if resp, body, err := s.charge("key-1", "o-1"); err != nil || resp.StatusCode != 409 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("retry within the lease: %v %v %s; want 409 with Retry-After", resp, err, body)
 	}
@@ -210,7 +222,8 @@ func TestFlags(t *testing.T) {
 		{"-on-error", "ignore"},
 		{"-retention", "1h"},
 		{"-fail-after-charge", "2"},
-		{"-db", "postgres://localhost/idem"},
+		{"-db", "postgres://127.0.0.1:1/idem?connect_timeout=5"}, // nothing listens on port 1
+		{"-db", "postgresql://%zz"},
 		{"-addr", "256.0.0.1:0", "-db", db},
 		{"-db", db, "extra"},
 		{"-nope"},

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/pgstore"
+	"github.com/jackc/pgx/v5"
+)
+
+// connect opens a connection to dsn for the test's own queries.
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// -db postgres://… and postgresql://… select pgstore, with PayCo's ledger in
+// the same database; servers opening an empty database at once all get
+// the schema.
+func TestPostgresBackend(t *testing.T) {
+	dsn := pgtest.DB(t)
+	ctx := t.Context()
+	const n = 4
+	bs := make([]*backend, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			spec := dsn
+			if i%2 == 1 {
+				spec = "postgresql://" + strings.TrimPrefix(dsn, "postgres://")
+			}
+			bs[i], errs[i] = openBackend(ctx, spec)
+		})
+	}
+	wg.Wait()
+	for i, b := range bs {
+		if errs[i] != nil {
+			t.Fatalf("openBackend %d of %d at once: %v", i, n, errs[i])
+		}
+		t.Cleanup(func() {
+			if err := b.close(); err != nil {
+				t.Error(err)
+			}
+		})
+		if _, ok := b.store.(*pgstore.Store); !ok {
+			t.Fatalf("backend %d has a %T; want a *pgstore.Store", i, b.store)
+		}
+	}
+
+	// One ledger: a charge made through one backend is seen by the others,
+	// and it is a row in PostgreSQL.
+	c, err := bs[0].payco.Charge(ctx, "charge:o-1", "o-1", 1000, "usd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := bs[1].payco.Charge(ctx, "charge:o-1", "o-1", 1000, "usd"); err != nil || again != c {
+		t.Fatalf("same PayCo key through another backend: %+v, %v; want %+v", again, err, c)
+	}
+	if st, err := bs[2].payco.Stats(ctx); err != nil || st.Charges != 2 || st.Settled != 1 {
+		t.Fatalf("stats through a third backend: %+v, %v; want 2 calls, 1 charge", st, err)
+	}
+	var rows int
+	if err := connect(t, dsn).QueryRow(ctx, `SELECT count(*) FROM payco_charges WHERE id = $1`, c.ID).Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("charge %s in PostgreSQL: %d rows, %v; want 1", c.ID, rows, err)
+	}
+
+	// One key space: a claim through one store is in flight for another.
+	now := time.Now()
+	if _, claimed, err := bs[1].store.Claim(ctx, "s", "k", "fp", now.UnixNano(), now); err != nil || !claimed {
+		t.Fatalf("first claim: %v, %v; want claimed", claimed, err)
+	}
+	if e, claimed, err := bs[3].store.Claim(ctx, "s", "k", "fp", now.UnixNano()+1, now); err != nil || claimed || e.Status != testserver.StatusInFlight {
+		t.Fatalf("second claim through another backend: %+v, %v, %v; want the first one's, in flight", e, claimed, err)
+	}
+}
+
+// The address line names the database without its password.
+func TestRunPostgresHidesPassword(t *testing.T) {
+	dsn := strings.Replace(pgtest.DB(t), "postgres://postgres@", "postgres://postgres:hunter2@", 1)
+	if !strings.Contains(dsn, "hunter2") {
+		t.Fatalf("DSN %q: no user to give a password to", dsn)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-db", dsn}, pw, io.Discard); pw.Close() }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	go io.Copy(io.Discard, pr)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if err != nil || !strings.Contains(line, "listening on http://127.0.0.1:") || strings.Contains(line, "hunter2") ||
+		!strings.Contains(line, "postgres://postgres:xxxxx@127.0.0.1:") {
+		t.Fatalf("first line %q, %v; want the address and the database with its password masked", line, err)
+	}
+}
+
+// answer is one charge request's outcome.
+type answer struct {
+	status     int
+	replayed   string
+	retryAfter string
+	body       []byte
+	err        error
+}
+
+// Two server processes on one PostgreSQL database, 64 identical requests
+// at once split between them: PayCo is called once in total (its stats
+// count calls before its own dedup); every other request gets 409 (in
+// flight) or the replay of the one answer.
+func testFleetOneExecution(t *testing.T, bin string) {
+	dsn := pgtest.DB(t)
+	// Started together on an empty database: they race to create the schema.
+	servers := []*server{
+		launch(t, bin, "-db", dsn, "-delay", "200ms"),
+		launch(t, bin, "-db", dsn, "-delay", "200ms"),
+	}
+	for _, s := range servers {
+		s.ready(t)
+	}
+
+	const n = 64
+	answers := make([]answer, n)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			resp, body, err := servers[i%2].charge("fleet-key", "o-fleet")
+			if err != nil {
+				answers[i] = answer{err: err}
+				return
+			}
+			answers[i] = answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed"),
+				retryAfter: resp.Header.Get("Retry-After"), body: body}
+		})
+	}
+	close(gate)
+	wg.Wait()
+
+	var first []byte
+	fresh, replays, conflicts := 0, 0, 0
+	for i, a := range answers {
+		switch {
+		case a.err != nil:
+			t.Fatalf("request %d: %v", i, a.err)
+		case a.status == http.StatusCreated && a.replayed == "":
+			fresh++
+			first = a.body
+		case a.status == http.StatusCreated && a.replayed == "true":
+			replays++
+		case a.status == http.StatusConflict && a.retryAfter != "":
+			conflicts++
+		default:
+			t.Fatalf("request %d: %d %q; want 201, its replay or 409 with Retry-After", i, a.status, a.body)
+		}
+	}
+	if fresh != 1 || replays+conflicts != n-1 {
+		t.Fatalf("%d answers made, %d replays, %d conflicts; want 1 made and %d replays or conflicts", fresh, replays, conflicts, n-1)
+	}
+	for i, a := range answers {
+		if a.replayed == "true" && !bytes.Equal(a.body, first) {
+			t.Fatalf("request %d replayed %q; want %q", i, a.body, first)
+		}
+	}
+	for i, s := range servers {
+		st := s.stats(t)
+		if st.Charges != 1 || st.PerOrder["o-fleet"] != 1 || st.Settled != 1 {
+			t.Fatalf("stats from server %d: %+v; want PayCo called once for o-fleet", i, st)
+		}
+	}
+	var rows int
+	var status string
+	if err := connect(t, dsn).QueryRow(t.Context(), `SELECT count(*), min(status) FROM idempotency_keys WHERE key = 'fleet-key'`).Scan(&rows, &status); err != nil || rows != 1 || status != "done" {
+		t.Fatalf("keys in PostgreSQL: %d rows, status %q, %v; want one, done", rows, status, err)
+	}
+	for _, s := range servers {
+		s.stop(t)
+	}
+}
+
+// A server is killed (SIGKILL) after PayCo charged, while it holds the claim.
+// The other server takes the claim over once its lease is over and
+// answers with PayCo's one charge; the killed server's token no longer
+// matches the row, so a late write of it changes nothing.
+func testFleetKilledServer(t *testing.T, bin string) {
+	dsn := pgtest.DB(t)
+	// A server's -lock-timeout also ends its own handler: the victim's is
+	// long, so that it is still mid-work when killed however slow the
+	// machine. The survivor's is short: that is the lease it waits out.
+	victim := start(t, bin, "-db", dsn, "-lock-timeout", "1h", "-delay", "1h")
+	survivor := start(t, bin, "-db", dsn, "-lock-timeout", "2s")
+	conn := connect(t, dsn)
+	ctx := t.Context()
+	const key, order = "fleet-kill", "o-kill"
+
+	victimErr := make(chan error, 1)
+	go func() {
+		resp, body, err := victim.charge(key, order)
+		if err == nil {
+			err = errors.New(resp.Status + " " + string(body))
+		}
+		victimErr <- err
+	}()
+	var token int64 // the victim's claim, once PayCo has charged for it
+	poll(t, 10*time.Second, "the victim to charge", func() bool {
+		err := conn.QueryRow(ctx, `SELECT k.locked_at FROM idempotency_keys k JOIN payco_calls c ON c.order_id = $2
+			WHERE k.key = $1 AND k.status = 'in_flight' AND c.calls = 1`, key, order).Scan(&token)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return true
+	})
+
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	victim.cmd.Wait()
+	if ws, ok := victim.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("victim ended with %v; want killed by SIGKILL", victim.cmd.ProcessState)
+	}
+	if err := <-victimErr; err == nil || strings.Contains(err.Error(), "201") {
+		t.Fatalf("victim's caller got %v; want the connection dropped", err)
+	}
+
+	resp, body, conflicts := chargeUntilAnswered(t, survivor, key, order, 15*time.Second)
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "" || conflicts == 0 {
+		t.Fatalf("survivor: %d %q after %d conflicts; want 409 while the lease lasted, then its own 201", resp.StatusCode, body, conflicts)
+	}
+	var c payments.Charge
+	if err := json.Unmarshal(body, &c); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	rows, err := conn.Query(ctx, `SELECT id FROM payco_charges WHERE order_id = $1`, order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(ids) != 1 || ids[0] != c.ID {
+		t.Fatalf("ledger rows for %s: %q, %v; want the one charge answered, %s", order, ids, err, c.ID)
+	}
+	st := survivor.stats(t)
+	if st.PerOrder[order] != 2 || st.Settled != 1 || st.SettledDoubleCharged != 0 {
+		t.Fatalf("stats %+v; want the charge run twice (victim, survivor) and made once", st)
+	}
+
+	// Fenced: the row is the survivor's now, and a write with the
+	// victim's token, as its save would have been, changes nothing.
+	var scope, status string
+	var owner int64
+	if err := conn.QueryRow(ctx, `SELECT scope, status, locked_at FROM idempotency_keys WHERE key = $1`, key).Scan(&scope, &status, &owner); err != nil {
+		t.Fatal(err)
+	}
+	if status != "done" || owner <= token {
+		t.Fatalf("row: %s, token %d; want done under a newer token than the victim's %d", status, owner, token)
+	}
+	store, err := pgstore.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Save(ctx, scope, key, token, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
+		t.Fatalf("save with the victim's token: %v; want ErrFenced", err)
+	}
+	if released, err := store.Release(ctx, scope, key, token); err != nil || released {
+		t.Fatalf("release with the victim's token: %v, %v; want nothing released", released, err)
+	}
+	resp, again, err := survivor.charge(key, order)
+	if err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again, body) {
+		t.Fatalf("retry after the takeover: %v %v %q; want %q replayed", resp, err, again, body)
+	}
+	survivor.stop(t)
+}
+
+// poll calls done every few milliseconds until it reports true, for at most
+// timeout.
+func poll(t *testing.T, timeout time.Duration, what string, done func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(timeout)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+// chargeUntilAnswered sends the charge to s until it answers something
+// other than 409, never sooner than a 409's Retry-After asks, for at most
+// timeout. It returns the answer and how many 409s came before it. Each
+// Retry-After must be within the lease of s (2 s).
+func chargeUntilAnswered(t *testing.T, s *server, key, order string, timeout time.Duration) (*http.Response, []byte, int) {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(timeout)
+	next, conflicts := time.Now(), 0
+	for time.Now().Before(deadline) {
+		if time.Now().Before(next) {
+			<-tick.C
+			continue
+		}
+		resp, body, err := s.charge(key, order)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusConflict {
+			return resp, body, conflicts
+		}
+		conflicts++
+		ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if err != nil || ra < 1 || ra > 2 {
+			t.Fatalf("409 with Retry-After %q; want 1 or 2 seconds, what is left of the lease", resp.Header.Get("Retry-After"))
+		}
+		next = time.Now().Add(time.Duration(ra) * time.Second)
+	}
+	t.Fatalf("no answer but 409 from %s within %v (%d conflicts)", s.url, timeout, conflicts)
+	return nil, nil, 0
+}
