@@ -11,7 +11,14 @@
 //	idemctl --jar keys.db export --json
 //
 // The jar is named by --jar (before or after the command) or by the
-// environment variable IDEM_JAR. It must exist: idemctl never creates one.
+// environment variable IDEM_JAR: the path of a jar file (package keyjar),
+// or the URL of a PostgreSQL database holding a jar shared by a fleet of
+// workers (package keyjar/pgjar):
+//
+//	idemctl --jar 'postgres://ops@db.internal:5432/payments?sslmode=verify-full' list
+//
+// The jar must exist: idemctl never creates one, neither a file nor the
+// tables in a database.
 //
 // resume sends a pending operation again from the request stored in the jar,
 // with the same Idempotency-Key. The jar never holds credentials: give them
@@ -35,6 +42,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -44,6 +52,9 @@ import (
 
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func main() {
@@ -59,7 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return runContext(context.Background(), args, stdout, stderr)
 }
 
-const usage = `usage: idemctl [--jar PATH] COMMAND [ARGS]
+const usage = `usage: idemctl [--jar PATH|URL] COMMAND [ARGS]
 
 commands:
   list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned)
@@ -71,8 +82,9 @@ commands:
   export --json                          every operation as a JSON array
 
 flags of every command:
-  --jar PATH          the jar file (default: $IDEM_JAR)
-  --lock-timeout D    how long to wait for a jar locked by another process (default 2s)
+  --jar PATH|URL      the jar file, or a postgres:// URL (default: $IDEM_JAR)
+  --lock-timeout D    how long to wait for a jar locked by another process (default 2s);
+                      for PostgreSQL, how long each statement may run
 `
 
 // usageError is a mistake in the command line: exit status 2.
@@ -88,7 +100,7 @@ var errFailed = errors.New("some operations failed")
 // session is what a command works with.
 type session struct {
 	jar         client.Jar
-	path        string
+	path        string // the jar's name, fit to print
 	lockTimeout time.Duration
 	stdout      io.Writer
 	stderr      io.Writer
@@ -188,7 +200,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer closeJar()
-	s := &session{jar: jar, path: *jarPath, lockTimeout: *lockTimeout, stdout: stdout, stderr: stderr}
+	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, stdout: stdout, stderr: stderr}
 	return s.describe(cmd.run(ctx, s, set, pos))
 }
 
@@ -221,12 +233,12 @@ func flagError(err error) error {
 	return usagef("%v", err)
 }
 
-// openJar opens the jar that spec names, choosing its kind by spec's form.
-// Today that is a SQLite key jar file, which must exist; this is where a
-// PostgreSQL URL (postgres://…) will open a PostgreSQL jar.
+// openJar opens the jar that spec names, choosing its kind by spec's form:
+// a PostgreSQL URL (postgres:// or postgresql://) opens a pgjar, anything
+// else is the path of a SQLite key jar file. Either must exist already.
 func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
-	if strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://") {
-		return nil, nil, errors.New("PostgreSQL jars are not supported by this idemctl yet; give the path of a jar file")
+	if isPostgres(spec) {
+		return openPostgres(ctx, spec, lockTimeout)
 	}
 	fi, err := os.Stat(spec)
 	switch {
@@ -246,6 +258,54 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (clien
 	return j, j.Close, nil
 }
 
+func isPostgres(spec string) bool {
+	return strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
+}
+
+// connectTimeout bounds connecting to a PostgreSQL jar and opening it.
+const connectTimeout = 30 * time.Second
+
+// openPostgres opens the pgjar in the database dsn names. The database
+// must already hold a jar (a worker's pgjar.Open creates it): idemctl
+// never creates one, so a URL naming the wrong database fails instead of
+// showing an empty jar. Each statement runs for at most lockTimeout.
+func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (client.Jar, func() error, error) {
+	where := printable(dsn)
+	octx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(octx, dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", where, err)
+	}
+	var exists bool
+	err = conn.QueryRow(octx, `SELECT to_regclass('idem_operations') IS NOT NULL`).Scan(&exists)
+	conn.Close(context.WithoutCancel(octx))
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("%s: %w", where, err)
+	case !exists:
+		return nil, nil, fmt.Errorf("%s holds no key jar (no table idem_operations); a program using pgjar creates it", where)
+	}
+	j, err := pgjar.Open(octx, dsn, &pgjar.Options{QueryTimeout: lockTimeout})
+	if err != nil {
+		return nil, nil, explain(where, lockTimeout, err)
+	}
+	return j, j.Close, nil
+}
+
+// printable returns the jar's name fit to print: a PostgreSQL URL without
+// its password.
+func printable(spec string) string {
+	if !isPostgres(spec) {
+		return spec
+	}
+	u, err := url.Parse(spec)
+	if err != nil {
+		return "the PostgreSQL database"
+	}
+	return u.Redacted()
+}
+
 // explain turns a jar error into a sentence for the operator.
 func explain(path string, lockTimeout time.Duration, err error) error {
 	switch {
@@ -253,8 +313,10 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s is not a key jar or is corrupt", path)
 	case errors.Is(err, keyjar.ErrLocked):
 		return fmt.Errorf("%s is locked by another process (waited %v); try again later or raise --lock-timeout", path, lockTimeout)
-	case errors.Is(err, keyjar.ErrVersion):
+	case errors.Is(err, keyjar.ErrVersion), errors.Is(err, pgjar.ErrVersion):
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
+	case isStatementTimeout(err):
+		return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout", path, lockTimeout)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%s: permission denied", path)
 	}
@@ -272,6 +334,13 @@ func (s *session) describe(err error) error {
 		return err
 	}
 	return explain(s.path, s.lockTimeout, err)
+}
+
+// isStatementTimeout reports whether PostgreSQL cancelled a statement
+// that ran longer than its statement_timeout.
+func isStatementTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014" // query_canceled
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -19,12 +19,16 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
 )
 
 const secret = "Bearer sk_test_idemctl_SECRET"
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // server is a payments stand-in behind the idempotency middleware that
 // records the credential and key of each request.
@@ -52,18 +56,67 @@ func newServer(t *testing.T) *server {
 	return s
 }
 
-// seed creates a jar file holding two pending operations (charge:p1 and
-// charge:p2, sent once to srv while it was unreachable, with the secret
-// credential) and one operation in each other state, last updated two days
-// ago.
+// seed creates a jar file holding the operations fill makes and returns
+// its path.
 func seed(t *testing.T, srv *server) string {
 	t.Helper()
-	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, srv, j)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// seedPostgres creates a jar in a fresh PostgreSQL database holding the
+// operations fill makes and returns the database's URL.
+func seedPostgres(t *testing.T, srv *server) string {
+	t.Helper()
+	dsn := pgtest.DB(t)
+	j, err := pgjar.Open(context.Background(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, srv, j)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+// jarKinds are the jars idemctl opens, each with its seed.
+var jarKinds = []struct {
+	name string
+	seed func(*testing.T, *server) string
+}{
+	{"file", seed},
+	{"postgres", seedPostgres},
+}
+
+// eachJar runs f on a seeded jar of each kind, named as --jar takes it.
+func eachJar(t *testing.T, f func(t *testing.T, srv *server, jar string)) {
+	for _, k := range jarKinds {
+		t.Run(k.name, func(t *testing.T) {
+			srv := newServer(t)
+			f(t, srv, k.seed(t, srv))
+		})
+	}
+}
+
+// fill puts in j two pending operations (charge:p1 and charge:p2, sent
+// once to srv while it was unreachable, with the secret credential) and
+// one operation in each other state, last updated two days ago.
+func fill(t *testing.T, srv *server, j client.Jar) {
+	t.Helper()
+	ctx := context.Background()
 	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	})
-	c, err := client.New(ctx, path, &client.Options{Base: refused, Policy: retry.Policy{MaxAttempts: 1},
+	c, err := client.New(ctx, "", &client.Options{Jar: j, Base: refused, Policy: retry.Policy{MaxAttempts: 1},
 		Header: func(r *http.Request) error { r.Header.Set("Authorization", secret); return nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -79,10 +132,6 @@ func seed(t *testing.T, srv *server) string {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	j, err := keyjar.Open(ctx, path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	old := time.Now().Add(-48 * time.Hour)
 	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateReconcile, idem.StateAbandoned} {
 		r := idem.Record{Op: "charge:" + string(st), Key: "key-" + string(st), Fingerprint: "fp", State: st,
@@ -91,10 +140,6 @@ func seed(t *testing.T, srv *server) string {
 			t.Fatal(err)
 		}
 	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -118,18 +163,20 @@ func wantError(t *testing.T, code int, stderr string, wantCode int, want string)
 	}
 }
 
-func jarState(t *testing.T, path, op string) (idem.Record, error) {
+// jarState returns op's record in the jar that spec names.
+func jarState(t *testing.T, spec, op string) (idem.Record, error) {
 	t.Helper()
-	j, err := keyjar.Open(context.Background(), path, nil)
+	j, closeJar, err := openJar(context.Background(), spec, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer j.Close()
+	defer closeJar()
 	return j.Get(context.Background(), op)
 }
 
-func TestList(t *testing.T) {
-	path := seed(t, newServer(t))
+func TestList(t *testing.T) { eachJar(t, testList) }
+
+func testList(t *testing.T, _ *server, path string) {
 	code, out, errOut := idemctl("--jar", path, "list")
 	if code != 0 || errOut != "" {
 		t.Fatalf("list: exit %d, %s", code, errOut)
@@ -151,9 +198,9 @@ func TestList(t *testing.T) {
 	wantError(t, code, errOut, 2, `unknown --status "bogus"`)
 }
 
-func TestShow(t *testing.T) {
-	srv := newServer(t)
-	path := seed(t, srv)
+func TestShow(t *testing.T) { eachJar(t, testShow) }
+
+func testShow(t *testing.T, srv *server, path string) {
 	rec, _ := jarState(t, path, "charge:p1")
 	code, out, errOut := idemctl("--jar", path, "show", "charge:p1")
 	if code != 0 || errOut != "" {
@@ -174,9 +221,9 @@ func TestShow(t *testing.T) {
 	wantError(t, code, errOut, 2, "exactly one operation")
 }
 
-func TestResume(t *testing.T) {
-	srv := newServer(t)
-	path := seed(t, srv)
+func TestResume(t *testing.T) { eachJar(t, testResume) }
+
+func testResume(t *testing.T, srv *server, path string) {
 	rec, _ := jarState(t, path, "charge:p1")
 
 	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret)
@@ -215,8 +262,9 @@ func TestResume(t *testing.T) {
 	}
 }
 
-func TestAbandon(t *testing.T) {
-	path := seed(t, newServer(t))
+func TestAbandon(t *testing.T) { eachJar(t, testAbandon) }
+
+func testAbandon(t *testing.T, _ *server, path string) {
 	code, _, errOut := idemctl("--jar", path, "abandon", "charge:reconcile")
 	wantError(t, code, errOut, 2, "--reason")
 	code, out, errOut := idemctl("--jar", path, "abandon", "charge:reconcile", "--reason", "ledger shows no charge")
@@ -232,8 +280,9 @@ func TestAbandon(t *testing.T) {
 	wantError(t, code, errOut, 1, "not found")
 }
 
-func TestForget(t *testing.T) {
-	path := seed(t, newServer(t))
+func TestForget(t *testing.T) { eachJar(t, testForget) }
+
+func testForget(t *testing.T, _ *server, path string) {
 	code, _, errOut := idemctl("--jar", path, "forget", "charge:p1")
 	wantError(t, code, errOut, 1, "pending")
 	if _, err := jarState(t, path, "charge:p1"); err != nil {
@@ -248,8 +297,9 @@ func TestForget(t *testing.T) {
 	}
 }
 
-func TestPrune(t *testing.T) {
-	path := seed(t, newServer(t))
+func TestPrune(t *testing.T) { eachJar(t, testPrune) }
+
+func testPrune(t *testing.T, _ *server, path string) {
 	for _, bad := range []string{"", "soon", "-5h", "0s", "xd"} {
 		code, _, errOut := idemctl("--jar", path, "prune", "--older-than", bad)
 		wantError(t, code, errOut, 2, "--older-than")
@@ -270,8 +320,9 @@ func TestPrune(t *testing.T) {
 	}
 }
 
-func TestExportJSON(t *testing.T) {
-	path := seed(t, newServer(t))
+func TestExportJSON(t *testing.T) { eachJar(t, testExportJSON) }
+
+func testExportJSON(t *testing.T, _ *server, path string) {
 	code, out, errOut := idemctl("--jar", path, "export", "--json")
 	if code != 0 {
 		t.Fatalf("export: exit %d, %s", code, errOut)
@@ -329,8 +380,6 @@ func TestJarErrors(t *testing.T) {
 	wantError(t, code, errOut, 1, "not a key jar or is corrupt")
 	code, _, errOut = idemctl("--jar", dir, "show", "x")
 	wantError(t, code, errOut, 1, "is a directory")
-	code, _, errOut = idemctl("--jar", "postgres://localhost/jars", "list")
-	wantError(t, code, errOut, 1, "PostgreSQL")
 	t.Setenv("IDEM_JAR", "")
 	code, _, errOut = idemctl("list")
 	wantError(t, code, errOut, 2, "--jar")
@@ -362,8 +411,9 @@ func TestLockedJar(t *testing.T) {
 	})
 }
 
-func TestJarFromEnvironment(t *testing.T) {
-	path := seed(t, newServer(t))
+func TestJarFromEnvironment(t *testing.T) { eachJar(t, testJarFromEnvironment) }
+
+func testJarFromEnvironment(t *testing.T, _ *server, path string) {
 	t.Setenv("IDEM_JAR", path)
 	if code, out, errOut := idemctl("show", "charge:p2"); code != 0 || !strings.Contains(out, "charge:p2") {
 		t.Fatalf("IDEM_JAR: exit %d, %q %q", code, out, errOut)

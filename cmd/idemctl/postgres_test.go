@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+)
+
+// withPassword adds a password to a pgtest URL (trust authentication
+// ignores it), to check that idemctl never prints it.
+func withPassword(t *testing.T, dsn string) string {
+	t.Helper()
+	withPW := strings.Replace(dsn, "postgres://postgres@", "postgres://postgres:hunter2@", 1)
+	if withPW == dsn {
+		t.Fatalf("DSN %q: no user to give a password to", dsn)
+	}
+	return withPW
+}
+
+func TestPostgresJarErrors(t *testing.T) {
+	// A database without a jar is refused, and left without one.
+	empty := pgtest.DB(t)
+	code, _, errOut := idemctl("--jar", withPassword(t, empty), "list")
+	wantError(t, code, errOut, 1, "holds no key jar")
+	if strings.Contains(errOut, "hunter2") || !strings.Contains(errOut, "postgres://postgres:xxxxx@") {
+		t.Fatalf("stderr %q; want the database named with its password masked", errOut)
+	}
+	conn, err := pgx.Connect(t.Context(), empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var created bool
+	if err := conn.QueryRow(t.Context(), `SELECT to_regclass('idem_operations') IS NOT NULL`).Scan(&created); err != nil || created {
+		t.Fatalf("idemctl created a jar in the database (%v, %v)", created, err)
+	}
+
+	for _, c := range []struct{ jar, want string }{
+		{"postgres://postgres:hunter2@127.0.0.1:1/jars?connect_timeout=5", "connection refused"}, // nothing listens on port 1
+		{"postgresql://postgres:hunter2@%zz/jars", "cannot parse"},
+	} {
+		code, _, errOut := idemctl("--jar", c.jar, "list")
+		wantError(t, code, errOut, 1, c.want)
+		if strings.Contains(errOut, "hunter2") {
+			t.Fatalf("stderr %q shows the password", errOut)
+		}
+	}
+
+	// Messages that name the jar mask the password too.
+	jar := withPassword(t, seedPostgres(t, newServer(t)))
+	code, _, errOut = idemctl("--jar", jar, "show", "charge:nope")
+	wantError(t, code, errOut, 1, `no operation "charge:nope" in postgres://postgres:xxxxx@`)
+}
+
+// --lock-timeout bounds each statement: one waiting for a row another
+// process holds gives up with a message that says so.
+func TestPostgresLockTimeout(t *testing.T) {
+	dsn := seedPostgres(t, newServer(t))
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `SELECT FROM idem_operations WHERE op = 'charge:reconcile' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := idemctl("--jar", dsn, "--lock-timeout", "100ms", "abandon", "charge:reconcile", "--reason", "x")
+	wantError(t, code, errOut, 1, "ran out of --lock-timeout (100ms)")
+	tx.Rollback(t.Context())
+	if r, err := jarState(t, dsn, "charge:reconcile"); err != nil || r.State != "reconcile" {
+		t.Fatalf("after the timed-out abandon: %s, %v; want it still to reconcile", r.State, err)
+	}
+}
