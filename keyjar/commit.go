@@ -3,15 +3,15 @@ package keyjar
 import (
 	"context"
 	"database/sql"
-	"errors"
 )
 
 // A job is one write waiting for the committer: run executes its statements
-// inside the batch's transaction and keeps its result in the closure. run
-// gets the committer's context, never the caller's: interrupting a statement
-// would roll back the whole batch. An
-// error from run is a database failure; the job's statements are rolled back
-// (to its savepoint) and the job fails, the others in the batch go on.
+// inside the batch's transaction and keeps its result in the closure. An
+// error from run is a database failure: the transaction is rolled back and
+// the other jobs of the batch run again without the failed one, so run must
+// set every result it keeps on each call. run gets the committer's context,
+// never the caller's: interrupting a statement would roll back the whole
+// batch.
 type job struct {
 	ctx     context.Context
 	durable bool // a key creation: the batch commits with synchronous=FULL
@@ -45,7 +45,12 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 	case err := <-jb.done:
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		select {
+		case err := <-jb.done: // answered at the same moment: the answer wins
+			return err
+		default:
+			return ctx.Err()
+		}
 	}
 }
 
@@ -106,42 +111,56 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 		}
 		syncMode = want
 	}
-	tx, err := j.wconn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
-	if err != nil {
-		fail(err)
-		return syncMode
-	}
-	for _, jb := range batch {
-		if err := jb.ctx.Err(); err != nil {
-			jb.err = err
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
-			tx.Rollback()
+	live := append([]*job(nil), batch...)
+	// Each round either commits or drops the job that failed: at most
+	// len(batch) rounds.
+	for len(live) > 0 {
+		tx, err := j.wconn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
+		if err != nil {
 			fail(err)
 			return syncMode
 		}
-		if err := jb.run(ctx, tx); err != nil {
-			jb.err = classify(err)
-			// SQLite rolls a whole transaction back on some errors (I/O,
-			// disk full); then the savepoint is gone and so is the batch.
-			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO job"); rerr != nil {
-				tx.Rollback()
-				fail(errors.Join(err, rerr))
-				return syncMode
+		failed := -1
+		for i, jb := range live {
+			if jb.err != nil {
+				continue // its caller's context ended: skipped
+			}
+			if jb.err = jb.ctx.Err(); jb.err != nil {
+				continue
+			}
+			if err := j.runJob(ctx, tx, jb); err != nil {
+				jb.err = classify(err)
+				failed = i
+				break
 			}
 		}
-		if _, err := tx.ExecContext(ctx, "RELEASE job"); err != nil {
+		if failed >= 0 {
 			tx.Rollback()
-			fail(err)
-			return syncMode
+			live = append(live[:failed], live[failed+1:]...)
+			continue
 		}
-	}
-	if h := j.hooks.beforeCommit; h != nil {
-		h(tx, len(batch), durable)
-	}
-	if err := tx.Commit(); err != nil {
-		fail(err)
+		if h := j.hooks.beforeCommit; h != nil {
+			n := 0
+			for _, jb := range live {
+				if jb.err == nil {
+					n++
+				}
+			}
+			h(tx, n, durable)
+		}
+		if err := tx.Commit(); err != nil {
+			fail(err)
+		}
+		return syncMode
 	}
 	return syncMode
+}
+
+func (j *Jar) runJob(ctx context.Context, tx *sql.Tx, jb *job) error {
+	if h := j.hooks.jobError; h != nil {
+		if err := h(); err != nil {
+			return err
+		}
+	}
+	return jb.run(ctx, tx)
 }

@@ -1,9 +1,11 @@
 package keyjar_test
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -54,10 +56,11 @@ func (g *commitGate) open() { g.once.Do(func() { close(g.free) }) }
 
 // openGated opens a new jar whose commits go through a gate. At the end of
 // the test the gate opens, then the jar closes.
-func openGated(t *testing.T) (*keyjar.Jar, *commitGate) {
+func openGated(t *testing.T, h keyjar.Hooks) (*keyjar.Jar, *commitGate) {
 	t.Helper()
 	gate := newCommitGate()
-	j, err := keyjar.OpenHooked(t.Context(), filepath.Join(t.TempDir(), "keys.db"), nil, gate.hook, 0)
+	h.BeforeCommit = gate.hook
+	j, err := keyjar.OpenHooked(t.Context(), filepath.Join(t.TempDir(), "keys.db"), nil, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +80,7 @@ func (g *commitGate) log() []keyjar.Commit {
 // was durable would fail here.
 func TestBeginWaitsForDurableCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		j, gate := openGated(t)
+		j, gate := openGated(t, keyjar.Hooks{})
 		returned := make(chan error, 1)
 		go func() {
 			_, _, err := j.Begin(t.Context(), newRecord("op"))
@@ -104,7 +107,7 @@ func TestBeginWaitsForDurableCommit(t *testing.T) {
 // share the next transaction, and none may return before it commits.
 func TestGroupCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		j, gate := openGated(t)
+		j, gate := openGated(t, keyjar.Hooks{})
 		const n = 32
 		var returned sync.WaitGroup
 		var done [n]chan error
@@ -152,7 +155,7 @@ func TestGroupCommit(t *testing.T) {
 // creation commit with synchronous=FULL: Acquire, Update, Forget and Prune
 // are written without an fsync of their own.
 func TestOnlyKeyCreationsSync(t *testing.T) {
-	j, gate := openGated(t)
+	j, gate := openGated(t, keyjar.Hooks{})
 	gate.open()
 	ctx := t.Context()
 	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -187,4 +190,51 @@ func TestOnlyKeyCreationsSync(t *testing.T) {
 			t.Errorf("%s committed as %+v; want %+v", s.name, c, want)
 		}
 	}
+}
+
+// TestFailedJobSparesItsBatch fails the statements of one of three Begins
+// that share a transaction: it alone gets the error, the other two are
+// committed, and nothing of the failed one is left.
+func TestFailedJobSparesItsBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls atomic.Int32
+		injected := errors.New("injected failure")
+		j, gate := openGated(t, keyjar.Hooks{JobError: func() error {
+			// Call 1 is op-0, alone; the next batch runs op-1 (2), op-2
+			// (3: fails), then again op-1 (4) and op-3 (5).
+			if calls.Add(1) == 3 {
+				return injected
+			}
+			return nil
+		}})
+		results := make([]chan error, 4)
+		begin := func(i int) {
+			results[i] = make(chan error, 1)
+			go func() {
+				_, created, err := j.Begin(t.Context(), newRecord(fmt.Sprint("op-", i)))
+				if err == nil && !created {
+					err = fmt.Errorf("op-%d: created = false", i)
+				}
+				results[i] <- err
+			}()
+			synctest.Wait() // queued in this order
+		}
+		begin(0)
+		<-gate.entered
+		for i := 1; i < 4; i++ {
+			begin(i)
+		}
+		gate.open()
+		for i, want := range []error{nil, nil, injected, nil} {
+			if err := <-results[i]; !errors.Is(err, want) {
+				t.Errorf("Begin op-%d: err = %v; want %v", i, err, want)
+			}
+		}
+		if _, err := j.Get(t.Context(), "op-2"); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get op-2: err = %v; want ErrNotFound", err)
+		}
+		if commits := gate.log(); len(commits) != 2 || commits[1].Jobs != 2 {
+			t.Errorf("commits %+v; want the second of 2 jobs", commits)
+		}
+	})
 }

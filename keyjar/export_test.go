@@ -12,19 +12,30 @@ type Commit struct {
 	Synchronous int  // the connection's PRAGMA synchronous: 1 NORMAL, 2 FULL
 }
 
-// OpenHooked is Open with test seams: beforeCommit (if not nil) runs in the
-// committer before each COMMIT and may block it; pruneBatch (if > 0) is the
-// number of rows Prune deletes per transaction.
-func OpenHooked(ctx context.Context, path string, opts *Options, beforeCommit func(Commit), pruneBatch int) (*Jar, error) {
-	h := hooks{pruneBatch: pruneBatch}
-	if beforeCommit != nil {
-		h.beforeCommit = func(tx *sql.Tx, jobs int, durable bool) {
+// Hooks are the test seams of OpenHooked.
+type Hooks struct {
+	// BeforeCommit, if not nil, runs in the committer before each COMMIT
+	// and may block it.
+	BeforeCommit func(Commit)
+	// JobError, if not nil, runs before each job; an error fails the job as
+	// if its statements had failed.
+	JobError func() error
+	// PruneBatch, if > 0, is the number of rows Prune deletes per
+	// transaction.
+	PruneBatch int
+}
+
+// OpenHooked is Open with test seams.
+func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar, error) {
+	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError}
+	if h.BeforeCommit != nil {
+		in.beforeCommit = func(tx *sql.Tx, jobs int, durable bool) {
 			c := Commit{Jobs: jobs, Durable: durable}
 			if err := tx.QueryRow("PRAGMA synchronous").Scan(&c.Synchronous); err != nil {
 				panic(err)
 			}
-			beforeCommit(c)
+			h.BeforeCommit(c)
 		}
 	}
-	return open(ctx, path, opts, h)
+	return open(ctx, path, opts, in)
 }

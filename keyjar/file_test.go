@@ -218,8 +218,10 @@ func TestEmptyStateIsPending(t *testing.T) {
 func TestPruneInBatches(t *testing.T) {
 	ctx := t.Context()
 	var commits []keyjar.Commit
-	j, err := keyjar.OpenHooked(ctx, filepath.Join(t.TempDir(), "keys.db"), &keyjar.Options{MaxBatch: 1},
-		func(c keyjar.Commit) { commits = append(commits, c) }, 10)
+	j, err := keyjar.OpenHooked(ctx, filepath.Join(t.TempDir(), "keys.db"), &keyjar.Options{MaxBatch: 1}, keyjar.Hooks{
+		BeforeCommit: func(c keyjar.Commit) { commits = append(commits, c) },
+		PruneBatch:   10,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@
 // caller.
 //
 // Acquire, Update, Forget and Prune go through the same queue but do not ask
-// for an fsync of their own: when a transaction holds none of them, it
+// for an fsync of their own: a transaction that holds no key creation
 // commits with synchronous=NORMAL. They are visible to every reader and every
 // process as soon as they return, and they survive a crash of the process;
 // a power loss may lose the last of them (which only causes a re-send that the
@@ -42,9 +42,12 @@
 // idem.SecretHeader names, even when the caller forgot to.
 //
 // Several processes may open the same file: Begin is an atomic get-or-create
-// across all of them (INSERT … ON CONFLICT DO NOTHING and a read back in one
-// IMMEDIATE transaction), and Acquire and Update are compare-and-set
-// operations in the same kind of transaction.
+// across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
+// 'abandoned' RETURNING, and a read back of the existing row when it returned
+// nothing, in one IMMEDIATE transaction), and Acquire and Update are
+// read-check-write operations in the same kind of transaction. A caller's
+// context bounds its own wait for the committer, never the statements of a
+// batch that other callers share.
 package keyjar
 
 import (
@@ -94,6 +97,7 @@ type Jar struct {
 	path   string
 	writer *sql.DB   // exactly one connection
 	wconn  *sql.Conn // that connection, pinned to the committer
+	stmts  stmts     // prepared on it
 	reader *sql.DB   // query_only pool for Get and List
 
 	queue    chan *job
@@ -112,7 +116,10 @@ type hooks struct {
 	// beforeCommit runs in the committer after a batch's statements and
 	// before its COMMIT.
 	beforeCommit func(tx *sql.Tx, jobs int, durable bool)
-	pruneBatch   int // 0 means pruneBatch
+	// jobError, when it returns an error, fails the job about to run as if
+	// its statements had.
+	jobError   func() error
+	pruneBatch int // 0 means pruneBatch
 }
 
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
@@ -215,14 +222,27 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		}
 		return nil, openError(abs, err)
 	}
-	var mode string
-	if err := j.wconn.QueryRowContext(bg, "PRAGMA journal_mode = WAL").Scan(&mode); err != nil {
+	mode, err := setWAL(bg, j.wconn, o.BusyTimeout)
+	if err != nil {
 		return nil, openError(abs, err)
 	}
 	if mode != "wal" {
 		return nil, fmt.Errorf("keyjar: open %s: cannot use WAL mode (journal_mode is %q)", abs, mode)
 	}
 	if err := j.migrate(bg); err != nil {
+		return nil, openError(abs, err)
+	}
+	// The statements are prepared on the writer's one connection: give it
+	// back to the pool, prepare, and pin it again.
+	err = j.wconn.Close()
+	j.wconn = nil
+	if err == nil {
+		err = j.stmts.prepare(bg, writer)
+	}
+	if err == nil {
+		j.wconn, err = writer.Conn(bg)
+	}
+	if err != nil {
 		return nil, openError(abs, err)
 	}
 	if created {
@@ -246,6 +266,21 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	j.done = make(chan struct{})
 	go j.commitLoop()
 	return j, nil
+}
+
+// setWAL switches the database to WAL mode and returns the journal mode it
+// is in. Two connections switching a new file at once can each hold the
+// shared lock the other needs to give up: SQLite then answers SQLITE_BUSY at
+// once, without waiting, so setWAL tries again until busyTimeout.
+func setWAL(ctx context.Context, conn *sql.Conn, busyTimeout time.Duration) (mode string, err error) {
+	deadline := time.Now().Add(busyTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err = conn.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
+		if err == nil || !isSQLiteCode(err, sqlite3.SQLITE_BUSY) || time.Now().After(deadline) {
+			return mode, err
+		}
+		time.Sleep(wait)
+	}
 }
 
 // sqliteMagic starts every SQLite database file.
@@ -308,9 +343,8 @@ func dsn(path string, params ...string) string {
 		p = "/" + p // a Windows volume: file:///C:/...
 	}
 	u := url.URL{Scheme: "file", Path: p, RawQuery: q.Encode()}
-	// url.URL.String writes "file:///path" only when Host is set or the path
-	// starts with "//"; SQLite reads "file:/path" and "file:///path" alike.
-	return u.String()
+	return u.String() // file:///path?query, with the path %-escaped
+
 }
 
 // Close waits for the writes already accepted, stops the committer and
@@ -339,6 +373,7 @@ func (j *Jar) closeDBs() error {
 	if j.reader != nil {
 		errs = append(errs, j.reader.Close())
 	}
+	errs = append(errs, j.stmts.close())
 	if j.wconn != nil {
 		errs = append(errs, j.wconn.Close())
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -186,5 +187,40 @@ func TestOpenBadOptions(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a refused Open created the file: %v", err)
+	}
+}
+
+// TestConcurrentOpenOfNewFile opens one new file from several connections at
+// once, as processes starting together do: all of them open it, and it is a
+// jar once.
+func TestConcurrentOpenOfNewFile(t *testing.T) {
+	for round := range 20 {
+		path := filepath.Join(t.TempDir(), fmt.Sprint("keys-", round, ".db"))
+		const n = 4
+		errs := make(chan error, n)
+		jars := make(chan *keyjar.Jar, n)
+		for range n {
+			go func() {
+				j, err := keyjar.Open(t.Context(), path, nil)
+				if err == nil {
+					jars <- j
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: Open: %v", round, err)
+			}
+		}
+		for range n {
+			j := <-jars
+			if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {
+				t.Fatalf("round %d: Begin: %v", round, err)
+			}
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -17,7 +17,9 @@ import (
 // idem.SecretHeader names are dropped; an empty State means StatePending.
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an invalid
-// State or with a time that cannot be stored.
+// State or with a time that cannot be stored. When ctx ends before the
+// commit, Begin returns ctx's error at once; the record may still be created,
+// and a later Begin then returns it with created=false.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
 	if r.Op == "" || r.Key == "" {
 		return idem.Record{}, false, fmt.Errorf("%w: empty Op or Key (op %q)", ErrInvalid, r.Op)
@@ -37,33 +39,15 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		rec     idem.Record
 		created bool
 	)
-	err = j.write(ctx, true, func(ctx context.Context, tx *sql.Tx) error {
-		// One statement claims the name: a new row, or the replacement of an
-		// abandoned one; any other existing row is left as it is.
-		res, err := tx.ExecContext(ctx, `
-			INSERT INTO operations (op, key, fingerprint, state, method, url, header, body, body_size,
-				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (op) DO UPDATE SET key = excluded.key, fingerprint = excluded.fingerprint,
-				state = excluded.state, method = excluded.method, url = excluded.url,
-				header = excluded.header, body = excluded.body, body_size = excluded.body_size,
-				created = excluded.created, updated = excluded.updated, attempts = excluded.attempts,
-				last_status = excluded.last_status, last_error = excluded.last_error,
-				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
-				lease_until = excluded.lease_until
-			WHERE operations.state = ?`,
+	err = j.write(ctx, true, func(ctx context.Context, tx *sql.Tx) (err error) {
+		rec, err = scanRecord(tx.StmtContext(ctx, j.stmts.begin).QueryRowContext(ctx,
 			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, w.header, r.Body, r.BodySize,
 			w.created, w.updated, r.Attempts, r.LastStatus, r.LastError, w.next, r.Note, r.Holder, w.leaseUntil,
-			string(idem.StateAbandoned))
-		if err != nil {
-			return err
+			string(idem.StateAbandoned)))
+		created = err == nil
+		if err == sql.ErrNoRows { // an existing record, left as it is
+			rec, err = getRecord(tx.StmtContext(ctx, j.stmts.get).QueryRowContext(ctx, r.Op))
 		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		created = n == 1
-		rec, err = getRecord(ctx, tx, r.Op)
 		return err
 	})
 	if err != nil {
@@ -77,7 +61,7 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 	if err := j.readable(ctx); err != nil {
 		return idem.Record{}, err
 	}
-	r, err := getRecord(ctx, j.reader, op)
+	r, err := getRecord(j.reader.QueryRowContext(ctx, "SELECT "+columns+" FROM operations WHERE op = ?", op))
 	if err != nil {
 		return idem.Record{}, j.readError("get", op, err)
 	}
@@ -136,7 +120,8 @@ func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.R
 		refusal error
 	)
 	err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) (err error) {
-		rec, err = getRecord(ctx, tx, op)
+		rec, refusal = idem.Record{}, nil
+		rec, err = getRecord(tx.StmtContext(ctx, j.stmts.get).QueryRowContext(ctx, op))
 		if err == idem.ErrNotFound {
 			refusal = err
 			return nil
@@ -147,7 +132,7 @@ func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.R
 		if refusal = change(&rec); refusal != nil {
 			return nil
 		}
-		return save(ctx, tx, rec)
+		return save(ctx, tx.StmtContext(ctx, j.stmts.save), rec)
 	})
 	if err == nil {
 		err = refusal
@@ -158,16 +143,14 @@ func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.R
 	return rec, nil
 }
 
-// save writes the fields of r that Acquire and Update change.
-func save(ctx context.Context, tx *sql.Tx, r idem.Record) error {
+// save writes the fields of r that Acquire and Update change, with the
+// statement stmts.save.
+func save(ctx context.Context, stmt *sql.Stmt, r idem.Record) error {
 	w, err := encode(r)
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `
-		UPDATE operations SET state = ?, updated = ?, attempts = ?, last_status = ?, last_error = ?,
-			next_attempt = ?, note = ?, holder = ?, lease_until = ?
-		WHERE op = ?`,
+	_, err = stmt.ExecContext(ctx,
 		string(r.State), w.updated, r.Attempts, r.LastStatus, r.LastError, w.next, r.Note, r.Holder, w.leaseUntil, r.Op)
 	return err
 }
@@ -206,12 +189,13 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 func (j *Jar) Forget(ctx context.Context, op string) error {
 	var result error
 	err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, "DELETE FROM operations WHERE op = ?", op)
+		res, err := tx.StmtContext(ctx, j.stmts.forget).ExecContext(ctx, op)
 		if err != nil {
 			return err
 		}
 		n, err := res.RowsAffected()
-		if n == 0 && err == nil {
+		result = nil
+		if n == 0 {
 			result = idem.ErrNotFound
 		}
 		return err
@@ -242,8 +226,8 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	}
 	b, _ := json.Marshal(states) // a []string cannot fail to marshal
 	prunable := string(b)
-	// The condition on updated: a zero Updated is stored as NULL; a before
-	// outside what Unix nanoseconds hold is earlier or later than any row.
+	// A before outside what Unix nanoseconds hold is earlier or later than
+	// any row.
 	bound, all := int64(0), false
 	zeroToo := time.Time{}.Before(before)
 	if n := before.UnixNano(); time.Unix(0, n).Equal(before) {
@@ -265,13 +249,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 		}
 		var deleted int64
 		err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, `
-				DELETE FROM operations WHERE rowid IN (
-					SELECT rowid FROM operations
-					WHERE state IN (SELECT value FROM json_each(?1))
-						AND (?2 OR updated < ?3 OR (updated IS NULL AND ?4))
-					LIMIT ?5)`,
-				prunable, all, bound, zeroToo, n)
+			res, err := tx.StmtContext(ctx, j.stmts.prune).ExecContext(ctx, prunable, all, bound, zeroToo, n)
 			if err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -47,14 +48,12 @@ CREATE INDEX operations_by_state ON operations (state, updated);
 // ErrCorrupt for a database of another program and with ErrVersion for a jar
 // of a newer version.
 func inspect(ctx context.Context, q querier) (isNew bool, err error) {
+	// One statement reads one snapshot, even outside a transaction: another
+	// process may be creating the schema at this moment.
 	var app, version, tables int
-	if err := q.QueryRowContext(ctx, "PRAGMA application_id").Scan(&app); err != nil {
-		return false, err
-	}
-	if err := q.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
-		return false, err
-	}
-	if err := q.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&tables); err != nil {
+	err = q.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+		(SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_schema)`).Scan(&app, &version, &tables)
+	if err != nil {
 		return false, err
 	}
 	switch {
@@ -187,10 +186,71 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-func getRecord(ctx context.Context, q querier, op string) (idem.Record, error) {
-	r, err := scanRecord(q.QueryRowContext(ctx, "SELECT "+columns+" FROM operations WHERE op = ?", op))
+// getRecord scans the record of a query for one op, or returns
+// idem.ErrNotFound.
+func getRecord(row *sql.Row) (idem.Record, error) {
+	r, err := scanRecord(row)
 	if err == sql.ErrNoRows {
 		return idem.Record{}, idem.ErrNotFound
 	}
 	return r, err
+}
+
+// stmts are the writer's statements, prepared once.
+type stmts struct {
+	begin, get, save, forget, prune *sql.Stmt
+}
+
+func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
+	for _, p := range []struct {
+		stmt  **sql.Stmt
+		query string
+	}{
+		// One statement claims the name: a new row, or the replacement of an
+		// abandoned one, returned; any other existing row is left as it is
+		// and nothing is returned.
+		{&s.begin, `
+			INSERT INTO operations (op, key, fingerprint, state, method, url, header, body, body_size,
+				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (op) DO UPDATE SET key = excluded.key, fingerprint = excluded.fingerprint,
+				state = excluded.state, method = excluded.method, url = excluded.url,
+				header = excluded.header, body = excluded.body, body_size = excluded.body_size,
+				created = excluded.created, updated = excluded.updated, attempts = excluded.attempts,
+				last_status = excluded.last_status, last_error = excluded.last_error,
+				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
+				lease_until = excluded.lease_until
+			WHERE operations.state = ?
+			RETURNING ` + columns},
+		{&s.get, "SELECT " + columns + " FROM operations WHERE op = ?"},
+		{&s.save, `
+			UPDATE operations SET state = ?, updated = ?, attempts = ?, last_status = ?, last_error = ?,
+				next_attempt = ?, note = ?, holder = ?, lease_until = ?
+			WHERE op = ?`},
+		{&s.forget, "DELETE FROM operations WHERE op = ?"},
+		// The condition on updated: a zero Updated is stored as NULL; ?2 is
+		// true when before is later than any time a row can hold.
+		{&s.prune, `
+			DELETE FROM operations WHERE rowid IN (
+				SELECT rowid FROM operations
+				WHERE state IN (SELECT value FROM json_each(?1))
+					AND (?2 OR updated < ?3 OR (updated IS NULL AND ?4))
+				LIMIT ?5)`},
+	} {
+		var err error
+		if *p.stmt, err = db.PrepareContext(ctx, p.query); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *stmts) close() error {
+	var errs []error
+	for _, st := range []*sql.Stmt{s.begin, s.get, s.save, s.forget, s.prune} {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
