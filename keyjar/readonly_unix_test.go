@@ -60,6 +60,15 @@ func TestOpenReadOnlyDir(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "new.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("new.db exists after the refused Open: %v", err)
 	}
+	// The refused Opens lost nothing.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range []*keyjar.Jar{openPath(t, existing, nil), hj} {
+		if r, err := j.Get(t.Context(), "op"); err != nil || r.Key != "key-op" {
+			t.Errorf("after the refused Opens: key %q, %v; want key-op", r.Key, err)
+		}
+	}
 }
 
 // asNobody prepares top for the user nobody (the test binary copied there,
