@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -62,17 +63,23 @@ func main() {
 // procs is the -N suffix go test adds to a benchmark's name.
 var procs = regexp.MustCompile(`-\d+$`)
 
-// parse returns, for each benchmark name in order of first appearance, its
-// values in unit, one per round.
+// parse returns, for each benchmark, its values in unit, one per round. A
+// benchmark is named by the last element of its package ("pkg:" line) and
+// its name without the -N suffix.
 func parse(r io.Reader, unit string) (map[string][]float64, error) {
 	out := map[string][]float64{}
+	pkg := ""
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "pkg: "); ok {
+			pkg = path.Base(strings.TrimSpace(p)) + "."
+			continue
+		}
 		f := strings.Fields(sc.Text())
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue
 		}
-		name := procs.ReplaceAllString(strings.TrimPrefix(f[0], "Benchmark"), "")
+		name := pkg + procs.ReplaceAllString(strings.TrimPrefix(f[0], "Benchmark"), "")
 		for i := 2; i+1 < len(f); i += 2 {
 			if f[i+1] != unit {
 				continue
