@@ -78,7 +78,7 @@ type Rates struct {
 	Delay        float64
 }
 
-// ErrBadRates is returned by Proxy.Start when a rate is outside [0, 1] or
+// ErrBadRates is returned by Proxy.Start and Rates.Validate when a rate is outside [0, 1] or
 // the rates sum to more than 1.
 var ErrBadRates = errors.New("faultproxy: each rate must be in [0, 1] and their sum at most 1")
 
@@ -87,20 +87,25 @@ var ErrBadRates = errors.New("faultproxy: each rate must be in [0, 1] and their 
 // labs on one machine only.
 var ErrNotLoopback = errors.New("faultproxy: target must be a loopback http URL")
 
-func (r Rates) valid() bool {
+// Validate returns an error wrapping ErrBadRates when r is not a valid set
+// of probabilities.
+func (r Rates) Validate() error {
 	in := func(x float64) bool { return x >= 0 && x <= 1 }
-	return in(r.DropResponse) && in(r.Reset) && in(r.Delay) && r.DropResponse+r.Reset+r.Delay <= 1
+	if in(r.DropResponse) && in(r.Reset) && in(r.Delay) && r.DropResponse+r.Reset+r.Delay <= 1 {
+		return nil
+	}
+	return fmt.Errorf("%w: drop %v, reset %v, delay %v", ErrBadRates, r.DropResponse, r.Reset, r.Delay)
 }
 
 // Stats are the proxy's counters.
 type Stats struct {
-	Received       int64 // requests read from clients
-	Forwarded      int64 // requests sent upstream (Forward, DropResponse, Delay)
-	Answered       int64 // answers written back (a client that hung up may not get its answer)
-	Dropped        int64 // answers withheld (DropResponse)
-	Reset          int64 // connections reset before forwarding (Reset)
-	Delayed        int64 // requests held for Delay
-	UpstreamErrors int64 // requests the upstream did not answer
+	Received       int64 `json:"received"`        // requests read from clients
+	Forwarded      int64 `json:"forwarded"`       // requests sent upstream (Forward, DropResponse, Delay)
+	Answered       int64 `json:"answered"`        // answers written back (a client that hung up may not get its answer)
+	Dropped        int64 `json:"dropped"`         // answers withheld (DropResponse)
+	Reset          int64 `json:"reset"`           // connections reset before forwarding (Reset)
+	Delayed        int64 `json:"delayed"`         // requests held for Delay
+	UpstreamErrors int64 `json:"upstream_errors"` // requests the upstream did not answer
 }
 
 type counters struct {
@@ -159,8 +164,8 @@ type Proxy struct {
 // Start validates the fields, listens on 127.0.0.1 on a port the system
 // chooses, and serves in the background until Close.
 func (p *Proxy) Start() error {
-	if !p.Rates.valid() {
-		return fmt.Errorf("%w: %+v", ErrBadRates, p.Rates)
+	if err := p.Rates.Validate(); err != nil {
+		return err
 	}
 	u, err := url.Parse(p.Target)
 	if err != nil || u.Scheme != "http" || !loopback(u.Hostname()) {

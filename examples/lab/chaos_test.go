@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/faultproxy"
+)
+
+// TestMain lets the test binary serve as the client process of idem +
+// client restarts, which re-executes the running binary.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "client" {
+		os.Exit(childMain(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// size shrinks an order count under -short.
+func size(n int) int {
+	if testing.Short() {
+		return max(n/5, 40)
+	}
+	return n
+}
+
+// chaosConfig is the lab's configuration with the chaos tests' shorter
+// attempt timeout and more orders in flight, so that the waits a delay
+// costs overlap.
+func chaosConfig(t *testing.T, orders int, rates faultproxy.Rates) config {
+	cfg := defaultConfig()
+	cfg.orders = orders
+	cfg.rates = rates
+	cfg.concurrency = 24
+	cfg.attemptTimeout = 500 * time.Millisecond
+	cfg.hold = 750 * time.Millisecond
+	cfg.dir = t.TempDir()
+	return cfg
+}
+
+// job is one row to run.
+type job struct {
+	cfg  config
+	name string
+}
+
+// runRows runs the jobs at the same time and returns their rows in order.
+// A row that fails to run fails the test.
+func runRows(t *testing.T, jobs ...job) []row {
+	t.Helper()
+	rows := make([]row, len(jobs))
+	errs := make([]error, len(jobs))
+	logs := make([]bytes.Buffer, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		// Warnings and errors only: take-overs, fenced writes, store errors.
+		j.cfg.logger = slog.New(slog.NewTextHandler(&logs[i], &slog.HandlerOptions{Level: slog.LevelWarn}))
+		wg.Go(func() { rows[i], errs[i] = runRow(t.Context(), j.cfg, j.name) })
+	}
+	wg.Wait()
+	for i, r := range rows {
+		if errs[i] != nil {
+			t.Fatalf("%s: %v", jobs[i].name, errs[i])
+		}
+		b, _ := json.Marshal(r)
+		t.Logf("%s", b)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i := range jobs {
+				t.Logf("%s: server warnings:\n%s", jobs[i].name, logs[i].String())
+			}
+		}
+	})
+	return rows
+}
+
+// chargedOnce checks the promise of every idem row: no order charged twice,
+// and none lost: each is charged once or reported unresolved by the jar.
+func chargedOnce(t *testing.T, r row, orders int) {
+	t.Helper()
+	if r.DoubleCharged != 0 {
+		t.Errorf("%s: %d double-charged orders; want 0", r.Strategy, r.DoubleCharged)
+	}
+	if r.Lost != 0 {
+		t.Errorf("%s: %d orders neither charged nor unresolved in the jar; want 0", r.Strategy, r.Lost)
+	}
+	if r.Unresolved == nil {
+		t.Fatalf("%s: no jar count", r.Strategy)
+	}
+	if r.Charges+*r.Unresolved < orders {
+		t.Errorf("%s: %d charges + %d unresolved < %d orders", r.Strategy, r.Charges, *r.Unresolved, orders)
+	}
+}
+
+func doubleCharges(t *testing.T, r row) {
+	t.Helper()
+	if r.DoubleCharged == 0 {
+		t.Errorf("%s: no double-charged order; want some (the faults or the planted bug must bite)", r.Strategy)
+	}
+}
+
+// TestChaosFaultKinds sends 500 orders with one fault kind at 30 % of the
+// requests: the SDK charges each order once; the baselines charge some
+// twice whenever the fault can hide a committed charge (a dropped answer,
+// a request delayed past the client's timeout). A reset before forwarding
+// never reaches the server, so the baselines cannot double-charge there:
+// the proxy's counter shows that the fault bit.
+func TestChaosFaultKinds(t *testing.T) {
+	n := size(500)
+	kinds := []struct {
+		name      string
+		rates     faultproxy.Rates
+		baselines bool
+		bit       func(faultproxy.Stats) int64
+	}{
+		{"drop", faultproxy.Rates{DropResponse: 0.3}, true, func(s faultproxy.Stats) int64 { return s.Dropped }},
+		{"delay", faultproxy.Rates{Delay: 0.3}, true, func(s faultproxy.Stats) int64 { return s.Delayed }},
+		{"reset", faultproxy.Rates{Reset: 0.3}, false, func(s faultproxy.Stats) int64 { return s.Reset }},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := chaosConfig(t, n, k.rates)
+			jobs := []job{{cfg, rowIdem}}
+			if k.baselines {
+				jobs = append(jobs, job{cfg, rowNoKey}, job{cfg, rowKeyPerTry})
+			}
+			rows := runRows(t, jobs...)
+			chargedOnce(t, rows[0], n)
+			if got := k.bit(rows[0].Faults); got < int64(n)/5 {
+				t.Errorf("idem: %s faults: got %d for %d orders; want about 30 %% of the requests", k.name, got, n)
+			}
+			for _, r := range rows[1:] {
+				doubleCharges(t, r)
+			}
+		})
+	}
+}
+
+// TestChaosIdemRows runs the rows where a process dies: the client (SIGKILL
+// and restart from the jar) and the server (a new instance takes the stale
+// claim over), with every fault kind at once, 30 % of the requests in all.
+func TestChaosIdemRows(t *testing.T) {
+	n := size(500)
+	mixed := faultproxy.Rates{DropResponse: 0.1, Reset: 0.1, Delay: 0.1}
+	cfg := chaosConfig(t, n, mixed)
+	rows := runRows(t, job{cfg, rowRestarts}, job{cfg, rowCrash})
+	restarts, crash := rows[0], rows[1]
+	chargedOnce(t, restarts, n)
+	if restarts.Restarts == 0 {
+		t.Error("no client process was killed")
+	}
+	chargedOnce(t, crash, n)
+	if crash.Crashes == 0 || crash.ChargeCalls <= crash.Charges {
+		t.Errorf("crashes %d, charge calls %d, charges %d: want crashes, and take-overs that called PayCo again", crash.Crashes, crash.ChargeCalls, crash.Charges)
+	}
+}
+
+// TestChaosCatchesBrokenVariants plants each bug the SDK and the store
+// exist to prevent, and checks that the chaos run catches it: the broken
+// variant double-charges where the real one, in the same run
+// configuration, does not.
+func TestChaosCatchesBrokenVariants(t *testing.T) {
+	n := size(100)
+	cases := []struct {
+		name, row string
+		rates     faultproxy.Rates
+		break_    func(*ablation)
+	}{
+		// The Transport mints a new key per attempt: each retry is a new
+		// operation for the server.
+		{"new key per attempt", rowIdem, faultproxy.Rates{DropResponse: 0.3}, func(a *ablation) { a.newKeyPerAttempt = true }},
+		// The jar is not consulted after a restart: the new process sends
+		// the orders left pending with new keys.
+		{"fresh jar after restart", rowRestarts, faultproxy.Rates{DropResponse: 0.3}, func(a *ablation) { a.freshJar = true }},
+		// The store's writes are unfenced: a zombie's release deletes the
+		// claim of the worker that took over.
+		{"unfenced store", rowUnfenced, faultproxy.Rates{DropResponse: 0.1}, func(a *ablation) { a.fenced = false }},
+		// No downstream key: the worker that takes over from a dead server
+		// charges again.
+		{"no downstream key", rowCrash, faultproxy.Rates{DropResponse: 0.1}, func(a *ablation) { a.noDownstreamKey = true }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			real := chaosConfig(t, n, c.rates)
+			if c.row == rowUnfenced {
+				real.ablate.fenced = true // the lab's row is the broken one; its control is fenced
+			}
+			broken := chaosConfig(t, n, c.rates)
+			c.break_(&broken.ablate)
+			rows := runRows(t, job{real, c.row}, job{broken, c.row})
+			chargedOnce(t, rows[0], n)
+			doubleCharges(t, rows[1])
+		})
+	}
+}
+
+// TestLabCommand runs the command as README shows it, on a few orders, in
+// both output formats.
+func TestLabCommand(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(t.Context(), []string{"-n", "30", "-json"}, &out, &errb); err != nil {
+		t.Fatalf("run: %v\n%s", err, errb.String())
+	}
+	var names []string
+	dec := json.NewDecoder(&out)
+	for range len(allRows) + 1 {
+		var r row
+		if err := dec.Decode(&r); err != nil {
+			break
+		}
+		names = append(names, r.Strategy)
+		if r.Requests < 30 {
+			t.Errorf("%s: %d requests for 30 orders", r.Strategy, r.Requests)
+		}
+		if (r.Strategy == rowNoKey || r.Strategy == rowKeyPerTry) != (r.Unresolved == nil) {
+			t.Errorf("%s: unresolved %v: want a count exactly for the rows with a jar", r.Strategy, r.Unresolved)
+		}
+	}
+	if got, want := strings.Join(names, ","), strings.Join(allRows, ","); got != want {
+		t.Fatalf("rows: got %s; want %s", got, want)
+	}
+	if !strings.Contains(errb.String(), "lab [6/6] unfenced store") {
+		t.Errorf("progress on stderr: got %q", errb.String())
+	}
+
+	out.Reset()
+	if err := run(t.Context(), []string{"-n", "5", "-rows", "no-key,idem", "-drop", "0", "-reset", "0", "-delay", "0"}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "strategy") || !strings.HasPrefix(lines[1], "no-key") || !strings.HasPrefix(lines[2], "idem") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	if f := strings.Fields(lines[2]); len(f) != 5 || f[2] != "5" || f[3] != "0" || f[4] != "0" {
+		t.Errorf("idem without faults: got %q; want 5 charges, 0 double-charged, 0 unresolved", lines[2])
+	}
+}
+
+func TestRunRefusesBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"-n", "0"}, {"-concurrency", "0"}, {"-rows", "nope"}, {"-drop", "0.8", "-reset", "0.5"}, {"extra"}} {
+		var out, errb bytes.Buffer
+		if err := run(t.Context(), args, &out, &errb); err == nil {
+			t.Errorf("run %q: no error", args)
+		}
+	}
+}

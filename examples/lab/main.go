@@ -1,0 +1,241 @@
+// Command lab charges orders through a fault-injecting proxy, once per retry
+// strategy, and counts what the server's payment processor charged:
+//
+//	go run ./examples/lab                 # 100 orders, seed 1: the table
+//	go run ./examples/lab -n 500 -seed 7  # more orders, other faults
+//	go run ./examples/lab -json           # the same rows as JSON lines
+//
+// Each strategy gets a fresh reference server in this process (the payments
+// API of testserver/payments behind testserver.Middleware, keys and ledger
+// in one SQLite file in a temporary directory) and a fresh
+// internal/faultproxy in front of it, which by a seeded draw per request
+// drops the answer after the server committed, resets the connection
+// before forwarding, or holds the request past the client's attempt
+// timeout and forwards it anyway.
+//
+// The rows:
+//
+//	no-key                  retry loop on plain net/http, no key
+//	key-per-try             the same loop with a new key on every attempt
+//	idem                    the SDK: one key per order, kept in a SQLite jar
+//	idem + client restarts  the SDK in client processes killed with SIGKILL
+//	                        at random points; each restart resumes the jar
+//	idem + server crash     the server dies right after charging; a new one
+//	                        takes the stale claim over after the lease, and
+//	                        PayCo's key charge:<order_id> stops a second charge
+//	unfenced store          the store without the locked_at condition on its
+//	                        writes, and a worker that stalls past its lease
+//
+// PayCo ignores its own key (charges on every call) in every row but the
+// server crash, so that only the strategy under test stands between a
+// retry and a second charge. The counts come from PayCo's ledger, the
+// proxy's counters and the jar, never from the strategy itself.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+func main() {
+	if os.Getenv(childEnv) == "client" {
+		os.Exit(childMain(os.Args[1:]))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if err != flag.ErrHelp {
+			fmt.Fprintln(os.Stderr, "lab:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.orders, "n", cfg.orders, "orders to charge per strategy")
+	fs.Uint64Var(&cfg.seed, "seed", cfg.seed, "seed of the faults and of every random choice")
+	fs.IntVar(&cfg.concurrency, "concurrency", cfg.concurrency, "orders in flight at once")
+	fs.Float64Var(&cfg.rates.DropResponse, "drop", cfg.rates.DropResponse, "share of requests whose answer is dropped after the server committed")
+	fs.Float64Var(&cfg.rates.Reset, "reset", cfg.rates.Reset, "share of requests reset before reaching the server")
+	fs.Float64Var(&cfg.rates.Delay, "delay", cfg.rates.Delay, "share of requests held past the client's attempt timeout, then forwarded")
+	fs.DurationVar(&cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt; delayed requests are held 1.5 times as long")
+	asJSON := fs.Bool("json", false, "print the rows as JSON lines")
+	only := fs.String("rows", "", "comma-separated strategies to run (default: all)")
+	verbose := fs.Bool("v", false, "log the server's idempotency decisions to stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cfg.orders < 1 || cfg.orders > 99999 {
+		return fmt.Errorf("-n %d: want 1 to 99999 orders", cfg.orders)
+	}
+	if cfg.attemptTimeout <= 0 {
+		return fmt.Errorf("-attempt-timeout %v: want a positive duration", cfg.attemptTimeout)
+	}
+	cfg.hold = cfg.attemptTimeout * 3 / 2
+	if err := cfg.rates.Validate(); err != nil {
+		return err
+	}
+	if cfg.concurrency < 1 {
+		return fmt.Errorf("-concurrency %d: want at least 1", cfg.concurrency)
+	}
+	names := allRows
+	if *only != "" {
+		names = nil
+		for n := range strings.SplitSeq(*only, ",") {
+			n = strings.TrimSpace(n)
+			if !slices.Contains(allRows, n) {
+				return fmt.Errorf("-rows: unknown strategy %q; want some of %q", n, allRows)
+			}
+			names = append(names, n)
+		}
+	}
+
+	if *verbose {
+		cfg.logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	p := newProgress(stderr, len(names))
+	cfg.progress = p.update
+	var rows []row
+	for i, name := range names {
+		p.start(i, name)
+		r, err := runRow(ctx, cfg, name)
+		if err != nil {
+			p.clear()
+			return err
+		}
+		p.finish(r)
+		rows = append(rows, r)
+	}
+	p.clear()
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	printTable(stdout, cfg, rows)
+	return nil
+}
+
+func printTable(w io.Writer, cfg config, rows []row) {
+	head := []string{"strategy", "requests sent", "charges", "double-charged orders", "unresolved orders"}
+	cells := [][]string{head}
+	for _, r := range rows {
+		unresolved := "-"
+		if r.Unresolved != nil {
+			unresolved = strconv.Itoa(*r.Unresolved)
+		}
+		cells = append(cells, []string{r.Strategy, strconv.FormatInt(r.Requests, 10), strconv.Itoa(r.Charges),
+			strconv.Itoa(r.DoubleCharged), unresolved})
+	}
+	width := make([]int, len(head))
+	for _, c := range cells {
+		for i, s := range c {
+			width[i] = max(width[i], len(s))
+		}
+	}
+	for _, c := range cells {
+		line := fmt.Sprintf("%-*s", width[0], c[0])
+		for i := 1; i < len(c); i++ {
+			line += fmt.Sprintf("  %*s", width[i], c[i])
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintf(w, "\n%d orders per strategy, seed %d; faults per request: answer dropped %.0f%%, reset %.0f%%, delayed %.0f%%\n",
+		cfg.orders, cfg.seed, 100*cfg.rates.DropResponse, 100*cfg.rates.Reset, 100*cfg.rates.Delay)
+	for _, r := range rows {
+		if r.Lost > 0 && r.Unresolved != nil {
+			fmt.Fprintf(w, "warning: %s: %d orders neither charged nor pending in the jar\n", r.Strategy, r.Lost)
+		}
+	}
+}
+
+// progress writes one line to stderr that says where the run is: rewritten
+// in place on a terminal, one line per strategy otherwise.
+type progress struct {
+	w     io.Writer
+	tty   bool
+	total int
+
+	mu    sync.Mutex
+	i     int
+	name  string
+	last  time.Time
+	width int
+}
+
+func newProgress(w io.Writer, total int) *progress {
+	p := &progress{w: w, total: total}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progress) start(i int, name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.i, p.name = i, name
+	p.show(fmt.Sprintf("lab [%d/%d] %s: starting", i+1, p.total, name), true)
+}
+
+func (p *progress) update(name string, done, total int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.tty || (done < total && time.Since(p.last) < 100*time.Millisecond) {
+		return
+	}
+	p.last = time.Now()
+	p.show(fmt.Sprintf("lab [%d/%d] %s: %d/%d orders", p.i+1, p.total, name, done, total), false)
+}
+
+func (p *progress) finish(r row) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.show(fmt.Sprintf("lab [%d/%d] %s: done in %.1fs", p.i+1, p.total, r.Strategy, r.Seconds), true)
+}
+
+// show writes line: over the previous one on a terminal; on its own line
+// otherwise, when always.
+func (p *progress) show(line string, always bool) {
+	if !p.tty {
+		if always {
+			fmt.Fprintln(p.w, line)
+		}
+		return
+	}
+	pad := max(p.width-len(line), 0)
+	fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", pad))
+	p.width = len(line)
+}
+
+func (p *progress) clear() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && p.width > 0 {
+		fmt.Fprintf(p.w, "\r%s\r", strings.Repeat(" ", p.width))
+		p.width = 0
+	}
+}
