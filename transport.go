@@ -260,7 +260,7 @@ func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
 	ctype := req.Header.Get("Content-Type")
 	var whole []byte // the whole body, when it fits in MaxBuffer
 	if req.GetBody == nil {
-		buf, err := body.ReadAtMost(req.Body, limit)
+		buf, err := body.ReadAtMost(body.WithContext(req.Context(), req.Body), limit)
 		if errors.Is(err, body.ErrTooLarge) {
 			return nil, fmt.Errorf("%w: it has no GetBody and is longer than MaxBuffer (%d bytes); build the request with http.NewRequest from a bytes.Reader or set GetBody", ErrBodyNotRewindable, limit)
 		}
@@ -276,14 +276,15 @@ func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
 			return nil, fmt.Errorf("idem: GetBody: %w", err)
 		}
 		defer rc.Close()
-		buf, err := body.ReadAtMost(rc, limit)
+		r := body.WithContext(req.Context(), rc) // a slow or endless body ends with the request
+		buf, err := body.ReadAtMost(r, limit)
 		switch {
 		case err == nil:
 			whole = buf
 		case errors.Is(err, body.ErrTooLarge):
 			// Too large to canonicalise: hash it byte for byte, streamed.
 			h.Write(buf)
-			n, err := io.Copy(h, rc)
+			n, err := io.Copy(h, r)
 			if err != nil {
 				return nil, fmt.Errorf("idem: reading request body: %w", err)
 			}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -642,3 +643,41 @@ func (c *idleCounter) CloseIdleConnections() { c.n++ }
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// endless is a body that never ends.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'x'
+	}
+	return len(p), nil
+}
+
+func TestEndlessBodyEndsWithTheContext(t *testing.T) {
+	tr, rec, _ := newTransport(t, status(201))
+	tr.MaxBuffer = 1024
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, nil)
+	var reads atomic.Int64
+	req.GetBody = func() (io.ReadCloser, error) {
+		return io.NopCloser(readFunc(func(p []byte) (int, error) {
+			switch reads.Add(1) {
+			case 100:
+				cancel() // the caller gives up while the body is being hashed
+			case 1000:
+				return 0, io.EOF // bounded, so that a regression fails instead of hanging
+			}
+			return endless{}.Read(p)
+		})), nil
+	}
+	req.Body, _ = req.GetBody()
+	_, err := tr.RoundTrip(req)
+	if !errors.Is(err, context.Canceled) || rec.attempts() != 0 || reads.Load() >= 1000 {
+		t.Fatalf("got %v after %d sends and %d reads; want context.Canceled, nothing sent, reading stopped", err, rec.attempts(), reads.Load())
+	}
+}
+
+type readFunc func([]byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }

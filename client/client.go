@@ -99,6 +99,10 @@ type Options struct {
 	// keeps. Zero means 64 KiB.
 	MaxErrorBody int64
 
+	// MaxJSONBody is the largest 2xx body PostJSON decodes; a larger one is
+	// an error (the operation did happen). Zero means 16 MiB.
+	MaxJSONBody int64
+
 	// Lease is how long one call holds an operation before another
 	// process may take it over (idem.Transport.Lease). Zero means the
 	// Transport's default.
@@ -117,6 +121,7 @@ type Client struct {
 	tr           *idem.Transport
 	hc           *http.Client
 	maxErrorBody int64
+	maxJSONBody  int64
 }
 
 // New returns a Client over the jar file at path, opened with keyjar.Open
@@ -127,7 +132,10 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	if opts != nil {
 		o = *opts
 	}
-	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody}
+	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody, maxJSONBody: o.MaxJSONBody}
+	if c.maxJSONBody <= 0 {
+		c.maxJSONBody = 16 << 20
+	}
 	switch {
 	case o.Jar != nil && path != "":
 		return nil, fmt.Errorf("client: New: both a path (%q) and Options.Jar are given; give one", path)
@@ -294,8 +302,17 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 		resp.Body = http.NoBody
 	}()
 	if out != nil {
-		if err := json.NewDecoder(resp.Body).Decode(out); err != nil && !errors.Is(err, io.EOF) {
-			return resp, fmt.Errorf("client: decoding the answer to %q (status %d): %w", resp.Op, resp.StatusCode, err)
+		b, err := body.ReadAtMost(resp.Body, c.maxJSONBody)
+		if errors.Is(err, body.ErrTooLarge) {
+			return resp, fmt.Errorf("client: the answer to %q (status %d) is larger than MaxJSONBody (%d bytes)", resp.Op, resp.StatusCode, c.maxJSONBody)
+		}
+		if err != nil {
+			return resp, fmt.Errorf("client: reading the answer to %q (status %d): %w", resp.Op, resp.StatusCode, err)
+		}
+		if len(b) > 0 {
+			if err := json.Unmarshal(b, out); err != nil {
+				return resp, fmt.Errorf("client: decoding the answer to %q (status %d): %w", resp.Op, resp.StatusCode, err)
+			}
 		}
 	}
 	return resp, nil

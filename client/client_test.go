@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -110,6 +111,22 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		}
 		if ce.Attempts != 3 || ce.Key != s.key(0) || s.sends() != 3 || state(t, c.Jar(), "charge:o1") != idem.StatePending {
 			t.Fatalf("conflict %+v after %d sends, state %q; want 3 attempts with the key, pending", ce, s.sends(), state(t, c.Jar(), "charge:o1"))
+		}
+	})
+	t.Run("a 2xx body over MaxJSONBody is an error, not decoded", func(t *testing.T) {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":%q}`, strings.Repeat("x", 100))
+		})
+		var out struct{ ID string }
+		c := newClient(t, h, &client.Options{MaxJSONBody: 50})
+		resp, err := c.PostJSON(ctx, "charge:big", chargesURL, chargeReq{Order: "big"}, &out)
+		if err == nil || !strings.Contains(err.Error(), "MaxJSONBody") || resp == nil || resp.StatusCode != 201 || out.ID != "" {
+			t.Fatalf("got %v, %v, decoded %q; want the 201 with a MaxJSONBody error and nothing decoded", resp, err, out.ID)
+		}
+		c = newClient(t, h, &client.Options{MaxJSONBody: 200})
+		if _, err := c.PostJSON(ctx, "charge:big", chargesURL, chargeReq{Order: "big"}, &out); err != nil || len(out.ID) != 100 {
+			t.Fatalf("under the limit: got %v, %d bytes decoded; want the body decoded", err, len(out.ID))
 		}
 	})
 	t.Run("404 is a status error with its body", func(t *testing.T) {

@@ -4,6 +4,7 @@ package body
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -58,4 +59,22 @@ func (c *onClose) Close() error {
 	err := c.ReadCloser.Close()
 	c.once.Do(c.fn)
 	return err
+}
+
+// WithContext returns a reader of r that fails with ctx's error once ctx is
+// done, so that reading a slow or endless body ends with its request.
+func WithContext(ctx context.Context, r io.Reader) io.Reader {
+	return &ctxReader{ctx: ctx, r: r}
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
