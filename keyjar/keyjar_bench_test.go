@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -214,11 +215,13 @@ func copyFile(dst, src string) error {
 }
 
 // memPeak is the highest memory seen while Prune runs: the Go heap in use
-// (runtime.MemStats.HeapInuse, sampled every 2 ms) and the process's
-// resident set (VmHWM, whose mark is reset before each run; it covers
-// SQLite's page cache, which modernc.org/sqlite keeps outside the Go heap).
+// (runtime.MemStats.HeapInuse, sampled every 2 ms), which includes garbage
+// not yet collected; the live heap as the last GC found it
+// (/gc/heap/live:bytes), which does not; and the process's resident set
+// (VmHWM, whose mark is reset before each run; it covers SQLite's page
+// cache, which modernc.org/sqlite keeps outside the Go heap).
 type memPeak struct {
-	heapInuse, rss uint64
+	heapInuse, live, rss uint64
 }
 
 // sample resets the resident-set mark and samples the heap until the
@@ -233,9 +236,14 @@ func (p *memPeak) sample(b *testing.B) (stop func()) {
 		tick := time.NewTicker(2 * time.Millisecond)
 		defer tick.Stop()
 		var ms runtime.MemStats
+		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 		for {
 			runtime.ReadMemStats(&ms)
 			p.heapInuse = max(p.heapInuse, ms.HeapInuse)
+			metrics.Read(live)
+			if live[0].Value.Kind() == metrics.KindUint64 {
+				p.live = max(p.live, live[0].Value.Uint64())
+			}
 			select {
 			case <-done:
 				return
@@ -252,6 +260,7 @@ func (p *memPeak) sample(b *testing.B) (stop func()) {
 
 func (p *memPeak) report(b *testing.B) {
 	b.ReportMetric(float64(p.heapInuse), "peak-heapinuse-B")
+	b.ReportMetric(float64(p.live), "peak-live-B")
 	if p.rss > 0 {
 		b.ReportMetric(float64(p.rss), "peak-rss-B")
 	}
