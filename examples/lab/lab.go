@@ -82,6 +82,10 @@ func defaultConfig() config {
 	}
 }
 
+// serverWorkers is how many charges the lab's server serves at once; the
+// others wait before their claim, outside the lease.
+const serverWorkers = 4
+
 // row is one line of the table. Every count comes from the server's PayCo
 // ledger, the fault proxy's counters or the client's jar, never from the
 // strategy's own bookkeeping.
@@ -174,12 +178,13 @@ func runRow(ctx context.Context, cfg config, name string) (row, error) {
 	defer os.RemoveAll(dir)
 
 	all := orders(cfg.orders)
-	sc := serverConfig{path: filepath.Join(dir, "server.db"), noDedup: true, lockTimeout: cfg.lockTimeout, logger: cfg.logger}
+	sc := serverConfig{path: filepath.Join(dir, "server.db"), noDedup: true, lockTimeout: cfg.lockTimeout, logger: cfg.logger, workers: serverWorkers}
 	switch name {
 	case rowNoKey, rowKeyPerTry:
 		sc.optionalKey = true
 	case rowCrash:
 		sc.lockTimeout = cfg.crashLease
+		sc.workers = 0
 		sc.noDedup = cfg.ablate.noDownstreamKey
 		sc.crash = pick(cfg.seed, name, cfg.crashRate, all)
 	case rowUnfenced:

@@ -37,6 +37,10 @@ type serverConfig struct {
 	unfenced bool
 
 	logger *slog.Logger // the Middleware's decisions; nil means silent
+
+	// workers bounds the charges served at once; 0 means no bound. The
+	// crash row has none: its dead instances keep their requests.
+	workers int
 }
 
 // server is the reference payments server in process: one listener on
@@ -44,17 +48,22 @@ type serverConfig struct {
 // file. Only one instance is current; a crashed one is dead but its stuck
 // handlers stay stuck until bury.
 type server struct {
-	cfg serverConfig
-	ln  net.Listener
-	srv *http.Server
-	cur atomic.Pointer[instance]
+	cfg     serverConfig
+	ln      net.Listener
+	srv     *http.Server
+	cur     atomic.Pointer[instance]
+	workers chan struct{} // nil: no limit
 
 	mu        sync.Mutex
 	instances []*instance
 	crashed   map[string]bool
 	zombies   map[string]*zombieState
-	buried    chan struct{} // closed by bury: stuck handlers of dead instances return
-	buryOnce  sync.Once
+	// slowest is the longest honest charge the server answered, from the
+	// moment it had a worker: a lease (LockTimeout) shorter than an honest
+	// run is taken over by design.
+	slowest  time.Duration
+	buried   chan struct{} // closed by bury: stuck handlers of dead instances return
+	buryOnce sync.Once
 }
 
 // instance is one server process's worth of state: its own connection to
@@ -80,11 +89,58 @@ func startServer(ctx context.Context, cfg serverConfig) (*server, error) {
 		return nil, fmt.Errorf("lab: server: %w", err)
 	}
 	s.ln = ln
-	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.cur.Load().handler.ServeHTTP(w, r)
-	}), ReadHeaderTimeout: 10 * time.Second}
+	if cfg.workers > 0 {
+		s.workers = make(chan struct{}, cfg.workers)
+	}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
 	go s.srv.Serve(ln)
 	return s, nil
+}
+
+// serve hands a request to the current instance. A charge first waits for
+// one of the workers, so that the work under a claim, from the claim to
+// the save, never queues behind more than a few other charges.
+func (s *server) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		s.cur.Load().handler.ServeHTTP(w, r)
+		return
+	}
+	wk := &worker{}
+	if s.workers != nil {
+		select {
+		case s.workers <- struct{}{}:
+		case <-r.Context().Done():
+			return
+		}
+		wk.free = func() { <-s.workers }
+		defer wk.done()
+		r = r.WithContext(context.WithValue(r.Context(), workerKey{}, wk))
+	}
+	start := time.Now()
+	inst := s.cur.Load()
+	inst.handler.ServeHTTP(w, r)
+	if wk.stalled || inst.dead.Load() {
+		return // a zombie's or a dead instance's time says nothing of an honest run
+	}
+	d := time.Since(start)
+	s.mu.Lock()
+	s.slowest = max(s.slowest, d)
+	s.mu.Unlock()
+}
+
+// worker is the worker slot a charge holds.
+type worker struct {
+	once    sync.Once
+	free    func()
+	stalled bool // a zombie: it gave its slot back before stalling
+}
+
+type workerKey struct{}
+
+func (wk *worker) done() {
+	if wk.free != nil {
+		wk.once.Do(wk.free)
+	}
 }
 
 // URL is the server's own address, without the fault proxy.
@@ -174,6 +230,7 @@ func (s *server) decisions() decisions {
 		d.Released += st.Released
 		d.StoreErrors += st.StoreErrors
 	}
+	d.SlowestMillis = s.slowest.Milliseconds()
 	return d
 }
 
@@ -188,6 +245,10 @@ type decisions struct {
 	// StoreErrors are failed store calls: 503 before the handler, or a
 	// save or release that did not happen after it.
 	StoreErrors int64 `json:"store_errors"`
+	// SlowestMillis is the longest honest charge the server answered,
+	// from the moment it had a worker: what the lease must outlast.
+	// Zombies and dead instances are not counted.
+	SlowestMillis int64 `json:"slowest_ms"`
 }
 
 // bury closes the dead instances' stores and then lets their stuck
@@ -308,6 +369,10 @@ func (s *server) zombieHandler(app http.Handler) http.Handler {
 		case 1:
 			if run, ok := r.Context().Value(zombieKey{}).(*zombieRun); ok {
 				run.st = st
+			}
+			if wk, ok := r.Context().Value(workerKey{}).(*worker); ok {
+				wk.stalled = true
+				wk.done() // a stalled process does not hold up the others
 			}
 			select { // a zombie ignores its context: it does not know it is late
 			case <-st.wake:
