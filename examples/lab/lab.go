@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -298,5 +297,3 @@ func forEach[T any](ctx context.Context, n int, items []T, f func(T)) {
 	close(ch)
 	wg.Wait()
 }
-
-var errChild = errors.New("lab: client process failed")

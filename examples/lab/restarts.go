@@ -23,6 +23,10 @@ import (
 // as a client process of idem + client restarts instead of the lab.
 const childEnv = "IDEM_LAB_ROLE"
 
+// errChild is returned by runRestarts when a client process fails on its
+// own, not killed.
+var errChild = errors.New("lab: client process failed")
+
 // Kill chances per line the client process prints: right after a retry on
 // a network error (the outcome of the last attempt is unknown: the server
 // may have charged) and, rarely, right before any attempt.
@@ -33,7 +37,8 @@ const (
 
 // runRestarts runs the orders in client processes and kills them with
 // SIGKILL at seeded random points, at most cfg.maxKills times (and once
-// per 10 orders), starting a new one each time. Each new process resumes what its jar holds pending.
+// per 10 orders), starting a new one each time. Each new process resumes
+// what its jar holds pending. The last process runs to its end.
 func runRestarts(ctx context.Context, e *env) error {
 	rng := rand.New(rand.NewPCG(e.cfg.seed, 0x6b696c6c)) // "kill"
 	paid := e.jarPath + ".paid"
@@ -86,8 +91,8 @@ func runRestarts(ctx context.Context, e *env) error {
 				chance = killOnAttempt
 			}
 			if !killed && run < maxKills && rng.Float64() < chance {
-				cmd.Process.Kill() // SIGKILL: no deferred function, no flush
-				killed = true
+				// SIGKILL: no deferred function runs, nothing is flushed.
+				killed = cmd.Process.Kill() == nil
 			}
 		}
 		err = cmd.Wait()
@@ -128,14 +133,15 @@ func childMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := client1(context.Background(), cfg, *jarPath, *paidPath, *url, *run, *freshJar); err != nil {
+	if err := runClient(context.Background(), cfg, *jarPath, *paidPath, *url, *run, *freshJar); err != nil {
 		fmt.Fprintln(os.Stderr, "lab client:", err)
 		return 1
 	}
 	return 0
 }
 
-func client1(ctx context.Context, cfg config, jarPath, paidPath, url string, run int, freshJar bool) error {
+// runClient is one client process's work; see childMain.
+func runClient(ctx context.Context, cfg config, jarPath, paidPath, url string, run int, freshJar bool) error {
 	var mu sync.Mutex
 	emit := func(f ...string) {
 		mu.Lock()
@@ -160,10 +166,6 @@ func client1(ctx context.Context, cfg config, jarPath, paidPath, url string, run
 		return err
 	}
 	defer c.Close()
-	paid, err := readPaid(paidPath)
-	if err != nil {
-		return err
-	}
 	pf, err := os.OpenFile(paidPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
@@ -187,6 +189,10 @@ func client1(ctx context.Context, cfg config, jarPath, paidPath, url string, run
 		return err
 	}
 
+	paid, err := readPaid(paidPath)
+	if err != nil {
+		return err
+	}
 	var todo []order
 	for _, o := range orders(cfg.orders) {
 		if !paid[o.ID] {
