@@ -228,6 +228,9 @@ func (p *Proxy) Stats() Stats {
 // received is finished: delayed ones forwarded, answers read. If ctx ends
 // first, it closes the proxy as Close does and returns ctx's error.
 func (p *Proxy) Shutdown(ctx context.Context) error {
+	if p.srv == nil {
+		return nil // never started
+	}
 	_ = p.srv.Shutdown(ctx)
 	p.mu.Lock()
 	p.closing = true
@@ -247,6 +250,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 // connections, abandons held and forwarded requests, and waits for its
 // handlers to return.
 func (p *Proxy) Close() error {
+	if p.srv == nil {
+		return nil // never started
+	}
 	err := p.srv.Close()
 	p.cancel()
 	p.mu.Lock()

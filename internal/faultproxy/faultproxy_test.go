@@ -95,11 +95,15 @@ func TestStartRefusesBadConfig(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.p.Start()
-			if err == nil {
-				tc.p.Close()
-			}
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Start: got %v; want %v", err, tc.want)
+			}
+			// A proxy that never started closes as a no-op.
+			if err := tc.p.Shutdown(t.Context()); err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+			if err := tc.p.Close(); err != nil {
+				t.Errorf("Close: %v", err)
 			}
 		})
 	}
