@@ -30,16 +30,14 @@ func size(n int) int {
 	return n
 }
 
-// chaosConfig is the lab's configuration with the chaos tests' shorter
-// attempt timeout and more orders in flight, so that the waits a delay
-// costs overlap.
+// chaosConfig is the lab's configuration with a shorter attempt timeout,
+// so that the waits a delay costs are shorter.
 func chaosConfig(t *testing.T, orders int, rates faultproxy.Rates) config {
 	cfg := defaultConfig()
 	cfg.orders = orders
 	cfg.rates = rates
-	cfg.concurrency = 24
-	cfg.attemptTimeout = 500 * time.Millisecond
-	cfg.hold = 750 * time.Millisecond
+	cfg.attemptTimeout = 750 * time.Millisecond
+	cfg.hold = 1100 * time.Millisecond
 	cfg.dir = t.TempDir()
 	return cfg
 }
@@ -207,7 +205,7 @@ func TestChaosCatchesBrokenVariants(t *testing.T) {
 // both output formats.
 func TestLabCommand(t *testing.T) {
 	var out, errb bytes.Buffer
-	if err := run(t.Context(), []string{"-n", "20", "-attempt-timeout", "500ms", "-json"}, &out, &errb); err != nil {
+	if err := run(t.Context(), []string{"-n", "10", "-attempt-timeout", "500ms", "-json"}, &out, &errb); err != nil {
 		t.Fatalf("run: %v\n%s", err, errb.String())
 	}
 	var names []string
@@ -218,8 +216,8 @@ func TestLabCommand(t *testing.T) {
 			break
 		}
 		names = append(names, r.Strategy)
-		if r.Requests < 20 {
-			t.Errorf("%s: %d requests for 20 orders", r.Strategy, r.Requests)
+		if r.Requests < 10 {
+			t.Errorf("%s: %d requests for 10 orders", r.Strategy, r.Requests)
 		}
 		if (r.Strategy == rowNoKey || r.Strategy == rowKeyPerTry) != (r.Unresolved == nil) {
 			t.Errorf("%s: unresolved %v: want a count exactly for the rows with a jar", r.Strategy, r.Unresolved)
