@@ -28,8 +28,12 @@
 //
 // PayCo ignores its own key (charges on every call) in every row but the
 // server crash, so that only the strategy under test stands between a
-// retry and a second charge. The counts come from PayCo's ledger, the
-// proxy's counters and the jar, never from the strategy itself.
+// retry and a second charge. The server runs four charges at a time; the
+// others wait before their claim, so that its lease (5 s; 1 s in the
+// server crash row) outlasts every honest run. The counts come from
+// PayCo's ledger, the proxy's counters and the jar, never from the
+// strategy itself. -json adds the details: charge calls before PayCo's
+// dedup, kills, crashes, fault and decision counters.
 package main
 
 import (
