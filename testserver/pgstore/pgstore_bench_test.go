@@ -5,15 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"runtime"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/pgstore"
+	"github.com/idemkit/idem/testserver/storetest"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -115,39 +114,9 @@ func BenchmarkClaimSave(b *testing.B) {
 					if _, err := raw.Exec(context.Background(), "TRUNCATE idempotency_keys"); err != nil {
 						b.Fatal(err)
 					}
-					runClaimSave(b, callers, impl.op)
+					storetest.RunCallers(b, callers, impl.op)
 				})
 			}
 		})
 	}
-}
-
-// runClaimSave times op on fresh keys with the given number of callers: a
-// serial loop for 1, b.RunParallel with that many goroutines otherwise.
-func runClaimSave(b *testing.B, callers int, op func(ctx context.Context, key string, token int64) error) {
-	b.Helper()
-	ctx := context.Background()
-	var seq atomic.Int64
-	next := func() error {
-		n := seq.Add(1)
-		return op(ctx, "key-"+strconv.FormatInt(n, 10), n)
-	}
-	if callers == 1 {
-		for b.Loop() {
-			if err := next(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return
-	}
-	b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := next(); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
 }

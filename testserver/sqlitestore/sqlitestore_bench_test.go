@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
-	"runtime"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/sqlitestore"
+	"github.com/idemkit/idem/testserver/storetest"
 )
 
 // benchResponse is the answer every benchmark saves.
@@ -36,7 +34,7 @@ func BenchmarkClaimSave(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer s.Close()
-				runClaimSave(b, callers, func(ctx context.Context, key string, token int64) error {
+				storetest.RunCallers(b, callers, func(ctx context.Context, key string, token int64) error {
 					if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", token, time.Now()); err != nil || !claimed {
 						return fmt.Errorf("Claim = %v, %v; want claimed", claimed, err)
 					}
@@ -46,7 +44,7 @@ func BenchmarkClaimSave(b *testing.B) {
 			b.Run("impl=rawsql", func(b *testing.B) {
 				db := openRaw(b)
 				header := `{"Content-Type":["application/json"]}`
-				runClaimSave(b, callers, func(ctx context.Context, key string, token int64) error {
+				storetest.RunCallers(b, callers, func(ctx context.Context, key string, token int64) error {
 					// Store.Claim: one IMMEDIATE transaction around the insert.
 					tx, err := db.BeginTx(ctx, nil)
 					if err != nil {
@@ -101,34 +99,4 @@ func openRaw(b *testing.B) *sql.DB {
 	db.SetMaxIdleConns(1)
 	b.Cleanup(func() { db.Close() })
 	return db
-}
-
-// runClaimSave times op on fresh keys with the given number of callers: a
-// serial loop for 1, b.RunParallel with that many goroutines otherwise.
-func runClaimSave(b *testing.B, callers int, op func(ctx context.Context, key string, token int64) error) {
-	b.Helper()
-	ctx := context.Background()
-	var seq atomic.Int64
-	next := func() error {
-		n := seq.Add(1)
-		return op(ctx, "key-"+strconv.FormatInt(n, 10), n)
-	}
-	if callers == 1 {
-		for b.Loop() {
-			if err := next(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return
-	}
-	b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := next(); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
 }
