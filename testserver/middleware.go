@@ -458,7 +458,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		limit = DefaultMaxSavedResponse
 	}
 	rec := &recorder{w: w, header: make(http.Header), limit: limit}
-	hctx, cancel := context.WithTimeout(r.Context(), m.lockTimeout())
+	// The handler's context outlives the caller's connection: work that
+	// has started (a charge) runs to its end and is saved, so that the
+	// caller's retry is replayed, instead of being cut off halfway, released
+	// as a failure and run again. It ends with the lease.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.lockTimeout())
 	defer cancel()
 	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))

@@ -640,9 +640,11 @@ func TestSaveAfterClientGone(t *testing.T) {
 	eachStore(t, func(t *testing.T, store testserver.Store) {
 		var deadline time.Time
 		ctx, cancel := context.WithCancel(context.Background())
+		var handlerErr error
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			deadline, _ = r.Context().Deadline()
-			cancel() // the client goes away after the work is done
+			cancel() // the client goes away while the work is under way
+			handlerErr = r.Context().Err()
 			w.WriteHeader(201)
 		})
 		mw := &testserver.Middleware{Store: store, LockTimeout: time.Hour}
@@ -651,6 +653,9 @@ func TestSaveAfterClientGone(t *testing.T) {
 		serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
 		if deadline.IsZero() || deadline.Before(before.Add(59*time.Minute)) || deadline.After(time.Now().Add(time.Hour)) {
 			t.Errorf("handler deadline %v; want about LockTimeout (1 h) from now", deadline)
+		}
+		if handlerErr != nil {
+			t.Errorf("the handler's context ended (%v) when the caller hung up; want the work to run on until the lease ends", handlerErr)
 		}
 		w := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {

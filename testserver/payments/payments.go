@@ -39,7 +39,8 @@ type Faults struct {
 	FailAfterCharge func(orderID string) bool
 
 	// Delay holds each charge's answer this long after PayCo charged (a
-	// slow handler), or until the request's context ends.
+	// slow handler), or until the handler's context ends: with the
+	// Middleware, when the claim's lease does.
 	Delay time.Duration
 
 	// Charged is called after each PayCo charge, before the answer is

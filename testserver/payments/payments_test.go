@@ -248,8 +248,11 @@ func TestChargedHook(t *testing.T) {
 }
 
 // A delayed answer ends early when the caller goes away, and is saved.
-func TestDelayEndsWithContext(t *testing.T) {
+// A delayed handler is not cut off by its caller hanging up; it ends with
+// the lease (the handler's context), and its answer is saved and replayed.
+func TestDelayEndsWithTheLease(t *testing.T) {
 	app := tempApp(t)
+	app.Idempotency.LockTimeout = 200 * time.Millisecond
 	app.Faults.Delay = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	app.Faults.Charged = func(payments.Charge) { cancel() }
