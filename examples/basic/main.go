@@ -22,7 +22,7 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Stdout); err != nil {
 		log.SetFlags(0)
 		log.Fatal(err)
 	}
@@ -32,6 +32,7 @@ func main() {
 // with a 503 and remembers the answer it gave each key, as an
 // idempotency-aware server does.
 type server struct {
+	out     io.Writer
 	mu      sync.Mutex
 	seen    map[string]int
 	answers map[string]string
@@ -43,7 +44,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seen[key]++
-	fmt.Printf("  server: attempt %d with key %s\n", s.seen[key], key)
+	fmt.Fprintf(s.out, "  server: attempt %d with key %s\n", s.seen[key], key)
 	if s.seen[key] == 1 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
@@ -59,12 +60,12 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, s.answers[key])
 }
 
-func run() error {
+func run(out io.Writer) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := &server{seen: map[string]int{}, answers: map[string]string{}}
+	srv := &server{out: out, seen: map[string]int{}, answers: map[string]string{}}
 	go http.Serve(ln, srv)
 	url := "http://" + ln.Addr().String() + "/v1/charges"
 
@@ -76,18 +77,20 @@ func run() error {
 	path := filepath.Join(dir, "keys.db")
 
 	for i, what := range []string{"first run", "after a restart (jar reopened)"} {
-		fmt.Printf("%d. %s\n", i+1, what)
-		if err := charge(path, url); err != nil {
+		fmt.Fprintf(out, "%d. %s\n", i+1, what)
+		if err := charge(out, path, url); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("the server charged %d time(s)\n", srv.charges)
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	fmt.Fprintf(out, "the server charged %d time(s)\n", srv.charges)
 	return nil
 }
 
 // charge opens the jar, sends one named operation and closes the jar, as
 // one run of a program would.
-func charge(path, url string) error {
+func charge(out io.Writer, path, url string) error {
 	ctx := context.Background()
 	jar, err := keyjar.Open(ctx, path, nil)
 	if err != nil {
@@ -115,7 +118,7 @@ func charge(path, url string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  client: %d %s replayed=%v; jar: key %s, state %s, %d attempt(s)\n",
+	fmt.Fprintf(out, "  client: %d %s replayed=%v; jar: key %s, state %s, %d attempt(s)\n",
 		resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed") == "true", rec.Key, rec.State, rec.Attempts)
 	return nil
 }
