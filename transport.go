@@ -84,7 +84,11 @@ func Operation(ctx context.Context) string {
 //     returns a *ReconcileError without sending.
 //   - At most one holder sends an operation at a time: a lease in the jar
 //     (Lease) covers each call, across goroutines and processes sharing
-//     the jar.
+//     the jar, and is renewed before each attempt. A holder whose process
+//     is gone (same host) is taken over at once; any other waits for the
+//     lease to end. An attempt that outlasts the lease may be joined by
+//     another holder's: the server's in-flight claim answers it 409, so
+//     keep Lease above Policy.AttemptTimeout (the default is twice it).
 //   - http.Transport may itself re-send one attempt on a dead reused
 //     connection, because the key header makes the request replayable: the
 //     server can see more attempts than the SDK counts. That is safe.
