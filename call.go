@@ -42,14 +42,30 @@ func (c *call) pending(err error, next time.Time) *PendingError {
 
 // update records the outcome so far, fenced by this call's lease. A failed
 // update is not fatal once a send happened: the record stays pending and a
-// resume gets the server's replay.
+// resume gets the server's replay. So the call does not wait for it when
+// the jar can defer it.
 func (c *call) update(ctx context.Context, ch Change) {
+	c.fill(&ch)
+	if d, ok := c.t.Jar.(Deferrer); ok && d.Defer(c.op, c.holder, ch) == nil {
+		return
+	}
+	_, _ = c.t.Jar.Update(context.WithoutCancel(ctx), c.op, c.holder, ch)
+}
+
+// countAttempt adds the attempt about to be sent to the record, and waits
+// until it is written: an attempt cut off by a crash shows in the jar.
+func (c *call) countAttempt(ctx context.Context) {
+	ch := Change{Attempts: 1}
+	c.fill(&ch)
+	_, _ = c.t.Jar.Update(context.WithoutCancel(ctx), c.op, c.holder, ch)
+}
+
+func (c *call) fill(ch *Change) {
 	ch.Now = time.Now()
 	ch.LastStatus = c.lastCode
 	if c.lastErr != nil {
 		ch.LastError = c.lastErr.Error()
 	}
-	_, _ = c.t.Jar.Update(context.WithoutCancel(ctx), c.op, c.holder, ch)
 }
 
 func (c *call) run(ctx context.Context) (*http.Response, error) {
@@ -110,7 +126,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		// Count the attempt before it is sent, so that one cut off by a
 		// crash shows in the jar. Begin counted a new operation's first.
 		if !c.created || c.attempts > 0 {
-			c.update(ctx, Change{Attempts: 1})
+			c.countAttempt(ctx)
 		}
 		c.attempts++
 		e := c.event(0, nil)

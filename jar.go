@@ -116,6 +116,26 @@ type Jar interface {
 	Update(ctx context.Context, op, holder string, c Change) (Record, error)
 }
 
+// A Deferrer is a Jar that can also take a Change without the caller waiting
+// for it to be written. The Transport uses it for the changes it makes after
+// an attempt, whose result it does not read (done, failed, the lease's
+// release); they then cost a call nothing. *keyjar.Jar implements it.
+//
+// Defer makes the change that Update(ctx, op, holder, c) would make, later:
+//
+//   - Deferred changes are applied in order with the jar's other writes, and
+//     the jar's own reads see them: once Defer returned, a Get, List, Begin,
+//     Acquire or Update on the same jar observes the change.
+//   - Defer returns an error only when the change cannot be queued (the jar is
+//     closed, the change is invalid). A fenced change refused when applied
+//     (ErrLeaseLost, ErrNotFound), or one lost to a database error or a
+//     crash, is dropped: the record stays as it was, at worst pending, which
+//     a resume settles with the server's replay.
+type Deferrer interface {
+	Jar
+	Defer(op, holder string, c Change) error
+}
+
 // Errors returned by Jar implementations.
 var (
 	// ErrNotFound is returned by Jar.Get, Jar.Acquire and Jar.Update for an

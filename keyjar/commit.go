@@ -13,11 +13,12 @@ import (
 // never the caller's: interrupting a statement would roll back the whole
 // batch.
 type job struct {
-	ctx     context.Context
-	durable bool // a key creation: the batch commits with synchronous=FULL
-	run     func(ctx context.Context, tx *sql.Tx) error
-	err     error
-	done    chan error // buffered: the committer never blocks on it
+	ctx      context.Context
+	durable  bool                                        // a key creation: the batch commits with synchronous=FULL
+	deferred bool                                        // queued by Defer: nobody waits for it
+	run      func(ctx context.Context, tx *sql.Tx) error // nil for a barrier
+	err      error
+	done     chan error // buffered: the committer never blocks on it
 }
 
 // write queues run for the committer and waits until the transaction it
@@ -29,18 +30,9 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 		return err
 	}
 	jb := &job{ctx: ctx, durable: durable, run: run, done: make(chan error, 1)}
-	j.mu.RLock()
-	if j.closed {
-		j.mu.RUnlock()
-		return ErrClosed
+	if err := j.enqueue(ctx, jb); err != nil {
+		return err
 	}
-	select {
-	case j.queue <- jb:
-	case <-ctx.Done():
-		j.mu.RUnlock()
-		return ctx.Err()
-	}
-	j.mu.RUnlock()
 	select {
 	case err := <-jb.done:
 		return err
@@ -52,6 +44,44 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 			return ctx.Err()
 		}
 	}
+}
+
+// enqueue hands jb to the committer. A deferred job is counted before it is
+// queued, so that a read that follows its Defer knows to wait for it.
+func (j *Jar) enqueue(ctx context.Context, jb *job) error {
+	if jb.ctx == nil {
+		jb.ctx = context.Background()
+	}
+	if jb.done == nil {
+		jb.done = make(chan error, 1)
+	}
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	if j.closed {
+		return ErrClosed
+	}
+	if jb.deferred {
+		j.deferQueued.Add(1)
+	}
+	select {
+	case j.queue <- jb:
+		return nil
+	case <-ctx.Done():
+		if jb.deferred {
+			j.deferQueued.Add(^uint64(0))
+		}
+		return ctx.Err()
+	}
+}
+
+// settle waits until every change deferred before it was called is
+// written: the reads (Get, List) see what the calling goroutine deferred.
+// It queues an empty job behind them, when any is still queued.
+func (j *Jar) settle(ctx context.Context) error {
+	if j.deferDone.Load() >= j.deferQueued.Load() {
+		return nil
+	}
+	return j.write(ctx, false, nil)
 }
 
 // commitLoop is the single committer: it owns the writer connection, takes
@@ -78,6 +108,9 @@ func (j *Jar) commitLoop() {
 		}
 		syncMode = j.commit(batch, syncMode)
 		for i, jb := range batch {
+			if jb.deferred {
+				j.deferDone.Add(1)
+			}
 			jb.done <- jb.err
 			batch[i] = nil
 		}
@@ -157,6 +190,9 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 }
 
 func (j *Jar) runJob(ctx context.Context, tx *sql.Tx, jb *job) error {
+	if jb.run == nil {
+		return nil // a barrier
+	}
 	if h := j.hooks.jobError; h != nil {
 		if err := h(); err != nil {
 			return err

@@ -24,6 +24,13 @@
 // server replays). In WAL mode a later FULL commit, a checkpoint or Close
 // makes them durable too, in order.
 //
+// Defer (idem.Deferrer) queues the change Update would make and returns
+// without waiting for its commit: the Transport defers the outcome of each
+// call (done, failed, the lease's release), which then joins the next
+// batch. Get and List first wait for what was deferred before them, so a
+// goroutine reads back what it deferred; other processes see it once
+// committed, within the next batch.
+//
 // # File
 //
 // The file is created with mode 0600 if it does not exist (an existing file
@@ -44,8 +51,9 @@
 // Several processes may open the same file: Begin is an atomic get-or-create
 // across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
 // 'abandoned' RETURNING, and a read back of the existing row when it returned
-// nothing, in one IMMEDIATE transaction), and Acquire and Update are
-// read-check-write operations in the same kind of transaction. A caller's
+// nothing, in one IMMEDIATE transaction), Acquire is a read-check-write in
+// the same kind of transaction, and Update is one UPDATE fenced by its WHERE
+// clause. A caller's
 // context bounds its own wait for the committer, never the statements of a
 // batch that other callers share.
 package keyjar
@@ -63,6 +71,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -107,6 +116,9 @@ type Jar struct {
 
 	mu     sync.RWMutex // guards closed and sends on queue
 	closed bool
+
+	// Deferred changes queued and written so far (see settle).
+	deferQueued, deferDone atomic.Uint64
 }
 
 var _ idem.Jar = (*Jar)(nil)

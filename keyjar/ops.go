@@ -1,6 +1,7 @@
 package keyjar
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -40,10 +41,11 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		created bool
 	)
 	err = j.write(ctx, true, func(ctx context.Context, tx *sql.Tx) (err error) {
-		rec, err = scanRecord(tx.StmtContext(ctx, j.stmts.begin).QueryRowContext(ctx,
+		var one int
+		err = tx.StmtContext(ctx, j.stmts.begin).QueryRowContext(ctx,
 			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, w.header, r.Body, r.BodySize,
 			w.created, w.updated, r.Attempts, r.LastStatus, r.LastError, w.next, r.Note, r.Holder, w.leaseUntil,
-			string(idem.StateAbandoned)))
+			string(idem.StateAbandoned)).Scan(&one)
 		created = err == nil
 		if err == sql.ErrNoRows { // an existing record, left as it is
 			rec, err = getRecord(tx.StmtContext(ctx, j.stmts.get).QueryRowContext(ctx, r.Op))
@@ -53,13 +55,32 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("keyjar: begin %q: %w", r.Op, err)
 	}
+	if created {
+		// What was written, as Get reads it back, without reading it back.
+		rec = r
+		rec.Body = bytes.Clone(r.Body)
+		rec.Created, rec.Updated = stored(r.Created), stored(r.Updated)
+		rec.NextAttempt, rec.LeaseUntil = stored(r.NextAttempt), stored(r.LeaseUntil)
+	}
 	return rec, created, nil
+}
+
+// stored returns t as the jar reads it back: in UTC, without a monotonic
+// clock reading.
+func stored(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return time.Unix(0, t.UnixNano()).UTC()
 }
 
 // Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
 func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 	if err := j.readable(ctx); err != nil {
 		return idem.Record{}, err
+	}
+	if err := j.settle(ctx); err != nil {
+		return idem.Record{}, fmt.Errorf("keyjar: get %q: %w", op, err)
 	}
 	r, err := getRecord(j.reader.QueryRowContext(ctx, "SELECT "+columns+" FROM operations WHERE op = ?", op))
 	if err != nil {
@@ -93,6 +114,64 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // cannot be stored. The change is visible to every reader when Update
 // returns, and durable at the next key creation, checkpoint or Close.
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	args, err := changeArgs(op, holder, c)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	var (
+		rec     idem.Record
+		refusal error
+	)
+	err = j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) (err error) {
+		refusal = nil
+		rec, err = scanRecord(tx.StmtContext(ctx, j.stmts.update).QueryRowContext(ctx, args...))
+		if err != sql.ErrNoRows {
+			return err
+		}
+		// Unknown, or fenced off: tell which.
+		rec, err = getRecord(tx.StmtContext(ctx, j.stmts.get).QueryRowContext(ctx, op))
+		if err == idem.ErrNotFound {
+			refusal, err = err, nil
+		} else if err == nil {
+			refusal = idem.ErrLeaseLost
+		}
+		return err
+	})
+	if err == nil {
+		err = refusal
+	}
+	if err != nil {
+		return rec, fmt.Errorf("keyjar: update %q: %w", op, err)
+	}
+	return rec, nil
+}
+
+// Defer implements idem.Deferrer: it queues the change Update would make and
+// returns without waiting for it. The change is written in the next
+// transaction, in order with the jar's other writes; Get and List wait for
+// the changes deferred before they were called, so what a goroutine deferred
+// it reads back. A change that is fenced off, whose op is unknown, or whose
+// transaction fails is dropped. Defer returns ErrInvalid for an invalid
+// change and ErrClosed after Close; Close writes every change deferred
+// before it.
+func (j *Jar) Defer(op, holder string, c idem.Change) error {
+	args, err := changeArgs(op, holder, c)
+	if err != nil {
+		return err
+	}
+	err = j.enqueue(context.Background(), &job{deferred: true, run: func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.StmtContext(ctx, j.stmts.deferred).ExecContext(ctx, args...)
+		return err
+	}})
+	if err != nil {
+		return fmt.Errorf("keyjar: defer %q: %w", op, err)
+	}
+	return nil
+}
+
+// changeArgs checks c and returns the arguments of stmts.update and
+// stmts.deferred, which apply it as idem.Change.Apply does.
+func changeArgs(op, holder string, c idem.Change) ([]any, error) {
 	err := error(nil)
 	if c.State != "" && !c.State.Valid() {
 		err = fmt.Errorf("%w: state %q", ErrInvalid, c.State)
@@ -100,15 +179,11 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		_, err = nanos("NextAttempt", c.NextAttempt)
 	}
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("keyjar: update %q: %w", op, err)
+		return nil, fmt.Errorf("keyjar: update %q: %w", op, err)
 	}
-	return j.modify(ctx, "update", op, func(r *idem.Record) error {
-		if holder != "" && r.Holder != holder {
-			return idem.ErrLeaseLost
-		}
-		c.Apply(r)
-		return nil
-	})
+	now, _ := nanos("Now", c.Now)
+	next, _ := nanos("NextAttempt", c.NextAttempt)
+	return []any{string(c.State), now, c.Attempts, c.LastStatus, c.LastError, next, c.Note, c.Release, op, holder}, nil
 }
 
 // modify reads op's record and applies change to it in one transaction.
@@ -159,6 +234,9 @@ func save(ctx context.Context, stmt *sql.Stmt, r idem.Record) error {
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.readable(ctx); err != nil {
 		return nil, err
+	}
+	if err := j.settle(ctx); err != nil {
+		return nil, fmt.Errorf("keyjar: list: %w", err)
 	}
 	limit := f.Limit
 	if limit <= 0 {

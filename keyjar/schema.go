@@ -198,8 +198,21 @@ func getRecord(row *sql.Row) (idem.Record, error) {
 
 // stmts are the writer's statements, prepared once.
 type stmts struct {
-	begin, get, save, forget, prune *sql.Stmt
+	begin, get, save, update, deferred, forget, prune *sql.Stmt
 }
+
+// updateSQL applies an idem.Change as Change.Apply does, fenced by the
+// holder when ?10 is not ”, in one statement that reads nothing back:
+// ?1 state ("" keeps it), ?2 updated, ?3 attempts to add, ?4 last_status,
+// ?5 last_error, ?6 next_attempt, ?7 note ("" keeps it), ?8 release,
+// ?9 op, ?10 holder.
+const updateSQL = `
+	UPDATE operations SET state = CASE WHEN ?1 = '' THEN state ELSE ?1 END,
+		updated = ?2, attempts = attempts + ?3, last_status = ?4, last_error = ?5, next_attempt = ?6,
+		note = CASE WHEN ?7 = '' THEN note ELSE ?7 END,
+		holder = CASE WHEN ?8 THEN '' ELSE holder END,
+		lease_until = CASE WHEN ?8 THEN NULL ELSE lease_until END
+	WHERE op = ?9 AND (?10 = '' OR holder = ?10)`
 
 func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 	for _, p := range []struct {
@@ -221,12 +234,14 @@ func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
 				lease_until = excluded.lease_until
 			WHERE operations.state = ?
-			RETURNING ` + columns},
+			RETURNING 1`},
 		{&s.get, "SELECT " + columns + " FROM operations WHERE op = ?"},
 		{&s.save, `
 			UPDATE operations SET state = ?, updated = ?, attempts = ?, last_status = ?, last_error = ?,
 				next_attempt = ?, note = ?, holder = ?, lease_until = ?
 			WHERE op = ?`},
+		{&s.update, updateSQL + " RETURNING " + columns},
+		{&s.deferred, updateSQL},
 		{&s.forget, "DELETE FROM operations WHERE op = ?"},
 		// The condition on updated: a zero Updated is stored as NULL; ?2 is
 		// true when before is later than any time a row can hold.
@@ -247,7 +262,7 @@ func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (s *stmts) close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{s.begin, s.get, s.save, s.forget, s.prune} {
+	for _, st := range []*sql.Stmt{s.begin, s.get, s.save, s.update, s.deferred, s.forget, s.prune} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

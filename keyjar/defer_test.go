@@ -1,0 +1,126 @@
+package keyjar_test
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+var _ idem.Deferrer = (*keyjar.Jar)(nil)
+
+// TestDeferReadYourWrites holds the commit of a deferred change: Defer has
+// returned, and Get must wait for the commit and see the change. A Get that
+// read without waiting would see the record still pending.
+func TestDeferReadYourWrites(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j, gate := openGated(t, keyjar.Hooks{})
+		r := newRecord("op")
+		r.Holder = "h"
+		r.LeaseUntil = r.Created.Add(time.Minute)
+		gate.release <- struct{}{} // Begin's commit
+		if _, _, err := j.Begin(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Defer("op", "h", idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone,
+			LastStatus: 201, Release: true}); err != nil {
+			t.Fatalf("Defer: %v", err)
+		}
+		<-gate.entered // the deferred change is about to commit, and held
+		got := make(chan idem.Record, 1)
+		go func() {
+			rec, err := j.Get(t.Context(), "op")
+			if err != nil {
+				t.Error(err)
+			}
+			got <- rec
+		}()
+		synctest.Wait()
+		select {
+		case rec := <-got:
+			t.Fatalf("Get returned %s before the deferred change committed", rec.State)
+		default:
+		}
+		gate.open()
+		rec := <-got
+		if rec.State != idem.StateDone || rec.LastStatus != 201 || rec.Holder != "" || !rec.LeaseUntil.IsZero() {
+			t.Errorf("after Defer: state %s, status %d, holder %q, lease %v; want done, 201, free",
+				rec.State, rec.LastStatus, rec.Holder, rec.LeaseUntil)
+		}
+		list, err := j.List(t.Context(), idem.Filter{State: idem.StateDone})
+		if err != nil || len(list) != 1 {
+			t.Errorf("List(done) = %d records, %v; want 1", len(list), err)
+		}
+	})
+}
+
+// TestDeferFenced: a deferred change is applied only under the holder's
+// lease, and one for an unknown op is dropped; neither is an error.
+func TestDeferFenced(t *testing.T) {
+	j, _ := openTemp(t, nil)
+	r := newRecord("op")
+	r.Holder, r.LeaseUntil = "a", r.Created.Add(time.Minute)
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	now := r.Created.Add(time.Second)
+	for _, holder := range []string{"b", "a"} { // b is refused, a applies
+		if err := j.Defer("op", holder, idem.Change{Now: now, Attempts: 1, LastStatus: 409}); err != nil {
+			t.Fatalf("Defer as %s: %v", holder, err)
+		}
+	}
+	if err := j.Defer("unknown", "", idem.Change{Now: now, State: idem.StateDone}); err != nil {
+		t.Fatalf("Defer of an unknown op: %v", err)
+	}
+	got, err := j.Get(t.Context(), "op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Attempts != 1 || got.LastStatus != 409 || got.Holder != "a" {
+		t.Errorf("attempts %d, status %d, holder %q; want 1, 409, a (only a's change applied)", got.Attempts, got.LastStatus, got.Holder)
+	}
+	if _, err := j.Get(t.Context(), "unknown"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get(unknown) = %v; want ErrNotFound", err)
+	}
+}
+
+// TestDeferBadInputAndClose: an invalid change is refused at once; Close
+// writes what was deferred before it, and Defer after Close fails.
+func TestDeferBadInputAndClose(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRecord("op")
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("op", "", idem.Change{Now: r.Created, State: "bogus"}); !errors.Is(err, keyjar.ErrInvalid) {
+		t.Errorf("Defer(state bogus) = %v; want ErrInvalid", err)
+	}
+	if err := j.Defer("op", "", idem.Change{Now: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}); !errors.Is(err, keyjar.ErrInvalid) {
+		t.Errorf("Defer(year 2300) = %v; want ErrInvalid", err)
+	}
+	if err := j.Defer("op", "", idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("op", "", idem.Change{Now: r.Created}); !errors.Is(err, keyjar.ErrClosed) {
+		t.Errorf("Defer after Close = %v; want ErrClosed", err)
+	}
+	j, err = keyjar.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if got, err := j.Get(t.Context(), "op"); err != nil || got.State != idem.StateDone {
+		t.Errorf("after Close and Open: state %s, %v; want done", got.State, err)
+	}
+}
