@@ -271,7 +271,7 @@ func (c *call) begin(ctx context.Context) error {
 	now := time.Now()
 	r := Record{
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
-		Method: c.req.Method, URL: c.req.URL.String(), Header: PublicHeader(c.req.Header),
+		Method: c.req.Method, URL: c.body.url, Header: PublicHeader(c.req.Header),
 		Body: c.body.saved, BodySize: c.body.size,
 		Created: now, Updated: now, Attempts: 1, // the first send follows at once
 		Holder: c.holder, LeaseUntil: now.Add(c.t.lease(c.policy)),

@@ -1,17 +1,19 @@
 package idem
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
-// A lease holder id is "host/pid/random": unique per call, and telling
+// A lease holder id is "host/pid/random.n": unique per call, and telling
 // which process on which host holds the lease. When that process is gone
 // (killed, crashed), a restart on the same host need not wait for the
-// lease to expire: the holder cannot be sending any more.
+// lease to expire: the holder cannot be sending any more. The random part
+// is drawn once per process (a pid is reused, a process id is not) and n
+// counts the calls, so a call costs no random draw for its holder.
 
 var processPrefix = sync.OnceValue(func() string {
 	host, err := os.Hostname()
@@ -21,12 +23,20 @@ var processPrefix = sync.OnceValue(func() string {
 	return strings.ReplaceAll(host, "/", "_") + "/" + strconv.Itoa(os.Getpid())
 })
 
+var (
+	holderPrefix = sync.OnceValues(func() (string, error) {
+		id, err := newKey()
+		return processPrefix() + "/" + id + ".", err
+	})
+	holderCount atomic.Uint64
+)
+
 func newHolder() (string, error) {
-	id, err := newKey()
+	prefix, err := holderPrefix()
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%s/%s", processPrefix(), id), nil
+	return prefix + strconv.FormatUint(holderCount.Add(1), 10), nil
 }
 
 // holderGone reports whether holder names a process on this host that no

@@ -61,10 +61,12 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	if j.ops == nil {
 		j.ops = make(map[string]*Record)
 	}
-	r = cloneRecord(r)
-	r.Header = PublicHeader(r.Header)
-	j.ops[r.Op] = &r
-	return cloneRecord(r), true, nil
+	// One copy to keep, one to return: PublicHeader copies the header.
+	stored := r
+	stored.Header, stored.Body = PublicHeader(r.Header), slices.Clone(r.Body)
+	j.ops[r.Op] = &stored
+	r.Header, r.Body = PublicHeader(r.Header), slices.Clone(r.Body)
+	return r, true, nil
 }
 
 // Get implements Jar.

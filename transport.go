@@ -252,14 +252,15 @@ type reqBody struct {
 	size  int64
 	fp    string // hex SHA-256 of method, URL and canonical body
 	saved []byte // the body, when it is small enough to store in the jar
+	url   string // the request's URL
 }
 
 // prepareBody fingerprints the body and arranges to produce it again for
 // every attempt, before anything is sent.
 func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
+	rb := &reqBody{url: req.URL.String()}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n", req.Method, req.URL.String())
-	rb := &reqBody{}
+	io.WriteString(h, req.Method+"\n"+rb.url+"\n")
 	if req.Body == nil || req.Body == http.NoBody {
 		rb.fp = hex.EncodeToString(h.Sum(nil))
 		rb.saved = []byte{}
@@ -269,7 +270,7 @@ func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
 	ctype := req.Header.Get("Content-Type")
 	var whole []byte // the whole body, when it fits in MaxBuffer
 	if req.GetBody == nil {
-		buf, err := body.ReadAtMost(body.WithContext(req.Context(), req.Body), limit)
+		buf, err := body.ReadAtMost(body.WithContext(req.Context(), req.Body), limit, req.ContentLength)
 		if errors.Is(err, body.ErrTooLarge) {
 			return nil, fmt.Errorf("%w: it has no GetBody and is longer than MaxBuffer (%d bytes); build the request with http.NewRequest from a bytes.Reader or set GetBody", ErrBodyNotRewindable, limit)
 		}
@@ -286,7 +287,7 @@ func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
 		}
 		defer rc.Close()
 		r := body.WithContext(req.Context(), rc) // a slow or endless body ends with the request
-		buf, err := body.ReadAtMost(r, limit)
+		buf, err := body.ReadAtMost(r, limit, req.ContentLength)
 		switch {
 		case err == nil:
 			whole = buf

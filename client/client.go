@@ -302,7 +302,7 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 		resp.Body = http.NoBody
 	}()
 	if out != nil {
-		b, err := body.ReadAtMost(resp.Body, c.maxJSONBody)
+		b, err := body.ReadAtMost(resp.Body, c.maxJSONBody, resp.ContentLength)
 		if errors.Is(err, body.ErrTooLarge) {
 			return resp, fmt.Errorf("client: the answer to %q (status %d) is larger than MaxJSONBody (%d bytes)", resp.Op, resp.StatusCode, c.maxJSONBody)
 		}

@@ -3,7 +3,6 @@
 package body
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -30,17 +29,32 @@ func Drain(rc io.ReadCloser) {
 var ErrTooLarge = errors.New("body: longer than the limit")
 
 // ReadAtMost reads r up to limit bytes. It returns ErrTooLarge, and the
-// bytes read so far, when r holds more.
-func ReadAtMost(r io.Reader, limit int64) ([]byte, error) {
-	var buf bytes.Buffer
-	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
-	if err != nil {
-		return buf.Bytes(), err
+// bytes read so far, when r holds more. size, when in 0..limit, is the
+// expected length (a request's ContentLength): the buffer is allocated
+// once at that size.
+func ReadAtMost(r io.Reader, limit, size int64) ([]byte, error) {
+	if size < 0 || size > limit {
+		size = min(limit, 512)
 	}
-	if n > limit {
-		return buf.Bytes(), ErrTooLarge
+	// One byte more than expected: reading it is how EOF shows at the end
+	// of a buffer of the exact size.
+	buf := make([]byte, 0, size+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grows the buffer
+		}
+		n, err := r.Read(buf[len(buf):min(int64(cap(buf)), limit+1)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return buf, ErrTooLarge
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
-	return buf.Bytes(), nil
 }
 
 // OnClose wraps rc so that fn runs once, after rc is closed. It is used to

@@ -1,0 +1,53 @@
+package body
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func TestReadAtMost(t *testing.T) {
+	errBoom := errors.New("boom")
+	for _, tt := range []struct {
+		name        string
+		r           io.Reader
+		limit, size int64
+		want        string
+		err         error
+	}{
+		{"exact size", strings.NewReader("hello"), 10, 5, "hello", nil},
+		{"size too small", strings.NewReader("hello world"), 100, 3, "hello world", nil},
+		{"size too large", strings.NewReader("hi"), 100, 50, "hi", nil},
+		{"unknown size", iotest.OneByteReader(strings.NewReader(strings.Repeat("x", 2000))), 4096, -1, strings.Repeat("x", 2000), nil},
+		{"empty", strings.NewReader(""), 10, 0, "", nil},
+		{"at the limit", strings.NewReader("12345"), 5, -1, "12345", nil},
+		{"over the limit", strings.NewReader("123456789"), 5, 5, "123456", ErrTooLarge},
+		{"over the limit, size beyond it", strings.NewReader("123456789"), 5, 9, "123456", ErrTooLarge},
+		{"reader error", io.MultiReader(strings.NewReader("ab"), iotest.ErrReader(errBoom)), 10, 2, "ab", errBoom},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ReadAtMost(tt.r, tt.limit, tt.size)
+			if !errors.Is(err, tt.err) || !bytes.Equal(got, []byte(tt.want)) {
+				t.Errorf("ReadAtMost = %q, %v; want %q, %v", got, err, tt.want, tt.err)
+			}
+		})
+	}
+}
+
+// An exact size allocates once.
+func TestReadAtMostAllocatesOnce(t *testing.T) {
+	data := bytes.Repeat([]byte("k"), 1000)
+	r := bytes.NewReader(data)
+	n := testing.AllocsPerRun(100, func() {
+		r.Reset(data)
+		if _, err := ReadAtMost(r, 1<<20, int64(len(data))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 1 {
+		t.Errorf("%v allocations; want 1", n)
+	}
+}
