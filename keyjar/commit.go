@@ -3,6 +3,7 @@ package keyjar
 import (
 	"context"
 	"database/sql"
+	"time"
 )
 
 // A job is one write waiting for the committer: run executes its statements
@@ -88,23 +89,27 @@ func (j *Jar) settle(ctx context.Context) error {
 // every job queued at the moment (up to maxBatch) into one transaction,
 // commits once, and only then answers the callers. Jobs that arrive during
 // a commit form the next batch, so concurrent callers share the fsync.
+//
+// A batch of deferred changes alone, which nobody waits for, waits up to
+// deferWait for another job and rides in its transaction: a caller that
+// defers its outcome and then begins its next operation pays for one
+// transaction, not two.
 func (j *Jar) commitLoop() {
 	defer close(j.done)
 	batch := make([]*job, 0, j.maxBatch)
 	syncMode := "" // the writer's current synchronous setting; "" is unknown
 	for first := range j.queue {
-		batch = append(batch[:0], first)
-	drain:
-		for len(batch) < j.maxBatch {
+		batch = j.drain(append(batch[:0], first))
+		if len(batch) < j.maxBatch && allDeferred(batch) {
+			timer := time.NewTimer(deferWait)
 			select {
 			case jb, ok := <-j.queue:
-				if !ok {
-					break drain
+				if ok {
+					batch = j.drain(append(batch, jb))
 				}
-				batch = append(batch, jb)
-			default:
-				break drain
+			case <-timer.C:
 			}
+			timer.Stop()
 		}
 		syncMode = j.commit(batch, syncMode)
 		for i, jb := range batch {
@@ -115,6 +120,35 @@ func (j *Jar) commitLoop() {
 			batch[i] = nil
 		}
 	}
+}
+
+// deferWait is how long deferred changes wait for company before they
+// commit alone: what another process sees of them lags by at most this.
+const deferWait = 2 * time.Millisecond
+
+// drain adds the jobs queued at the moment to batch, up to maxBatch.
+func (j *Jar) drain(batch []*job) []*job {
+	for len(batch) < j.maxBatch {
+		select {
+		case jb, ok := <-j.queue:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, jb)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+func allDeferred(batch []*job) bool {
+	for _, jb := range batch {
+		if !jb.deferred {
+			return false
+		}
+	}
+	return true
 }
 
 // commit runs batch in one IMMEDIATE transaction and sets each job's err.

@@ -26,6 +26,7 @@ func TestDeferReadYourWrites(t *testing.T) {
 		if _, _, err := j.Begin(t.Context(), r); err != nil {
 			t.Fatal(err)
 		}
+		<-gate.entered // Begin's
 		if err := j.Defer("op", "h", idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone,
 			LastStatus: 201, Release: true}); err != nil {
 			t.Fatalf("Defer: %v", err)
@@ -123,4 +124,48 @@ func TestDeferBadInputAndClose(t *testing.T) {
 	if got, err := j.Get(t.Context(), "op"); err != nil || got.State != idem.StateDone {
 		t.Errorf("after Close and Open: state %s, %v; want done", got.State, err)
 	}
+}
+
+// TestDeferJoinsNextBatch: a deferred change waits for the next write and
+// shares its transaction; alone, it commits after a short wait.
+func TestDeferJoinsNextBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j, gate := openGated(t, keyjar.Hooks{})
+		r := newRecord("a")
+		gate.release <- struct{}{}
+		if _, _, err := j.Begin(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+		<-gate.entered // Begin's
+		if err := j.Defer("a", "", idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+		began := make(chan error, 1)
+		go func() {
+			_, _, err := j.Begin(t.Context(), newRecord("b"))
+			began <- err
+		}()
+		<-gate.entered
+		if c := gate.log()[1]; c.Jobs != 2 || !c.Durable {
+			t.Errorf("the commit after Defer and Begin: %+v; want both jobs in one durable transaction", c)
+		}
+		gate.release <- struct{}{}
+		if err := <-began; err != nil {
+			t.Fatal(err)
+		}
+
+		// Alone: committed once the wait is over, with nobody asking.
+		if err := j.Defer("b", "", idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		<-gate.entered
+		if waited := time.Since(start); waited <= 0 || waited > 10*time.Millisecond {
+			t.Errorf("a lone deferred change committed after %v; want a short wait", waited)
+		}
+		if c := gate.log()[2]; c.Jobs != 1 || c.Durable {
+			t.Errorf("lone deferred commit %+v; want 1 job, not durable", c)
+		}
+		gate.open()
+	})
 }
