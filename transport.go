@@ -103,7 +103,9 @@ type Transport struct {
 	Base http.RoundTripper
 
 	// Jar stores the operations. It is required for keyed requests: a nil
-	// Jar fails each one with ErrNilJar.
+	// Jar fails each one with ErrNilJar. When it is a Deferrer, a call does
+	// not wait for the writes it makes after an answer (the outcome, the
+	// lease's release).
 	Jar Jar
 
 	// Policy is the retry policy; the zero value is the default.
