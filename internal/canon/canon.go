@@ -28,7 +28,23 @@ func IsJSON(contentType string) bool {
 // JSON returns the canonical form of the JSON document b. It returns an error
 // when b is not exactly one valid JSON value; the caller then fingerprints
 // the raw bytes instead.
+//
+// The canonical form is what encoding/json produces when it decodes b into
+// an any (with UseNumber) and encodes it again without HTML escaping. It is
+// stored in fingerprints, so it must never change. Documents made only of
+// printable ASCII without escapes take a single-pass fast path that
+// produces the same bytes; every other document, and every error, comes
+// from encoding/json itself.
 func JSON(b []byte) ([]byte, error) {
+	if c, ok := fastJSON(b); ok {
+		return c, nil
+	}
+	return jsonSlow(b)
+}
+
+// jsonSlow is JSON computed by encoding/json: the definition of the
+// canonical form, which fastJSON must reproduce byte for byte.
+func jsonSlow(b []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var v any

@@ -3,14 +3,18 @@ package canon
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 )
+
+// jsonSeeds start the JSON fuzz targets.
+var jsonSeeds = []string{`{"a":1,"b":[true,null,"x"]}`, `[]`, `"s"`, `1e3`, `{"k":{"z":1,"y":{"x":[1.50]}}}`,
+	`{"é":"\u00e9"}`, `{"a":1,"a":2}`, `  {"b" : 2 , "a" : 1 }  `, `{"<":">&"}`}
 
 // Equivalent JSON gets the same canonical form; a changed value a
 // different one.
 func FuzzJSON(f *testing.F) {
-	for _, s := range []string{`{"a":1,"b":[true,null,"x"]}`, `[]`, `"s"`, `1e3`, `{"k":{"z":1,"y":{"x":[1.50]}}}`,
-		`{"é":"\u00e9"}`, `{"a":1,"a":2}`, `  {"b" : 2 , "a" : 1 }  `, `{"<":">&"}`} {
+	for _, s := range jsonSeeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -63,6 +67,27 @@ func FuzzJSONValueChange(f *testing.F) {
 		}
 		if (v1 == v2) != bytes.Equal(ca, cb) {
 			t.Fatalf("%s=%d vs %s=%d: canonical %q and %q; want equal exactly when the values are", k, v1, k, v2, ca, cb)
+		}
+	})
+}
+
+// The fast path produces exactly the bytes of encoding/json, and fails
+// exactly when it does.
+func FuzzJSONFast(f *testing.F) {
+	for _, s := range jsonSeeds {
+		f.Add([]byte(s))
+	}
+	for _, c := range fastCases {
+		if len(c.in) < 1000 {
+			f.Add([]byte(c.in))
+		}
+	}
+	f.Add([]byte("[" + strings.Repeat(`{"b":[`, 40) + strings.Repeat("]}", 40) + "]"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := JSON(b)
+		want, wantErr := jsonSlow(b)
+		if !bytes.Equal(got, want) || (err == nil) != (wantErr == nil) {
+			t.Fatalf("JSON(%q) = %q, %v; jsonSlow = %q, %v", b, got, err, want, wantErr)
 		}
 	})
 }

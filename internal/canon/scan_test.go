@@ -1,0 +1,113 @@
+package canon
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// Each case is canonicalised by JSON and by jsonSlow, which must agree byte
+// for byte and on whether the input is an error; fast says whether the fast
+// path must handle the case itself rather than fall back.
+var fastCases = []struct {
+	in   string
+	fast bool
+}{
+	{smallBody, true},
+	{nestedBody, true},
+	{`{}`, true},
+	{`[]`, true},
+	{` { } `, true},
+	{"\t[\r\n1 ,\n2 ]\n", true},
+	{`{"b":{"d":[],"c":{}},"a":[{"z":0,"y":null}]}`, true},
+	{`{"a":1,"a":2}`, false},
+	{`{"b":1,"a":2,"b":3}`, false},
+	{`{"a":{"x":1,"x":1}}`, false},
+	{`{"a ":1,"a":2,"a!":3,"a#":4}`, true},
+	{`{"":1," ":2}`, true},
+	{`-0`, true},
+	{`1.0e+10`, true},
+	{`1E-5`, true},
+	{`-12.5e0`, true},
+	{`0.000`, true},
+	{`1e400`, true},
+	{`[-0.0,1e1,2E+2,3e-3]`, true},
+	{`01`, false},
+	{`1.`, false},
+	{`.5`, false},
+	{`-`, false},
+	{`+1`, false},
+	{`1e`, false},
+	{`1e+`, false},
+	{`--1`, false},
+	{`0x10`, false},
+	{`true`, true},
+	{`false`, true},
+	{`null`, true},
+	{`tru`, false},
+	{`nul`, false},
+	{`truex`, false},
+	{`[true false]`, false},
+	{`"s"`, true},
+	{`"a\"b"`, false},
+	{`"\u0041"`, false},
+	{`"\/"`, false},
+	{`"<>&"`, true},
+	{"\"caf\u00e9\"", false},
+	{"\"a\u2028b\"", false},
+	{"\"\x7f\"", false},
+	{"\"\xff\"", false},
+	{"\"a\tb\"", false},
+	{`"unterminated`, false},
+	{`{"a":1}}`, false},
+	{`{"a":1} {"b":2}`, false},
+	{`[1,2]x`, false},
+	{`1 2`, false},
+	{`[1,]`, false},
+	{`[,1]`, false},
+	{`{"a":1,}`, false},
+	{`{"a" 1}`, false},
+	{`{a:1}`, false},
+	{`{"a":}`, false},
+	{`{"a":1`, false},
+	{`[`, false},
+	{``, false},
+	{`   `, false},
+	{"\ufeff{}", false},
+	{"{}\x00", false},
+	{"[1,\f2]", false},
+	{strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth), true},
+	{strings.Repeat(`{"a":`, maxDepth) + "1" + strings.Repeat("}", maxDepth), true},
+	{strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1), false},
+	{strings.Repeat("[", 10000) + strings.Repeat("]", 10000), false},
+	{strings.Repeat("[", 10001) + strings.Repeat("]", 10001), false},
+	{strings.Repeat("[", 20000), false},
+}
+
+func TestJSONMatchesSlow(t *testing.T) {
+	for _, c := range fastCases {
+		name := c.in
+		if len(name) > 40 {
+			name = name[:40] + "..."
+		}
+		got, err := JSON([]byte(c.in))
+		want, wantErr := jsonSlow([]byte(c.in))
+		if !bytes.Equal(got, want) || (err == nil) != (wantErr == nil) {
+			t.Errorf("JSON(%q) = %q, %v; jsonSlow = %q, %v", name, got, err, want, wantErr)
+		}
+		if _, ok := fastJSON([]byte(c.in)); ok != c.fast {
+			t.Errorf("fastJSON(%q) ok = %v; want %v", name, ok, c.fast)
+		}
+	}
+}
+
+// The fast path handles the typical body itself and sorts its keys.
+func TestFastJSONSmallBody(t *testing.T) {
+	got, ok := fastJSON([]byte(smallBody))
+	if !ok {
+		t.Fatalf("fastJSON(%s) fell back; want the fast path", smallBody)
+	}
+	if want := `{"amount":1000,"currency":"eur","customer":"cus_8f2a","order":"order-42"}`; string(got) != want {
+		t.Fatalf("got %s; want %s", got, want)
+	}
+}
