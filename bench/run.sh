@@ -43,6 +43,7 @@ benchstat "$out/growth.txt"
 ratio() { (cd bench && go run ./cmd/benchratio "$@"); }
 ratio -col client -base plain "$out/transport.txt" "$out/clients.txt"
 ratio -col client -base plain -unit cpu-ns/op "$out/transport.txt"
+ratio -col client -base fdatasync+plain "$out/transport.txt"
 ratio -col client -base retryablehttp "$out/clients.txt"
 ratio -col pool -base tuned "$out/transport.txt"
 ratio -col impl -base rawsql "$out/sqlitestore.txt" "$out/pgstore.txt"
