@@ -30,22 +30,48 @@ func Prunable(s State) bool {
 // use. It is safe for concurrent use.
 type MemoryJar struct {
 	mu  sync.Mutex
-	ops map[string]*Record
+	ops map[string]*memRecord
 }
 
 var _ Jar = (*MemoryJar)(nil)
 
-func cloneRecord(r Record) Record {
-	r.Header = cloneHeader(r.Header)
-	r.Body = slices.Clone(r.Body)
-	return r
+// memRecord is a Record as a MemoryJar keeps it: Header is nil and the
+// header is flattened to name, value pairs in header. A map per record,
+// kept for as long as the jar, is several objects that the garbage
+// collector marks again in every cycle; one slice is one.
+type memRecord struct {
+	Record
+	header []string
 }
 
-func cloneHeader(h http.Header) http.Header {
-	if h == nil {
-		return nil
+func newMemRecord(r Record) *memRecord {
+	m := &memRecord{Record: r}
+	m.Header, m.Body = nil, slices.Clone(r.Body)
+	n := 0
+	for _, vs := range r.Header {
+		n += 2 * len(vs)
 	}
-	return h.Clone()
+	m.header = make([]string, 0, n)
+	for name, vs := range r.Header {
+		if SecretHeader(name) {
+			continue
+		}
+		for _, v := range vs {
+			m.header = append(m.header, name, v)
+		}
+	}
+	return m
+}
+
+// record returns a copy of the record that its caller owns.
+func (m *memRecord) record() Record {
+	r := m.Record
+	r.Body = slices.Clone(r.Body)
+	r.Header = make(http.Header, len(m.header)/2)
+	for i := 0; i+1 < len(m.header); i += 2 {
+		r.Header[m.header[i]] = append(r.Header[m.header[i]], m.header[i+1])
+	}
+	return r
 }
 
 // Begin implements Jar.
@@ -56,15 +82,12 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if old, ok := j.ops[r.Op]; ok && old.State != StateAbandoned {
-		return cloneRecord(*old), false, nil
+		return old.record(), false, nil
 	}
 	if j.ops == nil {
-		j.ops = make(map[string]*Record)
+		j.ops = make(map[string]*memRecord)
 	}
-	// One copy to keep, one to return: PublicHeader copies the header.
-	stored := r
-	stored.Header, stored.Body = PublicHeader(r.Header), slices.Clone(r.Body)
-	j.ops[r.Op] = &stored
+	j.ops[r.Op] = newMemRecord(r)
 	r.Header, r.Body = PublicHeader(r.Header), slices.Clone(r.Body)
 	return r, true, nil
 }
@@ -80,7 +103,7 @@ func (j *MemoryJar) Get(ctx context.Context, op string) (Record, error) {
 	if !ok {
 		return Record{}, ErrNotFound
 	}
-	return cloneRecord(*r), nil
+	return r.record(), nil
 }
 
 // Acquire implements Jar.
@@ -95,10 +118,10 @@ func (j *MemoryJar) Acquire(ctx context.Context, op, holder string, now time.Tim
 		return Record{}, ErrNotFound
 	}
 	if !r.CanLease(holder, now) {
-		return cloneRecord(*r), ErrLeased
+		return r.record(), ErrLeased
 	}
 	r.Holder, r.LeaseUntil = holder, now.Add(ttl)
-	return cloneRecord(*r), nil
+	return r.record(), nil
 }
 
 // Update implements Jar.
@@ -113,10 +136,10 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 		return Record{}, ErrNotFound
 	}
 	if holder != "" && r.Holder != holder {
-		return cloneRecord(*r), ErrLeaseLost
+		return r.record(), ErrLeaseLost
 	}
-	c.Apply(r)
-	return cloneRecord(*r), nil
+	c.Apply(&r.Record)
+	return r.record(), nil
 }
 
 // List returns the records that pass f, oldest Created first.
@@ -127,8 +150,8 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 	j.mu.Lock()
 	var out []Record
 	for _, r := range j.ops {
-		if f.Match(*r) {
-			out = append(out, cloneRecord(*r))
+		if f.Match(r.Record) {
+			out = append(out, r.record())
 		}
 	}
 	j.mu.Unlock()
