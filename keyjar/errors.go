@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -62,10 +63,20 @@ func classify(err error) error {
 	return err
 }
 
+// permission adds fs.ErrPermission to an error of a read-only file system
+// (EROFS), which does not match it by itself: either way the jar cannot be
+// written, and Open documents fs.ErrPermission for that.
+func permission(err error) error {
+	if errors.Is(err, syscall.EROFS) && !errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("%w: %w", fs.ErrPermission, err)
+	}
+	return err
+}
+
 func openError(path string, err error) error {
 	if isSQLiteCode(err, sqlite3.SQLITE_CANTOPEN) {
 		if cause := cantOpen(path); cause != nil {
-			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, cause)
+			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, permission(cause))
 		}
 	}
 	return fmt.Errorf("keyjar: open %s: %w", path, classify(err))

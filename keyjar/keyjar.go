@@ -307,11 +307,11 @@ func createFile(path string) (created bool, err error) {
 		return true, f.Close()
 	}
 	if !errors.Is(err, os.ErrExist) {
-		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+		return false, fmt.Errorf("keyjar: open %s: %w", path, permission(err))
 	}
 	f, err = os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+		return false, fmt.Errorf("keyjar: open %s: %w", path, permission(err))
 	}
 	defer f.Close()
 	head := make([]byte, len(sqliteMagic))
