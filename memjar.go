@@ -88,7 +88,13 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 		j.ops = make(map[string]*memRecord)
 	}
 	j.ops[r.Op] = newMemRecord(r)
-	r.Header, r.Body = PublicHeader(r.Header), slices.Clone(r.Body)
+	for name := range r.Header {
+		if SecretHeader(name) {
+			r.Header = PublicHeader(r.Header)
+			break
+		}
+	}
+	r.Body = slices.Clone(r.Body)
 	return r, true, nil
 }
 

@@ -18,6 +18,9 @@ import (
 // IsJSON reports whether a Content-Type names JSON (application/json or any
 // +json suffix type, such as application/merge-patch+json).
 func IsJSON(contentType string) bool {
+	if strings.EqualFold(contentType, "application/json") {
+		return true // the common case, without parsing
+	}
 	mt, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
 		return false

@@ -60,3 +60,21 @@ func TestBody(t *testing.T) {
 		t.Errorf("invalid json: got %s; want bytes unchanged", got)
 	}
 }
+
+func TestIsJSON(t *testing.T) {
+	for ctype, want := range map[string]bool{
+		"application/json":                true,
+		"Application/JSON":                true,
+		"application/json; charset=utf-8": true,
+		"application/merge-patch+json":    true,
+		"application/problem+json; x=1":   true,
+		"application/jsonx":               false,
+		"text/plain":                      false,
+		"application/json;;":              false,
+		"":                                false,
+	} {
+		if got := IsJSON(ctype); got != want {
+			t.Errorf("IsJSON(%q) = %v; want %v", ctype, got, want)
+		}
+	}
+}
