@@ -15,7 +15,12 @@
 //
 // The jar's connections run with synchronous_commit=on (unless the DSN
 // sets it), so that a key Begin created is on stable storage, on the
-// primary and on any synchronous standby, before Begin returns. Each
+// primary and on any synchronous standby, before Begin returns. Update
+// commits with synchronous_commit=off (unless the DSN sets it): its change
+// is visible to every worker when it returns and reaches the disk a moment
+// later, without a WAL flush of its own; as the idem.Jar contract allows, a
+// crash of the server may lose the last of them, which only leaves an
+// operation pending, or its lease held until it expires. Each
 // statement runs under its own deadline (Options.QueryTimeout) inside the
 // caller's context, on the server and on the client, and any error, a
 // timeout included, is returned as an error: the jar never reports a lease
@@ -92,10 +97,11 @@ type Options struct {
 // List, Forget and Prune. It is safe for concurrent use, and many processes
 // may share the database.
 type Jar struct {
-	pool    *pgxpool.Pool
-	timeout time.Duration
-	batch   int
-	closed  atomic.Bool
+	pool         *pgxpool.Pool
+	timeout      time.Duration
+	batch        int
+	updateCommit string // synchronous_commit for Update's transactions
+	closed       atomic.Bool
 }
 
 var _ idem.Jar = (*Jar)(nil)
@@ -113,7 +119,10 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
 	}
-	j := &Jar{timeout: opts.QueryTimeout, batch: opts.PruneBatch}
+	j := &Jar{timeout: opts.QueryTimeout, batch: opts.PruneBatch, updateCommit: "off"}
+	if v, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; set {
+		j.updateCommit = v // the operator's choice, for every write
+	}
 	if j.timeout <= 0 {
 		j.timeout = DefaultQueryTimeout
 	}
@@ -325,7 +334,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // does. When holder is not "" and op's lease is no longer held by holder,
 // nothing changes and Update returns the current record and
 // idem.ErrLeaseLost. It returns idem.ErrNotFound for an unknown op, and
-// ErrInvalid for an invalid c.State or a time that cannot be stored.
+// ErrInvalid for an invalid c.State or a time that cannot be stored. It
+// does not wait for the change to reach stable storage (see the package
+// documentation).
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	if c.State != "" && !c.State.Valid() {
 		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w: state %q", op, ErrInvalid, c.State)
@@ -350,9 +361,11 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 				note = CASE WHEN $9::text = '' THEN note ELSE $9::text END,
 				holder = CASE WHEN $10::boolean THEN '' ELSE holder END,
 				lease_until = CASE WHEN $10::boolean THEN NULL ELSE lease_until END
+			FROM (SELECT set_config('synchronous_commit', $11::text, true)) AS commit_mode
 			WHERE op = $1 AND ($2::text = '' OR holder = $2::text)
 			RETURNING `+columns,
-			op, holder, now, string(c.State), int64(c.Attempts), c.LastStatus, c.LastError, next, c.Note, c.Release)
+			op, holder, now, string(c.State), int64(c.Attempts), c.LastStatus, c.LastError, next, c.Note, c.Release,
+			j.updateCommit)
 		if err == nil {
 			return rec, nil
 		}

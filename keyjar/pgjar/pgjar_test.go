@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -116,6 +117,60 @@ func TestSessionSettings(t *testing.T) {
 	}
 	if got := show(j, "statement_timeout"); got != "0" {
 		t.Errorf("statement_timeout with the DSN's choice = %q; want 0", got)
+	}
+}
+
+// TestCommitModes logs, from a trigger inside each write's transaction,
+// the synchronous_commit it commits with: a key creation waits for the WAL
+// flush, an Update does not (the idem.Jar contract allows losing it), and
+// a DSN's explicit choice applies to both.
+func TestCommitModes(t *testing.T) {
+	dsn := pgtest.DB(t)
+	open(t, dsn, nil) // creates the schema
+	conn := connect(t, dsn)
+	for _, stmt := range []string{
+		`CREATE TABLE commit_log (n serial, verb text, setting text)`,
+		`CREATE FUNCTION log_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN
+				INSERT INTO commit_log (verb, setting) VALUES (TG_OP, current_setting('synchronous_commit'));
+				RETURN NULL;
+			END $$`,
+		`CREATE TRIGGER log_commit AFTER INSERT OR UPDATE ON idem_operations FOR EACH ROW EXECUTE FUNCTION log_commit()`,
+	} {
+		if _, err := conn.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		dsn          string
+		begin, write string
+	}{
+		{dsn, "on", "off"},
+		{dsn + "&synchronous_commit=remote_write", "remote_write", "remote_write"},
+	} {
+		if _, err := conn.Exec(t.Context(), `TRUNCATE commit_log`); err != nil {
+			t.Fatal(err)
+		}
+		j := open(t, c.dsn, nil)
+		op := "op-" + c.begin
+		if _, _, err := j.Begin(t.Context(), record(op)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := conn.Query(t.Context(), `SELECT verb || ' ' || setting FROM commit_log ORDER BY n`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"INSERT " + c.begin, "UPDATE " + c.write}
+		if !slices.Equal(got, want) {
+			t.Errorf("DSN %q: commits %q; want %q", c.dsn, got, want)
+		}
 	}
 }
 
