@@ -44,8 +44,10 @@ type memRecord struct {
 	header []string
 }
 
-func newMemRecord(r Record) *memRecord {
-	m := &memRecord{Record: r}
+// newMemRecord keeps a copy of r without the headers SecretHeader names,
+// and reports whether it dropped any.
+func newMemRecord(r Record) (m *memRecord, dropped bool) {
+	m = &memRecord{Record: r}
 	m.Header, m.Body = nil, slices.Clone(r.Body)
 	n := 0
 	for _, vs := range r.Header {
@@ -54,13 +56,14 @@ func newMemRecord(r Record) *memRecord {
 	m.header = make([]string, 0, n)
 	for name, vs := range r.Header {
 		if SecretHeader(name) {
+			dropped = true
 			continue
 		}
 		for _, v := range vs {
 			m.header = append(m.header, name, v)
 		}
 	}
-	return m
+	return m, dropped
 }
 
 // record returns a copy of the record that its caller owns.
@@ -87,12 +90,10 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	if j.ops == nil {
 		j.ops = make(map[string]*memRecord)
 	}
-	j.ops[r.Op] = newMemRecord(r)
-	for name := range r.Header {
-		if SecretHeader(name) {
-			r.Header = PublicHeader(r.Header)
-			break
-		}
+	m, dropped := newMemRecord(r)
+	j.ops[r.Op] = m
+	if dropped {
+		r.Header = PublicHeader(r.Header) // the record as kept
 	}
 	r.Body = slices.Clone(r.Body)
 	return r, true, nil

@@ -160,7 +160,8 @@ func BenchmarkTransport(b *testing.B) {
 			if callers == 1 {
 				b.Run("client=fdatasync", benchFdatasync)
 				b.Run("client=fdatasync+plain", func(b *testing.B) {
-					benchFdatasyncThen(b, func() error { return postCharge(context.Background(), &http.Client{Transport: base}, srv.URL) })
+					hc := &http.Client{Transport: base}
+					benchFdatasyncThen(b, func() error { return postCharge(context.Background(), hc, srv.URL) })
 				})
 			}
 		})

@@ -19,7 +19,7 @@ type job struct {
 	deferred bool                                        // queued by Defer: nobody waits for it
 	run      func(ctx context.Context, tx *sql.Tx) error // nil for a barrier
 	err      error
-	done     chan error // buffered: the committer never blocks on it
+	done     chan error // buffered: the committer never blocks on it; nil when deferred
 }
 
 // write queues run for the committer and waits until the transaction it
@@ -50,12 +50,6 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 // enqueue hands jb to the committer. A deferred job is counted before it is
 // queued, so that a read that follows its Defer knows to wait for it.
 func (j *Jar) enqueue(ctx context.Context, jb *job) error {
-	if jb.ctx == nil {
-		jb.ctx = context.Background()
-	}
-	if jb.done == nil {
-		jb.done = make(chan error, 1)
-	}
 	j.mu.RLock()
 	defer j.mu.RUnlock()
 	if j.closed {
@@ -116,7 +110,9 @@ func (j *Jar) commitLoop() {
 			if jb.deferred {
 				j.deferDone.Add(1)
 			}
-			jb.done <- jb.err
+			if jb.done != nil { // nil for a deferred change: nobody waits
+				jb.done <- jb.err
+			}
 			batch[i] = nil
 		}
 	}

@@ -116,7 +116,7 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	args, err := changeArgs(op, holder, c)
 	if err != nil {
-		return idem.Record{}, err
+		return idem.Record{}, fmt.Errorf("keyjar: update %q: %w", op, err)
 	}
 	var (
 		rec     idem.Record
@@ -156,13 +156,13 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 // before it.
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
 	args, err := changeArgs(op, holder, c)
-	if err != nil {
-		return err
+	if err == nil {
+		err = j.enqueue(context.Background(), &job{ctx: context.Background(), deferred: true,
+			run: func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.StmtContext(ctx, j.stmts.deferred).ExecContext(ctx, args...)
+				return err
+			}})
 	}
-	err = j.enqueue(context.Background(), &job{deferred: true, run: func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.StmtContext(ctx, j.stmts.deferred).ExecContext(ctx, args...)
-		return err
-	}})
 	if err != nil {
 		return fmt.Errorf("keyjar: defer %q: %w", op, err)
 	}
@@ -172,17 +172,17 @@ func (j *Jar) Defer(op, holder string, c idem.Change) error {
 // changeArgs checks c and returns the arguments of stmts.update and
 // stmts.deferred, which apply it as idem.Change.Apply does.
 func changeArgs(op, holder string, c idem.Change) ([]any, error) {
-	err := error(nil)
 	if c.State != "" && !c.State.Valid() {
-		err = fmt.Errorf("%w: state %q", ErrInvalid, c.State)
-	} else if _, err = nanos("Now", c.Now); err == nil {
-		_, err = nanos("NextAttempt", c.NextAttempt)
+		return nil, fmt.Errorf("%w: state %q", ErrInvalid, c.State)
 	}
+	now, err := nanos("Now", c.Now)
 	if err != nil {
-		return nil, fmt.Errorf("keyjar: update %q: %w", op, err)
+		return nil, err
 	}
-	now, _ := nanos("Now", c.Now)
-	next, _ := nanos("NextAttempt", c.NextAttempt)
+	next, err := nanos("NextAttempt", c.NextAttempt)
+	if err != nil {
+		return nil, err
+	}
 	return []any{string(c.State), now, c.Attempts, c.LastStatus, c.LastError, next, c.Note, c.Release, op, holder}, nil
 }
 
