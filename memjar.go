@@ -2,11 +2,14 @@ package idem
 
 import (
 	"context"
+	"encoding/binary"
+	"hash/maphash"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Filter selects records for a jar's List method.
@@ -27,54 +30,335 @@ func Prunable(s State) bool {
 
 // MemoryJar is a Jar that keeps records in memory: for tests, benchmarks and
 // programs that accept losing their keys on exit. The zero value is ready to
-// use. It is safe for concurrent use.
+// use. It is safe for concurrent use. It is also a Deferrer, whose changes
+// are applied before Defer returns.
+//
+// A MemoryJar keeps every operation until Forget or Prune deletes it, in a
+// form the garbage collector does not walk: a map without pointers, from a
+// hash of the operation's name to its changeable fields, and the fields
+// Begin sets once encoded in large byte slices. A map of Records would make
+// each collection mark about five objects per operation kept; the strings
+// that change (LastError, Note, Holder) are kept apart, for the operations
+// that have any, which are mostly those being sent.
 type MemoryJar struct {
-	mu  sync.Mutex
-	ops map[string]*memRecord
+	mu     sync.Mutex
+	seed   maphash.Seed
+	hash   func(op string) uint64 // nil: maphash with seed; tests set it to force collisions
+	index  map[uint64]memRecord   // the hash of an op → its record
+	spill  map[string]memRecord   // ops whose hash another op holds in index: rare
+	extra  map[string]memStrings  // the changeable strings of the records that have any
+	chunks [][]byte               // the records' fixed fields; bytes once written never change
+	buf    []byte                 // where a record is encoded before it is placed in chunks
+	live   int                    // bytes in chunks that belong to a record
+	dead   int                    // bytes in chunks that belong to no record
 }
 
-var _ Jar = (*MemoryJar)(nil)
+var (
+	_ Jar      = (*MemoryJar)(nil)
+	_ Deferrer = (*MemoryJar)(nil)
+)
 
-// memRecord is a Record as a MemoryJar keeps it: Header is nil and the
-// header is flattened to name, value pairs in header. A map per record,
-// kept for as long as the jar, is several objects that the garbage
-// collector marks again in every cycle; one slice is one.
+// memRecord is a record as a MemoryJar keeps it, without a pointer: the
+// fields Begin sets once are encoded at head; the changeable ones are here,
+// but for their strings, which are in MemoryJar.extra when any is not "".
 type memRecord struct {
-	Record
-	header []string
+	head                 place
+	state                uint8 // its index in states; custom: the State is in extra
+	strings              bool  // the record has an entry in MemoryJar.extra
+	attempts, lastStatus int
+	updated, next, lease stamp
 }
 
-// newMemRecord keeps a copy of r without the headers SecretHeader names,
-// and reports whether it dropped any.
-func newMemRecord(r Record) (m *memRecord, dropped bool) {
-	m = &memRecord{Record: r}
-	m.Header, m.Body = nil, slices.Clone(r.Body)
-	n := 0
-	for _, vs := range r.Header {
-		n += 2 * len(vs)
+// place is where bytes lie in MemoryJar.chunks.
+type place struct{ chunk, off, n int }
+
+// stamp is a time.Time without its location and monotonic reading.
+type stamp struct {
+	sec  int64
+	nsec int32
+}
+
+func stampOf(t time.Time) stamp { return stamp{t.Unix(), int32(t.Nanosecond())} }
+
+func (s stamp) time() time.Time {
+	if t := time.Unix(s.sec, int64(s.nsec)); !t.IsZero() {
+		return t
 	}
-	m.header = make([]string, 0, n)
+	return time.Time{}
+}
+
+type memStrings struct {
+	state                   State // when not one of states
+	lastError, note, holder string
+}
+
+var states = [...]State{StatePending, StateDone, StateFailed, StateReconcile, StateAbandoned}
+
+const custom = uint8(len(states))
+
+// chunkSize is the size of each slice of MemoryJar.chunks; a record
+// longer than it gets one of its own.
+const chunkSize = 256 << 10
+
+// init readies the zero value. It is called with j.mu held, as are the
+// methods below, up to Begin.
+func (j *MemoryJar) init() {
+	if j.index == nil {
+		j.seed = maphash.MakeSeed()
+		j.index = make(map[uint64]memRecord)
+		j.spill = make(map[string]memRecord)
+		j.extra = make(map[string]memStrings)
+	}
+}
+
+func (j *MemoryJar) sum(op string) uint64 {
+	if j.hash != nil {
+		return j.hash(op)
+	}
+	return maphash.String(j.seed, op)
+}
+
+// find returns op's record, and whether it is in index (or in spill).
+func (j *MemoryJar) find(op string) (m memRecord, inIndex, ok bool) {
+	if m, ok := j.index[j.sum(op)]; ok && j.opAt(m.head) == op {
+		return m, true, true
+	}
+	m, ok = j.spill[op]
+	return m, false, ok
+}
+
+// insert adds op's record, which it does not have.
+func (j *MemoryJar) insert(op string, m memRecord) {
+	h := j.sum(op)
+	if _, taken := j.index[h]; taken {
+		j.spill[op] = m
+	} else {
+		j.index[h] = m
+	}
+}
+
+// remove deletes op's record m.
+func (j *MemoryJar) remove(op string, m memRecord, inIndex bool) {
+	if inIndex {
+		delete(j.index, j.sum(op))
+	} else {
+		delete(j.spill, op)
+	}
+	if m.strings {
+		delete(j.extra, op)
+	}
+	j.live -= m.head.n
+	j.dead += m.head.n
+}
+
+// setTail sets the changeable fields of op's record m from r, and returns m.
+func (j *MemoryJar) setTail(op string, m memRecord, r *Record) memRecord {
+	m.state = custom
+	for i, s := range states {
+		if r.State == s {
+			m.state = uint8(i)
+		}
+	}
+	m.attempts, m.lastStatus = r.Attempts, r.LastStatus
+	m.updated, m.next, m.lease = stampOf(r.Updated), stampOf(r.NextAttempt), stampOf(r.LeaseUntil)
+	m.strings = m.state == custom || r.LastError != "" || r.Note != "" || r.Holder != ""
+	if m.strings {
+		x := memStrings{lastError: r.LastError, note: r.Note, holder: r.Holder}
+		if m.state == custom {
+			x.state = r.State
+		}
+		j.extra[op] = x
+	} else {
+		delete(j.extra, op)
+	}
+	return m
+}
+
+// tail sets r's changeable fields from op's record m.
+func (j *MemoryJar) tail(op string, m memRecord, r *Record) {
+	var x memStrings
+	if m.strings {
+		x = j.extra[op]
+	}
+	if m.state < custom {
+		r.State = states[m.state]
+	} else {
+		r.State = x.state
+	}
+	r.Attempts, r.LastStatus = m.attempts, m.lastStatus
+	r.Updated, r.NextAttempt, r.LeaseUntil = m.updated.time(), m.next.time(), m.lease.time()
+	r.LastError, r.Note, r.Holder = x.lastError, x.note, x.holder
+}
+
+// record returns op's record m, as a copy that its caller owns.
+func (j *MemoryJar) record(op string, m memRecord) Record {
+	var r Record
+	d := decoder{b: j.bytes(m.head)}
+	d.head(&r)
+	j.tail(op, m, &r)
+	return r
+}
+
+func (j *MemoryJar) bytes(p place) []byte { return j.chunks[p.chunk][p.off : p.off+p.n] }
+
+// opAt returns the name of the record whose head is at p. The string shares
+// the memory of chunks: it must not be kept after j.mu is released.
+func (j *MemoryJar) opAt(p place) string {
+	d := decoder{b: j.bytes(p)}
+	b := d.bytes()
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// place encodes the fields of r that Begin sets once into chunks. It
+// reports whether it dropped a header that SecretHeader names.
+func (j *MemoryJar) place(r *Record) (p place, dropped bool) {
+	j.buf, dropped = encodeHead(j.buf[:0], r)
+	n := len(j.buf)
+	last := len(j.chunks) - 1
+	if last < 0 || cap(j.chunks[last])-len(j.chunks[last]) < n {
+		j.chunks = append(j.chunks, make([]byte, 0, max(chunkSize, n)))
+		last++
+	}
+	p = place{chunk: last, off: len(j.chunks[last]), n: n}
+	j.chunks[last] = append(j.chunks[last], j.buf...)
+	if cap(j.buf) > chunkSize {
+		j.buf = nil // a large body's buffer is not kept
+	}
+	j.live += n
+	return p, dropped
+}
+
+// compact copies the records into new chunks once most of the bytes of
+// chunks belong to none: after deletions, so that the memory follows what
+// the jar holds. A copy costs the bytes kept, and the deletions that
+// trigger the next one are at least as many.
+func (j *MemoryJar) compact() {
+	if j.dead < chunkSize || j.dead < j.live {
+		return
+	}
+	old := j.chunks
+	j.chunks, j.live, j.dead = nil, 0, 0
+	move := func(m memRecord) memRecord {
+		b := old[m.head.chunk][m.head.off : m.head.off+m.head.n]
+		last := len(j.chunks) - 1
+		if last < 0 || cap(j.chunks[last])-len(j.chunks[last]) < len(b) {
+			j.chunks = append(j.chunks, make([]byte, 0, max(chunkSize, len(b))))
+			last++
+		}
+		m.head = place{chunk: last, off: len(j.chunks[last]), n: len(b)}
+		j.chunks[last] = append(j.chunks[last], b...)
+		j.live += len(b)
+		return m
+	}
+	for h, m := range j.index {
+		j.index[h] = move(m)
+	}
+	for op, m := range j.spill {
+		j.spill[op] = move(m)
+	}
+}
+
+// each calls fn with the name and record of each operation, until fn
+// returns false. The name shares the memory of chunks. fn may remove the
+// record it is given.
+func (j *MemoryJar) each(fn func(op string, m memRecord, inIndex bool) bool) {
+	for _, m := range j.index {
+		if !fn(j.opAt(m.head), m, true) {
+			return
+		}
+	}
+	for op, m := range j.spill {
+		if !fn(op, m, false) {
+			return
+		}
+	}
+}
+
+// The encoding of the fields Begin sets once: a string or byte slice is its
+// length as a uvarint and its bytes; a nil body is length 0 and a body of n
+// bytes n+1. A time is its Unix seconds as a varint and its nanoseconds as
+// a uvarint. A header is its number of values (4 bytes, little-endian),
+// then a name and a value for each.
+
+func encodeHead(b []byte, r *Record) (_ []byte, dropped bool) {
+	b = appendString(b, r.Op)
+	b = appendString(b, r.Key)
+	b = appendString(b, r.Fingerprint)
+	b = appendString(b, r.Method)
+	b = appendString(b, r.URL)
+	b = binary.AppendVarint(b, r.BodySize)
+	c := stampOf(r.Created)
+	b = binary.AppendUvarint(binary.AppendVarint(b, c.sec), uint64(c.nsec))
+	if r.Body == nil {
+		b = binary.AppendUvarint(b, 0)
+	} else {
+		b = binary.AppendUvarint(b, uint64(len(r.Body))+1)
+		b = append(b, r.Body...)
+	}
+	at := len(b)
+	b = binary.LittleEndian.AppendUint32(b, 0) // the number of values, set below
+	n := 0
 	for name, vs := range r.Header {
 		if SecretHeader(name) {
 			dropped = true
 			continue
 		}
 		for _, v := range vs {
-			m.header = append(m.header, name, v)
+			b = appendString(appendString(b, name), v)
 		}
+		n += len(vs)
 	}
-	return m, dropped
+	binary.LittleEndian.PutUint32(b[at:], uint32(n))
+	return b, dropped
 }
 
-// record returns a copy of the record that its caller owns.
-func (m *memRecord) record() Record {
-	r := m.Record
-	r.Body = slices.Clone(r.Body)
-	r.Header = make(http.Header, len(m.header)/2)
-	for i := 0; i+1 < len(m.header); i += 2 {
-		r.Header[m.header[i]] = append(r.Header[m.header[i]], m.header[i+1])
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+// decoder reads what encodeHead wrote. It trusts its input, which only
+// encodeHead produces.
+type decoder struct{ b []byte }
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	n := int(d.uvarint())
+	p := d.b[:n:n]
+	d.b = d.b[n:]
+	return p
+}
+
+// string returns a copy of the next string.
+func (d *decoder) string() string { return string(d.bytes()) }
+
+func (d *decoder) head(r *Record) {
+	r.Op, r.Key, r.Fingerprint = d.string(), d.string(), d.string()
+	r.Method, r.URL = d.string(), d.string()
+	r.BodySize = d.varint()
+	sec := d.varint()
+	r.Created = stamp{sec, int32(d.uvarint())}.time()
+	if n := d.uvarint(); n > 0 {
+		r.Body = slices.Clone(d.b[: n-1 : n-1])
+		d.b = d.b[n-1:]
 	}
-	return r
+	n := int(binary.LittleEndian.Uint32(d.b))
+	d.b = d.b[4:]
+	r.Header = make(http.Header, min(n, 8))
+	for range n {
+		name := d.string()
+		r.Header[name] = append(r.Header[name], d.string())
+	}
 }
 
 // Begin implements Jar.
@@ -84,14 +368,16 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if old, ok := j.ops[r.Op]; ok && old.State != StateAbandoned {
-		return old.record(), false, nil
+	j.init()
+	if m, inIndex, ok := j.find(r.Op); ok {
+		if m.state >= custom || states[m.state] != StateAbandoned {
+			return j.record(r.Op, m), false, nil
+		}
+		j.remove(r.Op, m, inIndex)
 	}
-	if j.ops == nil {
-		j.ops = make(map[string]*memRecord)
-	}
-	m, dropped := newMemRecord(r)
-	j.ops[r.Op] = m
+	head, dropped := j.place(&r)
+	j.insert(r.Op, j.setTail(r.Op, memRecord{head: head}, &r))
+	j.compact()
 	if dropped {
 		r.Header = PublicHeader(r.Header) // the record as kept
 	}
@@ -106,11 +392,11 @@ func (j *MemoryJar) Get(ctx context.Context, op string) (Record, error) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	r, ok := j.ops[op]
+	m, _, ok := j.find(op)
 	if !ok {
 		return Record{}, ErrNotFound
 	}
-	return r.record(), nil
+	return j.record(op, m), nil
 }
 
 // Acquire implements Jar.
@@ -120,15 +406,29 @@ func (j *MemoryJar) Acquire(ctx context.Context, op, holder string, now time.Tim
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	r, ok := j.ops[op]
+	m, inIndex, ok := j.find(op)
 	if !ok {
 		return Record{}, ErrNotFound
 	}
+	var r Record
+	j.tail(op, m, &r)
 	if !r.CanLease(holder, now) {
-		return r.record(), ErrLeased
+		return j.record(op, m), ErrLeased
 	}
 	r.Holder, r.LeaseUntil = holder, now.Add(ttl)
-	return r.record(), nil
+	m = j.save(op, m, inIndex, &r)
+	return j.record(op, m), nil
+}
+
+// save replaces the changeable fields of op's record m with r's.
+func (j *MemoryJar) save(op string, m memRecord, inIndex bool, r *Record) memRecord {
+	m = j.setTail(op, m, r)
+	if inIndex {
+		j.index[j.sum(op)] = m
+	} else {
+		j.spill[op] = m
+	}
+	return m
 }
 
 // Update implements Jar.
@@ -138,15 +438,35 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	r, ok := j.ops[op]
+	m, err := j.update(op, holder, c)
+	if err == ErrNotFound {
+		return Record{}, err
+	}
+	return j.record(op, m), err
+}
+
+// Defer implements Deferrer: it applies c at once, as Update does, and
+// returns nil. A change that Update would refuse is dropped.
+func (j *MemoryJar) Defer(op, holder string, c Change) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	_, _ = j.update(op, holder, c)
+	return nil
+}
+
+// update applies c to op, fenced by holder, and returns op's record.
+func (j *MemoryJar) update(op, holder string, c Change) (memRecord, error) {
+	m, inIndex, ok := j.find(op)
 	if !ok {
-		return Record{}, ErrNotFound
+		return m, ErrNotFound
 	}
+	var r Record
+	j.tail(op, m, &r)
 	if holder != "" && r.Holder != holder {
-		return r.record(), ErrLeaseLost
+		return m, ErrLeaseLost
 	}
-	c.Apply(&r.Record)
-	return r.record(), nil
+	c.Apply(&r)
+	return j.save(op, m, inIndex, &r), nil
 }
 
 // List returns the records that pass f, oldest Created first.
@@ -156,11 +476,14 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 	}
 	j.mu.Lock()
 	var out []Record
-	for _, r := range j.ops {
-		if f.Match(r.Record) {
-			out = append(out, r.record())
+	j.each(func(op string, m memRecord, _ bool) bool {
+		var r Record
+		j.tail(op, m, &r)
+		if f.Match(r) {
+			out = append(out, j.record(op, m))
 		}
-	}
+		return true
+	})
 	j.mu.Unlock()
 	slices.SortFunc(out, func(a, b Record) int {
 		if c := a.Created.Compare(b.Created); c != 0 {
@@ -182,10 +505,12 @@ func (j *MemoryJar) Forget(ctx context.Context, op string) error {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if _, ok := j.ops[op]; !ok {
+	m, inIndex, ok := j.find(op)
+	if !ok {
 		return ErrNotFound
 	}
-	delete(j.ops, op)
+	j.remove(op, m, inIndex)
+	j.compact()
 	return nil
 }
 
@@ -199,14 +524,18 @@ func (j *MemoryJar) Prune(ctx context.Context, before time.Time, limit int) (int
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := 0
-	for op, r := range j.ops {
+	j.each(func(op string, m memRecord, inIndex bool) bool {
 		if limit > 0 && n >= limit {
-			break
+			return false
 		}
+		var r Record
+		j.tail(op, m, &r)
 		if Prunable(r.State) && r.Updated.Before(before) {
-			delete(j.ops, op)
+			j.remove(op, m, inIndex)
 			n++
 		}
-	}
+		return true
+	})
+	j.compact()
 	return n, nil
 }

@@ -1,7 +1,12 @@
 package idem_test
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar/jartest"
@@ -9,4 +14,120 @@ import (
 
 func TestMemoryJar(t *testing.T) {
 	jartest.Run(t, func(t *testing.T) jartest.Jar { return new(idem.MemoryJar) })
+}
+
+// TestMemoryJarCollisions runs the conformance suite with hashes that
+// collide: every operation but the first (constant), or those of one
+// length (length), is found through the collision map.
+func TestMemoryJarCollisions(t *testing.T) {
+	for name, h := range map[string]func(string) uint64{
+		"constant": func(string) uint64 { return 42 },
+		"length":   func(op string) uint64 { return uint64(len(op)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			jartest.Run(t, func(t *testing.T) jartest.Jar {
+				j := new(idem.MemoryJar)
+				idem.SetMemoryJarHash(j, h)
+				return j
+			})
+		})
+	}
+}
+
+func memRecord(i int) idem.Record {
+	now := time.Unix(1_700_000_000, int64(i)).UTC()
+	body := []byte(fmt.Sprintf(`{"order":%d}`, i))
+	return idem.Record{
+		Op: fmt.Sprintf("op-%d", i), Key: fmt.Sprintf("key-%d", i), Fingerprint: "fp", State: idem.StatePending,
+		Method: http.MethodPost, URL: "http://127.0.0.1/charge", Header: http.Header{"Content-Type": {"application/json"}},
+		Body: body, BodySize: int64(len(body)), Created: now, Updated: now, Attempts: 1,
+	}
+}
+
+// TestMemoryJarCompacts: an update writes no bytes, those of deleted
+// records are reclaimed, and the records that stay are intact after the
+// copy.
+func TestMemoryJarCompacts(t *testing.T) {
+	for name, h := range map[string]func(string) uint64{
+		"maphash":  nil,
+		"constant": func(string) uint64 { return 42 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			j := new(idem.MemoryJar)
+			if h != nil {
+				idem.SetMemoryJarHash(j, h)
+			}
+			const n = 5000
+			for i := range n {
+				if _, _, err := j.Begin(ctx, memRecord(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			full, _ := idem.MemoryJarBytes(j)
+			// An update changes fields kept apart from the bytes.
+			for round := range 20 {
+				for i := range n {
+					if _, err := j.Update(ctx, fmt.Sprintf("op-%d", i), "", idem.Change{Now: time.Unix(0, 0), Attempts: 1, LastStatus: 500 + round}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if data, _ := idem.MemoryJarBytes(j); data != full {
+				t.Errorf("after 20 updates of each record: %d bytes of data; want %d as before", data, full)
+			}
+			for i := range n - 10 {
+				if err := j.Forget(ctx, fmt.Sprintf("op-%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			data, dead := idem.MemoryJarBytes(j)
+			fresh := new(idem.MemoryJar) // the 10 records alone
+			for i := n - 10; i < n; i++ {
+				fresh.Begin(ctx, memRecord(i))
+			}
+			live, _ := idem.MemoryJarBytes(fresh)
+			// What is dead is copied away once it is more than both the
+			// live bytes and a chunk (256 KiB).
+			if data-dead != live || dead > max(live, 256<<10) {
+				t.Errorf("10 records left: %d bytes of data, %d dead; want %d live and at most %d dead", data, dead, live, max(live, 256<<10))
+			}
+			for i := n - 10; i < n; i++ {
+				got, err := j.Get(ctx, fmt.Sprintf("op-%d", i))
+				want := memRecord(i)
+				if err != nil || got.Attempts != 21 || got.LastStatus != 519 || string(got.Body) != string(want.Body) ||
+					got.Key != want.Key || got.Header.Get("Content-Type") != "application/json" || !got.Created.Equal(want.Created) {
+					t.Errorf("op-%d after compaction: %+v, %v; want %+v with 21 attempts, last status 519", i, got, err, want)
+				}
+			}
+			if rs, _ := j.List(ctx, idem.Filter{}); len(rs) != 10 {
+				t.Errorf("List: %d records; want 10", len(rs))
+			}
+		})
+	}
+}
+
+// TestMemoryJarHoldsNoObjectPerRecord: the records do not add objects for
+// the garbage collector to mark, so a large jar does not slow every
+// collection of the program that holds it.
+func TestMemoryJarHoldsNoObjectPerRecord(t *testing.T) {
+	ctx := context.Background()
+	j := new(idem.MemoryJar)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const n = 20000
+	for i := range n {
+		if _, _, err := j.Begin(ctx, memRecord(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(j)
+	// A map of Records held about five objects per record (the record, its
+	// strings, body and header): 100,000 here.
+	if grown := int64(after.HeapObjects) - int64(before.HeapObjects); grown > n/10 {
+		t.Errorf("%d records added %d heap objects; want at most %d", n, grown, n/10)
+	}
 }

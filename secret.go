@@ -3,7 +3,6 @@ package idem
 import (
 	"net/http"
 	"net/textproto"
-	"strings"
 )
 
 // SecretHeader reports whether a request header carries a credential and so
@@ -15,13 +14,34 @@ func SecretHeader(name string) bool {
 	case "Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie":
 		return true
 	}
-	n := strings.ToLower(name)
 	for _, s := range []string{"token", "secret", "password", "api-key", "apikey"} {
-		if strings.Contains(n, s) {
+		if containsFold(name, s) {
 			return true
 		}
 	}
 	return false
+}
+
+// containsFold reports whether s contains sub, ignoring ASCII case; sub is
+// lower case. Unlike strings.ToLower it does not allocate.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		k := 0
+		for k < len(sub) && lower(s[i+k]) == sub[k] {
+			k++
+		}
+		if k == len(sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // PublicHeader returns a copy of h without the headers SecretHeader names.

@@ -1,0 +1,20 @@
+package idem_test
+
+import (
+	"testing"
+
+	"github.com/idemkit/idem"
+)
+
+func TestSecretHeader(t *testing.T) {
+	for name, want := range map[string]bool{
+		"Authorization": true, "authorization": true, "Proxy-Authorization": true, "Cookie": true, "Set-Cookie": true,
+		"X-Auth-Token": true, "X-TOKEN": true, "x-api-key": true, "X-Apikey": true, "Client-Secret": true,
+		"X-Password-Hash": true, "Tok": false, "X-Api-Version": false, "Content-Type": false,
+		"Idempotency-Key": false, "": false, "X-Tokens-Left": true,
+	} {
+		if got := idem.SecretHeader(name); got != want {
+			t.Errorf("SecretHeader(%q) = %v; want %v", name, got, want)
+		}
+	}
+}
