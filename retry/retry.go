@@ -224,14 +224,14 @@ func (p Policy) Expired(created, now time.Time) bool {
 // concurrent use: make one per call with Policy.Schedule.
 type Schedule struct {
 	p    Policy
-	b    *backoff.ExponentialBackOff
+	b    backoff.ExponentialBackOff // by value: one allocation per call
 	rand func() float64
 }
 
 // Schedule starts the schedule of one call at the current time.
 func (p Policy) Schedule() *Schedule {
 	p = p.Defaults()
-	b := &backoff.ExponentialBackOff{
+	s := &Schedule{p: p, rand: rand.Float64, b: backoff.ExponentialBackOff{
 		InitialInterval:     p.InitialInterval,
 		RandomizationFactor: 0, // full jitter is applied below
 		Multiplier:          p.Multiplier,
@@ -239,9 +239,9 @@ func (p Policy) Schedule() *Schedule {
 		MaxElapsedTime:      p.MaxElapsed,
 		Stop:                backoff.Stop,
 		Clock:               backoff.SystemClock,
-	}
-	b.Reset()
-	return &Schedule{p: p, b: b, rand: rand.Float64}
+	}}
+	s.b.Reset()
+	return s
 }
 
 // Elapsed returns the time since the schedule started.
