@@ -19,7 +19,7 @@ import (
 type call struct {
 	t      *Transport
 	req    *http.Request
-	body   *reqBody
+	body   reqBody
 	policy retry.Policy
 	op     string
 
@@ -49,7 +49,17 @@ func (c *call) update(ctx context.Context, ch Change) {
 	if d, ok := c.t.Jar.(Deferrer); ok && d.Defer(c.op, c.holder, ch) == nil {
 		return
 	}
-	_, _ = c.t.Jar.Update(context.WithoutCancel(ctx), c.op, c.holder, ch)
+	_, _ = c.t.Jar.Update(detach(ctx), c.op, c.holder, ch)
+}
+
+// detach returns ctx without its cancellation, for a write that must
+// outlive it. A context that can never be cancelled (its Done is nil, as
+// context.Background's) is returned as it is, at no cost.
+func detach(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 // countAttempt adds the attempt about to be sent to the record, and waits
@@ -57,7 +67,7 @@ func (c *call) update(ctx context.Context, ch Change) {
 func (c *call) countAttempt(ctx context.Context) {
 	ch := Change{Attempts: 1}
 	c.fill(&ch)
-	_, _ = c.t.Jar.Update(context.WithoutCancel(ctx), c.op, c.holder, ch)
+	_, _ = c.t.Jar.Update(detach(ctx), c.op, c.holder, ch)
 }
 
 func (c *call) fill(ch *Change) {
@@ -304,34 +314,51 @@ func (c *call) begin(ctx context.Context) error {
 // send sends one attempt: a clone of the caller's request with the key and
 // a fresh body.
 func (c *call) send(ctx context.Context) (*http.Response, error) {
+	d := c.policy.AttemptTimeout
+	if d <= 0 {
+		// No timeout: the attempt needs no context of its own.
+		out, err := c.attempt(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return c.t.base().RoundTrip(out)
+	}
 	// The attempt timeout covers sending and the response headers, not
 	// the caller's reading of the body: its timer stops once headers come.
 	actx, cancel := context.WithCancel(ctx)
 	var timedOut atomic.Bool
-	if d := c.policy.AttemptTimeout; d > 0 {
-		timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
-		defer timer.Stop()
-	}
-	out := c.req.Clone(actx)
-	out.Header.Set(KeyHeader, c.key)
-	if c.body.open != nil {
-		rc, err := c.body.open()
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		out.Body, out.GetBody, out.ContentLength = rc, c.body.open, c.body.size
+	timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
+	defer timer.Stop()
+	out, err := c.attempt(actx)
+	if err != nil {
+		cancel()
+		return nil, err
 	}
 	resp, err := c.t.base().RoundTrip(out)
 	if err != nil {
 		cancel()
 		if timedOut.Load() && ctx.Err() == nil {
-			return nil, &attemptTimeoutError{d: c.policy.AttemptTimeout, err: err}
+			return nil, &attemptTimeoutError{d: d, err: err}
 		}
 		return nil, err
 	}
 	resp.Body = body.OnClose(resp.Body, cancel)
 	return resp, nil
+}
+
+// attempt returns the request of one attempt, with ctx: a clone of the
+// caller's, with the key and a fresh body.
+func (c *call) attempt(ctx context.Context) (*http.Request, error) {
+	out := c.req.Clone(ctx)
+	out.Header.Set(KeyHeader, c.key)
+	if c.body.open != nil {
+		rc, err := c.body.open()
+		if err != nil {
+			return nil, err
+		}
+		out.Body, out.GetBody, out.ContentLength = rc, c.body.open, c.body.size
+	}
+	return out, nil
 }
 
 // attemptTimeoutError is an attempt that ran out of Policy.AttemptTimeout:

@@ -36,7 +36,8 @@ func newHolder() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return prefix + strconv.FormatUint(holderCount.Add(1), 10), nil
+	var buf [128]byte // one allocation, the string, when the prefix fits
+	return string(strconv.AppendUint(append(buf[:0], prefix...), holderCount.Add(1), 10)), nil
 }
 
 // holderGone reports whether holder names a process on this host that no

@@ -3,11 +3,11 @@ package idem
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
 	"net/http"
@@ -211,11 +211,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := checkKey(req.Header); err != nil {
 		return nil, err
 	}
-	b, err := t.prepareBody(req)
-	if err != nil {
+	c := &call{t: t, req: req, policy: t.Policy.Defaults(), op: Operation(req.Context())}
+	if err := t.prepareBody(req, &c.body); err != nil {
 		return nil, err
 	}
-	c := &call{t: t, req: req, body: b, policy: t.Policy.Defaults(), op: Operation(req.Context())}
 	return c.run(req.Context())
 }
 
@@ -257,84 +256,109 @@ type reqBody struct {
 	url   string // the request's URL
 }
 
-// prepareBody fingerprints the body and arranges to produce it again for
-// every attempt, before anything is sent.
-func (t *Transport) prepareBody(req *http.Request) (*reqBody, error) {
-	rb := &reqBody{url: req.URL.String()}
+// prepareBody fingerprints the body into rb and arranges to produce it
+// again for every attempt, before anything is sent.
+func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
+	rb.url = req.URL.String()
+	// h is only ever called, never passed on as an io.Writer, so that it
+	// and the buffers written to it stay on the stack.
 	h := sha256.New()
-	io.WriteString(h, req.Method+"\n"+rb.url+"\n")
+	var head [256]byte
+	h.Write(append(append(append(append(head[:0], req.Method...), '\n'), rb.url...), '\n'))
 	if req.Body == nil || req.Body == http.NoBody {
-		rb.fp = hex.EncodeToString(h.Sum(nil))
 		rb.saved = []byte{}
-		return rb, nil
-	}
-	limit := t.maxBuffer()
-	ctype := req.Header.Get("Content-Type")
-	var whole []byte // the whole body, when it fits in MaxBuffer
-	if req.GetBody == nil {
-		buf, err := body.ReadAtMost(body.WithContext(req.Context(), req.Body), limit, req.ContentLength)
-		if errors.Is(err, body.ErrTooLarge) {
-			return nil, fmt.Errorf("%w: it has no GetBody and is longer than MaxBuffer (%d bytes); build the request with http.NewRequest from a bytes.Reader or set GetBody", ErrBodyNotRewindable, limit)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("idem: reading request body: %w", err)
-		}
-		rb.open = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
-		whole = buf
 	} else {
-		rb.open = req.GetBody
-		rc, err := req.GetBody()
+		buf, rest, err := t.readBody(req, rb)
 		if err != nil {
-			return nil, fmt.Errorf("idem: GetBody: %w", err)
+			return err
 		}
-		defer rc.Close()
-		r := body.WithContext(req.Context(), rc) // a slow or endless body ends with the request
-		buf, err := body.ReadAtMost(r, limit, req.ContentLength)
-		switch {
-		case err == nil:
-			whole = buf
-		case errors.Is(err, body.ErrTooLarge):
+		if rest == nil {
+			rb.size = int64(len(buf))
+			h.Write(canonical(req.Header.Get("Content-Type"), buf))
+			if rb.size <= t.maxStoredBody() {
+				rb.saved = slices.Clip(buf)
+			}
+		} else {
 			// Too large to canonicalise: hash it byte for byte, streamed.
 			h.Write(buf)
-			n, err := io.Copy(h, r)
-			if err != nil {
-				return nil, fmt.Errorf("idem: reading request body: %w", err)
+			rb.size = int64(len(buf))
+			chunk := make([]byte, 32<<10)
+			for err == nil {
+				var n int
+				n, err = rest.Read(chunk)
+				h.Write(chunk[:n])
+				rb.size += int64(n)
 			}
-			rb.size = int64(len(buf)) + n
-		default:
-			return nil, fmt.Errorf("idem: reading request body: %w", err)
+			rest.Close()
+			if err != io.EOF {
+				return fmt.Errorf("idem: reading request body: %w", err)
+			}
 		}
 	}
-	if whole != nil {
-		rb.size = int64(len(whole))
-		writeCanonical(h, ctype, whole)
-		if rb.size <= t.maxStoredBody() {
-			rb.saved = slices.Clip(whole)
-		}
-	}
-	rb.fp = hex.EncodeToString(h.Sum(nil))
-	return rb, nil
+	var sum [sha256.Size]byte
+	var text [2 * sha256.Size]byte
+	hex.Encode(text[:], h.Sum(sum[:0]))
+	rb.fp = string(text[:])
+	return nil
 }
 
-// writeCanonical writes the canonical form of a body to h: canonical JSON
-// when the Content-Type is JSON (or absent) and the body parses, the bytes
+// readBody arranges in rb.open to produce the body again for every
+// attempt, and returns the body when it is at most MaxBuffer bytes. A
+// larger body with GetBody is returned in two parts: the MaxBuffer bytes
+// read and rest, a reader of the others that the caller must close.
+func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest io.ReadCloser, err error) {
+	limit := t.maxBuffer()
+	if req.GetBody == nil {
+		buf, err := body.ReadAtMostContext(req.Context(), req.Body, limit, req.ContentLength)
+		if errors.Is(err, body.ErrTooLarge) {
+			return nil, nil, fmt.Errorf("%w: it has no GetBody and is longer than MaxBuffer (%d bytes); build the request with http.NewRequest from a bytes.Reader or set GetBody", ErrBodyNotRewindable, limit)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("idem: reading request body: %w", err)
+		}
+		rb.open = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+		return buf, nil, nil
+	}
+	rb.open = req.GetBody
+	rc, err := req.GetBody()
+	if err != nil {
+		return nil, nil, fmt.Errorf("idem: GetBody: %w", err)
+	}
+	// A slow or endless body ends with the request.
+	buf, err = body.ReadAtMostContext(req.Context(), rc, limit, req.ContentLength)
+	if errors.Is(err, body.ErrTooLarge) {
+		return buf, struct {
+			io.Reader
+			io.Closer
+		}{body.WithContext(req.Context(), rc), rc}, nil
+	}
+	rc.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("idem: reading request body: %w", err)
+	}
+	return buf, nil, nil
+}
+
+// canonical returns the canonical form of a body: canonical JSON when the
+// Content-Type is JSON (or absent) and the body parses, the bytes
 // otherwise.
-func writeCanonical(h hash.Hash, ctype string, b []byte) {
+func canonical(ctype string, b []byte) []byte {
 	if ctype == "" {
 		if c, err := canon.JSON(b); err == nil {
-			h.Write(c)
-			return
+			return c
 		}
 	}
-	h.Write(canon.Body(ctype, b))
+	return canon.Body(ctype, b)
 }
 
-// newKey returns a fresh UUID v4. It fails closed when the system's random
-// source does.
+// newKey returns a fresh UUID v4 drawn from crypto/rand. It fails closed
+// when the system's random source does.
 func newKey() (string, error) {
-	u, err := uuid.NewRandom()
-	if err != nil {
+	var u uuid.UUID // drawn here, not by uuid.NewRandom, to stay on the stack
+	if _, err := rand.Read(u[:]); err != nil {
 		return "", fmt.Errorf("idem: generating key: %w", err)
 	}
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // variant 10, RFC 9562
 	return u.String(), nil
 }

@@ -33,6 +33,13 @@ var ErrTooLarge = errors.New("body: longer than the limit")
 // expected length (a request's ContentLength): the buffer is allocated
 // once at that size.
 func ReadAtMost(r io.Reader, limit, size int64) ([]byte, error) {
+	return ReadAtMostContext(context.Background(), r, limit, size)
+}
+
+// ReadAtMostContext is ReadAtMost that fails with ctx's error, and the
+// bytes read so far, once ctx is done: it checks ctx before each read, as
+// a reader made by WithContext does, without making one.
+func ReadAtMostContext(ctx context.Context, r io.Reader, limit, size int64) ([]byte, error) {
 	if size < 0 || size > limit {
 		size = min(limit, 512)
 	}
@@ -42,6 +49,9 @@ func ReadAtMost(r io.Reader, limit, size int64) ([]byte, error) {
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)] // grows the buffer
+		}
+		if err := ctx.Err(); err != nil {
+			return buf, err
 		}
 		n, err := r.Read(buf[len(buf):min(int64(cap(buf)), limit+1)])
 		buf = buf[:len(buf)+n]

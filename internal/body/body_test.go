@@ -2,6 +2,7 @@ package body
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"strings"
@@ -51,3 +52,26 @@ func TestReadAtMostAllocatesOnce(t *testing.T) {
 		t.Errorf("%v allocations; want 1", n)
 	}
 }
+
+// ReadAtMostContext stops once its context is done, with the bytes read
+// before and the context's error, without reading again.
+func TestReadAtMostContextStopsWithTheContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	reads := 0
+	r := iotest.OneByteReader(readFunc(func(p []byte) (int, error) {
+		reads++
+		if reads == 3 {
+			cancel()
+		}
+		p[0] = 'x'
+		return 1, nil
+	}))
+	got, err := ReadAtMostContext(ctx, r, 100, -1)
+	if !errors.Is(err, context.Canceled) || string(got) != "xxx" || reads != 3 {
+		t.Fatalf("got %q, %v after %d reads; want \"xxx\", context.Canceled after 3", got, err, reads)
+	}
+}
+
+type readFunc func([]byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }

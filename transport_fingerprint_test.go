@@ -1,0 +1,118 @@
+package idem_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem"
+)
+
+// The fingerprints stored for a request are pinned: a jar holds them
+// across versions, so a change of the bytes hashed would turn every
+// resumed operation into a mismatch. All but the third and fourth are
+// sha256sum of "METHOD\nURL\n" and the canonical or streamed body.
+func TestFingerprintsAreStable(t *testing.T) {
+	long := strings.Repeat(`{"a":1}`, 10) // longer than MaxBuffer below: hashed streamed
+	cases := []struct {
+		name, method, url, ctype, body string
+		getBody                        bool // the body has GetBody
+		want                           string
+	}{
+		{"no body", http.MethodPost, "https://api.example.com/v1/charges", "", "", true,
+			"45c98a43ec7910d85b94a6e92e8457072647761dd45eb1d706832372f32d0cce"},
+		{"json", http.MethodPost, "https://api.example.com/v1/charges", "application/json", `{"b": 2, "a": 1}`, true,
+			"a6a708c73b5b041c0f69c6e0c9d4bd23cd12d1cf5b4d961318c7f94ad985d55a"},
+		{"json without content type", http.MethodPost, "https://api.example.com/v1/charges?x=1&y=2", "", `{"b": 2, "a": 1}`, true,
+			"6936fe196ded7e75ccc7f2599a83c929a296e7c8ad6334e5fb103da761736553"},
+		{"form without GetBody", http.MethodPatch, "https://api.example.com/v1/charges/ch_1", "application/x-www-form-urlencoded", "b=2&a=1", false,
+			"d5acd1580a08a16ad129e991abe0bf7f259531a53cb6dfe48a695a5214d8f6b5"},
+		{"url longer than 256 bytes", http.MethodPost, "https://api.example.com/v1/" + strings.Repeat("segment/", 40), "application/json", `{"b":2,"a":1}`, true,
+			"c6d73f87efe3899935a6e57394f5040f4a3bc5101150507435e3c9f759e59c7a"},
+		{"streamed", http.MethodPost, "https://api.example.com/v1/" + strings.Repeat("long/", 20), "application/json", long, true,
+			"df7b939af7ff9271f62afe9387dad1496dff278392765f5df004c0ddb07d228b"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			jar := &idem.MemoryJar{}
+			base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Body != nil {
+					io.Copy(io.Discard, r.Body)
+					r.Body.Close()
+				}
+				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+			})
+			tr := &idem.Transport{Base: base, Jar: jar, MaxBuffer: 32,
+				Methods: []string{http.MethodPost, http.MethodPatch}}
+			var body io.Reader
+			if c.body != "" {
+				body = strings.NewReader(c.body)
+				if !c.getBody {
+					body = io.MultiReader(body) // no GetBody
+				}
+			}
+			ctx := idem.WithOperation(context.Background(), "op")
+			req, err := http.NewRequestWithContext(ctx, c.method, c.url, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.ctype != "" {
+				req.Header.Set("Content-Type", c.ctype)
+			}
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			r, err := jar.Get(context.Background(), "op")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Fingerprint != c.want {
+				t.Errorf("fingerprint %s; want %s", r.Fingerprint, c.want)
+			}
+		})
+	}
+}
+
+// The body that GetBody returns for the fingerprint is closed once read,
+// whether it fits in MaxBuffer or is hashed streamed.
+func TestFingerprintClosesTheBodyOfGetBody(t *testing.T) {
+	for _, size := range []int{16, 100} { // MaxBuffer is 32
+		jar := &idem.MemoryJar{}
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+		})
+		tr := &idem.Transport{Base: base, Jar: jar, MaxBuffer: 32}
+		req, err := http.NewRequest(http.MethodPost, "https://api.example.com/v1/charges", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var opened, closed int
+		req.GetBody = func() (io.ReadCloser, error) {
+			opened++
+			return &closeCounter{Reader: strings.NewReader(strings.Repeat("x", size)), n: &closed}, nil
+		}
+		req.Body, _ = req.GetBody()
+		req.ContentLength = int64(size)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		// One body for the caller's req.Body, one for the fingerprint, one
+		// for the attempt, which the base does not close.
+		if opened != 3 || closed != 2 {
+			t.Errorf("%d-byte body: %d opened, %d closed; want 3 opened, the caller's and the fingerprint's closed", size, opened, closed)
+		}
+	}
+}
+
+type closeCounter struct {
+	io.Reader
+	n *int
+}
+
+func (c *closeCounter) Close() error { *c.n++; return nil }
