@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -281,12 +282,11 @@ func (c *call) begin(ctx context.Context) error {
 	now := time.Now()
 	r := Record{
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
-		Method: c.req.Method, URL: c.body.url, Header: PublicHeader(c.req.Header),
+		Method: c.req.Method, URL: c.body.url, Header: storedHeader(c.req.Header),
 		Body: c.body.saved, BodySize: c.body.size,
 		Created: now, Updated: now, Attempts: 1, // the first send follows at once
 		Holder: c.holder, LeaseUntil: now.Add(c.t.lease(c.policy)),
 	}
-	r.Header.Del(KeyHeader)
 	rec, created, err := c.t.Jar.Begin(ctx, r)
 	if err != nil {
 		return &JarError{Op: c.op, Err: err}
@@ -309,6 +309,20 @@ func (c *call) begin(ctx context.Context) error {
 			Attempts: rec.Attempts, LastStatus: rec.LastStatus}
 	}
 	return nil
+}
+
+// storedHeader returns the request header as a record keeps it: without
+// credentials (SecretHeader) or the key. A header that has neither is
+// returned as it is, not copied: a Jar copies what it keeps.
+func storedHeader(h http.Header) http.Header {
+	for name := range h {
+		if SecretHeader(name) || strings.EqualFold(name, KeyHeader) {
+			h = PublicHeader(h)
+			h.Del(KeyHeader)
+			return h
+		}
+	}
+	return h
 }
 
 // send sends one attempt: a clone of the caller's request with the key and

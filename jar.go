@@ -109,6 +109,8 @@ type Change struct {
 //   - Get, Acquire and Update return ErrNotFound for an unknown op.
 //   - Credentials are never written: callers strip them (see SecretHeader),
 //     and a jar may strip them again.
+//   - Begin copies what it keeps of r: r.Header and r.Body may be the
+//     caller's own, as the Transport passes its request's.
 type Jar interface {
 	Begin(ctx context.Context, r Record) (rec Record, created bool, err error)
 	Get(ctx context.Context, op string) (Record, error)

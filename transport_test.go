@@ -602,6 +602,29 @@ func TestSecretHeadersNotStored(t *testing.T) {
 	}
 }
 
+// TestStoredHeader: the key the caller set is not stored with the request
+// (it is the record's Key), and the stored header is the jar's copy, which
+// a later change to the request's header does not reach.
+func TestStoredHeader(t *testing.T) {
+	for _, key := range []string{"", "caller-key-1"} {
+		tr, _, jar := newTransport(t, status(201))
+		req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{}`))
+		req.Header.Set("X-Request-Source", "test")
+		if key != "" {
+			req.Header.Set(idem.KeyHeader, key)
+		}
+		req = req.WithContext(idem.WithOperation(req.Context(), "op"))
+		if _, err := tr.RoundTrip(req); err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Request-Source", "changed")
+		r, _ := jar.Get(context.Background(), "op")
+		if r.Header.Get(idem.KeyHeader) != "" || r.Header.Get("X-Request-Source") != "test" || (key != "" && r.Key != key) {
+			t.Errorf("caller key %q: stored key %q, header %v; want no key header, X-Request-Source: test", key, r.Key, r.Header)
+		}
+	}
+}
+
 func TestConcurrentOperationsGetDistinctKeys(t *testing.T) {
 	tr, rec, _ := newTransport(t, status(201))
 	var wg sync.WaitGroup
