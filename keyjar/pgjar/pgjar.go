@@ -2,7 +2,9 @@
 // its pool): for a fleet of workers, on many machines, that must resume each
 // other's pending operations. It keeps the semantics of idem.MemoryJar and
 // of the SQLite jar in package keyjar, and passes the same conformance
-// suite (keyjar/jartest).
+// suite (keyjar/jartest). Like them it is an idem.Deferrer: idem.Transport
+// hands it the outcome of a call (done, failed, the lease's release)
+// without waiting for a round trip to the database.
 //
 // Every method is one atomic statement under PostgreSQL's default READ
 // COMMITTED isolation, or a short sequence of them that retries when a
@@ -20,9 +22,19 @@
 // is visible to every worker when it returns and reaches the disk a moment
 // later, without a WAL flush of its own; as the idem.Jar contract allows, a
 // crash of the server may lose the last of them, which only leaves an
-// operation pending, or its lease held until it expires. Each
-// statement runs under its own deadline (Options.QueryTimeout) inside the
-// caller's context, on the server and on the client, and any error, a
+// operation pending, or its lease held until it expires.
+//
+// Defer queues such a change for the jar's applier, a goroutine that Open
+// starts and Close ends: it sends what is queued, up to 64 changes, in one
+// round trip, each as Update's fenced UPDATE, in the order they were
+// deferred. The jar's own methods wait for the changes deferred on the
+// operation they read or write, so a process reads back what it deferred;
+// other processes see a deferred change once the applier has sent it,
+// usually within a round trip. A change the applier cannot apply (its lease
+// was lost, a database error) is dropped: the record stays as it was.
+//
+// Each statement runs under its own deadline (Options.QueryTimeout) inside
+// the caller's context, on the server and on the client, and any error, a
 // timeout included, is returned as an error: the jar never reports a lease
 // or a key it did not get. As with any remote write, an error other than
 // the server's own refusal leaves the outcome unknown: a write whose
@@ -35,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,7 +82,8 @@ var (
 	// ErrInvalid is returned by Begin for a record without Op or Key, or
 	// with a State that is not valid, by Update for a Change with an invalid
 	// State, and by Begin, Acquire and Update for a time that cannot be
-	// stored (outside the years 1678 to 2262). Nothing is written.
+	// stored (outside the years 1678 to 2262), and by Defer for the change
+	// Update would refuse. Nothing is written.
 	ErrInvalid = errors.New("pgjar: invalid record")
 )
 
@@ -93,18 +107,39 @@ type Options struct {
 	PruneBatch int
 }
 
-// Jar is an idem.Jar in a PostgreSQL database, with the operator methods
-// List, Forget and Prune. It is safe for concurrent use, and many processes
-// may share the database.
+// Jar is an idem.Jar and an idem.Deferrer in a PostgreSQL database, with
+// the operator methods List, Forget and Prune. It is safe for concurrent
+// use, and many processes may share the database. Close it to apply the
+// changes deferred last (see Defer).
 type Jar struct {
 	pool         *pgxpool.Pool
 	timeout      time.Duration
 	batch        int
 	updateCommit string // synchronous_commit for Update's transactions
 	closed       atomic.Bool
+
+	// The deferred changes (see Defer). queueMu guards sends on queue
+	// against Close, which closes it; the applier receives from it and
+	// closes applied when it exits.
+	queueMu sync.RWMutex
+	queue   chan deferred
+	applied chan struct{}
+	// deferQueued counts the changes queued, deferDone those applied (or
+	// dropped). pending counts, per op, the changes queued and not yet
+	// applied; the applier closes progress after each batch and replaces it.
+	// pendingMu guards pending, progress and the moves of deferDone.
+	deferQueued, deferDone atomic.Uint64
+	pendingMu              sync.Mutex
+	pending                map[string]int
+	progress               chan struct{}
+
+	beforeApply atomic.Pointer[func(n int)] // tests: called before each batch is sent
 }
 
-var _ idem.Jar = (*Jar)(nil)
+var (
+	_ idem.Jar      = (*Jar)(nil)
+	_ idem.Deferrer = (*Jar)(nil)
+)
 
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included) and
@@ -119,7 +154,9 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
 	}
-	j := &Jar{timeout: opts.QueryTimeout, batch: opts.PruneBatch, updateCommit: "off"}
+	j := &Jar{timeout: opts.QueryTimeout, batch: opts.PruneBatch, updateCommit: "off",
+		queue: make(chan deferred, deferQueue), applied: make(chan struct{}),
+		pending: make(map[string]int), progress: make(chan struct{})}
 	if v, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; set {
 		j.updateCommit = v // the operator's choice, for every write
 	}
@@ -147,15 +184,23 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 		j.pool.Close()
 		return nil, err
 	}
+	go j.applyLoop()
 	return j, nil
 }
 
-// Close closes the jar's connections. Every method called after it, Close
-// included, returns ErrClosed.
+// Close applies the changes deferred before it (see Defer), waiting for the
+// database at most Options.QueryTimeout twice per 64 of them, and closes
+// the jar's connections. Every method called after it, Close included,
+// returns ErrClosed.
 func (j *Jar) Close() error {
+	j.queueMu.Lock()
 	if j.closed.Swap(true) {
+		j.queueMu.Unlock()
 		return ErrClosed
 	}
+	close(j.queue)
+	j.queueMu.Unlock()
+	<-j.applied
 	j.pool.Close()
 	return nil
 }
@@ -235,6 +280,9 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: header: %v", r.Op, ErrInvalid, err)
 	}
+	if err := j.settle(ctx, r.Op); err != nil {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+	}
 	for range raceAttempts {
 		// One statement claims the name: a new row, or the replacement of an
 		// abandoned one. It returns nothing when another record holds it.
@@ -275,6 +323,9 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 
 // Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
 func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
+	if err := j.settle(ctx, op); err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
+	}
 	rec, err := j.get(ctx, op)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = idem.ErrNotFound
@@ -298,6 +349,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
 	}
 	until, err := nanos("lease end", now.Add(ttl))
+	if err == nil {
+		err = j.settle(ctx, op)
+	}
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
 	}
@@ -338,34 +392,16 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // does not wait for the change to reach stable storage (see the package
 // documentation).
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
-	if c.State != "" && !c.State.Valid() {
-		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w: state %q", op, ErrInvalid, c.State)
+	args, err := j.changeArgs(op, holder, c)
+	if err == nil {
+		err = j.settle(ctx, op)
 	}
-	now, err := nanos("Now", c.Now)
-	if err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
-	}
-	next, err := nanos("NextAttempt", c.NextAttempt)
 	if err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
 	}
 	var last idem.Record
 	for range raceAttempts {
-		rec, err := j.queryRecord(ctx, `UPDATE idem_operations SET
-				updated = $3,
-				state = CASE WHEN $4::text = '' THEN state ELSE $4::text END,
-				attempts = attempts + $5,
-				last_status = $6,
-				last_error = $7,
-				next_attempt = $8,
-				note = CASE WHEN $9::text = '' THEN note ELSE $9::text END,
-				holder = CASE WHEN $10::boolean THEN '' ELSE holder END,
-				lease_until = CASE WHEN $10::boolean THEN NULL ELSE lease_until END
-			FROM (SELECT set_config('synchronous_commit', $11::text, true)) AS commit_mode
-			WHERE op = $1 AND ($2::text = '' OR holder = $2::text)
-			RETURNING `+columns,
-			op, holder, now, string(c.State), int64(c.Attempts), c.LastStatus, c.LastError, next, c.Note, c.Release,
-			j.updateCommit)
+		rec, err := j.queryRecord(ctx, updateSQL+` RETURNING `+columns, args...)
 		if err == nil {
 			return rec, nil
 		}
@@ -394,9 +430,47 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	return idem.Record{}, fmt.Errorf("pgjar: update %q: the record changed under %d attempts", op, raceAttempts)
 }
 
+// updateSQL is the fenced UPDATE of Update and of the changes Defer queues.
+// Its arguments are changeArgs'; it commits with synchronous_commit set to
+// Jar.updateCommit.
+const updateSQL = `UPDATE idem_operations SET
+		updated = $3,
+		state = CASE WHEN $4::text = '' THEN state ELSE $4::text END,
+		attempts = attempts + $5,
+		last_status = $6,
+		last_error = $7,
+		next_attempt = $8,
+		note = CASE WHEN $9::text = '' THEN note ELSE $9::text END,
+		holder = CASE WHEN $10::boolean THEN '' ELSE holder END,
+		lease_until = CASE WHEN $10::boolean THEN NULL ELSE lease_until END
+	FROM (SELECT set_config('synchronous_commit', $11::text, true)) AS commit_mode
+	WHERE op = $1 AND ($2::text = '' OR holder = $2::text)`
+
+// changeArgs checks c and returns the arguments of updateSQL, which applies
+// it as idem.Change.Apply does. It returns ErrInvalid for an invalid
+// c.State or a time that cannot be stored.
+func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
+	if c.State != "" && !c.State.Valid() {
+		return nil, fmt.Errorf("%w: state %q", ErrInvalid, c.State)
+	}
+	now, err := nanos("Now", c.Now)
+	if err != nil {
+		return nil, err
+	}
+	next, err := nanos("NextAttempt", c.NextAttempt)
+	if err != nil {
+		return nil, err
+	}
+	return []any{op, holder, now, string(c.State), int64(c.Attempts), c.LastStatus, c.LastError, next, c.Note,
+		c.Release, j.updateCommit}, nil
+}
+
 // List returns the records that pass f, oldest Created first (the zero
 // time first), then by Op.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
+	if err := j.settle(ctx, ""); err != nil {
+		return nil, fmt.Errorf("pgjar: list: %w", err)
+	}
 	ctx, cancel, err := j.start(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: list: %w", err)
@@ -431,7 +505,11 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 // Forget deletes op, whatever its state. It returns idem.ErrNotFound for an
 // unknown op.
 func (j *Jar) Forget(ctx context.Context, op string) error {
-	n, err := j.exec(ctx, `DELETE FROM idem_operations WHERE op = $1`, op)
+	err := j.settle(ctx, op)
+	var n int64
+	if err == nil {
+		n, err = j.exec(ctx, `DELETE FROM idem_operations WHERE op = $1`, op)
+	}
 	if err == nil && n == 0 {
 		err = idem.ErrNotFound
 	}
@@ -451,7 +529,11 @@ const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL 
 // another transaction holds locked (a later Prune gets them). On an error it
 // returns how many it deleted before.
 func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if err := j.check(ctx); err != nil {
+	err := j.check(ctx)
+	if err == nil {
+		err = j.settle(ctx, "")
+	}
+	if err != nil {
 		return 0, fmt.Errorf("pgjar: prune: %w", err)
 	}
 	if before.IsZero() {

@@ -122,8 +122,8 @@ func TestSessionSettings(t *testing.T) {
 
 // TestCommitModes logs, from a trigger inside each write's transaction,
 // the synchronous_commit it commits with: a key creation waits for the WAL
-// flush, an Update does not (the idem.Jar contract allows losing it), and
-// a DSN's explicit choice applies to both.
+// flush, an Update or a deferred change does not (the idem.Jar contract
+// allows losing them), and a DSN's explicit choice applies to all.
 func TestCommitModes(t *testing.T) {
 	dsn := pgtest.DB(t)
 	open(t, dsn, nil) // creates the schema
@@ -159,6 +159,12 @@ func TestCommitModes(t *testing.T) {
 		if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
 			t.Fatal(err)
 		}
+		if err := j.Defer(op, "", idem.Change{Now: t0, Attempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Get(t.Context(), op); err != nil { // waits for the deferred change
+			t.Fatal(err)
+		}
 		rows, err := conn.Query(t.Context(), `SELECT verb || ' ' || setting FROM commit_log ORDER BY n`)
 		if err != nil {
 			t.Fatal(err)
@@ -167,7 +173,7 @@ func TestCommitModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"INSERT " + c.begin, "UPDATE " + c.write}
+		want := []string{"INSERT " + c.begin, "UPDATE " + c.write, "UPDATE " + c.write}
 		if !slices.Equal(got, want) {
 			t.Errorf("DSN %q: commits %q; want %q", c.dsn, got, want)
 		}

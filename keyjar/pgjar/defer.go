@@ -1,0 +1,155 @@
+package pgjar
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/idemkit/idem"
+	"github.com/jackc/pgx/v5"
+)
+
+// Bounds of the deferred changes.
+const (
+	// deferBatch is the most changes the applier sends in one round trip.
+	deferBatch = 64
+	// deferQueue is how many changes may wait for the applier before Defer
+	// waits for room: a database that falls behind slows Defer down rather
+	// than letting the queue grow without bound.
+	deferQueue = 1024
+)
+
+// deferred is one change queued by Defer: the arguments of updateSQL.
+type deferred struct {
+	op   string
+	args []any
+}
+
+// Defer implements idem.Deferrer: it queues the change Update(ctx, op,
+// holder, c) would make and returns without waiting for it. The jar's
+// applier sends the queued changes in the order they were deferred, up to
+// 64 in one round trip, each as the fenced UPDATE that Update runs. A
+// change that is fenced off (holder no longer holds the lease), whose op is
+// unknown, or that a database error or timeout loses, is dropped: the record
+// stays as it was. Defer waits only when 1024 changes are already queued.
+//
+// Begin, Get, Acquire, Update and Forget on op, and List and Prune, first
+// wait (within their context) for the changes deferred on the same Jar
+// before they were called, so that they observe them; methods on other
+// operations do not wait. Close applies every change deferred before it.
+//
+// Defer returns ErrInvalid for an invalid c.State or a time that cannot be
+// stored, and ErrClosed after Close.
+func (j *Jar) Defer(op, holder string, c idem.Change) error {
+	args, err := j.changeArgs(op, holder, c)
+	if err == nil {
+		err = j.enqueue(deferred{op: op, args: args})
+	}
+	if err != nil {
+		return fmt.Errorf("pgjar: defer %q: %w", op, err)
+	}
+	return nil
+}
+
+// enqueue hands d to the applier. It is counted, as pending on its op and
+// in deferQueued, before it is queued, so that a method called after Defer
+// returned knows to wait for it.
+func (j *Jar) enqueue(d deferred) error {
+	j.queueMu.RLock()
+	defer j.queueMu.RUnlock()
+	if j.closed.Load() {
+		return ErrClosed
+	}
+	j.pendingMu.Lock()
+	j.pending[d.op]++
+	j.pendingMu.Unlock()
+	j.deferQueued.Add(1)
+	j.queue <- d // the applier runs until Close, which waits for queueMu
+	return nil
+}
+
+// settle waits until the changes deferred before it was called are applied:
+// those on op, or every one when op is "". It returns ctx's error when ctx
+// ends first. With nothing queued it costs two atomic loads.
+func (j *Jar) settle(ctx context.Context, op string) error {
+	target := j.deferQueued.Load()
+	done := j.deferDone.Load()
+	if done >= target {
+		return nil
+	}
+	// Every batch applies at least one change: after target-done batches
+	// deferDone has reached target, and the last pass returns.
+	for range target - done + 1 {
+		j.pendingMu.Lock()
+		wait := j.deferDone.Load() < target && (op == "" || j.pending[op] > 0)
+		progress := j.progress
+		j.pendingMu.Unlock()
+		if !wait {
+			return nil
+		}
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// applyLoop is the applier, the one goroutine that writes deferred changes.
+// It takes what is queued at the moment, up to deferBatch changes, sends it
+// in one round trip, and then counts it applied. It exits when Close has
+// closed the queue and every change in it is applied.
+func (j *Jar) applyLoop() {
+	defer close(j.applied)
+	batch := make([]deferred, 0, deferBatch)
+	for first := range j.queue {
+		batch = append(batch[:0], first)
+	drain:
+		for len(batch) < deferBatch {
+			select {
+			case d, ok := <-j.queue:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, d)
+			default:
+				break drain
+			}
+		}
+		j.apply(batch)
+		j.pendingMu.Lock()
+		for _, d := range batch {
+			if j.pending[d.op]--; j.pending[d.op] == 0 {
+				delete(j.pending, d.op)
+			}
+		}
+		j.deferDone.Add(uint64(len(batch)))
+		close(j.progress)
+		j.progress = make(chan struct{})
+		j.pendingMu.Unlock()
+		clear(batch) // let the arguments go
+	}
+}
+
+// apply sends batch as one pgx.Batch: one round trip and one implicit
+// transaction, committed as Update commits. Its changes are sorted by op
+// (stably: the changes to one op keep their order), so that the appliers of
+// two processes lock rows in the same order and cannot deadlock. Its
+// context is bounded as one statement's is (see Options.QueryTimeout). An
+// error loses the batch, which the Deferrer contract allows: the records
+// stay as they were.
+func (j *Jar) apply(batch []deferred) {
+	if hook := j.beforeApply.Load(); hook != nil {
+		(*hook)(len(batch))
+	}
+	slices.SortStableFunc(batch, func(a, b deferred) int { return strings.Compare(a.op, b.op) })
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(batch))}
+	for _, d := range batch {
+		b.Queue(updateSQL, d.args...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*j.timeout)
+	defer cancel()
+	_ = j.pool.SendBatch(ctx, b).Close() // dropped on error, as documented
+}

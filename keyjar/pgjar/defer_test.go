@@ -1,0 +1,413 @@
+package pgjar_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/keyjar/pgjar"
+)
+
+var _ idem.Deferrer = (*pgjar.Jar)(nil)
+
+// gate holds a jar's applier before each batch: entered receives the
+// batch's size, and the applier sends the batch once release gets a value
+// or is closed.
+type gate struct {
+	entered chan int
+	release chan struct{}
+	once    sync.Once
+}
+
+// holdApplier installs a gate on j's applier. The gate opens for good when the
+// test ends, before the jar is closed.
+func holdApplier(t *testing.T, j *pgjar.Jar) *gate {
+	g := &gate{entered: make(chan int, 1024), release: make(chan struct{})}
+	pgjar.HoldApplier(j, func(n int) {
+		g.entered <- n
+		<-g.release
+	})
+	t.Cleanup(g.open)
+	return g
+}
+
+// open lets every batch through from now on.
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// batches returns the sizes of the batches entered so far.
+func (g *gate) batches() []int {
+	var sizes []int
+	for range cap(g.entered) {
+		select {
+		case n := <-g.entered:
+			sizes = append(sizes, n)
+		default:
+			return sizes
+		}
+	}
+	return sizes
+}
+
+// leased begins op, leased by "h" until a minute after t0.
+func leased(t *testing.T, j *pgjar.Jar, op string) {
+	t.Helper()
+	r := record(op)
+	r.Holder, r.LeaseUntil = "h", t0.Add(time.Minute)
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// done is the outcome the Transport defers: done, and the lease released.
+var done = idem.Change{Now: t0.Add(time.Second), State: idem.StateDone, LastStatus: 201, Release: true}
+
+type result struct {
+	rec idem.Record
+	err error
+}
+
+// TestDeferReadYourWrites holds the applier with a deferred change in hand:
+// a Get must wait for it, so cancelling the Get's context ends it with
+// context.Canceled. A Get that did not wait would have read the record
+// without the change. Once the applier goes on, Get sees the change.
+func TestDeferReadYourWrites(t *testing.T) {
+	dsn := pgtest.DB(t)
+	synctest.Test(t, func(t *testing.T) {
+		j := open(t, dsn, nil)
+		g := holdApplier(t, j)
+		leased(t, j, "op")
+		if err := j.Defer("op", "h", done); err != nil {
+			t.Fatalf("Defer: %v", err)
+		}
+		<-g.entered // the applier holds the change
+		ctx, cancel := context.WithCancel(t.Context())
+		got := make(chan result, 1)
+		go func() {
+			rec, err := j.Get(ctx, "op")
+			got <- result{rec, err}
+		}()
+		synctest.Wait() // Get has returned, or waits for the applier
+		select {
+		case res := <-got:
+			t.Fatalf("Get returned (%s, %v) while the deferred change was held", res.rec.State, res.err)
+		default:
+		}
+		cancel()
+		if res := <-got; !errors.Is(res.err, context.Canceled) {
+			t.Errorf("Get with its context cancelled while waiting = (%s, %v); want context.Canceled", res.rec.State, res.err)
+		}
+		g.open()
+		rec, err := j.Get(t.Context(), "op")
+		if err != nil || rec.State != idem.StateDone || rec.LastStatus != 201 || rec.Holder != "" || !rec.LeaseUntil.IsZero() {
+			t.Errorf("Get after the applier went on = %s, status %d, holder %q, lease %v, %v; want done, 201, free",
+				rec.State, rec.LastStatus, rec.Holder, rec.LeaseUntil, err)
+		}
+	})
+}
+
+// TestDeferEveryMethodWaits: each method on the operation (List and Prune
+// on any) waits for the change deferred before it, then acts on the record
+// as changed: done, the lease released.
+func TestDeferEveryMethodWaits(t *testing.T) {
+	dsn := pgtest.DB(t)
+	for name, call := range map[string]func(ctx context.Context, j *pgjar.Jar) error{
+		"Get": func(ctx context.Context, j *pgjar.Jar) error {
+			rec, err := j.Get(ctx, "op")
+			if err == nil && rec.State != idem.StateDone {
+				err = fmt.Errorf("state %s; want done", rec.State)
+			}
+			return err
+		},
+		"List": func(ctx context.Context, j *pgjar.Jar) error {
+			list, err := j.List(ctx, idem.Filter{State: idem.StateDone})
+			if err == nil && len(list) != 1 {
+				err = fmt.Errorf("%d done records; want 1", len(list))
+			}
+			return err
+		},
+		"Begin": func(ctx context.Context, j *pgjar.Jar) error {
+			rec, created, err := j.Begin(ctx, record("op"))
+			if err == nil && (created || rec.State != idem.StateDone) {
+				err = fmt.Errorf("created %v, state %s; want the done record", created, rec.State)
+			}
+			return err
+		},
+		"Acquire": func(ctx context.Context, j *pgjar.Jar) error {
+			_, err := j.Acquire(ctx, "op", "other", t0.Add(2*time.Second), time.Minute)
+			return err // ErrLeased while h holds it
+		},
+		"Update": func(ctx context.Context, j *pgjar.Jar) error {
+			_, err := j.Update(ctx, "op", "h", idem.Change{Now: t0.Add(2 * time.Second), Attempts: 1})
+			if errors.Is(err, idem.ErrLeaseLost) {
+				return nil // h's lease was released
+			}
+			return fmt.Errorf("Update as h = %v; want ErrLeaseLost", err)
+		},
+		"Forget": func(ctx context.Context, j *pgjar.Jar) error {
+			return j.Forget(ctx, "op")
+		},
+		"Prune": func(ctx context.Context, j *pgjar.Jar) error {
+			n, err := j.Prune(ctx, t0.Add(time.Hour), 0)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("pruned %d; want 1", n)
+			}
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				j := open(t, dsn, nil)
+				// Each case starts from an empty table: List and Prune see every record.
+				if _, err := connect(t, dsn).Exec(t.Context(), `DELETE FROM idem_operations`); err != nil {
+					t.Fatal(err)
+				}
+				g := holdApplier(t, j)
+				leased(t, j, "op")
+				if err := j.Defer("op", "h", done); err != nil {
+					t.Fatal(err)
+				}
+				<-g.entered
+				got := make(chan error, 1)
+				go func() { got <- call(t.Context(), j) }()
+				synctest.Wait()
+				select {
+				case err := <-got:
+					t.Fatalf("%s returned (%v) while the deferred change was held", name, err)
+				default:
+				}
+				g.open()
+				if err := <-got; err != nil {
+					t.Errorf("%s after the deferred change: %v", name, err)
+				}
+			})
+		})
+	}
+}
+
+// TestDeferOtherOpsDoNotWait: a change deferred on one operation holds up
+// no method on another.
+func TestDeferOtherOpsDoNotWait(t *testing.T) {
+	dsn := pgtest.DB(t)
+	synctest.Test(t, func(t *testing.T) {
+		j := open(t, dsn, nil)
+		g := holdApplier(t, j)
+		leased(t, j, "a")
+		if err := j.Defer("a", "h", done); err != nil {
+			t.Fatal(err)
+		}
+		<-g.entered
+		got := make(chan error, 1)
+		go func() {
+			_, _, err := j.Begin(t.Context(), record("b"))
+			if err == nil {
+				_, err = j.Get(t.Context(), "b")
+			}
+			got <- err
+		}()
+		synctest.Wait()
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatal("Begin and Get of b wait for a change deferred on a")
+		}
+	})
+}
+
+// TestDeferFenced: a deferred change is applied only under the holder's
+// lease, and one for an unknown op is dropped; neither is an error.
+func TestDeferFenced(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	leased(t, j, "op")
+	now := t0.Add(time.Second)
+	for _, holder := range []string{"b", "h"} { // b is refused, h applies
+		if err := j.Defer("op", holder, idem.Change{Now: now, Attempts: 1, LastStatus: 409, LastError: "by " + holder}); err != nil {
+			t.Fatalf("Defer as %s: %v", holder, err)
+		}
+	}
+	if err := j.Defer("unknown", "", idem.Change{Now: now, State: idem.StateDone}); err != nil {
+		t.Fatalf("Defer of an unknown op: %v", err)
+	}
+	got, err := j.Get(t.Context(), "op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Attempts != 1 || got.LastError != "by h" || got.Holder != "h" {
+		t.Errorf("attempts %d, error %q, holder %q; want 1, by h, h (only h's change applied)",
+			got.Attempts, got.LastError, got.Holder)
+	}
+	if _, err := j.Get(t.Context(), "unknown"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get(unknown) = %v; want ErrNotFound", err)
+	}
+}
+
+// TestDeferOrder: changes are applied in the order they were deferred, in
+// batches of at most 64: while the applier holds the first, the next are
+// queued, and go out together.
+func TestDeferOrder(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	g := holdApplier(t, j)
+	for _, op := range []string{"a", "op", "z"} {
+		leased(t, j, op)
+	}
+	defer1 := func(op string, c idem.Change) {
+		t.Helper()
+		if err := j.Defer(op, "", c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer1("z", idem.Change{Now: t0})
+	if n := <-g.entered; n != 1 {
+		t.Fatalf("first batch of %d; want 1", n)
+	}
+	// One batch: the changes to op keep their order around one to a.
+	defer1("op", idem.Change{Now: t0.Add(1), Attempts: 1, LastStatus: 503, Note: "first"})
+	defer1("a", idem.Change{Now: t0.Add(2), LastStatus: 1})
+	defer1("op", idem.Change{Now: t0.Add(3), Attempts: 1, LastStatus: 201, State: idem.StateDone})
+	// Two batches: 100 changes to z.
+	for i := range 100 {
+		defer1("z", idem.Change{Now: t0.Add(time.Duration(4 + i)), Attempts: 1, LastStatus: i})
+	}
+	g.open()
+	rec, err := j.Get(t.Context(), "op")
+	if err != nil || rec.Attempts != 2 || rec.LastStatus != 201 || rec.State != idem.StateDone || rec.Note != "first" {
+		t.Errorf("op: %d attempts, status %d, %s, note %q, %v; want 2, 201, done, first",
+			rec.Attempts, rec.LastStatus, rec.State, rec.Note, err)
+	}
+	rec, err = j.Get(t.Context(), "z")
+	if err != nil || rec.Attempts != 100 || rec.LastStatus != 99 || !rec.Updated.Equal(t0.Add(103)) {
+		t.Errorf("z: %d attempts, status %d, updated %v, %v; want 100, 99, t0+103ns",
+			rec.Attempts, rec.LastStatus, rec.Updated, err)
+	}
+	if sizes, want := g.batches(), []int{64, 39}; !slices.Equal(sizes, want) {
+		t.Errorf("batches after the first: %v; want %v", sizes, want)
+	}
+}
+
+// TestDeferInvalidAndClose: an invalid change is refused at once; Close
+// waits until the applier has applied what was queued, and Defer after
+// Close fails.
+func TestDeferInvalidAndClose(t *testing.T) {
+	dsn := pgtest.DB(t)
+	synctest.Test(t, func(t *testing.T) {
+		j, err := pgjar.Open(t.Context(), dsn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := holdApplier(t, j)
+		leased(t, j, "op")
+		if err := j.Defer("op", "h", idem.Change{Now: t0, State: "sent"}); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Defer(state sent) = %v; want ErrInvalid", err)
+		}
+		if err := j.Defer("op", "h", idem.Change{Now: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Defer(year 2300) = %v; want ErrInvalid", err)
+		}
+		if err := j.Defer("op", "h", idem.Change{Now: t0.Add(time.Second), Attempts: 1, LastStatus: 503}); err != nil {
+			t.Fatal(err)
+		}
+		<-g.entered
+		if err := j.Defer("op", "h", done); err != nil {
+			t.Fatal(err)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- j.Close() }()
+		synctest.Wait()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) before the queued changes were applied", err)
+		default:
+		}
+		g.open()
+		if err := <-closed; err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if err := j.Defer("op", "", done); !errors.Is(err, pgjar.ErrClosed) {
+			t.Errorf("Defer after Close = %v; want ErrClosed", err)
+		}
+		if err := j.Close(); !errors.Is(err, pgjar.ErrClosed) {
+			t.Errorf("second Close = %v; want ErrClosed", err)
+		}
+		rec, err := open(t, dsn, nil).Get(t.Context(), "op")
+		if err != nil || rec.State != idem.StateDone || rec.Attempts != 1 || rec.Holder != "" {
+			t.Errorf("after Close and Open: %s, %d attempts, holder %q, %v; want done, 1, free",
+				rec.State, rec.Attempts, rec.Holder, err)
+		}
+	})
+}
+
+// TestTransportDefersOutcome: a call through idem.Transport on a pgjar ends
+// with the record done and its lease released, the outcome sent by the
+// applier.
+func TestTransportDefersOutcome(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	j := open(t, pgtest.DB(t), nil)
+	g := holdApplier(t, j)
+	g.open() // count the batches only
+	client := &http.Client{Transport: &idem.Transport{Jar: j}}
+	req, err := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge:1"), http.MethodPost,
+		srv.URL, http.NoBody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("status %d; want 201", resp.StatusCode)
+	}
+	rec, err := j.Get(t.Context(), "charge:1")
+	if err != nil || rec.State != idem.StateDone || rec.LastStatus != 201 || rec.Attempts != 1 || rec.Holder != "" {
+		t.Errorf("record: %s, status %d, %d attempts, holder %q, %v; want done, 201, 1, free",
+			rec.State, rec.LastStatus, rec.Attempts, rec.Holder, err)
+	}
+	if len(g.batches()) == 0 {
+		t.Error("the applier sent nothing: the Transport waited for its outcome")
+	}
+}
+
+// BenchmarkOutcome: one operation after another, Begin then its outcome,
+// written with Update or deferred.
+func BenchmarkOutcome(b *testing.B) {
+	for _, mode := range []string{"Update", "Defer"} {
+		b.Run(mode, func(b *testing.B) {
+			j, err := pgjar.Open(b.Context(), pgtest.DB(b), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer j.Close()
+			i := 0
+			for b.Loop() {
+				r := record(fmt.Sprint("op-", i))
+				i++
+				r.Holder, r.LeaseUntil = "h", t0.Add(time.Minute)
+				if _, _, err := j.Begin(b.Context(), r); err != nil {
+					b.Fatal(err)
+				}
+				if mode == "Update" {
+					_, err = j.Update(b.Context(), r.Op, "h", done)
+				} else {
+					err = j.Defer(r.Op, "h", done)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
