@@ -121,7 +121,8 @@ type Jar interface {
 // A Deferrer is a Jar that can also take a Change without the caller waiting
 // for it to be written. The Transport uses it for the changes it makes after
 // an attempt, whose result it does not read (done, failed, the lease's
-// release); they then cost a call nothing. *keyjar.Jar implements it.
+// release); they then cost a call nothing. *keyjar.Jar, *pgjar.Jar and
+// MemoryJar implement it.
 //
 // Defer makes the change that Update(ctx, op, holder, c) would make, later:
 //
