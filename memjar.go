@@ -35,20 +35,23 @@ func Prunable(s State) bool {
 //
 // A MemoryJar keeps every operation until Forget or Prune deletes it, in a
 // form the garbage collector does not walk: a map without pointers, from a
-// hash of the operation's name to its changeable fields, and the fields
-// Begin sets once encoded in large byte slices. A map of Records would make
-// each collection mark about five objects per operation kept; the strings
-// that change (LastError, Note, Holder) are kept apart, for the operations
-// that have any, which are mostly those being sent.
+// hash of the operation's name to a slot in arrays of the changeable
+// fields, and the fields Begin sets once encoded in large byte slices. A map
+// of Records would make each collection mark about five objects per
+// operation kept. The strings that change (LastError, Note, Holder) are
+// kept apart, for the operations that have any, which are mostly those
+// being sent.
 type MemoryJar struct {
 	mu     sync.Mutex
 	seed   maphash.Seed
 	hash   func(op string) uint64 // nil: maphash with seed; tests set it to force collisions
-	index  map[uint64]memRecord   // the hash of an op → its record
-	spill  map[string]memRecord   // ops whose hash another op holds in index: rare
-	extra  map[string]memStrings  // the changeable strings of the records that have any
+	index  map[uint64]uint32      // the hash of an op → its slot
+	spill  map[string]uint32      // ops whose hash another op holds in index: rare
+	slots  [][]memRecord          // the records, in blocks of blockSize
+	used   uint32                 // slots ever used: the others are past it in the last block
+	free   []uint32               // slots of deleted records, to use again
+	extra  map[uint32]memStrings  // the changeable strings of the slots that have any
 	chunks [][]byte               // the records' fixed fields; bytes once written never change
-	buf    []byte                 // where a record is encoded before it is placed in chunks
 	live   int                    // bytes in chunks that belong to a record
 	dead   int                    // bytes in chunks that belong to no record
 }
@@ -60,11 +63,12 @@ var (
 
 // memRecord is a record as a MemoryJar keeps it, without a pointer: the
 // fields Begin sets once are encoded at head; the changeable ones are here,
-// but for their strings, which are in MemoryJar.extra when any is not "".
+// but for their strings, which are in MemoryJar.extra when any is not "". A
+// free slot has a zero head.
 type memRecord struct {
 	head                 place
 	state                uint8 // its index in states; custom: the State is in extra
-	strings              bool  // the record has an entry in MemoryJar.extra
+	strings              bool  // the slot has an entry in MemoryJar.extra
 	attempts, lastStatus int
 	updated, next, lease stamp
 }
@@ -96,18 +100,22 @@ var states = [...]State{StatePending, StateDone, StateFailed, StateReconcile, St
 
 const custom = uint8(len(states))
 
-// chunkSize is the size of each slice of MemoryJar.chunks; a record
-// longer than it gets one of its own.
-const chunkSize = 256 << 10
+const (
+	// chunkSize is the size of each slice of MemoryJar.chunks; a record
+	// longer than it gets one of its own.
+	chunkSize = 256 << 10
+	// blockSize is the number of slots in each slice of MemoryJar.slots.
+	blockSize = 1024
+)
 
 // init readies the zero value. It is called with j.mu held, as are the
 // methods below, up to Begin.
 func (j *MemoryJar) init() {
 	if j.index == nil {
 		j.seed = maphash.MakeSeed()
-		j.index = make(map[uint64]memRecord)
-		j.spill = make(map[string]memRecord)
-		j.extra = make(map[string]memStrings)
+		j.index = make(map[uint64]uint32)
+		j.spill = make(map[string]uint32)
+		j.extra = make(map[uint32]memStrings)
 	}
 }
 
@@ -118,67 +126,97 @@ func (j *MemoryJar) sum(op string) uint64 {
 	return maphash.String(j.seed, op)
 }
 
-// find returns op's record, and whether it is in index (or in spill).
-func (j *MemoryJar) find(op string) (m memRecord, inIndex, ok bool) {
-	if m, ok := j.index[j.sum(op)]; ok && j.opAt(m.head) == op {
-		return m, true, true
+func (j *MemoryJar) slot(i uint32) *memRecord { return &j.slots[i/blockSize][i%blockSize] }
+
+// find returns the slot of op's record.
+func (j *MemoryJar) find(op string) (i uint32, m *memRecord, ok bool) {
+	if i, ok := j.index[j.sum(op)]; ok {
+		if m := j.slot(i); j.opAt(m.head) == op {
+			return i, m, true
+		}
 	}
-	m, ok = j.spill[op]
-	return m, false, ok
+	if i, ok = j.spill[op]; ok {
+		return i, j.slot(i), true
+	}
+	return 0, nil, false
 }
 
-// insert adds op's record, which it does not have.
-func (j *MemoryJar) insert(op string, m memRecord) {
+// insert adds a record for op, which has none, at head, and returns its
+// slot. Recently freed slots are used first: they are the likeliest to be
+// in the processor's cache.
+func (j *MemoryJar) insert(op string, head place) (uint32, *memRecord) {
+	var i uint32
+	if n := len(j.free); n > 0 {
+		i, j.free = j.free[n-1], j.free[:n-1]
+	} else {
+		if j.used%blockSize == 0 {
+			j.slots = append(j.slots, make([]memRecord, blockSize))
+		}
+		i = j.used
+		j.used++
+	}
 	h := j.sum(op)
 	if _, taken := j.index[h]; taken {
-		j.spill[op] = m
+		j.spill[op] = i
 	} else {
-		j.index[h] = m
+		j.index[h] = i
 	}
+	m := j.slot(i)
+	*m = memRecord{head: head}
+	return i, m
 }
 
-// remove deletes op's record m.
-func (j *MemoryJar) remove(op string, m memRecord, inIndex bool) {
-	if inIndex {
-		delete(j.index, j.sum(op))
+// remove deletes op's record, at slot i.
+func (j *MemoryJar) remove(op string, i uint32) {
+	if h := j.sum(op); j.holds(h, i) {
+		delete(j.index, h)
 	} else {
 		delete(j.spill, op)
 	}
+	m := j.slot(i)
 	if m.strings {
-		delete(j.extra, op)
+		delete(j.extra, i)
 	}
 	j.live -= m.head.n
 	j.dead += m.head.n
+	*m = memRecord{}
+	j.free = append(j.free, i)
 }
 
-// setTail sets the changeable fields of op's record m from r, and returns m.
-func (j *MemoryJar) setTail(op string, m memRecord, r *Record) memRecord {
+func (j *MemoryJar) holds(h uint64, i uint32) bool {
+	k, ok := j.index[h]
+	return ok && k == i
+}
+
+// setTail sets the changeable fields of the record at slot i from r.
+func (j *MemoryJar) setTail(i uint32, m *memRecord, r *Record) {
 	m.state = custom
-	for i, s := range states {
+	for k, s := range states {
 		if r.State == s {
-			m.state = uint8(i)
+			m.state = uint8(k)
 		}
 	}
 	m.attempts, m.lastStatus = r.Attempts, r.LastStatus
 	m.updated, m.next, m.lease = stampOf(r.Updated), stampOf(r.NextAttempt), stampOf(r.LeaseUntil)
+	had := m.strings
 	m.strings = m.state == custom || r.LastError != "" || r.Note != "" || r.Holder != ""
-	if m.strings {
+	switch {
+	case m.strings:
 		x := memStrings{lastError: r.LastError, note: r.Note, holder: r.Holder}
 		if m.state == custom {
 			x.state = r.State
 		}
-		j.extra[op] = x
-	} else {
-		delete(j.extra, op)
+		j.extra[i] = x
+	case had:
+		delete(j.extra, i)
 	}
-	return m
 }
 
-// tail sets r's changeable fields from op's record m.
-func (j *MemoryJar) tail(op string, m memRecord, r *Record) {
+// tail sets r's changeable fields from the record at slot i.
+func (j *MemoryJar) tail(i uint32, m *memRecord, r *Record) {
 	var x memStrings
 	if m.strings {
-		x = j.extra[op]
+		x = j.extra[i]
 	}
 	if m.state < custom {
 		r.State = states[m.state]
@@ -190,12 +228,12 @@ func (j *MemoryJar) tail(op string, m memRecord, r *Record) {
 	r.LastError, r.Note, r.Holder = x.lastError, x.note, x.holder
 }
 
-// record returns op's record m, as a copy that its caller owns.
-func (j *MemoryJar) record(op string, m memRecord) Record {
+// record returns the record at slot i, as a copy that its caller owns.
+func (j *MemoryJar) record(i uint32, m *memRecord) Record {
 	var r Record
 	d := decoder{b: j.bytes(m.head)}
 	d.head(&r)
-	j.tail(op, m, &r)
+	j.tail(i, m, &r)
 	return r
 }
 
@@ -209,23 +247,18 @@ func (j *MemoryJar) opAt(p place) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// place encodes the fields of r that Begin sets once into chunks. It
-// reports whether it dropped a header that SecretHeader names.
-func (j *MemoryJar) place(r *Record) (p place, dropped bool) {
-	j.buf, dropped = encodeHead(j.buf[:0], r)
-	n := len(j.buf)
+// place copies b, a record's fields that Begin sets once, into chunks.
+func (j *MemoryJar) place(b []byte) place {
+	n := len(b)
 	last := len(j.chunks) - 1
 	if last < 0 || cap(j.chunks[last])-len(j.chunks[last]) < n {
 		j.chunks = append(j.chunks, make([]byte, 0, max(chunkSize, n)))
 		last++
 	}
-	p = place{chunk: last, off: len(j.chunks[last]), n: n}
-	j.chunks[last] = append(j.chunks[last], j.buf...)
-	if cap(j.buf) > chunkSize {
-		j.buf = nil // a large body's buffer is not kept
-	}
+	p := place{chunk: last, off: len(j.chunks[last]), n: n}
+	j.chunks[last] = append(j.chunks[last], b...)
 	j.live += n
-	return p, dropped
+	return p
 }
 
 // compact copies the records into new chunks once most of the bytes of
@@ -238,38 +271,32 @@ func (j *MemoryJar) compact() {
 	}
 	old := j.chunks
 	j.chunks, j.live, j.dead = nil, 0, 0
-	move := func(m memRecord) memRecord {
-		b := old[m.head.chunk][m.head.off : m.head.off+m.head.n]
-		last := len(j.chunks) - 1
-		if last < 0 || cap(j.chunks[last])-len(j.chunks[last]) < len(b) {
-			j.chunks = append(j.chunks, make([]byte, 0, max(chunkSize, len(b))))
-			last++
+	for b := range j.slots {
+		for k := range j.slots[b] {
+			if m := &j.slots[b][k]; m.head.n > 0 {
+				m.head = j.place(old[m.head.chunk][m.head.off : m.head.off+m.head.n])
+			}
 		}
-		m.head = place{chunk: last, off: len(j.chunks[last]), n: len(b)}
-		j.chunks[last] = append(j.chunks[last], b...)
-		j.live += len(b)
-		return m
-	}
-	for h, m := range j.index {
-		j.index[h] = move(m)
-	}
-	for op, m := range j.spill {
-		j.spill[op] = move(m)
 	}
 }
 
-// each calls fn with the name and record of each operation, until fn
+// each calls fn with the name, slot and record of each operation, until fn
 // returns false. The name shares the memory of chunks. fn may remove the
 // record it is given.
-func (j *MemoryJar) each(fn func(op string, m memRecord, inIndex bool) bool) {
-	for _, m := range j.index {
-		if !fn(j.opAt(m.head), m, true) {
-			return
-		}
-	}
-	for op, m := range j.spill {
-		if !fn(op, m, false) {
-			return
+func (j *MemoryJar) each(fn func(op string, i uint32, m *memRecord) bool) {
+	for b, block := range j.slots {
+		for k := range block {
+			i := uint32(b*blockSize + k)
+			if i >= j.used {
+				return
+			}
+			m := &block[k]
+			if m.head.n == 0 {
+				continue // free
+			}
+			if !fn(j.opAt(m.head), i, m) {
+				return
+			}
 		}
 	}
 }
@@ -366,17 +393,20 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
+	// Encoded before the lock is taken, to hold it for less time.
+	var buf [512]byte
+	b, dropped := encodeHead(buf[:0], &r)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.init()
-	if m, inIndex, ok := j.find(r.Op); ok {
+	if i, m, ok := j.find(r.Op); ok {
 		if m.state >= custom || states[m.state] != StateAbandoned {
-			return j.record(r.Op, m), false, nil
+			return j.record(i, m), false, nil
 		}
-		j.remove(r.Op, m, inIndex)
+		j.remove(r.Op, i)
 	}
-	head, dropped := j.place(&r)
-	j.insert(r.Op, j.setTail(r.Op, memRecord{head: head}, &r))
+	i, m := j.insert(r.Op, j.place(b))
+	j.setTail(i, m, &r)
 	j.compact()
 	if dropped {
 		r.Header = PublicHeader(r.Header) // the record as kept
@@ -391,11 +421,11 @@ func (j *MemoryJar) Get(ctx context.Context, op string) (Record, error) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	m, _, ok := j.find(op)
+	i, m, ok := j.find(op)
 	if !ok {
 		return Record{}, ErrNotFound
 	}
-	return j.record(op, m), nil
+	return j.record(i, m), nil
 }
 
 // Acquire implements Jar.
@@ -405,29 +435,18 @@ func (j *MemoryJar) Acquire(ctx context.Context, op, holder string, now time.Tim
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	m, inIndex, ok := j.find(op)
+	i, m, ok := j.find(op)
 	if !ok {
 		return Record{}, ErrNotFound
 	}
 	var r Record
-	j.tail(op, m, &r)
+	j.tail(i, m, &r)
 	if !r.CanLease(holder, now) {
-		return j.record(op, m), ErrLeased
+		return j.record(i, m), ErrLeased
 	}
 	r.Holder, r.LeaseUntil = holder, now.Add(ttl)
-	m = j.save(op, m, inIndex, &r)
-	return j.record(op, m), nil
-}
-
-// save replaces the changeable fields of op's record m with r's.
-func (j *MemoryJar) save(op string, m memRecord, inIndex bool, r *Record) memRecord {
-	m = j.setTail(op, m, r)
-	if inIndex {
-		j.index[j.sum(op)] = m
-	} else {
-		j.spill[op] = m
-	}
-	return m
+	j.setTail(i, m, &r)
+	return j.record(i, m), nil
 }
 
 // Update implements Jar.
@@ -437,11 +456,12 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	m, err := j.update(op, holder, c)
-	if err == ErrNotFound {
-		return Record{}, err
+	i, m, ok := j.find(op)
+	if !ok {
+		return Record{}, ErrNotFound
 	}
-	return j.record(op, m), err
+	err := j.update(i, m, holder, c)
+	return j.record(i, m), err
 }
 
 // Defer implements Deferrer: it applies c at once, as Update does, and
@@ -449,23 +469,22 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 func (j *MemoryJar) Defer(op, holder string, c Change) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	_, _ = j.update(op, holder, c)
+	if i, m, ok := j.find(op); ok {
+		_ = j.update(i, m, holder, c)
+	}
 	return nil
 }
 
-// update applies c to op, fenced by holder, and returns op's record.
-func (j *MemoryJar) update(op, holder string, c Change) (memRecord, error) {
-	m, inIndex, ok := j.find(op)
-	if !ok {
-		return m, ErrNotFound
-	}
+// update applies c to the record at slot i, fenced by holder.
+func (j *MemoryJar) update(i uint32, m *memRecord, holder string, c Change) error {
 	var r Record
-	j.tail(op, m, &r)
+	j.tail(i, m, &r)
 	if holder != "" && r.Holder != holder {
-		return m, ErrLeaseLost
+		return ErrLeaseLost
 	}
 	c.Apply(&r)
-	return j.save(op, m, inIndex, &r), nil
+	j.setTail(i, m, &r)
+	return nil
 }
 
 // List returns the records that pass f, oldest Created first.
@@ -475,11 +494,11 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 	}
 	j.mu.Lock()
 	var out []Record
-	j.each(func(op string, m memRecord, _ bool) bool {
+	j.each(func(_ string, i uint32, m *memRecord) bool {
 		var r Record
-		j.tail(op, m, &r)
+		j.tail(i, m, &r)
 		if f.Match(r) {
-			out = append(out, j.record(op, m))
+			out = append(out, j.record(i, m))
 		}
 		return true
 	})
@@ -504,11 +523,11 @@ func (j *MemoryJar) Forget(ctx context.Context, op string) error {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	m, inIndex, ok := j.find(op)
+	i, _, ok := j.find(op)
 	if !ok {
 		return ErrNotFound
 	}
-	j.remove(op, m, inIndex)
+	j.remove(op, i)
 	j.compact()
 	return nil
 }
@@ -523,14 +542,14 @@ func (j *MemoryJar) Prune(ctx context.Context, before time.Time, limit int) (int
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := 0
-	j.each(func(op string, m memRecord, inIndex bool) bool {
+	j.each(func(op string, i uint32, m *memRecord) bool {
 		if limit > 0 && n >= limit {
 			return false
 		}
 		var r Record
-		j.tail(op, m, &r)
+		j.tail(i, m, &r)
 		if Prunable(r.State) && r.Updated.Before(before) {
-			j.remove(op, m, inIndex)
+			j.remove(op, i)
 			n++
 		}
 		return true

@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -31,6 +32,51 @@ func TestMemoryJarCollisions(t *testing.T) {
 				return j
 			})
 		})
+	}
+}
+
+// TestMemoryJarSlotReuse: an operation kept in the collision map, in the
+// slot of a deleted one, is deleted from there too, and its slot used again.
+func TestMemoryJarSlotReuse(t *testing.T) {
+	ctx := context.Background()
+	j := new(idem.MemoryJar)
+	idem.SetMemoryJarHash(j, func(op string) uint64 { return uint64(len(op)) })
+	rec := func(op string) idem.Record {
+		r := memRecord(0)
+		r.Op, r.Key = op, "key-"+op
+		return r
+	}
+	begin := func(op string) {
+		if _, created, err := j.Begin(ctx, rec(op)); err != nil || !created {
+			t.Fatalf("Begin(%q): created %v, %v", op, created, err)
+		}
+	}
+	forget := func(op string) {
+		if err := j.Forget(ctx, op); err != nil {
+			t.Fatalf("Forget(%q): %v", op, err)
+		}
+	}
+	begin("a")  // first slot, by its hash
+	begin("bb") // second slot, by its hash
+	forget("a")
+	begin("cc") // the first slot again, in the collision map: "bb" has its hash
+	forget("bb")
+	forget("cc")
+	if _, err := j.Get(ctx, "cc"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get(cc) after Forget: %v; want ErrNotFound", err)
+	}
+	begin("d")
+	begin("ee")
+	for _, op := range []string{"d", "ee"} {
+		if r, err := j.Get(ctx, op); err != nil || r.Op != op || r.Key != "key-"+op {
+			t.Errorf("Get(%q) = %q, %q, %v", op, r.Op, r.Key, err)
+		}
+	}
+	if _, err := j.Get(ctx, "cc"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get(cc) once its slot is used again: %v; want ErrNotFound", err)
+	}
+	if rs, _ := j.List(ctx, idem.Filter{}); len(rs) != 2 {
+		t.Errorf("List: %d records; want 2", len(rs))
 	}
 }
 
