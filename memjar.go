@@ -108,9 +108,10 @@ const (
 	blockSize = 1024
 )
 
-// init readies the zero value. It is called with j.mu held, as are the
-// methods below, up to Begin.
-func (j *MemoryJar) init() {
+// lock takes j.mu and readies the zero value. The methods below, up to
+// Begin, are called with j.mu held.
+func (j *MemoryJar) lock() {
+	j.mu.Lock()
 	if j.index == nil {
 		j.seed = maphash.MakeSeed()
 		j.index = make(map[uint64]uint32)
@@ -396,9 +397,8 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	// Encoded before the lock is taken, to hold it for less time.
 	var buf [512]byte
 	b, dropped := encodeHead(buf[:0], &r)
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
-	j.init()
 	if i, m, ok := j.find(r.Op); ok {
 		if m.state >= custom || states[m.state] != StateAbandoned {
 			return j.record(i, m), false, nil
@@ -419,7 +419,7 @@ func (j *MemoryJar) Get(ctx context.Context, op string) (Record, error) {
 	if err := ctx.Err(); err != nil {
 		return Record{}, err
 	}
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
 	i, m, ok := j.find(op)
 	if !ok {
@@ -433,7 +433,7 @@ func (j *MemoryJar) Acquire(ctx context.Context, op, holder string, now time.Tim
 	if err := ctx.Err(); err != nil {
 		return Record{}, err
 	}
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
 	i, m, ok := j.find(op)
 	if !ok {
@@ -454,7 +454,7 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 	if err := ctx.Err(); err != nil {
 		return Record{}, err
 	}
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
 	i, m, ok := j.find(op)
 	if !ok {
@@ -467,7 +467,7 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 // Defer implements Deferrer: it applies c at once, as Update does, and
 // returns nil. A change that Update would refuse is dropped.
 func (j *MemoryJar) Defer(op, holder string, c Change) error {
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
 	if i, m, ok := j.find(op); ok {
 		_ = j.update(i, m, holder, c)
@@ -492,7 +492,7 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	j.mu.Lock()
+	j.lock()
 	var out []Record
 	j.each(func(_ string, i uint32, m *memRecord) bool {
 		var r Record
@@ -521,7 +521,7 @@ func (j *MemoryJar) Forget(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
 	i, _, ok := j.find(op)
 	if !ok {
@@ -539,7 +539,7 @@ func (j *MemoryJar) Prune(ctx context.Context, before time.Time, limit int) (int
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	j.mu.Lock()
+	j.lock()
 	defer j.mu.Unlock()
 	n := 0
 	j.each(func(op string, i uint32, m *memRecord) bool {

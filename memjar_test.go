@@ -35,6 +35,33 @@ func TestMemoryJarCollisions(t *testing.T) {
 	}
 }
 
+// TestMemoryJarZeroValue: a new MemoryJar answers every method before its
+// first Begin.
+func TestMemoryJarZeroValue(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	for name, call := range map[string]func(j *idem.MemoryJar) error{
+		"Get":     func(j *idem.MemoryJar) error { _, err := j.Get(ctx, "op"); return err },
+		"Acquire": func(j *idem.MemoryJar) error { _, err := j.Acquire(ctx, "op", "h", now, time.Minute); return err },
+		"Update":  func(j *idem.MemoryJar) error { _, err := j.Update(ctx, "op", "", idem.Change{Now: now}); return err },
+		"Forget":  func(j *idem.MemoryJar) error { return j.Forget(ctx, "op") },
+	} {
+		if err := call(new(idem.MemoryJar)); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("%s on a new jar: %v; want ErrNotFound", name, err)
+		}
+	}
+	j := new(idem.MemoryJar)
+	if err := j.Defer("op", "", idem.Change{Now: now}); err != nil {
+		t.Errorf("Defer on a new jar: %v", err)
+	}
+	if rs, err := j.List(ctx, idem.Filter{}); err != nil || len(rs) != 0 {
+		t.Errorf("List on a new jar: %d, %v", len(rs), err)
+	}
+	if n, err := j.Prune(ctx, now, 0); err != nil || n != 0 {
+		t.Errorf("Prune on a new jar: %d, %v", n, err)
+	}
+}
+
 // TestMemoryJarSlotReuse: an operation kept in the collision map, in the
 // slot of a deleted one, is deleted from there too, and its slot used again.
 func TestMemoryJarSlotReuse(t *testing.T) {
