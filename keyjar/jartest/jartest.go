@@ -74,6 +74,7 @@ var cases = []struct {
 	{"Times", testTimes},
 	{"NoAliasing", testNoAliasing},
 	{"CancelledContext", testCancelledContext},
+	{"Sequences", testSequences},
 }
 
 // t0 has nanoseconds, so a jar that rounds times fails.
