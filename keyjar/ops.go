@@ -41,13 +41,16 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		created bool
 	)
 	err = j.write(ctx, true, func(ctx context.Context, tx *sql.Tx) (err error) {
-		var one int
-		err = tx.StmtContext(ctx, j.stmts.begin).QueryRowContext(ctx,
+		res, err := tx.StmtContext(ctx, j.stmts.begin).ExecContext(ctx,
 			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, w.header, r.Body, r.BodySize,
 			w.created, w.updated, r.Attempts, r.LastStatus, r.LastError, w.next, r.Note, r.Holder, w.leaseUntil,
-			string(idem.StateAbandoned)).Scan(&one)
-		created = err == nil
-		if err == sql.ErrNoRows { // an existing record, left as it is
+			string(idem.StateAbandoned))
+		var n int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		created = err == nil && n == 1
+		if err == nil && n == 0 { // an existing record, left as it is
 			rec, err = getRecord(tx.StmtContext(ctx, j.stmts.get).QueryRowContext(ctx, r.Op))
 		}
 		return err

@@ -220,8 +220,8 @@ func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 		query string
 	}{
 		// One statement claims the name: a new row, or the replacement of an
-		// abandoned one, returned; any other existing row is left as it is
-		// and nothing is returned.
+		// abandoned one, changes one row; any other existing row is left as
+		// it is and none changes.
 		{&s.begin, `
 			INSERT INTO operations (op, key, fingerprint, state, method, url, header, body, body_size,
 				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
@@ -233,8 +233,7 @@ func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 				last_status = excluded.last_status, last_error = excluded.last_error,
 				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
 				lease_until = excluded.lease_until
-			WHERE operations.state = ?
-			RETURNING 1`},
+			WHERE operations.state = ?`},
 		{&s.get, "SELECT " + columns + " FROM operations WHERE op = ?"},
 		{&s.save, `
 			UPDATE operations SET state = ?, updated = ?, attempts = ?, last_status = ?, last_error = ?,
