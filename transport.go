@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -274,7 +275,11 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 		}
 		if rest == nil {
 			rb.size = int64(len(buf))
-			h.Write(canonical(req.Header.Get("Content-Type"), buf))
+			cb := canonBuffers.Get().(*canon.Buffer)
+			h.Write(canonical(cb, req.Header.Get("Content-Type"), buf))
+			if cb.Cap() <= maxPooledCanon {
+				canonBuffers.Put(cb)
+			}
 			if rb.size <= t.maxStoredBody() {
 				rb.saved = slices.Clip(buf)
 			}
@@ -339,17 +344,24 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 	return buf, nil, nil
 }
 
-// canonical returns the canonical form of a body: canonical JSON when the
-// Content-Type is JSON (or absent) and the body parses, the bytes
-// otherwise.
-func canonical(ctype string, b []byte) []byte {
+// canonical returns the canonical form of a body, made in cb: canonical
+// JSON when the Content-Type is JSON (or absent) and the body parses, the
+// bytes otherwise.
+func canonical(cb *canon.Buffer, ctype string, b []byte) []byte {
 	if ctype == "" {
-		if c, err := canon.JSON(b); err == nil {
+		if c, err := cb.JSON(b); err == nil {
 			return c
 		}
 	}
-	return canon.Body(ctype, b)
+	return cb.Body(ctype, b)
 }
+
+// canonBuffers keep the space of canonical forms from one call to the
+// next: a canonical form is only hashed, never kept. A buffer that grew
+// beyond maxPooledCanon for a large body is left to the collector.
+var canonBuffers = sync.Pool{New: func() any { return new(canon.Buffer) }}
+
+const maxPooledCanon = 64 << 10
 
 // newKey returns a fresh UUID v4 drawn from crypto/rand. It fails closed
 // when the system's random source does.

@@ -39,11 +39,38 @@ func IsJSON(contentType string) bool {
 // produces the same bytes; every other document, and every error, comes
 // from encoding/json itself.
 func JSON(b []byte) ([]byte, error) {
-	if c, ok := fastJSON(b); ok {
+	return new(Buffer).JSON(b)
+}
+
+// A Buffer is the space JSON and Body work in. One that is used again makes
+// canonical forms without allocating: what its methods return stays valid
+// only until its next call. The zero value is ready to use; a Buffer must
+// not be used by two goroutines at once.
+type Buffer struct {
+	space   []byte   // the output, then scratch space for reordering
+	members []member // the members of the objects being read
+}
+
+// JSON is the package's JSON, made in b.
+func (b *Buffer) JSON(in []byte) ([]byte, error) {
+	if c, ok := b.fastJSON(in); ok {
 		return c, nil
 	}
-	return jsonSlow(b)
+	return jsonSlow(in)
 }
+
+// Body is the package's Body, made in b.
+func (b *Buffer) Body(contentType string, in []byte) []byte {
+	if IsJSON(contentType) {
+		if c, err := b.JSON(in); err == nil {
+			return c
+		}
+	}
+	return in
+}
+
+// Cap returns how many bytes of space b holds on to.
+func (b *Buffer) Cap() int { return cap(b.space) }
 
 // jsonSlow is JSON computed by encoding/json: the definition of the
 // canonical form, which fastJSON must reproduce byte for byte.
@@ -70,10 +97,5 @@ func jsonSlow(b []byte) ([]byte, error) {
 // canonical JSON when the type names JSON and the body parses, the bytes as
 // they are otherwise.
 func Body(contentType string, b []byte) []byte {
-	if IsJSON(contentType) {
-		if c, err := JSON(b); err == nil {
-			return c
-		}
-	}
-	return b
+	return new(Buffer).Body(contentType, b)
 }

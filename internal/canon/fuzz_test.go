@@ -83,11 +83,16 @@ func FuzzJSONFast(f *testing.F) {
 		}
 	}
 	f.Add([]byte("[" + strings.Repeat(`{"b":[`, 40) + strings.Repeat("]}", 40) + "]"))
+	var reused Buffer // carries the space of every earlier input into the next
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := JSON(b)
 		want, wantErr := jsonSlow(b)
 		if !bytes.Equal(got, want) || (err == nil) != (wantErr == nil) {
 			t.Fatalf("JSON(%q) = %q, %v; jsonSlow = %q, %v", b, got, err, want, wantErr)
+		}
+		got, err = reused.JSON(b)
+		if !bytes.Equal(got, want) || (err == nil) != (wantErr == nil) {
+			t.Fatalf("Buffer.JSON(%q) = %q, %v; jsonSlow = %q, %v", b, got, err, want, wantErr)
 		}
 	})
 }

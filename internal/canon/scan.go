@@ -10,17 +10,32 @@ import (
 const maxDepth = 1000
 
 // fastJSON returns the canonical form of b, the same bytes jsonSlow returns,
-// in a single pass. It handles objects, arrays, numbers, true, false, null,
-// and strings of printable ASCII (0x20 to 0x7e) without backslashes: the
-// strings encoding/json decodes to themselves and writes back verbatim. It
-// reports false for anything else, duplicate object keys, nesting deeper
-// than maxDepth and every malformed document, leaving those to jsonSlow.
+// in a single pass, in space of its own.
 func fastJSON(b []byte) ([]byte, bool) {
-	// One allocation holds the output and, after it, the scratch space for
-	// reordering members; neither is ever longer than b.
-	buf := make([]byte, 2*len(b))
-	s := scanner{in: b, out: buf[:0:len(b)], tmp: buf[len(b):len(b)], members: make([]member, 0, 16)}
-	if !s.value() {
+	return new(Buffer).fastJSON(b)
+}
+
+// fastJSON returns the canonical form of in, the same bytes jsonSlow
+// returns, in a single pass, in buf's space. It handles objects, arrays,
+// numbers, true, false, null, and strings of printable ASCII (0x20 to 0x7e)
+// without backslashes: the strings encoding/json decodes to themselves and
+// writes back verbatim. It reports false for anything else, duplicate object
+// keys, nesting deeper than maxDepth and every malformed document, leaving
+// those to jsonSlow.
+func (buf *Buffer) fastJSON(in []byte) ([]byte, bool) {
+	// One slice holds the output and, after it, the scratch space for
+	// reordering members; neither is ever longer than in.
+	if n := 2 * len(in); cap(buf.space) < n {
+		buf.space = make([]byte, n)
+	}
+	if buf.members == nil {
+		buf.members = make([]member, 0, 16)
+	}
+	space := buf.space[:cap(buf.space)]
+	s := scanner{in: in, out: space[:0:len(in)], tmp: space[len(in):len(in)], members: buf.members[:0]}
+	ok := s.value()
+	buf.members = s.members[:0] // grown, perhaps, for a deeper document
+	if !ok {
 		return nil, false
 	}
 	s.skipSpace()

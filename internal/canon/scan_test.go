@@ -111,3 +111,35 @@ func TestFastJSONSmallBody(t *testing.T) {
 		t.Fatalf("got %s; want %s", got, want)
 	}
 }
+
+// A Buffer used again gives what a fresh one gives, whatever it held
+// before, and then allocates nothing.
+func TestBufferReused(t *testing.T) {
+	var b Buffer
+	docs := []string{
+		`{"z":1,"y":{"x":[3,2,1],"w":"v"},"a":` + strings.Repeat(`{"q":[`, 30) + strings.Repeat("]}", 30) + `}`,
+		smallBody,
+		`[]`,
+		`{"b":1,"a":2}`,
+		`{"dup":1,"dup":2}`,
+		`not json`,
+		smallBody,
+	}
+	for _, d := range docs {
+		want, wantErr := JSON([]byte(d))
+		got, err := b.JSON([]byte(d))
+		if !bytes.Equal(got, want) || (err == nil) != (wantErr == nil) {
+			t.Errorf("Buffer.JSON(%.40q) = %q, %v; JSON = %q, %v", d, got, err, want, wantErr)
+		}
+		if got, want := b.Body("application/json", []byte(d)), Body("application/json", []byte(d)); !bytes.Equal(got, want) {
+			t.Errorf("Buffer.Body(%.40q) = %q; Body = %q", d, got, want)
+		}
+	}
+	in := []byte(smallBody)
+	if n := testing.AllocsPerRun(100, func() { b.JSON(in) }); n != 0 {
+		t.Errorf("Buffer.JSON of a small body: %v allocations; want 0", n)
+	}
+	if b.Cap() < 2*len(in) {
+		t.Errorf("Cap() = %d; want at least %d", b.Cap(), 2*len(in))
+	}
+}
