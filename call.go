@@ -360,11 +360,21 @@ func (c *call) send(ctx context.Context) (*http.Response, error) {
 	return resp, nil
 }
 
-// attempt returns the request of one attempt, with ctx: a clone of the
-// caller's, with the key and a fresh body.
+// attempt returns the request of one attempt, with ctx: a shallow copy of
+// the caller's with a Header of its own that carries the key, and a fresh
+// body. The copy shares the caller's URL and header values, which nothing
+// on the way writes to; each value is clipped, so that an Add by a base
+// transport copies it rather than write past its end. (req.Clone would
+// copy them all: four more allocations per attempt, and a map that grows
+// for the key.)
 func (c *call) attempt(ctx context.Context) (*http.Request, error) {
-	out := c.req.Clone(ctx)
-	out.Header.Set(KeyHeader, c.key)
+	out := c.req.WithContext(ctx)
+	h := make(http.Header, len(c.req.Header)+1)
+	for k, v := range c.req.Header {
+		h[k] = v[:len(v):len(v)]
+	}
+	h[KeyHeader] = []string{c.key}
+	out.Header = h
 	if c.body.open != nil {
 		rc, err := c.body.open()
 		if err != nil {

@@ -53,8 +53,8 @@ func Operation(ctx context.Context) string {
 //     retry.Policy.
 //   - Requests whose method is not in Methods (GET, HEAD, PUT, DELETE, … by
 //     default) pass through to Base untouched: no key, no jar, no retry.
-//   - It never modifies the caller's request: every attempt is a
-//     req.Clone, and the key header goes on the clone only.
+//   - It never modifies the caller's request: every attempt is a copy with
+//     a Header of its own, and the key header goes on the copy only.
 //   - It always closes the caller's body, even on error.
 //   - The body is sent again through req.GetBody (set by http.NewRequest
 //     for bytes, strings and buffers). Without GetBody, a body of at most

@@ -663,6 +663,47 @@ func (c *idleCounter) RoundTrip(*http.Request) (*http.Response, error) {
 }
 func (c *idleCounter) CloseIdleConnections() { c.n++ }
 
+// A base transport may write to the header of the attempt it is given; the
+// caller's header stays as it was, backing arrays included, and the next
+// attempt starts again from the caller's header.
+func TestBaseWritingHeaderLeavesCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var seen [][]string
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			io.Copy(io.Discard, r.Body)
+			r.Body.Close()
+			seen = append(seen, r.Header.Values("X-Trace"))
+			r.Header.Add("X-Trace", "from-base")
+			r.Header.Set("Content-Type", "text/plain")
+			r.Header.Set(idem.KeyHeader, "changed-by-base")
+			code := http.StatusServiceUnavailable
+			if len(seen) == 2 {
+				code = http.StatusCreated
+			}
+			return &http.Response{StatusCode: code, Body: http.NoBody, Header: http.Header{}, Request: r}, nil
+		})
+		tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{}, Policy: fastPolicy}
+		req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{"a":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header["X-Trace"] = append(make([]string, 0, 4), "caller") // room to append in place
+		resp, err := tr.RoundTrip(req)
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("got %v, %v; want 201", resp, err)
+		}
+		for i, v := range seen {
+			if len(v) != 1 || v[0] != "caller" {
+				t.Errorf("attempt %d saw X-Trace %q; want the caller's only", i+1, v)
+			}
+		}
+		if got := req.Header["X-Trace"][:2]; got[0] != "caller" || got[1] != "" {
+			t.Errorf("caller's X-Trace backing array now %q; want [caller \"\"]", got)
+		}
+		if got := req.Header.Get("Content-Type"); got != "application/json" || req.Header.Get(idem.KeyHeader) != "" {
+			t.Errorf("caller's header changed: %v", req.Header)
+		}
+	})
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
