@@ -271,7 +271,7 @@ func uncommitted(t *testing.T, dsn, op string) pgx.Tx {
 // key or a lease it did not get.
 func TestQueryTimeoutFailsClosed(t *testing.T) {
 	dsn := pgtest.DB(t)
-	j := open(t, dsn, &pgjar.Options{QueryTimeout: 300 * time.Millisecond})
+	j := open(t, dsn, &pgjar.Options{QueryTimeout: time.Second})
 	ctx := t.Context()
 	if _, _, err := j.Begin(ctx, record("locked")); err != nil {
 		t.Fatal(err)
