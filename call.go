@@ -84,6 +84,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 	if err := c.begin(ctx); err != nil {
 		return nil, err
 	}
+	if Operation(ctx) != c.op {
+		ctx = WithOperation(ctx, c.op) // unnamed: Base sees the name it got
+	}
 	for {
 		if err := retry.CtxErr(ctx); err != nil {
 			return nil, c.stop(ctx, err)
@@ -270,16 +273,20 @@ func (c *call) begin(ctx context.Context) error {
 		return err
 	}
 	c.holder = holder
+	now := time.Now()
 	c.key = c.req.Header.Get(KeyHeader)
 	if c.key == "" {
-		if c.key, err = newKey(); err != nil {
+		var op string
+		if c.key, op, err = newKey(now); err != nil {
 			return err
+		}
+		if c.op == "" {
+			c.op = op
 		}
 	}
 	if c.op == "" {
-		c.op = c.key
+		c.op = c.key // named by the caller's key
 	}
-	now := time.Now()
 	r := Record{
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
 		Method: c.req.Method, URL: c.body.url, Header: storedHeader(c.req.Header),

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A lease holder id is "host/pid/random.n": unique per call, and telling
@@ -25,7 +26,7 @@ var processPrefix = sync.OnceValue(func() string {
 
 var (
 	holderPrefix = sync.OnceValues(func() (string, error) {
-		id, err := newKey()
+		id, _, err := newKey(time.Now())
 		return processPrefix() + "/" + id + ".", err
 	})
 	holderCount atomic.Uint64

@@ -31,7 +31,9 @@ type opKey struct{}
 // WithOperation returns a context that names the logical operation of the
 // requests sent with it. The same name reuses the same key, in this process
 // and, through the jar, after a restart. Without a name each RoundTrip call
-// is an operation of its own, named by its key.
+// is an operation of its own: named by the caller's Idempotency-Key when the
+// request has one, otherwise by a fresh UUID v7, which orders by creation
+// time (the key it gets stays a random UUID v4).
 func WithOperation(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, opKey{}, name)
 }
@@ -54,7 +56,9 @@ func Operation(ctx context.Context) string {
 //   - Requests whose method is not in Methods (GET, HEAD, PUT, DELETE, … by
 //     default) pass through to Base untouched: no key, no jar, no retry.
 //   - It never modifies the caller's request: every attempt is a copy with
-//     a Header of its own, and the key header goes on the copy only.
+//     a Header of its own, and the key header goes on the copy only. The
+//     copy's context names the operation, unnamed ones included:
+//     Operation(req.Context()) in Base returns it.
 //   - It always closes the caller's body, even on error.
 //   - The body is sent again through req.GetBody (set by http.NewRequest
 //     for bytes, strings and buffers). Without GetBody, a body of at most
@@ -363,14 +367,24 @@ var canonBuffers = sync.Pool{New: func() any { return new(canon.Buffer) }}
 
 const maxPooledCanon = 64 << 10
 
-// newKey returns a fresh UUID v4 drawn from crypto/rand. It fails closed
-// when the system's random source does.
-func newKey() (string, error) {
-	var u uuid.UUID // drawn here, not by uuid.NewRandom, to stay on the stack
-	if _, err := rand.Read(u[:]); err != nil {
-		return "", fmt.Errorf("idem: generating key: %w", err)
+// newKey returns a fresh key, a UUID v4, and the name of an operation that
+// has none, a UUID v7 (RFC 9562): 48 bits of Unix milliseconds, then random
+// bits. Both are drawn from crypto/rand at once. A jar indexes its records
+// by operation: a name that grows with time adds to the end of a B-tree
+// index, where random names would each dirty a page of their own
+// (BENCHMARKS.md has the figures). newKey fails closed when the system's
+// random source does.
+func newKey(now time.Time) (key, op string, err error) {
+	var b [32]byte // drawn here, not by the uuid package, to stay on the stack
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", fmt.Errorf("idem: generating key: %w", err)
 	}
-	u[6] = u[6]&0x0f | 0x40 // version 4
-	u[8] = u[8]&0x3f | 0x80 // variant 10, RFC 9562
-	return u.String(), nil
+	k, o := uuid.UUID(b[:16]), uuid.UUID(b[16:])
+	k[6] = k[6]&0x0f | 0x40 // version 4
+	k[8] = k[8]&0x3f | 0x80 // variant 10
+	ms := uint64(now.UnixMilli())
+	o[0], o[1], o[2], o[3], o[4], o[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
+	o[6] = o[6]&0x0f | 0x70 // version 7
+	o[8] = o[8]&0x3f | 0x80
+	return k.String(), o.String(), nil
 }

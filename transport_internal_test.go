@@ -4,16 +4,22 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 )
 
 // Keys are random UUIDs, version 4, RFC 9562 variant, in the canonical
-// text form; no two are alike.
+// text form; the names of unnamed operations are UUIDs version 7 that
+// begin with the time in milliseconds, so that they sort by it. No two
+// are alike.
 func TestNewKeyIsUUIDv4(t *testing.T) {
 	seen := make(map[string]bool)
-	for range 100 {
-		k, err := newKey()
+	start := time.Date(2026, 11, 30, 7, 0, 0, 0, time.UTC)
+	prevOp := ""
+	for i := range 100 {
+		now := start.Add(time.Duration(i) * time.Millisecond)
+		k, op, err := newKey(now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -24,10 +30,24 @@ func TestNewKeyIsUUIDv4(t *testing.T) {
 		if u.Version() != 4 || u.Variant() != uuid.RFC4122 {
 			t.Fatalf("key %q: version %d, variant %v; want 4, RFC 4122", k, u.Version(), u.Variant())
 		}
-		if seen[k] {
-			t.Fatalf("key %q drawn twice", k)
+		o, err := uuid.Parse(op)
+		if err != nil || o.String() != op {
+			t.Fatalf("op %q: not a canonical UUID (%v)", op, err)
 		}
-		seen[k] = true
+		if o.Version() != 7 || o.Variant() != uuid.RFC4122 {
+			t.Fatalf("op %q: version %d, variant %v; want 7, RFC 4122", op, o.Version(), o.Variant())
+		}
+		if sec, nsec := o.Time().UnixTime(); time.Unix(sec, nsec).UnixMilli() != now.UnixMilli() {
+			t.Fatalf("op %q holds the time %v; want %v", op, time.Unix(sec, nsec).UTC(), now)
+		}
+		if op <= prevOp {
+			t.Fatalf("op %q, made a millisecond after %q, sorts before it", op, prevOp)
+		}
+		prevOp = op
+		if seen[k] || seen[op] {
+			t.Fatalf("key %q or op %q drawn twice", k, op)
+		}
+		seen[k], seen[op] = true, true
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jarcoal/httpmock"
 
 	"github.com/idemkit/idem"
@@ -31,6 +32,7 @@ var fastPolicy = retry.Policy{InitialInterval: time.Millisecond, MaxInterval: ti
 type recorder struct {
 	mu     sync.Mutex
 	keys   []string
+	ops    []string // each attempt's idem.Operation
 	bodies []string
 	script []func() (*http.Response, error)
 	closed []*closeTracker
@@ -48,6 +50,7 @@ func (r *recorder) respond(req *http.Request) (*http.Response, error) {
 	defer r.mu.Unlock()
 	b, _ := io.ReadAll(req.Body)
 	r.keys = append(r.keys, req.Header.Get(idem.KeyHeader))
+	r.ops = append(r.ops, idem.Operation(req.Context()))
 	r.bodies = append(r.bodies, string(b))
 	i := len(r.keys) - 1
 	if i >= len(r.script) {
@@ -126,6 +129,50 @@ func TestSameKeyOnEveryRetryNewKeyPerOperation(t *testing.T) {
 		}
 		if rec.keys[3] == rec.keys[0] {
 			t.Fatalf("a second unnamed operation reused key %q; want a new key", rec.keys[0])
+		}
+	})
+}
+
+// An operation is named by WithOperation, else by the caller's key, else
+// by a fresh UUID v7 that sorts by creation time. Every attempt's context
+// carries the name, and the jar holds the record under it.
+func TestOperationNames(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		ctx := context.Background()
+		for range 3 {
+			resp, err := post(t, ctx, tr, `{"amount":100}`)
+			if err != nil || resp.StatusCode != 201 {
+				t.Fatalf("got %v, %v; want 201", resp, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		for i, op := range rec.ops {
+			u, err := uuid.Parse(op)
+			if err != nil || u.Version() != 7 || op == rec.keys[i] {
+				t.Fatalf("unnamed operation %d named %q (key %q); want a UUID v7 of its own", i, op, rec.keys[i])
+			}
+			if i > 0 && op <= rec.ops[i-1] {
+				t.Fatalf("operation names %q do not sort by creation time", rec.ops)
+			}
+			if r, err := jar.Get(ctx, op); err != nil || r.Key != rec.keys[i] {
+				t.Fatalf("jar's record of %q: %+v, %v; want key %q", op, r, err, rec.keys[i])
+			}
+		}
+
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, strings.NewReader(`{}`))
+		req.Header.Set(idem.KeyHeader, "callers-key-1")
+		if _, err := tr.RoundTrip(req); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.ops[len(rec.ops)-1]; got != "callers-key-1" {
+			t.Fatalf("operation with the caller's key named %q; want the key", got)
+		}
+		if _, err := post(t, idem.WithOperation(ctx, "charge:order-42"), tr, `{}`); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.ops[len(rec.ops)-1]; got != "charge:order-42" {
+			t.Fatalf("named operation's attempt carried %q; want its name", got)
 		}
 	})
 }

@@ -222,7 +222,7 @@ func (c *Client) Close() error {
 // Response is a 2xx answer to an operation.
 type Response struct {
 	*http.Response
-	Op  string // the operation's name (its key when it was unnamed)
+	Op  string // the operation's name (a fresh UUID v7 when it was unnamed)
 	Key string // the Idempotency-Key sent; "" for requests without one
 	// Replayed reports that the server did not run the request again but
 	// replayed the saved answer to an earlier attempt
@@ -266,9 +266,9 @@ func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Respons
 	if err != nil {
 		return nil, err
 	}
-	attempts, key := tr.get()
+	attempts, named, key := tr.get()
 	if op == "" {
-		op = key
+		op = named
 	}
 	r := &Response{Response: resp, Op: op, Key: key, Replayed: resp.Header.Get(replayedHeader) == "true"}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
@@ -470,7 +470,7 @@ type sender struct {
 
 func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
-		t.sent(r.Header.Get(idem.KeyHeader))
+		t.sent(idem.Operation(r.Context()), r.Header.Get(idem.KeyHeader))
 	}
 	if s.header != nil {
 		r = r.Clone(r.Context())
@@ -491,27 +491,30 @@ func (s *sender) CloseIdleConnections() {
 	}
 }
 
-// tracker counts the attempts of one Do call and keeps the key they
-// carried.
+// tracker counts the attempts of one Do call and keeps the operation's
+// name and the key they carried.
 type tracker struct {
 	mu       sync.Mutex
 	attempts int
-	key      string
+	op, key  string
 }
 
 type trackerKey struct{}
 
-func (t *tracker) sent(key string) {
+func (t *tracker) sent(op, key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.attempts++
+	if op != "" {
+		t.op = op
+	}
 	if key != "" {
 		t.key = key
 	}
 }
 
-func (t *tracker) get() (int, string) {
+func (t *tracker) get() (attempts int, op, key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.attempts, t.key
+	return t.attempts, t.op, t.key
 }

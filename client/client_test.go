@@ -42,13 +42,17 @@ func TestPostJSONChargesOnceAndSurfacesReplay(t *testing.T) {
 		t.Fatalf("state %q; want done", state(t, c.Jar(), "charge:o1"))
 	}
 
-	// An unnamed operation gets its own key and is named by it.
+	// An unnamed operation gets its own key, and a name of its own that
+	// the jar knows it by.
 	other, err := c.PostJSON(ctx, "", chargesURL, chargeReq{Order: "o2", Amount: 5}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if other.Key == "" || other.Key == resp.Key || other.Op != other.Key {
-		t.Fatalf("unnamed: op %q key %q; want a new key naming the operation", other.Op, other.Key)
+	if other.Key == "" || other.Key == resp.Key || other.Op == "" || other.Op == other.Key {
+		t.Fatalf("unnamed: op %q key %q; want a new key and a name of its own", other.Op, other.Key)
+	}
+	if rec, err := c.Jar().Get(ctx, other.Op); err != nil || rec.Key != other.Key || rec.State != idem.StateDone {
+		t.Fatalf("unnamed: the jar's record of %q: %+v, %v; want it done, with key %q", other.Op, rec, err, other.Key)
 	}
 }
 
