@@ -62,11 +62,39 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 	}
 	r, err := s.jar.Get(ctx, op)
 	if errors.Is(err, idem.ErrNotFound) {
-		return fmt.Errorf("no operation %q in %s", op, s.path)
+		// Perhaps a key, as a server's log shows it: an operation without
+		// a name has a UUID v7 of its own, not its key. No index leads
+		// from keys to operations, so this reads them all.
+		recs, lerr := s.jar.List(ctx, idem.Filter{})
+		if lerr != nil {
+			return lerr
+		}
+		var found []idem.Record
+		for _, rec := range recs {
+			if rec.Key == op {
+				found = append(found, rec)
+			}
+		}
+		if len(found) == 0 {
+			return fmt.Errorf("no operation named %q and none with that key in %s", op, s.path)
+		}
+		for i, rec := range found {
+			if i > 0 {
+				fmt.Fprintln(s.stdout)
+			}
+			if err := showRecord(s, rec); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	if err != nil {
 		return err
 	}
+	return showRecord(s, r)
+}
+
+func showRecord(s *session, r idem.Record) error {
 	tw := tabwriter.NewWriter(s.stdout, 0, 4, 1, ' ', 0)
 	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
 	field("op", cell(r.Op, 0))

@@ -74,7 +74,7 @@ const usage = `usage: idemctl [--jar PATH|URL] COMMAND [ARGS]
 
 commands:
   list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned)
-  show OP                                one operation in full
+  show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
   resume (OP | --all) [--header 'N: V']  send pending operations again with their keys
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known

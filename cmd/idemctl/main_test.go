@@ -215,8 +215,12 @@ func testShow(t *testing.T, srv *server, path string) {
 	if strings.Contains(out, secret) || strings.Contains(out, "X-Api-Key") {
 		t.Fatalf("show printed a credential:\n%s", out)
 	}
+	code, byKey, errOut := idemctl("--jar", path, "show", rec.Key)
+	if code != 0 || errOut != "" || byKey != out {
+		t.Fatalf("show by key %s: exit %d, %s\n%s\nwant the same as by name:\n%s", rec.Key, code, errOut, byKey, out)
+	}
 	code, _, errOut = idemctl("--jar", path, "show", "charge:nope")
-	wantError(t, code, errOut, 1, `no operation "charge:nope"`)
+	wantError(t, code, errOut, 1, `no operation named "charge:nope" and none with that key`)
 	code, _, errOut = idemctl("--jar", path, "show")
 	wantError(t, code, errOut, 2, "exactly one operation")
 }

@@ -52,7 +52,7 @@ func TestPostgresJarErrors(t *testing.T) {
 	// Messages that name the jar mask the password too.
 	jar := withPassword(t, seedPostgres(t, newServer(t)))
 	code, _, errOut = idemctl("--jar", jar, "show", "charge:nope")
-	wantError(t, code, errOut, 1, `no operation "charge:nope" in postgres://postgres:xxxxx@`)
+	wantError(t, code, errOut, 1, `no operation named "charge:nope" and none with that key in postgres://postgres:xxxxx@`)
 }
 
 // --lock-timeout bounds each statement: one waiting for a row another
