@@ -222,7 +222,7 @@ func (c *Client) Close() error {
 // Response is a 2xx answer to an operation.
 type Response struct {
 	*http.Response
-	Op  string // the operation's name (a fresh UUID v7 when it was unnamed)
+	Op  string // the operation's name; unnamed, the request's Idempotency-Key or a fresh UUID v7
 	Key string // the Idempotency-Key sent; "" for requests without one
 	// Replayed reports that the server did not run the request again but
 	// replayed the saved answer to an earlier attempt
