@@ -13,6 +13,7 @@ import (
 	"io"
 	"mime"
 	"strings"
+	"unsafe"
 )
 
 // IsJSON reports whether a Content-Type names JSON (application/json or any
@@ -70,7 +71,9 @@ func (b *Buffer) Body(contentType string, in []byte) []byte {
 }
 
 // Cap returns how many bytes of space b holds on to.
-func (b *Buffer) Cap() int { return cap(b.space) }
+func (b *Buffer) Cap() int {
+	return cap(b.space) + cap(b.members)*int(unsafe.Sizeof(member{}))
+}
 
 // jsonSlow is JSON computed by encoding/json: the definition of the
 // canonical form, which fastJSON must reproduce byte for byte.

@@ -2,8 +2,10 @@ package canon
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // Each case is canonicalised by JSON and by jsonSlow, which must agree byte
@@ -141,5 +143,22 @@ func TestBufferReused(t *testing.T) {
 	}
 	if b.Cap() < 2*len(in) {
 		t.Errorf("Cap() = %d; want at least %d", b.Cap(), 2*len(in))
+	}
+	// An object of many members grows the member list too; Cap counts it,
+	// so that a pool can refuse a buffer a large body grew.
+	var many Buffer
+	doc := "{"
+	for i := range 5000 {
+		if i > 0 {
+			doc += ","
+		}
+		doc += `"k` + strconv.Itoa(i) + `":1`
+	}
+	doc += "}"
+	if _, err := many.JSON([]byte(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if want := 2*len(doc) + 5000*int(unsafe.Sizeof(member{})); many.Cap() < want {
+		t.Errorf("Cap() after 5000 members = %d; want at least %d", many.Cap(), want)
 	}
 }
