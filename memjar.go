@@ -503,16 +503,43 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 		return true
 	})
 	j.mu.Unlock()
-	slices.SortFunc(out, func(a, b Record) int {
+	sortRecords(out)
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// ByKey returns the records whose Key is key, oldest Created first, then
+// by Op: usually one, more when a caller sent the same Idempotency-Key
+// under several names. It reads every record: it is for tools that look up
+// the key a server logged, not for a request's path.
+func (j *MemoryJar) ByKey(ctx context.Context, key string) ([]Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	j.lock()
+	var out []Record
+	j.each(func(_ string, i uint32, m *memRecord) bool {
+		if r := j.record(i, m); r.Key == key {
+			out = append(out, r)
+		}
+		return true
+	})
+	j.mu.Unlock()
+	sortRecords(out)
+	return out, nil
+}
+
+// sortRecords orders rs as List returns them: oldest Created first, then
+// by Op.
+func sortRecords(rs []Record) {
+	slices.SortFunc(rs, func(a, b Record) int {
 		if c := a.Created.Compare(b.Created); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Op, b.Op)
 	})
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-	}
-	return out, nil
 }
 
 // Forget deletes op, whatever its state. It returns ErrNotFound for an

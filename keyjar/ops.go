@@ -245,22 +245,43 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if limit <= 0 {
 		limit = -1 // SQLite: no limit
 	}
-	rows, err := j.reader.QueryContext(ctx, "SELECT "+columns+` FROM operations
+	return j.records(ctx, "list", "SELECT "+columns+` FROM operations
 		WHERE ?1 = '' OR state = ?1 ORDER BY created, op LIMIT ?2`, string(f.State), limit)
+}
+
+// ByKey returns the records whose Key is key, oldest Created first, then
+// by Op: usually one, more when a caller sent the same Idempotency-Key
+// under several names. No index leads from keys to records, so it reads
+// the whole jar, on SQLite's side; it is for tools such as idemctl, which
+// look up the key a server logged, not for a request's path.
+func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
+	if err := j.readable(ctx); err != nil {
+		return nil, err
+	}
+	if err := j.settle(ctx); err != nil {
+		return nil, fmt.Errorf("keyjar: by key: %w", err)
+	}
+	return j.records(ctx, "by key", "SELECT "+columns+` FROM operations
+		WHERE key = ? ORDER BY created, op`, key)
+}
+
+// records runs a query of whole records on a reader connection.
+func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]idem.Record, error) {
+	rows, err := j.reader.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, j.readError("list", "", err)
+		return nil, j.readError(verb, "", err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
 		r, err := scanRecord(rows)
 		if err != nil {
-			return nil, j.readError("list", "", err)
+			return nil, j.readError(verb, "", err)
 		}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, j.readError("list", "", err)
+		return nil, j.readError(verb, "", err)
 	}
 	return out, nil
 }

@@ -63,17 +63,10 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 	r, err := s.jar.Get(ctx, op)
 	if errors.Is(err, idem.ErrNotFound) {
 		// Perhaps a key, as a server's log shows it: an operation without
-		// a name has a UUID v7 of its own, not its key. No index leads
-		// from keys to operations, so this reads them all.
-		recs, lerr := s.jar.List(ctx, idem.Filter{})
-		if lerr != nil {
-			return lerr
-		}
-		var found []idem.Record
-		for _, rec := range recs {
-			if rec.Key == op {
-				found = append(found, rec)
-			}
+		// a name has a UUID v7 of its own, not its key.
+		found, err := byKey(ctx, s.jar, op)
+		if err != nil {
+			return err
 		}
 		if len(found) == 0 {
 			return fmt.Errorf("no operation named %q and none with that key in %s", op, s.path)
@@ -92,6 +85,19 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		return err
 	}
 	return showRecord(s, r)
+}
+
+// byKey returns the operations of jar whose key is key. Every jar idemctl
+// opens (keyjar, pgjar) finds them on the database's side; no index leads
+// from keys to operations, so it reads them all.
+func byKey(ctx context.Context, jar client.Jar, key string) ([]idem.Record, error) {
+	bk, ok := jar.(interface {
+		ByKey(ctx context.Context, key string) ([]idem.Record, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("this jar (%T) cannot look operations up by key", jar)
+	}
+	return bk.ByKey(ctx, key)
 }
 
 func showRecord(s *session, r idem.Record) error {

@@ -66,6 +66,7 @@ var cases = []struct {
 	{"UpdateUnfenced", testUpdateUnfenced},
 	{"NotFound", testNotFound},
 	{"List", testList},
+	{"ByKey", testByKey},
 	{"Forget", testForget},
 	{"Prune", testPrune},
 	{"PruneLimit", testPruneLimit},
@@ -496,6 +497,53 @@ func testList(t *testing.T, j Jar) {
 	want := record("e")
 	want.Created, want.State = t0.Add(time.Nanosecond), idem.StateFailed
 	expect(t, "listed record", all[0], want)
+}
+
+// ByKeyer is a Jar that finds records by their key; every jar of this
+// module is one. The ByKey case is skipped for a jar that is not.
+type ByKeyer interface {
+	// ByKey returns the records whose Key is key, ordered as List orders
+	// them.
+	ByKey(ctx context.Context, key string) ([]idem.Record, error)
+}
+
+func testByKey(t *testing.T, j Jar) {
+	bk, ok := j.(ByKeyer)
+	if !ok {
+		t.Skip("the jar has no ByKey method")
+	}
+	ctx := t.Context()
+	if got, err := bk.ByKey(ctx, "key-nobody"); err != nil || len(got) != 0 {
+		t.Fatalf("ByKey of an empty jar = %v, %v; want none", ops(got), err)
+	}
+	// One key under two names (a caller sent its key twice), created out
+	// of order, and an operation of its own.
+	a, b, c := record("a"), record("b"), record("c")
+	a.Key, a.Created = "key-shared", t0.Add(time.Second)
+	b.Key = "key-shared"
+	for _, r := range []idem.Record{a, b, c} {
+		begin(t, j, r)
+	}
+	for _, tc := range []struct {
+		key  string
+		want []string
+	}{
+		{"key-shared", []string{"b", "a"}},
+		{"key-c", []string{"c"}},
+		{"key-a", []string{}},
+		{"KEY-C", []string{}},
+	} {
+		got, err := bk.ByKey(ctx, tc.key)
+		if err != nil {
+			t.Fatalf("ByKey(%q): %v", tc.key, err)
+		}
+		if !slices.Equal(ops(got), tc.want) {
+			t.Errorf("ByKey(%q) = %v; want %v", tc.key, ops(got), tc.want)
+		}
+		if tc.key == "key-c" && len(got) == 1 {
+			expect(t, "record found by key", got[0], c)
+		}
+	}
 }
 
 func testForget(t *testing.T, j Jar) {

@@ -471,33 +471,51 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.settle(ctx, ""); err != nil {
 		return nil, fmt.Errorf("pgjar: list: %w", err)
 	}
-	ctx, cancel, err := j.start(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("pgjar: list: %w", err)
-	}
-	defer cancel()
 	var limit *int64
 	if f.Limit > 0 {
 		l := int64(f.Limit)
 		limit = &l
 	}
-	rows, err := j.pool.Query(ctx, `SELECT `+columns+` FROM idem_operations
+	return j.records(ctx, "list", `SELECT `+columns+` FROM idem_operations
 		WHERE $1::text = '' OR state = $1::text
 		ORDER BY created NULLS FIRST, op LIMIT $2`, string(f.State), limit)
+}
+
+// ByKey returns the records whose Key is key, oldest Created first, then
+// by Op: usually one, more when a caller sent the same Idempotency-Key
+// under several names. No index leads from keys to records, so it reads
+// the whole table, on the server's side; it is for tools such as idemctl,
+// which look up the key a server logged, not for a request's path.
+func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
+	if err := j.settle(ctx, ""); err != nil {
+		return nil, fmt.Errorf("pgjar: by key: %w", err)
+	}
+	return j.records(ctx, "by key", `SELECT `+columns+` FROM idem_operations
+		WHERE key = $1 ORDER BY created NULLS FIRST, op`, key)
+}
+
+// records runs one query of whole records, under one statement's deadline.
+func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]idem.Record, error) {
+	ctx, cancel, err := j.start(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("pgjar: list: %w", err)
+		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
+	}
+	defer cancel()
+	rows, err := j.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
 	defer rows.Close()
 	var out []idem.Record
 	for rows.Next() {
 		r, err := scanRecord(rows)
 		if err != nil {
-			return nil, fmt.Errorf("pgjar: list: %w", err)
+			return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
 		}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pgjar: list: %w", err)
+		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
 	return out, nil
 }
