@@ -33,6 +33,7 @@ while [ "$i" -lt "$rounds" ]; do
 	echo "round $i of $rounds done" >&2
 done
 go test -run='^$' -bench='^BenchmarkJarGrowth/Begin' -benchtime=1000x -count=6 -timeout=2h ./keyjar >>"$out/growth.txt"
+go test -run='^$' -bench='^BenchmarkJarGrowth/ByKey' -benchtime=10x -count=6 -timeout=2h ./keyjar >>"$out/growth.txt"
 go test -run='^$' -bench='^BenchmarkJarGrowth/Prune' -count=6 -timeout=2h ./keyjar >>"$out/growth.txt"
 
 for f in transport clients; do

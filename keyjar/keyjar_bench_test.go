@@ -29,8 +29,8 @@ const grownRows = 1_000_000
 var grownStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // BenchmarkJarGrowth: Begin on an empty jar and on one holding 1M done
-// operations, in turns, and Prune of 100k and of 1M rows, with the peak
-// memory each Prune takes. The 1M-row file is built once per run, only when
+// operations, in turns; ByKey on the grown jar; and Prune of 100k and of 1M
+// rows, with the peak memory each Prune takes. The 1M-row file is built once per run, only when
 // a sub-benchmark that needs it is selected, in a temporary directory
 // removed at the end.
 func BenchmarkJarGrowth(b *testing.B) {
@@ -58,6 +58,27 @@ func BenchmarkJarGrowth(b *testing.B) {
 		// stays for Prune.
 		beginCopy.Do(func() { grownCopy(b, "begin.db") })
 		benchBegin(b, filepath.Join(b.TempDir(), "empty.db"), filepath.Join(dir, "begin.db"))
+	})
+	b.Run("ByKey", func(b *testing.B) {
+		// The key of the oldest row, looked up among the 1M (and the
+		// pending rows Begin added): a scan of the whole table.
+		beginCopy.Do(func() { grownCopy(b, "begin.db") })
+		ctx := context.Background()
+		j, err := keyjar.Open(ctx, filepath.Join(dir, "begin.db"), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer j.Close()
+		first, err := j.List(ctx, idem.Filter{Limit: 1})
+		if err != nil || len(first) != 1 {
+			b.Fatalf("List = %d records, %v", len(first), err)
+		}
+		for b.Loop() {
+			recs, err := j.ByKey(ctx, first[0].Key)
+			if err != nil || len(recs) != 1 {
+				b.Fatalf("ByKey = %d records, %v; want 1", len(recs), err)
+			}
+		}
 	})
 	for _, p := range []struct {
 		name  string
