@@ -248,6 +248,15 @@ func (j *MemoryJar) opAt(p place) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
+// keyAt returns the key of the record whose head is at p, as opAt returns
+// its op: valid while the chunk is, under the lock.
+func (j *MemoryJar) keyAt(p place) string {
+	d := decoder{b: j.bytes(p)}
+	d.bytes() // the op
+	b := d.bytes()
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
 // place copies b, a record's fields that Begin sets once, into chunks.
 func (j *MemoryJar) place(b []byte) place {
 	n := len(b)
@@ -489,25 +498,15 @@ func (j *MemoryJar) update(i uint32, m *memRecord, holder string, c Change) erro
 
 // List returns the records that pass f, oldest Created first.
 func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	j.lock()
-	var out []Record
-	j.each(func(_ string, i uint32, m *memRecord) bool {
+	out, err := j.collect(ctx, func(i uint32, m *memRecord) bool {
 		var r Record
 		j.tail(i, m, &r)
-		if f.Match(r) {
-			out = append(out, j.record(i, m))
-		}
-		return true
+		return f.Match(r)
 	})
-	j.mu.Unlock()
-	sortRecords(out)
 	if f.Limit > 0 && len(out) > f.Limit {
 		out = out[:f.Limit]
 	}
-	return out, nil
+	return out, err
 }
 
 // ByKey returns the records whose Key is key, oldest Created first, then
@@ -515,31 +514,31 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 // under several names. It reads every record: it is for tools that look up
 // the key a server logged, not for a request's path.
 func (j *MemoryJar) ByKey(ctx context.Context, key string) ([]Record, error) {
+	return j.collect(ctx, func(_ uint32, m *memRecord) bool { return j.keyAt(m.head) == key })
+}
+
+// collect returns the records that keep accepts, oldest Created first,
+// then by Op. keep sees a record before it is decoded, under the lock.
+func (j *MemoryJar) collect(ctx context.Context, keep func(i uint32, m *memRecord) bool) ([]Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	j.lock()
 	var out []Record
 	j.each(func(_ string, i uint32, m *memRecord) bool {
-		if r := j.record(i, m); r.Key == key {
-			out = append(out, r)
+		if keep(i, m) {
+			out = append(out, j.record(i, m))
 		}
 		return true
 	})
 	j.mu.Unlock()
-	sortRecords(out)
-	return out, nil
-}
-
-// sortRecords orders rs as List returns them: oldest Created first, then
-// by Op.
-func sortRecords(rs []Record) {
-	slices.SortFunc(rs, func(a, b Record) int {
+	slices.SortFunc(out, func(a, b Record) int {
 		if c := a.Created.Compare(b.Created); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Op, b.Op)
 	})
+	return out, nil
 }
 
 // Forget deletes op, whatever its state. It returns ErrNotFound for an
