@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"time"
+
+	"github.com/idemkit/idem/internal/chanbatch"
 )
 
 // A job is one write waiting for the committer: run executes its statements
@@ -93,13 +95,13 @@ func (j *Jar) commitLoop() {
 	batch := make([]*job, 0, j.maxBatch)
 	syncMode := "" // the writer's current synchronous setting; "" is unknown
 	for first := range j.queue {
-		batch = j.drain(append(batch[:0], first))
+		batch = chanbatch.Drain(j.queue, append(batch[:0], first), j.maxBatch)
 		if len(batch) < j.maxBatch && allDeferred(batch) {
 			timer := time.NewTimer(deferWait)
 			select {
 			case jb, ok := <-j.queue:
 				if ok {
-					batch = j.drain(append(batch, jb))
+					batch = chanbatch.Drain(j.queue, append(batch, jb), j.maxBatch)
 				}
 			case <-timer.C:
 			}
@@ -121,22 +123,6 @@ func (j *Jar) commitLoop() {
 // deferWait is how long deferred changes wait for company before they
 // commit alone: what another process sees of them lags by at most this.
 const deferWait = 2 * time.Millisecond
-
-// drain adds the jobs queued at the moment to batch, up to maxBatch.
-func (j *Jar) drain(batch []*job) []*job {
-	for len(batch) < j.maxBatch {
-		select {
-		case jb, ok := <-j.queue:
-			if !ok {
-				return batch
-			}
-			batch = append(batch, jb)
-		default:
-			return batch
-		}
-	}
-	return batch
-}
 
 func allDeferred(batch []*job) bool {
 	for _, jb := range batch {

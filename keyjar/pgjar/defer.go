@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/chanbatch"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -105,19 +106,7 @@ func (j *Jar) applyLoop() {
 	defer close(j.applied)
 	batch := make([]deferred, 0, deferBatch)
 	for first := range j.queue {
-		batch = append(batch[:0], first)
-	drain:
-		for len(batch) < deferBatch {
-			select {
-			case d, ok := <-j.queue:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, d)
-			default:
-				break drain
-			}
-		}
+		batch = chanbatch.Drain(j.queue, append(batch[:0], first), deferBatch)
 		j.apply(batch)
 		j.pendingMu.Lock()
 		for _, d := range batch {
