@@ -81,11 +81,12 @@ func (c *call) fill(ch *Change) {
 
 func (c *call) run(ctx context.Context) (*http.Response, error) {
 	c.sched = c.policy.Schedule()
+	named := c.op != "" // from ctx, by WithOperation
 	if err := c.begin(ctx); err != nil {
 		return nil, err
 	}
-	if Operation(ctx) != c.op {
-		ctx = WithOperation(ctx, c.op) // unnamed: Base sees the name it got
+	if !named {
+		ctx = WithOperation(ctx, c.op) // Base sees the name begin gave it
 	}
 	for {
 		if err := retry.CtxErr(ctx); err != nil {
