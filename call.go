@@ -88,12 +88,16 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 	if !named {
 		ctx = WithOperation(ctx, c.op) // Base sees the name begin gave it
 	}
+	// leased is true while the call holds a lease taken with no wait since:
+	// the one Begin gave a new operation. Any other attempt, and any after
+	// a wait, renews it first.
+	leased := c.rec.Holder == c.holder
 	for {
 		if err := retry.CtxErr(ctx); err != nil {
 			return nil, c.stop(ctx, err)
 		}
 		now := time.Now()
-		if c.attempts > 0 || c.rec.Holder != c.holder {
+		if !leased {
 			rec, err := c.t.Jar.Acquire(ctx, c.op, c.holder, now, c.t.lease(c.policy))
 			switch {
 			case errors.Is(err, ErrLeased):
@@ -114,12 +118,15 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				}
 				continue
 			case err != nil:
+				if ctxErr := retry.CtxErr(ctx); ctxErr != nil {
+					return nil, c.stop(ctx, ctxErr) // the caller's context, not the jar, ended the call
+				}
 				if c.attempts == 0 {
 					return nil, &JarError{Op: c.op, Err: err}
 				}
 				return nil, c.stop(ctx, err)
 			}
-			c.rec = rec
+			c.rec, leased = rec, true
 		}
 		// Checked under the lease, before every attempt, against the
 		// stored first-send time: a restart does not reset it.
@@ -135,6 +142,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				return nil, c.stop(ctx, err)
 			}
 			c.rec.NextAttempt = time.Time{}
+			leased = false // the lease may have run out during the wait
 			continue
 		}
 
@@ -144,6 +152,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.countAttempt(ctx)
 		}
 		c.attempts++
+		leased = false
 		e := c.event(0, nil)
 		fire(c.t.Hooks.OnAttempt, e)
 		c.log(ctx, slog.LevelDebug, "idem: attempt", e)

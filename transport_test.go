@@ -612,6 +612,75 @@ func TestLeaseHeldElsewhereWaits(t *testing.T) {
 	})
 }
 
+// TestLeaseRenewedAfterStoredNextAttempt: a call that waits for a stored
+// NextAttempt longer than its lease takes the lease again before it sends,
+// so that a holder that took the operation meanwhile is not joined.
+func TestLeaseRenewedAfterStoredNextAttempt(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		tr.Lease = 5 * time.Second
+		ctx := idem.WithOperation(context.Background(), "op")
+		now := time.Now()
+		// An earlier call got Retry-After: 20 and released the lease.
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, LastStatus: 503, NextAttempt: now.Add(20 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		// Another holder takes the operation once this call's lease ran out.
+		var other error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(10 * time.Second)
+			_, other = jar.Acquire(context.Background(), "op", "other", time.Now(), time.Minute)
+		})
+		_, err := post(t, ctx, tr, `{}`)
+		wg.Wait()
+		if other != nil {
+			t.Fatalf("the other holder could not take the expired lease: %v", other)
+		}
+		if !errors.Is(err, idem.ErrLeased) || rec.attempts() != 0 {
+			t.Fatalf("got %v after %d sends; want pending with ErrLeased and nothing sent while another holder has the lease", err, rec.attempts())
+		}
+	})
+}
+
+// slowAcquireJar takes two seconds to answer Acquire, as a busy database
+// jar may.
+type slowAcquireJar struct{ *idem.MemoryJar }
+
+func (j slowAcquireJar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	select {
+	case <-time.After(2 * time.Second):
+	case <-ctx.Done():
+		return idem.Record{}, ctx.Err()
+	}
+	return j.MemoryJar.Acquire(ctx, op, holder, now, ttl)
+}
+
+// TestContextEndingInAcquireLeavesPending: the caller's deadline passing
+// while the jar takes the lease of a pending operation is the caller's
+// context ending, not a jar failure: a *PendingError.
+func TestContextEndingInAcquireLeavesPending(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, mj := newTransport(t, status(201))
+		tr.Jar = slowAcquireJar{mj}
+		now := time.Now()
+		if _, _, err := mj.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, LastError: "connection reset by peer"}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), time.Second)
+		defer cancel()
+		_, err := post(t, ctx, tr, `{}`)
+		var je *idem.JarError
+		if !errors.Is(err, idem.ErrPending) || !errors.Is(err, context.DeadlineExceeded) || errors.As(err, &je) || rec.attempts() != 0 {
+			t.Fatalf("got %T %v after %d sends; want a *PendingError wrapping the deadline, nothing sent", err, err, rec.attempts())
+		}
+	})
+}
+
 // fingerprintOf learns the fingerprint the transport computes for a POST of
 // body to chargeURL, from what it stores.
 func fingerprintOf(t *testing.T, body string) string {
