@@ -194,9 +194,13 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 		}
 		if !more {
+			// The server's Retry-After, when it sent one, is when the
+			// operation may be sent again, whatever stopped this call.
 			var next time.Time
 			if deferred {
 				next = time.Now().Add(wait)
+			} else if hasRA {
+				next = time.Now().Add(ra)
 			}
 			c.update(ctx, Change{NextAttempt: next, Release: true})
 			c.giveUp(ctx, err, why+reason(resp, err))

@@ -287,6 +287,43 @@ func TestRetryAfterBeyondCapIsDeferred(t *testing.T) {
 	})
 }
 
+// TestRetryAfterRecordedWhenTheCallStops: whatever stops a call (its
+// budget, its attempts), the last answer's Retry-After is recorded, and the
+// next call does not send before it.
+func TestRetryAfterRecordedWhenTheCallStops(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		policy     retry.Policy
+		last       string // the last answer's Retry-After, in seconds
+		retryAfter time.Duration
+	}{
+		{"budget spent, over the cap", retry.Policy{InitialInterval: 5 * time.Second, MaxInterval: 10 * time.Second,
+			MaxElapsed: 20 * time.Second, NoJitter: true}, "3600", time.Hour},
+		{"attempts spent, within the cap", retry.Policy{InitialInterval: time.Second, MaxAttempts: 3, NoJitter: true}, "20", 20 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, status(503), status(503), status(503, "Retry-After", tt.last), status(201))
+				tr.Policy = tt.policy
+				ctx := idem.WithOperation(context.Background(), "op")
+				resp, err := post(t, ctx, tr, `{}`)
+				if err != nil || resp.StatusCode != 503 || rec.attempts() != 3 {
+					t.Fatalf("got %v, %v after %d attempts; want the last 503 after 3", resp, err, rec.attempts())
+				}
+				stopped := time.Now()
+				if r, _ := jar.Get(ctx, "op"); !r.NextAttempt.Equal(stopped.Add(tt.retryAfter)) {
+					t.Fatalf("NextAttempt %v; want %v, the server's Retry-After", r.NextAttempt, stopped.Add(tt.retryAfter))
+				}
+				tr.Policy = retry.Policy{MaxRetryAfter: time.Hour, MaxElapsed: 2 * time.Hour}
+				resp, err = post(t, ctx, tr, `{}`)
+				if err != nil || resp.StatusCode != 201 || rec.attempts() != 4 || time.Since(stopped) != tt.retryAfter {
+					t.Fatalf("next call: got %v, %v, attempt %d sent %v after the stop; want 201, sent %v after", resp, err, rec.attempts(), time.Since(stopped), tt.retryAfter)
+				}
+			})
+		})
+	}
+}
+
 func TestCallerRequestUnchanged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, _ := newTransport(t, status(503), status(201))

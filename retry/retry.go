@@ -252,8 +252,12 @@ func (s *Schedule) Elapsed() time.Duration { return s.b.GetElapsedTime() }
 // sent one (ok). Next reports false when the call's budget does not allow
 // another attempt (the wait would end after MaxElapsed), and deferred when
 // the server asked for a longer wait than MaxRetryAfter: the caller then
-// records the time and stops rather than sleep.
+// records the time and stops rather than sleep, whatever is left of the
+// budget.
 func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, more, deferred bool) {
+	if ok && retryAfter > s.p.MaxRetryAfter {
+		return retryAfter, false, true
+	}
 	interval := s.b.NextBackOff()
 	if interval == backoff.Stop {
 		return 0, false, false
@@ -263,9 +267,6 @@ func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, 
 		wait = time.Duration(s.rand() * float64(interval))
 	}
 	if ok {
-		if retryAfter > s.p.MaxRetryAfter {
-			return retryAfter, false, true
-		}
 		wait = max(wait, retryAfter)
 	}
 	if s.Elapsed()+wait > s.p.MaxElapsed {

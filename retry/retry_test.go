@@ -182,6 +182,12 @@ func TestScheduleRetryAfter(t *testing.T) {
 		if _, more, deferred := s.Next(20*time.Second, true); more || deferred {
 			t.Fatalf("Retry-After 20s with 10s of budget left: got more=%v deferred=%v; want budget spent", more, deferred)
 		}
+		// Past the budget, a Retry-After over the cap is still deferred: the
+		// operation must record it.
+		time.Sleep(20 * time.Second)
+		if wait, more, deferred := s.Next(time.Hour, true); wait != time.Hour || more || !deferred {
+			t.Fatalf("Retry-After 1h with the budget spent: got %v, %v, %v; want 1h, false, true", wait, more, deferred)
+		}
 	})
 }
 
