@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +22,8 @@ type call struct {
 	body   reqBody
 	policy retry.Policy
 	op     string
+
+	callerKey string // the key the caller set in the header, or ""
 
 	key      string
 	holder   string // this call's lease holder id
@@ -288,7 +289,7 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	c.holder = holder
 	now := time.Now()
-	c.key = c.req.Header.Get(KeyHeader)
+	c.key = c.callerKey
 	if c.key == "" {
 		var op string
 		if c.key, op, err = newKey(now); err != nil {
@@ -320,7 +321,7 @@ func (c *call) begin(ctx context.Context) error {
 	if rec.LastError != "" {
 		c.lastErr = errors.New(rec.LastError)
 	}
-	gotKey := c.req.Header.Get(KeyHeader)
+	gotKey := c.callerKey
 	if rec.Fingerprint != c.body.fp || (gotKey != "" && gotKey != rec.Key) {
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey}
 	}
@@ -337,9 +338,13 @@ func (c *call) begin(ctx context.Context) error {
 // returned as it is, not copied: a Jar copies what it keeps.
 func storedHeader(h http.Header) http.Header {
 	for name := range h {
-		if SecretHeader(name) || strings.EqualFold(name, KeyHeader) {
+		if SecretHeader(name) || isKeyHeader(name) {
 			h = PublicHeader(h)
-			h.Del(KeyHeader)
+			for name := range h {
+				if isKeyHeader(name) {
+					delete(h, name)
+				}
+			}
 			return h
 		}
 	}
@@ -392,7 +397,9 @@ func (c *call) attempt(ctx context.Context) (*http.Request, error) {
 	out := c.req.WithContext(ctx)
 	h := make(http.Header, len(c.req.Header)+1)
 	for k, v := range c.req.Header {
-		h[k] = v[:len(v):len(v)]
+		if !isKeyHeader(k) {
+			h[k] = v[:len(v):len(v)]
+		}
 	}
 	h[KeyHeader] = []string{c.key}
 	out.Header = h

@@ -64,8 +64,8 @@ func Operation(ctx context.Context) string {
 //     for bytes, strings and buffers). Without GetBody, a body of at most
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
 //     is sent with ErrBodyNotRewindable.
-//   - A key the caller set in the Idempotency-Key header is used instead of
-//     a generated one. It must be one header value of 1 to 255 printable
+//   - A key the caller set in the Idempotency-Key header (under any
+//     spelling of the name) is used instead of a generated one. It must be one header value of 1 to 255 printable
 //     ASCII characters, without a space at either end; any other is refused
 //     with ErrInvalidKey before anything is stored or sent.
 //   - The key, the fingerprint (method, URL, canonical body) and the
@@ -214,10 +214,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Jar == nil {
 		return nil, ErrNilJar
 	}
-	if err := checkKey(req.Header); err != nil {
+	key, err := callerKey(req.Header)
+	if err != nil {
 		return nil, err
 	}
-	c := &call{t: t, req: req, policy: t.Policy.Defaults(), op: Operation(req.Context())}
+	c := &call{t: t, req: req, policy: t.Policy.Defaults(), op: Operation(req.Context()), callerKey: key}
 	if err := t.prepareBody(req, &c.body); err != nil {
 		return nil, err
 	}
@@ -227,30 +228,43 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // maxKeyLen is the longest key a server accepts (Stripe, testserver).
 const maxKeyLen = 255
 
-// checkKey refuses a key set by the caller that no server would accept.
-func checkKey(h http.Header) error {
-	vs := h.Values(KeyHeader)
+// callerKey returns the key the caller set in the Idempotency-Key header, or
+// "" when there is none, and refuses one that no server would accept. A
+// header set in the map directly under another spelling (net/http sends it
+// as it is) counts too: the attempts carry the key under KeyHeader only.
+func callerKey(h http.Header) (string, error) {
+	vs := h[KeyHeader]
+	for name, v := range h {
+		if isKeyHeader(name) && name != KeyHeader {
+			vs = append(vs[:len(vs):len(vs)], v...)
+		}
+	}
 	switch {
 	case len(vs) == 0:
-		return nil
+		return "", nil
 	case len(vs) > 1:
-		return fmt.Errorf("%w: the header is set %d times; set it once", ErrInvalidKey, len(vs))
+		return "", fmt.Errorf("%w: the header is set %d times; set it once", ErrInvalidKey, len(vs))
 	}
 	k := vs[0]
 	switch {
 	case k == "":
-		return fmt.Errorf("%w: the key is empty; delete the header to have one generated", ErrInvalidKey)
+		return "", fmt.Errorf("%w: the key is empty; delete the header to have one generated", ErrInvalidKey)
 	case len(k) > maxKeyLen:
-		return fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(k), maxKeyLen)
+		return "", fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(k), maxKeyLen)
 	case k[0] == ' ' || k[len(k)-1] == ' ':
-		return fmt.Errorf("%w: the key begins or ends with a space", ErrInvalidKey)
+		return "", fmt.Errorf("%w: the key begins or ends with a space", ErrInvalidKey)
 	}
 	for i := 0; i < len(k); i++ {
 		if c := k[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: byte %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
+			return "", fmt.Errorf("%w: byte %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
 		}
 	}
-	return nil
+	return k, nil
+}
+
+// isKeyHeader reports whether a header name is KeyHeader in any spelling.
+func isKeyHeader(name string) bool {
+	return len(name) == len(KeyHeader) && strings.EqualFold(name, KeyHeader)
 }
 
 // reqBody is how a request's body is produced for each attempt.

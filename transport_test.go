@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,6 +388,47 @@ func TestCallersOwnKeyKeptAndPersisted(t *testing.T) {
 	var me *idem.MismatchError
 	if !errors.As(err, &me) || rec.attempts() != 1 {
 		t.Fatalf("same operation, other key: got %v; want *MismatchError, nothing sent", err)
+	}
+}
+
+// TestCallersKeyInAnySpelling: a key set in the header map directly, under
+// a spelling other than the canonical one, is the caller's key: sent once,
+// under KeyHeader, stored as the record's key and not in its header.
+func TestCallersKeyInAnySpelling(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Values(idem.KeyHeader)
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Base: srv.Client().Transport}
+	ctx := idem.WithOperation(context.Background(), "op")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	req.Header["idempotency-key"] = []string{"caller-key-1"}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0] != "caller-key-1" {
+		t.Fatalf("server got Idempotency-Key %q; want the caller's one key", got)
+	}
+	r, _ := jar.Get(ctx, "op")
+	if r.Key != "caller-key-1" || len(r.Header) != 0 {
+		t.Fatalf("stored key %q, header %v; want the caller's key and no key header", r.Key, r.Header)
+	}
+
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	req.Header.Set(idem.KeyHeader, "caller-key-1")
+	req.Header["IDEMPOTENCY-KEY"] = []string{"caller-key-2"}
+	if _, err := tr.RoundTrip(req); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Fatalf("two keys under two spellings: got %v; want ErrInvalidKey", err)
 	}
 }
 
