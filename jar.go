@@ -51,8 +51,9 @@ type Record struct {
 	Fingerprint string // hex SHA-256 of method, URL and canonical body
 	State       State
 
-	// The request, so that it can be resumed after a restart. Header never
-	// holds credentials (see SecretHeader). Body is nil when the body was
+	// The request, so that it can be resumed after a restart. URL and
+	// Header never hold credentials: the URL has no userinfo, and the
+	// header none of what SecretHeader names. Body is nil when the body was
 	// larger than the transport's MaxStoredBody; BodySize is its length.
 	Method   string
 	URL      string

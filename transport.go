@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -71,7 +72,9 @@ func Operation(ctx context.Context) string {
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
-//     *MismatchError: nothing is sent.
+//     *MismatchError: nothing is sent. No credential is stored: the URL is
+//     stored and fingerprinted without its userinfo (user:password@), and
+//     the header without what SecretHeader names.
 //   - It interprets responses only to decide on a retry (retry.Classify:
 //     409, 429, 502, 503, 504 and network errors). Each superseded response
 //     body is drained (at most 64 KiB) and closed. The final response comes
@@ -279,7 +282,7 @@ type reqBody struct {
 // prepareBody fingerprints the body into rb and arranges to produce it
 // again for every attempt, before anything is sent.
 func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
-	rb.url = req.URL.String()
+	rb.url = publicURL(req.URL)
 	// h is only ever called, never passed on as an io.Writer, so that it
 	// and the buffers written to it stay on the stack.
 	h := sha256.New()
@@ -324,6 +327,17 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 	hex.Encode(text[:], h.Sum(sum[:0]))
 	rb.fp = string(text[:])
 	return nil
+}
+
+// publicURL is u as a record keeps it and as it is fingerprinted: without
+// its userinfo (user:password@), which net/http sends as Basic credentials.
+func publicURL(u *url.URL) string {
+	if u.User == nil {
+		return u.String()
+	}
+	v := *u
+	v.User = nil
+	return v.String()
 }
 
 // readBody arranges in rb.open to produce the body again for every

@@ -797,6 +797,39 @@ func TestSecretHeadersNotStored(t *testing.T) {
 	}
 }
 
+// TestURLCredentialsNotStored: the userinfo of a URL, which net/http sends
+// as Basic credentials, is sent but neither stored nor fingerprinted.
+func TestURLCredentialsNotStored(t *testing.T) {
+	jar := &idem.MemoryJar{}
+	var sent string
+	tr := &idem.Transport{Jar: jar, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent = r.URL.User.String()
+		return httpmock.NewStringResponse(201, "{}"), nil
+	})}
+	ctx := idem.WithOperation(context.Background(), "op")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://alice:s3cret@api.example.test/v1/charges?x=1", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	r, _ := jar.Get(ctx, "op")
+	if sent != "alice:s3cret" || r.URL != "http://api.example.test/v1/charges?x=1" {
+		t.Fatalf("sent userinfo %q, stored URL %q; want the credentials sent and the URL stored without them", sent, r.URL)
+	}
+	// The request rebuilt from the record (as client.Resume does) has the
+	// same fingerprint.
+	req, _ = http.NewRequest(http.MethodPost, r.URL, strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req = req.WithContext(ctx)
+	if resp, err := tr.RoundTrip(req); err != nil {
+		t.Fatalf("the stored request sent again: %v; want the same operation", err)
+	} else {
+		resp.Body.Close()
+	}
+}
+
 // TestStoredHeader: the key the caller set is not stored with the request
 // (it is the record's Key), and the stored header is the jar's copy, which
 // a later change to the request's header does not reach.
