@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -83,6 +84,18 @@ func (c *call) fill(ch *Change) {
 func (c *call) run(ctx context.Context) (*http.Response, error) {
 	c.sched = c.policy.Schedule()
 	named := c.op != "" // from ctx, by WithOperation
+	// Each attempt's body is opened before the attempt is counted: the
+	// first one before Begin, which counts a new operation's first attempt,
+	// so that a body that cannot be produced leaves no record at all.
+	next, err := c.openBody()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if next != nil {
+			next.Close()
+		}
+	}()
 	if err := c.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -147,6 +160,11 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			continue
 		}
 
+		if next == nil {
+			if next, err = c.openBody(); err != nil {
+				return nil, c.stop(ctx, err)
+			}
+		}
 		// Count the attempt before it is sent, so that one cut off by a
 		// crash shows in the jar. Begin counted a new operation's first.
 		if !c.created || c.attempts > 0 {
@@ -157,7 +175,8 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		e := c.event(0, nil)
 		fire(c.t.Hooks.OnAttempt, e)
 		c.log(ctx, slog.LevelDebug, "idem: attempt", e)
-		resp, err := c.send(ctx)
+		resp, err := c.send(ctx, next)
+		next = nil // the base transport closes it
 		c.lastErr = err
 		if resp != nil {
 			c.lastCode = resp.StatusCode
@@ -351,17 +370,13 @@ func storedHeader(h http.Header) http.Header {
 	return h
 }
 
-// send sends one attempt: a clone of the caller's request with the key and
-// a fresh body.
-func (c *call) send(ctx context.Context) (*http.Response, error) {
+// send sends one attempt: a copy of the caller's request with the key and
+// body, a fresh one.
+func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, error) {
 	d := c.policy.AttemptTimeout
 	if d <= 0 {
 		// No timeout: the attempt needs no context of its own.
-		out, err := c.attempt(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return c.t.base().RoundTrip(out)
+		return c.t.base().RoundTrip(c.attempt(ctx, rc))
 	}
 	// The attempt timeout covers sending and the response headers, not
 	// the caller's reading of the body: its timer stops once headers come.
@@ -369,12 +384,7 @@ func (c *call) send(ctx context.Context) (*http.Response, error) {
 	var timedOut atomic.Bool
 	timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
 	defer timer.Stop()
-	out, err := c.attempt(actx)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	resp, err := c.t.base().RoundTrip(out)
+	resp, err := c.t.base().RoundTrip(c.attempt(actx, rc))
 	if err != nil {
 		cancel()
 		if timedOut.Load() && ctx.Err() == nil {
@@ -386,14 +396,26 @@ func (c *call) send(ctx context.Context) (*http.Response, error) {
 	return resp, nil
 }
 
-// attempt returns the request of one attempt, with ctx: a shallow copy of
-// the caller's with a Header of its own that carries the key, and a fresh
-// body. The copy shares the caller's URL and header values, which nothing
-// on the way writes to; each value is clipped, so that an Add by a base
-// transport copies it rather than write past its end. (req.Clone would
-// copy them all: four more allocations per attempt, and a map that grows
-// for the key.)
-func (c *call) attempt(ctx context.Context) (*http.Request, error) {
+// openBody produces the body of the next attempt, or nil for a request
+// without one.
+func (c *call) openBody() (io.ReadCloser, error) {
+	if c.body.open == nil {
+		return nil, nil
+	}
+	rc, err := c.body.open()
+	if err != nil {
+		return nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
+	}
+	return rc, nil
+}
+
+// attempt returns the request of one attempt, with ctx and the body rc: a shallow
+// copy of the caller's with a Header of its own that carries the key. The
+// copy shares the caller's URL and header values, which nothing on the way
+// writes to; each value is clipped, so that an Add by a base transport
+// copies it rather than write past its end. (req.Clone would copy them all:
+// four more allocations per attempt, and a map that grows for the key.)
+func (c *call) attempt(ctx context.Context, rc io.ReadCloser) *http.Request {
 	out := c.req.WithContext(ctx)
 	h := make(http.Header, len(c.req.Header)+1)
 	for k, v := range c.req.Header {
@@ -403,14 +425,10 @@ func (c *call) attempt(ctx context.Context) (*http.Request, error) {
 	}
 	h[KeyHeader] = []string{c.key}
 	out.Header = h
-	if c.body.open != nil {
-		rc, err := c.body.open()
-		if err != nil {
-			return nil, err
-		}
+	if rc != nil {
 		out.Body, out.GetBody, out.ContentLength = rc, c.body.open, c.body.size
 	}
-	return out, nil
+	return out
 }
 
 // attemptTimeoutError is an attempt that ran out of Policy.AttemptTimeout:

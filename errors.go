@@ -18,6 +18,12 @@ var (
 	// anything is sent, for a body that has no GetBody and is larger than
 	// Transport.MaxBuffer: it could not be sent again on a retry.
 	ErrBodyNotRewindable = errors.New("idem: request body cannot be rewound")
+	// ErrRequestBody is returned by Transport.RoundTrip, wrapped with the
+	// cause, when the request's body cannot be read or produced again:
+	// its reader or GetBody fails, or the caller's context ends while it
+	// is read. Before the first send nothing is stored or sent; for a
+	// later attempt it is the Err of a *PendingError.
+	ErrRequestBody = errors.New("idem: request body")
 	// ErrInvalidKey is returned by Transport.RoundTrip, before anything is
 	// stored or sent, for a request that carries its own Idempotency-Key
 	// when the header is set more than once, or the key is empty, longer

@@ -85,8 +85,8 @@ func Operation(ctx context.Context) string {
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,
-//     ErrBodyNotRewindable wrapped), never a *url.Error, which http.Client
-//     adds.
+//     ErrBodyNotRewindable, ErrRequestBody wrapped), never a *url.Error,
+//     which http.Client adds.
 //   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
 //     stored in the jar, not from an in-memory timer that a restart would
 //     reset. Past it, the operation is marked StateReconcile and RoundTrip
@@ -318,7 +318,7 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 			}
 			rest.Close()
 			if err != io.EOF {
-				return fmt.Errorf("idem: reading request body: %w", err)
+				return fmt.Errorf("%w: %w", ErrRequestBody, err)
 			}
 		}
 	}
@@ -352,7 +352,7 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 			return nil, nil, fmt.Errorf("%w: it has no GetBody and is longer than MaxBuffer (%d bytes); build the request with http.NewRequest from a bytes.Reader or set GetBody", ErrBodyNotRewindable, limit)
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("idem: reading request body: %w", err)
+			return nil, nil, fmt.Errorf("%w: %w", ErrRequestBody, err)
 		}
 		rb.open = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
 		return buf, nil, nil
@@ -360,7 +360,7 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 	rb.open = req.GetBody
 	rc, err := req.GetBody()
 	if err != nil {
-		return nil, nil, fmt.Errorf("idem: GetBody: %w", err)
+		return nil, nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
 	}
 	// A slow or endless body ends with the request.
 	buf, err = body.ReadAtMostContext(req.Context(), rc, limit, req.ContentLength)
@@ -372,7 +372,7 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 	}
 	rc.Close()
 	if err != nil {
-		return nil, nil, fmt.Errorf("idem: reading request body: %w", err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrRequestBody, err)
 	}
 	return buf, nil, nil
 }

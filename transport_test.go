@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"testing/synctest"
 	"time"
 
@@ -481,6 +482,78 @@ func TestBodyThatCannotBeRewoundIsRefused(t *testing.T) {
 	if recs, _ := jar.List(context.Background(), idem.Filter{}); len(recs) != 0 {
 		t.Fatalf("jar holds %d records; want none for a refused request", len(recs))
 	}
+}
+
+// TestRequestBodyErrors: a body that cannot be read, or produced again for
+// the first attempt, is an error wrapping ErrRequestBody and its cause, and
+// leaves nothing in the jar and nothing sent; one that cannot be produced
+// for a retry leaves the operation pending, its attempts counted as sent.
+func TestRequestBodyErrors(t *testing.T) {
+	boom := errors.New("boom")
+	getBodyFailing := func(after int) func() *http.Request {
+		return func() *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{}`))
+			calls := 0
+			req.GetBody = func() (io.ReadCloser, error) {
+				if calls++; calls > after {
+					return nil, boom
+				}
+				return io.NopCloser(strings.NewReader(`{}`)), nil
+			}
+			return req
+		}
+	}
+	for _, tt := range []struct {
+		name string
+		req  func() *http.Request
+	}{
+		{"GetBody fails", getBodyFailing(0)},
+		{"GetBody fails for the first attempt", getBodyFailing(1)},
+		{"the reader fails, no GetBody", func() *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, chargeURL, io.NopCloser(iotest.ErrReader(boom)))
+			return req
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tr, rec, jar := newTransport(t, status(201))
+			resp, err := tr.RoundTrip(tt.req())
+			if resp != nil || !errors.Is(err, idem.ErrRequestBody) || !errors.Is(err, boom) || rec.attempts() != 0 {
+				t.Fatalf("got %v, %v after %d sends; want an error wrapping ErrRequestBody and boom, nothing sent", resp, err, rec.attempts())
+			}
+			if recs, _ := jar.List(context.Background(), idem.Filter{}); len(recs) != 0 {
+				t.Fatalf("jar holds %+v; want nothing stored", recs)
+			}
+		})
+	}
+	t.Run("the caller's context ends while the body is read", func(t *testing.T) {
+		tr, rec, _ := newTransport(t, status(201))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		n := 0
+		body := io.NopCloser(readFunc(func(p []byte) (int, error) {
+			if n++; n == 2 {
+				cancel()
+			}
+			p[0] = ' '
+			return 1, nil
+		}))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, body)
+		if _, err := tr.RoundTrip(req); !errors.Is(err, idem.ErrRequestBody) || !errors.Is(err, context.Canceled) || rec.attempts() != 0 {
+			t.Fatalf("got %v after %d sends; want an error wrapping ErrRequestBody and context.Canceled", err, rec.attempts())
+		}
+	})
+	t.Run("GetBody fails for a retry", func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(503), status(201))
+		req := getBodyFailing(2)()
+		req = req.WithContext(idem.WithOperation(req.Context(), "op"))
+		_, err := tr.RoundTrip(req)
+		var pe *idem.PendingError
+		r, _ := jar.Get(context.Background(), "op")
+		if !errors.As(err, &pe) || !errors.Is(err, idem.ErrRequestBody) || pe.Attempts != 1 || rec.attempts() != 1 || r.Attempts != 1 || r.State != idem.StatePending {
+			t.Fatalf("got %v after %d sends, record %s with %d attempts; want a *PendingError wrapping ErrRequestBody after 1 attempt, counted once",
+				err, rec.attempts(), r.State, r.Attempts)
+		}
+	})
 }
 
 func TestBodyWithoutGetBodyIsBufferedForRetries(t *testing.T) {
