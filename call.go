@@ -376,7 +376,7 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	d := c.policy.AttemptTimeout
 	if d <= 0 {
 		// No timeout: the attempt needs no context of its own.
-		return c.t.base().RoundTrip(c.attempt(ctx, rc))
+		return c.roundTrip(c.attempt(ctx, rc))
 	}
 	// The attempt timeout covers sending and the response headers, not
 	// the caller's reading of the body: its timer stops once headers come.
@@ -384,7 +384,7 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	var timedOut atomic.Bool
 	timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
 	defer timer.Stop()
-	resp, err := c.t.base().RoundTrip(c.attempt(actx, rc))
+	resp, err := c.roundTrip(c.attempt(actx, rc))
 	if err != nil {
 		cancel()
 		if timedOut.Load() && ctx.Err() == nil {
@@ -394,6 +394,25 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	}
 	resp.Body = body.OnClose(resp.Body, cancel)
 	return resp, nil
+}
+
+// roundTrip sends out through the base transport, holding it to the
+// RoundTripper contract, as http.Client does: a response and an error
+// together are the error (the response's body is closed), and neither is an
+// error.
+func (c *call) roundTrip(out *http.Request) (*http.Response, error) {
+	base := c.t.base()
+	resp, err := base.RoundTrip(out)
+	switch {
+	case err != nil && resp != nil:
+		if resp.Body != nil {
+			resp.Body.Close()
+		}
+		return nil, err
+	case err == nil && resp == nil:
+		return nil, fmt.Errorf("idem: %T.RoundTrip returned a nil *http.Response and a nil error", base)
+	}
+	return resp, err
 }
 
 // openBody produces the body of the next attempt, or nil for a request

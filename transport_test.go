@@ -949,6 +949,47 @@ func TestConcurrentOperationsGetDistinctKeys(t *testing.T) {
 	}
 }
 
+// TestBaseBreakingItsContract: a base transport that returns a response and
+// an error gets the error (the response's body closed), and one that returns
+// neither gets an error: the call is pending, never (nil, nil), never marked
+// failed.
+func TestBaseBreakingItsContract(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		resp bool
+		err  error
+	}{
+		{"response and error", true, errors.New("tls: bad certificate")},
+		{"neither", false, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			jar := &idem.MemoryJar{}
+			var bodies []*closeTracker
+			tr := &idem.Transport{Jar: jar, Policy: fastPolicy, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+				if !tt.resp {
+					return nil, tt.err
+				}
+				resp := httpmock.NewStringResponse(201, "{}")
+				ct := &closeTracker{Reader: resp.Body}
+				bodies = append(bodies, ct)
+				resp.Body = ct
+				return resp, tt.err
+			})}
+			ctx := idem.WithOperation(context.Background(), "op")
+			resp, err := post(t, ctx, tr, `{}`)
+			r, _ := jar.Get(ctx, "op")
+			if resp != nil || !errors.Is(err, idem.ErrPending) || r.State != idem.StatePending {
+				t.Fatalf("got %v, %v, record %s; want no response, a *PendingError, the operation pending", resp, err, r.State)
+			}
+			for i, b := range bodies {
+				if !b.closed {
+					t.Errorf("the body of response %d was not closed", i)
+				}
+			}
+		})
+	}
+}
+
 func TestCloseIdleConnectionsForwarded(t *testing.T) {
 	b := &idleCounter{}
 	(&idem.Transport{Base: b}).CloseIdleConnections()
