@@ -24,7 +24,10 @@ const (
 	// StateDone: a final answer (2xx, 3xx, 4xx other than 422, or 500) was received.
 	StateDone State = "done"
 	// StateFailed: the server refused the key with 422 (reused with other
-	// parameters). It must not be retried.
+	// parameters). The Transport does not retry it and client.Resume
+	// refuses it; the same operation called again is sent again with the
+	// same key, and gets the server's answer (the same refusal, as a done
+	// operation gets its replay).
 	StateFailed State = "failed"
 	// StateReconcile: the first send is older than the retry horizon. The
 	// caller must find out from the server what happened; the SDK will not
