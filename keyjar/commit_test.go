@@ -1,6 +1,7 @@
 package keyjar_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -237,4 +238,40 @@ func TestFailedJobSparesItsBatch(t *testing.T) {
 			t.Errorf("commits %+v; want the second of 2 jobs", commits)
 		}
 	})
+}
+
+// TestContextEndingMidJob: a caller whose context ends while the committer
+// runs its job gets the context's error and reads nothing the job is still
+// writing (run with -race: the record was read while the committer set it).
+func TestContextEndingMidJob(t *testing.T) {
+	for _, name := range []string{"Update", "Acquire"} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				j, gate := openGated(t, keyjar.Hooks{})
+				r := newRecord("op")
+				gate.release <- struct{}{}
+				if _, _, err := j.Begin(t.Context(), r); err != nil {
+					t.Fatal(err)
+				}
+				<-gate.entered
+				// The next job runs and its commit waits at the gate, while the
+				// caller's deadline passes.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				defer cancel()
+				var (
+					got idem.Record
+					err error
+				)
+				if name == "Update" {
+					got, err = j.Update(ctx, "op", "", idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone})
+				} else {
+					got, err = j.Acquire(ctx, "op", "h", r.Created, time.Minute)
+				}
+				if !errors.Is(err, context.DeadlineExceeded) || got.Op != "" {
+					t.Errorf("%s: got %+v, %v; want no record and context.DeadlineExceeded", name, got, err)
+				}
+				gate.open()
+			})
+		})
+	}
 }

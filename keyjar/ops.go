@@ -140,11 +140,13 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		}
 		return err
 	})
-	if err == nil {
-		err = refusal
-	}
 	if err != nil {
-		return rec, fmt.Errorf("keyjar: update %q: %w", op, err)
+		// rec is not read: when the caller's context ended, the committer
+		// may still be running the job that sets it.
+		return idem.Record{}, fmt.Errorf("keyjar: update %q: %w", op, err)
+	}
+	if refusal != nil {
+		return rec, fmt.Errorf("keyjar: update %q: %w", op, refusal)
 	}
 	return rec, nil
 }
@@ -212,11 +214,13 @@ func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.R
 		}
 		return save(ctx, tx.StmtContext(ctx, j.stmts.save), rec)
 	})
-	if err == nil {
-		err = refusal
-	}
 	if err != nil {
-		return rec, fmt.Errorf("keyjar: %s %q: %w", verb, op, err)
+		// rec is not read: when the caller's context ended, the committer
+		// may still be running the job that sets it.
+		return idem.Record{}, fmt.Errorf("keyjar: %s %q: %w", verb, op, err)
+	}
+	if refusal != nil {
+		return rec, fmt.Errorf("keyjar: %s %q: %w", verb, op, refusal)
 	}
 	return rec, nil
 }
