@@ -75,6 +75,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/sqliteopt"
 	sqlite3 "modernc.org/sqlite/lib"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
@@ -85,6 +86,8 @@ import (
 type Options struct {
 	// BusyTimeout is how long a statement waits for a lock held by another
 	// connection or process before failing with ErrLocked. Zero means 5s.
+	// SQLite waits at most 2^31-1 ms (about 24.8 days) and at least 1 ms:
+	// a longer or shorter BusyTimeout is that.
 	BusyTimeout time.Duration
 
 	// MaxBatch is the most writes (Begin, Acquire, Update, Forget, one Prune
@@ -201,7 +204,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if err != nil {
 		return nil, err
 	}
-	busy := strconv.FormatInt(o.BusyTimeout.Milliseconds(), 10)
+	busy := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(o.BusyTimeout), 10)
 	writer, err := sql.Open("sqlite", dsn(abs,
 		"_txlock", "immediate",
 		"_pragma", "busy_timeout("+busy+")",

@@ -140,6 +140,21 @@ func TestOpenErrors(t *testing.T) {
 	}
 }
 
+// TestLongBusyTimeoutWaits: a BusyTimeout beyond what SQLite's 32-bit
+// busy_timeout holds (30 days) still waits for a lock, rather than not at
+// all: the caller's deadline, here 100 ms, ends the wait, not ErrLocked.
+func TestLongBusyTimeoutWaits(t *testing.T) {
+	j, path := openTemp(t, &keyjar.Options{BusyTimeout: 30 * 24 * time.Hour})
+	unlock := lockFile(t, path, false)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, _, err := j.Begin(ctx, newRecord("op"))
+	unlock() // the committer, still waiting, then goes on and Close returns
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Begin on a locked file with BusyTimeout 30 days: %v; want the caller's deadline, not ErrLocked", err)
+	}
+}
+
 func writeFile(b []byte) func(t *testing.T, path string) {
 	return func(t *testing.T, path string) {
 		t.Helper()

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/sqliteopt"
 	"github.com/idemkit/idem/testserver"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 )
@@ -49,7 +50,9 @@ const DefaultBusyTimeout = 5 * time.Second
 // Options configure Open. A nil *Options means the defaults.
 type Options struct {
 	// BusyTimeout is how long a statement waits for another process's
-	// write lock before failing. Zero means DefaultBusyTimeout.
+	// write lock before failing. Zero means DefaultBusyTimeout. SQLite
+	// waits at most 2^31-1 ms (about 24.8 days) and at least 1 ms: a
+	// longer or shorter BusyTimeout is that.
 	BusyTimeout time.Duration
 }
 
@@ -88,7 +91,7 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 		busy = DefaultBusyTimeout
 	}
 	dsn := fmt.Sprintf("%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate",
-		path, busy.Milliseconds())
+		path, sqliteopt.BusyTimeoutMillis(busy))
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: %w", err)
