@@ -23,11 +23,14 @@ type Hooks struct {
 	// PruneBatch, if > 0, is the number of rows Prune deletes per
 	// transaction.
 	PruneBatch int
+	// SyncFile, if not nil, runs when Close is about to fsync the file at
+	// path.
+	SyncFile func(path string)
 }
 
 // OpenHooked is Open with test seams.
 func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar, error) {
-	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError}
+	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError, syncFile: h.SyncFile}
 	if h.BeforeCommit != nil {
 		in.beforeCommit = func(tx *sql.Tx, jobs int, durable bool) {
 			c := Commit{Jobs: jobs, Durable: durable}

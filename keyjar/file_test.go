@@ -51,6 +51,46 @@ func TestReopenKeepsRecords(t *testing.T) {
 
 // TestFileModes checks that the jar file and SQLite's -wal and -shm files
 // beside it are readable by their owner only.
+// TestCloseSyncsWAL: Close fsyncs the WAL after the jar's last write, so
+// that changes committed with synchronous=NORMAL are on stable storage even
+// while another connection (another process) keeps the file open, and
+// SQLite does not checkpoint it at Close.
+func TestCloseSyncsWAL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	other := openPath(t, path, nil)
+	if _, err := other.Get(t.Context(), "op"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatal(err)
+	}
+	var synced []string
+	j, err := keyjar.OpenHooked(t.Context(), path, nil, keyjar.Hooks{SyncFile: func(p string) {
+		if _, err := os.Stat(p); err == nil {
+			synced = append(synced, p)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRecord("op")
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Update(t.Context(), "op", "", idem.Change{Now: r.Created, State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+	if len(synced) != 0 {
+		t.Fatalf("synced %q before Close", synced)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(synced) != 1 || synced[0] != path+"-wal" {
+		t.Fatalf("Close synced %q; want the WAL, %s", synced, path+"-wal")
+	}
+	if got, err := other.Get(t.Context(), "op"); err != nil || got.State != idem.StateDone {
+		t.Fatalf("the other connection reads %v, %v; want the done record", got.State, err)
+	}
+}
+
 func TestFileModes(t *testing.T) {
 	j, path := openTemp(t, nil)
 	if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {

@@ -65,6 +65,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -135,6 +136,8 @@ type hooks struct {
 	// its statements had.
 	jobError   func() error
 	pruneBatch int // 0 means pruneBatch
+	// syncFile runs when Close is about to fsync the file at path.
+	syncFile func(path string)
 }
 
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
@@ -375,10 +378,35 @@ func (j *Jar) Close() error {
 	close(j.queue)
 	j.mu.Unlock()
 	<-j.done
-	if err := j.closeDBs(); err != nil {
+	// Changes committed with synchronous=NORMAL are in the WAL, not yet
+	// synced. SQLite syncs them when the last connection to the file
+	// closes, with a checkpoint; while another process has the file open,
+	// it does not. The WAL is synced here either way.
+	err := j.syncWAL()
+	if cerr := j.closeDBs(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
 		return fmt.Errorf("keyjar: close %s: %w", j.path, err)
 	}
 	return nil
+}
+
+// syncWAL fsyncs the jar's WAL file, when it has one.
+func (j *Jar) syncWAL() error {
+	path := j.path + "-wal"
+	if j.hooks.syncFile != nil {
+		j.hooks.syncFile(path)
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // closeDBs closes the readers first, so that the writer is the last
