@@ -320,6 +320,12 @@ func createFile(path string) (created bool, err error) {
 		return false, fmt.Errorf("keyjar: open %s: %w", path, permission(err))
 	}
 	defer f.Close()
+	// A FIFO or a device is no jar, and reading one may never end.
+	if fi, err := f.Stat(); err != nil {
+		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+	} else if !fi.Mode().IsRegular() {
+		return false, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, fi.Mode().Type())
+	}
 	head := make([]byte, len(sqliteMagic))
 	n, err := io.ReadFull(f, head)
 	switch {

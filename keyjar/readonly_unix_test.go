@@ -100,3 +100,19 @@ func asNobody(t *testing.T, top string, jars ...string) func(path string) (bool,
 		return bytes.HasPrefix([]byte(line), []byte("permission:")), line
 	}
 }
+
+// TestOpenFIFO: a FIFO is not a jar, and Open says so at once: reading its
+// first bytes would wait for a writer forever.
+func TestOpenFIFO(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fifo.db")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, err := keyjar.Open(t.Context(), path, nil)
+	if err == nil {
+		j.Close()
+	}
+	if !errors.Is(err, keyjar.ErrCorrupt) {
+		t.Fatalf("Open(a FIFO) = %v; want ErrCorrupt", err)
+	}
+}
