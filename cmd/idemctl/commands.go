@@ -285,6 +285,9 @@ func parseAge(v string) (time.Duration, error) {
 		if err != nil || n > 100_000 {
 			return 0, usagef("--older-than %q: want a duration such as 720h or 30d", v)
 		}
+		if n <= 0 { // before the multiplication, which a large negative n overflows
+			return 0, usagef("--older-than %q: want a positive age", v)
+		}
 		d = time.Duration(n) * 24 * time.Hour
 	} else {
 		var err error

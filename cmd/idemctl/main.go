@@ -250,6 +250,12 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (clien
 		return nil, nil, fmt.Errorf("%s: %v", spec, err)
 	case fi.IsDir():
 		return nil, nil, fmt.Errorf("%s is a directory, not a jar file", spec)
+	case !fi.Mode().IsRegular():
+		return nil, nil, fmt.Errorf("%s is not a regular file, not a jar file", spec)
+	case fi.Size() == 0:
+		// keyjar.Open would make an empty file a new jar: idemctl never
+		// creates one.
+		return nil, nil, fmt.Errorf("%s is empty, not a jar file", spec)
 	}
 	j, err := keyjar.Open(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout})
 	if err != nil {

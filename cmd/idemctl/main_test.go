@@ -304,7 +304,9 @@ func testForget(t *testing.T, _ *server, path string) {
 func TestPrune(t *testing.T) { eachJar(t, testPrune) }
 
 func testPrune(t *testing.T, _ *server, path string) {
-	for _, bad := range []string{"", "soon", "-5h", "0s", "xd"} {
+	// A day count that multiplies past what a Duration holds must not
+	// wrap into a positive age.
+	for _, bad := range []string{"", "soon", "-5h", "0s", "xd", "0d", "-1d", "-106752d", "-208449342806584d"} {
 		code, _, errOut := idemctl("--jar", path, "prune", "--older-than", bad)
 		wantError(t, code, errOut, 2, "--older-than")
 	}
@@ -384,6 +386,16 @@ func TestJarErrors(t *testing.T) {
 	wantError(t, code, errOut, 1, "not a key jar or is corrupt")
 	code, _, errOut = idemctl("--jar", dir, "show", "x")
 	wantError(t, code, errOut, 1, "is a directory")
+	// An empty file would become a new jar; idemctl never creates one.
+	empty := filepath.Join(dir, "empty.db")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = idemctl("--jar", empty, "list")
+	wantError(t, code, errOut, 1, "is empty")
+	if fi, err := os.Stat(empty); err != nil || fi.Size() != 0 {
+		t.Fatalf("idemctl changed the empty file: %v, %v", fi, err)
+	}
 	t.Setenv("IDEM_JAR", "")
 	code, _, errOut = idemctl("list")
 	wantError(t, code, errOut, 2, "--jar")
