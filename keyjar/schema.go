@@ -3,13 +3,13 @@ package keyjar
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/hdrjson"
 )
 
 const (
@@ -114,7 +114,7 @@ func scanRecord(s scanner) (idem.Record, error) {
 		return idem.Record{}, err
 	}
 	if header.Valid {
-		if err := json.Unmarshal([]byte(header.String), &r.Header); err != nil {
+		if r.Header, err = hdrjson.Unmarshal([]byte(header.String)); err != nil {
 			return idem.Record{}, fmt.Errorf("%w: header of %q: %v", ErrCorrupt, r.Op, err)
 		}
 		if r.Header == nil {
@@ -160,7 +160,7 @@ func encode(r idem.Record) (row, error) {
 	var w row
 	var err error
 	if r.Header != nil {
-		b, err := json.Marshal(r.Header)
+		b, err := hdrjson.Marshal(r.Header)
 		if err != nil {
 			return row{}, fmt.Errorf("%w: header: %v", ErrInvalid, err)
 		}

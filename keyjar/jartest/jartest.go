@@ -693,6 +693,12 @@ func testRoundTrip(t *testing.T, j Jar) {
 				"Content-Encoding": {"gzip"},
 			}
 		}},
+		{"header bytes that are not UTF-8", func(r *idem.Record) {
+			r.Header = http.Header{
+				"Content-Disposition": {"attachment; filename=caf\xe9.txt"}, // Latin-1, HTTP's obs-text
+				"X-Nul":               {"\x00base64:"},
+			}
+		}},
 		{"every field", func(r *idem.Record) {
 			r.State, r.Attempts, r.LastStatus, r.LastError = idem.StateReconcile, 7, 503, "dial tcp: connection refused"
 			r.NextAttempt, r.Note = t0.Add(time.Minute), "note ✓"

@@ -43,7 +43,6 @@ package pgjar
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -52,6 +51,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -276,7 +276,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
 		}
 	}
-	header, err := json.Marshal(idem.PublicHeader(r.Header))
+	header, err := hdrjson.Marshal(idem.PublicHeader(r.Header))
 	if err != nil {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: header: %v", r.Op, ErrInvalid, err)
 	}

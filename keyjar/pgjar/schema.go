@@ -2,7 +2,6 @@ package pgjar
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -108,7 +108,7 @@ func scanRecord(row pgx.Row) (idem.Record, error) {
 		return idem.Record{}, err
 	}
 	if header != nil {
-		if err := json.Unmarshal([]byte(*header), &r.Header); err != nil {
+		if r.Header, err = hdrjson.Unmarshal([]byte(*header)); err != nil {
 			return idem.Record{}, fmt.Errorf("header of %q: %w", r.Op, err)
 		}
 		if r.Header == nil {

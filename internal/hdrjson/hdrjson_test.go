@@ -1,0 +1,54 @@
+package hdrjson
+
+import (
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+func TestRoundTrip(t *testing.T) {
+	for _, h := range []http.Header{
+		nil,
+		{},
+		{"Content-Type": {"application/json"}, "X-Many": {"1", "", "日本語"}},
+		{"Content-Disposition": {"attachment; filename=caf\xe9.txt"}, "X-Plain": {"ok"}},
+		{"X-Nul": {"\x00base64:not base64", "\x00"}},
+		{"X-Invalid": {"\xff\xfe", "a\x80b"}},
+	} {
+		b, err := Marshal(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Unmarshal(b)
+		if err != nil {
+			t.Fatalf("Unmarshal(%s): %v", b, err)
+		}
+		if !reflect.DeepEqual(got, h) {
+			t.Errorf("%q: stored as %s, read back %q", h, b, got)
+		}
+	}
+}
+
+// TestPlainJSON: a header stored by encoding/json alone, as jars did
+// before this package, reads back as it was; so does a header without
+// bytes to encode, which Marshal writes as encoding/json does.
+func TestPlainJSON(t *testing.T) {
+	const plain = `{"Content-Type":["application/json"],"X-Quoted":["a \"b\" \\u0001"]}`
+	h, err := Unmarshal([]byte(plain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (http.Header{"Content-Type": {"application/json"}, "X-Quoted": {"a \"b\" \\u0001"}}); !reflect.DeepEqual(h, want) {
+		t.Fatalf("read %q; want %q", h, want)
+	}
+	b, err := Marshal(h)
+	if err != nil || string(b) != plain {
+		t.Fatalf("Marshal = %s, %v; want %s", b, err, plain)
+	}
+}
+
+func TestUnmarshalBadBase64(t *testing.T) {
+	if _, err := Unmarshal([]byte(`{"X":["\u0000base64:***"]}`)); err == nil {
+		t.Fatal("Unmarshal of a value that is not base64 after the marker: got no error")
+	}
+}
