@@ -290,8 +290,11 @@ func reason(resp *http.Response, err error) string {
 }
 
 func (c *call) reconcile(ctx context.Context) error {
-	c.update(ctx, Change{State: StateReconcile, Release: true,
-		Note: "first send older than the horizon: ask the server what happened, then abandon or forget"})
+	ch := Change{Release: true}
+	if c.rec.State == StatePending { // an outcome that is known stays known
+		ch.State, ch.Note = StateReconcile, "first send older than the horizon: ask the server what happened, then abandon or forget"
+	}
+	c.update(ctx, ch)
 	e := c.event(c.lastCode, nil)
 	fire(c.t.Hooks.OnReconcile, e)
 	c.log(ctx, slog.LevelWarn, "idem: past the horizon; reconcile", e)

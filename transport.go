@@ -89,8 +89,9 @@ func Operation(ctx context.Context) string {
 //     which http.Client adds.
 //   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
 //     stored in the jar, not from an in-memory timer that a restart would
-//     reset. Past it, the operation is marked StateReconcile and RoundTrip
-//     returns a *ReconcileError without sending.
+//     reset. Past it, RoundTrip returns a *ReconcileError without sending,
+//     and a pending operation is marked StateReconcile (a done or failed
+//     one keeps its known outcome).
 //   - At most one holder sends an operation at a time: a lease in the jar
 //     (Lease) covers each call, across goroutines and processes sharing
 //     the jar, and is renewed before each attempt. A holder whose process

@@ -611,6 +611,24 @@ func TestHorizonFromStoredFirstSend(t *testing.T) {
 	}
 }
 
+// TestHorizonKeepsAKnownOutcome: a done operation called again past the
+// horizon is not sent (the server may no longer know its key) and stays
+// done.
+func TestHorizonKeepsAKnownOutcome(t *testing.T) {
+	tr, rec, jar := newTransport(t, status(201), status(201))
+	ctx := idem.WithOperation(context.Background(), "op")
+	if _, err := post(t, ctx, tr, `{}`); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := jar.Get(ctx, "op")
+	backdate(t, jar, r, time.Now().Add(-25*time.Hour))
+	_, err := post(t, ctx, tr, `{}`)
+	got, _ := jar.Get(ctx, "op")
+	if !errors.Is(err, idem.ErrReconcile) || rec.attempts() != 1 || got.State != idem.StateDone {
+		t.Fatalf("got %v after %d sends, state %s; want *ReconcileError, nothing sent again, still done", err, rec.attempts(), got.State)
+	}
+}
+
 // backdate rewrites a record's creation time, as if the first send were at t0.
 func backdate(t *testing.T, jar *idem.MemoryJar, r idem.Record, t0 time.Time) {
 	t.Helper()
