@@ -87,13 +87,13 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 	// Each attempt's body is opened before the attempt is counted: the
 	// first one before Begin, which counts a new operation's first attempt,
 	// so that a body that cannot be produced leaves no record at all.
-	next, err := c.openBody()
+	nextBody, err := c.openBody()
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if next != nil {
-			next.Close()
+		if nextBody != nil {
+			nextBody.Close()
 		}
 	}()
 	if err := c.begin(ctx); err != nil {
@@ -160,8 +160,8 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			continue
 		}
 
-		if next == nil {
-			if next, err = c.openBody(); err != nil {
+		if nextBody == nil {
+			if nextBody, err = c.openBody(); err != nil {
 				return nil, c.stop(ctx, err)
 			}
 		}
@@ -175,8 +175,8 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		e := c.event(0, nil)
 		fire(c.t.Hooks.OnAttempt, e)
 		c.log(ctx, slog.LevelDebug, "idem: attempt", e)
-		resp, err := c.send(ctx, next)
-		next = nil // the base transport closes it
+		resp, err := c.send(ctx, nextBody)
+		nextBody = nil // the base transport closes it
 		c.lastErr = err
 		if resp != nil {
 			c.lastCode = resp.StatusCode
@@ -431,12 +431,13 @@ func (c *call) openBody() (io.ReadCloser, error) {
 	return rc, nil
 }
 
-// attempt returns the request of one attempt, with ctx and the body rc: a shallow
-// copy of the caller's with a Header of its own that carries the key. The
-// copy shares the caller's URL and header values, which nothing on the way
-// writes to; each value is clipped, so that an Add by a base transport
-// copies it rather than write past its end. (req.Clone would copy them all:
-// four more allocations per attempt, and a map that grows for the key.)
+// attempt returns the request of one attempt, with ctx and the body rc: a
+// shallow copy of the caller's with a Header of its own that carries the
+// key. The copy shares the caller's URL and header values, which nothing
+// on the way writes to; each value is clipped, so that an Add by a base
+// transport copies it rather than write past its end. (req.Clone would
+// copy them all: four more allocations per attempt, and a map that grows
+// for the key.)
 func (c *call) attempt(ctx context.Context, rc io.ReadCloser) *http.Request {
 	out := c.req.WithContext(ctx)
 	h := make(http.Header, len(c.req.Header)+1)
