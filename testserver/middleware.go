@@ -411,7 +411,12 @@ func (m *Middleware) inFlight(w http.ResponseWriter, key string, retryAfter int)
 
 func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
 	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
-		return // the caller went away: nobody to answer, nothing failed
+		// Not the store's failure: the request's context ended, because the
+		// caller went away or a deadline set before this Middleware passed.
+		// The caller may still be there; an answer to nobody is harmless.
+		WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
+			Detail: "The request's time ran out before the server could record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}, 1)
+		return
 	}
 	m.stats.storeErrors.Add(1)
 	m.log(r.Context(), slog.LevelError, "idempotency: store failed; request refused", "key", key, "err", err)

@@ -714,15 +714,24 @@ func TestLogger(t *testing.T) {
 	}
 }
 
-// A caller that hangs up before the claim is not a store error.
-func TestCallerGoneBeforeClaim(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
+// A request whose context ends before the claim (the caller hung up, or a
+// deadline set by an outer handler passed) is not a store error, and the
+// answer, if anyone still reads it, is a 503 problem: never an empty 200.
+func TestContextEndedBeforeClaim(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	h := &charges{}
-	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-	serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
-	if h.runs.Load() != 0 || mw.Stats().StoreErrors != 0 {
-		t.Fatalf("runs %d, %+v; want no run and no store error", h.runs.Load(), mw.Stats())
+	past, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
+	defer cancel()
+	for name, ctx := range map[string]context.Context{"caller gone": cancelled, "deadline passed": past} {
+		t.Run(name, func(t *testing.T) {
+			h := &charges{}
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+			w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
+			if h.runs.Load() != 0 || mw.Stats().StoreErrors != 0 {
+				t.Fatalf("runs %d, %+v; want no run and no store error", h.runs.Load(), mw.Stats())
+			}
+			wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+		})
 	}
 }
 
