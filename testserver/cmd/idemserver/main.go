@@ -176,7 +176,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		db          = fs.String("db", "idemserver.db", "the keys and the PayCo ledger: a SQLite file, or a postgres:// URL")
 		lockTimeout = fs.Duration("lock-timeout", testserver.DefaultLockTimeout, "how long a claim is honoured before a retry may take it over")
 		retention   = fs.Duration("retention", testserver.MinRetention, "how long keys are kept (at least 24h)")
-		pruneEvery  = fs.Duration("prune-every", time.Hour, "how often keys older than -retention are deleted")
+		pruneEvery  = fs.Duration("prune-every", time.Hour, "how often keys older than -retention are deleted (0: never)")
 		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
 		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
 		noDedup     = fs.Bool("no-dedup", false, "fault: PayCo charges on every call, ignoring the server's key")
@@ -198,9 +198,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-on-error %q: want release or save", *onError)
 	}
 	for name, p := range map[string]float64{"-fail-after-charge": *failAfter, "-crash-after-charge": *crashAfter} {
-		if p < 0 || p > 1 {
+		if !(p >= 0 && p <= 1) { // NaN too
 			return fmt.Errorf("%s %v: want a probability from 0 to 1", name, p)
 		}
+	}
+	if *lockTimeout <= 0 {
+		return fmt.Errorf("-lock-timeout %v: want a positive duration", *lockTimeout)
+	}
+	if *pruneEvery < 0 {
+		return fmt.Errorf("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
 	}
 	if *retention < testserver.MinRetention {
 		return fmt.Errorf("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)

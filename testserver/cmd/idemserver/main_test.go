@@ -235,6 +235,25 @@ func TestFlags(t *testing.T) {
 	}
 }
 
+// TestFlagValues: a value out of its range is refused, naming the flag,
+// before anything is opened (the unreachable address would fail later).
+func TestFlagValues(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "x.db")
+	for _, flag := range [][2]string{
+		{"-fail-after-charge", "NaN"},
+		{"-crash-after-charge", "NaN"},
+		{"-crash-after-charge", "-0.5"},
+		{"-lock-timeout", "0"},
+		{"-lock-timeout", "-5s"},
+		{"-prune-every", "-1h"},
+	} {
+		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), flag[0]) {
+			t.Errorf("run(%s %s): %v; want an error naming %s", flag[0], flag[1], err, flag[0])
+		}
+	}
+}
+
 // run stops gracefully when its context ends.
 func TestRunStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
