@@ -17,13 +17,13 @@ package pgstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/testserver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -156,7 +156,8 @@ func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, 
 			r.Body = []byte{}
 		}
 		if header != nil {
-			if err := json.Unmarshal(header, &r.Header); err != nil {
+			var err error
+			if r.Header, err = hdrjson.Unmarshal(header); err != nil {
 				return e, fmt.Errorf("response header of key %q: %w", key, err)
 			}
 		}
@@ -231,7 +232,7 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64)
 
 // Save implements testserver.Store.
 func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
-	header, err := json.Marshal(resp.Header)
+	header, err := hdrjson.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("pgstore: save: %w", err)
 	}

@@ -12,13 +12,13 @@ package sqlitestore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/sqliteopt"
 	"github.com/idemkit/idem/testserver"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -195,7 +195,7 @@ func get(ctx context.Context, tx *sql.Tx, scope, key string) (testserver.Entry, 
 	if status.Valid {
 		r := &testserver.Response{Status: int(status.Int64), Body: body}
 		if header.Valid {
-			if err := json.Unmarshal([]byte(header.String), &r.Header); err != nil {
+			if r.Header, err = hdrjson.Unmarshal([]byte(header.String)); err != nil {
 				return e, fmt.Errorf("response header of key %q: %w", key, err)
 			}
 		}
@@ -225,7 +225,7 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64)
 
 // Save implements testserver.Store.
 func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
-	header, err := json.Marshal(resp.Header)
+	header, err := hdrjson.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: %w", err)
 	}

@@ -322,6 +322,10 @@ func responseRoundTrip(t *testing.T, s testserver.Store) {
 			"Link":         {"<https://a.example/1>; rel=next", "<https://a.example/0>; rel=prev"},
 			"Etag":         {`"v1"`},
 		}}},
+		{"header bytes that are not UTF-8", testserver.Response{Status: 201, Body: []byte("ok"), Header: http.Header{
+			"Etag":     {"\"caf\xe9\""}, // Latin-1: HTTP's obs-text
+			"Location": {"/files/r\xe9sum\xe9.pdf"},
+		}}},
 		{"empty body", testserver.Response{Status: 204, Body: []byte{}, Header: http.Header{}}},
 		{"nil body and header", testserver.Response{Status: 500}},
 		{"large body", testserver.Response{Status: 200, Body: bytes.Repeat([]byte("0123456789"), 100_000)}},
