@@ -497,6 +497,25 @@ func TestMigrations(t *testing.T) {
 	}
 }
 
+// TestMigrationsStartingTogether: processes whose migrations wait for one
+// another migrate once, also when the database's default isolation is
+// REPEATABLE READ.
+func TestMigrationsStartingTogether(t *testing.T) {
+	dsn := pgtest.DB(t)
+	errs := pgtest.StartTogether(t, dsn, pgjar.MigrateLock, 2, func() error {
+		j, err := pgjar.Open(t.Context(), dsn, nil)
+		if err == nil {
+			j.Close()
+		}
+		return err
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Errorf("Open of a worker starting together with another: %v", err)
+		}
+	}
+}
+
 func TestOpenBadDSN(t *testing.T) {
 	if _, err := pgjar.Open(t.Context(), "postgres://%zz", nil); err == nil {
 		t.Error("Open with a malformed DSN: no error")

@@ -56,7 +56,11 @@ const migrateLock = 0x6964656d6a617273 // "idemjars"
 // migrate brings the schema to len(migrations) in one transaction, recording
 // each version applied in idem_operations_schema.
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the database's default: under REPEATABLE
+	// READ or SERIALIZABLE the snapshot would be taken before the lock
+	// wait, and a process that waited for another's migration would not
+	// see it.
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
 			return err
 		}

@@ -44,7 +44,11 @@ const migrateLock = 0x6964656d73746f72 // "idemstor"
 func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the database's default: under REPEATABLE
+	// READ or SERIALIZABLE the snapshot would be taken before the lock
+	// wait, and a process that waited for another's migration would not
+	// see it.
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
 			return err
 		}

@@ -461,6 +461,25 @@ func TestMigrations(t *testing.T) {
 	}
 }
 
+// TestMigrationsStartingTogether: instances whose migrations wait for one
+// another migrate once, also when the database's default isolation is
+// REPEATABLE READ.
+func TestMigrationsStartingTogether(t *testing.T) {
+	dsn := pgtest.DB(t)
+	errs := pgtest.StartTogether(t, dsn, pgstore.MigrateLock, 2, func() error {
+		s, err := pgstore.Open(t.Context(), dsn, nil)
+		if err == nil {
+			s.Close()
+		}
+		return err
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Errorf("Open of an instance starting together with another: %v", err)
+		}
+	}
+}
+
 func TestOpenBadDSN(t *testing.T) {
 	if _, err := pgstore.Open(t.Context(), "postgres://%zz", nil); err == nil {
 		t.Error("Open with a malformed DSN: no error")
