@@ -2,6 +2,7 @@ package pgjar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/chanbatch"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Bounds of the deferred changes.
@@ -128,17 +130,36 @@ func (j *Jar) applyLoop() {
 // two processes lock rows in the same order and cannot deadlock. Its
 // context is bounded as one statement's is (see Options.QueryTimeout). An
 // error loses the batch, which the Deferrer contract allows: the records
-// stay as they were.
+// stay as they were. But when the database refused one change for its data
+// (an integer out of range, say), the others are sent again one by one, so
+// that only that change is lost.
 func (j *Jar) apply(batch []deferred) {
 	if hook := j.beforeApply.Load(); hook != nil {
 		(*hook)(len(batch))
 	}
 	slices.SortStableFunc(batch, func(a, b deferred) int { return strings.Compare(a.op, b.op) })
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(batch))}
-	for _, d := range batch {
+	if err := j.send(batch); len(batch) > 1 && refusedData(err) {
+		for i := range batch {
+			_ = j.send(batch[i : i+1]) // dropped on error, as documented
+		}
+	}
+}
+
+// send sends changes as one pgx.Batch, under one statement's deadline.
+func (j *Jar) send(changes []deferred) error {
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(changes))}
+	for _, d := range changes {
 		b.Queue(updateSQL, d.args...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*j.timeout)
 	defer cancel()
-	_ = j.pool.SendBatch(ctx, b).Close() // dropped on error, as documented
+	return j.pool.SendBatch(ctx, b).Close()
+}
+
+// refusedData reports whether err is the database refusing a statement for
+// the data it was given (SQLSTATE class 22, data exception, or 23,
+// integrity constraint violation), rather than failing to run it.
+func refusedData(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -409,5 +411,101 @@ func BenchmarkOutcome(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestRefusedChangeSparesItsBatch: a deferred change the database refuses
+// for its data (an attempt count past bigint) is dropped alone; the other
+// changes of its batch are applied.
+func TestRefusedChangeSparesItsBatch(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	g := holdApplier(t, j)
+	for _, op := range []string{"a", "z"} {
+		leased(t, j, op)
+	}
+	full := record("b")
+	full.Holder, full.LeaseUntil, full.Attempts = "h", t0.Add(time.Minute), math.MaxInt64
+	if _, _, err := j.Begin(t.Context(), full); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("z", "h", idem.Change{Now: t0}); err != nil { // holds the applier on a first batch
+		t.Fatal(err)
+	}
+	<-g.entered
+	if err := j.Defer("a", "h", done); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("b", "h", idem.Change{Now: t0, Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g.open()
+	a, err := j.Get(t.Context(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := j.Get(t.Context(), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sizes := g.batches(); len(sizes) != 1 || sizes[0] != 2 {
+		t.Fatalf("batches after the first: %v; want one of 2 changes", sizes)
+	}
+	if a.State != idem.StateDone || a.Holder != "" || b.Attempts != math.MaxInt64 {
+		t.Errorf("a is %s held by %q, b has %d attempts; want a done and released, b as it was", a.State, a.Holder, b.Attempts)
+	}
+}
+
+// TestStringsTextCannotHold: a NUL byte or bytes that are not UTF-8, which
+// PostgreSQL's text refuses, are ErrInvalid before anything is sent, for
+// Defer as for Update; so is an Op too long for the index.
+func TestStringsTextCannotHold(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	leased(t, j, "op")
+	for _, s := range []string{"a\x00b", "caf\xe9"} {
+		c := idem.Change{Now: t0, LastError: s}
+		if _, err := j.Update(t.Context(), "op", "h", c); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Update with LastError %q: %v; want ErrInvalid", s, err)
+		}
+		if err := j.Defer("op", "h", c); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Defer with LastError %q: %v; want ErrInvalid", s, err)
+		}
+		r := record("op2")
+		r.Note = s
+		if _, _, err := j.Begin(t.Context(), r); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Begin with Note %q: %v; want ErrInvalid", s, err)
+		}
+		if _, err := j.Acquire(t.Context(), "op", s, t0, time.Minute); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Acquire for holder %q: %v; want ErrInvalid", s, err)
+		}
+	}
+	if _, _, err := j.Begin(t.Context(), record(strings.Repeat("x", pgjar.MaxOpLen+1))); !errors.Is(err, pgjar.ErrInvalid) {
+		t.Errorf("Begin of an Op of %d bytes: %v; want ErrInvalid", pgjar.MaxOpLen+1, err)
+	}
+	// The longest name is stored, even one that does not compress.
+	long := make([]byte, pgjar.MaxOpLen)
+	for i := range long {
+		long[i] = byte(33 + (i*7919+i*i)%94)
+	}
+	if _, created, err := j.Begin(t.Context(), record(string(long))); err != nil || !created {
+		t.Errorf("Begin of an Op of %d bytes: %v, %v; want it created", len(long), created, err)
+	}
+}
+
+// TestClosedBeforeInvalid: after Close, every method returns ErrClosed,
+// whatever its arguments.
+func TestClosedBeforeInvalid(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	_, _, errBegin := j.Begin(ctx, idem.Record{})
+	_, errAcquire := j.Acquire(ctx, "op", "a", time.Time{}, time.Minute)
+	_, errUpdate := j.Update(ctx, "op", "", idem.Change{State: "sent"})
+	errDefer := j.Defer("op", "", idem.Change{State: "sent"})
+	for name, err := range map[string]error{"Begin": errBegin, "Acquire": errAcquire, "Update": errUpdate, "Defer": errDefer} {
+		if !errors.Is(err, pgjar.ErrClosed) {
+			t.Errorf("%s after Close: %v; want ErrClosed", name, err)
+		}
 	}
 }

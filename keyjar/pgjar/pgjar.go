@@ -46,9 +46,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
@@ -61,6 +63,11 @@ const (
 	DefaultQueryTimeout = 5 * time.Second
 	DefaultPruneBatch   = 1000
 )
+
+// MaxOpLen is the longest operation name, in bytes, that the jar stores:
+// the name is the key of a B-tree index, whose entries PostgreSQL limits
+// to about 2.7 kB.
+const MaxOpLen = 2048
 
 // raceAttempts bounds the retries of a method whose second statement found
 // the row changed by a concurrent writer since its first. Each retry means
@@ -79,11 +86,13 @@ var (
 	// written by a newer version of this package.
 	ErrVersion = errors.New("pgjar: database has a newer jar schema version")
 
-	// ErrInvalid is returned by Begin for a record without Op or Key, or
-	// with a State that is not valid, by Update for a Change with an invalid
-	// State, and by Begin, Acquire and Update for a time that cannot be
-	// stored (outside the years 1678 to 2262), and by Defer for the change
-	// Update would refuse. Nothing is written.
+	// ErrInvalid is returned by Begin for a record without Op or Key, with
+	// a State that is not valid, or with an Op longer than MaxOpLen, by
+	// Update for a Change with an invalid State, by Begin, Acquire and
+	// Update for a time that cannot be stored (outside the years 1678 to
+	// 2262) or a string that PostgreSQL's text cannot hold (one with a NUL
+	// byte or bytes that are not UTF-8), and by Defer for the change Update
+	// would refuse. Nothing is written.
 	ErrInvalid = errors.New("pgjar: invalid record")
 )
 
@@ -254,11 +263,22 @@ func (j *Jar) get(ctx context.Context, op string) (idem.Record, error) {
 // created record is on stable storage before Begin returns. Headers that
 // idem.SecretHeader names are dropped; an empty State means StatePending.
 //
-// Begin returns ErrInvalid for a record without Op or Key, with an invalid
-// State or with a time that cannot be stored.
+// Begin returns ErrInvalid for a record without Op or Key, with an Op
+// longer than MaxOpLen, an invalid State, a time that cannot be stored or a
+// string that PostgreSQL's text cannot hold.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	if j.closed.Load() {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, ErrClosed)
+	}
 	if r.Op == "" || r.Key == "" {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: empty Op or Key", r.Op, ErrInvalid)
+	}
+	if len(r.Op) > MaxOpLen {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %.40q…: %w: Op is %d bytes long; the limit is %d", r.Op, ErrInvalid, len(r.Op), MaxOpLen)
+	}
+	if err := storable("Op", r.Op, "Key", r.Key, "Fingerprint", r.Fingerprint, "Method", r.Method, "URL", r.URL,
+		"LastError", r.LastError, "Note", r.Note, "Holder", r.Holder); err != nil {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
 	}
 	if r.State == "" {
 		r.State = idem.StatePending
@@ -341,6 +361,12 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 // returns the record and idem.ErrLeased. It returns idem.ErrNotFound for an
 // unknown op, and ErrInvalid when now or now+ttl cannot be stored.
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	if j.closed.Load() {
+		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, ErrClosed)
+	}
+	if err := storable("op", op, "holder", holder); err != nil {
+		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+	}
 	at, err := nanos("now", now)
 	if err == nil && at == nil {
 		err = fmt.Errorf("%w: zero now", ErrInvalid)
@@ -447,9 +473,16 @@ const updateSQL = `UPDATE idem_operations SET
 	WHERE op = $1 AND ($2::text = '' OR holder = $2::text)`
 
 // changeArgs checks c and returns the arguments of updateSQL, which applies
-// it as idem.Change.Apply does. It returns ErrInvalid for an invalid
-// c.State or a time that cannot be stored.
+// it as idem.Change.Apply does. It returns ErrClosed after Close, and
+// ErrInvalid for an invalid c.State, a time that cannot be stored or a
+// string that text cannot hold.
 func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
+	if j.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := storable("op", op, "holder", holder, "LastError", c.LastError, "Note", c.Note); err != nil {
+		return nil, err
+	}
 	if c.State != "" && !c.State.Valid() {
 		return nil, fmt.Errorf("%w: state %q", ErrInvalid, c.State)
 	}
@@ -463,6 +496,18 @@ func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 	}
 	return []any{op, holder, now, string(c.State), int64(c.Attempts), c.LastStatus, c.LastError, next, c.Note,
 		c.Release, j.updateCommit}, nil
+}
+
+// storable returns ErrInvalid for the first of the named strings (name,
+// value pairs) that a text column cannot hold: PostgreSQL refuses a NUL
+// byte and bytes that are not UTF-8.
+func storable(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if v := fields[i+1]; !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], v)
+		}
+	}
+	return nil
 }
 
 // List returns the records that pass f, oldest Created first (the zero
