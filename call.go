@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/retry"
@@ -77,8 +79,19 @@ func (c *call) fill(ch *Change) {
 	ch.Now = time.Now()
 	ch.LastStatus = c.lastCode
 	if c.lastErr != nil {
-		ch.LastError = c.lastErr.Error()
+		ch.LastError = errorText(c.lastErr)
 	}
+}
+
+// errorText is err's message as a record keeps it: valid UTF-8 without a
+// NUL byte, which every jar can store (PostgreSQL's text holds neither). A
+// base transport's error may quote any bytes.
+func errorText(err error) string {
+	s := err.Error()
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
 }
 
 func (c *call) run(ctx context.Context) (*http.Response, error) {

@@ -68,7 +68,7 @@ type Record struct {
 	Updated     time.Time // last change
 	Attempts    int       // attempts sent so far, across calls and restarts
 	LastStatus  int       // status of the last answer; 0 when none
-	LastError   string    // the last attempt's error; "" when none
+	LastError   string    // the last attempt's error, as valid UTF-8; "" when none
 	NextAttempt time.Time // zero, or the earliest time the server asked to be retried at
 	Note        string    // why the operation is in its state (abandon reason, reconcile hint)
 

@@ -15,6 +15,7 @@ import (
 	"testing/iotest"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jarcoal/httpmock"
@@ -964,6 +965,24 @@ func TestConcurrentOperationsGetDistinctKeys(t *testing.T) {
 	}
 	if len(rec.keys) != 32 || len(seen) != 32 {
 		t.Fatalf("%d attempts with %d distinct keys; want 32 and 32", len(rec.keys), len(seen))
+	}
+}
+
+// TestLastErrorStorable: a base transport's error message with a NUL byte
+// or bytes that are not UTF-8 is stored as valid UTF-8, which every jar can
+// hold.
+func TestLastErrorStorable(t *testing.T) {
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1}, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: errors.New("bad header \"caf\xe9\x00\"")}
+	})}
+	ctx := idem.WithOperation(context.Background(), "op")
+	if _, err := post(t, ctx, tr, `{}`); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("got %v; want pending", err)
+	}
+	r, _ := jar.Get(ctx, "op")
+	if !utf8.ValidString(r.LastError) || strings.Contains(r.LastError, "\x00") || !strings.Contains(r.LastError, "bad header \"caf\uFFFD\uFFFD\"") {
+		t.Fatalf("LastError %q; want the message as valid UTF-8, without NUL", r.LastError)
 	}
 }
 
