@@ -34,7 +34,8 @@ type opKey struct{}
 // and, through the jar, after a restart. Without a name each RoundTrip call
 // is an operation of its own: named by the caller's Idempotency-Key when the
 // request has one, otherwise by a fresh UUID v7, which orders by creation
-// time (the key it gets stays a random UUID v4).
+// time (the key it gets stays a random UUID v4). A jar may bound a name's
+// length: pgjar stores names of up to 2048 bytes.
 func WithOperation(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, opKey{}, name)
 }
