@@ -97,8 +97,10 @@ func (p ErrorPolicy) String() string {
 // claim stays in flight until LockTimeout, after which a retry takes it over.
 //
 // The handler's request has a fresh body holding the bytes read, and a
-// context cancelled after LockTimeout, so that a handler that honours its
-// context cannot outlive its claim.
+// context cancelled when the claim's lease ends, LockTimeout after the
+// claim was taken, so that a handler that honours its context cannot
+// outlive its claim. A claim that took the store longer than LockTimeout
+// is released without running the handler (503).
 //
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
@@ -466,8 +468,18 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
-	// as a failure and run again. It ends with the lease.
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.lockTimeout())
+	// as a failure and run again. It ends with the lease, which runs from
+	// the claim's token: the time the store took to claim is spent.
+	lease := m.lockTimeout() - m.now().Sub(time.Unix(0, token))
+	if lease <= 0 {
+		// Claimed too late to run: a retry may take the claim over already.
+		if _, err := m.Store.Release(context.WithoutCancel(r.Context()), scope, key, token); err != nil {
+			m.log(r.Context(), slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
+		}
+		m.storeFailed(w, r, key, fmt.Errorf("testserver: the claim took longer than LockTimeout (%v)", m.lockTimeout()))
+		return
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lease)
 	defer cancel()
 	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))

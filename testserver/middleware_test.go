@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem/testserver"
@@ -712,6 +713,71 @@ func TestLogger(t *testing.T) {
 	if strings.Contains(log, "sk_live_secret") {
 		t.Errorf("log holds the credential:\n%s", log)
 	}
+}
+
+// slowClaimStore's first Claim takes delay.
+type slowClaimStore struct {
+	*testserver.MemoryStore
+	delay time.Duration
+	calls atomic.Int32
+}
+
+func (s *slowClaimStore) Claim(ctx context.Context, scope, key, fp string, tok int64, now time.Time) (testserver.Entry, bool, error) {
+	if s.calls.Add(1) == 1 {
+		time.Sleep(s.delay)
+	}
+	return s.MemoryStore.Claim(ctx, scope, key, fp, tok, now)
+}
+
+// TestHandlerEndsWithItsLease: the handler's context ends LockTimeout after
+// the claim was taken, not after the handler started: time the store took
+// to claim does not extend it, so a retry that comes once the lease is over
+// never runs beside the first handler. A claim that took longer than the
+// lease runs nothing.
+func TestHandlerEndsWithItsLease(t *testing.T) {
+	const lt = 60 * time.Second
+	t.Run("slow claim", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var running, most atomic.Int32
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := running.Add(1)
+				defer running.Add(-1)
+				if n > most.Load() {
+					most.Store(n)
+				}
+				<-r.Context().Done() // honours its context
+				w.WriteHeader(http.StatusCreated)
+			})
+			mw := &testserver.Middleware{Store: &slowClaimStore{MemoryStore: new(testserver.MemoryStore), delay: 5 * time.Second}, LockTimeout: lt}
+			var wg sync.WaitGroup
+			wg.Go(func() { serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
+			time.Sleep(lt + time.Second) // the retry comes once the lease is over
+			wg.Go(func() { serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
+			wg.Wait()
+			// The first handler's lease ended at 60 s, and it saved its answer
+			// then: the retry gets it.
+			if most.Load() != 1 || mw.Stats().Replays != 1 {
+				t.Fatalf("%d handlers ran at once, %+v; want one, and the retry replayed", most.Load(), mw.Stats())
+			}
+		})
+	})
+	t.Run("claim slower than the lease", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h := &charges{}
+			store := &slowClaimStore{MemoryStore: new(testserver.MemoryStore), delay: lt + time.Second}
+			mw := &testserver.Middleware{Store: store, LockTimeout: lt}
+			w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+			if h.runs.Load() != 0 {
+				t.Fatalf("the handler ran %d times; want none", h.runs.Load())
+			}
+			// The claim was released: the retry runs at once.
+			w = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			if w.Code != http.StatusCreated || h.runs.Load() != 1 {
+				t.Fatalf("retry: %d after %d runs; want 201 after one", w.Code, h.runs.Load())
+			}
+		})
+	})
 }
 
 // A request whose context ends before the claim (the caller hung up, or a
