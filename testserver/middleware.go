@@ -166,7 +166,10 @@ type Middleware struct {
 
 	// OnError is what happens to the claim when the handler answers 500 or
 	// more, or panics (a panic is recovered and answered with 500). The
-	// zero value is ReleaseClaim.
+	// zero value is ReleaseClaim. A panic after part of an answer larger
+	// than MaxSavedResponse was sent cannot change that answer: its
+	// ProblemResponseTooLarge marker is saved, naming the status sent, and
+	// the connection is aborted (http.ErrAbortHandler).
 	OnError ErrorPolicy
 
 	// Now returns the current time. Nil means time.Now. Claim tokens,
@@ -485,21 +488,31 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.Body = io.NopCloser(bytes.NewReader(body))
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
+	aborted := false
 	if v := m.call(h, rec, hr); v != nil {
 		m.log(r.Context(), slog.LevelError, "idempotency: handler panicked", "key", key, "panic", v)
-		if !rec.streamed {
+		if rec.streamed {
+			// The status and part of the body are on their way: the answer
+			// can no longer change. It is saved as any streamed answer is,
+			// the marker naming the status sent, whatever OnError says (the
+			// operation may have happened), and the connection is then
+			// aborted, so that the caller sees a broken answer rather than
+			// a short success.
+			aborted = true
+			defer panic(http.ErrAbortHandler)
+		} else {
 			rec.reset()
 			WriteProblem(rec, Problem{Type: ProblemHandlerFailed, Title: "Handler failed", Status: http.StatusInternalServerError, Key: key,
 				Detail: "The server failed while processing the request."}, 0)
+			rec.status = http.StatusInternalServerError
 		}
-		rec.status = http.StatusInternalServerError
 	}
 	rec.finish()
 
 	// The handler ran: record the outcome even if the caller hung up.
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancelWrite()
-	if rec.status >= 500 && m.OnError == ReleaseClaim {
+	if rec.status >= 500 && m.OnError == ReleaseClaim && !aborted {
 		released, err := m.Store.Release(ctx, scope, key, token)
 		switch {
 		case err != nil:

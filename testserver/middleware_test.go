@@ -524,6 +524,50 @@ func TestResponseTooLarge(t *testing.T) {
 	})
 }
 
+// TestPanicAfterStreaming: a handler that panics once part of an answer
+// too large to save was sent cannot change that answer: its caller sees the
+// connection break rather than a short success, and the marker saved names
+// the status that was sent, whatever OnError says; the handler never runs
+// again.
+func TestPanicAfterStreaming(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		t.Run(policy.String(), func(t *testing.T) {
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.WriteHeader(http.StatusCreated)
+				w.Write(bytes.Repeat([]byte("x"), 100)) // past MaxSavedResponse: streamed
+				panic("boom")
+			})
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: 10, OnError: policy}
+			srv := httptest.NewServer(mw.Wrap(h))
+			defer srv.Close()
+			send := func() (*http.Response, []byte, error) {
+				req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(chargeBody))
+				req.Header.Set("Idempotency-Key", "k")
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					return nil, nil, err
+				}
+				defer resp.Body.Close()
+				body, err := io.ReadAll(resp.Body)
+				return resp, body, err
+			}
+			if resp, body, err := send(); err == nil {
+				t.Fatalf("first caller: %s with %d bytes, read without error; want the answer broken off", resp.Status, len(body))
+			}
+			resp, body, err := send()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var p testserver.Problem
+			if err := json.Unmarshal(body, &p); err != nil || resp.StatusCode != 500 || p.Type != testserver.ProblemResponseTooLarge || p.OriginalStatus != 201 || runs.Load() != 1 {
+				t.Fatalf("retry: %s %+v (%v) after %d runs; want the marker naming 201, one run", resp.Status, p, err, runs.Load())
+			}
+		})
+	}
+}
+
 // failingStore fails the chosen methods.
 type failingStore struct {
 	testserver.MemoryStore
