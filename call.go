@@ -129,6 +129,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			switch {
 			case errors.Is(err, ErrLeased):
 				c.rec = rec
+				if err := c.notOurs(); err != nil {
+					return nil, err
+				}
 				if !c.tookOver && holderGone(rec.Holder) {
 					// Its holder was killed: release its lease with its own
 					// id (fenced: if anyone took it meanwhile, nothing
@@ -154,6 +157,12 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				return nil, c.stop(ctx, err)
 			}
 			c.rec, leased = rec, true
+			if err := c.notOurs(); err != nil {
+				// Given back as it was taken.
+				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, Change{Now: now, LastStatus: rec.LastStatus,
+					LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+				return nil, err
+			}
 		}
 		// Checked under the lease, before every attempt, against the
 		// stored first-send time: a restart does not reset it.
@@ -254,6 +263,20 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			return nil, c.stop(ctx, err)
 		}
 	}
+}
+
+// notOurs checks that the operation, as the jar just returned it, is still
+// the one this call began: while the call waited for its lease, it may have
+// been abandoned, and even begun again under a new key by another call.
+// Either way nothing may be sent.
+func (c *call) notOurs() error {
+	switch rec := c.rec; {
+	case rec.Key != c.key || rec.Fingerprint != c.body.fp:
+		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.key}
+	case rec.State == StateAbandoned:
+		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
+	}
+	return nil
 }
 
 // wait sleeps before trying to take a lease again, at most until the lease

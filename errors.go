@@ -31,6 +31,11 @@ var (
 	// space: the server would refuse it, and a record whose key cannot be
 	// sent would stay pending in the jar.
 	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
+	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
+	// operation was abandoned (client.Abandon) while the call waited for
+	// another holder's lease: nothing is sent. A new call with the same
+	// name starts a new operation, with a new key.
+	ErrAbandoned = errors.New("idem: operation abandoned")
 	// ErrMismatch matches *MismatchError.
 	ErrMismatch = errors.New("idem: operation reused with a different request")
 	// ErrReconcile matches *ReconcileError.
@@ -41,7 +46,9 @@ var (
 
 // MismatchError is returned by Transport.RoundTrip, before anything is sent,
 // when a named operation already in the jar is called with a different
-// request (method, URL or body) or a different Idempotency-Key. Reusing a
+// request (method, URL or body) or a different Idempotency-Key, or when the
+// name was abandoned and begun again by another call while this one waited
+// for its lease. Reusing a
 // key with other parameters is a client bug: the server would answer 422.
 type MismatchError struct {
 	Op, Key string

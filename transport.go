@@ -86,8 +86,8 @@ func Operation(ctx context.Context) string {
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,
-//     ErrBodyNotRewindable, ErrRequestBody wrapped), never a *url.Error,
-//     which http.Client adds.
+//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned wrapped), never a
+//     *url.Error, which http.Client adds.
 //   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
 //     stored in the jar, not from an in-memory timer that a restart would
 //     reset. Past it, RoundTrip returns a *ReconcileError without sending,

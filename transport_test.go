@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -814,6 +815,55 @@ func TestLeaseRenewedAfterStoredNextAttempt(t *testing.T) {
 			t.Fatalf("got %v after %d sends; want pending with ErrLeased and nothing sent while another holder has the lease", err, rec.attempts())
 		}
 	})
+}
+
+// TestAbandonedWhileWaiting: a call that waited for another holder's lease
+// sends nothing when, meanwhile, the operation was abandoned (ErrAbandoned),
+// or abandoned and begun again under a new key (*MismatchError): its key
+// is no longer the operation's.
+func TestAbandonedWhileWaiting(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	for _, again := range []bool{false, true} {
+		t.Run(fmt.Sprintf("begun again=%v", again), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, status(201))
+				tr.Policy.MaxElapsed = time.Minute
+				ctx := idem.WithOperation(context.Background(), "op")
+				now := time.Now()
+				if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+					Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
+					t.Fatal(err)
+				}
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
+					if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateAbandoned, Release: true}); err != nil {
+						t.Error(err)
+					}
+					if again {
+						if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, State: idem.StatePending,
+							Created: time.Now(), Holder: "new", LeaseUntil: time.Now().Add(time.Hour)}); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+				_, err := post(t, ctx, tr, `{}`)
+				wg.Wait()
+				want := idem.ErrAbandoned
+				if again {
+					want = idem.ErrMismatch
+				}
+				if !errors.Is(err, want) || rec.attempts() != 0 {
+					t.Fatalf("got %v after %d sends; want %v, nothing sent", err, rec.attempts(), want)
+				}
+				if !again {
+					if r, _ := jar.Get(ctx, "op"); r.State != idem.StateAbandoned || r.Holder != "" {
+						t.Fatalf("record %s held by %q; want abandoned, its lease given back", r.State, r.Holder)
+					}
+				}
+			})
+		})
+	}
 }
 
 // slowAcquireJar takes two seconds to answer Acquire, as a busy database
