@@ -251,7 +251,13 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 			return nil, c.pending(err, next)
 		}
-		c.update(ctx, Change{})
+		// The server's Retry-After is recorded before the wait: a call
+		// stopped during it (its context, the process) leaves it behind.
+		c.rec.NextAttempt = time.Time{}
+		if hasRA {
+			c.rec.NextAttempt = time.Now().Add(ra)
+		}
+		c.update(ctx, Change{NextAttempt: c.rec.NextAttempt})
 		e = c.event(c.lastCode, err)
 		e.Wait, e.Reason = wait, reason(resp, err)
 		fire(c.t.Hooks.OnRetry, e)

@@ -328,6 +328,31 @@ func TestRetryAfterRecordedWhenTheCallStops(t *testing.T) {
 	}
 }
 
+// TestRetryAfterKeptWhenTheWaitIsCut: a call whose context ends while it
+// waits out a Retry-After leaves the server's time in the record and in its
+// *PendingError, and the next call does not send before it.
+func TestRetryAfterKeptWhenTheWaitIsCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(503, "Retry-After", "20"), status(201))
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), 5*time.Second)
+		defer cancel()
+		_, err := post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		want := start.Add(20 * time.Second)
+		if !errors.As(err, &pe) || !pe.NextAttempt.Equal(want) {
+			t.Fatalf("got %v; want a *PendingError with NextAttempt %v", err, want)
+		}
+		if r, _ := jar.Get(context.Background(), "op"); !r.NextAttempt.Equal(want) {
+			t.Fatalf("record NextAttempt %v; want %v", r.NextAttempt, want)
+		}
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil || resp.StatusCode != 201 || rec.attempts() != 2 || time.Since(start) != 20*time.Second {
+			t.Fatalf("next call: %v, %v, sent at +%v; want 201 sent at +20s", resp, err, time.Since(start))
+		}
+	})
+}
+
 func TestCallerRequestUnchanged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, _ := newTransport(t, status(503), status(201))
