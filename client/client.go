@@ -76,8 +76,10 @@ type Options struct {
 	// Header, when not nil, is called on every request the Client sends,
 	// each attempt and every resume included, on a copy of the request, to
 	// add what the jar does not keep: credentials (Authorization, API
-	// keys, cookies). The jar never sees what Header adds. An error stops
-	// the attempt before it is sent; the operation stays pending.
+	// keys, cookies). The jar never sees what Header adds. It is not called
+	// for a redirect to another host, to which net/http does not forward
+	// credentials either. An error stops the attempt before it is sent; the
+	// operation stays pending.
 	Header func(*http.Request) error
 
 	// Policy is the retry policy of each call; the zero value is the
@@ -274,7 +276,10 @@ func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Respons
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return r, nil
 	}
-	return nil, c.statusError(ctx, r, attempts, time.Since(start))
+	// The answer to a request without a key (a GET, or the one a redirect
+	// of the keyed request made) says nothing of the operation.
+	keyed := resp.Request != nil && resp.Request.Header.Get(idem.KeyHeader) != ""
+	return nil, c.statusError(ctx, r, keyed, attempts, time.Since(start))
 }
 
 // PostJSON sends in, encoded as JSON, in a POST to url as the operation
@@ -336,8 +341,9 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 //
 // Resume returns an error wrapping idem.ErrNotFound for an unknown op,
 // ErrState for an operation that is not pending (done, failed or
-// abandoned), and ErrBodyNotStored when the body was too large to store:
-// use ResumeWithBody.
+// abandoned), ErrMethod for one whose method the Client does not key, and
+// ErrBodyNotStored when the body was too large to store: use
+// ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
@@ -375,6 +381,10 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 	}
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
 		return rec, fmt.Errorf("client: resume %q: the operation is %s: %w", op, rec.State, ErrState)
+	}
+	if rec.Method != http.MethodPost && rec.Method != http.MethodPatch {
+		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through an idem.Transport whose Methods include %s",
+			op, rec.Method, ErrMethod, rec.Method)
 	}
 	return rec, nil
 }
@@ -431,9 +441,13 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	ch := idem.Change{Now: now, State: idem.StateAbandoned, Note: reason, Release: true,
 		LastStatus: rec.LastStatus, LastError: rec.LastError}
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
-		// It finished between the two reads: leave it as it is.
+		// It finished, or was abandoned, between the two reads: leave it
+		// as it is.
 		ch.State, ch.Note, ch.NextAttempt = "", "", rec.NextAttempt
 		_, _ = c.jar.Update(context.WithoutCancel(ctx), op, holder, ch)
+		if rec.State == idem.StateAbandoned {
+			return nil
+		}
 		return fmt.Errorf("client: abandon %q: the operation is %s, its outcome is known: %w", op, rec.State, ErrState)
 	}
 	if _, err := c.jar.Update(ctx, op, holder, ch); err != nil {
@@ -469,10 +483,14 @@ type sender struct {
 }
 
 func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
-	if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
-		t.sent(idem.Operation(r.Context()), r.Header.Get(idem.KeyHeader))
+	if key := r.Header.Get(idem.KeyHeader); key != "" {
+		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
+			t.sent(idem.Operation(r.Context()), key)
+		}
 	}
-	if s.header != nil {
+	// r.Response is set on a request that a redirect made: credentials do
+	// not follow it to another host.
+	if s.header != nil && (r.Response == nil || r.Response.Request == nil || r.Response.Request.URL.Host == r.URL.Host) {
 		r = r.Clone(r.Context())
 		if err := s.header(r); err != nil {
 			if r.Body != nil {

@@ -28,13 +28,18 @@ var (
 	ErrBodyNotStored = errors.New("client: the request body is not stored in the jar")
 	// ErrNoReason is returned by Abandon for an empty reason.
 	ErrNoReason = errors.New("client: abandoning an operation needs a reason")
+	// ErrMethod is returned by Resume and ResumeWithBody for an operation
+	// whose method the Client does not key (it keys POST and PATCH): one
+	// recorded by an idem.Transport with other Methods, which must resume
+	// it.
+	ErrMethod = errors.New("client: the Client does not key this method")
 )
 
 // StatusError is returned by Do, PostJSON and Resume for an answer that is
 // not 2xx. Err, when not nil, says what the answer means for the
 // operation.
 type StatusError struct {
-	Op, Key     string // "" for a request without a key (GET, …)
+	Op, Key     string // "" for an answer to a request without a key (a GET, or a redirect's)
 	Method, URL string
 	StatusCode  int
 	Status      string // as in http.Response: "503 Service Unavailable"
@@ -92,7 +97,7 @@ func (e *ConflictError) Is(target error) bool { return target == idem.ErrPending
 
 // statusError reads (bounded) and closes a non-2xx answer and says what it
 // means for the operation.
-func (c *Client) statusError(ctx context.Context, r *Response, attempts int, elapsed time.Duration) error {
+func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attempts int, elapsed time.Duration) error {
 	b, _ := body.ReadAtMost(r.Body, c.maxErrorBody, r.ContentLength)
 	if int64(len(b)) > c.maxErrorBody {
 		b = b[:c.maxErrorBody]
@@ -106,7 +111,8 @@ func (c *Client) statusError(ctx context.Context, r *Response, attempts int, ela
 	if se.Status == "" {
 		se.Status = fmt.Sprintf("%d %s", r.StatusCode, http.StatusText(r.StatusCode))
 	}
-	if r.Key == "" {
+	if !keyed || r.Key == "" {
+		se.Op, se.Key = "", ""
 		return se
 	}
 	switch {

@@ -1,0 +1,275 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/retry"
+)
+
+// TestRedirectedAnswerIsNotTheOperations: a POST answered 303 is done; the
+// status of the GET the redirect makes (here 503) is a plain StatusError,
+// not the operation's outcome: no *idem.PendingError, no key.
+func TestRedirectedAnswerIsNotTheOperations(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/charges/ch_1", http.StatusSeeOther)
+	})
+	mux.HandleFunc("GET /charges/ch_1", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "cache warming up", http.StatusServiceUnavailable)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	ctx := context.Background()
+	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = c.PostJSON(ctx, "charge:o1", srv.URL+"/charges", chargeReq{Order: "o1"}, nil)
+	st := state(t, c.Jar(), "charge:o1")
+	t.Logf("PostJSON error: %v; jar state %s", err, st)
+	if st != idem.StateDone {
+		t.Fatalf("the POST got a final 303: state %s, want done", st)
+	}
+	if errors.Is(err, idem.ErrPending) {
+		_, rerr := c.Resume(ctx, "charge:o1")
+		t.Fatalf("err matches idem.ErrPending (unknown and resumable), but the operation is done; Resume says: %v", rerr)
+	}
+}
+
+// TestResumeOfAnOperationAbandonedMeanwhile: a Resume that waits for
+// another holder's lease sends nothing when, meanwhile, the operation was
+// abandoned and started again under a new key: the order is charged once.
+func TestResumeOfAnOperationAbandonedMeanwhile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		s, c := pendingCharge(t, nil) // charge:o1 pending; its one attempt got a 503 (not charged)
+		oldKey := s.key(0)
+		// Another process is sending it.
+		if _, err := c.Jar().Acquire(ctx, "charge:o1", "other", time.Now(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			resp *client.Response
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, err := c.Resume(ctx, "charge:o1")
+			if resp != nil {
+				resp.Body.Close()
+			}
+			done <- result{resp, err}
+		}()
+		synctest.Wait() // Resume passed its state check and waits for the lease
+
+		// The other holder lets go; the operator establishes that o1 was not
+		// charged, abandons the operation and charges the order anew.
+		if _, err := c.Jar().Update(ctx, "charge:o1", "other", idem.Change{Now: time.Now(), Release: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Abandon(ctx, "charge:o1", "ledger shows no charge for o1"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		newKey := resp.Key
+
+		r := <-done
+		var keys []string
+		for i := 0; i < s.sends(); i++ {
+			keys = append(keys, s.key(i))
+		}
+		t.Logf("old key %s, new key %s; keys received: %v; Resume returned %v", oldKey, newKey, keys, r.err)
+		if s.charges("o1") != 1 || s.key(s.sends()-1) == oldKey {
+			t.Fatalf("order o1 charged %d times: Resume sent the abandoned operation with its old key after its state check (err %v)", s.charges("o1"), r.err)
+		}
+	})
+}
+
+// TestRetryAfterKeptWhenTheCallIsCut: a call whose context ends while it
+// waits out the server's Retry-After leaves the server's time in the
+// record: Pending shows it, and Resume does not send before it.
+func TestRetryAfterKeptWhenTheCallIsCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sends []time.Time
+		start := time.Now()
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sends = append(sends, time.Now())
+			w.Header().Set("Retry-After", "20")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		})
+		c := newClient(t, h, &client.Options{Policy: retry.Policy{MaxAttempts: 5}})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
+		if !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("got %v; want a pending error", err)
+		}
+		pending, perr := c.Pending(context.Background())
+		if perr != nil || len(pending) != 1 {
+			t.Fatalf("pending %v, %v", pending, perr)
+		}
+		var pe *idem.PendingError
+		errors.As(err, &pe)
+		t.Logf("error: %v; PendingError.NextAttempt %v; record NextAttempt %v", err, pe.NextAttempt, pending[0].NextAttempt)
+		want := start.Add(20 * time.Second)
+		if !pending[0].NextAttempt.Equal(want) {
+			resp, rerr := c.Resume(context.Background(), "charge:o1")
+			if resp != nil {
+				resp.Body.Close()
+			}
+			t.Fatalf("the server asked to be called at +%v; Pending's NextAttempt is %v; Resume then sent at once, at +%v (%v)",
+				want.Sub(start), pending[0].NextAttempt, sends[1].Sub(start), rerr)
+		}
+	})
+}
+
+// TestResumeRefusesAMethodItDoesNotKey: a jar may hold operations of other
+// methods than POST and PATCH (idem.Transport.Methods). Resume of one (a
+// PUT here) would go through the Client's Transport without its key: it is
+// refused with ErrMethod, and nothing is sent.
+func TestResumeRefusesAMethodItDoesNotKey(t *testing.T) {
+	ctx := context.Background()
+	var keys []string
+	var status = http.StatusServiceUnavailable
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys = append(keys, r.Header.Get(idem.KeyHeader))
+		w.WriteHeader(status)
+	})
+	jar := &idem.MemoryJar{}
+	hc := &http.Client{Transport: &idem.Transport{Jar: jar, Base: inProcess{h}, Methods: []string{"PUT"},
+		Policy: retry.Policy{MaxAttempts: 1}}}
+	req, _ := http.NewRequestWithContext(idem.WithOperation(ctx, "put:doc-1"), http.MethodPut, chargesURL+"/doc-1", strings.NewReader(`{"v":1}`))
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	rec, err := jar.Get(ctx, "put:doc-1")
+	if err != nil || rec.State != idem.StatePending {
+		t.Fatalf("%+v, %v; want a pending record", rec, err)
+	}
+
+	c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{h}, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	status = http.StatusOK
+	if _, err := c.Resume(ctx, "put:doc-1"); !errors.Is(err, client.ErrMethod) || len(keys) != 1 {
+		t.Fatalf("Resume of a PUT: %v after %d sends; want ErrMethod, nothing sent (it would go without its key)", err, len(keys))
+	}
+}
+
+// hookJar is a client.Jar that runs a hook once, on the first call of
+// Get or Acquire, to interleave another process's step deterministically.
+type hookJar struct {
+	client.Jar
+	onGet, onAcquire func()
+}
+
+func (j *hookJar) Get(ctx context.Context, op string) (idem.Record, error) {
+	r, err := j.Jar.Get(ctx, op)
+	if f := j.onGet; f != nil {
+		j.onGet = nil
+		f()
+	}
+	return r, err
+}
+
+func (j *hookJar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	if f := j.onAcquire; f != nil {
+		j.onAcquire = nil
+		f()
+	}
+	return j.Jar.Acquire(ctx, op, holder, now, ttl)
+}
+
+// TestAbandonRacingAnotherAbandon: an Abandon that reads the operation
+// pending, and takes its lease after another operator abandoned it, changes
+// nothing and returns nil: abandoning an abandoned operation is no error.
+func TestAbandonRacingAnotherAbandon(t *testing.T) {
+	ctx := context.Background()
+	_, c := pendingCharge(t, nil)
+	other, err := client.New(ctx, "", &client.Options{Jar: c.Jar()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	hj := &hookJar{Jar: c.Jar()}
+	hj.onAcquire = func() {
+		if err := other.Abandon(ctx, "charge:o1", "checked by operator B"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mine, err := client.New(ctx, "", &client.Options{Jar: hj})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	if err := mine.Abandon(ctx, "charge:o1", "checked by operator A"); err != nil {
+		t.Fatalf("abandon of an operation another operator abandoned meanwhile: %v; want nil", err)
+	}
+}
+
+// TestStatusErrorOfAnUnkeyedRequest: the StatusError of a request without a
+// key (a named GET) has no Op and no Key.
+func TestStatusErrorOfAnUnkeyedRequest(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	c := newClient(t, h, nil)
+	req, _ := http.NewRequest(http.MethodGet, chargesURL+"/ch_1", nil)
+	_, err := c.Do(context.Background(), "lookup:ch_1", req)
+	var se *client.StatusError
+	if !errors.As(err, &se) {
+		t.Fatal(err)
+	}
+	if se.Key != "" || se.Op != "" {
+		t.Fatalf("StatusError of a GET: Op %q, Key %q; documented as \"\" for a request without a key", se.Op, se.Key)
+	}
+}
+
+// TestHeaderNotSentToAnotherHost: Options.Header adds credentials to the
+// keyed request, but not to the GET of a redirect to another host (as
+// net/http drops Authorization then).
+func TestHeaderNotSentToAnotherHost(t *testing.T) {
+	var elsewhere, here atomic.Value
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Store(r.Header.Get("Authorization"))
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+	}))
+	defer other.Close()
+	_, port, _ := net.SplitHostPort(other.Listener.Addr().String())
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		here.Store(r.Header.Get("Authorization"))
+		http.Redirect(w, r, "http://localhost:"+port+"/receipt", http.StatusSeeOther)
+	}))
+	defer srv.Close()
+	c, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Header: withAuth, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.PostJSON(context.Background(), "charge:o1", srv.URL+"/charges", chargeReq{Order: "o1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if here.Load() != authValue || elsewhere.Load() != "" {
+		t.Fatalf("Authorization %q on the keyed request, %q on the redirect to another host; want it on the first only", here.Load(), elsewhere.Load())
+	}
+}
