@@ -132,7 +132,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				if err := c.notOurs(); err != nil {
 					return nil, err
 				}
-				if !c.tookOver && holderGone(rec.Holder) {
+				if !c.tookOver && HolderGone(rec.Holder) {
 					// Its holder was killed: release its lease with its own
 					// id (fenced: if anyone took it meanwhile, nothing
 					// changes) and take it, rather than wait it out.

@@ -41,12 +41,14 @@ func newHolder() (string, error) {
 	return string(strconv.AppendUint(append(buf[:0], prefix...), holderCount.Add(1), 10)), nil
 }
 
-// holderGone reports whether holder names a process on this host that no
-// longer exists. It errs towards false: an unknown format, another host,
-// this process, or a process that cannot be checked are taken as alive,
-// and their lease is waited out. (A pid reused by an unrelated process
-// also reads as alive: the wait is the safe side.)
-func holderGone(holder string) bool {
+// HolderGone reports whether holder, the lease holder of a Record written
+// by a Transport, names a process on this host that no longer exists: a
+// holder that cannot be sending anything, whose lease need not be waited
+// out. It errs towards false: an unknown format, another host, this
+// process, or a process that cannot be checked are taken as alive. (A pid
+// reused by an unrelated process also reads as alive: the wait is the safe
+// side.)
+func HolderGone(holder string) bool {
 	host, rest, ok := strings.Cut(holder, "/")
 	if !ok {
 		return false

@@ -415,8 +415,9 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, getBody func() (io
 //
 // Abandon returns ErrNoReason for an empty reason, an error wrapping
 // idem.ErrNotFound for an unknown op, idem.ErrLeased while another call
-// or process is sending it, and ErrState when its outcome is known (done
-// or failed). Abandoning an abandoned operation changes nothing.
+// or process is sending it (a process on this host that is gone is not,
+// see idem.HolderGone), and ErrState when its outcome is known (done or
+// failed). Abandoning an abandoned operation changes nothing.
 func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
@@ -435,6 +436,14 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	holder := uuid.NewString()
 	now := time.Now()
 	rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
+	if errors.Is(err, idem.ErrLeased) && idem.HolderGone(rec.Holder) {
+		// Its holder was killed: nothing is sending it. Release the lease
+		// with the holder's own id (fenced) and take it, as the Transport
+		// would, rather than wait it out.
+		_, _ = c.jar.Update(ctx, op, rec.Holder, idem.Change{Now: now, LastStatus: rec.LastStatus,
+			LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+		rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
+	}
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}

@@ -3,10 +3,14 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -271,5 +275,42 @@ func TestHeaderNotSentToAnotherHost(t *testing.T) {
 	}
 	if here.Load() != authValue || elsewhere.Load() != "" {
 		t.Fatalf("Authorization %q on the keyed request, %q on the redirect to another host; want it on the first only", here.Load(), elsewhere.Load())
+	}
+}
+
+// TestAbandonAfterItsHolderWasKilled: a lease held by a process on this
+// host that is gone (kill -9) does not stop Abandon: nothing is sending
+// the operation. A live holder's lease does.
+func TestAbandonAfterItsHolderWasKilled(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("process liveness is not checked on windows: leases are waited out")
+	}
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	for _, tt := range []struct {
+		name   string
+		holder string
+		want   error
+	}{
+		{"killed", fmt.Sprintf("%s/%d/x.1", host, child.ProcessState.Pid()), nil},
+		{"alive", fmt.Sprintf("%s/%d/x.1", host, os.Getpid()), idem.ErrLeased},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			_, c := pendingCharge(t, nil)
+			if _, err := c.Jar().Acquire(ctx, "charge:o1", tt.holder, time.Now(), time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Abandon(ctx, "charge:o1", "the ledger shows no charge")
+			if !errors.Is(err, tt.want) || (tt.want == nil && err != nil) {
+				t.Fatalf("Abandon with the lease held by %s: %v; want %v", tt.holder, err, tt.want)
+			}
+			if tt.want == nil && state(t, c.Jar(), "charge:o1") != idem.StateAbandoned {
+				t.Fatalf("state %s; want abandoned", state(t, c.Jar(), "charge:o1"))
+			}
+		})
 	}
 }
