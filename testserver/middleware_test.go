@@ -868,3 +868,22 @@ func TestReplayHeaders(t *testing.T) {
 		t.Errorf("replay %d %q; want 200 %q", replay.Code, replay.Body, first.Body)
 	}
 }
+
+// TestKeysEqualButForCase: two bodies whose JSON keys differ only in case
+// and order are different requests for a Go handler (encoding/json keeps
+// the last of such keys in a struct field), so they get different
+// fingerprints: the second is refused with 422, not given the first's
+// answer.
+func TestKeysEqualButForCase(t *testing.T) {
+	h := &charges{}
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	first := serve(mw.Wrap(h), request("POST", "/", `{"amount":5,"Amount":1000,"currency":"usd"}`, "Idempotency-Key", "k"))
+	if first.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	second := serve(mw.Wrap(h), request("POST", "/", `{"Amount":1000,"amount":5,"currency":"usd"}`, "Idempotency-Key", "k"))
+	wantProblem(t, second, http.StatusUnprocessableEntity, testserver.ProblemMismatch)
+	if h.runs.Load() != 1 {
+		t.Fatalf("handler ran %d times; want once", h.runs.Load())
+	}
+}

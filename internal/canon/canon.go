@@ -10,9 +10,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"strings"
+	"unicode"
 	"unsafe"
 )
 
@@ -30,8 +32,11 @@ func IsJSON(contentType string) bool {
 }
 
 // JSON returns the canonical form of the JSON document b. It returns an error
-// when b is not exactly one valid JSON value; the caller then fingerprints
-// the raw bytes instead.
+// when b is not exactly one valid JSON value, or when an object in it has
+// two keys equal but for case; the caller then fingerprints the raw bytes
+// instead. Go's encoding/json decodes such keys into one struct field, the
+// last one winning: for the server, their order is significant, so the
+// canonical form, which sorts keys, would make two different requests one.
 //
 // The canonical form is what encoding/json produces when it decodes b into
 // an any (with UseNumber) and encodes it again without HTML escaping. It is
@@ -87,6 +92,9 @@ func jsonSlow(b []byte) ([]byte, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("canon: trailing data after JSON value")
 	}
+	if k, ok := foldCollision(v); ok {
+		return nil, fmt.Errorf("canon: two keys equal to %q but for case", k)
+	}
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
@@ -94,6 +102,63 @@ func jsonSlow(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(out.Bytes(), []byte("\n")), nil
+}
+
+// foldCollision returns a key of an object in v that another key of that
+// object equals but for case (strings.EqualFold, as encoding/json matches
+// struct fields), and true; or false when there is none.
+func foldCollision(v any) (string, bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		if len(v) > 1 && mayFold(v) {
+			seen := make(map[string]bool, len(v))
+			for k := range v {
+				f := foldKey(k)
+				if seen[f] {
+					return k, true
+				}
+				seen[f] = true
+			}
+		}
+		for _, e := range v {
+			if k, ok := foldCollision(e); ok {
+				return k, true
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if k, ok := foldCollision(e); ok {
+				return k, true
+			}
+		}
+	}
+	return "", false
+}
+
+// mayFold reports whether two keys of m may be equal but for case: not
+// when every key is ASCII without an upper-case letter.
+func mayFold(m map[string]any) bool {
+	for k := range m {
+		for i := 0; i < len(k); i++ {
+			if c := k[i]; c >= 0x80 || ('A' <= c && c <= 'Z') {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// foldKey maps each rune of k to the least rune of its case-folding orbit:
+// two keys are equal but for case (strings.EqualFold) exactly when their
+// foldKeys are equal.
+func foldKey(k string) string {
+	return strings.Map(func(r rune) rune {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		return least
+	}, k)
 }
 
 // Body returns the canonical form of a body of the given Content-Type: the

@@ -78,3 +78,18 @@ func TestIsJSON(t *testing.T) {
 		}
 	}
 }
+
+// Keys equal but for case make a document that Go decodes (into a struct)
+// by the order of its keys: it has no canonical form, and the caller
+// fingerprints its bytes.
+func TestJSONRefusesKeysEqualButForCase(t *testing.T) {
+	for _, doc := range []string{`{"amount":5,"Amount":1000}`, `{"Amount":1000,"amount":5}`, `[{"x":{"ID":1,"id":2}}]`,
+		"{\"k\":1,\"\u212a\":2}", `{"é":1,"É":2}`} {
+		if c, err := JSON([]byte(doc)); err == nil {
+			t.Errorf("JSON(%s) = %s; want an error", doc, c)
+		}
+		if got := Body("application/json", []byte(doc)); string(got) != doc {
+			t.Errorf("Body(%s) = %s; want the bytes as they are", doc, got)
+		}
+	}
+}

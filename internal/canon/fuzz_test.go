@@ -52,7 +52,7 @@ func FuzzJSONValueChange(f *testing.F) {
 	f.Add("amount", int64(100), int64(101))
 	f.Add("", int64(0), int64(-1))
 	f.Fuzz(func(t *testing.T, k string, v1, v2 int64) {
-		if k == "currency" {
+		if strings.EqualFold(k, "currency") { // the same key, or one JSON refuses beside it
 			return
 		}
 		a, err1 := json.Marshal(map[string]any{k: v1, "currency": "eur"})

@@ -225,6 +225,7 @@ func (s *scanner) object() bool {
 	s.out = append(s.out, '{')
 	base := len(s.members)
 	sorted := true
+	upper := false // a key has an upper-case letter
 	if !s.next('}') {
 		for {
 			s.skipSpace()
@@ -234,6 +235,12 @@ func (s *scanner) object() bool {
 			m := member{key: len(s.out)}
 			if !s.str() {
 				return false
+			}
+			for _, c := range s.out[m.key+1 : len(s.out)-1] {
+				if 'A' <= c && c <= 'Z' {
+					upper = true
+					break
+				}
 			}
 			m.colon = len(s.out)
 			if !s.next(':') {
@@ -262,7 +269,7 @@ func (s *scanner) object() bool {
 			s.out = append(s.out, ',')
 		}
 	}
-	if !sorted && !s.reorder(s.members[base:]) {
+	if (upper && s.foldCollide(s.members[base:])) || (!sorted && !s.reorder(s.members[base:])) {
 		return false
 	}
 	s.members = s.members[:base]
@@ -270,6 +277,26 @@ func (s *scanner) object() bool {
 	s.depth--
 	return true
 }
+
+// foldCollide reports whether two of the keys ms, all printable ASCII, are
+// equal but for case; see foldCollision. (Keys without an upper-case letter
+// cannot collide with one another: object checks only objects with one.)
+func (s *scanner) foldCollide(ms []member) bool {
+	if len(ms) > maxFoldCheck {
+		return true // left to jsonSlow, which checks any number
+	}
+	for i := range ms {
+		for j := i + 1; j < len(ms); j++ {
+			if bytes.EqualFold(s.name(ms[i]), s.name(ms[j])) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// maxFoldCheck bounds the pairs foldCollide compares.
+const maxFoldCheck = 32
 
 // name returns the key of m, without its quotes.
 func (s *scanner) name(m member) []byte {

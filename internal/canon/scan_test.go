@@ -26,6 +26,11 @@ var fastCases = []struct {
 	{`{"b":1,"a":2,"b":3}`, false},
 	{`{"a":{"x":1,"x":1}}`, false},
 	{`{"a ":1,"a":2,"a!":3,"a#":4}`, true},
+	{`{"amount":5,"Amount":1000}`, false}, // equal but for case: refused
+	{`{"Amount":1000,"amount":5}`, false},
+	{`{"a":{"ID":1,"Id":2}}`, false},
+	{`{"a":1,"B":2,"ab":3,"AC":4}`, true},
+	{"{\"k\":1,\"\u212a\":2}", false}, // the Kelvin sign folds to k: jsonSlow refuses it
 	{`{"":1," ":2}`, true},
 	{`-0`, true},
 	{`1.0e+10`, true},
