@@ -316,7 +316,8 @@ func (m *Middleware) scope(r *http.Request) string {
 // Fingerprint returns the hex SHA-256 that identifies a request under one
 // key: its method, escaped path, raw query, scope, media type (without
 // parameters) and canonical body (see internal/canon: JSON key order and
-// whitespace do not count; other bodies count byte for byte).
+// whitespace do not count, unless an object has two keys equal but for
+// case; other bodies count byte for byte).
 func Fingerprint(r *http.Request, scope string, body []byte) string {
 	ct := r.Header.Get("Content-Type")
 	mt, _, err := mime.ParseMediaType(ct)
