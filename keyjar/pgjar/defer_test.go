@@ -478,6 +478,16 @@ func TestStringsTextCannotHold(t *testing.T) {
 			t.Errorf("Acquire for holder %q: %v; want ErrInvalid", s, err)
 		}
 	}
+	// Such a name is unknown to the reads.
+	if _, err := j.Get(t.Context(), "a\x00b"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get of a name with a NUL byte: %v; want ErrNotFound", err)
+	}
+	if err := j.Forget(t.Context(), "caf\xe9"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Forget of a name that is not UTF-8: %v; want ErrNotFound", err)
+	}
+	if recs, err := j.ByKey(t.Context(), "a\x00b"); err != nil || len(recs) != 0 {
+		t.Errorf("ByKey of a key with a NUL byte: %v, %v; want none", recs, err)
+	}
 	if _, _, err := j.Begin(t.Context(), record(strings.Repeat("x", pgjar.MaxOpLen+1))); !errors.Is(err, pgjar.ErrInvalid) {
 		t.Errorf("Begin of an Op of %d bytes: %v; want ErrInvalid", pgjar.MaxOpLen+1, err)
 	}

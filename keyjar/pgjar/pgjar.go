@@ -343,6 +343,9 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 
 // Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
 func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
+	if storable("op", op) != nil && !j.closed.Load() {
+		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
+	}
 	if err := j.settle(ctx, op); err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
 	}
@@ -532,6 +535,9 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 // the whole table, on the server's side; it is for tools such as idemctl,
 // which look up the key a server logged, not for a request's path.
 func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
+	if storable("key", key) != nil && !j.closed.Load() {
+		return nil, nil // Begin refuses such a key
+	}
 	if err := j.settle(ctx, ""); err != nil {
 		return nil, fmt.Errorf("pgjar: by key: %w", err)
 	}
@@ -568,6 +574,9 @@ func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]i
 // Forget deletes op, whatever its state. It returns idem.ErrNotFound for an
 // unknown op.
 func (j *Jar) Forget(ctx context.Context, op string) error {
+	if storable("op", op) != nil && !j.closed.Load() {
+		return fmt.Errorf("pgjar: forget %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
+	}
 	err := j.settle(ctx, op)
 	var n int64
 	if err == nil {
