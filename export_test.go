@@ -1,5 +1,7 @@
 package idem
 
+import "strings"
+
 // SetMemoryJarHash makes j place operations by h instead of maphash: a
 // constant h puts every operation but the first in the collision map.
 func SetMemoryJarHash(j *MemoryJar, h func(op string) uint64) { j.hash = h }
@@ -10,4 +12,10 @@ func MemoryJarBytes(j *MemoryJar) (data, dead int) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.live + j.dead, j.dead
+}
+
+// HolderHost is the host part of this process's lease holder ids.
+func HolderHost() string {
+	h, _, _ := strings.Cut(processPrefix(), "/")
+	return h
 }

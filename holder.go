@@ -15,14 +15,41 @@ import (
 // lease to expire: the holder cannot be sending any more. The random part
 // is drawn once per process (a pid is reused, a process id is not) and n
 // counts the calls, so a call costs no random draw for its holder.
+//
+// On Linux host is the host name, "#" and the inode of the process's PID
+// namespace: containers that share a host name (and a jar file) but not
+// their pids are different hosts, whose holders are waited out.
 
 var processPrefix = sync.OnceValue(func() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
 	}
-	return strings.ReplaceAll(host, "/", "_") + "/" + strconv.Itoa(os.Getpid())
+	host = strings.ReplaceAll(host, "/", "_")
+	if ns := pidNamespace(); ns != "" {
+		host += "#" + ns
+	}
+	return host + "/" + strconv.Itoa(os.Getpid())
 })
+
+// pidNamespace returns the inode of this process's PID namespace, as
+// /proc/self/ns/pid links to it ("pid:[4026531836]"), or "" where there is
+// no such link.
+func pidNamespace() string {
+	link, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return ""
+	}
+	ns, ok := strings.CutPrefix(link, "pid:[")
+	if !ok {
+		return ""
+	}
+	ns, ok = strings.CutSuffix(ns, "]")
+	if !ok || ns == "" || strings.ContainsAny(ns, "/#") {
+		return ""
+	}
+	return ns
+}
 
 var (
 	holderPrefix = sync.OnceValues(func() (string, error) {
@@ -44,10 +71,10 @@ func newHolder() (string, error) {
 // HolderGone reports whether holder, the lease holder of a Record written
 // by a Transport, names a process on this host that no longer exists: a
 // holder that cannot be sending anything, whose lease need not be waited
-// out. It errs towards false: an unknown format, another host, this
-// process, or a process that cannot be checked are taken as alive. (A pid
-// reused by an unrelated process also reads as alive: the wait is the safe
-// side.)
+// out. It errs towards false: an unknown format, another host (on Linux,
+// another PID namespace too), this process, or a process that cannot be
+// checked are taken as alive. (A pid reused by an unrelated process also
+// reads as alive: the wait is the safe side.)
 func HolderGone(holder string) bool {
 	host, rest, ok := strings.Cut(holder, "/")
 	if !ok {

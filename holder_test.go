@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +25,8 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadPID := child.ProcessState.Pid()
-	host, _ := os.Hostname()
+	host := idem.HolderHost()
+	name, _, _ := strings.Cut(host, "#")
 
 	for _, tt := range []struct {
 		name   string
@@ -34,8 +36,16 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		{"dead process on this host", fmt.Sprintf("%s/%d/x", host, deadPID), true},
 		{"this process, another call", fmt.Sprintf("%s/%d/x", host, os.Getpid()), false},
 		{"another host", fmt.Sprintf("elsewhere/%d/x", deadPID), false},
+		{"this host name, another PID namespace", fmt.Sprintf("%s#1/%d/x", name, deadPID), false},
+		// A holder without a namespace, on a host whose ids have one: a
+		// process of another PID namespace, or of an older version, whose
+		// pid means nothing here (skipped where ids have no namespace).
+		{"this host name, no PID namespace", map[bool]string{true: fmt.Sprintf("%s/%d/x", name, deadPID)}[name != host], false},
 		{"unknown format", "worker-7", false},
 	} {
+		if tt.holder == "" {
+			continue
+		}
 		t.Run(tt.name, func(t *testing.T) {
 			tr, rec, jar := newTransport(t, status(201))
 			tr.Policy.MaxElapsed = time.Millisecond // no time to wait out a lease
