@@ -157,6 +157,13 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				return nil, c.stop(ctx, err)
 			}
 			c.rec, leased = rec, true
+			if c.attempts == 0 {
+				// What other holders learnt meanwhile is the latest outcome.
+				c.lastCode, c.lastErr = rec.LastStatus, nil
+				if rec.LastError != "" {
+					c.lastErr = errors.New(rec.LastError)
+				}
+			}
 			if err := c.notOurs(); err != nil {
 				// Given back as it was taken.
 				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, Change{Now: now, LastStatus: rec.LastStatus,
@@ -221,6 +228,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if err != nil {
 				return nil, c.stop(ctx, err)
 			}
+			if c.t.Budget != nil {
+				c.t.Budget.Deposit(c.cost) // a final answer too, 422
+			}
 			c.update(ctx, Change{State: StateFailed, Release: true})
 			return resp, nil
 		}
@@ -243,6 +253,11 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				next = time.Now().Add(wait)
 			} else if hasRA {
 				next = time.Now().Add(ra)
+			}
+			// Past the horizon the operation is reconciled, not sent: a
+			// later time means nothing more, and a jar may not hold it.
+			if limit := time.Now().Add(c.policy.Horizon); next.After(limit) {
+				next = limit
 			}
 			c.update(ctx, Change{NextAttempt: next, Release: true})
 			c.giveUp(ctx, err, why+reason(resp, err))
@@ -272,15 +287,19 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 }
 
 // notOurs checks that the operation, as the jar just returned it, is still
-// the one this call began: while the call waited for its lease, it may have
-// been abandoned, and even begun again under a new key by another call.
-// Either way nothing may be sent.
+// one this call may send: while the call waited for its lease, it may have
+// been abandoned, even begun again under a new key by another call, or
+// marked for reconciliation by a holder with a shorter horizon. In each
+// case nothing may be sent.
 func (c *call) notOurs() error {
 	switch rec := c.rec; {
-	case rec.Key != c.key || rec.Fingerprint != c.body.fp:
-		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.key}
+	case rec.Key != c.key || !c.body.matches(rec.Fingerprint):
+		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey}
 	case rec.State == StateAbandoned:
 		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
+	case rec.State == StateReconcile:
+		return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
+			Attempts: rec.Attempts, LastStatus: rec.LastStatus}
 	}
 	return nil
 }
@@ -308,7 +327,11 @@ func (c *call) stop(ctx context.Context, err error) error {
 	if err == nil {
 		err = c.lastErr
 	}
-	c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
+	ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
+	if c.created && c.attempts == 0 {
+		ch.Attempts = -1 // Begin counted a first attempt that was never sent
+	}
+	c.update(ctx, ch)
 	c.giveUp(ctx, err, "stopped")
 	return c.pending(err, c.rec.NextAttempt)
 }
@@ -386,7 +409,7 @@ func (c *call) begin(ctx context.Context) error {
 		c.lastErr = errors.New(rec.LastError)
 	}
 	gotKey := c.callerKey
-	if rec.Fingerprint != c.body.fp || (gotKey != "" && gotKey != rec.Key) {
+	if !c.body.matches(rec.Fingerprint) || (gotKey != "" && gotKey != rec.Key) {
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey}
 	}
 	c.key = rec.Key
@@ -443,8 +466,8 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 
 // roundTrip sends out through the base transport, holding it to the
 // RoundTripper contract, as http.Client does: a response and an error
-// together are the error (the response's body is closed), and neither is an
-// error.
+// together are the error (the response's body is closed), neither is an
+// error, and a nil Body is http.NoBody.
 func (c *call) roundTrip(out *http.Request) (*http.Response, error) {
 	base := c.t.base()
 	resp, err := base.RoundTrip(out)
@@ -456,6 +479,8 @@ func (c *call) roundTrip(out *http.Request) (*http.Response, error) {
 		return nil, err
 	case err == nil && resp == nil:
 		return nil, fmt.Errorf("idem: %T.RoundTrip returned a nil *http.Response and a nil error", base)
+	case err == nil && resp.Body == nil:
+		resp.Body = http.NoBody
 	}
 	return resp, err
 }

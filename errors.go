@@ -71,7 +71,8 @@ func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 
 // ReconcileError is returned by Transport.RoundTrip, before anything is
 // sent, when the operation's first send is older than the policy's
-// Horizon. The operation is marked StateReconcile. Ask the server what
+// Horizon, or when it is in StateReconcile. A pending operation is marked
+// StateReconcile; a done or failed one keeps its known outcome. Ask the server what
 // happened (look the resource up); if it did not happen and is not
 // executing, Abandon the operation and start a new one.
 type ReconcileError struct {

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"net/http"
@@ -274,11 +275,19 @@ func isKeyHeader(name string) bool {
 
 // reqBody is how a request's body is produced for each attempt.
 type reqBody struct {
-	open  func() (io.ReadCloser, error) // nil for no body
-	size  int64
-	fp    string // hex SHA-256 of method, URL and canonical body
+	open func() (io.ReadCloser, error) // nil for no body
+	size int64
+	fp   string // hex SHA-256 of method, URL and canonical body
+	// oldFP is the fingerprint with the URL's userinfo, as versions that
+	// kept it wrote it; "" for a URL without userinfo.
+	oldFP string
 	saved []byte // the body, when it is small enough to store in the jar
 	url   string // the request's URL
+}
+
+// matches reports whether a stored fingerprint is this request's.
+func (rb *reqBody) matches(fp string) bool {
+	return fp == rb.fp || (rb.oldFP != "" && fp == rb.oldFP)
 }
 
 // prepareBody fingerprints the body into rb and arranges to produce it
@@ -290,6 +299,11 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 	h := sha256.New()
 	var head [256]byte
 	h.Write(append(append(append(append(head[:0], req.Method...), '\n'), rb.url...), '\n'))
+	var old hash.Hash // the fingerprint with the userinfo, for records that have it
+	if req.URL.User != nil {
+		old = sha256.New()
+		old.Write([]byte(req.Method + "\n" + req.URL.String() + "\n"))
+	}
 	if req.Body == nil || req.Body == http.NoBody {
 		rb.saved = []byte{}
 	} else {
@@ -300,7 +314,11 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 		if rest == nil {
 			rb.size = int64(len(buf))
 			cb := canonBuffers.Get().(*canon.Buffer)
-			h.Write(canonical(cb, req.Header.Get("Content-Type"), buf))
+			c := canonical(cb, req.Header.Get("Content-Type"), buf)
+			h.Write(c)
+			if old != nil {
+				old.Write(c)
+			}
 			if cb.Cap() <= maxPooledCanon {
 				canonBuffers.Put(cb)
 			}
@@ -310,12 +328,18 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 		} else {
 			// Too large to canonicalise: hash it byte for byte, streamed.
 			h.Write(buf)
+			if old != nil {
+				old.Write(buf)
+			}
 			rb.size = int64(len(buf))
 			chunk := make([]byte, 32<<10)
 			for err == nil {
 				var n int
 				n, err = rest.Read(chunk)
 				h.Write(chunk[:n])
+				if old != nil {
+					old.Write(chunk[:n])
+				}
 				rb.size += int64(n)
 			}
 			rest.Close()
@@ -328,6 +352,9 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 	var text [2 * sha256.Size]byte
 	hex.Encode(text[:], h.Sum(sum[:0]))
 	rb.fp = string(text[:])
+	if old != nil {
+		rb.oldFP = hex.EncodeToString(old.Sum(nil))
+	}
 	return nil
 }
 

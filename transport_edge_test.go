@@ -1,0 +1,286 @@
+package idem_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/retry"
+)
+
+// TestNilBodyResponseWithAttemptTimeout: a base transport that answers
+// with a nil Body (http.Client tolerates it, filling in an empty one) is
+// read as an empty body, with an AttemptTimeout as without.
+func TestNilBodyResponseWithAttemptTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		tr := &idem.Transport{Jar: &idem.MemoryJar{}, Policy: fastPolicy,
+			Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+				n++
+				if n == 1 {
+					return &http.Response{StatusCode: 503, Header: http.Header{}}, nil
+				}
+				return &http.Response{StatusCode: 204, Header: http.Header{}}, nil
+			})}
+		tr.Policy.AttemptTimeout = 10 * time.Second
+		var (
+			resp     *http.Response
+			err      error
+			panicked any
+		)
+		func() {
+			defer func() { panicked = recover() }()
+			resp, err = post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+			if err == nil {
+				_, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		if panicked != nil {
+			t.Fatalf("RoundTrip (or reading its answer) panicked: %v", panicked)
+		}
+		if err != nil || resp.StatusCode != 204 {
+			t.Fatalf("got %v, %v; want the 204", resp, err)
+		}
+	})
+}
+
+// TestReconcileSetWhileWaiting: an operation marked StateReconcile (by a
+// process whose Horizon is shorter) while this call waits for its lease is
+// not sent: a *ReconcileError.
+func TestReconcileSetWhileWaiting(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		tr.Policy.MaxElapsed = time.Minute
+		ctx := idem.WithOperation(context.Background(), "op")
+		now := time.Now()
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
+			// The holder (another process, Horizon shorter) marks it reconcile.
+			if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateReconcile,
+				Note: "past the horizon", Release: true}); err != nil {
+				t.Error(err)
+			}
+		})
+		_, err := post(t, ctx, tr, `{}`)
+		wg.Wait()
+		r, _ := jar.Get(ctx, "op")
+		if rec.attempts() != 0 || !errors.Is(err, idem.ErrReconcile) {
+			t.Fatalf("got %v after %d sends, record now %s; want *ReconcileError and nothing sent: the SDK must not send a reconcile operation again",
+				err, rec.attempts(), r.State)
+		}
+	})
+}
+
+// slowBeginJar's Begin succeeds (the record is written) but returns after
+// the caller's deadline passed, as a commit slow to be acknowledged may.
+type slowBeginJar struct{ *idem.MemoryJar }
+
+func (j slowBeginJar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	rec, created, err := j.MemoryJar.Begin(ctx, r)
+	time.Sleep(2 * time.Second)
+	return rec, created, err
+}
+
+// TestAttemptNotSentIsNotCounted: Begin counts a new operation's first
+// attempt ahead of it; when the caller's context ends between Begin and the
+// send, nothing goes out, and the record counts no attempt either.
+func TestAttemptNotSentIsNotCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, mj := newTransport(t, status(201))
+		tr.Jar = slowBeginJar{mj}
+		ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), time.Second)
+		defer cancel()
+		_, err := post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) {
+			t.Fatalf("got %v; want a *PendingError", err)
+		}
+		r, _ := mj.Get(context.Background(), "op")
+		if r.Attempts != rec.attempts() || r.Attempts != pe.Attempts {
+			t.Fatalf("record Attempts %d, PendingError.Attempts %d, attempts sent %d; want them equal",
+				r.Attempts, pe.Attempts, rec.attempts())
+		}
+	})
+}
+
+// TestReconcileAfterWaitKeepsKnownStatus: a call that waited for another
+// holder's lease while that holder got the final answer (done, 201), and
+// then finds the operation past its horizon, keeps the known outcome: done,
+// with its 201, which the ReconcileError reports too.
+func TestReconcileAfterWaitKeepsKnownStatus(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		tr.Policy = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond,
+			MaxElapsed: time.Minute, Horizon: 3 * time.Second}
+		ctx := idem.WithOperation(context.Background(), "op")
+		now := time.Now()
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(4 * time.Second)
+			// The holder got its final answer.
+			if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateDone,
+				LastStatus: 201, Release: true}); err != nil {
+				t.Error(err)
+			}
+		})
+		_, err := post(t, ctx, tr, `{}`)
+		wg.Wait()
+		var re *idem.ReconcileError
+		if !errors.As(err, &re) || rec.attempts() != 0 {
+			t.Fatalf("got %v after %d sends; want *ReconcileError, nothing sent", err, rec.attempts())
+		}
+		r, _ := jar.Get(ctx, "op")
+		if r.State != idem.StateDone || r.LastStatus != 201 || re.LastStatus != 201 {
+			t.Fatalf("record %s with LastStatus %d, ReconcileError.LastStatus %d; want done with 201 kept (its known outcome)",
+				r.State, r.LastStatus, re.LastStatus)
+		}
+	})
+}
+
+// TestMismatchAfterWaitGotKey: a call without a key of its own that
+// waited for a lease while the operation was abandoned and begun again gets
+// a *MismatchError whose GotKey is empty: the caller set none.
+func TestMismatchAfterWaitGotKey(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, _, jar := newTransport(t, status(201))
+		tr.Policy.MaxElapsed = time.Minute
+		ctx := idem.WithOperation(context.Background(), "op")
+		now := time.Now()
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(2 * time.Second)
+			_, _ = jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateAbandoned, Release: true})
+			_, _, _ = jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, State: idem.StatePending,
+				Created: time.Now(), Holder: "new", LeaseUntil: time.Now().Add(time.Hour)})
+		})
+		_, err := post(t, ctx, tr, `{}`) // no Idempotency-Key set by the caller
+		wg.Wait()
+		var me *idem.MismatchError
+		if !errors.As(err, &me) {
+			t.Fatalf("got %v; want a *MismatchError", err)
+		}
+		if me.GotKey != "" {
+			t.Fatalf("GotKey %q (message: %q); want \"\": the caller set no Idempotency-Key", me.GotKey, me.Error())
+		}
+	})
+}
+
+// TestFarRetryAfterWithKeyjar: a Retry-After far beyond what keyjar can
+// store (a date in the year 9999) is recorded as the horizon, and the
+// call's final write, the lease's release and the 503 included, is kept.
+func TestFarRetryAfterWithKeyjar(t *testing.T) {
+	jar, err := keyjar.Open(t.Context(), filepath.Join(t.TempDir(), "jar.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer jar.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	tr := &idem.Transport{Jar: jar, Base: srv.Client().Transport, Policy: retry.Policy{MaxAttempts: 1}}
+	ctx := idem.WithOperation(context.Background(), "op")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{}`))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Fatalf("status %d; want the 503", resp.StatusCode)
+	}
+	r, err := jar.Get(ctx, "op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Holder != "" || r.LastStatus != 503 || r.NextAttempt.IsZero() {
+		t.Fatalf("record after the call: holder %q (lease until %v), LastStatus %d, NextAttempt %v; want the lease released, 503 and a NextAttempt recorded",
+			r.Holder, r.LeaseUntil, r.LastStatus, r.NextAttempt)
+	}
+}
+
+// TestUserinfoFingerprintOfEarlierRecords: versions that stored a URL's
+// userinfo also fingerprinted it. An operation they left pending, with
+// such a URL, is still the same request: it is resumed with its key.
+func TestUserinfoFingerprintOfEarlierRecords(t *testing.T) {
+	const withUser = "https://user:pw@api.example.test/v1/charges"
+	oldFP := func(url string) string { // as 6c3e529 computed it: method, URL as is, canonical body
+		s := sha256.Sum256([]byte("POST\n" + url + "\n{}"))
+		return hex.EncodeToString(s[:])
+	}
+	// The formula matches the current fingerprint for a URL without userinfo.
+	if got := fingerprintOf(t, `{}`); got != oldFP(chargeURL) {
+		t.Fatalf("fingerprint formula: %s != %s", got, oldFP(chargeURL))
+	}
+	tr, rec, jar := newTransport(t, status(201))
+	ctx := idem.WithOperation(context.Background(), "op")
+	now := time.Now()
+	// Left pending by the previous version.
+	if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: oldFP(withUser), State: idem.StatePending,
+		Method: "POST", URL: withUser, Created: now, Updated: now, Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, withUser, strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	mt := tr.Base
+	tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r2 := r.Clone(r.Context())
+		r2.URL.User = nil
+		return mt.RoundTrip(r2)
+	})
+	_, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("the same request as before the upgrade: %v (sent %d); want it resumed with key k1", err, rec.attempts())
+	}
+}
+
+// TestBudgetRefilledByEveryFinalAnswer: a final answer gives the call's
+// retry cost back to the Budget, a 422 as a 400.
+func TestBudgetRefilledByEveryFinalAnswer(t *testing.T) {
+	for _, last := range []int{400, 422} {
+		t.Run(fmt.Sprint(last), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, _, _ := newTransport(t, status(503), status(last))
+				tr.Budget = &retry.Budget{Capacity: 10, RetryCost: 5}
+				resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+				if err != nil || resp.StatusCode != last {
+					t.Fatalf("got %v, %v", resp, err)
+				}
+				if got := tr.Budget.Available(); got != 10 {
+					t.Fatalf("after 503 then %d: %d tokens; want the retry's 5 given back (10)", last, got)
+				}
+			})
+		})
+	}
+}
