@@ -6,9 +6,10 @@ import (
 )
 
 // SecretHeader reports whether a request header carries a credential and so
-// must never be written to a jar: Authorization, Proxy-Authorization, Cookie,
-// and any header whose name contains "token", "secret", "password" or
-// "api-key" (such as X-Api-Key or X-Auth-Token).
+// must never be written to a jar: Authorization, Proxy-Authorization,
+// Cookie, Set-Cookie, and any header whose name contains "token", "secret",
+// "password", "api-key" or "apikey" (such as X-Api-Key or X-Auth-Token),
+// whatever its case.
 func SecretHeader(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
 	case "Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie":

@@ -100,7 +100,8 @@ func Operation(ctx context.Context) string {
 //     is gone (same host) is taken over at once; any other waits for the
 //     lease to end. An attempt that outlasts the lease may be joined by
 //     another holder's: the server's in-flight claim answers it 409, so
-//     keep Lease above Policy.AttemptTimeout (the default is twice it).
+//     keep Lease above Policy.AttemptTimeout (the default is at least
+//     twice it).
 //   - http.Transport may itself re-send one attempt on a dead reused
 //     connection, because the key header makes the request replayable: the
 //     server can see more attempts than the SDK counts. That is safe.

@@ -69,7 +69,7 @@ type Options struct {
 
 	// Base sends each attempt. Nil means a clone of http.DefaultTransport
 	// that keeps up to 64 idle connections per host (http.Transport's
-	// default of 2 loses a third of the throughput at 32 concurrent
+	// default of 2 loses about 40 % of the throughput at 32 concurrent
 	// callers).
 	Base http.RoundTripper
 
@@ -87,7 +87,8 @@ type Options struct {
 	Policy retry.Policy
 
 	// Budget is the retry quota shared by all of the Client's calls. Nil
-	// means a new retry.Budget with its defaults (500 tokens, 5 per retry).
+	// means a new retry.Budget with its defaults (500 tokens; a retry costs 5,
+	// 10 after a network error).
 	// Give a Budget with a very large Capacity to retry within Policy
 	// alone.
 	Budget *retry.Budget

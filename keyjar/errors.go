@@ -36,9 +36,10 @@ var (
 	ErrVersion = errors.New("keyjar: jar file has a newer schema version")
 
 	// ErrInvalid is returned by Begin for a record without Op or Key, or
-	// with a State that is not valid, and by Begin, Acquire and Update for a
-	// time that cannot be stored (outside the years 1678 to 2262). Nothing
-	// is written.
+	// with a State that is not valid, by Update and Defer for a Change with
+	// an invalid State, and by Begin, Acquire and Update for a time that
+	// cannot be stored (outside the years 1678 to 2262). Nothing is
+	// written.
 	ErrInvalid = errors.New("keyjar: invalid record")
 )
 

@@ -72,8 +72,7 @@ func (p ErrorPolicy) String() string {
 
 // Middleware makes non-idempotent requests safe to retry: a request that
 // carries an Idempotency-Key is run at most once per scope and key, and
-// every retry gets the first answer. It implements the decision table of
-// DESIGN.md:
+// every retry gets the first answer. It implements this decision table:
 //
 //	state of (scope, key)          action                                   answer
 //	none: Claim wins               run the handler, save its answer fenced  the handler's
@@ -129,9 +128,9 @@ type Middleware struct {
 	// LockTimeout is how long a claim is honoured before another request
 	// may take it over. It must outlast every honest run of the handler:
 	// the request deadline plus the downstream timeout, or live workers
-	// are taken over by design. Zero means DefaultLockTimeout (60 s): the
-	// reference server's handler is bounded by a 30 s request budget and
-	// a 10 s downstream timeout, with margin.
+	// are taken over by design. Zero means DefaultLockTimeout (60 s). The
+	// handler's context ends with the claim's lease, which is the only
+	// bound the reference server puts on its handler.
 	LockTimeout time.Duration
 
 	// Retention is how long a key is kept after its creation; Prune

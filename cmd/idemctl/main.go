@@ -24,7 +24,9 @@
 // with the same Idempotency-Key. The jar never holds credentials: give them
 // with --header 'Name: value' (repeatable), or, to keep them out of the
 // process list, in the environment variable IDEM_HEADER (one "Name: value"
-// per line).
+// per line). Give the credential of the first send: a server that scopes
+// keys by credential (as the reference server does) would take another
+// one's request for a new operation.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

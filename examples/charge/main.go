@@ -10,7 +10,10 @@
 //
 // Kill it with kill -9 while a charge is in flight and run it again: the
 // interrupted charge is sent again with its first key, the server replays
-// its answer, and the order is charged once.
+// its answer, and the order is charged once. A run that restarts while the
+// server still runs the first attempt gets 409 with the server's lease left
+// as its Retry-After (the reference server's: up to a minute), waits for it,
+// and then gets the answer.
 //
 // A run killed mid-charge leaves that charge leased in the jar: a restart
 // on the same host sees that the holder process is gone and resumes at
@@ -87,11 +90,12 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 
 	// A charge left in flight by a killed run on another host is leased
 	// until its lease ends: each call's budget outlasts it, so that a
-	// restart waits for it rather than give up.
+	// restart waits for it rather than give up. So does a server's 409,
+	// whose Retry-After is what is left of its own lease on the key.
 	c, err := client.New(ctx, *jarPath, &client.Options{
 		Header: bearer(token),
 		Lease:  *lease,
-		Policy: retry.Policy{MaxElapsed: *lease + 30*time.Second},
+		Policy: retry.Policy{MaxElapsed: *lease + 30*time.Second, MaxRetryAfter: *lease + 30*time.Second},
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "charge:", err)
