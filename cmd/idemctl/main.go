@@ -44,7 +44,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -53,6 +52,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5"
@@ -302,16 +302,12 @@ func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (c
 }
 
 // printable returns the jar's name fit to print: a PostgreSQL URL without
-// its password.
+// its password, in the userinfo or the query.
 func printable(spec string) string {
 	if !isPostgres(spec) {
 		return spec
 	}
-	u, err := url.Parse(spec)
-	if err != nil {
-		return "the PostgreSQL database"
-	}
-	return u.Redacted()
+	return dsn.Redacted(spec, "the PostgreSQL database")
 }
 
 // explain turns a jar error into a sentence for the operator.

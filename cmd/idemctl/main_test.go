@@ -463,3 +463,24 @@ func TestBinary(t *testing.T) {
 		wantError(t, ee.ExitCode(), stderr.String(), 1, "idemctl: "+p)
 	}
 }
+
+// TestPasswordNeverPrinted: a PostgreSQL URL's password, in the userinfo or
+// in the query (pgx takes both), is not in idemctl's messages.
+func TestPasswordNeverPrinted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: connecting is refused at once
+	const pw = "s3cretPW"
+	for _, dsn := range []string{
+		"postgres://ops:" + pw + "@" + addr + "/payments?sslmode=disable&connect_timeout=5",
+		"postgres://ops@" + addr + "/payments?password=" + pw + "&sslmode=disable&connect_timeout=5",
+	} {
+		code, _, stderr := idemctl("--jar", dsn, "list")
+		if code != 1 || strings.Contains(stderr, pw) || !strings.Contains(stderr, addr) {
+			t.Errorf("exit %d, stderr %q; want exit 1 naming the database, without the password", code, stderr)
+		}
+	}
+}

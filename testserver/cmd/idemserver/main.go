@@ -30,7 +30,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -38,6 +37,7 @@ import (
 	"syscall"
 	"time"
 
+	dsnpkg "github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/pgstore"
@@ -98,11 +98,7 @@ func redact(dsn string) string {
 	if !isPostgres(dsn) {
 		return dsn
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "a PostgreSQL database" // unreachable: openBackend parsed it
-	}
-	return u.Redacted()
+	return dsnpkg.Redacted(dsn, "a PostgreSQL database")
 }
 
 // paycoLock is the key of the advisory lock under which a server creates

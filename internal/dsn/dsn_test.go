@@ -1,0 +1,22 @@
+package dsn
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestRedacted(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"postgres://ops:s3cret@db:5432/jar", "postgres://ops:xxxxx@db:5432/jar"},
+		{"postgresql://ops@db/jar?password=s3cret&sslmode=disable", "postgresql://ops@db/jar?password=xxxxx&sslmode=disable"},
+		{"postgres://db/jar?sslpassword=s3cret", "postgres://db/jar?sslpassword=xxxxx"},
+		{"postgres://ops@db/jar?sslmode=disable", "postgres://ops@db/jar?sslmode=disable"},
+		{"keys.db", "keys.db"},
+		{"postgres://%zz", "the database"},
+	} {
+		got := Redacted(c.in, "the database")
+		if got != c.want || strings.Contains(got, "s3cret") {
+			t.Errorf("Redacted(%q) = %q; want %q", c.in, got, c.want)
+		}
+	}
+}
