@@ -79,7 +79,7 @@ func Operation(ctx context.Context) string {
 //     the header without what SecretHeader names.
 //   - It interprets responses only to decide on a retry (retry.Classify:
 //     409, 429, 502, 503, 504 and network errors). Each superseded response
-//     body is drained (at most 64 KiB) and closed. The final response comes
+//     body is drained (at most 64 KiB, for at most a second) and closed. The final response comes
 //     back with a nil error whatever its status, 422 included, and so does
 //     the last retryable response when the call's attempts or budget run
 //     out: the operation then stays pending, and its Retry-After, when it

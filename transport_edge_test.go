@@ -284,3 +284,32 @@ func TestBudgetRefilledByEveryFinalAnswer(t *testing.T) {
 		})
 	}
 }
+
+// stalledBody's Read blocks until Close, as a connection's does when the
+// server stops sending in the middle of a body.
+type stalledBody struct {
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (s *stalledBody) Read([]byte) (int, error) { <-s.closed; return 0, errors.New("closed") }
+func (s *stalledBody) Close() error             { s.once.Do(func() { close(s.closed) }); return nil }
+
+// TestStalledRetryableBody: a retryable answer whose body stalls is given
+// up on (closed) after a while, and the call goes on to its retry.
+func TestStalledRetryableBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := 0
+		tr := &idem.Transport{Jar: &idem.MemoryJar{}, Policy: fastPolicy,
+			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if n++; n == 1 {
+					return &http.Response{StatusCode: 503, Header: http.Header{}, Body: &stalledBody{closed: make(chan struct{})}, Request: r}, nil
+				}
+				return &http.Response{StatusCode: 201, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+			})}
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil || resp.StatusCode != 201 || n != 2 {
+			t.Fatalf("got %v, %v after %d attempts; want the retry's 201", resp, err, n)
+		}
+	})
+}

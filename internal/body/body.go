@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 )
 
 // DrainLimit is how much of a superseded response body Drain reads before
@@ -14,15 +15,23 @@ import (
 // a larger one is cheaper to close.
 const DrainLimit = 64 << 10
 
-// Drain reads at most DrainLimit bytes of rc and closes it. A nil rc is a
-// no-op.
+// Drain reads at most DrainLimit bytes of rc, for at most DrainTimeout,
+// and closes it. A body that stalls is closed when the time is up, which
+// ends a read blocked in it (as it does an http.Response's). A nil rc is
+// a no-op.
 func Drain(rc io.ReadCloser) {
 	if rc == nil {
 		return
 	}
+	stop := time.AfterFunc(DrainTimeout, func() { _ = rc.Close() })
 	_, _ = io.CopyN(io.Discard, rc, DrainLimit)
+	stop.Stop()
 	_ = rc.Close()
 }
+
+// DrainTimeout bounds Drain: reusing a connection is not worth waiting for
+// a server that stalls in the middle of a body nobody reads.
+const DrainTimeout = time.Second
 
 // ErrTooLarge is returned by ReadAtMost when the body is longer than the
 // limit.

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
+	"testing/synctest"
+	"time"
 )
 
 func TestReadAtMost(t *testing.T) {
@@ -75,3 +78,50 @@ func TestReadAtMostContextStopsWithTheContext(t *testing.T) {
 type readFunc func([]byte) (int, error)
 
 func (f readFunc) Read(p []byte) (int, error) { return f(p) }
+
+// stalled is a body whose Read blocks until Close, as a connection's does.
+type stalled struct {
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (s *stalled) Read([]byte) (int, error) { <-s.closed; return 0, errors.New("read on closed body") }
+func (s *stalled) Close() error             { s.once.Do(func() { close(s.closed) }); return nil }
+
+// TestDrainStalledBody: Drain gives up on a body that stalls after
+// DrainTimeout, closing it, rather than wait for it forever.
+func TestDrainStalledBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		Drain(&stalled{closed: make(chan struct{})})
+		if d := time.Since(start); d != DrainTimeout {
+			t.Fatalf("Drain returned after %v; want %v", d, DrainTimeout)
+		}
+	})
+}
+
+// TestDrainReadsAndCloses: a body that ends is read to its end at once,
+// and closed.
+func TestDrainReadsAndCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &countingBody{Reader: strings.NewReader(strings.Repeat("x", 1000))}
+		start := time.Now()
+		Drain(r)
+		if r.n != 1000 || !r.closed || time.Since(start) != 0 {
+			t.Fatalf("read %d bytes, closed %v, after %v; want 1000, true, at once", r.n, r.closed, time.Since(start))
+		}
+	})
+}
+
+type countingBody struct {
+	io.Reader
+	n      int
+	closed bool
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.Reader.Read(p)
+	c.n += n
+	return n, err
+}
+func (c *countingBody) Close() error { c.closed = true; return nil }
