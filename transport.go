@@ -79,11 +79,12 @@ func Operation(ctx context.Context) string {
 //     the header without what SecretHeader names.
 //   - It interprets responses only to decide on a retry (retry.Classify:
 //     409, 429, 502, 503, 504 and network errors). Each superseded response
-//     body is drained (at most 64 KiB, for at most a second) and closed. The final response comes
-//     back with a nil error whatever its status, 422 included, and so does
-//     the last retryable response when the call's attempts or budget run
-//     out: the operation then stays pending, and its Retry-After, when it
-//     has one, is recorded as the operation's NextAttempt.
+//     body is drained (at most 64 KiB, for at most a second) and closed.
+//     The final response comes back with a nil error whatever its status,
+//     422 included, and so does the last retryable response when the
+//     call's attempts or budget run out: the operation then stays pending,
+//     and its Retry-After, when it has one, is recorded as the operation's
+//     NextAttempt.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,
