@@ -67,11 +67,7 @@ func TestReconcileSetWhileWaiting(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(201))
 		tr.Policy.MaxElapsed = time.Minute
 		ctx := idem.WithOperation(context.Background(), "op")
-		now := time.Now()
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
-			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
+		heldElsewhere(t, jar, fp)
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
@@ -134,11 +130,7 @@ func TestReconcileAfterWaitKeepsKnownStatus(t *testing.T) {
 		tr.Policy = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond,
 			MaxElapsed: time.Minute, Horizon: 3 * time.Second}
 		ctx := idem.WithOperation(context.Background(), "op")
-		now := time.Now()
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
-			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
+		heldElsewhere(t, jar, fp)
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			time.Sleep(4 * time.Second)
@@ -171,11 +163,7 @@ func TestMismatchAfterWaitGotKey(t *testing.T) {
 		tr, _, jar := newTransport(t, status(201))
 		tr.Policy.MaxElapsed = time.Minute
 		ctx := idem.WithOperation(context.Background(), "op")
-		now := time.Now()
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
-			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
-			t.Fatal(err)
-		}
+		heldElsewhere(t, jar, fp)
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			time.Sleep(2 * time.Second)

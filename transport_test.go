@@ -854,11 +854,7 @@ func TestAbandonedWhileWaiting(t *testing.T) {
 				tr, rec, jar := newTransport(t, status(201))
 				tr.Policy.MaxElapsed = time.Minute
 				ctx := idem.WithOperation(context.Background(), "op")
-				now := time.Now()
-				if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
-					Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
-					t.Fatal(err)
-				}
+				heldElsewhere(t, jar, fp)
 				var wg sync.WaitGroup
 				wg.Go(func() {
 					time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
@@ -925,6 +921,17 @@ func TestContextEndingInAcquireLeavesPending(t *testing.T) {
 			t.Fatalf("got %T %v after %d sends; want a *PendingError wrapping the deadline, nothing sent", err, err, rec.attempts())
 		}
 	})
+}
+
+// heldElsewhere puts in jar the operation "op", key k1 and fingerprint fp,
+// pending after one attempt, leased by another holder for an hour.
+func heldElsewhere(t *testing.T, jar *idem.MemoryJar, fp string) {
+	t.Helper()
+	now := time.Now()
+	if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+		Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // fingerprintOf learns the fingerprint the transport computes for a POST of
