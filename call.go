@@ -137,8 +137,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					// id (fenced: if anyone took it meanwhile, nothing
 					// changes) and take it, rather than wait it out.
 					c.tookOver = true
-					_, _ = c.t.Jar.Update(ctx, c.op, rec.Holder, Change{Now: now, LastStatus: rec.LastStatus,
-						LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+					_, _ = c.t.Jar.Update(ctx, c.op, rec.Holder, releasing(rec, now))
 					continue
 				}
 				c.lastErr = err
@@ -166,8 +165,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 			if err := c.notOurs(); err != nil {
 				// Given back as it was taken.
-				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, Change{Now: now, LastStatus: rec.LastStatus,
-					LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, releasing(rec, now))
 				return nil, err
 			}
 		}
@@ -298,10 +296,21 @@ func (c *call) notOurs() error {
 	case rec.State == StateAbandoned:
 		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
 	case rec.State == StateReconcile:
-		return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
-			Attempts: rec.Attempts, LastStatus: rec.LastStatus}
+		return c.reconcileError(rec)
 	}
 	return nil
+}
+
+// releasing is the change that gives rec's lease back and leaves the rest
+// of it as it is.
+func releasing(rec Record, now time.Time) Change {
+	return Change{Now: now, LastStatus: rec.LastStatus, LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true}
+}
+
+// reconcileError is the error of a call that finds rec in StateReconcile.
+func (c *call) reconcileError(rec Record) error {
+	return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
+		Attempts: rec.Attempts, LastStatus: rec.LastStatus}
 }
 
 // wait sleeps before trying to take a lease again, at most until the lease
@@ -414,8 +423,7 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	c.key = rec.Key
 	if rec.State == StateReconcile {
-		return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
-			Attempts: rec.Attempts, LastStatus: rec.LastStatus}
+		return c.reconcileError(rec)
 	}
 	return nil
 }
