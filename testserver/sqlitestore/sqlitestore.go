@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -250,11 +251,15 @@ func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bo
 
 // Prune implements testserver.Store.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
+	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
 		return 0, nil
 	}
+	cutoff := int64(math.MaxInt64)
+	if before.Before(time.Unix(0, math.MaxInt64)) {
+		cutoff = before.UnixNano()
+	}
 	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
-		(SELECT rowid FROM idempotency_keys WHERE created < ? ORDER BY created LIMIT ?)`, before.UnixNano(), limit)
+		(SELECT rowid FROM idempotency_keys WHERE created < ? ORDER BY created LIMIT ?)`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("sqlitestore: %w", err)
 	}

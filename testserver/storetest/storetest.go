@@ -46,6 +46,7 @@ func Run(t *testing.T, newStore func(t *testing.T) testserver.Store) {
 		{"ScopesIsolated", scopesIsolated},
 		{"PruneOnlyDue", pruneOnlyDue},
 		{"PruneLimit", pruneLimit},
+		{"PruneFarCutoffs", pruneFarCutoffs},
 		{"ResponseRoundTrip", responseRoundTrip},
 		{"CancelledContext", cancelledContext},
 	}
@@ -308,6 +309,25 @@ func pruneLimit(t *testing.T, s testserver.Store) {
 	n, err = s.Prune(context.Background(), base, 100)
 	if err != nil || n != 7 {
 		t.Fatalf("Prune(limit 100) = %d, %v; want the 7 left", n, err)
+	}
+}
+
+// pruneFarCutoffs prunes with cutoffs that Unix nanoseconds in an int64
+// cannot hold (before 1678, after 2262): nothing was created before the
+// first, everything before the second.
+func pruneFarCutoffs(t *testing.T, s testserver.Store) {
+	ctx := context.Background()
+	claim(t, s, "scope", "key", "fp", token(0), base)
+	if err := s.Save(ctx, "scope", "key", token(0), testserver.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	for _, before := range []time.Time{{}, time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), base} {
+		if n, err := s.Prune(ctx, before, 10); err != nil || n != 0 {
+			t.Fatalf("Prune(before %v) = %d, %v; want 0: the entry was created %v", before, n, err, base)
+		}
+	}
+	if n, err := s.Prune(ctx, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), 10); err != nil || n != 1 {
+		t.Fatalf("Prune(before the year 3000) = %d, %v; want 1", n, err)
 	}
 }
 
