@@ -93,7 +93,7 @@ func (s *MemoryStore) Prune(ctx context.Context, before time.Time, limit int) (i
 		if n >= limit {
 			break
 		}
-		if e.Created.Before(before) {
+		if e.Created.Before(before) && (e.Status == StatusDone || e.LockedAt().Before(before)) {
 			delete(s.entries, k)
 			n++
 		}

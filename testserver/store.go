@@ -68,8 +68,10 @@ type Store interface {
 	// the entry is left alone.
 	Release(ctx context.Context, scope, key string, token int64) (bool, error)
 
-	// Prune deletes at most limit entries created before before (done or
-	// abandoned in flight) and returns how many it deleted.
+	// Prune deletes at most limit entries created before before, done or
+	// abandoned in flight, and returns how many it deleted. An in-flight
+	// entry is abandoned when its token, too, is older than before: a
+	// claim taken over since is in use, and stays.
 	Prune(ctx context.Context, before time.Time, limit int) (int, error)
 }
 

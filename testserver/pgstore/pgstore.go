@@ -280,7 +280,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	for total < limit {
 		want := min(s.batch, limit-total)
 		n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
-			SELECT scope, key FROM idempotency_keys WHERE created < $1
+			SELECT scope, key FROM idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
 			ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, want)
 		total += int(n)
 		if err != nil {

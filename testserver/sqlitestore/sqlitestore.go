@@ -259,7 +259,8 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 		cutoff = before.UnixNano()
 	}
 	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
-		(SELECT rowid FROM idempotency_keys WHERE created < ? ORDER BY created LIMIT ?)`, cutoff, limit)
+		(SELECT rowid FROM idempotency_keys WHERE created < ?1 AND (status = 'done' OR locked_at < ?1)
+		ORDER BY created LIMIT ?2)`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("sqlitestore: %w", err)
 	}

@@ -47,6 +47,7 @@ func Run(t *testing.T, newStore func(t *testing.T) testserver.Store) {
 		{"PruneOnlyDue", pruneOnlyDue},
 		{"PruneLimit", pruneLimit},
 		{"PruneFarCutoffs", pruneFarCutoffs},
+		{"PruneKeepsLiveClaims", pruneKeepsLiveClaims},
 		{"ResponseRoundTrip", responseRoundTrip},
 		{"CancelledContext", cancelledContext},
 	}
@@ -277,10 +278,10 @@ func pruneOnlyDue(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
 	ages := []time.Duration{3 * time.Hour, 2 * time.Hour, time.Hour, 0}
 	for i, age := range ages {
-		claim(t, s, "scope", fmt.Sprint("k", i), "fp", token(i), base.Add(-age))
+		claim(t, s, "scope", fmt.Sprint("k", i), "fp", base.Add(-age).UnixNano(), base.Add(-age))
 	}
 	// k0 is done, k1 abandoned in flight: both due.
-	if err := s.Save(ctx, "scope", "k0", token(0), testserver.Response{Status: 200}); err != nil {
+	if err := s.Save(ctx, "scope", "k0", base.Add(-ages[0]).UnixNano(), testserver.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
 	cutoff := base.Add(-time.Hour) // k2 was created exactly at the cutoff: not due
@@ -300,7 +301,7 @@ func pruneOnlyDue(t *testing.T, s testserver.Store) {
 
 func pruneLimit(t *testing.T, s testserver.Store) {
 	for i := range 10 {
-		claim(t, s, "scope", fmt.Sprint("k", i), "fp", token(i), base.Add(-48*time.Hour))
+		claim(t, s, "scope", fmt.Sprint("k", i), "fp", base.Add(-48*time.Hour).UnixNano()+int64(i), base.Add(-48*time.Hour))
 	}
 	n, err := s.Prune(context.Background(), base, 3)
 	if err != nil || n != 3 {
@@ -328,6 +329,31 @@ func pruneFarCutoffs(t *testing.T, s testserver.Store) {
 	}
 	if n, err := s.Prune(ctx, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), 10); err != nil || n != 1 {
 		t.Fatalf("Prune(before the year 3000) = %d, %v; want 1", n, err)
+	}
+}
+
+// pruneKeepsLiveClaims: a claim created long ago but taken over within the
+// retention is in use. Pruning it would let the next request claim the key
+// afresh and run the operation again while its holder still runs it.
+func pruneKeepsLiveClaims(t *testing.T, s testserver.Store) {
+	ctx := context.Background()
+	old := base.Add(-48 * time.Hour)
+	claim(t, s, "scope", "live", "fp", old.UnixNano(), old)
+	if ok, err := s.TakeOver(ctx, "scope", "live", old.UnixNano(), base.UnixNano()); !ok || err != nil {
+		t.Fatalf("TakeOver = %v, %v; want true", ok, err)
+	}
+	claim(t, s, "scope", "abandoned", "fp", old.UnixNano()+1, old)
+	if n, err := s.Prune(ctx, base.Add(-24*time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("Prune = %d, %v; want 1, the abandoned claim", n, err)
+	}
+	if _, ok := peek(t, s, "scope", "abandoned"); ok {
+		t.Error("the claim abandoned 48 h ago survived Prune")
+	}
+	if e := mustPeek(t, s, "scope", "live"); e.Status != testserver.StatusInFlight || e.Token != base.UnixNano() {
+		t.Fatalf("claim taken over now: %+v after Prune; want it in flight under token %d", e, base.UnixNano())
+	}
+	if err := s.Save(ctx, "scope", "live", base.UnixNano(), testserver.Response{Status: 201}); err != nil {
+		t.Fatalf("holder's Save after Prune: %v; want it saved", err)
 	}
 }
 
