@@ -53,7 +53,10 @@ type Options struct {
 	// BusyTimeout is how long a statement waits for another process's
 	// write lock before failing. Zero means DefaultBusyTimeout. SQLite
 	// waits at most 2^31-1 ms (about 24.8 days) and at least 1 ms: a
-	// longer or shorter BusyTimeout is that.
+	// longer or shorter BusyTimeout is that. The caller's context does not
+	// cut this wait short: a method that waits for the lock returns once
+	// the lock is free or BusyTimeout has passed, even if its context
+	// ended before.
 	BusyTimeout time.Duration
 }
 

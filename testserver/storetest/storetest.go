@@ -7,8 +7,9 @@
 //	}
 //
 // The suite uses only the Store interface, times on whole seconds and
-// tokens below 2^53, so any backend that keeps microseconds and 64-bit
-// integers can pass it.
+// tokens that are Unix nanoseconds (about 1.7e18, beyond 2^53: a float64
+// loses them), so any backend that keeps microseconds and 64-bit integers
+// can pass it.
 package storetest
 
 import (
