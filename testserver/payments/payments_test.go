@@ -247,7 +247,6 @@ func TestChargedHook(t *testing.T) {
 	}
 }
 
-// A delayed answer ends early when the caller goes away, and is saved.
 // A delayed handler is not cut off by its caller hanging up; it ends with
 // the lease (the handler's context), and its answer is saved and replayed.
 func TestDelayEndsWithTheLease(t *testing.T) {
