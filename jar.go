@@ -111,6 +111,11 @@ type Change struct {
 //     returns ErrLeaseLost. Update need not be durable at return: losing it
 //     on power loss only causes a re-send that the server replays.
 //   - Get, Acquire and Update return ErrNotFound for an unknown op.
+//   - Begin reads an empty State as StatePending. It refuses a record
+//     without Op or Key or with a State that is not Valid, and Update a
+//     Change whose State is neither "" nor Valid: it returns an error and
+//     writes nothing. The error is the jar's own (ErrInvalidRecord for
+//     MemoryJar); a jar may also refuse what it cannot store.
 //   - Credentials are never written: callers strip them (see SecretHeader),
 //     and a jar may strip them again.
 //   - Begin copies what it keeps of r: r.Header and r.Body may be the

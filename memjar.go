@@ -3,6 +3,8 @@ package idem
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"hash/maphash"
 	"net/http"
 	"slices"
@@ -60,6 +62,14 @@ var (
 	_ Jar      = (*MemoryJar)(nil)
 	_ Deferrer = (*MemoryJar)(nil)
 )
+
+// ErrInvalidRecord is returned by MemoryJar.Begin for a record without Op or
+// Key or with a State that is not valid, and by MemoryJar.Update and
+// MemoryJar.Defer for a Change whose State is neither "" nor valid. Nothing
+// is written. The durable jars refuse the same input with their own
+// ErrInvalid, so that a program tested on a MemoryJar meets no new refusal
+// on them.
+var ErrInvalidRecord = errors.New("idem: invalid record")
 
 // memRecord is a record as a MemoryJar keeps it, without a pointer: the
 // fields Begin sets once are encoded at head; the changeable ones are here,
@@ -398,8 +408,19 @@ func (d *decoder) head(r *Record) {
 	}
 }
 
-// Begin implements Jar.
+// Begin implements Jar. An empty State means StatePending. It returns
+// ErrInvalidRecord for a record without Op or Key or with a State that is not
+// valid.
 func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
+	if r.Op == "" || r.Key == "" {
+		return Record{}, false, fmt.Errorf("%w: empty Op or Key (op %q)", ErrInvalidRecord, r.Op)
+	}
+	if r.State == "" {
+		r.State = StatePending
+	}
+	if !r.State.Valid() {
+		return Record{}, false, fmt.Errorf("%w: op %q: state %q", ErrInvalidRecord, r.Op, r.State)
+	}
 	if err := ctx.Err(); err != nil {
 		return Record{}, false, err
 	}
@@ -458,8 +479,12 @@ func (j *MemoryJar) Acquire(ctx context.Context, op, holder string, now time.Tim
 	return j.record(i, m), nil
 }
 
-// Update implements Jar.
+// Update implements Jar. It returns ErrInvalidRecord for a c.State that is
+// neither "" nor valid.
 func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Record, error) {
+	if err := checkChange(op, c); err != nil {
+		return Record{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return Record{}, err
 	}
@@ -473,13 +498,27 @@ func (j *MemoryJar) Update(ctx context.Context, op, holder string, c Change) (Re
 	return j.record(i, m), err
 }
 
-// Defer implements Deferrer: it applies c at once, as Update does, and
-// returns nil. A change that Update would refuse is dropped.
+// Defer implements Deferrer: it applies c at once, as Update does. It
+// returns ErrInvalidRecord for a c.State that is neither "" nor valid, and
+// otherwise nil: a change that Update would refuse as fenced off or for an
+// unknown op is dropped.
 func (j *MemoryJar) Defer(op, holder string, c Change) error {
+	if err := checkChange(op, c); err != nil {
+		return err
+	}
 	j.lock()
 	defer j.mu.Unlock()
 	if i, m, ok := j.find(op); ok {
 		_ = j.update(i, m, holder, c)
+	}
+	return nil
+}
+
+// checkChange returns ErrInvalidRecord for a change whose State is neither ""
+// nor valid.
+func checkChange(op string, c Change) error {
+	if c.State != "" && !c.State.Valid() {
+		return fmt.Errorf("%w: op %q: state %q", ErrInvalidRecord, op, c.State)
 	}
 	return nil
 }

@@ -62,6 +62,40 @@ func TestMemoryJarZeroValue(t *testing.T) {
 	}
 }
 
+// TestMemoryJarInvalid: what the conformance suite's Invalid case refuses,
+// the MemoryJar refuses with ErrInvalidRecord.
+func TestMemoryJarInvalid(t *testing.T) {
+	ctx := t.Context()
+	j := new(idem.MemoryJar)
+	if _, _, err := j.Begin(ctx, memRecord(0)); err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(r *idem.Record){
+		"empty op":      func(r *idem.Record) { r.Op = "" },
+		"empty key":     func(r *idem.Record) { r.Key = "" },
+		"unknown state": func(r *idem.Record) { r.State = "sent" },
+		"existing op":   func(r *idem.Record) { r.Op, r.State = "op-0", "sent" },
+	} {
+		r := memRecord(1)
+		edit(&r)
+		if _, _, err := j.Begin(ctx, r); !errors.Is(err, idem.ErrInvalidRecord) {
+			t.Errorf("Begin with %s: err = %v; want ErrInvalidRecord", name, err)
+		}
+	}
+	bad := idem.Change{Now: time.Unix(1_700_000_001, 0), State: "sent"}
+	if _, err := j.Update(ctx, "op-0", "", bad); !errors.Is(err, idem.ErrInvalidRecord) {
+		t.Errorf("Update with an unknown state: err = %v; want ErrInvalidRecord", err)
+	}
+	for _, op := range []string{"op-0", "unknown"} {
+		if err := j.Defer(op, "", bad); !errors.Is(err, idem.ErrInvalidRecord) {
+			t.Errorf("Defer(%q) with an unknown state: err = %v; want ErrInvalidRecord", op, err)
+		}
+	}
+	if rs, err := j.List(ctx, idem.Filter{}); err != nil || len(rs) != 1 || rs[0].State != idem.StatePending || !rs[0].Updated.Equal(memRecord(0).Updated) {
+		t.Errorf("List after refused calls = %+v, %v; want op-0 as begun", rs, err)
+	}
+}
+
 // TestMemoryJarSlotReuse: an operation kept in the collision map, in the
 // slot of a deleted one, is deleted from there too, and its slot used again.
 func TestMemoryJarSlotReuse(t *testing.T) {

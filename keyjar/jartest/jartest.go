@@ -61,6 +61,8 @@ var cases = []struct {
 	{"BeginReturnsExisting", testBeginReturnsExisting},
 	{"BeginConcurrent", testBeginConcurrent},
 	{"BeginReplacesAbandoned", testBeginReplacesAbandoned},
+	{"BeginEmptyState", testBeginEmptyState},
+	{"Invalid", testInvalid},
 	{"AcquireLease", testAcquireLease},
 	{"UpdateFenced", testUpdateFenced},
 	{"UpdateUnfenced", testUpdateUnfenced},
@@ -321,6 +323,67 @@ func testBeginReplacesAbandoned(t *testing.T, j Jar) {
 		t.Errorf("stored key %q; Begin returned %v", got.Key, keys)
 	}
 	expect(t, "replaced record", got, want)
+}
+
+func testBeginEmptyState(t *testing.T, j Jar) {
+	r := record("op")
+	r.State = ""
+	want := record("op") // StatePending
+	expect(t, "Begin with an empty State", begin(t, j, r), want)
+	expect(t, "Get after Begin with an empty State", get(t, j, "op"), want)
+}
+
+// testInvalid: Begin refuses a record without Op or Key or with a State
+// that is not valid, and Update and Defer a Change with a State that is not
+// valid. Each jar refuses with its own error (idem.ErrInvalidRecord,
+// keyjar.ErrInvalid, pgjar.ErrInvalid); the suite asks for an error and
+// that nothing changed.
+func testInvalid(t *testing.T, j Jar) {
+	ctx := t.Context()
+	begin(t, j, record("op"))
+	want, err := j.Acquire(ctx, "op", "a", t0, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin(t, j, record("gone"))
+	abandoned := update(t, j, "gone", "", idem.Change{Now: t0.Add(time.Second), State: idem.StateAbandoned})
+	for _, c := range []struct {
+		name string
+		edit func(r *idem.Record)
+	}{
+		{"no Op", func(r *idem.Record) { r.Op = "" }},
+		{"no Key", func(r *idem.Record) { r.Key = "" }},
+		{"invalid State", func(r *idem.Record) { r.State = "bogus" }},
+		{"no Key, over an existing op", func(r *idem.Record) { r.Op, r.Key = "op", "" }},
+		{"invalid State, over an existing op", func(r *idem.Record) { r.Op, r.State = "op", "bogus" }},
+		{"no Key, over an abandoned op", func(r *idem.Record) { r.Op, r.Key = "gone", "" }},
+		{"invalid State, over an abandoned op", func(r *idem.Record) { r.Op, r.State = "gone", "Pending" }},
+	} {
+		r := record("new")
+		c.edit(&r)
+		if _, created, err := j.Begin(ctx, r); err == nil || created {
+			t.Errorf("Begin with %s: created %v, err %v; want an error", c.name, created, err)
+		}
+	}
+	for _, holder := range []string{"", "a"} {
+		if _, err := j.Update(ctx, "op", holder, idem.Change{Now: t0.Add(time.Minute), State: "bogus", Attempts: 1}); err == nil {
+			t.Errorf("Update(holder %q) with an invalid State: err = nil; want an error", holder)
+		}
+	}
+	if d, ok := j.(idem.Deferrer); ok {
+		for _, op := range []string{"op", "unknown"} {
+			if err := d.Defer(op, "", idem.Change{Now: t0.Add(time.Minute), State: "bogus", Attempts: 1}); err == nil {
+				t.Errorf("Defer(%q) with an invalid State: err = nil; want an error", op)
+			}
+		}
+	}
+	// Nothing changed.
+	all, err := j.List(ctx, idem.Filter{})
+	if err != nil || !slices.Equal(ops(all), []string{"gone", "op"}) {
+		t.Fatalf("List after refused calls = %v, %v; want [gone op]", ops(all), err)
+	}
+	expect(t, "after refused calls", get(t, j, "op"), want)
+	expect(t, "abandoned op after refused calls", get(t, j, "gone"), abandoned)
 }
 
 func testAcquireLease(t *testing.T, j Jar) {
