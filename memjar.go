@@ -67,8 +67,7 @@ var (
 // Key or with a State that is not valid, and by MemoryJar.Update and
 // MemoryJar.Defer for a Change whose State is neither "" nor valid. Nothing
 // is written. The durable jars refuse the same input with their own
-// ErrInvalid, so that a program tested on a MemoryJar meets no new refusal
-// on them.
+// ErrInvalid (and, unlike a MemoryJar, times they cannot store).
 var ErrInvalidRecord = errors.New("idem: invalid record")
 
 // memRecord is a record as a MemoryJar keeps it, without a pointer: the
@@ -77,7 +76,7 @@ var ErrInvalidRecord = errors.New("idem: invalid record")
 // free slot has a zero head.
 type memRecord struct {
 	head                 place
-	state                uint8 // its index in states; custom: the State is in extra
+	state                uint8 // its index in states
 	strings              bool  // the slot has an entry in MemoryJar.extra
 	attempts, lastStatus int
 	updated, next, lease stamp
@@ -101,14 +100,10 @@ func (s stamp) time() time.Time {
 	return time.Time{}
 }
 
-type memStrings struct {
-	state                   State // when not one of states
-	lastError, note, holder string
-}
+type memStrings struct{ lastError, note, holder string }
 
+// states are the valid states, the only ones Begin and Update accept.
 var states = [...]State{StatePending, StateDone, StateFailed, StateReconcile, StateAbandoned}
-
-const custom = uint8(len(states))
 
 const (
 	// chunkSize is the size of each slice of MemoryJar.chunks; a record
@@ -201,7 +196,6 @@ func (j *MemoryJar) holds(h uint64, i uint32) bool {
 
 // setTail sets the changeable fields of the record at slot i from r.
 func (j *MemoryJar) setTail(i uint32, m *memRecord, r *Record) {
-	m.state = custom
 	for k, s := range states {
 		if r.State == s {
 			m.state = uint8(k)
@@ -210,14 +204,10 @@ func (j *MemoryJar) setTail(i uint32, m *memRecord, r *Record) {
 	m.attempts, m.lastStatus = r.Attempts, r.LastStatus
 	m.updated, m.next, m.lease = stampOf(r.Updated), stampOf(r.NextAttempt), stampOf(r.LeaseUntil)
 	had := m.strings
-	m.strings = m.state == custom || r.LastError != "" || r.Note != "" || r.Holder != ""
+	m.strings = r.LastError != "" || r.Note != "" || r.Holder != ""
 	switch {
 	case m.strings:
-		x := memStrings{lastError: r.LastError, note: r.Note, holder: r.Holder}
-		if m.state == custom {
-			x.state = r.State
-		}
-		j.extra[i] = x
+		j.extra[i] = memStrings{lastError: r.LastError, note: r.Note, holder: r.Holder}
 	case had:
 		delete(j.extra, i)
 	}
@@ -229,11 +219,7 @@ func (j *MemoryJar) tail(i uint32, m *memRecord, r *Record) {
 	if m.strings {
 		x = j.extra[i]
 	}
-	if m.state < custom {
-		r.State = states[m.state]
-	} else {
-		r.State = x.state
-	}
+	r.State = states[m.state]
 	r.Attempts, r.LastStatus = m.attempts, m.lastStatus
 	r.Updated, r.NextAttempt, r.LeaseUntil = m.updated.time(), m.next.time(), m.lease.time()
 	r.LastError, r.Note, r.Holder = x.lastError, x.note, x.holder
@@ -430,7 +416,7 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	j.lock()
 	defer j.mu.Unlock()
 	if i, m, ok := j.find(r.Op); ok {
-		if m.state >= custom || states[m.state] != StateAbandoned {
+		if states[m.state] != StateAbandoned {
 			return j.record(i, m), false, nil
 		}
 		j.remove(r.Op, i)
