@@ -30,6 +30,10 @@ func validKey(k string) bool {
 	return true
 }
 
+// validBare is the rule for the bare form, restated: a valid key without a
+// comma, which would read as two keys joined into one line.
+func validBare(k string) bool { return validKey(k) && !strings.Contains(k, ",") }
+
 // sfString is the RFC 8941 sf-string encoding of a key: the only one, since
 // '"' and '\' must be escaped and nothing else may be.
 func sfString(k string) string {
@@ -38,12 +42,13 @@ func sfString(k string) string {
 
 // FuzzParseKey: ParseKey never panics; what it accepts is a valid key that
 // round-trips through the quoted form (and the bare form, when the key does
-// not start with a quote); what it refuses is a *KeyError matching
-// ErrInvalidKey that names the value, and never a valid bare key.
+// not start with a quote and holds no comma); what it refuses is a
+// *KeyError matching ErrInvalidKey that names the value, and never a valid
+// bare key.
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{
 		"", "k", "8e03978e-40d5-43e8-bc93-6894a57f9324", `"order-42"`, `""`, `"a\"b\\c"`, `"a\nb"`,
-		`"a", "b"`, `"abc`, `"a"b`, `"\`, `\"`, " a", "a ", `" a"`, "a\tb", "a\x00b", "a\x7fb", "clé",
+		`"a", "b"`, "a, b", "a,b", `"a,b"`, `"abc`, `"a"b`, `"\`, `\"`, " a", "a ", `" a"`, "a\tb", "a\x00b", "a\x7fb", "clé",
 		"\xff", strings.Repeat("k", 255), strings.Repeat("k", 256), `"` + strings.Repeat("k", 255) + `"`,
 		`"` + strings.Repeat(`\\`, 255) + `"`, `"` + strings.Repeat(`\\`, 256) + `"`,
 	} {
@@ -60,7 +65,7 @@ func FuzzParseKey(f *testing.F) {
 			if key != "" {
 				t.Fatalf("ParseKey(%q) = %q with an error; want \"\"", v, key)
 			}
-			if bare && validKey(v) {
+			if bare && validBare(v) {
 				t.Fatalf("ParseKey(%q) refused a valid bare key: %v", v, err)
 			}
 			return
@@ -68,8 +73,8 @@ func FuzzParseKey(f *testing.F) {
 		if !validKey(key) {
 			t.Fatalf("ParseKey(%q) = %q (%d bytes); want 1 to 255 printable ASCII, no space at the ends", v, key, len(key))
 		}
-		if bare && key != v {
-			t.Fatalf("ParseKey(%q) = %q; want a bare key unchanged", v, key)
+		if bare && (key != v || !validBare(key)) {
+			t.Fatalf("ParseKey(%q) = %q; want a bare key unchanged, without a comma", v, key)
 		}
 		if !bare && v != sfString(key) {
 			t.Fatalf("ParseKey(%q) = %q, but its sf-string is %q; want only the canonical quoted form accepted", v, key, sfString(key))
@@ -77,7 +82,7 @@ func FuzzParseKey(f *testing.F) {
 		if got, err := testserver.ParseKey(sfString(key)); err != nil || got != key {
 			t.Fatalf("ParseKey(%q) = %q, %v; want the quoted form of %q to round-trip", sfString(key), got, err, key)
 		}
-		if !strings.HasPrefix(key, `"`) {
+		if !strings.HasPrefix(key, `"`) && !strings.Contains(key, ",") {
 			if got, err := testserver.ParseKey(key); err != nil || got != key {
 				t.Fatalf("ParseKey(%q) = %q, %v; want the bare form to round-trip", key, got, err)
 			}
@@ -375,6 +380,10 @@ func FuzzMiddleware(f *testing.F) {
 	// Bad keys, and a raw key "k1" with a NUL, with the marker for large answers.
 	f.Add(program(4, op(0, 1, 5, 1, 1, 0, 0), op(0, 1, 6, 1, 1, 0, 0), op(0, 1, 7, 1, 1, 0, 0),
 		join(op(0, 1), raw(10, "k1\x00"), op(1, 1, 0, 0)), op(0, 1, 1, 1, 1, 0, 0), op(0, 1, 1, 1, 1, 0, 0)))
+	// Two keys joined into one line by a proxy, bare and quoted; a quoted
+	// key that holds a comma, claimed and then replayed.
+	f.Add(program(0, join(op(0, 1), raw(10, "k1, k2"), op(1, 1, 0, 0)), join(op(0, 1), raw(10, `"k1","k2"`), op(1, 1, 0, 0)),
+		join(op(0, 1), raw(10, `"k,1"`), op(1, 1, 0, 0)), join(op(0, 1), raw(10, `"k,1"`), op(1, 1, 0, 0))))
 	// Raw bodies: one small, one larger than MaxBody; a raw header.
 	f.Add(program(9, join(op(0, 2, 1), raw(7, "xyz"), op(0, 0, 0)), join(op(2, 2, 1), raw(7, strings.Repeat("y", 70)), op(0, 0, 0)),
 		join(op(0, 1, 1, 1), raw(5, "Idempotency-Key"), []byte{2, 'k', '2'}, op(0, 0))))

@@ -33,7 +33,10 @@ func (e *KeyError) Unwrap() error { return ErrInvalidKey }
 // bare form, abc, taken as it is (a value that starts with a double quote is
 // always read as the quoted form). The key itself must be 1 to MaxKeyLen
 // printable ASCII characters (0x20 to 0x7E) and must not begin or end with a
-// space, which HTTP would strip. Every error is a *KeyError.
+// space, which HTTP would strip. A bare key must not hold a comma: a proxy
+// may join two header lines into one with a comma between them (RFC 9110
+// §5.3), so "a, b" is read as two keys; a key with a comma is sent quoted.
+// Every error is a *KeyError.
 func ParseKey(v string) (string, error) {
 	key := v
 	if strings.HasPrefix(v, `"`) {
@@ -41,6 +44,8 @@ func ParseKey(v string) (string, error) {
 		if key, err = unquote(v); err != nil {
 			return "", &KeyError{Value: v, Reason: err.Error()}
 		}
+	} else if strings.Contains(v, ",") {
+		return "", &KeyError{Value: v, Reason: commaReason}
 	}
 	switch {
 	case key == "":
@@ -56,6 +61,46 @@ func ParseKey(v string) (string, error) {
 		}
 	}
 	return key, nil
+}
+
+// commaReason is why a bare value with a comma is refused.
+const commaReason = "a comma separates two keys (two header lines joined into one); send exactly one key, and quote a key that holds a comma"
+
+// keyCount returns how many keys vals, the Idempotency-Key header lines of a
+// request, hold: one per line, and one more per comma outside a quoted key.
+// A proxy may join two lines into one with a comma between them (RFC 9110
+// §5.3), so one line "a, b" holds two keys, as two lines do.
+func keyCount(vals []string) int {
+	n := 0
+	for _, v := range vals {
+		for {
+			n++
+			v = strings.TrimLeft(v, " \t")
+			if strings.HasPrefix(v, `"`) {
+				v = v[quotedLen(v):]
+			}
+			i := strings.IndexByte(v, ',')
+			if i < 0 {
+				break
+			}
+			v = v[i+1:]
+		}
+	}
+	return n
+}
+
+// quotedLen returns the length of the sf-string that v begins with, up to
+// its closing quote, or len(v) when it has none.
+func quotedLen(v string) int {
+	for i := 1; i < len(v); i++ {
+		switch v[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return len(v)
 }
 
 // unquote decodes an RFC 8941 sf-string: DQUOTE *chr DQUOTE, where chr is

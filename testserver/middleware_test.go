@@ -229,7 +229,13 @@ func TestBadRequests(t *testing.T) {
 		{"control character", []string{"Idempotency-Key", "a\x01b"}, chargeBody, 400, testserver.ProblemKeyInvalid},
 		{"tab", []string{"Idempotency-Key", "a\tb"}, chargeBody, 400, testserver.ProblemKeyInvalid},
 		{"unterminated quote", []string{"Idempotency-Key", `"abc`}, chargeBody, 400, testserver.ProblemKeyInvalid},
-		{"two quoted keys", []string{"Idempotency-Key", `"a", "b"`}, chargeBody, 400, testserver.ProblemKeyInvalid},
+		// Two lines joined into one by a proxy (RFC 9110 §5.3) are two keys,
+		// as two lines are.
+		{"two quoted keys", []string{"Idempotency-Key", `"a", "b"`}, chargeBody, 400, testserver.ProblemKeyRepeated},
+		{"two keys folded", []string{"Idempotency-Key", "a, b"}, chargeBody, 400, testserver.ProblemKeyRepeated},
+		{"two keys folded without a space", []string{"Idempotency-Key", "a,b"}, chargeBody, 400, testserver.ProblemKeyRepeated},
+		{"a key and an empty line folded", []string{"Idempotency-Key", "a,"}, chargeBody, 400, testserver.ProblemKeyRepeated},
+		{"a quoted and a bare key folded", []string{"Idempotency-Key", `"a,b", c`}, chargeBody, 400, testserver.ProblemKeyRepeated},
 		{"bad escape", []string{"Idempotency-Key", `"a\nb"`}, chargeBody, 400, testserver.ProblemKeyInvalid},
 		{"sent twice", []string{"Idempotency-Key", "a", "Idempotency-Key", "a"}, chargeBody, 400, testserver.ProblemKeyRepeated},
 		{"body too large", []string{"Idempotency-Key", "a"}, strings.Repeat("x", 2000), 413, testserver.ProblemBodyTooLarge},
@@ -269,6 +275,20 @@ func TestBodyTooLargeWithoutLength(t *testing.T) {
 	}
 }
 
+// TestQuotedKeyWithComma: a comma inside a quoted key is part of the key,
+// not a join of two header lines; the same key sent again is replayed.
+func TestQuotedKeyWithComma(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h)
+	for i, replayed := range []string{"", "true"} {
+		w := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", `"a,b"`))
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != replayed || h.runs.Load() != 1 {
+			t.Fatalf("request %d: %d %q, replayed %q, runs %d; want 201, replayed %q, run once",
+				i+1, w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), h.runs.Load(), replayed)
+		}
+	}
+}
+
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
@@ -278,6 +298,8 @@ func TestKeyForms(t *testing.T) {
 		{"abc", "abc"},
 		{`"abc"`, "abc"},
 		{`"a\"b\\c"`, `a"b\c`},
+		{`"a,b"`, "a,b"},
+		{`"a\",b"`, `a",b`},
 		{"a b", "a b"},
 		{strings.Repeat("k", 255), strings.Repeat("k", 255)},
 		{"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"},
@@ -287,7 +309,7 @@ func TestKeyForms(t *testing.T) {
 			t.Errorf("ParseKey(%q) = %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
-	for _, in := range []string{"", `""`, " a", "a ", `"a`, `"a"b`, `"a\b"`, "\x7f", strings.Repeat("k", 256)} {
+	for _, in := range []string{"", `""`, " a", "a ", `"a`, `"a"b`, `"a\b"`, "\x7f", strings.Repeat("k", 256), "a, b", "a,b", "a,", `a"b,c`} {
 		_, err := testserver.ParseKey(in)
 		var ke *testserver.KeyError
 		if !errors.As(err, &ke) || !errors.Is(err, testserver.ErrInvalidKey) || ke.Value != in || ke.Reason == "" {
