@@ -396,6 +396,9 @@ func TestBadInput(t *testing.T) {
 		{name: "key with a space at the end", run: keyed("order-42 "), want: idem.ErrInvalidKey},
 		{name: "duplicate key headers", run: keyed("order-42", "order-43"), want: idem.ErrInvalidKey},
 		{name: "duplicate identical key headers", run: keyed("order-42", "order-42"), want: idem.ErrInvalidKey},
+		{name: "two keys in one header line", run: keyed("order-42, order-43"), want: idem.ErrInvalidKey},
+		{name: "quoted key with a comma", run: keyed(`"order,42"`), status: http.StatusCreated,
+			addsOps: []string{"charge:bad-key"}, addsKeys: 1, runs: 1},
 		{
 			name: "100 MB body without GetBody: refused",
 			run: func(t *testing.T, s *stack) (resp *http.Response, err error) {

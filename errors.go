@@ -27,9 +27,10 @@ var (
 	// ErrInvalidKey is returned by Transport.RoundTrip, before anything is
 	// stored or sent, for a request that carries its own Idempotency-Key
 	// when the header is set more than once, or the key is empty, longer
-	// than 255 characters, not printable ASCII, or begins or ends with a
-	// space: the server would refuse it, and a record whose key cannot be
-	// sent would stay pending in the jar.
+	// than 255 characters, not printable ASCII, begins or ends with a
+	// space, or holds a comma without being quoted ("a,b"; a server reads
+	// a, b as two keys joined into one line): the server would refuse it,
+	// and a record whose key cannot be sent would stay pending in the jar.
 	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
 	// operation was abandoned (client.Abandon) while the call waited for

@@ -69,8 +69,9 @@ func Operation(ctx context.Context) string {
 //     is sent with ErrBodyNotRewindable.
 //   - A key the caller set in the Idempotency-Key header (under any
 //     spelling of the name) is used instead of a generated one. It must be one header value of 1 to 255 printable
-//     ASCII characters, without a space at either end; any other is refused
-//     with ErrInvalidKey before anything is stored or sent.
+//     ASCII characters, without a space at either end, and quoted when it
+//     holds a comma; any other is refused with ErrInvalidKey before
+//     anything is stored or sent.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -261,6 +262,8 @@ func callerKey(h http.Header) (string, error) {
 		return "", fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(k), maxKeyLen)
 	case k[0] == ' ' || k[len(k)-1] == ' ':
 		return "", fmt.Errorf("%w: the key begins or ends with a space", ErrInvalidKey)
+	case k[0] != '"' && strings.Contains(k, ","):
+		return "", fmt.Errorf("%w: a comma separates two keys; quote a key that holds one", ErrInvalidKey)
 	}
 	for i := 0; i < len(k); i++ {
 		if c := k[i]; c < 0x20 || c > 0x7e {
