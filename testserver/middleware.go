@@ -602,8 +602,9 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 
 // Prune deletes the entries created more than Retention ago, in batches of
 // PruneBatch (one store statement each, so no writer waits long), until a
-// batch comes back short, ctx is done, or 10 000 batches ran. It returns
-// how many it deleted. Run it periodically.
+// batch comes back short, ctx is done, or 10 000 batches ran; an entry
+// still in flight is kept while its claim was taken within Retention (see
+// Store.Prune). It returns how many it deleted. Run it periodically.
 func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if m.Store == nil {
 		return 0, errors.New("testserver: Middleware.Store is nil")
