@@ -232,7 +232,8 @@ type Schedule struct {
 func (p Policy) Schedule() *Schedule {
 	p = p.Defaults()
 	s := &Schedule{p: p, rand: rand.Float64, b: backoff.ExponentialBackOff{
-		InitialInterval:     p.InitialInterval,
+		// backoff caps an interval only when it grows: cap the first here.
+		InitialInterval:     min(p.InitialInterval, p.MaxInterval),
 		RandomizationFactor: 0, // full jitter is applied below
 		Multiplier:          p.Multiplier,
 		MaxInterval:         p.MaxInterval,

@@ -212,3 +212,18 @@ func TestSleepEndsWithContext(t *testing.T) {
 		}
 	})
 }
+
+// MaxInterval caps every interval, the first included: an InitialInterval
+// above it starts at the cap.
+func TestScheduleInitialIntervalCapped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := retry.Policy{InitialInterval: time.Minute, NoJitter: true, MaxElapsed: time.Hour}.Schedule()
+		for i := range 3 {
+			wait, more, _ := s.Next(0, false)
+			if !more || wait != 10*time.Second {
+				t.Fatalf("retry %d with InitialInterval 1m over the 10s MaxInterval: got %v, more=%v; want 10s, true", i, wait, more)
+			}
+			time.Sleep(wait)
+		}
+	})
+}
