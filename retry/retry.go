@@ -149,8 +149,8 @@ func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 }
 
 // Policy is how one logical operation is retried. The zero value is the
-// default written beside each field. A negative duration or count is
-// treated as its default.
+// default written beside each field. A negative duration or count, and a
+// negative or NaN Multiplier, is treated as its default.
 type Policy struct {
 	// MaxAttempts is the number of attempts one call may send, the first
 	// included. Zero means 5.
@@ -185,7 +185,8 @@ type Policy struct {
 	Horizon time.Duration
 }
 
-// Defaults returns p with every zero or negative field set to its default.
+// Defaults returns p with every zero or negative field (and a NaN
+// Multiplier) set to its default.
 func (p Policy) Defaults() Policy {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = 5
@@ -196,7 +197,7 @@ func (p Policy) Defaults() Policy {
 	if p.MaxInterval <= 0 {
 		p.MaxInterval = 10 * time.Second
 	}
-	if p.Multiplier <= 0 {
+	if !(p.Multiplier > 0) { // NaN too
 		p.Multiplier = 2
 	}
 	if p.MaxRetryAfter <= 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -222,6 +223,25 @@ func TestScheduleInitialIntervalCapped(t *testing.T) {
 			wait, more, _ := s.Next(0, false)
 			if !more || wait != 10*time.Second {
 				t.Fatalf("retry %d with InitialInterval 1m over the 10s MaxInterval: got %v, more=%v; want 10s, true", i, wait, more)
+			}
+			time.Sleep(wait)
+		}
+	})
+}
+
+// A Multiplier that is not a number is not a positive one: it means the
+// default, never an interval that is not a duration.
+func TestScheduleMultiplierNaN(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := retry.Policy{InitialInterval: time.Second, Multiplier: math.NaN(), NoJitter: true, MaxElapsed: time.Hour}
+		if m := p.Defaults().Multiplier; m != 2 {
+			t.Fatalf("Defaults of a NaN Multiplier: got %v; want 2", m)
+		}
+		s := p.Schedule()
+		for i, want := range []time.Duration{1, 2, 4} {
+			wait, more, _ := s.Next(0, false)
+			if !more || wait != want*time.Second {
+				t.Fatalf("retry %d with a NaN Multiplier: got %v, more=%v; want %v, true", i, wait, more, want*time.Second)
 			}
 			time.Sleep(wait)
 		}
