@@ -271,7 +271,7 @@ func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, 
 	if ok {
 		wait = max(wait, retryAfter)
 	}
-	if s.Elapsed()+wait > s.p.MaxElapsed {
+	if wait > s.p.MaxElapsed-s.Elapsed() { // a sum could overflow
 		return wait, false, false
 	}
 	return wait, true, false

@@ -247,3 +247,19 @@ func TestScheduleMultiplierNaN(t *testing.T) {
 		}
 	})
 }
+
+// A Retry-After near the largest duration, honoured because MaxRetryAfter
+// is as large, still does not fit in the call's budget.
+func TestScheduleHugeRetryAfterKeepsBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const huge = time.Duration(1<<63 - 1)
+		s := retry.Policy{MaxRetryAfter: huge, MaxElapsed: time.Minute}.Schedule()
+		time.Sleep(time.Second)
+		for _, v := range []string{"99999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"} {
+			ra, ok := retry.ParseRetryAfter(v, time.Now())
+			if wait, more, deferred := s.Next(ra, ok); more || deferred {
+				t.Fatalf("Retry-After %q 1s into a 1m budget: got %v, more=%v, deferred=%v; want budget spent", v, wait, more, deferred)
+			}
+		}
+	})
+}
