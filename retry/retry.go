@@ -6,7 +6,7 @@
 // The decisions follow one table:
 //
 //	network error (dial, reset, EOF, attempt timeout)     Retry, same key
-//	409 Conflict (key still in flight on the server)      Retry, honour Retry-After
+//	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
 //	429, 502, 503, 504                                    Retry, honour Retry-After up to a cap
 //	422 Unprocessable (key reused with other parameters)  Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
@@ -107,7 +107,8 @@ func classifyError(err error) Decision {
 
 // ParseRetryAfter parses a Retry-After value, in delay-seconds or
 // HTTP-date form, relative to now. It reports false for an empty, negative
-// or malformed value. A date in the past is a zero wait.
+// or malformed value. A date in the past is a zero wait; a wait longer than
+// the largest time.Duration is the largest.
 func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -136,8 +137,9 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, true
 }
 
-// maxWait bounds a parsed Retry-After so that arithmetic on it never
-// overflows: about 292 years is far beyond any horizon.
+// maxWait is the longest parsed Retry-After, the largest time.Duration
+// (about 292 years, far beyond any horizon): a longer one saturates
+// rather than wraps. Adding to it overflows.
 const maxWait = time.Duration(1<<63 - 1)
 
 // RetryAfter returns the wait that resp's Retry-After header asks for.
@@ -252,10 +254,10 @@ func (s *Schedule) Elapsed() time.Duration { return s.b.GetElapsedTime() }
 // Next returns the wait before the next attempt, after an attempt that
 // Classify judged Retry. retryAfter is the server's Retry-After, when it
 // sent one (ok). Next reports false when the call's budget does not allow
-// another attempt (the wait would end after MaxElapsed), and deferred when
-// the server asked for a longer wait than MaxRetryAfter: the caller then
-// records the time and stops rather than sleep, whatever is left of the
-// budget.
+// another attempt: the wait, or the backoff interval before its jitter is
+// drawn, would end after MaxElapsed. It reports deferred when the server
+// asked for a longer wait than MaxRetryAfter: the caller then records the
+// time and stops rather than sleep, whatever is left of the budget.
 func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, more, deferred bool) {
 	if ok && retryAfter > s.p.MaxRetryAfter {
 		return retryAfter, false, true
