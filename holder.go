@@ -16,9 +16,12 @@ import (
 // is drawn once per process (a pid is reused, a process id is not) and n
 // counts the calls, so a call costs no random draw for its holder.
 //
-// On Linux host is the host name, "#" and the inode of the process's PID
-// namespace: containers that share a host name (and a jar file) but not
-// their pids are different hosts, whose holders are waited out.
+// On Linux host is the host name, "#", the inode of the process's PID
+// namespace, "@" and the kernel's boot id: containers that share a host
+// name (and a jar file) but not their pids are different hosts, whose
+// holders are waited out. The inode alone does not tell machines apart
+// (the initial namespace's is the same on every one); the boot id, drawn
+// at random by each kernel at boot, does.
 
 var processPrefix = sync.OnceValue(func() string {
 	host, err := os.Hostname()
@@ -28,6 +31,9 @@ var processPrefix = sync.OnceValue(func() string {
 	host = strings.ReplaceAll(host, "/", "_")
 	if ns := pidNamespace(); ns != "" {
 		host += "#" + ns
+		if boot := bootID(); boot != "" {
+			host += "@" + boot
+		}
 	}
 	return host + "/" + strconv.Itoa(os.Getpid())
 })
@@ -51,6 +57,20 @@ func pidNamespace() string {
 	return ns
 }
 
+// bootID returns the random id that Linux draws at each boot, or "" where
+// there is none.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	id := strings.TrimSpace(string(b))
+	if strings.ContainsAny(id, "/#@") {
+		return ""
+	}
+	return id
+}
+
 var (
 	holderPrefix = sync.OnceValues(func() (string, error) {
 		id, _, err := newKey(time.Now())
@@ -72,9 +92,10 @@ func newHolder() (string, error) {
 // by a Transport, names a process on this host that no longer exists: a
 // holder that cannot be sending anything, whose lease need not be waited
 // out. It errs towards false: an unknown format, another host (on Linux,
-// another PID namespace too), this process, or a process that cannot be
-// checked are taken as alive. (A pid reused by an unrelated process also
-// reads as alive: the wait is the safe side.)
+// another PID namespace or another boot too, so a holder written before a
+// reboot), this process, or a process that cannot be checked are taken as
+// alive. (A pid reused by an unrelated process also reads as alive: the
+// wait is the safe side.)
 func HolderGone(holder string) bool {
 	host, rest, ok := strings.Cut(holder, "/")
 	if !ok {

@@ -27,6 +27,13 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 	deadPID := child.ProcessState.Pid()
 	host := idem.HolderHost()
 	name, _, _ := strings.Cut(host, "#")
+	// The host part as it reads on every machine with this host name whose
+	// process runs in a PID namespace of the same inode: the initial one's
+	// is a constant of the kernel (skipped where there is no namespace).
+	var nameNS string
+	if link, err := os.Readlink("/proc/self/ns/pid"); err == nil {
+		nameNS = name + "#" + strings.TrimSuffix(strings.TrimPrefix(link, "pid:["), "]")
+	}
 
 	for _, tt := range []struct {
 		name   string
@@ -41,6 +48,9 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		// process of another PID namespace, or of an older version, whose
 		// pid means nothing here (skipped where ids have no namespace).
 		{"this host name, no PID namespace", map[bool]string{true: fmt.Sprintf("%s/%d/x", name, deadPID)}[name != host], false},
+		// Another machine with this host name, whose process runs in the
+		// initial PID namespace as this one may: its pids are not ours.
+		{"this host name and PID namespace inode, another machine", map[bool]string{true: fmt.Sprintf("%s/%d/x", nameNS, deadPID)}[nameNS != ""], false},
 		{"unknown format", "worker-7", false},
 	} {
 		if tt.holder == "" {
