@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -105,8 +106,10 @@ func HolderGone(holder string) bool {
 	if !ok {
 		return false
 	}
+	// Only a pid as newHolder writes it: Atoi would also take "+7" or 2^32+7,
+	// and the kernel reads 32 bits of a pid.
 	pid, err := strconv.Atoi(pidText)
-	if err != nil || pid <= 0 || pid == os.Getpid() {
+	if err != nil || pid <= 0 || pid > math.MaxInt32 || strconv.Itoa(pid) != pidText || pid == os.Getpid() {
 		return false
 	}
 	myHost, _, _ := strings.Cut(processPrefix(), "/")

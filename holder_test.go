@@ -52,6 +52,10 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		// initial PID namespace as this one may: its pids are not ours.
 		{"this host name and PID namespace inode, another machine", map[bool]string{true: fmt.Sprintf("%s/%d/x", nameNS, deadPID)}[nameNS != ""], false},
 		{"unknown format", "worker-7", false},
+		// Not a pid as a Transport writes one, though the kernel, which
+		// reads 32 bits of it, would check the dead process's.
+		{"pid beyond 32 bits", fmt.Sprintf("%s/%d/x", host, deadPID+1<<32), false},
+		{"pid with a sign", fmt.Sprintf("%s/+%d/x", host, deadPID), false},
 	} {
 		if tt.holder == "" {
 			continue
