@@ -7,15 +7,17 @@ import (
 
 // SecretHeader reports whether a request header carries a credential and so
 // must never be written to a jar: Authorization, Proxy-Authorization,
-// Cookie, Set-Cookie, and any header whose name contains "token", "secret",
-// "password", "api-key" or "apikey" (such as X-Api-Key or X-Auth-Token),
-// whatever its case.
+// Cookie, Set-Cookie, and any header whose name contains "auth", "token",
+// "secret", "password", "api-key", "api_key" or "apikey" (such as
+// X-Authorization, X-Auth-Key, X-Api-Key or X-Auth-Token), whatever its
+// case. It errs towards secret: such a header is not stored, so a resume
+// after a restart sends the request without it.
 func SecretHeader(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
 	case "Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie":
 		return true
 	}
-	for _, s := range []string{"token", "secret", "password", "api-key", "apikey"} {
+	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey"} {
 		if containsFold(name, s) {
 			return true
 		}

@@ -12,6 +12,9 @@ func TestSecretHeader(t *testing.T) {
 		"X-Auth-Token": true, "X-TOKEN": true, "x-api-key": true, "X-Apikey": true, "Client-Secret": true,
 		"X-Password-Hash": true, "Tok": false, "X-Api-Version": false, "Content-Type": false,
 		"Idempotency-Key": false, "": false, "X-Tokens-Left": true,
+		// Credentials under other names than the standard ones.
+		"X-Authorization": true, "X-Auth-Key": true, "Proxy_Authorization": true, "Authorization ": true,
+		"X-Api_Key": true, "api_key": true,
 	} {
 		if got := idem.SecretHeader(name); got != want {
 			t.Errorf("SecretHeader(%q) = %v; want %v", name, got, want)
