@@ -11,7 +11,7 @@ type Event struct {
 	Op      string
 	Key     string
 	Attempt int           // 1-based number of the attempt within this call; 0 before the first
-	Status  int           // the attempt's status; 0 when it has none
+	Status  int           // the attempt's status (OnGiveUp, OnReconcile: the last one known); 0 when none
 	Err     error         // the attempt's error, or why the call stopped
 	Wait    time.Duration // OnRetry: the wait before the next attempt
 	Reason  string        // OnRetry and OnGiveUp: why, in a few words
@@ -19,7 +19,12 @@ type Event struct {
 
 // Hooks are callbacks on an operation's steps, for metrics and tracing. A
 // nil field is skipped. They run synchronously on the calling goroutine, so
-// they must be fast and safe for concurrent use.
+// they must be fast and safe for concurrent use. They must not panic: a
+// panic is not recovered, and unwinds through RoundTrip past the jar's
+// bookkeeping, so the operation stays pending and leased by this call
+// until the lease runs out (Transport.Lease; this process waits it out
+// too), an attempt counted by OnAttempt is never sent, and a response
+// that OnRetry or OnReplay saw is never closed.
 type Hooks struct {
 	// OnAttempt runs before each attempt is sent.
 	OnAttempt func(Event)
@@ -30,7 +35,9 @@ type Hooks struct {
 	OnGiveUp func(Event)
 	// OnReplay runs when the server answered with Idempotent-Replayed: true.
 	OnReplay func(Event)
-	// OnReconcile runs when an operation is past its horizon.
+	// OnReconcile runs when a call finds its operation past its horizon;
+	// not for one that an earlier call already marked StateReconcile,
+	// which returns a *ReconcileError all the same.
 	OnReconcile func(Event)
 }
 
