@@ -94,10 +94,13 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 
 // PendingError is returned by Transport.RoundTrip when it stops without a
 // response: the budget is spent on network errors, the caller's context
-// ended, another holder is sending the operation, or the server asked for a
-// wait beyond the call's budget. The outcome is unknown and the operation
-// stays pending in the jar: a later call with the same operation name
-// resumes it with the same key.
+// ended (even after a retryable response), another holder is sending the
+// operation, an earlier answer's Retry-After (the stored NextAttempt) is
+// beyond the call's budget, an attempt failed with an error that is not
+// retried (retry.Classify: a TLS certificate, say), or after the first send
+// the body could not be produced again or the jar failed. The outcome is
+// unknown and the operation stays pending in the jar: a later call with the
+// same operation name resumes it with the same key.
 type PendingError struct {
 	Op, Key    string
 	Attempts   int           // attempts this call sent
@@ -105,7 +108,7 @@ type PendingError struct {
 	Elapsed    time.Duration // time this call spent
 	// NextAttempt, when not zero, is the earliest time to send again.
 	NextAttempt time.Time
-	Err         error // the last error (a network or context error, ErrLeased)
+	Err         error // the last error (a network or context error, ErrLeased), or nil
 }
 
 func (e *PendingError) Error() string {
