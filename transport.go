@@ -150,7 +150,7 @@ type Transport struct {
 
 	// Lease is how long one call holds an operation before another holder
 	// may take it over. Zero means one minute, or twice
-	// Policy.AttemptTimeout when that is longer.
+	// Policy.AttemptTimeout when that is longer (at most a century).
 	Lease time.Duration
 
 	// Hooks are called on each attempt, retry, give-up, replay and
@@ -199,8 +199,13 @@ func (t *Transport) lease(p retry.Policy) time.Duration {
 	if t.Lease > 0 {
 		return t.Lease
 	}
-	return max(time.Minute, 2*p.AttemptTimeout)
+	// Capped before doubling: a timeout near the largest duration must not
+	// wrap around into the floor, nor end in a time no jar can store.
+	return max(time.Minute, 2*min(p.AttemptTimeout, maxLease/2))
 }
+
+// maxLease is the longest default lease: a century.
+const maxLease = 100 * 365 * 24 * time.Hour
 
 // CloseIdleConnections closes the idle connections of Base, when it has
 // such a method.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -298,6 +299,34 @@ func TestStalledRetryableBody(t *testing.T) {
 		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
 		if err != nil || resp.StatusCode != 201 || n != 2 {
 			t.Fatalf("got %v, %v after %d attempts; want the retry's 201", resp, err, n)
+		}
+	})
+}
+
+// TestLeaseOfAnEndlessAttemptTimeout: the default lease is twice the
+// attempt timeout; an attempt timeout near the largest duration keeps the
+// lease above it rather than overflowing into the one-minute floor, which
+// would let another holder send while this attempt may still be running.
+func TestLeaseOfAnEndlessAttemptTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		jar := &idem.MemoryJar{}
+		var lease time.Duration
+		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{AttemptTimeout: math.MaxInt64},
+			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				rec, err := jar.Get(r.Context(), idem.Operation(r.Context()))
+				if err != nil {
+					return nil, err
+				}
+				lease = rec.LeaseUntil.Sub(time.Now())
+				return &http.Response{StatusCode: 201, Body: http.NoBody, Request: r}, nil
+			})}
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if lease < 99*365*24*time.Hour {
+			t.Fatalf("lease during the attempt %v; want a century, not the one-minute floor", lease)
 		}
 	})
 }
