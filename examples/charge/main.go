@@ -23,7 +23,7 @@
 // environment variable CHARGE_TOKEN (sent as "Authorization: Bearer …") and
 // is never written to the jar. Exit status: 0 when every order is charged,
 // 1 when some could not be (they stay in the jar, pending, for the next
-// run), 2 for bad flags.
+// run), 2 for bad flags; -h prints the usage and exits 0.
 package main
 
 import (
@@ -78,7 +78,18 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	amount := fs.Int64("amount", 1000, "amount of each charge, in the currency's minor unit")
 	currency := fs.String("currency", "usd", "currency of each charge")
 	lease := fs.Duration("lease", time.Minute, "how long a charge in flight is held against other processes; a charge interrupted by a crash can be resumed once its lease ends")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: charge [-server URL] [-jar FILE] [-orders N|ID,ID…] [-amount A] [-currency C] [-lease D]")
+		fmt.Fprintln(stderr, "Charges orders against the reference server (idemserver); first resumes, with their")
+		fmt.Fprintln(stderr, "keys, the charges a killed run left pending. The server's credential, if any, is read")
+		fmt.Fprintln(stderr, "from $CHARGE_TOKEN. Exit status: 0 all charged, 1 some not (run again), 2 bad flags.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	ids, err := orderIDs(*orders)

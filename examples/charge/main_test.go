@@ -214,3 +214,20 @@ func TestOrderIDsAndBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// -h and -help ask for the usage: it goes to stderr and the exit status is
+// 0, as for idemctl and idemserver; 2 is for bad flags.
+func TestHelp(t *testing.T) {
+	for _, arg := range []string{"-h", "-help", "--help"} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), []string{arg}, "", &stdout, &stderr); code != 0 {
+			t.Errorf("run(%s) = %d; want 0", arg, code)
+		}
+		if !strings.Contains(stderr.String(), "-orders") || !strings.Contains(stderr.String(), "usage: charge") {
+			t.Errorf("run(%s) printed %q; want the usage, with its synopsis, on stderr", arg, stderr.String())
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("run(%s) printed %q on stdout; want nothing", arg, stdout.String())
+		}
+	}
+}
