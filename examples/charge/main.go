@@ -93,8 +93,19 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		return 2
 	}
 	ids, err := orderIDs(*orders)
-	if err != nil || fs.NArg() > 0 || *amount <= 0 || *lease <= 0 {
-		fmt.Fprintln(stderr, "charge: -orders needs a positive count or a list of order ids, -amount and -lease positive values, and no other arguments")
+	var bad string
+	switch {
+	case err != nil:
+		bad = fmt.Sprintf("-orders %q: %v; want a count from 1 to 1000000 or a comma-separated list of order ids", *orders, err)
+	case *amount <= 0:
+		bad = fmt.Sprintf("-amount %d: want a positive amount, in the currency's minor unit", *amount)
+	case *lease <= 0:
+		bad = fmt.Sprintf("-lease %v: want a positive duration", *lease)
+	case fs.NArg() > 0:
+		bad = fmt.Sprintf("unexpected argument %q: give the orders with -orders", fs.Arg(0))
+	}
+	if bad != "" {
+		fmt.Fprintf(stderr, "charge: %s (charge -h for usage)\n", bad)
 		return 2
 	}
 	url := strings.TrimSuffix(*server, "/") + "/v1/charges"

@@ -207,10 +207,24 @@ func TestOrderIDsAndBadFlags(t *testing.T) {
 	if ids, err := orderIDs(" a, b ,,c"); err != nil || strings.Join(ids, ",") != "a,b,c" {
 		t.Fatalf("orderIDs(list) = %q, %v", ids, err)
 	}
-	for _, args := range [][]string{{"-orders", "0"}, {"-orders", ","}, {"-amount", "-5"}, {"extra"}, {"-nope"}} {
+	// Each usage error names what is wrong, in one line.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-orders", "0"}, `-orders "0"`},
+		{[]string{"-orders", ","}, `-orders ","`},
+		{[]string{"-amount", "-5"}, "-amount -5"},
+		{[]string{"-lease", "0s"}, "-lease 0s"},
+		{[]string{"extra"}, `"extra"`},
+		{[]string{"-nope"}, "-nope"},
+	} {
 		var out bytes.Buffer
-		if code := run(context.Background(), args, "", &out, &out); code != 2 {
-			t.Errorf("run(%q) = %d; want 2 (bad flags)", args, code)
+		if code := run(context.Background(), tc.args, "", &out, &out); code != 2 {
+			t.Errorf("run(%q) = %d; want 2 (bad flags)", tc.args, code)
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("run(%q) printed %q; want it to name %s", tc.args, out.String(), tc.want)
 		}
 	}
 }
