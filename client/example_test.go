@@ -8,6 +8,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 
 	"github.com/idemkit/idem"
@@ -34,6 +36,43 @@ func paymentsServer(failFirst int64) *httptest.Server {
 		}
 		charge.ServeHTTP(w, r)
 	}))
+}
+
+// A Client over a jar file: the key of "charge:order-42" is in the file
+// before the first send, so a program that restarts and makes the same
+// call sends the same key, and the server replays its first answer.
+func ExampleNew() {
+	srv := paymentsServer(0)
+	defer srv.Close()
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "client-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "keys.db") // created with mode 0600
+
+	var keys []string
+	for run := 1; run <= 2; run++ { // the second run is the program restarted
+		c, err := client.New(ctx, path, nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp, err := c.PostJSON(ctx, "charge:order-42", srv.URL+"/charges", map[string]any{"amount": 1000}, nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("run", run, resp.StatusCode, "replayed:", resp.Replayed)
+		keys = append(keys, resp.Key)
+		if err := c.Close(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println("same key:", keys[0] == keys[1])
+	// Output:
+	// run 1 201 replayed: false
+	// run 2 201 replayed: true
+	// same key: true
 }
 
 func ExampleClient_PostJSON() {
