@@ -86,12 +86,12 @@ type Change struct {
 	Now        time.Time // becomes Updated
 	State      State     // the new state; "" keeps the current one
 	Attempts   int       // added to Attempts
-	LastStatus int       // replaces LastStatus
-	LastError  string    // replaces LastError
-	// NextAttempt replaces NextAttempt.
+	LastStatus int       // replaces LastStatus: 0 clears it
+	LastError  string    // replaces LastError: "" clears it
+	// NextAttempt replaces NextAttempt: the zero time clears it.
 	NextAttempt time.Time
-	Note        string // replaces Note when not ""
-	Release     bool   // drop the lease
+	Note        string // replaces Note when not ""; "" keeps the current one
+	Release     bool   // drop the lease; false keeps it
 }
 
 // A Jar stores operations durably. *keyjar.Jar (SQLite), pgjar (PostgreSQL)
