@@ -111,7 +111,8 @@ type Options struct {
 	// Transport's default.
 	Lease time.Duration
 
-	// Hooks and Logger are passed to the idem.Transport.
+	// Hooks and Logger are passed to the idem.Transport. The zero Hooks
+	// call nothing; a nil Logger is silent.
 	Hooks  idem.Hooks
 	Logger *slog.Logger
 }

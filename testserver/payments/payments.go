@@ -59,6 +59,8 @@ type App struct {
 	// against).
 	Idempotency *testserver.Middleware
 
+	// Faults are the failures the API injects, for tests and the lab.
+	// The zero value injects none.
 	Faults Faults
 }
 
