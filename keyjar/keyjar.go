@@ -84,7 +84,8 @@ import (
 )
 
 // Options configures Open. A nil *Options means the zero value, and every
-// zero field means its documented default.
+// zero field means its documented default; a negative field makes Open
+// fail.
 type Options struct {
 	// BusyTimeout is how long a statement waits for a lock held by another
 	// connection or process before failing with ErrLocked. Zero means 5s.
