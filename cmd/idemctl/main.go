@@ -296,9 +296,28 @@ func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (c
 	}
 	j, err := pgjar.Open(octx, dsn, &pgjar.Options{QueryTimeout: lockTimeout})
 	if err != nil {
-		return nil, nil, explain(where, lockTimeout, err)
+		return nil, nil, explainOpen(octx, where, lockTimeout, err)
 	}
 	return j, j.Close, nil
+}
+
+// explainOpen is explain for pgjar.Open's error, run within ctx. pgjar waits
+// for a statement at most twice its QueryTimeout (--lock-timeout) and then
+// returns an error wrapping context.DeadlineExceeded; on a loaded machine or
+// network that can come before the server's own statement_timeout does. It
+// is the same timeout, unless ctx, the connection's whole time, ran out.
+func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: no answer within %v", where, connectTimeout)
+		}
+		return statementTimeout(where, lockTimeout)
+	}
+	return explain(where, lockTimeout, err)
+}
+
+func statementTimeout(where string, lockTimeout time.Duration) error {
+	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout", where, lockTimeout)
 }
 
 // printable returns the jar's name fit to print: a PostgreSQL URL without
@@ -320,7 +339,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 	case errors.Is(err, keyjar.ErrVersion), errors.Is(err, pgjar.ErrVersion):
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
 	case isStatementTimeout(err):
-		return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout", path, lockTimeout)
+		return statementTimeout(path, lockTimeout)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%s: permission denied", path)
 	}

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -482,5 +483,25 @@ func TestPasswordNeverPrinted(t *testing.T) {
 		if code != 1 || strings.Contains(stderr, pw) || !strings.Contains(stderr, addr) {
 			t.Errorf("exit %d, stderr %q; want exit 1 naming the database, without the password", code, stderr)
 		}
+	}
+}
+
+// Opening a PostgreSQL jar can run out of --lock-timeout on the client's
+// side first (pgjar waits twice QueryTimeout, then returns an error
+// wrapping context.DeadlineExceeded, as on a loaded machine): the message
+// is the same as for the server's statement_timeout. Running out of the
+// whole connection's time says that instead.
+func TestExplainOpenDeadline(t *testing.T) {
+	jarErr := fmt.Errorf("pgjar: migrate: %w", context.DeadlineExceeded)
+	err := explainOpen(context.Background(), "the PostgreSQL database", 100*time.Millisecond, jarErr)
+	if want := "the PostgreSQL database: a statement ran out of --lock-timeout (100ms)"; !strings.Contains(err.Error(), want) {
+		t.Errorf("explainOpen = %q; want it to say %q", err, want)
+	}
+	done, cancel := context.WithTimeout(context.Background(), 0)
+	defer cancel()
+	<-done.Done()
+	err = explainOpen(done, "the PostgreSQL database", 100*time.Millisecond, jarErr)
+	if want := fmt.Sprintf("no answer within %v", connectTimeout); !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "--lock-timeout") {
+		t.Errorf("explainOpen after the connection's own deadline = %q; want it to say %q", err, want)
 	}
 }
