@@ -8,8 +8,8 @@ import (
 
 // Event describes one step of an operation, for Hooks and logs.
 type Event struct {
-	Op      string
-	Key     string
+	Op      string        // the operation's name (see WithOperation)
+	Key     string        // its Idempotency-Key
 	Attempt int           // 1-based number of the attempt within this call; 0 before the first
 	Status  int           // the attempt's status (OnGiveUp, OnReconcile: the last one known); 0 when none
 	Err     error         // the attempt's error, or why the call stopped

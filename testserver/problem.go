@@ -28,10 +28,10 @@ const (
 // Problem is an RFC 9457 problem details object, the body of every error
 // the Middleware answers itself.
 type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
+	Type   string `json:"type"`   // a URI naming the kind of problem (the Problem* constants)
+	Title  string `json:"title"`  // a short summary of the kind, the same for every occurrence
+	Status int    `json:"status"` // the HTTP status, repeated
+	Detail string `json:"detail"` // what happened to this request, for a person
 	// Key is the Idempotency-Key the problem is about, when there is one.
 	Key string `json:"idempotency_key,omitempty"`
 	// OriginalStatus is set on ProblemResponseTooLarge: the status of the

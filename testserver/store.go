@@ -19,16 +19,16 @@ const (
 
 // Response is a saved answer: replayed byte for byte to every retry.
 type Response struct {
-	Status int
+	Status int         // the status the handler wrote
 	Header http.Header // only the replay-safe headers (see ReplayHeaders)
-	Body   []byte
+	Body   []byte      // the body the handler wrote, whole
 }
 
 // Entry is one row of the idempotency_keys table.
 type Entry struct {
 	Scope       string // the tenant; keys of two scopes never meet
-	Key         string
-	Fingerprint string
+	Key         string // the Idempotency-Key, as the client sent it
+	Fingerprint string // of the request that claimed the key (see Fingerprint)
 	Status      Status
 	// Token is the fencing token: locked_at, in Unix nanoseconds, of the
 	// worker that holds the claim. Every write after the claim is
@@ -71,7 +71,9 @@ type Store interface {
 	// Prune deletes at most limit entries created before before, done or
 	// abandoned in flight, and returns how many it deleted. An in-flight
 	// entry is abandoned when its token, too, is older than before: a
-	// claim taken over since is in use, and stays.
+	// claim taken over since is in use, and stays. A limit <= 0 deletes
+	// nothing (unlike the client's jars, where it means no limit: a store
+	// is pruned in bounded batches, see Middleware.Prune).
 	Prune(ctx context.Context, before time.Time, limit int) (int, error)
 }
 
