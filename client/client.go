@@ -446,6 +446,9 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 			LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
 		rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
 	}
+	if errors.Is(err, idem.ErrLeased) {
+		return fmt.Errorf("client: abandon %q: held by %q until %s: %w", op, rec.Holder, rec.LeaseUntil.Format(time.RFC3339), err)
+	}
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}

@@ -255,8 +255,12 @@ func TestAbandonThenNewKey(t *testing.T) {
 	if _, err := c.Jar().Acquire(ctx, "charge:o1", "other", time.Now(), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Abandon(ctx, "charge:o1", "checked"); !errors.Is(err, idem.ErrLeased) || state(t, c.Jar(), "charge:o1") != idem.StatePending {
+	err := c.Abandon(ctx, "charge:o1", "checked")
+	if !errors.Is(err, idem.ErrLeased) || state(t, c.Jar(), "charge:o1") != idem.StatePending {
 		t.Fatalf("abandon while leased: %v; want idem.ErrLeased, still pending", err)
+	}
+	if !strings.Contains(err.Error(), `held by "other" until `) {
+		t.Errorf("abandon while leased: %q; want it to name the holder and when its lease ends", err)
 	}
 	if _, err := c.Jar().Update(ctx, "charge:o1", "other", idem.Change{Now: time.Now(), Release: true}); err != nil {
 		t.Fatal(err)
