@@ -159,6 +159,11 @@ var (
 	// ErrLeaseLost is returned by Jar.Update when the holder's lease was taken
 	// over: the change was not applied.
 	ErrLeaseLost = errors.New("idem: lease lost to another holder")
+	// ErrNotForgotten is returned by the ForgetKey method of
+	// *keyjar.Jar, *pgjar.Jar and *MemoryJar (client.KeyForgetter) when
+	// the operation's record has another key than the one given, or is
+	// pending: nothing was deleted.
+	ErrNotForgotten = errors.New("idem: operation not forgotten: it has another key or is pending")
 )
 
 // Apply applies c to r, as Jar.Update does once the fencing check passed. It

@@ -35,14 +35,14 @@ func Prunable(s State) bool {
 // use. It is safe for concurrent use. It is also a Deferrer, whose changes
 // are applied before Defer returns.
 //
-// A MemoryJar keeps every operation until Forget or Prune deletes it, in a
-// form the garbage collector does not walk: a map without pointers, from a
-// hash of the operation's name to a slot in arrays of the changeable
-// fields, and the fields Begin sets once encoded in large byte slices. A map
-// of Records would make each collection mark about five objects per
-// operation kept. The strings that change (LastError, Note, Holder) are
-// kept apart, for the operations that have any, which are mostly those
-// being sent.
+// A MemoryJar keeps every operation until Forget, ForgetKey or Prune
+// deletes it, in a form the garbage collector does not walk: a map without
+// pointers, from a hash of the operation's name to a slot in arrays of the
+// changeable fields, and the fields Begin sets once encoded in large byte
+// slices. A map of Records would make each collection mark about five
+// objects per operation kept. The strings that change (LastError, Note,
+// Holder) are kept apart, for the operations that have any, which are
+// mostly those being sent.
 type MemoryJar struct {
 	mu     sync.Mutex
 	seed   maphash.Seed
@@ -569,14 +569,35 @@ func (j *MemoryJar) collect(ctx context.Context, keep func(i uint32, m *memRecor
 // Forget deletes op, whatever its state. It returns ErrNotFound for an
 // unknown op.
 func (j *MemoryJar) Forget(ctx context.Context, op string) error {
+	return j.forget(ctx, op, func(*memRecord) bool { return true })
+}
+
+// ForgetKey deletes op only if its record has key and is not pending: the
+// check and the deletion are one step under the jar's lock, so a record
+// that Begin put in place of an abandoned one, under a new key, is kept
+// (client.KeyForgetter). It returns ErrNotFound for an unknown op and
+// ErrNotForgotten, deleting nothing, for a record with another key or in
+// StatePending.
+func (j *MemoryJar) ForgetKey(ctx context.Context, op, key string) error {
+	return j.forget(ctx, op, func(m *memRecord) bool {
+		return j.keyAt(m.head) == key && states[m.state] != StatePending
+	})
+}
+
+// forget deletes op when ok accepts its record, which it sees under the
+// lock; otherwise it returns ErrNotForgotten.
+func (j *MemoryJar) forget(ctx context.Context, op string, ok func(m *memRecord) bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	j.lock()
 	defer j.mu.Unlock()
-	i, _, ok := j.find(op)
-	if !ok {
+	i, m, found := j.find(op)
+	if !found {
 		return ErrNotFound
+	}
+	if !ok(m) {
+		return ErrNotForgotten
 	}
 	j.remove(op, i)
 	j.compact()
