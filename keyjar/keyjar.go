@@ -16,13 +16,13 @@
 // writes into one IMMEDIATE transaction, commits, and only then answers each
 // caller.
 //
-// Acquire, Update, Forget and Prune go through the same queue but do not ask
-// for an fsync of their own: a transaction that holds no key creation
-// commits with synchronous=NORMAL. They are visible to every reader and every
-// process as soon as they return, and they survive a crash of the process;
-// a power loss may lose the last of them (which only causes a re-send that the
-// server replays). In WAL mode a later FULL commit, a checkpoint or Close
-// makes them durable too, in order.
+// Acquire, Update, Forget, ForgetKey and Prune go through the same queue but
+// do not ask for an fsync of their own: a transaction that holds no key
+// creation commits with synchronous=NORMAL. They are visible to every reader
+// and every process as soon as they return, and they survive a crash of the
+// process; a power loss may lose the last of them (which only causes a
+// re-send that the server replays). In WAL mode a later FULL commit, a
+// checkpoint or Close makes them durable too, in order.
 //
 // Defer (idem.Deferrer) queues the change Update would make and returns
 // without waiting for its commit: the Transport defers the outcome of each
@@ -93,9 +93,9 @@ type Options struct {
 	// a longer or shorter BusyTimeout is that.
 	BusyTimeout time.Duration
 
-	// MaxBatch is the most writes (Begin, Acquire, Update, Forget, one Prune
-	// batch) that share one transaction and one commit. Zero means 128; 1
-	// turns group commit off.
+	// MaxBatch is the most writes (Begin, Acquire, Update, Forget, ForgetKey,
+	// one Prune batch) that share one transaction and one commit. Zero means
+	// 128; 1 turns group commit off.
 	MaxBatch int
 }
 

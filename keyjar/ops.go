@@ -293,24 +293,50 @@ func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]i
 // Forget deletes op, whatever its state. It returns idem.ErrNotFound for an
 // unknown op.
 func (j *Jar) Forget(ctx context.Context, op string) error {
-	var result error
+	return j.forget(ctx, "forget", op, j.stmts.forget, op)
+}
+
+// ForgetKey deletes op only if its record has key and is not pending, in
+// one statement, so that a record Begin put in place of an abandoned one,
+// under a new key, is kept (client.KeyForgetter). It returns
+// idem.ErrNotFound for an unknown op and idem.ErrNotForgotten, deleting
+// nothing, for a record with another key or in StatePending. It goes
+// through the committer's queue as Forget does, after the changes deferred
+// before it.
+func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
+	return j.forget(ctx, "forget key", op, j.stmts.forgetKey, op, key, string(idem.StatePending))
+}
+
+// forget runs stmt, a DELETE of op's row, with args. When it deletes
+// nothing, a read in the same transaction tells why: idem.ErrNotFound
+// when op has no record, idem.ErrNotForgotten when stmt's condition kept
+// it.
+func (j *Jar) forget(ctx context.Context, verb, op string, stmt *sql.Stmt, args ...any) error {
+	var refusal error
 	err := j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
-		res, err := tx.StmtContext(ctx, j.stmts.forget).ExecContext(ctx, op)
-		if err != nil {
+		refusal = nil
+		res, err := tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+		var n int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		if err != nil || n > 0 {
 			return err
 		}
-		n, err := res.RowsAffected()
-		result = nil
-		if n == 0 {
-			result = idem.ErrNotFound
+		_, err = getRecord(tx.StmtContext(ctx, j.stmts.get).QueryRowContext(ctx, op))
+		switch err {
+		case idem.ErrNotFound:
+			refusal, err = err, nil
+		case nil:
+			refusal = idem.ErrNotForgotten
 		}
 		return err
 	})
 	if err == nil {
-		err = result
+		err = refusal
 	}
 	if err != nil {
-		return fmt.Errorf("keyjar: forget %q: %w", op, err)
+		return fmt.Errorf("keyjar: %s %q: %w", verb, op, err)
 	}
 	return nil
 }

@@ -198,7 +198,7 @@ func getRecord(row *sql.Row) (idem.Record, error) {
 
 // stmts are the writer's statements, prepared once.
 type stmts struct {
-	begin, get, save, update, deferred, forget, prune *sql.Stmt
+	begin, get, save, update, deferred, forget, forgetKey, prune *sql.Stmt
 }
 
 // updateSQL applies an idem.Change as Change.Apply does, fenced by the
@@ -242,6 +242,8 @@ func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 		{&s.update, updateSQL + " RETURNING " + columns},
 		{&s.deferred, updateSQL},
 		{&s.forget, "DELETE FROM operations WHERE op = ?"},
+		// ?3 is idem.StatePending.
+		{&s.forgetKey, "DELETE FROM operations WHERE op = ?1 AND key = ?2 AND state <> ?3"},
 		// The condition on updated: a zero Updated is stored as NULL; ?2 is
 		// true when before is later than any time a row can hold.
 		{&s.prune, `
@@ -261,7 +263,7 @@ func (s *stmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (s *stmts) close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{s.begin, s.get, s.save, s.update, s.deferred, s.forget, s.prune} {
+	for _, st := range []*sql.Stmt{s.begin, s.get, s.save, s.update, s.deferred, s.forget, s.forgetKey, s.prune} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}
