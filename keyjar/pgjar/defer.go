@@ -37,10 +37,10 @@ type deferred struct {
 // unknown, or that a database error or timeout loses, is dropped: the record
 // stays as it was. Defer waits only when 1024 changes are already queued.
 //
-// Begin, Get, Acquire, Update and Forget on op, and List and Prune, first
-// wait (within their context) for the changes deferred on the same Jar
-// before they were called, so that they observe them; methods on other
-// operations do not wait. Close applies every change deferred before it.
+// Begin, Get, Acquire, Update, Forget and ForgetKey on op, and List and
+// Prune, first wait (within their context) for the changes deferred on the
+// same Jar before they were called, so that they observe them; methods on
+// other operations do not wait. Close applies every change deferred before it.
 //
 // Defer returns ErrInvalid for an invalid c.State or a time that cannot be
 // stored, and ErrClosed after Close.

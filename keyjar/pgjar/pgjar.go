@@ -14,6 +14,7 @@
 //     record is abandoned: two workers never create two keys for one name.
 //   - Acquire is an UPDATE that compares and sets the lease.
 //   - Update is an UPDATE fenced by the holder.
+//   - ForgetKey is a DELETE whose WHERE clause holds the key and the state.
 //
 // The jar's connections run with synchronous_commit=on (unless the DSN
 // sets it), so that a key Begin created is on stable storage, on the
@@ -117,9 +118,9 @@ type Options struct {
 }
 
 // Jar is an idem.Jar and an idem.Deferrer in a PostgreSQL database, with
-// the operator methods List, Forget and Prune. It is safe for concurrent
-// use, and many processes may share the database. Close it to apply the
-// changes deferred last (see Defer).
+// the operator methods List, Forget, ForgetKey and Prune. It is safe for
+// concurrent use, and many processes may share the database. Close it to
+// apply the changes deferred last (see Defer).
 type Jar struct {
 	pool         *pgxpool.Pool
 	timeout      time.Duration
@@ -589,6 +590,47 @@ func (j *Jar) Forget(ctx context.Context, op string) error {
 		return fmt.Errorf("pgjar: forget %q: %w", op, err)
 	}
 	return nil
+}
+
+// ForgetKey deletes op only if its record has key and is not pending, in
+// one DELETE whose WHERE clause holds both conditions, so that a record
+// Begin put in place of an abandoned one, under a new key, is kept
+// (client.KeyForgetter). It returns idem.ErrNotFound for an unknown op and
+// idem.ErrNotForgotten, deleting nothing, for a record with another key or
+// in StatePending. Like Forget, it first waits for the changes deferred on
+// op before it was called (see Defer).
+func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
+	if storable("op", op) != nil && !j.closed.Load() {
+		return fmt.Errorf("pgjar: forget key %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
+	}
+	if err := j.settle(ctx, op); err != nil {
+		return fmt.Errorf("pgjar: forget key %q: %w", op, err)
+	}
+	keyOK := storable("key", key) == nil // no record has a key that text cannot hold
+	for range raceAttempts {
+		if keyOK {
+			n, err := j.exec(ctx, `DELETE FROM idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`, op, key)
+			if err != nil {
+				return fmt.Errorf("pgjar: forget key %q: %w", op, err)
+			}
+			if n == 1 {
+				return nil
+			}
+		}
+		// A second statement tells why nothing was deleted.
+		rec, err := j.get(ctx, op)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = idem.ErrNotFound
+		} else if err == nil && (rec.Key != key || rec.State == idem.StatePending) {
+			err = idem.ErrNotForgotten
+		}
+		if err != nil {
+			return fmt.Errorf("pgjar: forget key %q: %w", op, err)
+		}
+		// It left StatePending under key between the two statements: try
+		// again.
+	}
+	return fmt.Errorf("pgjar: forget key %q: the record changed under %d attempts", op, raceAttempts)
 }
 
 // prunable is the SQL test for idem.Prunable and "updated before $1".
