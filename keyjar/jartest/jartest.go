@@ -70,6 +70,8 @@ var cases = []struct {
 	{"List", testList},
 	{"ByKey", testByKey},
 	{"Forget", testForget},
+	{"ForgetKey", testForgetKey},
+	{"ForgetKeyRacingBegin", testForgetKeyRacingBegin},
 	{"Prune", testPrune},
 	{"PruneLimit", testPruneLimit},
 	{"SecretHeaders", testSecretHeaders},
@@ -632,6 +634,152 @@ func testForget(t *testing.T, j Jar) {
 		t.Errorf("Begin after Forget: key %q holder %q; want second-key and no holder", got.Key, got.Holder)
 	}
 	expect(t, "untouched record", get(t, j, "keep"), record("keep"))
+}
+
+// KeyForgetter is a Jar that deletes an operation only while its record
+// has a given key and is not pending, as client.KeyForgetter says; every
+// jar of this module is one. The ForgetKey cases are skipped for a jar that
+// is not.
+type KeyForgetter interface {
+	// ForgetKey deletes op only if its record has key and is not pending.
+	// It returns idem.ErrNotFound when op has no record, and
+	// idem.ErrNotForgotten, deleting nothing, when its record has another
+	// key or is pending.
+	ForgetKey(ctx context.Context, op, key string) error
+}
+
+func keyForgetter(t *testing.T, j Jar) KeyForgetter {
+	t.Helper()
+	kf, ok := j.(KeyForgetter)
+	if !ok {
+		t.Skip("the jar has no ForgetKey method")
+	}
+	return kf
+}
+
+func testForgetKey(t *testing.T, j Jar) {
+	kf := keyForgetter(t, j)
+	ctx := t.Context()
+	begin(t, j, record("keep"))
+	if err := kf.ForgetKey(ctx, "unknown", "key-unknown"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("ForgetKey of an unknown op: err = %v; want ErrNotFound", err)
+	}
+
+	// A pending record is kept, whatever the key.
+	begin(t, j, record("op"))
+	for _, key := range []string{"key-op", "another-key", ""} {
+		if err := kf.ForgetKey(ctx, "op", key); !errors.Is(err, idem.ErrNotForgotten) {
+			t.Errorf("ForgetKey(op, %q) of a pending op: err = %v; want ErrNotForgotten", key, err)
+		}
+	}
+	expect(t, "pending record after ForgetKey", get(t, j, "op"), record("op"))
+
+	// Each state but pending is forgotten under its key, and only under it.
+	for _, s := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateReconcile, idem.StateAbandoned} {
+		op := "op-" + string(s)
+		begin(t, j, record(op))
+		want := update(t, j, op, "", idem.Change{Now: t0.Add(time.Second), State: s, LastStatus: 201})
+		for _, key := range []string{"key-op", "KEY-" + op, ""} {
+			if err := kf.ForgetKey(ctx, op, key); !errors.Is(err, idem.ErrNotForgotten) {
+				t.Errorf("ForgetKey(%s, %q): err = %v; want ErrNotForgotten", op, key, err)
+			}
+		}
+		expect(t, string(s)+" record after ForgetKey with other keys", get(t, j, op), want)
+		if err := kf.ForgetKey(ctx, op, "key-"+op); err != nil {
+			t.Errorf("ForgetKey(%s) with its key: %v", op, err)
+		}
+		if _, err := j.Get(ctx, op); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get(%s) after ForgetKey: err = %v; want ErrNotFound", op, err)
+		}
+		if err := kf.ForgetKey(ctx, op, "key-"+op); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("second ForgetKey(%s): err = %v; want ErrNotFound", op, err)
+		}
+	}
+
+	// The race it exists for: the abandoned operation read by the caller is
+	// replaced by Begin under a new key before the deletion. The new
+	// operation is kept, pending or not.
+	update(t, j, "op", "", idem.Change{Now: t0.Add(time.Second), State: idem.StateAbandoned, Note: "did not happen"})
+	again := record("op")
+	again.Key = "second-key"
+	begin(t, j, again)
+	if err := kf.ForgetKey(ctx, "op", "key-op"); !errors.Is(err, idem.ErrNotForgotten) {
+		t.Errorf("ForgetKey with the replaced key: err = %v; want ErrNotForgotten", err)
+	}
+	expect(t, "new operation after ForgetKey with the replaced key", get(t, j, "op"), again)
+	done := update(t, j, "op", "", idem.Change{Now: t0.Add(2 * time.Second), State: idem.StateDone, LastStatus: 201})
+	if err := kf.ForgetKey(ctx, "op", "key-op"); !errors.Is(err, idem.ErrNotForgotten) {
+		t.Errorf("ForgetKey of the done new operation with the replaced key: err = %v; want ErrNotForgotten", err)
+	}
+	expect(t, "done new operation after ForgetKey with the replaced key", get(t, j, "op"), done)
+
+	// It is ordered after the changes deferred before it: a pending
+	// operation deferred done is forgotten.
+	if d, ok := j.(idem.Deferrer); ok {
+		begin(t, j, record("deferred"))
+		if err := d.Defer("deferred", "", idem.Change{Now: t0.Add(time.Second), State: idem.StateDone, LastStatus: 201}); err != nil {
+			t.Fatal(err)
+		}
+		if err := kf.ForgetKey(ctx, "deferred", "key-deferred"); err != nil {
+			t.Errorf("ForgetKey after a deferred change to done: %v", err)
+		}
+		if _, err := j.Get(ctx, "deferred"); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get after ForgetKey of a deferred done: err = %v; want ErrNotFound", err)
+		}
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	begin(t, j, record("done"))
+	update(t, j, "done", "", idem.Change{Now: t0, State: idem.StateDone})
+	if err := kf.ForgetKey(cancelled, "done", "key-done"); !errors.Is(err, context.Canceled) {
+		t.Errorf("ForgetKey with a cancelled context: err = %v; want context.Canceled", err)
+	}
+	if _, err := j.Get(ctx, "done"); err != nil {
+		t.Errorf("Get after a cancelled ForgetKey: %v; want the record kept", err)
+	}
+	expect(t, "untouched record", get(t, j, "keep"), record("keep"))
+}
+
+// testForgetKeyRacingBegin runs ForgetKey of an abandoned operation and a
+// Begin of its name at once, many times: whichever comes first, the new
+// operation is in the jar afterwards, pending under its key.
+func testForgetKeyRacingBegin(t *testing.T, j Jar) {
+	kf := keyForgetter(t, j)
+	ctx := t.Context()
+	const n = 32
+	for i := range n {
+		op := fmt.Sprintf("op-%d", i)
+		begin(t, j, record(op))
+		update(t, j, op, "", idem.Change{Now: t0, State: idem.StateAbandoned, Note: "did not happen"})
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		op := fmt.Sprintf("op-%d", i)
+		wg.Go(func() {
+			<-start
+			if err := kf.ForgetKey(ctx, op, "key-"+op); err != nil && !errors.Is(err, idem.ErrNotForgotten) {
+				t.Errorf("ForgetKey(%s): %v", op, err)
+			}
+		})
+		wg.Go(func() {
+			r := record(op)
+			r.Key = "new-" + op
+			<-start
+			if _, created, err := j.Begin(ctx, r); err != nil || !created {
+				t.Errorf("Begin(%s) over an abandoned or forgotten op: created = %v, %v; want true", op, created, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		op := fmt.Sprintf("op-%d", i)
+		want := record(op)
+		want.Key = "new-" + op
+		expect(t, "after ForgetKey and Begin at once", get(t, j, op), want)
+	}
 }
 
 func testPrune(t *testing.T, j Jar) {

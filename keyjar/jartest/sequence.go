@@ -43,8 +43,9 @@ func testSequences(t *testing.T, j Jar) {
 // Sequence makes one call on j per byte of steps, the same on a plain map
 // of records (the Jar contract at its simplest), and fails t at the first
 // answer that differs: Begin, Acquire, Update, Defer (when j is an
-// idem.Deferrer; Update otherwise), Forget, Prune, Get and List, on six
-// names of different lengths, with bodies of up to 60 KiB. j must be empty.
+// idem.Deferrer; Update otherwise), Forget, ForgetKey (when j is a
+// KeyForgetter; Forget otherwise), Prune, Get and List, on six names of
+// different lengths, with bodies of up to 60 KiB. j must be empty.
 // A fuzz target can hand it its input.
 func Sequence(t *testing.T, j Jar, steps []byte) { sequence(t, j, steps, "") }
 
@@ -136,7 +137,25 @@ func sequence(t *testing.T, j Jar, steps []byte, prefix string) {
 				wantErr(t, what+": Update", err, nil)
 				expectSame(t, what+": Update", got, m[op])
 			}
-		case 5: // Forget
+		case 5: // Forget, or ForgetKey with the record's key or another
+			if kf, isKF := j.(KeyForgetter); isKF && c&0x40 != 0 {
+				r, ok := m[op]
+				key := r.Key
+				if c&0x80 != 0 {
+					key = "another key"
+				}
+				err := kf.ForgetKey(ctx, op, key)
+				switch {
+				case !ok:
+					wantErr(t, what+": ForgetKey", err, idem.ErrNotFound)
+				case key != r.Key || r.State == idem.StatePending:
+					wantErr(t, what+": ForgetKey", err, idem.ErrNotForgotten)
+				default:
+					wantErr(t, what+": ForgetKey", err, nil)
+					delete(m, op)
+				}
+				continue
+			}
 			err := j.Forget(ctx, op)
 			if _, ok := m[op]; ok {
 				wantErr(t, what+": Forget", err, nil)
