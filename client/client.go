@@ -56,6 +56,25 @@ type Jar interface {
 	Prune(ctx context.Context, before time.Time, limit int) (int, error)
 }
 
+// A KeyForgetter is a Jar that can delete an operation on a condition,
+// checked in the same atomic step as the deletion. Forget uses it when the
+// Client's jar is one, as database/sql uses a driver's optional
+// interfaces: a jar of one's own that lacks the method still works, with
+// the race described at Forget. *keyjar.Jar, pgjar's jar and
+// *idem.MemoryJar implement it. It is declared here, by the code that calls
+// it, as Jar is (net/http declares CookieJar, which cookiejar implements),
+// so that a jar implements it without importing this package.
+//
+// ForgetKey deletes op only if its record still has key and is not
+// pending. It returns an error wrapping idem.ErrNotFound when op has no
+// record, and one wrapping idem.ErrNotForgotten, having deleted nothing,
+// when its record has another key (Begin replaced an abandoned operation
+// with a new one under the same name) or is pending.
+type KeyForgetter interface {
+	Jar
+	ForgetKey(ctx context.Context, op, key string) error
+}
+
 // Options configures New. A nil *Options means the zero value, and every
 // zero field means its documented default.
 type Options struct {
@@ -475,6 +494,15 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 // wrapping idem.ErrNotFound for an unknown op and ErrState for a pending
 // one: forgetting it would lose its key while its outcome is unknown;
 // Resume or Abandon it first.
+//
+// Forget reads op's record, then deletes it only if it is still the record
+// read: when the jar is a KeyForgetter, by ForgetKey with the key read. A
+// call that began the name again in between (Begin replaces an abandoned
+// operation with a new, pending one under a new key) keeps its operation,
+// and Forget returns ErrState. Over a jar that is not a KeyForgetter,
+// Forget deletes op whatever it became after the read, and such a call can
+// lose its key: forget abandoned operations there only when nothing uses
+// their names.
 func (c *Client) Forget(ctx context.Context, op string) error {
 	rec, err := c.jar.Get(ctx, op)
 	if err != nil {
@@ -483,7 +511,14 @@ func (c *Client) Forget(ctx context.Context, op string) error {
 	if rec.State == idem.StatePending {
 		return fmt.Errorf("client: forget %q: the operation is pending, its outcome unknown; resume or abandon it first: %w", op, ErrState)
 	}
-	if err := c.jar.Forget(ctx, op); err != nil {
+	kf, ok := c.jar.(KeyForgetter)
+	if !ok {
+		err = c.jar.Forget(ctx, op)
+	} else if err = kf.ForgetKey(ctx, op, rec.Key); errors.Is(err, idem.ErrNotForgotten) {
+		return fmt.Errorf("client: forget %q: the operation changed after it was read (begun again under a new key, or pending); it is kept: %w (%w)",
+			op, ErrState, err)
+	}
+	if err != nil {
 		return fmt.Errorf("client: forget %q: %w", op, err)
 	}
 	return nil

@@ -13,3 +13,10 @@ var (
 	_ client.Jar = (*keyjar.Jar)(nil)
 	_ client.Jar = (*pgjar.Jar)(nil)
 )
+
+// The jars whose Forget the Client makes conditional.
+var (
+	_ client.KeyForgetter = (*idem.MemoryJar)(nil)
+	_ client.KeyForgetter = (*keyjar.Jar)(nil)
+	_ client.KeyForgetter = (*pgjar.Jar)(nil)
+)

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -229,6 +231,90 @@ func TestAbandonRacingAnotherAbandon(t *testing.T) {
 	defer mine.Close()
 	if err := mine.Abandon(ctx, "charge:o1", "checked by operator A"); err != nil {
 		t.Fatalf("abandon of an operation another operator abandoned meanwhile: %v; want nil", err)
+	}
+}
+
+// keyHookJar is a hookJar that stays a client.KeyForgetter: its ForgetKey
+// is its jar's.
+type keyHookJar struct {
+	*hookJar
+	kf client.KeyForgetter
+}
+
+func (j keyHookJar) ForgetKey(ctx context.Context, op, key string) error {
+	return j.kf.ForgetKey(ctx, op, key)
+}
+
+// TestForgetRacingBeginAgain: a Forget that reads an abandoned operation,
+// after which a new call begins its name again (the jar replaces the
+// abandoned record with a pending one under a new key), keeps the new
+// operation, whose key was persisted and whose outcome is unknown, and
+// returns ErrState.
+func TestForgetRacingBeginAgain(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) client.KeyForgetter{
+		"MemoryJar": func(*testing.T) client.KeyForgetter { return &idem.MemoryJar{} },
+		"keyjar": func(t *testing.T) client.KeyForgetter {
+			j, err := keyjar.Open(t.Context(), filepath.Join(t.TempDir(), "keys.db"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { j.Close() })
+			return j
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			jar := open(t)
+			s, c := pendingCharge(t, &client.Options{Jar: jar})
+			if err := c.Abandon(ctx, "charge:o1", "checked: never charged"); err != nil {
+				t.Fatal(err)
+			}
+			hj := &hookJar{Jar: jar}
+			hj.onGet = func() {
+				s.failNext(503)
+				_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+				if !errors.Is(err, idem.ErrPending) {
+					t.Fatalf("the call that begins the name again: %v; want it pending", err)
+				}
+			}
+			mine, err := client.New(ctx, "", &client.Options{Jar: keyHookJar{hj, jar}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mine.Close()
+			if err := mine.Forget(ctx, "charge:o1"); !errors.Is(err, client.ErrState) {
+				t.Errorf("Forget of an operation begun again after the read: %v; want ErrState", err)
+			}
+			rec, err := jar.Get(ctx, "charge:o1")
+			if err != nil || rec.State != idem.StatePending || rec.Key != s.key(1) || rec.Key == s.key(0) {
+				t.Fatalf("after Forget: %v (state %s, key %q); want the new operation kept, pending under key %q",
+					err, rec.State, rec.Key, s.key(1))
+			}
+		})
+	}
+}
+
+// TestForgetOverAJarWithoutForgetKey: over a jar that is not a
+// client.KeyForgetter, Forget reads and deletes, and still refuses a
+// pending operation.
+func TestForgetOverAJarWithoutForgetKey(t *testing.T) {
+	ctx := context.Background()
+	plain := &hookJar{Jar: &idem.MemoryJar{}}
+	if _, ok := client.Jar(plain).(client.KeyForgetter); ok {
+		t.Fatal("hookJar is a client.KeyForgetter; the test needs a jar that is not")
+	}
+	_, c := pendingCharge(t, &client.Options{Jar: plain})
+	if err := c.Forget(ctx, "charge:o1"); !errors.Is(err, client.ErrState) {
+		t.Fatalf("forget of a pending operation: %v; want ErrState", err)
+	}
+	if err := c.Abandon(ctx, "charge:o1", "checked: never charged"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Forget(ctx, "charge:o1"); err != nil {
+		t.Fatalf("forget of an abandoned operation: %v", err)
+	}
+	if err := c.Forget(ctx, "charge:o1"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("forget twice: %v; want idem.ErrNotFound", err)
 	}
 }
 
