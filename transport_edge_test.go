@@ -317,7 +317,7 @@ func TestLeaseOfAnEndlessAttemptTimeout(t *testing.T) {
 				if err != nil {
 					return nil, err
 				}
-				lease = rec.LeaseUntil.Sub(time.Now())
+				lease = time.Until(rec.LeaseUntil)
 				return &http.Response{StatusCode: 201, Body: http.NoBody, Request: r}, nil
 			})}
 		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
