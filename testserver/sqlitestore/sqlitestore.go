@@ -7,6 +7,12 @@
 // survives power loss; every transaction begins IMMEDIATE (it takes the
 // write lock at once, so two writers never deadlock upgrading), waits up to
 // BusyTimeout for another process's lock, and goes through one connection.
+//
+// The file is marked with PRAGMA application_id (ApplicationID) and its
+// schema versioned with PRAGMA user_version. Open refuses a database of
+// another program, a client's key jar (package keyjar) among them, with
+// ErrNotStore, and leaves it as it was; an application's own tables beside
+// the store's (see Store.DB) are no obstacle.
 package sqlitestore
 
 import (
@@ -27,6 +33,16 @@ import (
 
 // schemaVersion is PRAGMA user_version once the schema below is in place.
 const schemaVersion = 1
+
+// ApplicationID is the PRAGMA application_id of a database of this package
+// ("idms"), set when Open creates the schema. A database of an earlier
+// version, which set only user_version, is marked the first time Open opens
+// it; those versions ignore the mark. (The client's key jar, package keyjar,
+// marks its files 0x69646d6a, "idmj".)
+const ApplicationID = 0x69646d73
+
+// keyJarID is keyjar's application_id, named in the error for its files.
+const keyJarID = 0x69646d6a
 
 const schema = `
 CREATE TABLE idempotency_keys (
@@ -68,14 +84,25 @@ type Store struct {
 
 var _ testserver.Store = (*Store)(nil)
 
-// ErrSchemaTooNew is returned by Open when the file was written by a newer
-// version of this package.
-var ErrSchemaTooNew = errors.New("sqlitestore: database schema is newer than this program")
+// Errors returned by Open, wrapped with details: test with errors.Is.
+var (
+	// ErrSchemaTooNew is returned by Open when the file was written by a
+	// newer version of this package.
+	ErrSchemaTooNew = errors.New("sqlitestore: database schema is newer than this program")
+
+	// ErrNotStore is returned by Open for a SQLite database that is not
+	// this package's: one marked with another application_id (a client's key
+	// jar, for one), or an unmarked one that holds tables but not the
+	// store's. Open changes nothing in it.
+	ErrNotStore = errors.New("sqlitestore: not a sqlitestore database")
+)
 
 // Open opens the database at path, creating it with mode 0600 when it does
 // not exist (an existing file keeps its mode), and creates or checks the
 // schema. path is a file name, not a URI; ":memory:" opens a private
-// in-memory database.
+// in-memory database. It fails with ErrNotStore for a database of another
+// program and with ErrSchemaTooNew for one of a newer version of this
+// package.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
@@ -94,7 +121,9 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	if busy <= 0 {
 		busy = DefaultBusyTimeout
 	}
-	dsn := fmt.Sprintf("%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate",
+	// journal_mode(WAL) waits until migrate has checked the file: it would
+	// rewrite the header of another program's database.
+	dsn := fmt.Sprintf("%s?_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_txlock=immediate",
 		path, sqliteopt.BusyTimeoutMillis(busy))
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -105,29 +134,65 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	db.SetConnMaxIdleTime(0)
 	db.SetConnMaxLifetime(0)
 	s := &Store{db: db}
-	if err := s.migrate(ctx); err != nil {
+	if err := s.migrate(ctx, path); err != nil {
 		db.Close()
 		return nil, err
+	}
+	// The mode stays in the file: a connection opened later finds it.
+	if _, err := db.ExecContext(ctx, "PRAGMA journal_mode = WAL"); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlitestore: %w", err)
 	}
 	return s, nil
 }
 
-func (s *Store) migrate(ctx context.Context) error {
+// migrate checks that the database at path is the store's, or empty, and
+// creates the schema in an empty one and marks an earlier version's with
+// ApplicationID, all in one IMMEDIATE transaction: another process may be
+// doing the same.
+func (s *Store) migrate(ctx context.Context, path string) error {
 	return s.update(ctx, func(tx *sql.Tx) error {
-		var v int
-		if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		var (
+			app, version, objects int64
+			hasKeys               bool
+		)
+		err := tx.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+			(SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_schema),
+			EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'idempotency_keys')`).
+			Scan(&app, &version, &objects, &hasKeys)
+		if err != nil {
 			return err
 		}
 		switch {
-		case v == schemaVersion:
-			return nil
-		case v > schemaVersion:
-			return fmt.Errorf("%w: version %d, this program knows %d", ErrSchemaTooNew, v, schemaVersion)
-		}
-		if _, err := tx.ExecContext(ctx, schema); err != nil {
+		case app == 0 && version == 0 && objects == 0:
+			if _, err := tx.ExecContext(ctx, schema); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = %d", ApplicationID, schemaVersion))
 			return err
+		case app == keyJarID:
+			return fmt.Errorf("%w: %s is a client's key jar (package keyjar, application_id %#x)", ErrNotStore, path, app)
+		case app != 0 && app != ApplicationID:
+			return fmt.Errorf("%w: %s is a database of another program (application_id %#x)", ErrNotStore, path, app)
+		case app == 0 && (version == 0 || !hasKeys):
+			// Earlier versions created the table and set user_version
+			// together.
+			return fmt.Errorf("%w: %s holds another program's tables (no application_id, user_version %d, %d schema objects)",
+				ErrNotStore, path, version, objects)
+		case version > schemaVersion:
+			return fmt.Errorf("%w: version %d, this program knows %d", ErrSchemaTooNew, version, schemaVersion)
+		case version < schemaVersion:
+			return fmt.Errorf("%w: %s has application_id %#x but unknown schema version %d", ErrNotStore, path, app, version)
 		}
-		_, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion))
+		// The schema of this version: its table has every column used here.
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT scope, key, fingerprint, status, response_status,
+			response_header, response_body, locked_at, created FROM idempotency_keys LIMIT 0)`).Scan(&n); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrNotStore, path, err)
+		}
+		if app == 0 {
+			_, err = tx.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d", ApplicationID))
+		}
 		return err
 	})
 }
@@ -149,7 +214,7 @@ func (s *Store) update(ctx context.Context, f func(*sql.Tx) error) error {
 	}
 	defer tx.Rollback()
 	if err := f(tx); err != nil {
-		if errors.Is(err, ErrSchemaTooNew) {
+		if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrNotStore) {
 			return err
 		}
 		return fmt.Errorf("sqlitestore: %w", err)

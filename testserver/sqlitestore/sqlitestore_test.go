@@ -1,15 +1,23 @@
 package sqlitestore_test
 
 import (
+	"bytes"
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 	"github.com/idemkit/idem/testserver/storetest"
 )
@@ -44,7 +52,9 @@ func TestFileModeAndPragmas(t *testing.T) {
 	if mode := fi.Mode().Perm(); mode != 0o600 {
 		t.Errorf("file mode %o; want 600", mode)
 	}
-	for pragma, want := range map[string]string{"journal_mode": "wal", "synchronous": "2", "user_version": "1", "busy_timeout": "5000"} {
+	pragmas := map[string]string{"journal_mode": "wal", "synchronous": "2", "user_version": "1", "busy_timeout": "5000",
+		"application_id": fmt.Sprint(sqlitestore.ApplicationID)}
+	for pragma, want := range pragmas {
 		var got string
 		if err := s.DB().QueryRow("PRAGMA " + pragma).Scan(&got); err != nil {
 			t.Fatal(err)
@@ -145,5 +155,164 @@ func TestOpenRefuses(t *testing.T) {
 	if s, err := sqlitestore.Open(context.Background(), garbage, nil); err == nil {
 		s.Close()
 		t.Error("Open of a non-database file succeeded; want an error")
+	}
+}
+
+// rawDB opens the SQLite file at path as another program would: its own
+// connection, no pragmas of this package.
+func rawDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func execRaw(t *testing.T, path, query string) {
+	t.Helper()
+	db := rawDB(t, path)
+	if _, err := db.Exec(query); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pragma reads an integer pragma of the file at path.
+func pragma(t *testing.T, path, name string) int64 {
+	t.Helper()
+	var v int64
+	if err := rawDB(t, path).QueryRow("PRAGMA " + name).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// openUnchanged calls open, closes what it opened, and returns its error;
+// the test fails if the file at path is not byte for byte as it was.
+func openUnchanged(t *testing.T, path string, open func() (io.Closer, error)) error {
+	t.Helper()
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := open()
+	if err == nil {
+		c.Close()
+	}
+	if after, rerr := os.ReadFile(path); rerr != nil || !bytes.Equal(before, after) {
+		t.Errorf("Open (err %v) changed %s: %v", err, path, rerr)
+	}
+	return err
+}
+
+// TestOpenForeign opens SQLite files of other programs, a client's key jar
+// first: each is refused with ErrNotStore and left exactly as it was, with
+// none of the store's tables added.
+func TestOpenForeign(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, path string)
+	}{
+		{"a client's key jar", func(t *testing.T, path string) {
+			j, err := keyjar.Open(context.Background(), path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := idem.Record{Op: "op", Key: "key", Fingerprint: "fp", State: idem.StatePending, Method: "POST", URL: "https://example.com/"}
+			if _, _, err := j.Begin(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"another program's database", func(t *testing.T, path string) {
+			execRaw(t, path, "CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('ann')")
+		}},
+		{"another program's database at user_version 1", func(t *testing.T, path string) {
+			execRaw(t, path, "CREATE TABLE users (name TEXT); PRAGMA user_version = 1")
+		}},
+		{"an empty database of another application_id", func(t *testing.T, path string) {
+			execRaw(t, path, "PRAGMA application_id = 305419896")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "keys.db")
+			c.setup(t, path)
+			err := openUnchanged(t, path, func() (io.Closer, error) { return sqlitestore.Open(context.Background(), path, nil) })
+			if !errors.Is(err, sqlitestore.ErrNotStore) {
+				t.Fatalf("Open: %v; want ErrNotStore", err)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("Open: error %q spans lines; want one", err)
+			}
+		})
+	}
+}
+
+// TestOpenPreviousVersion opens a database of the previous version, which
+// wrote the same schema and user_version 1 but no application_id, with an
+// application's tables beside the store's (as idemserver keeps PayCo's
+// ledger): it opens, keeps its entries, and is marked as the store's.
+func TestOpenPreviousVersion(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	s := open(t, path)
+	now := time.Unix(1_700_000_000, 0)
+	if _, ok, err := s.Claim(ctx, "scope", "key", "fp", 7, now); !ok || err != nil {
+		t.Fatalf("Claim = %v, %v", ok, err)
+	}
+	if err := s.Save(ctx, "scope", "key", 7, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := payments.NewPayCo(ctx, s.DB()); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	execRaw(t, path, "PRAGMA application_id = 0")
+
+	for range 2 { // the first Open marks the file, the second finds it marked
+		s = open(t, path)
+		e, ok, err := s.Claim(ctx, "scope", "key", "fp", 8, now)
+		if err != nil || ok || e.Status != testserver.StatusDone || string(e.Response.Body) != "saved" {
+			t.Fatalf("Claim after Open: claimed %v, %v, %+v; want the saved entry", ok, err, e)
+		}
+		payco, err := payments.NewPayCo(ctx, s.DB())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := payco.Charge(ctx, "pay-key", "order", 100, "eur"); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if app := pragma(t, path, "application_id"); app != sqlitestore.ApplicationID {
+			t.Fatalf("application_id %#x after Open; want %#x", app, sqlitestore.ApplicationID)
+		}
+	}
+}
+
+// TestKeyJarRefusesStore: keyjar.Open refuses the store's database, of this
+// version and of the previous one, with keyjar.ErrCorrupt, and leaves it as
+// it was.
+func TestKeyJarRefusesStore(t *testing.T) {
+	for _, previous := range []bool{false, true} {
+		path := filepath.Join(t.TempDir(), "keys.db")
+		s := open(t, path)
+		if _, err := payments.NewPayCo(context.Background(), s.DB()); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if previous {
+			execRaw(t, path, "PRAGMA application_id = 0")
+		}
+		err := openUnchanged(t, path, func() (io.Closer, error) { return keyjar.Open(context.Background(), path, nil) })
+		if !errors.Is(err, keyjar.ErrCorrupt) {
+			t.Errorf("keyjar.Open of a store's database (previous version %v): %v; want keyjar.ErrCorrupt", previous, err)
+		}
 	}
 }
