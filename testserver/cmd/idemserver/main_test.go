@@ -15,7 +15,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
@@ -32,6 +34,7 @@ func TestProcesses(t *testing.T) {
 	}
 	t.Run("replay and restart", func(t *testing.T) { testServeReplayRestart(t, bin) })
 	t.Run("crash after charge", func(t *testing.T) { testCrashAfterCharge(t, bin) })
+	t.Run("a client's key jar is refused", func(t *testing.T) { testKeyJarRefused(t, bin) })
 	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
 	t.Run("fleet: a killed server's claim is taken over", func(t *testing.T) { testFleetKilledServer(t, bin) })
 }
@@ -201,6 +204,48 @@ func testCrashAfterCharge(t *testing.T, bin string) {
 		t.Fatalf("stats %+v; want the charge run twice and made once", st)
 	}
 	s.stop(t)
+}
+
+// testKeyJarRefused: -db naming a client's key jar exits with status 1 and
+// one line on stderr, without listening, and leaves the jar as it was.
+func testKeyJarRefused(t *testing.T, bin string) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := j.Begin(ctx, idem.Record{Op: "op", Key: "key", Fingerprint: "fp", State: idem.StatePending, Method: "POST", URL: "http://x/"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := launch(t, bin, "-db", path)
+	line, _ := bufio.NewReader(s.stdout).ReadString('\n')
+	if line != "" {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+		t.Fatalf("idemserver -db on a key jar printed %q; want it to exit before listening", line)
+	}
+	s.cmd.Wait() // an *exec.ExitError: the status is below
+	code := s.cmd.ProcessState.ExitCode()
+	stderr := s.errb.String()
+	if code != 1 || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "idemserver: ") || !strings.Contains(stderr, path) {
+		t.Fatalf("exit status %d, stderr %q; want 1 and one line naming %s", code, stderr, path)
+	}
+	if after, err := os.ReadFile(path); err != nil || !bytes.Equal(before, after) {
+		t.Fatalf("the key jar changed: %v", err)
+	}
+	if j, err := keyjar.Open(ctx, path, nil); err != nil {
+		t.Fatalf("reopening the key jar: %v", err)
+	} else {
+		j.Close()
+	}
 }
 
 // age moves every claim in the file an hour into the past.
