@@ -481,10 +481,13 @@ func TestBadInput(t *testing.T) {
 			want: fs.ErrPermission,
 		},
 		{
-			name: "jar file locked by another process: Open",
+			// Opening an existing jar only reads; a new one's schema needs
+			// the write lock.
+			name: "new jar file locked by another process: Open",
 			run: func(t *testing.T, s *stack) (*http.Response, error) {
-				defer lockByAnotherProcess(t, s.jarPath)()
-				j, err := keyjar.Open(context.Background(), s.jarPath, &keyjar.Options{BusyTimeout: 50 * time.Millisecond})
+				path := filepath.Join(t.TempDir(), "new.db")
+				defer lockByAnotherProcess(t, path)()
+				j, err := keyjar.Open(context.Background(), path, &keyjar.Options{BusyTimeout: 50 * time.Millisecond})
 				if err == nil {
 					j.Close()
 				}

@@ -145,10 +145,17 @@ type hooks struct {
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
 // it does not exist. opts may be nil. The context bounds the opening only.
 //
+// Open does not wait for another process's write transaction on a jar
+// whose schema is current: it reads the schema in a read transaction, and
+// Get and List then read what is committed. It waits for the write lock,
+// up to Options.BusyTimeout, only to create the schema or to switch the
+// file to WAL mode; writes wait for it as always.
+//
 // Open returns an error wrapping fs.ErrPermission when the file or its
 // directory cannot be written, ErrCorrupt when the file is not a key jar,
 // ErrVersion when it was written by a newer version of this package, and
-// ErrLocked when another process holds a lock on it longer than
+// ErrLocked when another process holds a lock it needs (the write lock
+// above, or any lock in locking_mode=EXCLUSIVE) longer than
 // Options.BusyTimeout.
 func Open(ctx context.Context, path string, opts *Options) (*Jar, error) {
 	return open(ctx, path, opts, hooks{})
@@ -231,10 +238,13 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	// Connect and look before changing anything: a database of another
 	// program or of a newer version is left as it is. A plain SQL error
 	// here (such as "unsupported file format") means SQLite cannot read
-	// the schema of an existing file.
+	// the schema of an existing file. A current schema is only read:
+	// Open then neither waits for another process's write transaction
+	// nor holds one up.
+	var isNew bool
 	j.wconn, err = writer.Conn(bg)
 	if err == nil {
-		_, err = inspect(bg, j.wconn)
+		isNew, err = look(bg, j.wconn)
 	}
 	if err != nil {
 		if !created && isSQLiteCode(err, sqlite3.SQLITE_ERROR) {
@@ -242,6 +252,8 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		}
 		return nil, openError(abs, err)
 	}
+	// On a file already in WAL mode, which the look found, this changes
+	// nothing and takes no lock; switching another file to WAL mode does.
 	mode, err := setWAL(bg, j.wconn, o.BusyTimeout)
 	if err != nil {
 		return nil, openError(abs, err)
@@ -249,7 +261,12 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if mode != "wal" {
 		return nil, fmt.Errorf("keyjar: open %s: cannot use WAL mode (journal_mode is %q)", abs, mode)
 	}
-	if err := j.migrate(bg); err != nil {
+	if isNew {
+		err = j.migrate(bg)
+	} else {
+		err = canWrite(bg, j.wconn, busy)
+	}
+	if err != nil {
 		return nil, openError(abs, err)
 	}
 	// The statements are prepared on the writer's one connection: give it
@@ -301,6 +318,29 @@ func setWAL(ctx context.Context, conn *sql.Conn, busyTimeout time.Duration) (mod
 		}
 		time.Sleep(wait)
 	}
+}
+
+// canWrite checks that conn may write to the jar whose schema Open only
+// read: SQLite answers SQLITE_READONLY when the file, its -wal or its -shm
+// file is read-only to this process. It tries BEGIN IMMEDIATE without
+// waiting (busy_timeout 0) and rolls back at once. When another connection
+// holds the write lock, SQLite answers SQLITE_BUSY, which it does only
+// after those read-only checks passed: that is a yes, and Open does not
+// wait for that writer. busyMillis is the busy_timeout to restore.
+func canWrite(ctx context.Context, conn *sql.Conn, busyMillis string) error {
+	if _, err := conn.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
+		return err
+	}
+	tx, err := conn.BeginTx(ctx, nil) // IMMEDIATE: the writer's _txlock
+	if err == nil {
+		err = tx.Rollback()
+	} else if isSQLiteCode(err, sqlite3.SQLITE_BUSY) {
+		err = nil
+	}
+	if _, rerr := conn.ExecContext(ctx, "PRAGMA busy_timeout = "+busyMillis); err == nil {
+		err = rerr
+	}
+	return err
 }
 
 // sqliteMagic starts every SQLite database file.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
 )
 
@@ -106,8 +107,13 @@ func TestOpenErrors(t *testing.T) {
 		{"locked new file", func(t *testing.T, path string) {
 			t.Cleanup(lockFile(t, path, false))
 		}, &keyjar.Options{BusyTimeout: 20 * time.Millisecond}, keyjar.ErrLocked},
-		{"jar in a write transaction", func(t *testing.T, path string) {
-			newJarFile(t, path)
+		{"new WAL file in a write transaction", func(t *testing.T, path string) {
+			// Open must create the schema, under the write lock.
+			db := rawDB(t, path, "?_pragma=journal_mode(WAL)")
+			if err := db.Ping(); err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
 			t.Cleanup(lockFile(t, path, false))
 		}, &keyjar.Options{BusyTimeout: 20 * time.Millisecond}, keyjar.ErrLocked},
 		{"jar in locking_mode=EXCLUSIVE", func(t *testing.T, path string) {
@@ -135,6 +141,85 @@ func TestOpenErrors(t *testing.T) {
 			}
 			if !bytes.Equal(before, after) {
 				t.Errorf("Open changed the file (%d bytes, was %d)", len(after), len(before))
+			}
+		})
+	}
+}
+
+// writeInProgress holds a write transaction on the jar at path through
+// another connection, as another process writing to it would: BEGIN
+// IMMEDIATE, then a new operation "uncommitted" and a note on every
+// operation, none of it committed. It returns the rollback.
+func writeInProgress(t *testing.T, path string) (rollback func()) {
+	t.Helper()
+	db := rawDB(t, path, "?_txlock=immediate&_pragma=busy_timeout(5000)")
+	tx, err := beginWrite(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() { tx.Rollback(); db.Close() }
+}
+
+// beginWrite begins an IMMEDIATE transaction on db (opened with
+// _txlock=immediate) and writes in it what writeInProgress says.
+func beginWrite(db *sql.DB) (*sql.Tx, error) {
+	tx, err := db.Begin()
+	if err != nil {
+		return nil, err
+	}
+	_, err = tx.Exec(`INSERT INTO operations (op, key, fingerprint, state, method, url, body_size,
+		attempts, last_status, last_error, note, holder)
+		VALUES ('uncommitted', 'key-uncommitted', 'fp', 'pending', 'POST', 'http://127.0.0.1/charge', 0, 0, 0, '', '', '')`)
+	if err == nil {
+		_, err = tx.Exec("UPDATE operations SET note = 'uncommitted'")
+	}
+	if err != nil {
+		tx.Rollback()
+		return nil, err
+	}
+	return tx, nil
+}
+
+// TestOpenWhileAnotherWrites: another connection or process holds a write
+// transaction on a jar whose schema is current. Open needs no write lock
+// then: it succeeds within a busy timeout far shorter than the writer
+// holds on, and Get and List read the committed state, as WAL readers do.
+// Writes still wait for the writer and fail with ErrLocked past the busy
+// timeout; once the writer is gone, they succeed.
+func TestOpenWhileAnotherWrites(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		hold func(t *testing.T, path string) (release func())
+	}{
+		{"connection", writeInProgress},
+		{"process", writeInProgressElsewhere},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := t.Context()
+			path := filepath.Join(t.TempDir(), "keys.db")
+			newJarFile(t, path)
+			release := c.hold(t, path)
+			j, err := keyjar.Open(ctx, path, &keyjar.Options{BusyTimeout: 20 * time.Millisecond})
+			if err != nil {
+				release()
+				t.Fatalf("Open while another writes: %v; want the jar", err)
+			}
+			defer j.Close()
+			if r, err := j.Get(ctx, "op"); err != nil || r.Key != "key-op" || r.Note != "" {
+				t.Errorf("Get(op) = key %q, note %q, %v; want key-op without a note, as committed", r.Key, r.Note, err)
+			}
+			if _, err := j.Get(ctx, "uncommitted"); !errors.Is(err, idem.ErrNotFound) {
+				t.Errorf("Get(uncommitted) = %v; want ErrNotFound", err)
+			}
+			if recs, err := j.List(ctx, idem.Filter{}); err != nil || len(recs) != 1 || recs[0].Op != "op" {
+				t.Errorf("List = %d records, %v; want op alone", len(recs), err)
+			}
+			if _, _, err := j.Begin(ctx, newRecord("op2")); !errors.Is(err, keyjar.ErrLocked) {
+				t.Errorf("Begin while another writes: %v; want ErrLocked", err)
+			}
+			release()
+			if _, created, err := j.Begin(ctx, newRecord("op2")); err != nil || !created {
+				t.Errorf("Begin after the writer is gone = created %v, %v; want created", created, err)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package keyjar_test
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,7 @@ import (
 // The test binary re-executes itself as a child process: with helperEnv set,
 // TestMain runs the helper named by it instead of the tests.
 const (
-	helperEnv = "KEYJAR_TEST_HELPER" // race, hold or open
+	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, open or write
 	pathEnv   = "KEYJAR_TEST_PATH"   // the jar file
 	idEnv     = "KEYJAR_TEST_ID"     // the child's name, part of its keys
 )
@@ -48,6 +49,8 @@ func TestMain(m *testing.M) {
 //	      without closing (the parent kills the process).
 //	open: open (as an unprivileged user), print "permission" when the error
 //	      wraps fs.ErrPermission, else the error or "ok".
+//	write: without keyjar, hold a write transaction on the jar as
+//	      writeInProgress does, print "writing", wait for a line, roll back.
 func helper(mode, path, id string) error {
 	ctx := context.Background()
 	stdin := bufio.NewReader(os.Stdin)
@@ -64,6 +67,20 @@ func helper(mode, path, id string) error {
 			fmt.Println("other:", err)
 		}
 		return nil
+	case "write":
+		db, err := sql.Open("sqlite", "file:"+path+"?_txlock=immediate&_pragma=busy_timeout(5000)")
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		tx, err := beginWrite(db)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		fmt.Println("writing")
+		_, err = stdin.ReadString('\n')
+		return err
 	case "race", "hold":
 	default:
 		return fmt.Errorf("unknown helper %q", mode)
@@ -145,6 +162,24 @@ func testBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return bin
+}
+
+// writeInProgressElsewhere is writeInProgress from a child process. The
+// release returns once the child has rolled back and ended.
+func writeInProgressElsewhere(t *testing.T, path string) (release func()) {
+	t.Helper()
+	c := startChild(t, testBinary(t), "write", path, "", nil)
+	if got := c.line(t); got != "writing" {
+		t.Fatalf("child says %q; want writing", got)
+	}
+	return func() {
+		if _, err := io.WriteString(c.stdin, "done\n"); err != nil {
+			t.Error(err)
+		}
+		if err := c.cmd.Wait(); err != nil {
+			t.Errorf("write child: %v", err)
+		}
+	}
 }
 
 // TestTwoProcessesRace has two processes Begin the same operations at the

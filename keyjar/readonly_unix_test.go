@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -68,6 +69,42 @@ func TestOpenReadOnlyDir(t *testing.T) {
 		if r, err := j.Get(t.Context(), "op"); err != nil || r.Key != "key-op" {
 			t.Errorf("after the refused Opens: key %q, %v; want key-op", r.Key, err)
 		}
+	}
+}
+
+// TestOpenReadOnlyWAL: the jar file may be written but its -wal and -shm
+// files, which another user's process created, may only be read: nothing
+// could be written. Open says so with an error wrapping fs.ErrPermission
+// although it only reads a current jar, and also while another process
+// holds the write lock. Run as root, the Open runs as the user nobody.
+func TestOpenReadOnlyWAL(t *testing.T) {
+	for _, writing := range []bool{false, true} {
+		t.Run(map[bool]string{false: "idle", true: "while another writes"}[writing], func(t *testing.T) {
+			top := t.TempDir()
+			path := filepath.Join(top, "keys.db")
+			newJarFile(t, path)
+			openPath(t, path, nil) // keeps the -wal and -shm files
+			if writing {
+				t.Cleanup(writeInProgress(t, path))
+			}
+			open, mode := func(path string) (bool, string) {
+				line := startChild(t, testBinary(t), "open", path, "", nil).line(t)
+				return strings.HasPrefix(line, "permission:"), line
+			}, os.FileMode(0o444)
+			if os.Geteuid() == 0 {
+				// nobody owns the jar file, root the -wal and -shm files.
+				open, mode = asNobody(t, top, path), 0o644
+			}
+			for _, p := range []string{path + "-wal", path + "-shm"} {
+				if err := os.Chmod(p, mode); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.Chmod(p, 0o600) })
+			}
+			if ok, msg := open(path); !ok {
+				t.Errorf("Open with read-only -wal and -shm files: %s; want an error wrapping fs.ErrPermission", msg)
+			}
+		})
 	}
 }
 

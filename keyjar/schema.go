@@ -74,8 +74,21 @@ func inspect(ctx context.Context, q querier) (isNew bool, err error) {
 	return false, nil
 }
 
+// look is inspect in a read (deferred) transaction, which takes no write
+// lock: its statements read one snapshot, and another process's write
+// transaction neither blocks it nor is blocked by it. (modernc.org/sqlite
+// begins a ReadOnly transaction with a plain BEGIN, whatever _txlock says.)
+func look(ctx context.Context, conn *sql.Conn) (isNew bool, err error) {
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	return inspect(ctx, tx)
+}
+
 // migrate creates the schema in a new file, in an IMMEDIATE transaction that
-// looks again: another process may have created it in the meantime.
+// looks again: another process may have created it since look.
 func (j *Jar) migrate(ctx context.Context) error {
 	tx, err := j.wconn.BeginTx(ctx, nil)
 	if err != nil {

@@ -349,13 +349,15 @@ func testExportJSON(t *testing.T, _ *server, path string) {
 	wantError(t, code, errOut, 2, "JSON only")
 }
 
-// lockJar holds a lock on the jar file through another connection, as
-// another process would. exclusive also shuts out readers.
+// lockJar holds a write transaction on the jar file through another
+// connection, as another process writing to it would: BEGIN IMMEDIATE and
+// a note on every operation, not committed. exclusive (locking_mode
+// EXCLUSIVE) also shuts out readers.
 func lockJar(t *testing.T, path string, exclusive bool) {
 	t.Helper()
-	params := "?_txlock=exclusive"
+	params := "?_txlock=immediate"
 	if exclusive {
-		params += "&_pragma=locking_mode(EXCLUSIVE)"
+		params = "?_txlock=exclusive&_pragma=locking_mode(EXCLUSIVE)"
 	}
 	db, err := sql.Open("sqlite", "file:"+path+params)
 	if err != nil {
@@ -366,11 +368,14 @@ func lockJar(t *testing.T, path string, exclusive bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec("CREATE TABLE lock_probe (x)"); err != nil {
+	if _, err := tx.Exec("UPDATE operations SET note = ?", uncommitted); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tx.Rollback(); db.Close() })
 }
+
+// uncommitted is the note lockJar writes and never commits.
+const uncommitted = "uncommitted note"
 
 func TestJarErrors(t *testing.T) {
 	dir := t.TempDir()
@@ -421,9 +426,30 @@ func TestLockedJar(t *testing.T) {
 	t.Run("write lock held by another process", func(t *testing.T) {
 		path := seed(t, srv)
 		lockJar(t, path, false)
-		for _, args := range [][]string{{"show", "charge:p1"}, {"abandon", "charge:p1", "--reason", "x"}} {
+		// Reading needs no lock: list, show and export read what is
+		// committed, at once.
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"list"}, "charge:p1"},
+			{[]string{"show", "charge:p1"}, "pending"},
+			{[]string{"export"}, `"op": "charge:p1"`},
+		} {
+			code, out, errOut := idemctl(append([]string{"--jar", path, "--lock-timeout", "50ms"}, c.args...)...)
+			if code != 0 || errOut != "" || !strings.Contains(out, c.want) || strings.Contains(out, uncommitted) {
+				t.Errorf("%s while another process writes: exit %d, stderr %q, stdout %q; want exit 0 and %q, without the uncommitted note",
+					c.args[0], code, errOut, out, c.want)
+			}
+		}
+		// Writing waits for the other writer, up to --lock-timeout.
+		for _, args := range [][]string{{"abandon", "charge:p1", "--reason", "x"}, {"prune", "--older-than", "1h"}} {
 			code, _, errOut := idemctl(append([]string{"--jar", path, "--lock-timeout", "50ms"}, args...)...)
 			wantError(t, code, errOut, 1, "is locked by another process")
+		}
+		code, out, _ := idemctl("--jar", path, "--lock-timeout", "50ms", "list")
+		if code != 0 || strings.Count(out, "\n") != 7 || !strings.Contains(out, "abandoned") {
+			t.Errorf("list after the failed writes: exit %d, %q; want the six operations as they were", code, out)
 		}
 	})
 }
