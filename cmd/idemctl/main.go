@@ -32,6 +32,11 @@
 // must be kept. Reconcile first (ask the server what happened), then
 // abandon it (it did not happen: a new call gets a new key) or resume it.
 //
+// A jar file may be in use by a running program. list, show and export
+// only read it: they do not wait for the program's writes and show what it
+// has committed. resume, abandon, forget and prune write: they wait for
+// the program's write to end, up to --lock-timeout, and then fail.
+//
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt) or an operation fails, 2 for a usage error. Every error
 // is one line on stderr.
