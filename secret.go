@@ -14,7 +14,7 @@ import (
 // after a restart sends the request without it.
 func SecretHeader(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
-	case "Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie":
+	case "Cookie", "Set-Cookie": // Authorization and Proxy-Authorization hold "auth"
 		return true
 	}
 	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey"} {
