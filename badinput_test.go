@@ -397,6 +397,11 @@ func TestBadInput(t *testing.T) {
 		{name: "duplicate key headers", run: keyed("order-42", "order-43"), want: idem.ErrInvalidKey},
 		{name: "duplicate identical key headers", run: keyed("order-42", "order-42"), want: idem.ErrInvalidKey},
 		{name: "two keys in one header line", run: keyed("order-42, order-43"), want: idem.ErrInvalidKey},
+		{name: "quoted key with an escape the server refuses", run: keyed(`"order\x42"`), want: idem.ErrInvalidKey},
+		{name: "quoted key without its closing quote", run: keyed(`"order-42`), want: idem.ErrInvalidKey},
+		{name: "text after a quoted key", run: keyed(`"order-42"x`), want: idem.ErrInvalidKey},
+		{name: "quoted empty key", run: keyed(`""`), want: idem.ErrInvalidKey},
+		{name: "quoted key with a space at the start", run: keyed(`" order-42"`), want: idem.ErrInvalidKey},
 		{name: "quoted key with a comma", run: keyed(`"order,42"`), status: http.StatusCreated,
 			addsOps: []string{"charge:bad-key"}, addsKeys: 1, runs: 1},
 		{

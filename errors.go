@@ -28,8 +28,10 @@ var (
 	// stored or sent, for a request that carries its own Idempotency-Key
 	// when the header is set more than once, or the key is empty, longer
 	// than 255 characters, not printable ASCII, begins or ends with a
-	// space, or holds a comma without being quoted ("a,b"; a server reads
-	// a, b as two keys joined into one line): the server would refuse it,
+	// space, holds a comma without being quoted ("a,b"; a server reads
+	// a, b as two keys joined into one line), or is quoted but not a
+	// Structured Field string (an escape other than \" and \\, no closing
+	// quote, text after it): the server would refuse it,
 	// and a record whose key cannot be sent would stay pending in the jar.
 	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/canon"
+	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -68,10 +69,13 @@ func Operation(ctx context.Context) string {
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
 //     is sent with ErrBodyNotRewindable.
 //   - A key the caller set in the Idempotency-Key header (under any
-//     spelling of the name) is used instead of a generated one. It must be one header value of 1 to 255 printable
-//     ASCII characters, without a space at either end, and quoted when it
-//     holds a comma; any other is refused with ErrInvalidKey before
-//     anything is stored or sent.
+//     spelling of the name) is used instead of a generated one, as it is
+//     given. It must be one header value of at most 255 characters that
+//     the reference server (testserver.ParseKey) accepts: 1 to 255
+//     printable ASCII characters without a space at either end, bare, or
+//     quoted as a Structured Field string ("a,b", escaping only \" and \\),
+//     which a key with a comma must be. Any other is refused with
+//     ErrInvalidKey before anything is stored or sent.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -240,7 +244,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // maxKeyLen is the longest key a server accepts (Stripe, testserver).
-const maxKeyLen = 255
+const maxKeyLen = keyhdr.MaxLen
 
 // callerKey returns the key the caller set in the Idempotency-Key header, or
 // "" when there is none, and refuses one that no server would accept. A
@@ -264,16 +268,12 @@ func callerKey(h http.Header) (string, error) {
 	case k == "":
 		return "", fmt.Errorf("%w: the key is empty; delete the header to have one generated", ErrInvalidKey)
 	case len(k) > maxKeyLen:
+		// The value as sent, quotes included: a server that knows no
+		// quoted form takes them as part of the key.
 		return "", fmt.Errorf("%w: the key is %d characters long; the limit is %d", ErrInvalidKey, len(k), maxKeyLen)
-	case k[0] == ' ' || k[len(k)-1] == ' ':
-		return "", fmt.Errorf("%w: the key begins or ends with a space", ErrInvalidKey)
-	case k[0] != '"' && strings.Contains(k, ","):
-		return "", fmt.Errorf("%w: a comma separates two keys; quote a key that holds one", ErrInvalidKey)
 	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 0x20 || c > 0x7e {
-			return "", fmt.Errorf("%w: byte %d (0x%02x) is not printable ASCII", ErrInvalidKey, i, c)
-		}
+	if _, err := keyhdr.Parse(k); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
 	return k, nil
 }

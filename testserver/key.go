@@ -3,11 +3,12 @@ package testserver
 import (
 	"errors"
 	"fmt"
-	"strings"
+
+	"github.com/idemkit/idem/internal/keyhdr"
 )
 
 // MaxKeyLen is the longest Idempotency-Key ParseKey accepts, in characters.
-const MaxKeyLen = 255
+const MaxKeyLen = keyhdr.MaxLen
 
 // ErrInvalidKey is matched (errors.Is) by every error ParseKey returns.
 var ErrInvalidKey = errors.New("testserver: invalid Idempotency-Key")
@@ -37,92 +38,13 @@ func (e *KeyError) Unwrap() error { return ErrInvalidKey }
 // may join two header lines into one with a comma between them (RFC 9110
 // §5.3), so "a, b" is read as two keys; a key with a comma is sent quoted.
 // Every error is a *KeyError.
+//
+// idem.Transport refuses a caller's key that ParseKey would refuse before
+// anything is stored or sent.
 func ParseKey(v string) (string, error) {
-	key := v
-	if strings.HasPrefix(v, `"`) {
-		var err error
-		if key, err = unquote(v); err != nil {
-			return "", &KeyError{Value: v, Reason: err.Error()}
-		}
-	} else if strings.Contains(v, ",") {
-		return "", &KeyError{Value: v, Reason: commaReason}
-	}
-	switch {
-	case key == "":
-		return "", &KeyError{Value: v, Reason: "the key is empty; send 1 to 255 printable ASCII characters, e.g. a UUID"}
-	case len(key) > MaxKeyLen:
-		return "", &KeyError{Value: v, Reason: fmt.Sprintf("the key is %d characters long; the limit is %d", len(key), MaxKeyLen)}
-	case key[0] == ' ' || key[len(key)-1] == ' ':
-		return "", &KeyError{Value: v, Reason: "the key begins or ends with a space"}
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x20 || c > 0x7e {
-			return "", &KeyError{Value: v, Reason: fmt.Sprintf("byte %d (0x%02x) is not printable ASCII", i, c)}
-		}
+	key, err := keyhdr.Parse(v)
+	if err != nil {
+		return "", &KeyError{Value: v, Reason: err.Error()}
 	}
 	return key, nil
-}
-
-// commaReason is why a bare value with a comma is refused.
-const commaReason = "a comma separates two keys (two header lines joined into one); send exactly one key, and quote a key that holds a comma"
-
-// keyCount returns how many keys vals, the Idempotency-Key header lines of a
-// request, hold: one per line, and one more per comma outside a quoted key.
-// A proxy may join two lines into one with a comma between them (RFC 9110
-// §5.3), so one line "a, b" holds two keys, as two lines do.
-func keyCount(vals []string) int {
-	n := 0
-	for _, v := range vals {
-		for {
-			n++
-			v = strings.TrimLeft(v, " \t")
-			if strings.HasPrefix(v, `"`) {
-				v = v[quotedLen(v):]
-			}
-			i := strings.IndexByte(v, ',')
-			if i < 0 {
-				break
-			}
-			v = v[i+1:]
-		}
-	}
-	return n
-}
-
-// quotedLen returns the length of the sf-string that v begins with, up to
-// its closing quote, or len(v) when it has none.
-func quotedLen(v string) int {
-	for i := 1; i < len(v); i++ {
-		switch v[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return len(v)
-}
-
-// unquote decodes an RFC 8941 sf-string: DQUOTE *chr DQUOTE, where chr is
-// printable ASCII other than '"' and '\', or the escapes \" and \\.
-func unquote(v string) (string, error) {
-	var b strings.Builder
-	for i := 1; i < len(v); i++ {
-		switch c := v[i]; c {
-		case '\\':
-			i++
-			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
-				return "", errors.New(`a quoted key may only escape " and \`)
-			}
-			b.WriteByte(v[i])
-		case '"':
-			if i != len(v)-1 {
-				return "", errors.New("text follows the closing quote; send exactly one key")
-			}
-			return b.String(), nil
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return "", errors.New("the quoted key has no closing quote")
 }

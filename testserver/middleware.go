@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/canon"
+	"github.com/idemkit/idem/internal/keyhdr"
 )
 
 // Defaults and floors of the Middleware's settings.
@@ -243,9 +244,9 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 			m.reject(w, r, Problem{Type: ProblemKeyRepeated, Title: "Idempotency-Key sent more than once", Status: http.StatusBadRequest,
 				Detail: fmt.Sprintf("The request has %d Idempotency-Key headers; send exactly one.", len(vals))})
 			return
-		case keyCount(vals) > 1:
+		case keyhdr.Count(vals) > 1:
 			m.reject(w, r, Problem{Type: ProblemKeyRepeated, Title: "Idempotency-Key sent more than once", Status: http.StatusBadRequest,
-				Detail: fmt.Sprintf("The Idempotency-Key header holds %d keys separated by commas, as when a proxy joins two header lines into one; send exactly one key, and quote a key that holds a comma.", keyCount(vals))})
+				Detail: fmt.Sprintf("The Idempotency-Key header holds %d keys separated by commas, as when a proxy joins two header lines into one; send exactly one key, and quote a key that holds a comma.", keyhdr.Count(vals))})
 			return
 		}
 		key, err := ParseKey(vals[0])
