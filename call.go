@@ -38,6 +38,14 @@ type call struct {
 	created  bool // Begin created the operation (and counted its first attempt)
 	lastCode int
 	lastErr  error
+
+	// What unwind gives back when the call ends without returning (a
+	// panic in a hook): the lease, an attempt counted but not sent, and
+	// the response in hand. returned is set once run has returned.
+	held     bool
+	unsent   bool
+	resp     *http.Response
+	returned bool
 }
 
 func (c *call) pending(err error, next time.Time) *PendingError {
@@ -51,6 +59,9 @@ func (c *call) pending(err error, next time.Time) *PendingError {
 // the jar can defer it.
 func (c *call) update(ctx context.Context, ch Change) {
 	c.fill(&ch)
+	if ch.Release {
+		c.held = false
+	}
 	if d, ok := c.t.Jar.(Deferrer); ok && d.Defer(c.op, c.holder, ch) == nil {
 		return
 	}
@@ -119,6 +130,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 	// the one Begin gave a new operation. Any other attempt, and any after
 	// a wait, renews it first.
 	leased := c.rec.Holder == c.holder
+	c.held = leased
 	for {
 		if err := retry.CtxErr(ctx); err != nil {
 			return nil, c.stop(ctx, err)
@@ -128,7 +140,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			rec, err := c.t.Jar.Acquire(ctx, c.op, c.holder, now, c.t.lease(c.policy))
 			switch {
 			case errors.Is(err, ErrLeased):
-				c.rec = rec
+				c.rec, c.held = rec, false
 				if err := c.notOurs(); err != nil {
 					return nil, err
 				}
@@ -155,7 +167,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				}
 				return nil, c.stop(ctx, err)
 			}
-			c.rec, leased = rec, true
+			c.rec, leased, c.held = rec, true, true
 			if c.attempts == 0 {
 				// What other holders learnt meanwhile is the latest outcome.
 				c.lastCode, c.lastErr = rec.LastStatus, nil
@@ -165,6 +177,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 			if err := c.notOurs(); err != nil {
 				// Given back as it was taken.
+				c.held = false
 				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, releasing(rec, now))
 				return nil, err
 			}
@@ -199,12 +212,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		}
 		c.attempts++
 		leased = false
+		c.unsent = true
 		e := c.event(0, nil)
 		fire(c.t.Hooks.OnAttempt, e)
 		c.log(ctx, slog.LevelDebug, "idem: attempt", e)
+		c.unsent = false
 		resp, err := c.send(ctx, nextBody)
 		nextBody = nil // the base transport closes it
-		c.lastErr = err
+		c.lastErr, c.resp = err, resp
 		if resp != nil {
 			c.lastCode = resp.StatusCode
 			if resp.Header.Get("Idempotent-Replayed") == "true" {
@@ -276,6 +291,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		fire(c.t.Hooks.OnRetry, e)
 		c.log(ctx, slog.LevelInfo, "idem: retrying", e)
 		if resp != nil {
+			c.resp = nil
 			body.Drain(resp.Body)
 		}
 		if err := retry.Sleep(ctx, wait); err != nil {
@@ -343,6 +359,28 @@ func (c *call) stop(ctx context.Context, err error) error {
 	c.update(ctx, ch)
 	c.giveUp(ctx, err, "stopped")
 	return c.pending(err, c.rec.NextAttempt)
+}
+
+// unwind gives back what a call holds when it ends without returning: a
+// panic in a hook or the Logger (or runtime.Goexit), which goes on to the
+// caller of RoundTrip as it is. The operation stays pending, as stop
+// leaves it, or keeps the outcome recorded before the panic; the response
+// in hand, which the caller never gets, is closed.
+func (c *call) unwind(ctx context.Context) {
+	if c.returned {
+		return
+	}
+	if c.held {
+		ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
+		if c.unsent || c.created && c.attempts == 0 {
+			ch.Attempts = -1 // counted, never sent
+		}
+		c.update(ctx, ch)
+	}
+	if c.resp != nil {
+		c.resp.Body.Close()
+		c.resp = nil
+	}
 }
 
 func (c *call) giveUp(ctx context.Context, err error, why string) {

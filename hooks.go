@@ -19,12 +19,15 @@ type Event struct {
 
 // Hooks are callbacks on an operation's steps, for metrics and tracing. A
 // nil field is skipped. They run synchronously on the calling goroutine, so
-// they must be fast and safe for concurrent use. They must not panic: a
-// panic is not recovered, and unwinds through RoundTrip past the jar's
-// bookkeeping, so the operation stays pending and leased by this call
-// until the lease runs out (Transport.Lease; this process waits it out
-// too), an attempt counted by OnAttempt is never sent, and a response
-// that OnRetry or OnReplay saw is never closed.
+// they must be fast and safe for concurrent use. A hook that panics ends
+// the call: the panic reaches the caller of RoundTrip as it is (it is not
+// recovered), after the call gave the operation's lease back, so that
+// another call may send it at once, and closed the body of the response it
+// held (the one OnReplay, OnRetry or OnGiveUp saw). The operation stays
+// pending, as when a call stops (after OnReplay too: a later call sends
+// it again and gets the replay), or keeps what was recorded before
+// OnGiveUp or OnReconcile ran. An attempt whose OnAttempt panicked is neither sent nor counted. A
+// panic in the Transport's Logger is handled the same way.
 type Hooks struct {
 	// OnAttempt runs before each attempt is sent.
 	OnAttempt func(Event)

@@ -3,9 +3,11 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -74,3 +76,200 @@ func TestHooksAndLogger(t *testing.T) {
 		}
 	})
 }
+
+// releaseCounter is a MemoryJar that counts the changes that give a lease
+// back, through Update and Defer.
+type releaseCounter struct {
+	*idem.MemoryJar
+	releases atomic.Int32
+}
+
+func (j *releaseCounter) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	if c.Release {
+		j.releases.Add(1)
+	}
+	return j.MemoryJar.Update(ctx, op, holder, c)
+}
+
+func (j *releaseCounter) Defer(op, holder string, c idem.Change) error {
+	if c.Release {
+		j.releases.Add(1)
+	}
+	return j.MemoryJar.Defer(op, holder, c)
+}
+
+// panicHandler is a slog.Handler that panics with v on the record whose
+// message is msg.
+type panicHandler struct {
+	msg string
+	v   any
+}
+
+func (h panicHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h panicHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		panic(h.v)
+	}
+	return nil
+}
+func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h panicHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestPanickingHook: a hook (or the Logger) that panics ends the call with
+// its own panic, after the call gave its lease back, once, and closed the
+// body of every response it was given: another call of the operation goes
+// on at once, and an attempt counted but never sent is not counted.
+func TestPanickingHook(t *testing.T) {
+	replayed := func() (*http.Response, error) {
+		resp, _ := status(201)()
+		resp.Header.Set("Idempotent-Replayed", "true")
+		return resp, nil
+	}
+	for _, c := range []struct {
+		name        string
+		steps       []func() (*http.Response, error)
+		maxAttempts int
+		past        bool // the operation is done and past its horizon
+		// arm makes tr panic with v.
+		arm func(tr *idem.Transport, v any)
+		// What the call did before it panicked: the attempts Base saw,
+		// the record's Attempts, State and LastStatus, and whether it
+		// holds a NextAttempt.
+		sent, attempts int
+		state          idem.State
+		lastStatus     int
+		next           bool
+	}{
+		{
+			name: "OnAttempt, first", steps: steps(status(201)),
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnAttempt = func(idem.Event) { panic(v) }
+			},
+			sent: 0, attempts: 0, state: idem.StatePending,
+		},
+		{
+			name: "OnAttempt, second", steps: steps(status(503), status(201)),
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnAttempt = func(e idem.Event) {
+					if e.Attempt == 2 {
+						panic(v)
+					}
+				}
+			},
+			sent: 1, attempts: 1, state: idem.StatePending, lastStatus: 503,
+		},
+		{
+			name: "OnReplay", steps: steps(replayed),
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnReplay = func(idem.Event) { panic(v) }
+			},
+			sent: 1, attempts: 1, state: idem.StatePending, lastStatus: 201,
+		},
+		{
+			name: "OnRetry", steps: steps(status(503, "Retry-After", "2"), status(201)),
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnRetry = func(idem.Event) { panic(v) }
+			},
+			sent: 1, attempts: 1, state: idem.StatePending, lastStatus: 503, next: true,
+		},
+		{
+			name: "Logger, retrying", steps: steps(status(503, "Retry-After", "2"), status(201)),
+			arm: func(tr *idem.Transport, v any) {
+				tr.Logger = slog.New(panicHandler{msg: "idem: retrying", v: v})
+			},
+			sent: 1, attempts: 1, state: idem.StatePending, lastStatus: 503, next: true,
+		},
+		{
+			name: "OnGiveUp, last response", steps: steps(status(503, "Retry-After", "2")), maxAttempts: 1,
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnGiveUp = func(idem.Event) { panic(v) }
+			},
+			sent: 1, attempts: 1, state: idem.StatePending, lastStatus: 503, next: true,
+		},
+		{
+			name: "OnGiveUp, no response", steps: steps(netErr(syscall.ECONNRESET)), maxAttempts: 1,
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnGiveUp = func(idem.Event) { panic(v) }
+			},
+			sent: 1, attempts: 1, state: idem.StatePending,
+		},
+		{
+			name: "OnReconcile", steps: steps(status(201)), past: true,
+			arm: func(tr *idem.Transport, v any) {
+				tr.Hooks.OnReconcile = func(idem.Event) { panic(v) }
+			},
+			sent: 1, attempts: 1, state: idem.StateDone, lastStatus: 201,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, mem := newTransport(t, c.steps...)
+				jar := &releaseCounter{MemoryJar: mem}
+				tr.Jar = jar
+				if c.maxAttempts != 0 {
+					tr.Policy.MaxAttempts = c.maxAttempts
+				}
+				ctx := idem.WithOperation(context.Background(), "op")
+				if c.past {
+					resp, err := post(t, ctx, tr, `{}`)
+					if err != nil {
+						t.Fatal(err)
+					}
+					resp.Body.Close()
+					r, _ := jar.Get(ctx, "op")
+					backdate(t, mem, r, time.Now().Add(-25*time.Hour))
+					jar.releases.Store(0)
+				}
+				plain := *tr // the same Transport without the panicking hook
+
+				v := &struct{ hook string }{c.name}
+				c.arm(tr, v)
+				func() {
+					defer func() {
+						if got := recover(); got != v {
+							t.Errorf("RoundTrip panicked with %v; want the hook's %v", got, v)
+						}
+					}()
+					resp, err := post(t, ctx, tr, `{}`)
+					t.Errorf("RoundTrip returned %v, %v; want the hook's panic", resp, err)
+				}()
+
+				if got := rec.attempts(); got != c.sent {
+					t.Errorf("Base saw %d attempts; want %d", got, c.sent)
+				}
+				for i, ct := range rec.closed {
+					if !ct.closed {
+						t.Errorf("response %d: body not closed", i+1)
+					}
+				}
+				if got := jar.releases.Load(); got != 1 {
+					t.Errorf("the call gave its lease back %d times; want once", got)
+				}
+				r, err := jar.Get(ctx, "op")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Holder != "" || !r.LeaseUntil.IsZero() {
+					t.Errorf("lease held by %q until %v; want it free", r.Holder, r.LeaseUntil)
+				}
+				if r.Attempts != c.attempts || r.State != c.state || r.LastStatus != c.lastStatus || r.NextAttempt.IsZero() == c.next {
+					t.Errorf("record: %d attempts, %s, last status %d, next attempt %v; want %d, %s, %d, next attempt %v",
+						r.Attempts, r.State, r.LastStatus, r.NextAttempt, c.attempts, c.state, c.lastStatus, c.next)
+				}
+
+				// Another call of the operation does not wait for the
+				// lease (a minute), at most for the server's Retry-After.
+				start := time.Now()
+				resp, err := post(t, ctx, &plain, `{}`)
+				if resp != nil {
+					resp.Body.Close()
+				}
+				if errors.Is(err, idem.ErrLeased) || time.Since(start) > 2*time.Second {
+					t.Errorf("the next call ended after %v with %v; want no wait for a lease", time.Since(start), err)
+				}
+			})
+		})
+	}
+}
+
+func steps(s ...func() (*http.Response, error)) []func() (*http.Response, error) { return s }

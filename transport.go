@@ -158,11 +158,14 @@ type Transport struct {
 	Lease time.Duration
 
 	// Hooks are called on each attempt, retry, give-up, replay and
-	// reconciliation. The zero value calls nothing.
+	// reconciliation. The zero value calls nothing. A hook's panic reaches
+	// the caller of RoundTrip after the call gave its lease back and
+	// closed the response it held (see Hooks).
 	Hooks Hooks
 
 	// Logger receives a record per retry (Info), give-up and
-	// reconciliation (Warn), and attempt (Debug). Nil means silent.
+	// reconciliation (Warn), and attempt (Debug). Nil means silent. A
+	// panic in its handler is handled as a hook's.
 	Logger *slog.Logger
 }
 
@@ -240,7 +243,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := t.prepareBody(req, &c.body); err != nil {
 		return nil, err
 	}
-	return c.run(req.Context())
+	defer c.unwind(req.Context())
+	resp, err := c.run(req.Context())
+	c.returned = true
+	return resp, err
 }
 
 // maxKeyLen is the longest key a server accepts (Stripe, testserver).
