@@ -26,8 +26,9 @@ type Event struct {
 // held (the one OnReplay, OnRetry or OnGiveUp saw). The operation stays
 // pending, as when a call stops (after OnReplay too: a later call sends
 // it again and gets the replay), or keeps what was recorded before
-// OnGiveUp or OnReconcile ran. An attempt whose OnAttempt panicked is neither sent nor counted. A
-// panic in the Transport's Logger is handled the same way.
+// OnGiveUp or OnReconcile ran. An attempt whose OnAttempt panicked is
+// neither sent nor counted. A panic in the Transport's Logger is handled
+// the same way.
 type Hooks struct {
 	// OnAttempt runs before each attempt is sent.
 	OnAttempt func(Event)
