@@ -50,7 +50,12 @@ type Store interface {
 	// Claim inserts an in-flight entry for (scope, key) with the given
 	// fingerprint and token, created at now, if none exists
 	// (INSERT … ON CONFLICT DO NOTHING). claimed reports whether this call
-	// inserted it; when it did not, Claim returns the existing entry.
+	// inserted it, durably; when it did not, Claim returns the existing
+	// entry. When err is not nil, claimed is false and e is the zero Entry,
+	// whatever step failed (the commit included): a caller never runs the
+	// operation on a claim the store could not confirm. A claim that was
+	// made nonetheless (the store lost the answer) stays in flight, and is
+	// taken over once its token is older than the lock timeout.
 	Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (e Entry, claimed bool, err error)
 
 	// TakeOver replaces the token of an in-flight entry by compare-and-set:

@@ -234,16 +234,24 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil || n == 1 {
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 1 {
 			claimed = true
 			e = testserver.Entry{Scope: scope, Key: key, Fingerprint: fingerprint, Status: testserver.StatusInFlight,
 				Token: token, Created: time.Unix(0, now.UnixNano())}
-			return err
+			return nil
 		}
 		e, err = get(ctx, tx, scope, key)
 		return err
 	})
-	return e, claimed, err
+	if err != nil {
+		// The commit may have failed after the insert: nothing was claimed.
+		return testserver.Entry{}, false, err
+	}
+	return e, claimed, nil
 }
 
 func get(ctx context.Context, tx *sql.Tx, scope, key string) (testserver.Entry, error) {

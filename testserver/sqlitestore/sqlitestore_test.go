@@ -316,3 +316,30 @@ func TestKeyJarRefusesStore(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimCommitFails makes the commit of a claim fail after its INSERT
+// succeeded: an application's trigger on the store's table writes a row
+// that breaks a deferred foreign key, which SQLite checks at COMMIT. The
+// claim was not made, so Claim must not report it.
+func TestClaimCommitFails(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "keys.db"))
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	// The store has one connection: the pragma holds for its statements.
+	if _, err := s.DB().Exec(`PRAGMA foreign_keys = ON;
+		CREATE TABLE parent (id INTEGER PRIMARY KEY);
+		CREATE TABLE child (parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+		CREATE TRIGGER orphan AFTER INSERT ON idempotency_keys BEGIN INSERT INTO child VALUES (1); END`); err != nil {
+		t.Fatal(err)
+	}
+	e, claimed, err := s.Claim(ctx, "scope", "key", "fp", 7, now)
+	if err == nil || claimed || e != (testserver.Entry{}) {
+		t.Fatalf("Claim whose commit fails = %+v, claimed %v, %v; want the zero entry, unclaimed, an error", e, claimed, err)
+	}
+	if _, err := s.DB().Exec(`DROP TRIGGER orphan`); err != nil {
+		t.Fatal(err)
+	}
+	if _, claimed, err := s.Claim(ctx, "scope", "key", "fp", 8, now); err != nil || !claimed {
+		t.Fatalf("Claim after the failed commit = claimed %v, %v; want the key free", claimed, err)
+	}
+}
