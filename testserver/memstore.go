@@ -112,6 +112,9 @@ func cloneResponse(r *Response) *Response {
 	}
 	c := *r
 	c.Header = r.Header.Clone()
-	c.Body = bytes.Clone(r.Body)
+	c.Body = nil // an empty body is nil, as every Store reads it back
+	if len(r.Body) > 0 {
+		c.Body = bytes.Clone(r.Body)
+	}
 	return &c
 }

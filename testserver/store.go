@@ -21,7 +21,9 @@ const (
 type Response struct {
 	Status int         // the status the handler wrote
 	Header http.Header // only the replay-safe headers (see ReplayHeaders)
-	Body   []byte      // the body the handler wrote, whole
+	// Body is the body the handler wrote, whole. A Store reads an empty
+	// body back as nil, whether it was saved nil or empty.
+	Body []byte
 }
 
 // Entry is one row of the idempotency_keys table.

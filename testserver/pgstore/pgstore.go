@@ -151,9 +151,9 @@ func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, 
 	}
 	e.Created = time.Unix(0, created)
 	if status != nil {
-		r := &testserver.Response{Status: int(*status), Body: body}
-		if r.Body == nil {
-			r.Body = []byte{}
+		r := &testserver.Response{Status: int(*status)}
+		if len(body) > 0 { // an empty body is nil (see testserver.Response)
+			r.Body = body
 		}
 		if header != nil {
 			var err error
@@ -238,7 +238,7 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	}
 	body := resp.Body
 	if body == nil {
-		body = []byte{} // NULL would read back as no body at all
+		body = []byte{} // NULL is for an entry in flight
 	}
 	n, err := s.exec(ctx, `UPDATE idempotency_keys
 		SET status = 'done', response_status = $4, response_header = $5, response_body = $6

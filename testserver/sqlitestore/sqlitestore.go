@@ -270,7 +270,10 @@ func get(ctx context.Context, tx *sql.Tx, scope, key string) (testserver.Entry, 
 	}
 	e.Created = time.Unix(0, created)
 	if status.Valid {
-		r := &testserver.Response{Status: int(status.Int64), Body: body}
+		r := &testserver.Response{Status: int(status.Int64)}
+		if len(body) > 0 { // an empty body is nil (see testserver.Response)
+			r.Body = body
+		}
 		if header.Valid {
 			if r.Header, err = hdrjson.Unmarshal([]byte(header.String)); err != nil {
 				return e, fmt.Errorf("response header of key %q: %w", key, err)

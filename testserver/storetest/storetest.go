@@ -50,6 +50,7 @@ func Run(t *testing.T, newStore func(t *testing.T) testserver.Store) {
 		{"PruneFarCutoffs", pruneFarCutoffs},
 		{"PruneKeepsLiveClaims", pruneKeepsLiveClaims},
 		{"ResponseRoundTrip", responseRoundTrip},
+		{"EmptyBodyReadsNil", emptyBodyReadsNil},
 		{"CancelledContext", cancelledContext},
 	}
 	for _, c := range cases {
@@ -395,6 +396,21 @@ func responseRoundTrip(t *testing.T, s testserver.Store) {
 			t.Errorf("%s: header %v; want none", c.name, got.Header)
 		case len(c.resp.Header) != 0 && !reflect.DeepEqual(got.Header, c.resp.Header):
 			t.Errorf("%s: header %v; want %v", c.name, got.Header, c.resp.Header)
+		}
+	}
+}
+
+// emptyBodyReadsNil: a response saved with no body, nil or empty, reads
+// back with a nil Body, whatever the backend keeps.
+func emptyBodyReadsNil(t *testing.T, s testserver.Store) {
+	for i, body := range [][]byte{nil, {}} {
+		key := fmt.Sprint("k", i)
+		claim(t, s, "scope", key, "fp", token(i), base)
+		if err := s.Save(context.Background(), "scope", key, token(i), testserver.Response{Status: 204, Body: body}); err != nil {
+			t.Fatalf("Save (body %#v): %v", body, err)
+		}
+		if got := mustPeek(t, s, "scope", key).Response; got == nil || got.Status != 204 || got.Body != nil {
+			t.Errorf("saved with body %#v, read back %+v; want status 204 and a nil body", body, got)
 		}
 	}
 }
