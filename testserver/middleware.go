@@ -29,6 +29,19 @@ const (
 	DefaultMaxSavedResponse = 1 << 20
 	DefaultPruneBatch       = 1000
 
+	// MaxSavedResponseLimit is the largest MaxSavedResponse honoured: a
+	// larger one means this. A saved body is one value of one row, and the
+	// stores of this module hold no larger: SQLite refuses a row above 1e9
+	// bytes (its default SQLITE_MAX_LENGTH), PostgreSQL a message or a
+	// value above 1 GiB. The limit leaves 1 MiB of such a row to the
+	// entry's other columns, its headers among them. A larger body would
+	// fail the Save and leave the key in flight until LockTimeout, after
+	// which a retry would run the operation again; above the limit, the
+	// too-large marker is saved instead. The limit is one of size only: a
+	// save of hundreds of megabytes also takes seconds, and may outlast the
+	// 10 s the Middleware gives a save or a store's own timeout.
+	MaxSavedResponseLimit = 1_000_000_000 - 1<<20
+
 	// storeWriteTimeout bounds the save or release that follows a handler.
 	// It runs on a context detached from the request, so that a client
 	// that hangs up does not leave the claim in flight.
@@ -150,7 +163,8 @@ type Middleware struct {
 	MaxBody int64
 
 	// MaxSavedResponse is the largest response body saved for replay, in
-	// bytes. Zero or negative means DefaultMaxSavedResponse (1 MiB). A
+	// bytes. Zero or negative means DefaultMaxSavedResponse (1 MiB); more
+	// than MaxSavedResponseLimit (1e9 bytes less 1 MiB) means that. A
 	// larger answer is sent to its caller as it is written (memory stays
 	// bounded), and the key is saved done with a 500 ProblemResponseTooLarge
 	// marker that names the original status and Location. Retries get the
@@ -472,6 +486,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	if limit <= 0 {
 		limit = DefaultMaxSavedResponse
 	}
+	limit = min(limit, MaxSavedResponseLimit)
 	rec := &recorder{w: w, header: make(http.Header), limit: limit}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -907,5 +908,63 @@ func TestKeysEqualButForCase(t *testing.T) {
 	wantProblem(t, second, http.StatusUnprocessableEntity, testserver.ProblemMismatch)
 	if h.runs.Load() != 1 {
 		t.Fatalf("handler ran %d times; want once", h.runs.Load())
+	}
+}
+
+// countingWriter is an http.ResponseWriter that counts the body bytes
+// written and never reads them.
+type countingWriter struct {
+	header http.Header
+	status int
+	n      int64
+}
+
+func (w *countingWriter) Header() http.Header { return w.header }
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	w.n += int64(len(p))
+	return len(p), nil
+}
+
+// TestMaxSavedResponseAboveStoreLimit: with MaxSavedResponse above what
+// SQLite can save in a row (1e9 bytes), an answer larger than that is
+// still saved as the too-large marker, not tried whole by a Save that
+// fails and leaves the claim in flight. The handler writes its body in one
+// Write of a slice it never touches, which the Middleware streams without
+// copying, so the test does not use a gigabyte of memory.
+func TestMaxSavedResponseAboveStoreLimit(t *testing.T) {
+	if math.MaxInt < 1<<32 {
+		t.Skip("a body of 1e9 bytes needs a 64-bit address space")
+	}
+	const size = 1_000_000_001 // SQLite's default SQLITE_MAX_LENGTH, and a byte
+	store, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "keys.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	var runs atomic.Int64
+	mw := &testserver.Middleware{Store: store, MaxSavedResponse: math.MaxInt64}
+	srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(make([]byte, size))
+	}))
+	first := &countingWriter{header: make(http.Header)}
+	srv.ServeHTTP(first, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	if first.status != http.StatusCreated || first.n != size {
+		t.Fatalf("first answer %d with %d bytes; want 201 with %d", first.status, first.n, size)
+	}
+	replay := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	p := wantProblem(t, replay, 500, testserver.ProblemResponseTooLarge)
+	if p.OriginalStatus != http.StatusCreated || runs.Load() != 1 {
+		t.Fatalf("marker %+v after %d runs; want original status 201, one run", p, runs.Load())
+	}
+	if st := mw.Stats(); st.TooLarge != 1 || st.StoreErrors != 0 {
+		t.Fatalf("%+v; want TooLarge 1, no store error", st)
 	}
 }

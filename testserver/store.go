@@ -67,7 +67,9 @@ type Store interface {
 	TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error)
 
 	// Save marks the entry done with resp, fenced: only if it is in flight
-	// with token. Otherwise nothing changes and Save returns ErrFenced.
+	// with token. Otherwise nothing changes and Save returns ErrFenced. It
+	// must save a body as large as the Middleware's MaxSavedResponse, up to
+	// MaxSavedResponseLimit: a Save that fails leaves the key in flight.
 	Save(ctx context.Context, scope, key string, token int64, resp Response) error
 
 	// Release deletes the entry, fenced: only if it is in flight with token.
