@@ -18,6 +18,13 @@
 // (status 3) right after PayCo charged; -delay D holds each answer; -no-dedup
 // makes PayCo ignore its key; -optional-key lets requests without a key
 // through unprotected. -seed fixes the random draws.
+//
+// Exit status: 0 after a graceful stop, and for -h or -help; 1 when the
+// server cannot start (the database cannot be opened or is another
+// program's, the address cannot be listened on) or fails while serving; 2
+// for a usage error: an unknown flag, a flag value that does not parse or
+// is out of range, an argument besides the flags; 3 for
+// -crash-after-charge.
 package main
 
 import (
@@ -53,14 +60,24 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if errors.Is(err, flag.ErrHelp) {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "idemserver:", err)
-		os.Exit(1)
+	fmt.Fprintln(os.Stderr, "idemserver:", err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		os.Exit(2)
 	}
+	os.Exit(1)
 }
+
+// usageError is a mistake in the command line: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
 
 // backend is where the server keeps its keys and its ledger.
 type backend struct {
@@ -183,29 +200,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		verbose     = fs.Bool("v", false, "log every idempotency decision to stderr")
 	)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err} // the flag package printed it, and the usage
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return usagef("unexpected arguments %q", fs.Args())
 	}
 	policy := map[string]testserver.ErrorPolicy{"release": testserver.ReleaseClaim, "save": testserver.SaveError}
 	onErr, ok := policy[*onError]
 	if !ok {
-		return fmt.Errorf("-on-error %q: want release or save", *onError)
+		return usagef("-on-error %q: want release or save", *onError)
 	}
 	for name, p := range map[string]float64{"-fail-after-charge": *failAfter, "-crash-after-charge": *crashAfter} {
 		if !(p >= 0 && p <= 1) { // NaN too
-			return fmt.Errorf("%s %v: want a probability from 0 to 1", name, p)
+			return usagef("%s %v: want a probability from 0 to 1", name, p)
 		}
 	}
 	if *lockTimeout <= 0 {
-		return fmt.Errorf("-lock-timeout %v: want a positive duration", *lockTimeout)
+		return usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
 	}
 	if *pruneEvery < 0 {
-		return fmt.Errorf("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
+		return usagef("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
 	}
 	if *retention < testserver.MinRetention {
-		return fmt.Errorf("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
+		return usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
 	}
 
 	b, err := openBackend(ctx, *db)

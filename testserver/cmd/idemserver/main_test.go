@@ -35,6 +35,7 @@ func TestProcesses(t *testing.T) {
 	t.Run("replay and restart", func(t *testing.T) { testServeReplayRestart(t, bin) })
 	t.Run("crash after charge", func(t *testing.T) { testCrashAfterCharge(t, bin) })
 	t.Run("a client's key jar is refused", func(t *testing.T) { testKeyJarRefused(t, bin) })
+	t.Run("exit status", func(t *testing.T) { testExitStatus(t, bin) })
 	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
 	t.Run("fleet: a killed server's claim is taken over", func(t *testing.T) { testFleetKilledServer(t, bin) })
 }
@@ -245,6 +246,48 @@ func testKeyJarRefused(t *testing.T, bin string) {
 		t.Fatalf("reopening the key jar: %v", err)
 	} else {
 		j.Close()
+	}
+}
+
+// testExitStatus: 0 for -h and -help, 2 for a usage error (as the flag
+// package's ExitOnError, and idemctl), 1 when the server cannot start.
+// Each run ends before it listens.
+func testExitStatus(t *testing.T, bin string) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "x.db")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string // in stderr
+	}{
+		{[]string{"-h"}, 0, "Usage of idemserver"},
+		{[]string{"-help"}, 0, "Usage of idemserver"},
+		{[]string{"-nope"}, 2, "flag provided but not defined: -nope"},
+		{[]string{"-lock-timeout", "soon"}, 2, "-lock-timeout"},
+		{[]string{"-lock-timeout", "0"}, 2, "-lock-timeout"},
+		{[]string{"-on-error", "ignore"}, 2, "-on-error"},
+		{[]string{"-retention", "1h"}, 2, "-retention"},
+		{[]string{"-fail-after-charge", "2"}, 2, "-fail-after-charge"},
+		{[]string{"-prune-every", "-1h"}, 2, "-prune-every"},
+		{[]string{"extra"}, 2, "unexpected arguments"},
+		{[]string{"-addr", "256.0.0.1:0"}, 1, "256.0.0.1"},
+		{[]string{"-db", dir}, 1, dir}, // a directory, not a database file
+	} {
+		args := append([]string{"-db", db}, c.args...)
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = dir
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		if code := cmd.ProcessState.ExitCode(); code != c.code || !strings.Contains(stderr.String(), c.want) ||
+			strings.Contains(stdout.String(), "listening") {
+			t.Errorf("idemserver %q: exit status %d, stdout %q, stderr %q; want %d, stderr saying %q, no listening",
+				c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+		}
 	}
 }
 
