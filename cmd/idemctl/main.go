@@ -36,6 +36,9 @@
 // only read it: they do not wait for the program's writes and show what it
 // has committed. resume, abandon, forget and prune write: they wait for
 // the program's write to end, up to --lock-timeout, and then fail.
+// Every command opens the jar file as its program does, for writing (a
+// SQLite file in WAL mode): it needs write access to the file, its -wal
+// and -shm files and its directory, even to list it.
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt) or an operation fails, 2 for a usage error. Every error
@@ -346,7 +349,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 	case isStatementTimeout(err):
 		return statementTimeout(path, lockTimeout)
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("%s: permission denied", path)
+		return fmt.Errorf("%s: permission denied; idemctl opens a jar for writing, even to list it: run it as a user who can write the file, its -wal and -shm files and its directory", path)
 	}
 	return err
 }

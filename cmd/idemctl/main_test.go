@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -529,5 +530,18 @@ func TestExplainOpenDeadline(t *testing.T) {
 	err = explainOpen(done, "the PostgreSQL database", 100*time.Millisecond, jarErr)
 	if want := fmt.Sprintf("no answer within %v", connectTimeout); !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "--lock-timeout") {
 		t.Errorf("explainOpen after the connection's own deadline = %q; want it to say %q", err, want)
+	}
+}
+
+// A jar idemctl may read but not write is refused as its program would
+// refuse it: the message says that even list needs write access, and to
+// what.
+func TestExplainPermission(t *testing.T) {
+	jarErr := fmt.Errorf("keyjar: open /srv/keys.db: %w", fs.ErrPermission)
+	err := explain("keys.db", time.Second, jarErr)
+	for _, want := range []string{"keys.db: permission denied", "even to list it", "directory"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("explain = %q; want it to say %q", err, want)
+		}
 	}
 }
