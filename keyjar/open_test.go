@@ -10,11 +10,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/testserver/sqlitestore"
 )
 
 // rawDB opens path with the SQLite driver directly, bypassing keyjar.
@@ -322,5 +324,32 @@ func TestConcurrentOpenOfNewFile(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// The reference server's database beside a jar is an easy file to give
+// Open by mistake: the error names it, and the file is left as it was.
+func TestOpenServerDatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idemserver.db")
+	st, err := sqlitestore.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := keyjar.Open(t.Context(), path, nil)
+	if err == nil {
+		j.Close()
+	}
+	if !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "reference server's database") {
+		t.Fatalf("Open of an idemserver database: %v; want ErrCorrupt naming the reference server's database", err)
+	}
+	if after, err := os.ReadFile(path); err != nil || !bytes.Equal(before, after) {
+		t.Errorf("Open changed the server's database (%v)", err)
 	}
 }

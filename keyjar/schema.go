@@ -17,6 +17,9 @@ const (
 	schemaVersion = 1
 	// applicationID marks a SQLite file as a key jar ("idmj").
 	applicationID = 0x69646d6a
+	// serverApplicationID marks the reference server's database ("idms",
+	// package testserver/sqlitestore), named in the error for its files.
+	serverApplicationID = 0x69646d73
 )
 
 const schema = `
@@ -59,6 +62,8 @@ func inspect(ctx context.Context, q querier) (isNew bool, err error) {
 	switch {
 	case app == 0 && version == 0 && tables == 0:
 		return true, nil
+	case app == serverApplicationID:
+		return false, fmt.Errorf("%w: the reference server's database (idemserver, package testserver/sqlitestore, application_id %#x), not a client's key jar", ErrCorrupt, app)
 	case app != applicationID:
 		return false, fmt.Errorf("%w: a SQLite database of another program (application_id %#x, %d tables)", ErrCorrupt, app, tables)
 	case version > schemaVersion:
