@@ -145,6 +145,11 @@ type hooks struct {
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
 // it does not exist. opts may be nil. The context bounds the opening only.
 //
+// path is a file name, not a SQLite URI: "file:keys.db?mode=ro" and
+// ":memory:" name files of those names in the working directory. A jar in
+// memory, for tests, is idem.MemoryJar. Open creates the file, not its
+// directory.
+//
 // Open does not wait for another process's write transaction on a jar
 // whose schema is current: it reads the schema in a read transaction, and
 // Get and List then read what is committed. It waits for the write lock,
