@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -421,4 +422,61 @@ func holderHost(t *testing.T) string {
 		t.Fatalf("holder %q; want host/pid/...", holder)
 	}
 	return host
+}
+
+// TestRetryWhileTheServerStillRuns: an attempt that timed out on the client
+// still runs on the server. With the default policy the retry gets 409s whose
+// Retry-After is about as long as the first attempt has run, so the call gets
+// the first answer, replayed, soon after that attempt ends: one charge, one
+// call. A Retry-After of the server's whole lease left (a minute) would be
+// longer than MaxRetryAfter (30 s), and the call would stop pending.
+func TestRetryWhileTheServerStillRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newShop()
+		const runs = 3 * time.Second
+		slow := s.mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(runs)
+			s.charge(w, r)
+		}))
+		var sent atomic.Int32
+		var serving sync.WaitGroup
+		defer serving.Wait() // the bubble ends with the server's work
+		// The server goes on with a request whose client went away.
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			body, err := io.ReadAll(r.Body)
+			r.Body.Close()
+			if err != nil {
+				return nil, err
+			}
+			sr := r.Clone(context.WithoutCancel(r.Context()))
+			sr.Body = io.NopCloser(strings.NewReader(string(body)))
+			done := make(chan *http.Response, 1)
+			serving.Go(func() {
+				rec := httptest.NewRecorder()
+				slow.ServeHTTP(rec, sr)
+				done <- rec.Result()
+			})
+			select {
+			case resp := <-done:
+				resp.Request = r
+				return resp, nil
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+		})
+		c := newClient(t, nil, &client.Options{Base: base, Policy: retry.Policy{AttemptTimeout: time.Second}})
+		start := time.Now()
+		resp, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+		if err != nil {
+			t.Fatalf("PostJSON after %v and %d attempts: %v; want the first answer", time.Since(start), sent.Load(), err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 201 || !resp.Replayed || s.charges("o1") != 1 {
+			t.Fatalf("got %d, replayed %v, %d charges; want the first attempt's 201, replayed, one charge", resp.StatusCode, resp.Replayed, s.charges("o1"))
+		}
+		if took := time.Since(start); took < runs || took > 2*runs || sent.Load() > 4 {
+			t.Fatalf("the answer came after %v and %d attempts; want it within %v of the first attempt's end, in at most 4", took, sent.Load(), runs)
+		}
+	})
 }

@@ -92,8 +92,8 @@ func (p ErrorPolicy) String() string {
 //	none: Claim wins               run the handler, save its answer fenced  the handler's
 //	fingerprint differs            nothing runs, nothing is replayed        422 problem
 //	done, same fingerprint         replay status, ReplayHeaders and body    the first answer
-//	in flight, lock younger        nothing runs; Retry-After = lease left   409 problem
-//	  than LockTimeout
+//	in flight, lock younger        nothing runs; Retry-After = the claim's  409 problem
+//	  than LockTimeout               age (≥ 1 s), at most the lease left
 //	in flight, lock stale          TakeOver by compare-and-set; the one     the handler's
 //	                               winner runs the handler
 //
@@ -405,9 +405,9 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		lt := m.lockTimeout()
 		if age := now.Sub(e.LockedAt()); age < lt {
 			m.stats.conflicts.Add(1)
-			left := int((lt - age + time.Second - 1) / time.Second)
-			m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", left)
-			m.inFlight(w, key, left)
+			wait := retryInFlight(age, lt)
+			m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", wait)
+			m.inFlight(w, key, wait)
 			return
 		}
 		next := max(token, e.Token+1)
@@ -426,6 +426,19 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 	}
 	m.stats.conflicts.Add(1)
 	m.inFlight(w, key, 1)
+}
+
+// retryInFlight is the Retry-After, in whole seconds, of a claim in flight
+// for age of its lease lt: as long again as it has run (at least 1 s), and
+// never past the end of its lease, when a retry may take it over. A client
+// that asks again with the same key then gets the answer soon after the
+// handler ends, in a few requests, where the lease left (a minute by
+// default) would keep it waiting long after: a client stops rather than
+// wait out a long Retry-After (idem's MaxRetryAfter, 30 s by default).
+func retryInFlight(age, lt time.Duration) int {
+	left := (lt - age + time.Second - 1) / time.Second
+	ran := (age + time.Second - 1) / time.Second
+	return int(max(1, min(ran, left)))
 }
 
 func (m *Middleware) inFlight(w http.ResponseWriter, key string, retryAfter int) {

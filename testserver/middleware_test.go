@@ -178,19 +178,20 @@ func TestDecisionTable(t *testing.T) {
 			}
 		}
 
-		// Row 4: in flight, lock young: 409 with the lease left.
+		// Row 4: in flight, lock young: 409, Retry-After as long as the
+		// claim has run (at least 1 s), at most the lease left.
 		done := make(chan *httptest.ResponseRecorder)
 		go func() { done <- serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "slow")) }()
 		<-started
 		for _, c := range []struct {
 			advance time.Duration
 			want    string
-		}{{0, "60"}, {45 * time.Second, "15"}, {14*time.Second + 500*time.Millisecond, "1"}} {
+		}{{0, "1"}, {1500 * time.Millisecond, "2"}, {8500 * time.Millisecond, "10"}, {20 * time.Second, "30"}, {10 * time.Second, "20"}, {19 * time.Second, "1"}} {
 			clk.Add(c.advance)
 			w := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "slow"))
 			wantProblem(t, w, 409, testserver.ProblemInFlight)
 			if got := w.Header().Get("Retry-After"); got != c.want {
-				t.Errorf("Retry-After %q after the lease ran %v; want %s", got, c.advance, c.want)
+				t.Errorf("Retry-After %q after the clock moved %v more; want %s", got, c.advance, c.want)
 			}
 		}
 		// An in-flight key with another body is still a mismatch.
@@ -205,7 +206,7 @@ func TestDecisionTable(t *testing.T) {
 		close(release)
 		wantProblem(t, <-done, 409, testserver.ProblemTakenOver)
 
-		want := testserver.Stats{Claims: 2, Takeovers: 1, Replays: 1, Conflicts: 3, Mismatches: 5, Fenced: 1}
+		want := testserver.Stats{Claims: 2, Takeovers: 1, Replays: 1, Conflicts: 6, Mismatches: 5, Fenced: 1}
 		if got := mw.Stats(); got != want {
 			t.Errorf("Stats = %+v; want %+v", got, want)
 		}

@@ -11,9 +11,9 @@
 // Kill it with kill -9 while a charge is in flight and run it again: the
 // interrupted charge is sent again with its first key, the server replays
 // its answer, and the order is charged once. A run that restarts while the
-// server still runs the first attempt gets 409 with the server's lease left
-// as its Retry-After (the reference server's: up to a minute), waits for it,
-// and then gets the answer.
+// server still runs the first attempt gets 409 with a Retry-After (the
+// reference server's: as long as the first attempt has run, at most its
+// lease left), waits for it, asks again, and then gets the answer.
 //
 // A run killed mid-charge leaves that charge leased in the jar: a restart
 // on the same host sees that the holder process is gone and resumes at
@@ -113,7 +113,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	// A charge left in flight by a killed run on another host is leased
 	// until its lease ends: each call's budget outlasts it, so that a
 	// restart waits for it rather than give up. So does a server's 409,
-	// whose Retry-After is what is left of its own lease on the key.
+	// whose Retry-After is at most what is left of its own lease on the key.
 	c, err := client.New(ctx, *jarPath, &client.Options{
 		Header: bearer(token),
 		Lease:  *lease,
