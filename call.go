@@ -308,7 +308,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 func (c *call) notOurs() error {
 	switch rec := c.rec; {
 	case rec.Key != c.key || !c.body.matches(rec.Fingerprint):
-		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey}
+		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey, State: rec.State}
 	case rec.State == StateAbandoned:
 		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
 	case rec.State == StateReconcile:
@@ -457,7 +457,7 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	gotKey := c.callerKey
 	if !c.body.matches(rec.Fingerprint) || (gotKey != "" && gotKey != rec.Key) {
-		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey}
+		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}
 	}
 	c.key = rec.Key
 	if rec.State == StateReconcile {

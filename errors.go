@@ -60,13 +60,22 @@ type MismatchError struct {
 	Stored, Got string
 	// GotKey is the caller's Idempotency-Key, when it differs from Key.
 	GotKey string
+	// State is the stored operation's state, "" when unknown (a server's
+	// 422). A pending one stays pending: a new name does not resolve it.
+	State State
 }
 
 func (e *MismatchError) Error() string {
+	var msg string
 	if e.GotKey != "" && e.GotKey != e.Key {
-		return fmt.Sprintf("idem: operation %q has key %q; the request carries key %q", e.Op, e.Key, e.GotKey)
+		msg = fmt.Sprintf("idem: operation %q has key %q; the request carries key %q", e.Op, e.Key, e.GotKey)
+	} else {
+		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body; use a new operation name for a new request", e.Op, e.Key)
 	}
-	return fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body; use a new operation name for a new request", e.Op, e.Key)
+	if e.State == StatePending {
+		msg += "; the first stays pending until it is sent again unchanged, or abandoned once it is known not to have happened and not to be running"
+	}
+	return msg
 }
 
 // Is reports whether target is ErrMismatch.

@@ -475,11 +475,39 @@ func TestNamedOperationMismatchRefusedLocally(t *testing.T) {
 	}
 	_, err := post(t, ctx, tr, `{"amount": 200, "currency": "eur"}`)
 	var me *idem.MismatchError
-	if !errors.As(err, &me) || !errors.Is(err, idem.ErrMismatch) || me.Op != "charge:order-7" || me.Key != rec.keys[0] {
-		t.Fatalf("different amount: got %v; want *MismatchError for the operation and its key", err)
+	if !errors.As(err, &me) || !errors.Is(err, idem.ErrMismatch) || me.Op != "charge:order-7" || me.Key != rec.keys[0] || me.State != idem.StateDone {
+		t.Fatalf("different amount: got %v; want *MismatchError for the operation, its key and its state, done", err)
+	}
+	if strings.Contains(err.Error(), "pending") {
+		t.Errorf("message %q speaks of a pending operation; this one is done", err)
 	}
 	if rec.attempts() != 2 {
 		t.Fatalf("a mismatched request was sent")
+	}
+}
+
+// TestMismatchOfAPendingOperationSaysItStaysPending: a new request under the
+// name of an operation whose outcome is unknown (here its only attempt got a
+// 503) is refused, and the error says what resolves the first: a new name
+// would leave it pending for ever.
+func TestMismatchOfAPendingOperationSaysItStaysPending(t *testing.T) {
+	tr, rec, _ := newTransport(t, status(503))
+	tr.Policy.MaxAttempts = 1
+	ctx := idem.WithOperation(context.Background(), "charge:order-8")
+	resp, err := post(t, ctx, tr, `{"amount": 100}`)
+	if err != nil || resp.StatusCode != 503 {
+		t.Fatalf("first call: %v, %v; want the 503", resp, err)
+	}
+	resp.Body.Close()
+	_, err = post(t, ctx, tr, `{"amount": 200}`)
+	var me *idem.MismatchError
+	if !errors.As(err, &me) || me.State != idem.StatePending || rec.attempts() != 1 {
+		t.Fatalf("other body: %v after %d attempts; want *MismatchError of a pending operation, nothing sent", err, rec.attempts())
+	}
+	for _, want := range []string{"stays pending", "sent again unchanged", "abandoned"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q; want it to say %q", err, want)
+		}
 	}
 }
 
