@@ -359,12 +359,15 @@ func createFile(path string) (created bool, err error) {
 	if err == nil {
 		return true, f.Close()
 	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("keyjar: %w (Open creates the jar file, not its directory)", err)
+	}
 	if !errors.Is(err, os.ErrExist) {
-		return false, fmt.Errorf("keyjar: open %s: %w", path, permission(err))
+		return false, fmt.Errorf("keyjar: %w", permission(err)) // err names the path
 	}
 	f, err = os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return false, fmt.Errorf("keyjar: open %s: %w", path, permission(err))
+		return false, fmt.Errorf("keyjar: %w", permission(err))
 	}
 	defer f.Close()
 	// A FIFO or a device is no jar, and reading one may never end.

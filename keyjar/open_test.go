@@ -188,6 +188,16 @@ func beginWrite(db *sql.DB) (*sql.Tx, error) {
 // holds on, and Get and List read the committed state, as WAL readers do.
 // Writes still wait for the writer and fail with ErrLocked past the busy
 // timeout; once the writer is gone, they succeed.
+// TestOpenInMissingDirectory: Open creates the file, not its directory, and
+// its error says so, naming the path once.
+func TestOpenInMissingDirectory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "keys.db")
+	_, err := keyjar.Open(t.Context(), path, nil)
+	if !errors.Is(err, fs.ErrNotExist) || strings.Count(err.Error(), path) != 1 || !strings.Contains(err.Error(), "not its directory") {
+		t.Fatalf("Open in a missing directory: %v; want fs.ErrNotExist, the path once, and that the directory is not created", err)
+	}
+}
+
 func TestOpenWhileAnotherWrites(t *testing.T) {
 	for _, c := range []struct {
 		name string
