@@ -343,3 +343,25 @@ func chargeUntilAnswered(t *testing.T, s *server, key, order string, timeout tim
 	t.Fatalf("no answer but 409 from %s within %v (%d conflicts)", s.url, timeout, conflicts)
 	return nil, nil, 0
 }
+
+// A URL with pgxpool's own parameters (pool_max_conns, …), which pgstore
+// reads, opens the ledger too: they are not sent to the server as
+// settings, which it would refuse.
+func TestPostgresPoolParameters(t *testing.T) {
+	dsn := pgtest.DB(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	b, err := openBackend(t.Context(), dsn+sep+"pool_max_conns=3&pool_min_conns=0")
+	if err != nil {
+		t.Fatalf("openBackend with pool_max_conns: %v", err)
+	}
+	defer b.close()
+	if got := b.store.(*pgstore.Store).Pool().Config().MaxConns; got != 3 {
+		t.Fatalf("store pool: MaxConns %d; want 3", got)
+	}
+	if _, err := b.payco.Charge(t.Context(), "charge:o-1", "o-1", 1000, "usd"); err != nil {
+		t.Fatalf("charge through the ledger: %v", err)
+	}
+}

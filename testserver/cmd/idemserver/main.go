@@ -50,6 +50,7 @@ import (
 	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
@@ -130,12 +131,15 @@ func openPostgres(ctx context.Context, dsn string) (_ *backend, err error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgx.ParseConfig(dsn) // cannot fail: pgstore.Open parsed it
+	// Parsed as pgstore.Open parsed it (so it cannot fail), by pgxpool,
+	// which takes its own parameters (pool_max_conns, …) out of the URL:
+	// the server would refuse them as settings.
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("-db: %w", err)
 	}
-	db := stdlib.OpenDB(*cfg)
+	db := stdlib.OpenDB(*cfg.ConnConfig)
 	db.SetMaxOpenConns(int(s.Pool().Config().MaxConns))
 	defer func() {
 		if err != nil {
