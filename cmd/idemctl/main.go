@@ -65,6 +65,7 @@ import (
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func main() {
@@ -289,7 +290,14 @@ func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (c
 	where := printable(dsn)
 	octx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	conn, err := pgx.Connect(octx, dsn)
+	// Read as pgjar.Open reads it, by pgxpool, which takes its own
+	// parameters (pool_max_conns, …) out of the URL: the server would
+	// refuse them as settings.
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", where, err)
+	}
+	conn, err := pgx.ConnectConfig(octx, cfg.ConnConfig)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", where, err)
 	}

@@ -79,3 +79,17 @@ func TestPostgresLockTimeout(t *testing.T) {
 		t.Fatalf("after the timed-out abandon: %s, %v; want it still to reconcile", r.State, err)
 	}
 }
+
+// The URL a worker gives pgjar.Open, pgxpool's parameters included, opens
+// its jar in idemctl too.
+func TestPostgresPoolParameters(t *testing.T) {
+	dsn := seedPostgres(t, newServer(t))
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	code, out, errOut := idemctl("--jar", dsn+sep+"pool_max_conns=2", "list")
+	if code != 0 || !strings.Contains(out, "charge:reconcile") {
+		t.Fatalf("list with pool_max_conns: exit %d, stdout %q, stderr %q; want the jar listed", code, out, errOut)
+	}
+}
