@@ -251,3 +251,39 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// The table explains itself: its columns, each row it shows and what the
+// counts of the idem rows prove, without the README at hand.
+func TestTableLegend(t *testing.T) {
+	cfg := defaultConfig()
+	zero := 0
+	var rows []row
+	for _, name := range allRows {
+		r := row{Strategy: name, Requests: 120, Charges: cfg.orders}
+		if name != rowNoKey && name != rowKeyPerTry {
+			r.Unresolved = &zero
+		}
+		rows = append(rows, r)
+	}
+	var out bytes.Buffer
+	printTable(&out, cfg, rows)
+	text := out.String()
+	for _, want := range []string{"requests sent:", "charges:", "double-charged orders:", "unresolved orders:",
+		"PayCo's own dedup is off", "charged once"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table without %q:\n%s", want, text)
+		}
+	}
+	for _, name := range allRows {
+		if strings.Count(text, "\n"+name+" ") < 2 {
+			t.Errorf("row %q is not explained below the table:\n%s", name, text)
+		}
+	}
+
+	// Only the rows shown are explained.
+	out.Reset()
+	printTable(&out, cfg, rows[:1])
+	if strings.Contains(out.String(), rowUnfenced) {
+		t.Errorf("a table of one row explains the others:\n%s", out.String())
+	}
+}

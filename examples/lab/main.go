@@ -172,6 +172,37 @@ func printTable(w io.Writer, cfg config, rows []row) {
 			fmt.Fprintf(w, "warning: %s: %d orders neither charged nor pending in the jar\n", r.Strategy, r.Lost)
 		}
 	}
+	printLegend(w, cfg, rows, width[0])
+}
+
+// rowMeaning says in one line what each strategy of the table does.
+var rowMeaning = map[string]string{
+	rowNoKey:     "a retry loop without a key: a retry after a lost answer charges again",
+	rowKeyPerTry: "a new key on every attempt: the server cannot tell a retry, the same damage",
+	rowIdem:      "this SDK: one key per order, in its jar before the first send, on every retry",
+	rowRestarts:  "the same, in client processes killed with SIGKILL; each restart resumes its jar",
+	rowCrash:     "the server dies after charging; a new one takes the claim over; PayCo's key stops a 2nd charge",
+	rowUnfenced:  "ablation: a store without fenced writes and a worker past its lease: why writes are fenced",
+}
+
+// printLegend explains the table below it: the columns, the rows shown
+// and what their counts prove.
+func printLegend(w io.Writer, cfg config, rows []row, nameWidth int) {
+	fmt.Fprintf(w, "\n%s\n%s\n%s\n%s\n\n",
+		"requests sent: requests the clients sent to the server, through the fault proxy, retries included",
+		"charges: charges PayCo, the server's payment processor, made; one per order is right",
+		"double-charged orders: orders PayCo charged more than once",
+		"unresolved orders: orders the client's jar still holds pending or to reconcile (-: no jar)")
+	sdk := false
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-*s  %s\n", nameWidth, r.Strategy, rowMeaning[r.Strategy])
+		sdk = sdk || r.Strategy == rowIdem || r.Strategy == rowRestarts || r.Strategy == rowCrash
+	}
+	fmt.Fprintln(w, "\nPayCo's own dedup is off in every row but the server crash, so only the strategy stands")
+	fmt.Fprintln(w, "between a retry and a second charge.")
+	if sdk {
+		fmt.Fprintf(w, "In the idem rows, %d charges, 0 double-charged and 0 unresolved mean every order charged once.\n", cfg.orders)
+	}
 }
 
 // progress writes one line to stderr that says where the run is: rewritten
