@@ -2,7 +2,10 @@
 // the commands' messages.
 package dsn
 
-import "net/url"
+import (
+	"net/url"
+	"strings"
+)
 
 // Redacted returns the postgres:// or postgresql:// URL s fit to print: the
 // password replaced by "xxxxx", whether it is in the userinfo or in a query
@@ -28,4 +31,26 @@ func Redacted(s, what string) string {
 		u.RawQuery = q.Encode()
 	}
 	return u.Redacted()
+}
+
+// conninfoKeywords are the keywords of libpq's key=value connection
+// strings that pgx reads, and with which no file name is likely to begin.
+var conninfoKeywords = map[string]bool{
+	"host": true, "hostaddr": true, "port": true, "dbname": true, "user": true, "password": true,
+	"passfile": true, "connect_timeout": true, "sslmode": true, "sslcert": true, "sslkey": true,
+	"sslrootcert": true, "sslpassword": true, "service": true, "servicefile": true,
+	"target_session_attrs": true, "application_name": true, "options": true,
+}
+
+// IsKeywordValue reports whether s is a libpq key=value connection string
+// ("host=db dbname=jar user=ops"), as pgx reads it: its first word is one
+// of libpq's keywords followed by "=". Such a string may hold a password,
+// so a message must not print it.
+func IsKeywordValue(s string) bool {
+	s = strings.TrimLeft(s, " \t\n\r\f\v")
+	i := strings.IndexByte(s, '=')
+	if i <= 0 {
+		return false
+	}
+	return conninfoKeywords[strings.TrimRight(s[:i], " \t\n\r\f\v")]
 }

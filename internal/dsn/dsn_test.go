@@ -20,3 +20,23 @@ func TestRedacted(t *testing.T) {
 		}
 	}
 }
+
+func TestIsKeywordValue(t *testing.T) {
+	for _, s := range []string{
+		"host=db dbname=jar user=ops password=s3cret",
+		"  dbname = jar",
+		"user=ops",
+		"sslmode=disable host=/tmp",
+	} {
+		if !IsKeywordValue(s) {
+			t.Errorf("IsKeywordValue(%q) = false; want true", s)
+		}
+	}
+	for _, s := range []string{
+		"keys.db", "/var/lib/idem/keys.db", "postgres://ops@db/jar?sslmode=disable", "a=b.db", "=host", "./host=x", "",
+	} {
+		if IsKeywordValue(s) {
+			t.Errorf("IsKeywordValue(%q) = true; want false", s)
+		}
+	}
+}

@@ -2,7 +2,8 @@
 // testserver/payments behind the idempotency Middleware, with its keys and
 // its PayCo ledger in one database: a SQLite file (testserver/sqlitestore),
 // or a PostgreSQL database (testserver/pgstore) when -db is a postgres:// or
-// postgresql:// URL.
+// postgresql:// URL (a key=value connection string, "host=db dbname=idem",
+// is refused: give the URL).
 //
 //	go run ./testserver/cmd/idemserver                 # listens on 127.0.0.1:8080, ./idemserver.db
 //	go run ./testserver/cmd/idemserver -addr 127.0.0.1:0 -db /tmp/idem.db -on-error save
@@ -230,6 +231,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *retention < testserver.MinRetention {
 		return usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
+	}
+	if dsnpkg.IsKeywordValue(*db) {
+		// Not printed: it may hold a password.
+		return usagef("-db: a key=value connection string is not taken: give the PostgreSQL database as a URL, postgres://user:password@host:port/dbname?sslmode=…")
 	}
 
 	b, err := openBackend(ctx, *db)
