@@ -17,6 +17,9 @@
 //
 //	idemctl --jar 'postgres://ops@db.internal:5432/payments?sslmode=verify-full' list
 //
+// A key=value connection string ("host=db dbname=payments") is refused:
+// give the URL.
+//
 // The jar must exist: idemctl never creates one, neither a file nor the
 // tables in a database.
 //
@@ -205,6 +208,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *lockTimeout <= 0 {
 		return usagef("--lock-timeout must be positive")
+	}
+	if dsn.IsKeywordValue(*jarPath) {
+		// Not printed: it may hold a password.
+		return usagef("--jar: a key=value connection string is not taken: give the PostgreSQL database as a URL, postgres://user:password@host:port/dbname?sslmode=…")
 	}
 	jar, closeJar, err := openJar(ctx, *jarPath, *lockTimeout)
 	if err != nil {

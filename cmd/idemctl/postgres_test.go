@@ -93,3 +93,13 @@ func TestPostgresPoolParameters(t *testing.T) {
 		t.Fatalf("list with pool_max_conns: exit %d, stdout %q, stderr %q; want the jar listed", code, out, errOut)
 	}
 }
+
+// A key=value connection string is refused with a message that asks for
+// the URL and does not print the string, which may hold a password.
+func TestKeywordValueJar(t *testing.T) {
+	code, _, errOut := idemctl("--jar", "host=127.0.0.1 port=1 dbname=jar user=ops password=hunter2", "list")
+	wantError(t, code, errOut, 2, "postgres://")
+	if strings.Contains(errOut, "hunter2") {
+		t.Fatalf("stderr %q shows the password", errOut)
+	}
+}
