@@ -461,8 +461,13 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 		// Its holder was killed: nothing is sending it. Release the lease
 		// with the holder's own id (fenced) and take it, as the Transport
 		// would, rather than wait it out.
-		_, _ = c.jar.Update(ctx, op, rec.Holder, idem.Change{Now: now, LastStatus: rec.LastStatus,
+		_, uerr := c.jar.Update(ctx, op, rec.Holder, idem.Change{Now: now, LastStatus: rec.LastStatus,
 			LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+		if uerr != nil && !errors.Is(uerr, idem.ErrLeaseLost) && !errors.Is(uerr, idem.ErrNotFound) {
+			// The jar failed (a lock timeout, the database down): say so,
+			// rather than report the lease of a holder that is gone.
+			return fmt.Errorf("client: abandon %q: releasing the lease of its holder, which is gone: %w", op, uerr)
+		}
 		rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
 	}
 	if errors.Is(err, idem.ErrLeased) {

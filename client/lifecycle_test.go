@@ -480,3 +480,46 @@ func TestRetryWhileTheServerStillRuns(t *testing.T) {
 		}
 	})
 }
+
+// failingUpdateJar is a client.Jar whose Update fails with err.
+type failingUpdateJar struct {
+	client.Jar
+	err error
+}
+
+func (j failingUpdateJar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	return idem.Record{}, j.err
+}
+
+// TestAbandonReportsTheFailedRelease: when the lease of a killed holder
+// cannot be released (the jar failed: a lock timeout, the database down),
+// Abandon returns that failure, not the holder's lease, which would send
+// the operator to wait until it ends for nothing.
+func TestAbandonReportsTheFailedRelease(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("process liveness is not checked on windows: leases are waited out")
+	}
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	holder := fmt.Sprintf("%s/%d/x.1", holderHost(t), child.ProcessState.Pid())
+	ctx := context.Background()
+	_, c := pendingCharge(t, nil)
+	if _, err := c.Jar().Acquire(ctx, "charge:o1", holder, time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	errDown := errors.New("jar unavailable")
+	other, err := client.New(ctx, "", &client.Options{Jar: failingUpdateJar{Jar: c.Jar(), err: errDown}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	err = other.Abandon(ctx, "charge:o1", "the ledger shows no charge")
+	if !errors.Is(err, errDown) || errors.Is(err, idem.ErrLeased) {
+		t.Fatalf("Abandon when the killed holder's lease cannot be released: %v; want the jar's error", err)
+	}
+	if state(t, c.Jar(), "charge:o1") != idem.StatePending {
+		t.Fatalf("state %s; want pending", state(t, c.Jar(), "charge:o1"))
+	}
+}
