@@ -334,11 +334,15 @@ func (c *call) reconcileError(rec Record) error {
 // context does not allow another try.
 func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 	wait, more, _ := c.sched.Next(0, false)
+	if leaseLeft > 0 && (leaseLeft < wait || !more && leaseLeft <= c.policy.MaxElapsed-c.sched.Elapsed()) {
+		// The lease ends at a known time: wait for it when the budget
+		// allows, even where the next backoff interval would not fit.
+		// A lease as long as the budget (both a minute by default)
+		// would otherwise be given up on a few seconds before its end.
+		wait, more = leaseLeft, true
+	}
 	if !more {
 		return false
-	}
-	if leaseLeft > 0 && leaseLeft < wait {
-		wait = leaseLeft
 	}
 	if err := retry.Sleep(ctx, wait); err != nil {
 		c.lastErr = err

@@ -951,6 +951,34 @@ func TestContextEndingInAcquireLeavesPending(t *testing.T) {
 	})
 }
 
+// TestWaitsForALeaseEndingWithinTheBudget: with the default policy, a call
+// that finds the operation leased by a live holder elsewhere until just
+// before its budget ends waits for the lease's end and sends, rather than
+// give up when its next backoff interval would pass the budget: a lease
+// and a budget of a minute each is the default, and the lease of a holder
+// killed on another host has less than that left.
+func TestWaitsForALeaseEndingWithinTheBudget(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		tr.Policy = retry.Policy{} // MaxElapsed 1 min, intervals up to 10 s
+		start := time.Now()
+		const left = 59 * time.Second
+		if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: start, Updated: start, Attempts: 1, Holder: "other", LeaseUntil: start.Add(left)}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil || resp.StatusCode != 201 || rec.attempts() != 1 {
+			t.Fatalf("after %v: %v, %d sends; want the lease waited out and the operation sent once", time.Since(start), err, rec.attempts())
+		}
+		resp.Body.Close()
+		if took := time.Since(start); took != left {
+			t.Fatalf("sent after %v; want at the lease's end, %v", took, left)
+		}
+	})
+}
+
 // heldElsewhere puts in jar the operation "op", key k1 and fingerprint fp,
 // pending after one attempt, leased by another holder for an hour.
 func heldElsewhere(t *testing.T, jar *idem.MemoryJar, fp string) {
