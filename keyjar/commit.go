@@ -138,7 +138,7 @@ func allDeferred(batch []*job) bool {
 func (j *Jar) commit(batch []*job, syncMode string) string {
 	ctx := context.Background()
 	fail := func(err error) {
-		err = classify(err)
+		err = j.damaged(err)
 		for _, jb := range batch {
 			if jb.err == nil {
 				jb.err = err
@@ -178,7 +178,7 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 				continue
 			}
 			if err := j.runJob(ctx, tx, jb); err != nil {
-				jb.err = classify(err)
+				jb.err = j.damaged(err)
 				failed = i
 				break
 			}

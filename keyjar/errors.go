@@ -1,12 +1,14 @@
 package keyjar
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -63,6 +65,32 @@ func classify(err error) error {
 	}
 	return err
 }
+
+// damaged classifies err as classify does and, when SQLite ran out of
+// memory, checks the file: a damaged record or page that claims a huge size
+// makes SQLite fail an allocation (SQLITE_NOMEM) where it would otherwise
+// report SQLITE_CORRUPT. A check that finds the file damaged makes the
+// error ErrCorrupt, with the check's first finding.
+func (j *Jar) damaged(err error) error {
+	err = classify(err)
+	if !isSQLiteCode(err, sqlite3.SQLITE_NOMEM) || j.reader == nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	var finding string
+	switch cerr := j.reader.QueryRowContext(ctx, "PRAGMA quick_check(1)").Scan(&finding); {
+	case cerr != nil && isSQLiteCode(cerr, sqlite3.SQLITE_CORRUPT):
+		return fmt.Errorf("%w: %w (%v)", ErrCorrupt, err, cerr)
+	case cerr == nil && finding != "ok":
+		return fmt.Errorf("%w: %w (%s)", ErrCorrupt, err, finding)
+	}
+	return err
+}
+
+// checkTimeout bounds the check damaged makes: a quick_check reads the
+// whole file, seconds for a jar of millions of operations.
+const checkTimeout = 30 * time.Second
 
 // permission adds fs.ErrPermission to an error of a read-only file system
 // (EROFS), which does not match it by itself: either way the jar cannot be

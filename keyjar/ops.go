@@ -417,7 +417,7 @@ func (j *Jar) readError(verb, op string, err error) error {
 		err = ErrClosed // closed while reading
 	}
 	if op != "" {
-		return fmt.Errorf("keyjar: %s %q: %w", verb, op, classify(err))
+		return fmt.Errorf("keyjar: %s %q: %w", verb, op, j.damaged(err))
 	}
-	return fmt.Errorf("keyjar: %s: %w", verb, classify(err))
+	return fmt.Errorf("keyjar: %s: %w", verb, j.damaged(err))
 }
