@@ -174,7 +174,15 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			return usagef("IDEM_HEADER: %v", err)
 		}
 	}
+	var warned bool
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Header: func(r *http.Request) error {
+		if len(hf.h) == 0 && !warned {
+			// The jar keeps no credential: a server that scopes keys by
+			// credential takes a request without the first one's for a
+			// new operation, and runs it again.
+			warned = true
+			fmt.Fprintln(s.stderr, "idemctl: sending without credentials (no --header, no IDEM_HEADER): a server that scopes keys by credential runs it as a new request")
+		}
 		for name, vs := range hf.h {
 			r.Header[name] = append([]string(nil), vs...)
 		}

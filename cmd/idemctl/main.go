@@ -29,7 +29,8 @@
 // process list, in the environment variable IDEM_HEADER (one "Name: value"
 // per line). Give the credential of the first send: a server that scopes
 // keys by credential (as the reference server does) would take another
-// one's request for a new operation.
+// one's request for a new operation. A resume that sends without any
+// header given says so on stderr.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

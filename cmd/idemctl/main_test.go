@@ -233,7 +233,7 @@ func testResume(t *testing.T, srv *server, path string) {
 	rec, _ := jarState(t, path, "charge:p1")
 
 	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret)
-	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+rec.Key) {
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+rec.Key) || errOut != "" {
 		t.Fatalf("resume: exit %d, %q, %q; want 201 with the stored key", code, out, errOut)
 	}
 	if len(srv.keys) != 1 || srv.keys[0] != rec.Key || srv.auths[0] != secret {
@@ -265,6 +265,26 @@ func testResume(t *testing.T, srv *server, path string) {
 	wantError(t, code, errOut, 2, "IDEM_HEADER")
 	if len(srv.keys) != 2 {
 		t.Fatalf("server got %d requests; want 2", len(srv.keys))
+	}
+}
+
+// TestResumeWithoutCredentials: a resume that sends without --header or
+// IDEM_HEADER says so on stderr, since the jar keeps no credential; one
+// that sends nothing (a done operation) does not.
+func TestResumeWithoutCredentials(t *testing.T) { eachJar(t, testResumeWithoutCredentials) }
+
+func testResumeWithoutCredentials(t *testing.T, srv *server, path string) {
+	const warning = "sending without credentials"
+	code, _, errOut := idemctl("--jar", path, "resume", "charge:done")
+	if code != 1 || strings.Contains(errOut, warning) {
+		t.Fatalf("resume of a done operation: exit %d, %q; want 1 and no word of credentials: nothing is sent", code, errOut)
+	}
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1")
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created") || strings.Count(errOut, warning) != 1 {
+		t.Fatalf("resume without credentials: exit %d, %q, %q; want it sent, and one warning that no credential went with it", code, out, errOut)
+	}
+	if len(srv.auths) != 1 || srv.auths[0] != "" {
+		t.Fatalf("server got Authorization %q; want none", srv.auths)
 	}
 }
 
