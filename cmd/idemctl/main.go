@@ -306,6 +306,13 @@ func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (c
 		return nil, nil, fmt.Errorf("%s: %w", where, err)
 	}
 	conn, err := pgx.ConnectConfig(octx, cfg.ConnConfig)
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) {
+		// The server's refusal (no such database, a wrong password)
+		// alone: pgx lists every address and TLS mode it tried, and the
+		// default sslmode, prefer, makes the first line a refused TLS
+		// attempt.
+		return nil, nil, fmt.Errorf("%s: %w", where, pe)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", where, err)
 	}

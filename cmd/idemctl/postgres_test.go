@@ -49,6 +49,16 @@ func TestPostgresJarErrors(t *testing.T) {
 		}
 	}
 
+	// The server's own refusal, not the TLS attempt before it (sslmode
+	// prefer, the default, tries TLS first).
+	missing := withPassword(t, empty)
+	missing = missing[:strings.LastIndex(missing, "/")+1] + "no_such_db"
+	code, _, errOut = idemctl("--jar", missing, "list")
+	wantError(t, code, errOut, 1, `database "no_such_db" does not exist (SQLSTATE 3D000)`)
+	if strings.Contains(errOut, "tls") || strings.Contains(errOut, "hunter2") {
+		t.Fatalf("stderr %q; want the server's refusal alone, the password masked", errOut)
+	}
+
 	// Messages that name the jar mask the password too.
 	jar := withPassword(t, seedPostgres(t, newServer(t)))
 	code, _, errOut = idemctl("--jar", jar, "show", "charge:nope")
