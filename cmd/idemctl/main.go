@@ -210,9 +210,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *lockTimeout <= 0 {
 		return usagef("--lock-timeout must be positive")
 	}
-	if dsn.IsKeywordValue(*jarPath) {
-		// Not printed: it may hold a password.
-		return usagef("--jar: a key=value connection string is not taken: give the PostgreSQL database as a URL, postgres://user:password@host:port/dbname?sslmode=…")
+	if why := dsn.Refused(*jarPath); why != "" {
+		return usagef("--jar: %s", why)
 	}
 	jar, closeJar, err := openJar(ctx, *jarPath, *lockTimeout)
 	if err != nil {
@@ -256,7 +255,7 @@ func flagError(err error) error {
 // a PostgreSQL URL (postgres:// or postgresql://) opens a pgjar, anything
 // else is the path of a SQLite key jar file. Either must exist already.
 func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
-	if isPostgres(spec) {
+	if dsn.IsURL(spec) {
 		return openPostgres(ctx, spec, lockTimeout)
 	}
 	fi, err := os.Stat(spec)
@@ -281,10 +280,6 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (clien
 		return nil, nil, explain(spec, lockTimeout, err)
 	}
 	return j, j.Close, nil
-}
-
-func isPostgres(spec string) bool {
-	return strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
 }
 
 // connectTimeout bounds connecting to a PostgreSQL jar and opening it.
@@ -354,7 +349,7 @@ func statementTimeout(where string, lockTimeout time.Duration) error {
 // printable returns the jar's name fit to print: a PostgreSQL URL without
 // its password, in the userinfo or the query.
 func printable(spec string) string {
-	if !isPostgres(spec) {
+	if !dsn.IsURL(spec) {
 		return spec
 	}
 	return dsn.Redacted(spec, "the PostgreSQL database")

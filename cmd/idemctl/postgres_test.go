@@ -106,10 +106,17 @@ func TestPostgresPoolParameters(t *testing.T) {
 
 // A key=value connection string is refused with a message that asks for
 // the URL and does not print the string, which may hold a password.
+// So is a misspelt URL, which would otherwise be taken for a file name.
 func TestKeywordValueJar(t *testing.T) {
-	code, _, errOut := idemctl("--jar", "host=127.0.0.1 port=1 dbname=jar user=ops password=hunter2", "list")
-	wantError(t, code, errOut, 2, "postgres://")
-	if strings.Contains(errOut, "hunter2") {
-		t.Fatalf("stderr %q shows the password", errOut)
+	for _, jar := range []string{
+		"host=127.0.0.1 port=1 dbname=jar user=ops password=hunter2",
+		"postgres:/ops:hunter2@127.0.0.1/jar",
+		"POSTGRES://ops:hunter2@127.0.0.1/jar",
+	} {
+		code, _, errOut := idemctl("--jar", jar, "list")
+		wantError(t, code, errOut, 2, "postgres://")
+		if strings.Contains(errOut, "hunter2") {
+			t.Fatalf("stderr %q shows the password", errOut)
+		}
 	}
 }

@@ -1,5 +1,5 @@
-// Package dsn prints PostgreSQL connection URLs without their secrets, for
-// the commands' messages.
+// Package dsn tells the commands' PostgreSQL URLs from file names, and prints
+// them without their secrets.
 package dsn
 
 import (
@@ -53,4 +53,26 @@ func IsKeywordValue(s string) bool {
 		return false
 	}
 	return conninfoKeywords[strings.TrimRight(s[:i], " \t\n\r\f\v")]
+}
+
+// IsURL reports whether s names a PostgreSQL database by URL, postgres://
+// or postgresql://, rather than a file.
+func IsURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+// Refused returns why a command refuses s as the name of a database, or ""
+// when it takes it: a key=value connection string, or a PostgreSQL URL
+// misspelt (one slash, the scheme in capitals), which would otherwise be
+// taken for a file name. The reason does not quote s, which may hold a
+// password.
+func Refused(s string) string {
+	lower := strings.ToLower(s)
+	switch {
+	case IsKeywordValue(s):
+		return "a key=value connection string is not taken: give the PostgreSQL database as a URL, postgres://user:password@host:port/dbname?sslmode=…"
+	case !IsURL(s) && (strings.HasPrefix(lower, "postgres:") || strings.HasPrefix(lower, "postgresql:")):
+		return "not a PostgreSQL URL: write postgres://user:password@host:port/dbname, with two slashes and the scheme in lower case"
+	}
+	return ""
 }

@@ -21,6 +21,21 @@ func TestRedacted(t *testing.T) {
 	}
 }
 
+func TestRefused(t *testing.T) {
+	for _, s := range []string{
+		"host=db dbname=jar password=s3cret", "postgres:/ops:s3cret@db/jar", "postgresql:ops@db/jar", "Postgres://db/jar", "POSTGRESQL://db/jar",
+	} {
+		if why := Refused(s); why == "" || strings.Contains(why, "s3cret") {
+			t.Errorf("Refused(%q) = %q; want a reason, without the password", s, why)
+		}
+	}
+	for _, s := range []string{"keys.db", "/var/lib/idem/keys.db", "postgres://ops@db/jar", "postgresql://db/jar", "postgres.db", "./postgres:x"} {
+		if why := Refused(s); why != "" {
+			t.Errorf("Refused(%q) = %q; want it taken", s, why)
+		}
+	}
+}
+
 func TestIsKeywordValue(t *testing.T) {
 	for _, s := range []string{
 		"host=db dbname=jar user=ops password=s3cret",

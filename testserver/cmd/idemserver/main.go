@@ -40,7 +40,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -88,16 +87,10 @@ type backend struct {
 	close func() error
 }
 
-// isPostgres reports whether dsn names a PostgreSQL database rather than a
-// SQLite file.
-func isPostgres(dsn string) bool {
-	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
-}
-
 // openBackend opens the database named by dsn: a PostgreSQL URL or a SQLite
 // file path. Every choice of backend goes through here.
 func openBackend(ctx context.Context, dsn string) (*backend, error) {
-	if isPostgres(dsn) {
+	if dsnpkg.IsURL(dsn) {
 		return openPostgres(ctx, dsn)
 	}
 	s, err := sqlitestore.Open(ctx, dsn, nil)
@@ -114,7 +107,7 @@ func openBackend(ctx context.Context, dsn string) (*backend, error) {
 
 // redact returns dsn fit to print: a PostgreSQL URL without its password.
 func redact(dsn string) string {
-	if !isPostgres(dsn) {
+	if !dsnpkg.IsURL(dsn) {
 		return dsn
 	}
 	return dsnpkg.Redacted(dsn, "a PostgreSQL database")
@@ -232,9 +225,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *retention < testserver.MinRetention {
 		return usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
 	}
-	if dsnpkg.IsKeywordValue(*db) {
-		// Not printed: it may hold a password.
-		return usagef("-db: a key=value connection string is not taken: give the PostgreSQL database as a URL, postgres://user:password@host:port/dbname?sslmode=…")
+	if why := dsnpkg.Refused(*db); why != "" {
+		return usagef("-db: %s", why)
 	}
 
 	b, err := openBackend(ctx, *db)

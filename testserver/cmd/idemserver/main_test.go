@@ -369,15 +369,19 @@ func TestRunStops(t *testing.T) {
 func TestKeywordValueDSN(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
-	spec := "host=127.0.0.1 port=1 dbname=idem user=ops password=hunter2"
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // without the check, run opens a file and stops at once
-	err := run(ctx, []string{"-db", spec, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
-	var ue *usageError
-	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "postgres://") || strings.Contains(err.Error(), "hunter2") {
-		t.Fatalf("run -db %q: %v; want a usage error that asks for a postgres:// URL and hides the password", spec, err)
-	}
-	if files, _ := os.ReadDir(dir); len(files) > 0 {
-		t.Fatalf("run -db %q left %v in its directory", spec, files)
+	for _, spec := range []string{
+		"host=127.0.0.1 port=1 dbname=idem user=ops password=hunter2",
+		"postgresql:ops:hunter2@127.0.0.1/idem", // a misspelt URL, not a file name
+	} {
+		err := run(ctx, []string{"-db", spec, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
+		var ue *usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "postgres://") || strings.Contains(err.Error(), "hunter2") {
+			t.Fatalf("run -db %q: %v; want a usage error that asks for a postgres:// URL and hides the password", spec, err)
+		}
+		if files, _ := os.ReadDir(dir); len(files) > 0 {
+			t.Fatalf("run -db %q left %v in its directory", spec, files)
+		}
 	}
 }
