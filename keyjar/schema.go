@@ -3,6 +3,7 @@ package keyjar
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
+	"modernc.org/sqlite"
 )
 
 const (
@@ -128,6 +130,11 @@ func scanRecord(s scanner) (idem.Record, error) {
 	)
 	err := s.Scan(&r.Op, &r.Key, &r.Fingerprint, &r.State, &r.Method, &r.URL, &header, &r.Body, &hasBody, &r.BodySize,
 		&created, &updated, &r.Attempts, &r.LastStatus, &r.LastError, &next, &r.Note, &r.Holder, &leaseUntil)
+	if err != nil && !readFailed(err) {
+		// A value of another type than its column's: NULL in a NOT NULL
+		// column, text in a number's. This package writes none.
+		return idem.Record{}, fmt.Errorf("%w: a record does not read back: %w", ErrCorrupt, err)
+	}
 	if err != nil {
 		return idem.Record{}, err
 	}
@@ -145,6 +152,17 @@ func scanRecord(s scanner) (idem.Record, error) {
 	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
 	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
 	return r, nil
+}
+
+// readFailed reports whether err, from a Scan, is the query's failure (no
+// row, SQLite's error, the context, the connection) rather than a value
+// that does not convert to its field, which database/sql reports as an
+// error of no particular type.
+func readFailed(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, sql.ErrNoRows) || errors.As(err, &se) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) ||
+		errors.Is(err, sql.ErrTxDone) || errors.Is(err, driver.ErrBadConn)
 }
 
 func fromNanos(n sql.NullInt64) time.Time {
