@@ -356,11 +356,7 @@ func (c *call) stop(ctx context.Context, err error) error {
 	if err == nil {
 		err = c.lastErr
 	}
-	ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
-	if c.created && c.attempts == 0 {
-		ch.Attempts = -1 // Begin counted a first attempt that was never sent
-	}
-	c.update(ctx, ch)
+	c.release(ctx)
 	c.giveUp(ctx, err, "stopped")
 	return c.pending(err, c.rec.NextAttempt)
 }
@@ -375,16 +371,23 @@ func (c *call) unwind(ctx context.Context) {
 		return
 	}
 	if c.held {
-		ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
-		if c.unsent || c.created && c.attempts == 0 {
-			ch.Attempts = -1 // counted, never sent
-		}
-		c.update(ctx, ch)
+		c.release(ctx)
 	}
 	if c.resp != nil {
 		c.resp.Body.Close()
 		c.resp = nil
 	}
+}
+
+// release gives the lease back and leaves the operation pending, with an
+// attempt that was counted but never sent uncounted: the first, which Begin
+// counted, or one whose OnAttempt hook panicked.
+func (c *call) release(ctx context.Context) {
+	ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
+	if c.unsent || c.created && c.attempts == 0 {
+		ch.Attempts = -1
+	}
+	c.update(ctx, ch)
 }
 
 func (c *call) giveUp(ctx context.Context, err error, why string) {
