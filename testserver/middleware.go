@@ -101,7 +101,9 @@ func (p ErrorPolicy) String() string {
 // itself is application/problem+json with one of the Problem* types.
 //
 // The handler's answer is recorded, saved, and only then sent, so a caller
-// never sees an answer that a retry would not get again. Saving and
+// never sees an answer that a retry would not get again. The handler's
+// writer is an http.Flusher for streaming handlers, but a Flush sends
+// nothing until the answer outgrows MaxSavedResponse and is streamed. Saving and
 // releasing are fenced by the claim's token: a worker that stalled past its
 // lease and was taken over cannot overwrite the new owner's answer nor
 // delete its claim. Such a worker's caller gets 409 (ProblemTakenOver) and
@@ -694,6 +696,16 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	rec.streamed = true
 	rec.body = bytes.Buffer{}
 	return rec.w.Write(p)
+}
+
+// Flush implements http.Flusher, for handlers that stream. While the
+// answer is buffered it sends nothing: the answer goes out whole once it is
+// saved. Once the answer is streamed (past the limit), it flushes the
+// connection, when the underlying writer can.
+func (rec *recorder) Flush() {
+	if rec.streamed {
+		http.NewResponseController(rec.w).Flush()
+	}
 }
 
 // reset drops what the handler wrote, when nothing was sent yet.

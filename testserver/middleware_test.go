@@ -969,3 +969,38 @@ func TestMaxSavedResponseAboveStoreLimit(t *testing.T) {
 		t.Fatalf("%+v; want TooLarge 1, no store error", st)
 	}
 }
+
+// TestStreamingHandler: a handler that flushes as it writes, as streaming
+// handlers do, runs once under the Middleware. While its answer is buffered
+// a Flush sends nothing (the answer goes out whole once saved, and a retry
+// gets it again); once the answer is past MaxSavedResponse, and streamed,
+// a Flush reaches the connection.
+func TestStreamingHandler(t *testing.T) {
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusCreated)
+		for i := range 3 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush() // panics if w is no Flusher
+		}
+	})
+	want := "data: 0\n\ndata: 1\n\ndata: 2\n\n"
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	for i := range 2 {
+		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != 201 || w.Body.String() != want || runs.Load() != 1 {
+			t.Fatalf("answer %d: %d %q after %d runs; want 201 %q, one run", i+1, w.Code, w.Body, runs.Load(), want)
+		}
+		if w.Flushed {
+			t.Fatalf("answer %d was flushed before the handler ended; want it sent whole", i+1)
+		}
+	}
+
+	mw = &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: 12}
+	w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	if w.Code != 201 || w.Body.String() != want || !w.Flushed {
+		t.Fatalf("streamed answer: %d %q, flushed %v; want 201 %q, flushed", w.Code, w.Body, w.Flushed, want)
+	}
+}
