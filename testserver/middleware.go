@@ -716,12 +716,14 @@ func (rec *recorder) reset() {
 }
 
 // finish completes the answer as net/http would: status 200 when none was
-// written, and a sniffed Content-Type, so the replay has the same one.
+// written, and a sniffed Content-Type, so the replay has the same one,
+// unless the body is encoded (Content-Encoding), where net/http does not
+// sniff.
 func (rec *recorder) finish() {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
-	if _, ok := rec.header["Content-Type"]; !ok && rec.body.Len() > 0 && !rec.streamed {
+	if _, ok := rec.header["Content-Type"]; !ok && rec.body.Len() > 0 && !rec.streamed && rec.header.Get("Content-Encoding") == "" {
 		rec.header.Set("Content-Type", http.DetectContentType(rec.body.Bytes()))
 	}
 }

@@ -1004,3 +1004,33 @@ func TestStreamingHandler(t *testing.T) {
 		t.Fatalf("streamed answer: %d %q, flushed %v; want 201 %q, flushed", w.Code, w.Body, w.Flushed, want)
 	}
 }
+
+// TestNoSniffedTypeWhenEncoded: like net/http, the Middleware does not
+// sniff a Content-Type from a body that has a Content-Encoding (it would
+// name the compression, application/x-gzip, not the content), on the
+// first answer nor on the replay.
+func TestNoSniffedTypeWhenEncoded(t *testing.T) {
+	gz := []byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0} // gzip of ""
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Write(gz)
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for i := range 2 {
+		req, err := http.NewRequest("POST", srv.URL, strings.NewReader(chargeBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if ct, ok := resp.Header["Content-Type"]; resp.StatusCode != 200 || ok {
+			t.Fatalf("answer %d: %s, Content-Type %q; want 200 and none, as net/http sends", i+1, resp.Status, ct)
+		}
+	}
+}
