@@ -675,7 +675,13 @@ type recorder struct {
 func (rec *recorder) Header() http.Header { return rec.header }
 
 func (rec *recorder) WriteHeader(code int) {
-	if rec.status != 0 || code < 200 { // informational answers are dropped
+	if rec.status != 0 {
+		return
+	}
+	if code < 100 || code > 999 { // as net/http does, in the handler
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
+	if code < 200 { // informational answers are dropped
 		return
 	}
 	rec.status = code

@@ -1034,3 +1034,20 @@ func TestNoSniffedTypeWhenEncoded(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidStatusCode: a handler that writes a status net/http refuses
+// (outside 100 to 999) panics where it writes it, as it would without the
+// Middleware: its caller gets 500 handler-failed, and no replay carries the
+// status that net/http cannot send.
+func TestInvalidStatusCode(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		t.Run(policy.String(), func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(1000) })
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy}
+			for range 2 {
+				w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				wantProblem(t, w, 500, testserver.ProblemHandlerFailed)
+			}
+		})
+	}
+}
