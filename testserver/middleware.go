@@ -54,7 +54,10 @@ const (
 )
 
 // ErrorPolicy is what the Middleware does with a claim when its handler
-// fails: answers a status of 500 or more, or panics.
+// fails: answers a status of 500 or more, or panics; or when it answers
+// 429 Too Many Requests, which asks the caller to send the same request
+// again later (idem.Transport does, with the same key): saved, that 429
+// would be replayed to every retry.
 type ErrorPolicy int
 
 const (
@@ -69,8 +72,8 @@ const (
 	// every retry, as Stripe does with 500s. It is always safe against a
 	// second execution, at the cost that a transient failure becomes
 	// permanent for that key: the caller must reconcile and use a new key.
-	// Under SaveError a handler should not answer 502, 503 or 504 for a
-	// failure it expects to clear, since the replay repeats it.
+	// Under SaveError a handler should not answer 429, 502, 503 or 504 for
+	// a failure it expects to clear, since the replay repeats it.
 	SaveError
 )
 
@@ -181,7 +184,7 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more, or panics (a panic is recovered and answered with 500). The
+	// more or 429, or panics (a panic is recovered and answered with 500). The
 	// zero value is ReleaseClaim. A panic after part of an answer larger
 	// than MaxSavedResponse was sent cannot change that answer: its
 	// ProblemResponseTooLarge marker is saved, naming the status sent, and
@@ -547,7 +550,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// The handler ran: record the outcome even if the caller hung up.
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancelWrite()
-	if rec.status >= 500 && m.OnError == ReleaseClaim && !aborted {
+	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests
+	if failed && m.OnError == ReleaseClaim && !aborted {
 		released, err := m.Store.Release(ctx, scope, key, token)
 		switch {
 		case err != nil:

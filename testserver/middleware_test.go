@@ -346,12 +346,18 @@ func TestPassThrough(t *testing.T) {
 	wantProblem(t, serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "")), 400, testserver.ProblemKeyInvalid)
 }
 
+// TestOnError: a handler that fails (5xx, a panic) or asks to be retried
+// later (429) gets its claim released or its answer saved, as OnError says.
 func TestOnError(t *testing.T) {
 	for _, c := range []struct {
 		policy testserver.ErrorPolicy
 		panics bool
-	}{{testserver.ReleaseClaim, false}, {testserver.ReleaseClaim, true}, {testserver.SaveError, false}, {testserver.SaveError, true}} {
-		t.Run(fmt.Sprintf("%v/panic=%v", c.policy, c.panics), func(t *testing.T) {
+		status int
+	}{
+		{testserver.ReleaseClaim, false, 502}, {testserver.ReleaseClaim, true, 0}, {testserver.ReleaseClaim, false, 429},
+		{testserver.SaveError, false, 502}, {testserver.SaveError, true, 0}, {testserver.SaveError, false, 429},
+	} {
+		t.Run(fmt.Sprintf("%v/panic=%v/%d", c.policy, c.panics, c.status), func(t *testing.T) {
 			eachStore(t, func(t *testing.T, store testserver.Store) {
 				var runs atomic.Int64
 				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -360,7 +366,7 @@ func TestOnError(t *testing.T) {
 							panic("downstream exploded")
 						}
 						w.Header().Set("Content-Type", "text/plain")
-						w.WriteHeader(502)
+						w.WriteHeader(c.status)
 						io.WriteString(w, "payco unreachable")
 						return
 					}
@@ -372,8 +378,8 @@ func TestOnError(t *testing.T) {
 				first := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 				if c.panics {
 					wantProblem(t, first, 500, testserver.ProblemHandlerFailed)
-				} else if first.Code != 502 || first.Body.String() != "payco unreachable" {
-					t.Fatalf("first answer %d %q; want the handler's 502", first.Code, first.Body)
+				} else if first.Code != c.status || first.Body.String() != "payco unreachable" {
+					t.Fatalf("first answer %d %q; want the handler's %d", first.Code, first.Body, c.status)
 				}
 				retry := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 				switch c.policy {
