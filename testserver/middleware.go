@@ -141,13 +141,22 @@ type Middleware struct {
 
 	// Scope names the key space of a request (the tenant): keys of two
 	// scopes never meet. Nil means CredentialScope, a hash of the
-	// Authorization header.
+	// Authorization header. That suits credentials that stay the same
+	// across a client's retries (an API key), and only those sent in
+	// Authorization: requests that authenticate otherwise (a cookie, an
+	// X-API-Key header) all share the anonymous scope, and a retry under a
+	// new credential (an access token refreshed meanwhile) is a new
+	// operation that runs again. A server with such credentials sets
+	// Scope to the account the request authenticates as.
 	Scope func(*http.Request) string
 
 	// LockTimeout is how long a claim is honoured before another request
 	// may take it over. It must outlast every honest run of the handler:
 	// the request deadline plus the downstream timeout, or live workers
-	// are taken over by design. Zero means DefaultLockTimeout (60 s). The
+	// are taken over by design; servers that share a Store also need
+	// clocks that agree to well within it, since a claim's age is read
+	// against the clock of the server that took it (one running D ahead
+	// takes claims over D early). Zero means DefaultLockTimeout (60 s). The
 	// handler's context ends with the claim's lease, which is the only
 	// bound the reference server puts on its handler.
 	LockTimeout time.Duration
