@@ -219,6 +219,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *lockTimeout <= 0 {
 		return usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
 	}
+	if *delay < 0 {
+		return usagef("-delay %v: want a positive duration, or 0 for none", *delay)
+	}
 	if *pruneEvery < 0 {
 		return usagef("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
 	}

@@ -334,6 +334,7 @@ func TestFlagValues(t *testing.T) {
 		{"-lock-timeout", "0"},
 		{"-lock-timeout", "-5s"},
 		{"-prune-every", "-1h"},
+		{"-delay", "-1s"},
 	} {
 		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), flag[0]) {
