@@ -147,7 +147,11 @@ type Middleware struct {
 	// X-API-Key header) all share the anonymous scope, and a retry under a
 	// new credential (an access token refreshed meanwhile) is a new
 	// operation that runs again. A server with such credentials sets
-	// Scope to the account the request authenticates as.
+	// Scope to the account the request authenticates as. A scope is
+	// stored in the key's row: keep it short, valid UTF-8 without NUL, or
+	// hash it as CredentialScope does; pgstore refuses a scope of more
+	// than about 2.7 kB, or one with a NUL or invalid UTF-8, and every
+	// request in it then fails with 503.
 	Scope func(*http.Request) string
 
 	// LockTimeout is how long a claim is honoured before another request
