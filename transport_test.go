@@ -234,6 +234,25 @@ func TestFinalStatusesAreNotRetried(t *testing.T) {
 	}
 }
 
+// TestReplayedRetryableStatusIsFinal: a 409 or 503 that the server replays
+// (Idempotent-Replayed: true) is the answer it saved for the key, which
+// every retry would get again: it is returned at once and the operation is
+// done.
+func TestReplayedRetryableStatusIsFinal(t *testing.T) {
+	for _, code := range []int{409, 429, 503} {
+		tr, rec, jar := newTransport(t, status(code, "Idempotent-Replayed", "true", "Retry-After", "1"), status(201))
+		ctx := idem.WithOperation(context.Background(), "op")
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != code || rec.attempts() != 1 {
+			t.Fatalf("replayed %d: got %v, %v after %d attempts; want it returned after 1", code, resp, err, rec.attempts())
+		}
+		resp.Body.Close()
+		if r, _ := jar.Get(ctx, "op"); r.State != idem.StateDone || r.LastStatus != code {
+			t.Fatalf("replayed %d: state %q, last status %d; want done with it", code, r.State, r.LastStatus)
+		}
+	}
+}
+
 func TestResetConnectionIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, _ := newTransport(t, netErr(syscall.ECONNRESET), func() (*http.Response, error) { return nil, io.EOF }, status(200))

@@ -271,6 +271,9 @@ const replayedHeader = "Idempotent-Replayed"
 //     pending: Resume it later.
 //   - 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
 //     says when the server asked to be called again.
+//   - Any of those four replayed (Idempotent-Replayed: true: the answer
+//     the server saved for the key, such as a handler's own 409): final,
+//     Err is nil and the operation is done.
 //
 // errors.Is(err, idem.ErrPending) reports every outcome that stays
 // unknown and resumable. Errors without an answer are those of

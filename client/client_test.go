@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/retry"
+	"github.com/idemkit/idem/testserver"
 )
 
 func TestPostJSONChargesOnceAndSurfacesReplay(t *testing.T) {
@@ -115,6 +116,23 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		}
 		if ce.Attempts != 3 || ce.Key != s.key(0) || s.sends() != 3 || state(t, c.Jar(), "charge:o1") != idem.StatePending {
 			t.Fatalf("conflict %+v after %d sends, state %q; want 3 attempts with the key, pending", ce, s.sends(), state(t, c.Jar(), "charge:o1"))
+		}
+	})
+	t.Run("a handler's own 409, replayed, is final", func(t *testing.T) {
+		var runs int
+		mw := &testserver.Middleware{Store: &testserver.MemoryStore{}}
+		h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			http.Error(w, "order already exists", http.StatusConflict)
+		}))
+		c := newClient(t, h, &client.Options{Policy: retry.Policy{MaxAttempts: 5, InitialInterval: time.Microsecond}})
+		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
+		var se *client.StatusError
+		if !errors.As(err, &se) || se.StatusCode != 409 || !se.Replayed || se.Err != nil || errors.Is(err, idem.ErrPending) {
+			t.Fatalf("got %v; want *StatusError 409, replayed, not pending", err)
+		}
+		if runs != 1 || state(t, c.Jar(), "charge:o1") != idem.StateDone {
+			t.Fatalf("%d runs, state %q; want the handler run once and the operation done after the replay", runs, state(t, c.Jar(), "charge:o1"))
 		}
 	})
 	t.Run("a 2xx body over MaxJSONBody is an error, not decoded", func(t *testing.T) {

@@ -8,6 +8,7 @@
 //	network error (dial, reset, EOF, attempt timeout)     Retry, same key
 //	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
 //	429, 502, 503, 504                                    Retry, honour Retry-After up to a cap
+//	any of those four replayed (Idempotent-Replayed)      Final: the server's saved outcome
 //	422 Unprocessable (key reused with other parameters)  Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
 //	context cancelled, other errors                       Stop
@@ -58,6 +59,11 @@ func (d Decision) String() string {
 // Classify decides on one attempt's (resp, err), as http.RoundTripper
 // returns them: resp is used when err is nil.
 //
+// A response with the header Idempotent-Replayed: true is the answer the
+// server saved for the key (a handler's own 409, a 503 kept by a server
+// that saves errors): every retry with the key would get it again, so it is
+// Final whatever its status, but 422, which still stops.
+//
 // Errors are classified by type, never by message: context.Canceled stops;
 // a net.Error (timeouts included, so an attempt's own deadline retries),
 // io.EOF, io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED and
@@ -74,12 +80,18 @@ func Classify(resp *http.Response, err error) Decision {
 	switch resp.StatusCode {
 	case http.StatusConflict, http.StatusTooManyRequests,
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		if resp.Header.Get(replayedHeader) == "true" {
+			return Final
+		}
 		return Retry
 	case http.StatusUnprocessableEntity:
 		return Stop
 	}
 	return Final
 }
+
+// replayedHeader marks an answer the server replayed from what it saved.
+const replayedHeader = "Idempotent-Replayed"
 
 func classifyError(err error) Decision {
 	// *url.Error is itself a net.Error whatever it wraps: judge what it wraps.

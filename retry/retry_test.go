@@ -20,6 +20,12 @@ import (
 
 func resp(code int) *http.Response { return &http.Response{StatusCode: code, Header: http.Header{}} }
 
+func replayed(code int) *http.Response {
+	r := resp(code)
+	r.Header.Set("Idempotent-Replayed", "true")
+	return r
+}
+
 func TestClassify(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -42,6 +48,11 @@ func TestClassify(t *testing.T) {
 		{"502", resp(502), nil, retry.Retry},
 		{"503", resp(503), nil, retry.Retry},
 		{"504", resp(504), nil, retry.Retry},
+		{"409 replayed", replayed(409), nil, retry.Final},
+		{"429 replayed", replayed(429), nil, retry.Final},
+		{"503 replayed", replayed(503), nil, retry.Final},
+		{"422 replayed", replayed(422), nil, retry.Stop},
+		{"201 replayed", replayed(201), nil, retry.Final},
 		{"nil response", nil, nil, retry.Stop},
 		{"io.EOF", nil, io.EOF, retry.Retry},
 		{"unexpected EOF wrapped", nil, fmt.Errorf("read: %w", io.ErrUnexpectedEOF), retry.Retry},
