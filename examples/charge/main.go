@@ -22,8 +22,9 @@
 // The credential for the server, if it needs one, is read from the
 // environment variable CHARGE_TOKEN (sent as "Authorization: Bearer …") and
 // is never written to the jar. Exit status: 0 when every order is charged,
-// 1 when some could not be (they stay in the jar, pending, for the next
-// run), 2 for bad flags; -h prints the usage and exits 0.
+// 1 when some are not (those left pending stay in the jar for the next run;
+// one the server refused, with a 400 say, is asked again with its key and
+// gets the same answer), 2 for bad flags; -h prints the usage and exits 0.
 package main
 
 import (
@@ -82,7 +83,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		fmt.Fprintln(stderr, "usage: charge [-server URL] [-jar FILE] [-orders N|ID,ID…] [-amount A] [-currency C] [-lease D]")
 		fmt.Fprintln(stderr, "Charges orders against the reference server (idemserver); first resumes, with their")
 		fmt.Fprintln(stderr, "keys, the charges a killed run left pending. The server's credential, if any, is read")
-		fmt.Fprintln(stderr, "from $CHARGE_TOKEN. Exit status: 0 all charged, 1 some not (run again), 2 bad flags.")
+		fmt.Fprintln(stderr, "from $CHARGE_TOKEN. Exit status: 0 all charged, 1 some not, 2 bad flags.")
 		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
 	}
@@ -132,14 +133,20 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 			continue
 		}
 		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State != idem.StateAbandoned {
-			switch rec.State {
-			case idem.StateDone:
+			switch {
+			case rec.State == idem.StateDone && rec.LastStatus >= 200 && rec.LastStatus < 300:
 				fmt.Fprintf(stdout, "%s: charged in an earlier run (key %s)\n", id, rec.Key)
+				continue
+			case rec.State == idem.StateDone:
+				// A final answer that is no charge (a 400, a 500): ask
+				// again with the same key, and report what the server
+				// says now, its saved answer or, if it released the
+				// claim of a failed request, a new one.
 			default:
 				failed++
 				fmt.Fprintf(stdout, "%s: %s in an earlier run (key %s): %s\n", id, rec.State, rec.Key, rec.Note)
+				continue
 			}
-			continue
 		}
 		fmt.Fprintf(stdout, "%s: charging %d %s\n", id, *amount, *currency)
 		var ch charge
@@ -149,7 +156,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		}
 	}
 	if failed > 0 {
-		fmt.Fprintf(stdout, "%d order(s) not charged yet; run again to resume them\n", failed)
+		fmt.Fprintf(stdout, "%d order(s) not charged; run again to resume those left pending\n", failed)
 		return 1
 	}
 	return 0

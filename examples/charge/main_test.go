@@ -245,3 +245,42 @@ func TestHelp(t *testing.T) {
 		}
 	}
 }
+
+// An order the server refused (a final 400: the charge was not made) is
+// not charged: a second run must not say it was, nor exit 0. It asks again
+// with the same key and reports the server's answer, the same refusal.
+func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	store, err := sqlitestore.Open(ctx, filepath.Join(dir, "server.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	payco, err := payments.NewPayCo(ctx, store.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := &testserver.Middleware{Store: store}
+	srv := httptest.NewServer((&payments.App{PayCo: payco, Idempotency: mw}).Handler())
+	defer srv.Close()
+
+	// "us" is no currency: the server answers 400 and charges nothing.
+	args := []string{"-server", srv.URL, "-jar", filepath.Join(dir, "charge.db"), "-orders", "x1", "-currency", "us"}
+	for n := 1; n <= 2; n++ {
+		var out bytes.Buffer
+		code := run(ctx, args, "", &out, &out)
+		if code != 1 {
+			t.Errorf("run %d = %d; want 1, the order is not charged\n%s", n, code, out.String())
+		}
+		if strings.Contains(out.String(), "x1: charged") {
+			t.Errorf("run %d says x1 was charged; the server refused it\n%s", n, out.String())
+		}
+		if !strings.Contains(out.String(), "400 Bad Request") {
+			t.Errorf("run %d does not report the server's 400\n%s", n, out.String())
+		}
+	}
+	if cs, err := payco.Order(ctx, "x1"); err != nil || len(cs) != 0 {
+		t.Fatalf("PayCo charged x1 %d times (%v); want 0", len(cs), err)
+	}
+}
