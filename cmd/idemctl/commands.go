@@ -129,9 +129,18 @@ func showRecord(s *session, r idem.Record) error {
 	field("last", cell(last(r), 0))
 	field("next attempt", stamp(r.NextAttempt))
 	field("note", cell(r.Note, 0))
+	// As a jar's Acquire and the Transport read it: a lease whose time has
+	// passed holds nothing, and one whose holder process on this host is
+	// gone is taken over at once by a resume here.
 	lease := "free"
-	if r.Holder != "" {
-		lease = fmt.Sprintf("held by %s until %s", r.Holder, stamp(r.LeaseUntil))
+	switch held := fmt.Sprintf("held by %s until %s", r.Holder, stamp(r.LeaseUntil)); {
+	case r.Holder == "":
+	case !time.Now().Before(r.LeaseUntil):
+		lease = "free (" + held + ", which has passed)"
+	case idem.HolderGone(r.Holder):
+		lease = "free on this host (" + held + ", a process that is gone)"
+	default:
+		lease = held
 	}
 	field("lease", lease)
 	return tw.Flush()
