@@ -181,6 +181,10 @@ func TestMismatchAfterWaitGotKey(t *testing.T) {
 		if me.GotKey != "" {
 			t.Fatalf("GotKey %q (message: %q); want \"\": the caller set no Idempotency-Key", me.GotKey, me.Error())
 		}
+		// The request is the one stored: the message must not blame it.
+		if msg := me.Error(); strings.Contains(msg, "different method, URL or body") || !strings.Contains(msg, `"k2"`) {
+			t.Fatalf("message %q; want it to say that the operation was begun again under key \"k2\", not that the request differs", msg)
+		}
 	})
 }
 
