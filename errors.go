@@ -68,8 +68,8 @@ type MismatchError struct {
 func (e *MismatchError) Error() string {
 	if e.GotKey == "" && e.Stored != "" && e.Stored == e.Got {
 		// The same request, and a key the caller did not set: the name was
-		// abandoned and begun again under a new key meanwhile.
-		return fmt.Sprintf("idem: operation %q was abandoned and begun again, under key %q, by another call after this one found it; this call's request is the same, but its key is no longer the operation's: nothing was sent", e.Op, e.Key)
+		// abandoned (or forgotten) and begun again under a new key meanwhile.
+		return fmt.Sprintf("idem: operation %q was abandoned or forgotten and begun again, under key %q, by another call after this one found it; this call's request is the same, but its key is no longer the operation's: nothing was sent", e.Op, e.Key)
 	}
 	var msg string
 	if e.GotKey != "" && e.GotKey != e.Key {
