@@ -246,6 +246,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := req.Context().Err(); err != nil {
+		// Done before the call began: nothing is read, stored or sent,
+		// and the operation, if the jar has it, stays as it is.
+		return nil, err
+	}
 	c := &call{t: t, req: req, policy: t.Policy.Defaults(), op: Operation(req.Context()), callerKey: key}
 	if err := t.prepareBody(req, &c.body); err != nil {
 		return nil, err

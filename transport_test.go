@@ -759,6 +759,28 @@ func TestLastRetryableResponseReturnedWhenAttemptsRunOut(t *testing.T) {
 	})
 }
 
+// TestContextDoneBeforeTheCall: a call whose context is already done
+// returns the context's error, not a body error, reads and sends nothing,
+// and leaves the operation as the jar has it.
+func TestContextDoneBeforeTheCall(t *testing.T) {
+	tr, rec, jar := newTransport(t, netErr(syscall.ECONNREFUSED))
+	tr.Policy.MaxAttempts = 1
+	ctx := idem.WithOperation(context.Background(), "op")
+	if _, err := post(t, ctx, tr, `{}`); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("first call: %v; want pending", err)
+	}
+	before, _ := jar.Get(ctx, "op")
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := post(t, cancelled, tr, `{}`)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, idem.ErrRequestBody) || rec.attempts() != 1 {
+		t.Fatalf("got %v after %d attempts; want context.Canceled (not a body error), nothing sent", err, rec.attempts())
+	}
+	if after, _ := jar.Get(ctx, "op"); after.State != idem.StatePending || after.Attempts != before.Attempts || after.Updated != before.Updated {
+		t.Fatalf("record %+v; want it unchanged: %+v", after, before)
+	}
+}
+
 func TestCancelledContextStopsTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(503, "Retry-After", "20"), status(201))

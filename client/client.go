@@ -276,7 +276,9 @@ const replayedHeader = "Idempotent-Replayed"
 //     Err is nil and the operation is done.
 //
 // errors.Is(err, idem.ErrPending) reports every outcome that stays
-// unknown and resumable. Errors without an answer are those of
+// unknown and resumable, but for a ctx already done when Do is called,
+// whose error Do returns having sent nothing (an operation left pending by
+// an earlier call stays pending). Errors without an answer are those of
 // http.Client.Do (a *url.Error) wrapping the Transport's typed errors:
 // *idem.PendingError, *idem.ReconcileError (past the horizon: reconcile),
 // *idem.MismatchError (op reused with another request: nothing sent),
