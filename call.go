@@ -424,7 +424,7 @@ func (c *call) reconcile(ctx context.Context) error {
 // begin finds or creates the operation in the jar, durably, before the
 // first send.
 func (c *call) begin(ctx context.Context) error {
-	holder, err := newHolder()
+	holder, err := NewHolder()
 	if err != nil {
 		return err
 	}

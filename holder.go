@@ -80,7 +80,12 @@ var (
 	holderCount atomic.Uint64
 )
 
-func newHolder() (string, error) {
+// NewHolder returns a new lease holder id for Jar.Acquire, as the
+// Transport takes each call's: one that HolderGone recognises once this
+// process is gone, so that a restart on this host takes over a lease the
+// process left rather than wait it out. Code that takes a lease itself
+// (client.Abandon does) should use it.
+func NewHolder() (string, error) {
 	prefix, err := holderPrefix()
 	if err != nil {
 		return "", err
@@ -90,7 +95,7 @@ func newHolder() (string, error) {
 }
 
 // HolderGone reports whether holder, the lease holder of a Record written
-// by a Transport, names a process on this host that no longer exists: a
+// by a Transport (or taken with NewHolder), names a process on this host that no longer exists: a
 // holder that cannot be sending anything, whose lease need not be waited
 // out. It errs towards false: an unknown format, another host (on Linux,
 // another PID namespace or another boot too, so a holder written before a
@@ -106,7 +111,7 @@ func HolderGone(holder string) bool {
 	if !ok {
 		return false
 	}
-	// Only a pid as newHolder writes it: Atoi would also take "+7" or 2^32+7,
+	// Only a pid as NewHolder writes it: Atoi would also take "+7" or 2^32+7,
 	// and the kernel reads 32 bits of a pid.
 	pid, err := strconv.Atoi(pidText)
 	if err != nil || pid <= 0 || pid > math.MaxInt32 || strconv.Itoa(pid) != pidText || pid == os.Getpid() {

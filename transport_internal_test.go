@@ -54,11 +54,11 @@ func TestNewKeyIsUUIDv4(t *testing.T) {
 // Holder ids are the process prefix, a random id and a counter that grows
 // by one per call.
 func TestNewHolderCountsCalls(t *testing.T) {
-	a, err := newHolder()
+	a, err := NewHolder()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := newHolder()
+	b, err := NewHolder()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,8 +34,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/keyjar"
@@ -459,7 +457,10 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	default:
 		return fmt.Errorf("client: abandon %q: the operation is %s, its outcome is known: %w", op, rec.State, ErrState)
 	}
-	holder := uuid.NewString()
+	holder, err := idem.NewHolder()
+	if err != nil {
+		return fmt.Errorf("client: abandon %q: %w", op, err)
+	}
 	now := time.Now()
 	rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
 	if errors.Is(err, idem.ErrLeased) && idem.HolderGone(rec.Holder) {

@@ -523,3 +523,28 @@ func TestAbandonReportsTheFailedRelease(t *testing.T) {
 		t.Fatalf("state %s; want pending", state(t, c.Jar(), "charge:o1"))
 	}
 }
+
+// TestAbandonLeaseNamesItsProcess: the lease Abandon takes names this
+// process as the Transport's do, so that if the process dies before the
+// abandon is written (here: the jar's Update fails), a restart on this host
+// sees that its holder is gone (idem.HolderGone) and need not wait it out.
+func TestAbandonLeaseNamesItsProcess(t *testing.T) {
+	ctx := context.Background()
+	_, c := pendingCharge(t, nil)
+	errDown := errors.New("jar unavailable")
+	other, err := client.New(ctx, "", &client.Options{Jar: failingUpdateJar{Jar: c.Jar(), err: errDown}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Abandon(ctx, "charge:o1", "the ledger shows no charge"); !errors.Is(err, errDown) {
+		t.Fatalf("Abandon: %v; want the jar's error", err)
+	}
+	rec, err := c.Jar().Get(ctx, "charge:o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%s/%d/", holderHost(t), os.Getpid()); !strings.HasPrefix(rec.Holder, want) {
+		t.Fatalf("Abandon left the lease of holder %q; want one of this process, %s…", rec.Holder, want)
+	}
+}
