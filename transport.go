@@ -84,13 +84,16 @@ func Operation(ctx context.Context) string {
 //     the header without what SecretHeader names.
 //   - It interprets responses only to decide on a retry (retry.Classify:
 //     409, 429, 502, 503, 504 and network errors; not those statuses when
-//     replayed, which are the server's saved answer). Each superseded response
-//     body is drained (at most 64 KiB, for at most a second) and closed.
-//     The final response comes back with a nil error whatever its status,
-//     422 included, and so does the last retryable response when the
-//     call's attempts or budget run out: the operation then stays pending,
-//     and its Retry-After, when it has one, is recorded as the operation's
-//     NextAttempt.
+//     replayed, which are the server's saved answer) and on the
+//     operation's state. Each superseded response body is drained (at
+//     most 64 KiB, for at most a second) and closed. The final response
+//     comes back with a nil error whatever its status, 422 included, and
+//     so does the last retryable response when the call's attempts or
+//     budget run out: the operation then stays pending, and its
+//     Retry-After, when it has one, is recorded as the operation's
+//     NextAttempt. A 401 or 407 (the credentials refused, the request not
+//     applied) is returned at once and leaves the operation in the state
+//     it had.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,

@@ -253,6 +253,31 @@ func TestReplayedRetryableStatusIsFinal(t *testing.T) {
 	}
 }
 
+// TestRefusedCredentialsLeaveTheOperationAsItWas: a 401 or 407 says the
+// request was not applied (its credentials were refused), so it settles
+// nothing: returned at once, not retried, and the operation keeps its
+// state, pending after an attempt whose outcome is unknown, as a resume
+// without the first credential meets it.
+func TestRefusedCredentialsLeaveTheOperationAsItWas(t *testing.T) {
+	for _, code := range []int{401, 407} {
+		tr, rec, jar := newTransport(t, netErr(syscall.ECONNRESET), status(code), status(201))
+		tr.Policy.MaxAttempts = 1
+		ctx := idem.WithOperation(context.Background(), "op")
+		if _, err := post(t, ctx, tr, `{}`); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("first call: %v; want pending", err)
+		}
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != code || rec.attempts() != 2 {
+			t.Fatalf("%d: got %v, %v after %d attempts; want it returned, not retried", code, resp, err, rec.attempts())
+		}
+		resp.Body.Close()
+		r, _ := jar.Get(ctx, "op")
+		if r.State != idem.StatePending || r.LastStatus != code || r.Attempts != 2 || r.Holder != "" {
+			t.Fatalf("%d: record %+v; want pending, last status %d, 2 attempts, the lease released", code, r, code)
+		}
+	}
+}
+
 func TestResetConnectionIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, _ := newTransport(t, netErr(syscall.ECONNRESET), func() (*http.Response, error) { return nil, io.EOF }, status(200))

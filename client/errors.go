@@ -50,8 +50,10 @@ type StatusError struct {
 	// Err is *idem.MismatchError for 422 (the server's refusal of a key
 	// reused with another request: Stored and Got are empty, the server
 	// does not say them), *ConflictError for 409 and *idem.PendingError for
-	// 429, 502, 503 and 504 when the call's attempts or budget ran out;
-	// nil otherwise.
+	// 429, 502, 503 and 504 when the call's attempts or budget ran out,
+	// and *idem.PendingError for 401 and 407 when the operation is pending
+	// (the credentials were refused, the request not applied); nil
+	// otherwise.
 	Err error
 }
 
@@ -119,6 +121,13 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 	switch {
 	case r.StatusCode == http.StatusUnprocessableEntity:
 		se.Err = &idem.MismatchError{Op: r.Op, Key: r.Key}
+	case r.StatusCode == http.StatusUnauthorized || r.StatusCode == http.StatusProxyAuthRequired:
+		// Credentials refused, the request not applied: the Transport
+		// left the operation as it was, which may be pending.
+		if rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op); err == nil && rec.State == idem.StatePending {
+			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
+				Elapsed: elapsed, NextAttempt: rec.NextAttempt}
+		}
 	case retry.Classify(r.Response, nil) == retry.Retry:
 		next := c.nextAttempt(ctx, r)
 		if r.StatusCode == http.StatusConflict {

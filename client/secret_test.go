@@ -82,3 +82,43 @@ func TestCredentialsNeverReachTheJarFile(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeWithARefusedCredential: a resume whose credential the server
+// refuses (401: the request was not applied) learns nothing of the first
+// attempt's outcome. The operation stays pending, the error says so, and a
+// resume with the credential sends it again with its key.
+func TestResumeWithARefusedCredential(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, nil)
+	guarded := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != authValue {
+			http.Error(w, "who are you?", http.StatusUnauthorized)
+			return
+		}
+		s.ServeHTTP(w, r)
+	})
+	noCredential := func(*http.Request) error { return nil }
+	other, err := client.New(ctx, "", &client.Options{Jar: c.Jar(), Base: inProcess{guarded}, Header: noCredential})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	_, err = other.Resume(ctx, "charge:o1")
+	var se *client.StatusError
+	if !errors.As(err, &se) || se.StatusCode != 401 || !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("resume without the credential: %v; want *StatusError 401 matching idem.ErrPending", err)
+	}
+	if st := state(t, c.Jar(), "charge:o1"); st != idem.StatePending {
+		t.Fatalf("state %s after the 401; want pending", st)
+	}
+	withCredential, err := client.New(ctx, "", &client.Options{Jar: c.Jar(), Base: inProcess{guarded}, Header: withAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withCredential.Close()
+	resp, err := withCredential.Resume(ctx, "charge:o1")
+	if err != nil || resp.StatusCode != 201 || s.charges("o1") != 1 || s.key(1) != s.key(0) {
+		t.Fatalf("resume with the credential: %v, %v, %d charges; want 201 with the first key, one charge", resp, err, s.charges("o1"))
+	}
+	resp.Body.Close()
+}
