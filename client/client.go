@@ -19,6 +19,11 @@
 // crash, Pending lists the operations whose outcome is unknown and Resume
 // sends each again with its key; the server replays the first answer if
 // the original got through.
+//
+// Close the Client before the program exits (not os.Exit or log.Fatal
+// with Close deferred): the jar writes the outcome of a call after the call
+// returned, and Close waits for it. An exit without Close can leave the
+// last operations pending; a resume then gets the server's replay.
 package client
 
 import (
@@ -230,8 +235,9 @@ func (c *Client) HTTPClient() *http.Client { return c.hc }
 // Jar returns the Client's jar.
 func (c *Client) Jar() Jar { return c.jar }
 
-// Close closes idle connections and the jar New opened. A jar given in
-// Options.Jar is left open.
+// Close closes idle connections and the jar New opened, which first writes
+// the outcomes it was still to write. A jar given in Options.Jar is left
+// open: close it too.
 func (c *Client) Close() error {
 	c.tr.CloseIdleConnections()
 	if c.closeJar != nil {
