@@ -64,6 +64,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
@@ -177,7 +178,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	global := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	global.SetOutput(io.Discard)
 	jarPath := global.String("jar", os.Getenv("IDEM_JAR"), "")
-	lockTimeout := global.Duration("lock-timeout", 2*time.Second, "")
+	lockTimeout := cliflag.Duration(global, "lock-timeout", 2*time.Second, "")
 	if err := global.Parse(args); err != nil {
 		return flagError(err)
 	}
@@ -196,7 +197,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	set := flag.NewFlagSet(name, flag.ContinueOnError)
 	set.SetOutput(io.Discard)
 	set.StringVar(jarPath, "jar", *jarPath, "")
-	set.DurationVar(lockTimeout, "lock-timeout", *lockTimeout, "")
+	cliflag.DurationVar(set, lockTimeout, "lock-timeout", *lockTimeout, "")
 	if cmd.flags != nil {
 		cmd.flags(set)
 	}

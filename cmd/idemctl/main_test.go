@@ -430,6 +430,10 @@ func TestJarErrors(t *testing.T) {
 	wantError(t, code, errOut, 2, "no command")
 	code, _, errOut = idemctl("--jar", corrupt, "frob")
 	wantError(t, code, errOut, 2, "unknown command")
+	for _, args := range [][]string{{"--lock-timeout", "5", "list"}, {"list", "--lock-timeout", "5"}} {
+		code, _, errOut = idemctl(append([]string{"--jar", corrupt}, args...)...)
+		wantError(t, code, errOut, 2, `missing unit in duration "5"`)
+	}
 	code, out, _ := idemctl("help")
 	if code != 0 || !strings.Contains(out, "usage: idemctl") {
 		t.Fatalf("help: exit %d, %q", code, out)

@@ -44,6 +44,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	orders := fs.String("orders", "3", "how many orders to charge (order-1 … order-N), or a comma-separated list of order ids")
 	amount := fs.Int64("amount", 1000, "amount of each charge, in the currency's minor unit")
 	currency := fs.String("currency", "usd", "currency of each charge")
-	lease := fs.Duration("lease", time.Minute, "how long a charge in flight is held against other processes; a charge interrupted by a crash can be resumed once its lease ends")
+	lease := cliflag.Duration(fs, "lease", time.Minute, "how long (a `duration`) a charge in flight is held against other processes; a charge interrupted by a crash can be resumed once its lease ends")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: charge [-server URL] [-jar FILE] [-orders N|ID,ID…] [-amount A] [-currency C] [-lease D]")
 		fmt.Fprintln(stderr, "Charges orders against the reference server (idemserver); first resumes, with their")

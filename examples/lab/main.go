@@ -50,6 +50,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/internal/cliflag"
 )
 
 func main() {
@@ -76,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&cfg.rates.DropResponse, "drop", cfg.rates.DropResponse, "share of requests whose answer is dropped after the server committed")
 	fs.Float64Var(&cfg.rates.Reset, "reset", cfg.rates.Reset, "share of requests reset before reaching the server")
 	fs.Float64Var(&cfg.rates.Delay, "delay", cfg.rates.Delay, "share of requests held past the client's attempt timeout, then forwarded")
-	fs.DurationVar(&cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt; delayed requests are held 1.5 times as long")
+	cliflag.DurationVar(fs, &cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt (a `duration`); delayed requests are held 1.5 times as long")
 	asJSON := fs.Bool("json", false, "print the rows as JSON lines")
 	only := fs.String("rows", "", "comma-separated strategies to run (default: all)")
 	verbose := fs.Bool("v", false, "log the server's idempotency decisions to stderr")

@@ -1,0 +1,44 @@
+// Package cliflag holds the flag.Value types the commands share.
+package cliflag
+
+import (
+	"errors"
+	"flag"
+	"strings"
+	"time"
+)
+
+// DurationVar defines a time.Duration flag, as flag.FlagSet.DurationVar
+// does, whose bad value is refused with the reason: `invalid value "5" for
+// flag -lock-timeout: missing unit in duration "5"`, where the flag
+// package says only "parse error". flag.PrintDefaults calls its value
+// "value" unless the usage names it in back quotes, "a `duration`".
+func DurationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*duration)(p), name, usage)
+}
+
+// Duration is DurationVar returning the variable, as flag.FlagSet.Duration.
+func Duration(fs *flag.FlagSet, name string, value time.Duration, usage string) *time.Duration {
+	p := new(time.Duration)
+	DurationVar(fs, p, name, value, usage)
+	return p
+}
+
+type duration time.Duration
+
+func (d *duration) String() string { return (*time.Duration)(d).String() }
+
+func (d *duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		// "time: missing unit in duration "5"": the package prefix says
+		// nothing to someone typing a flag.
+		return errors.New(strings.TrimPrefix(err.Error(), "time: "))
+	}
+	*d = duration(v)
+	return nil
+}
+
+// Get implements flag.Getter.
+func (d *duration) Get() any { return time.Duration(*d) }
