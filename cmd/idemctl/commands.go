@@ -220,7 +220,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		resp, err := c.Resume(ctx, op)
 		if err != nil {
 			failed++
-			fmt.Fprintf(s.stderr, "idemctl: %s: %s\n", cell(op, 0), oneLine(s.describe(err).Error()))
+			fmt.Fprintf(s.stderr, "idemctl: %s: %s\n", cell(op, 0), oneLine(s.describe(s.unknown(op, err)).Error()))
 			continue
 		}
 		resp.Body.Close()
@@ -251,7 +251,7 @@ func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) e
 	}
 	defer c.Close()
 	if err := c.Abandon(ctx, op, reason); err != nil {
-		return err
+		return s.unknown(op, err)
 	}
 	fmt.Fprintf(s.stdout, "%s: abandoned; a new call with this name gets a new key\n", cell(op, 0))
 	return nil
@@ -268,7 +268,7 @@ func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	}
 	defer c.Close()
 	if err := c.Forget(ctx, op); err != nil {
-		return err
+		return s.unknown(op, err)
 	}
 	fmt.Fprintf(s.stdout, "%s: forgotten\n", cell(op, 0))
 	return nil
@@ -426,4 +426,12 @@ func sortedKeys(h http.Header) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// unknown says that op is not in the jar, for an error that means it.
+func (s *session) unknown(op string, err error) error {
+	if errors.Is(err, idem.ErrNotFound) {
+		return fmt.Errorf("no operation named %q in %s", op, s.path)
+	}
+	return err
 }

@@ -374,7 +374,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 }
 
 // describe makes a command's error clear: the jar's failures as in
-// explain, an unknown operation by name.
+// explain.
 func (s *session) describe(err error) error {
 	if err == nil {
 		return nil

@@ -303,7 +303,7 @@ func testAbandon(t *testing.T, _ *server, path string) {
 	code, _, errOut = idemctl("--jar", path, "abandon", "charge:done", "--reason", "x")
 	wantError(t, code, errOut, 1, "known")
 	code, _, errOut = idemctl("--jar", path, "abandon", "charge:nope", "--reason", "x")
-	wantError(t, code, errOut, 1, "not found")
+	wantError(t, code, errOut, 1, `no operation named "charge:nope" in `)
 }
 
 func TestForget(t *testing.T) { eachJar(t, testForget) }
@@ -321,6 +321,10 @@ func testForget(t *testing.T, _ *server, path string) {
 	if _, err := jarState(t, path, "charge:done"); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("after forget: %v; want not found", err)
 	}
+	code, _, errOut = idemctl("--jar", path, "forget", "charge:done")
+	wantError(t, code, errOut, 1, `no operation named "charge:done" in `)
+	code, _, errOut = idemctl("--jar", path, "resume", "charge:done")
+	wantError(t, code, errOut, 1, `no operation named "charge:done" in `)
 }
 
 func TestPrune(t *testing.T) { eachJar(t, testPrune) }
