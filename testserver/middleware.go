@@ -117,8 +117,11 @@ func (p ErrorPolicy) String() string {
 // The handler's request has a fresh body holding the bytes read, and a
 // context cancelled when the claim's lease ends, LockTimeout after the
 // claim was taken, so that a handler that honours its context cannot
-// outlive its claim. A claim that took the store longer than LockTimeout
-// is released without running the handler (503).
+// outlive its claim. The save or the release that follows the handler gets
+// at most 10 s, on a context that the caller hanging up does not end
+// either: a server that stops gracefully waits LockTimeout and those 10 s
+// for its requests in flight. A claim that took the store longer than
+// LockTimeout is released without running the handler (503).
 //
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
