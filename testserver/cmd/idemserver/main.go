@@ -9,10 +9,14 @@
 //	go run ./testserver/cmd/idemserver -addr 127.0.0.1:0 -db /tmp/idem.db -on-error save
 //	go run ./testserver/cmd/idemserver -db 'postgres://idem@db:5432/idem?sslmode=verify-full'
 //
-// It prints the address it listens on, and stops gracefully on SIGINT or
-// SIGTERM. Several processes may serve the same -db at once: on one machine
-// a SQLite file, across machines a PostgreSQL database, where they share
-// the keys and the ledger.
+// It prints the address it listens on. On SIGINT or SIGTERM it stops
+// listening and waits for the requests in flight to be answered, up to the
+// time a request with an Idempotency-Key may take: -lock-timeout, which
+// ends its handler, and 10 s to save its answer. A request without a key
+// (-optional-key) that -delay holds longer is cut off. A second SIGINT or
+// SIGTERM ends the process at once. Several processes may serve the same
+// -db at once: on one machine a SQLite file, across machines a PostgreSQL
+// database, where they share the keys and the ledger.
 //
 // Fault switches, for demos and labs: -fail-after-charge P answers 500 after
 // PayCo charged, with probability P; -crash-after-charge P exits the process
@@ -20,12 +24,14 @@
 // makes PayCo ignore its key; -optional-key lets requests without a key
 // through unprotected. -seed fixes the random draws.
 //
-// Exit status: 0 after a graceful stop, and for -h or -help; 1 when the
-// server cannot start (the database cannot be opened or is another
-// program's, the address cannot be listened on) or fails while serving; 2
-// for a usage error: an unknown flag, a flag value that does not parse or
-// is out of range, an argument besides the flags; 3 for
-// -crash-after-charge.
+// Exit status: 0 after a graceful stop, every request in flight answered,
+// and for -h or -help; 1 when the server cannot start (the database cannot
+// be opened or is another program's, the address cannot be listened on) or
+// fails while serving, or when requests were still in flight at the end of
+// the wait (their connections are closed); 2 for a usage error: an unknown
+// flag, a flag value that does not parse or is out of range, an argument
+// besides the flags; 3 for -crash-after-charge. A second signal ends the
+// process by that signal.
 package main
 
 import (
@@ -57,10 +63,22 @@ import (
 // crashStatus is the exit status of -crash-after-charge.
 const crashStatus = 3
 
+// saveTimeout is how long the Middleware may take, after its handler
+// returned, to save the answer or release the claim (testserver documents
+// 10 s). A stop waits for requests in flight up to the lock timeout, which
+// ends a protected handler, and this.
+const saveTimeout = 10 * time.Second
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal stops the server gracefully. The default behaviour
+	// of both signals is back before run sees it, so that a second one
+	// ends the process at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	context.AfterFunc(sig, func() { stop(); cancel() })
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	cancel()
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return
 	}
@@ -283,13 +301,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	case <-ctx.Done():
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+	grace := mw.LockTimeout + saveTimeout
+	fmt.Fprintf(stdout, "idemserver: stopping: waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)\n", grace)
+	if err := shutdown(srv, grace); err != nil {
+		return err
 	}
 	fmt.Fprintln(stdout, "idemserver: stopped")
 	return nil
+}
+
+// shutdown stops srv listening and waits up to grace for the requests in
+// flight to be answered. It then closes the connections left, cutting off
+// their requests, and reports them.
+func shutdown(srv *http.Server, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := srv.Shutdown(ctx)
+	if err == nil {
+		return nil
+	}
+	srv.Close()
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shutdown: requests still in flight after %v; their connections were closed", grace)
+	}
+	return fmt.Errorf("shutdown: %w", err)
 }
 
 // prune deletes expired keys every interval until ctx ends.

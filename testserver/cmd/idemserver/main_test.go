@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,10 +16,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
@@ -36,6 +40,8 @@ func TestProcesses(t *testing.T) {
 	t.Run("crash after charge", func(t *testing.T) { testCrashAfterCharge(t, bin) })
 	t.Run("a client's key jar is refused", func(t *testing.T) { testKeyJarRefused(t, bin) })
 	t.Run("exit status", func(t *testing.T) { testExitStatus(t, bin) })
+	t.Run("a stop waits for a charge in flight", func(t *testing.T) { testStopWaits(t, bin) })
+	t.Run("a second signal stops at once", func(t *testing.T) { testSecondSignal(t, bin) })
 	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
 	t.Run("fleet: a killed server's claim is taken over", func(t *testing.T) { testFleetKilledServer(t, bin) })
 }
@@ -291,6 +297,123 @@ func testExitStatus(t *testing.T, bin string) {
 	}
 }
 
+// chargeInFlight runs the binary with -v and -delay 1h, and sends it a
+// charge, whose handler then holds the answer until its lease ends
+// (-lock-timeout). It returns once the server logged the charge's claim,
+// with stdout read past the address line; the charge's outcome comes on
+// the channel.
+func chargeInFlight(t *testing.T, bin string, args ...string) (*exec.Cmd, *bufio.Reader, <-chan answer) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-v", "-delay", "1h"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	out := bufio.NewReader(stdout)
+	line, err := out.ReadString('\n')
+	const prefix = "idemserver: listening on "
+	if err != nil || !strings.HasPrefix(line, prefix) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	s := &server{}
+	s.url, _, _ = strings.Cut(strings.TrimPrefix(line, prefix), " ")
+	got := make(chan answer, 1)
+	go func() {
+		resp, body, err := s.charge("key-1", "o-1")
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		got <- answer{status: resp.StatusCode, body: body}
+	}()
+	claimed := false
+	for sc := bufio.NewScanner(stderr); !claimed && sc.Scan(); { // until the process ends at most
+		claimed = strings.Contains(sc.Text(), "idempotency: claimed")
+	}
+	go io.Copy(io.Discard, stderr)
+	if !claimed {
+		t.Fatal("the server never logged the charge's claim")
+	}
+	return cmd, out, got
+}
+
+// testStopWaits: SIGTERM while a charge is in flight waits for its answer,
+// which is saved and sent, and then exits 0.
+func testStopWaits(t *testing.T, bin string) {
+	db := filepath.Join(t.TempDir(), "idem.db")
+	const lockTimeout = 500 * time.Millisecond
+	cmd, stdout, got := chargeInFlight(t, bin, "-db", db, "-lock-timeout", lockTimeout.String())
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(stdout)
+	cmd.Wait()
+	want := fmt.Sprintf("waiting up to %v for requests in flight", lockTimeout+saveTimeout)
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(rest), want) || !strings.Contains(string(rest), "idemserver: stopped") {
+		t.Fatalf("after SIGTERM: exit %d, stdout %q; want 0, saying %q, and stopped", code, rest, want)
+	}
+	if a := <-got; a.err != nil || a.status != http.StatusCreated {
+		t.Fatalf("the charge in flight: %d %q, %v; want its 201", a.status, a.body, a.err)
+	}
+	if n := inFlight(t, db); n != 0 {
+		t.Fatalf("%d keys in flight after the stop; want the answer saved", n)
+	}
+}
+
+// testSecondSignal: a second SIGTERM, while the first waits for a charge
+// in flight, ends the process at once, by the signal.
+func testSecondSignal(t *testing.T, bin string) {
+	db := filepath.Join(t.TempDir(), "idem.db")
+	cmd, stdout, got := chargeInFlight(t, bin, "-db", db) // the default lock timeout, a minute
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The line comes once the default behaviour of the signals is back.
+	line, err := stdout.ReadString('\n')
+	want := fmt.Sprintf("waiting up to %v for requests in flight", testserver.DefaultLockTimeout+saveTimeout)
+	if err != nil || !strings.Contains(line, want) {
+		t.Fatalf("after SIGTERM: %q, %v; want a line saying %q", line, err, want)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Fatalf("after a second SIGTERM: %v; want killed by SIGTERM", cmd.ProcessState)
+	}
+	if a := <-got; a.err == nil {
+		t.Fatalf("the charge in flight: %d %q; want the connection dropped", a.status, a.body)
+	}
+}
+
+// inFlight counts the keys in flight in the SQLite file at path.
+func inFlight(t *testing.T, path string) int {
+	t.Helper()
+	s, err := sqlitestore.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var n int
+	if err := s.DB().QueryRow(`SELECT count(*) FROM idempotency_keys WHERE status = 'in_flight'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // age moves every claim in the file an hour into the past.
 func age(t *testing.T, path string) {
 	t.Helper()
@@ -361,6 +484,100 @@ func TestRunStops(t *testing.T) {
 	}
 	if fi, err := os.Stat(db); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("database file: %v, %v; want mode 0600", fi, err)
+	}
+}
+
+// run waits for a request in flight when its context ends: the handler
+// runs to the end of its lease, its answer is saved and sent, and run
+// returns nil.
+func TestRunWaitsForRequestInFlight(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	outR, outW := io.Pipe()
+	errR, errW := io.Pipe()
+	done := make(chan error, 1)
+	db := filepath.Join(t.TempDir(), "x.db")
+	const lockTimeout = 500 * time.Millisecond
+	args := []string{"-addr", "127.0.0.1:0", "-db", db, "-v", "-delay", "1h", "-lock-timeout", lockTimeout.String()}
+	go func() {
+		done <- run(ctx, args, outW, errW)
+		outW.Close()
+		errW.Close()
+	}()
+	stdout := bufio.NewReader(outR)
+	line, err := stdout.ReadString('\n')
+	const prefix = "idemserver: listening on "
+	if err != nil || !strings.HasPrefix(line, prefix) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	s := &server{}
+	s.url, _, _ = strings.Cut(strings.TrimPrefix(line, prefix), " ")
+	got := make(chan answer, 1)
+	go func() {
+		resp, body, err := s.charge("key-1", "o-1")
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		got <- answer{status: resp.StatusCode, body: body}
+	}()
+	claimed := false
+	for sc := bufio.NewScanner(errR); !claimed && sc.Scan(); { // until run returns at most
+		claimed = strings.Contains(sc.Text(), "idempotency: claimed")
+	}
+	go io.Copy(io.Discard, errR)
+	if !claimed {
+		t.Fatal("run never logged the charge's claim")
+	}
+	rest := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(stdout)
+		rest <- string(b)
+	}()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run after cancel, with a charge in flight: %v; want nil", err)
+	}
+	if a := <-got; a.err != nil || a.status != http.StatusCreated {
+		t.Fatalf("the charge in flight: %d %q, %v; want its 201", a.status, a.body, a.err)
+	}
+	want := fmt.Sprintf("waiting up to %v for requests in flight", lockTimeout+saveTimeout)
+	if out := <-rest; !strings.Contains(out, want) || !strings.Contains(out, "idemserver: stopped") {
+		t.Fatalf("stdout after the listening line: %q; want it saying %q, then stopped", out, want)
+	}
+	if n := inFlight(t, db); n != 0 {
+		t.Fatalf("%d keys in flight after run returned; want the answer saved", n)
+	}
+}
+
+// shutdown gives up on a request still in flight after its grace: it
+// closes the request's connection, which ends the handler's context, and
+// says so.
+func TestShutdownGivesUp(t *testing.T) {
+	entered := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done()
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	got := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + ln.Addr().String())
+		if err == nil {
+			resp.Body.Close()
+		}
+		got <- err
+	}()
+	<-entered
+	if err := shutdown(srv, 0); err == nil || !strings.Contains(err.Error(), "still in flight") {
+		t.Fatalf("shutdown with a request in flight and no grace: %v; want it saying the request is still in flight", err)
+	}
+	if err := <-got; err == nil {
+		t.Fatal("the request in flight was answered; want its connection closed")
 	}
 }
 
