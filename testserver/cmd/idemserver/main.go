@@ -50,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/internal/cliflag"
 	dsnpkg "github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
@@ -203,15 +204,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		addr        = fs.String("addr", "127.0.0.1:8080", "address to listen on (port 0 picks a free one)")
 		db          = fs.String("db", "idemserver.db", "the keys and the PayCo ledger: a SQLite file, or a postgres:// URL")
-		lockTimeout = fs.Duration("lock-timeout", testserver.DefaultLockTimeout, "how long a claim is honoured before a retry may take it over")
-		retention   = fs.Duration("retention", testserver.MinRetention, "how long keys are kept (at least 24h)")
-		pruneEvery  = fs.Duration("prune-every", time.Hour, "how often keys older than -retention are deleted (0: never)")
+		lockTimeout = cliflag.Duration(fs, "lock-timeout", testserver.DefaultLockTimeout, "how long (a `duration`) a claim is honoured before a retry may take it over")
+		retention   = cliflag.Duration(fs, "retention", testserver.MinRetention, "how long (a `duration`, at least 24h) keys are kept")
+		pruneEvery  = cliflag.Duration(fs, "prune-every", time.Hour, "how often (a `duration`; 0: never) keys older than -retention are deleted")
 		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
 		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
 		noDedup     = fs.Bool("no-dedup", false, "fault: PayCo charges on every call, ignoring the server's key")
 		failAfter   = fs.Float64("fail-after-charge", 0, "fault: probability of answering 500 after PayCo charged")
 		crashAfter  = fs.Float64("crash-after-charge", 0, "fault: probability of exiting (status 3) right after PayCo charged")
-		delay       = fs.Duration("delay", 0, "fault: hold each charge's answer this long after PayCo charged")
+		delay       = cliflag.Duration(fs, "delay", 0, "fault: hold each charge's answer this long (a `duration`) after PayCo charged")
 		seed        = fs.Uint64("seed", 1, "seed of the fault switches' random draws")
 		verbose     = fs.Bool("v", false, "log every idempotency decision to stderr")
 	)

@@ -458,11 +458,16 @@ func TestFlagValues(t *testing.T) {
 		{"-lock-timeout", "-5s"},
 		{"-prune-every", "-1h"},
 		{"-delay", "-1s"},
+		{"-lock-timeout", "5"}, // the reason, a missing unit, is checked below
 	} {
 		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), flag[0]) {
 			t.Errorf("run(%s %s): %v; want an error naming %s", flag[0], flag[1], err, flag[0])
 		}
+	}
+	err := run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `missing unit in duration "5"`) {
+		t.Errorf("run(-lock-timeout 5): %v; want it to say the unit is missing", err)
 	}
 }
 
