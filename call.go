@@ -522,17 +522,26 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	actx, cancel := context.WithCancel(ctx)
 	var timedOut atomic.Bool
 	timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
-	defer timer.Stop()
 	resp, err := c.roundTrip(c.attempt(actx, rc))
-	if err != nil {
-		cancel()
-		if timedOut.Load() && ctx.Err() == nil {
-			return nil, &attemptTimeoutError{d: d, err: err}
+	if err == nil {
+		if timer.Stop() {
+			resp.Body = body.OnClose(resp.Body, cancel)
+			return resp, nil
 		}
-		return nil, err
+		// The timer fired as the headers came: the attempt's context is
+		// cancelled, and the body cannot be read. The attempt timed out;
+		// it is sent again with the same key.
+		resp.Body.Close()
+		timedOut.Store(true)
+		cancel()
+		err = actx.Err()
 	}
-	resp.Body = body.OnClose(resp.Body, cancel)
-	return resp, nil
+	timer.Stop()
+	cancel()
+	if timedOut.Load() && ctx.Err() == nil {
+		return nil, &attemptTimeoutError{d: d, err: err}
+	}
+	return nil, err
 }
 
 // roundTrip sends out through the base transport, holding it to the

@@ -334,3 +334,35 @@ func TestLeaseOfAnEndlessAttemptTimeout(t *testing.T) {
 		}
 	})
 }
+
+// TestAttemptTimeoutFiringAsHeadersArrive: an answer that the base
+// transport returns after the attempt's timeout fired (its headers raced
+// the timer, as they can in http.Transport) has a body tied to a context
+// already cancelled, which nobody can read. The attempt counts as timed
+// out and is sent again with the same key, and the answer that comes back
+// is readable.
+func TestAttemptTimeoutFiringAsHeadersArrive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var keys []string
+		tr := &idem.Transport{Jar: &idem.MemoryJar{}, Policy: retry.Policy{AttemptTimeout: time.Second, InitialInterval: time.Millisecond}}
+		tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			keys = append(keys, r.Header.Get(idem.KeyHeader))
+			if len(keys) == 1 {
+				time.Sleep(2 * time.Second) // the timer fires; the answer comes all the same
+			}
+			return &http.Response{StatusCode: 201, Body: io.NopCloser(&ctxReader{ctx: r.Context(), data: "ok"}), Header: http.Header{}}, nil
+		})
+		resp, err := post(t, context.Background(), tr, `{}`)
+		if err != nil {
+			t.Fatalf("got %v; want the 201", err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || string(b) != "ok" {
+			t.Fatalf("body %q, %v after %d attempts; want ok", b, err, len(keys))
+		}
+		if len(keys) != 2 || keys[1] != keys[0] {
+			t.Fatalf("keys %q; want 2 attempts with one key", keys)
+		}
+	})
+}
