@@ -100,11 +100,13 @@ func Operation(ctx context.Context) string {
 //     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned wrapped), never a
 //     *url.Error, which http.Client adds. http.Client.Timeout bounds the
 //     whole call, retries and waits included, and when it fires
-//     http.Client replaces this error with its own, which only says that
-//     the time ran out: errors.Is(err, ErrPending) and errors.As with a
-//     *PendingError then fail, although the operation stays pending.
-//     Bound a call with its request's context (context.WithTimeout) and
-//     each attempt with Policy.AttemptTimeout instead.
+//     http.Client may replace this error with its own, which only says
+//     that the time ran out (it does when its own timer is seen before
+//     the Transport returns, a race): errors.Is(err, ErrPending) and
+//     errors.As with a *PendingError then fail, although the operation
+//     stays pending. Bound a call with its request's context
+//     (context.WithTimeout) and each attempt with Policy.AttemptTimeout
+//     instead.
 //   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
 //     stored in the jar, not from an in-memory timer that a restart would
 //     reset. Past it, RoundTrip returns a *ReconcileError without sending,
