@@ -123,6 +123,15 @@ func Operation(ctx context.Context) string {
 //   - http.Transport may itself re-send one attempt on a dead reused
 //     connection, because the key header makes the request replayable: the
 //     server can see more attempts than the SDK counts. That is safe.
+//   - A 307 or 308 answer is final: the operation is done. An http.Client
+//     that follows it sends the request again, to the new URL, through
+//     the Transport, which takes it for a new request: unnamed, it is an
+//     operation of its own with a new key; named by WithOperation or by
+//     the caller's Idempotency-Key, it is refused with a *MismatchError
+//     (nothing is sent to the new URL), which http.Client returns. To get
+//     the redirect back as the answer instead, set the http.Client's
+//     CheckRedirect to return http.ErrUseLastResponse for the methods in
+//     Methods, as package client does.
 //   - CloseIdleConnections is forwarded to Base.
 type Transport struct {
 	// Base sends each attempt. Nil means http.DefaultTransport, whose pool

@@ -366,3 +366,45 @@ func TestAttemptTimeoutFiringAsHeadersArrive(t *testing.T) {
 		}
 	})
 }
+
+// TestRedirectOfANamedOperation: an http.Client that follows a 307 sends
+// the POST again through the Transport, to another URL: a named operation
+// refuses it with a *MismatchError, nothing reaches the new URL, and the
+// 307 is the operation's recorded outcome.
+func TestRedirectOfANamedOperation(t *testing.T) {
+	var moved, target int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/old" {
+			moved++
+			http.Redirect(w, r, "/new", http.StatusTemporaryRedirect)
+			return
+		}
+		target++
+	}))
+	defer srv.Close()
+	jar := &idem.MemoryJar{}
+	hc := &http.Client{Transport: &idem.Transport{Jar: jar, Policy: fastPolicy}}
+	ctx := idem.WithOperation(context.Background(), "op")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/old", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hc.Do(req); !errors.Is(err, idem.ErrMismatch) || moved != 1 || target != 0 {
+		t.Fatalf("got %v, %d requests to /old, %d to /new; want a *MismatchError, 1 and 0", err, moved, target)
+	}
+	if rec, err := jar.Get(ctx, "op"); err != nil || rec.State != idem.StateDone || rec.LastStatus != http.StatusTemporaryRedirect {
+		t.Fatalf("record %+v, %v; want done with 307", rec, err)
+	}
+
+	// With CheckRedirect stopping at it, the 307 is the answer.
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	req, err = http.NewRequestWithContext(idem.WithOperation(ctx, "op2"), http.MethodPost, srv.URL+"/old", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil || resp.StatusCode != http.StatusTemporaryRedirect {
+		t.Fatalf("got %v, %v; want the 307", resp, err)
+	}
+	resp.Body.Close()
+}
