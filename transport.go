@@ -170,7 +170,9 @@ type Transport struct {
 
 	// MaxStoredBody is the largest body stored in the jar with the request,
 	// so that the operation can be resumed after a restart without the
-	// caller. Zero means 64 KiB; negative means never store bodies.
+	// caller. Zero means 64 KiB; negative means never store bodies. A body
+	// larger than MaxBuffer is never stored, whatever MaxStoredBody says:
+	// it is streamed, never held whole.
 	MaxStoredBody int64
 
 	// Lease is how long one call holds an operation before another holder

@@ -408,3 +408,20 @@ func TestRedirectOfANamedOperation(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// TestBodyAboveMaxBufferIsNotStored: MaxStoredBody does not lift
+// MaxBuffer: a body larger than MaxBuffer is streamed, and the record
+// keeps only its size.
+func TestBodyAboveMaxBufferIsNotStored(t *testing.T) {
+	tr, _, jar := newTransport(t, status(201))
+	tr.MaxBuffer, tr.MaxStoredBody = 8, 64
+	ctx := idem.WithOperation(context.Background(), "op")
+	resp, err := post(t, ctx, tr, `{"amount":4200}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if rec, err := jar.Get(ctx, "op"); err != nil || rec.Body != nil || rec.BodySize != 15 {
+		t.Fatalf("stored body %q of %d bytes, %v; want none of 15", rec.Body, rec.BodySize, err)
+	}
+}

@@ -117,7 +117,8 @@ type Options struct {
 
 	// MaxStoredBody is the largest request body stored in the jar for
 	// Resume; a larger body must be supplied again to ResumeWithBody. Zero
-	// means 64 KiB; negative means never store bodies.
+	// means 64 KiB; negative means never store bodies. A body larger than
+	// 8 MiB (the Transport's MaxBuffer) is never stored.
 	MaxStoredBody int64
 
 	// MaxErrorBody is how much of a non-2xx response body a StatusError
