@@ -470,6 +470,15 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	rec, created, err := c.t.Jar.Begin(ctx, r)
 	if err != nil {
+		if ctxErr := retry.CtxErr(ctx); ctxErr != nil {
+			// The caller's context ended, not the jar: nothing is sent, but
+			// the record may be written all the same (a commit outlives
+			// the wait for it). Give back its lease and the first attempt
+			// it counts, fenced by this call's holder id: where Begin
+			// wrote nothing, nothing changes.
+			c.rec, c.created = r, true
+			return c.stop(ctx, ctxErr)
+		}
 		return &JarError{Op: c.op, Err: err}
 	}
 	c.rec, c.created = rec, created

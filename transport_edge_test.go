@@ -425,3 +425,51 @@ func TestBodyAboveMaxBufferIsNotStored(t *testing.T) {
 		t.Fatalf("stored body %q of %d bytes, %v; want none of 15", rec.Body, rec.BodySize, err)
 	}
 }
+
+// lateBeginJar creates the record, as a jar whose commit outlives the
+// caller's wait does (keyjar: "the record may still be created"), and
+// returns the caller's context error: the context ends during the write.
+type lateBeginJar struct {
+	*idem.MemoryJar
+	cancel context.CancelFunc
+}
+
+func (j lateBeginJar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	if _, _, err := j.MemoryJar.Begin(context.Background(), r); err != nil {
+		return idem.Record{}, false, err
+	}
+	j.cancel()
+	return idem.Record{}, false, ctx.Err()
+}
+
+// TestContextEndingInBeginLeavesPendingAndFree: the caller's context
+// ending while the jar writes a new operation is the caller's context
+// ending, a *PendingError, not a jar failure; and a record the write left
+// behind holds neither this call's lease nor an attempt it never sent, so
+// that the next call with the name sends at once.
+func TestContextEndingInBeginLeavesPendingAndFree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, mj := newTransport(t, status(201))
+		ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+		tr.Jar = lateBeginJar{mj, cancel}
+		_, err := post(t, ctx, tr, `{}`)
+		var je *idem.JarError
+		if !errors.Is(err, idem.ErrPending) || !errors.Is(err, context.Canceled) || errors.As(err, &je) || rec.attempts() != 0 {
+			t.Fatalf("got %T %v after %d sends; want a *PendingError wrapping context.Canceled, nothing sent", err, err, rec.attempts())
+		}
+		r, err := mj.Get(context.Background(), "op")
+		if err != nil || r.Holder != "" || r.Attempts != 0 || r.State != idem.StatePending {
+			t.Fatalf("record %+v, %v; want pending, no lease, no attempt", r, err)
+		}
+		tr.Jar = mj
+		start := time.Now()
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if waited := time.Since(start); waited != 0 || rec.attempts() != 1 || rec.keys[0] != r.Key {
+			t.Fatalf("sent %d times with key %q after %v; want once at once with %q", rec.attempts(), rec.keys, waited, r.Key)
+		}
+	})
+}
