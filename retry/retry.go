@@ -66,8 +66,9 @@ func (d Decision) String() string {
 //
 // Errors are classified by type, never by message: context.Canceled stops;
 // a net.Error (timeouts included, so an attempt's own deadline retries),
-// io.EOF, io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED and
-// EPIPE retry; any other error (a bad URL, a TLS certificate) stops. The
+// io.EOF, io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED,
+// EPIPE and an HTTP/2 stream reset (RST_STREAM) retry; any other error (a
+// bad URL, a TLS certificate) stops. The
 // caller must check its own context first: a caller's expired deadline is a
 // net.Error too.
 func Classify(resp *http.Response, err error) Decision {
@@ -109,12 +110,31 @@ func classifyError(err error) Decision {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return Retry
 	}
+	var se http2StreamError
+	if errors.As(err, &se) {
+		return Retry
+	}
 	for _, errno := range []syscall.Errno{syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.ECONNABORTED, syscall.EPIPE} {
 		if errors.Is(err, errno) {
 			return Retry
 		}
 	}
 	return Stop
+}
+
+// http2StreamError has the fields of net/http's (unexported) HTTP/2
+// stream error, and of golang.org/x/net/http2.StreamError: net/http's
+// gives itself an As method that fills any struct of this shape. It is
+// the error of a stream the server (or the connection) reset, which an
+// HTTP/1.1 request meets as a closed connection.
+type http2StreamError struct {
+	StreamID uint32
+	Code     uint32
+	Cause    error
+}
+
+func (e http2StreamError) Error() string {
+	return fmt.Sprintf("http2 stream %d reset with code %d", e.StreamID, e.Code)
 }
 
 // ParseRetryAfter parses a Retry-After value, in delay-seconds or

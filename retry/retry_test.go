@@ -8,8 +8,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -273,4 +275,26 @@ func TestScheduleHugeRetryAfterKeepsBudget(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestClassifyHTTP2StreamReset: a server that resets an HTTP/2 stream
+// (RST_STREAM, here INTERNAL_ERROR after its handler aborted) fails the
+// attempt as a connection closed under an HTTP/1.1 request does: it is
+// retried. net/http's error for it is of an unexported type, matched by
+// errors.As through the As method net/http gives it.
+func TestClassifyHTTP2StreamReset(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic(http.ErrAbortHandler)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	resp, err := srv.Client().Post(srv.URL, "application/json", strings.NewReader(`{}`))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("got %s; want a stream error", resp.Status)
+	}
+	if got := retry.Classify(nil, err); got != retry.Retry {
+		t.Errorf("Classify(%v) = %v; want %v", err, got, retry.Retry)
+	}
 }
