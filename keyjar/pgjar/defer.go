@@ -42,8 +42,8 @@ type deferred struct {
 // same Jar before they were called, so that they observe them; methods on
 // other operations do not wait. Close applies every change deferred before it.
 //
-// Defer returns ErrInvalid for an invalid c.State or a time that cannot be
-// stored, and ErrClosed after Close.
+// Defer returns ErrInvalid for the change Update would refuse as invalid
+// (see ErrInvalid), and ErrClosed after Close.
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
 	args, err := j.changeArgs(op, holder, c)
 	if err == nil {

@@ -455,6 +455,52 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 	}
 }
 
+// TestStatusOutOfRange: a LastStatus that PostgreSQL's integer column cannot
+// hold is ErrInvalid before anything is sent, for Defer as for Update and
+// Begin; a deferred one would fail its whole batch in the driver, and take
+// the other changes of the batch with it.
+func TestStatusOutOfRange(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	g := holdApplier(t, j)
+	for _, op := range []string{"a", "b", "z"} {
+		leased(t, j, op)
+	}
+	if err := j.Defer("z", "h", idem.Change{Now: t0}); err != nil { // holds the applier on a first batch
+		t.Fatal(err)
+	}
+	<-g.entered
+	statuses := []int{math.MaxInt32 + 1, math.MinInt32 - 1}
+	for _, status := range statuses {
+		if err := j.Defer("b", "h", idem.Change{Now: t0, LastStatus: status}); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Defer with LastStatus %d: %v; want ErrInvalid", status, err)
+		}
+	}
+	if err := j.Defer("a", "h", done); err != nil {
+		t.Fatal(err)
+	}
+	g.open()
+	a, err := j.Get(t.Context(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.State != idem.StateDone || a.Holder != "" {
+		t.Errorf("a is %s held by %q; want done and released", a.State, a.Holder)
+	}
+	for _, status := range statuses {
+		if _, err := j.Update(t.Context(), "b", "h", idem.Change{Now: t0, LastStatus: status}); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Update with LastStatus %d: %v; want ErrInvalid", status, err)
+		}
+		r := record("c")
+		r.LastStatus = status
+		if _, _, err := j.Begin(t.Context(), r); !errors.Is(err, pgjar.ErrInvalid) {
+			t.Errorf("Begin with LastStatus %d: %v; want ErrInvalid", status, err)
+		}
+	}
+	if _, err := j.Get(t.Context(), "c"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Get(c) after refused Begins: %v; want ErrNotFound", err)
+	}
+}
+
 // TestStringsTextCannotHold: a NUL byte or bytes that are not UTF-8, which
 // PostgreSQL's text refuses, are ErrInvalid before anything is sent, for
 // Defer as for Update; so is an Op too long for the index.

@@ -46,6 +46,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,9 +92,10 @@ var (
 	// a State that is not valid, or with an Op longer than MaxOpLen, by
 	// Update for a Change with an invalid State, by Begin, Acquire and
 	// Update for a time that cannot be stored (outside the years 1678 to
-	// 2262) or a string that PostgreSQL's text cannot hold (one with a NUL
-	// byte or bytes that are not UTF-8), and by Defer for the change Update
-	// would refuse. Nothing is written.
+	// 2262), a string that PostgreSQL's text cannot hold (one with a NUL
+	// byte or bytes that are not UTF-8) or a LastStatus outside the 32 bits
+	// of its integer column, and by Defer for the change Update would
+	// refuse. Nothing is written.
 	ErrInvalid = errors.New("pgjar: invalid record")
 )
 
@@ -265,8 +267,8 @@ func (j *Jar) get(ctx context.Context, op string) (idem.Record, error) {
 // idem.SecretHeader names are dropped; an empty State means StatePending.
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an Op
-// longer than MaxOpLen, an invalid State, a time that cannot be stored or a
-// string that PostgreSQL's text cannot hold.
+// longer than MaxOpLen, an invalid State, a time that cannot be stored, a
+// string that PostgreSQL's text cannot hold or a LastStatus outside 32 bits.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
 	if j.closed.Load() {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, ErrClosed)
@@ -286,6 +288,9 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	}
 	if !r.State.Valid() {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: state %q", r.Op, ErrInvalid, r.State)
+	}
+	if err := storableStatus(r.LastStatus); err != nil {
+		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
 	}
 	var times [4]*int64
 	for i, t := range []struct {
@@ -418,8 +423,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // does. When holder is not "" and op's lease is no longer held by holder,
 // nothing changes and Update returns the current record and
 // idem.ErrLeaseLost. It returns idem.ErrNotFound for an unknown op, and
-// ErrInvalid for an invalid c.State or a time that cannot be stored. It
-// does not wait for the change to reach stable storage (see the package
+// ErrInvalid for an invalid c.State, a time that cannot be stored, a
+// string that text cannot hold or a LastStatus outside 32 bits. It does
+// not wait for the change to reach stable storage (see the package
 // documentation).
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	args, err := j.changeArgs(op, holder, c)
@@ -478,8 +484,8 @@ const updateSQL = `UPDATE idem_operations SET
 
 // changeArgs checks c and returns the arguments of updateSQL, which applies
 // it as idem.Change.Apply does. It returns ErrClosed after Close, and
-// ErrInvalid for an invalid c.State, a time that cannot be stored or a
-// string that text cannot hold.
+// ErrInvalid for an invalid c.State, a time that cannot be stored, a
+// string that text cannot hold or a LastStatus outside 32 bits.
 func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 	if j.closed.Load() {
 		return nil, ErrClosed
@@ -489,6 +495,9 @@ func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 	}
 	if c.State != "" && !c.State.Valid() {
 		return nil, fmt.Errorf("%w: state %q", ErrInvalid, c.State)
+	}
+	if err := storableStatus(c.LastStatus); err != nil {
+		return nil, err
 	}
 	now, err := nanos("Now", c.Now)
 	if err != nil {
@@ -510,6 +519,16 @@ func storable(fields ...string) error {
 		if v := fields[i+1]; !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
 			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], v)
 		}
+	}
+	return nil
+}
+
+// storableStatus returns ErrInvalid for a LastStatus that the integer
+// column cannot hold. The driver would refuse it before sending, and for a
+// deferred change that failure would lose the other changes of its batch.
+func storableStatus(status int) error {
+	if status < math.MinInt32 || status > math.MaxInt32 {
+		return fmt.Errorf("%w: LastStatus %d is out of range", ErrInvalid, status)
 	}
 	return nil
 }
