@@ -44,7 +44,7 @@
 // ErrVersion and a file that is not a jar with ErrCorrupt. Times are stored
 // as Unix nanoseconds, so a Record's times must lie between the years 1678
 // and 2262 (or be zero); headers are stored as JSON, byte for byte: a
-// value that is not UTF-8 is kept in base64.
+// name or value that is not UTF-8 is kept in base64.
 //
 // Credentials never reach the file: Begin drops every header that
 // idem.SecretHeader names, even when the caller forgot to.

@@ -3,8 +3,10 @@
 // replaces bytes that are not UTF-8 with U+FFFD, and HTTP allows them in
 // values (obs-text, such as a Latin-1 file name): such a value, and one
 // that begins with a NUL byte, is stored as a NUL, "base64:" and its bytes
-// in base64. No value a server accepts begins with a NUL (it is a control
-// character), so headers stored as plain JSON read back as they were.
+// in base64. So is such a name, which HTTP does not allow but a caller's
+// header may hold: two of them would otherwise become one. No name or
+// value a server accepts begins with a NUL (it is a control character), so
+// headers stored as plain JSON read back as they were.
 package hdrjson
 
 import (
@@ -27,14 +29,19 @@ func Marshal(h http.Header) ([]byte, error) {
 	for name, vs := range h {
 		ws := make([]string, len(vs))
 		for i, v := range vs {
-			if valueNeedsEncoding(v) {
-				v = marker + base64.StdEncoding.EncodeToString([]byte(v))
-			}
-			ws[i] = v
+			ws[i] = encode(v)
 		}
-		out[name] = ws
+		out[encode(name)] = ws
 	}
 	return json.Marshal(out)
+}
+
+// encode returns s, or its marked base64 when JSON cannot hold its bytes.
+func encode(s string) string {
+	if valueNeedsEncoding(s) {
+		return marker + base64.StdEncoding.EncodeToString([]byte(s))
+	}
+	return s
 }
 
 // Unmarshal reads a header that Marshal wrote, or plain JSON.
@@ -54,11 +61,34 @@ func Unmarshal(b []byte) (http.Header, error) {
 			}
 		}
 	}
+	// The encoded names are collected first: a decoded name may look like
+	// an encoded one, and must not be decoded twice.
+	var encoded []string
+	for name := range h {
+		if strings.HasPrefix(name, marker) {
+			encoded = append(encoded, name)
+		}
+	}
+	decoded := make(map[string][]string, len(encoded))
+	for _, name := range encoded {
+		d, err := base64.StdEncoding.DecodeString(name[len(marker):])
+		if err != nil {
+			return nil, fmt.Errorf("header name %q: %w", name, err)
+		}
+		decoded[string(d)] = h[name]
+		delete(h, name)
+	}
+	for name, vs := range decoded {
+		h[name] = vs
+	}
 	return h, nil
 }
 
 func needsEncoding(h http.Header) bool {
-	for _, vs := range h {
+	for name, vs := range h {
+		if valueNeedsEncoding(name) {
+			return true
+		}
 		for _, v := range vs {
 			if valueNeedsEncoding(v) {
 				return true

@@ -14,6 +14,7 @@ func TestRoundTrip(t *testing.T) {
 		{"Content-Disposition": {"attachment; filename=caf\xe9.txt"}, "X-Plain": {"ok"}},
 		{"X-Nul": {"\x00base64:not base64", "\x00"}},
 		{"X-Invalid": {"\xff\xfe", "a\x80b"}},
+		{"X-Caf\xe9": {"1"}, "X-Caf\xe8": {"2"}, "\x00base64:": {"3"}, "\x00base64:WA==": {"5"}, "X-Plain": {"4"}},
 	} {
 		b, err := Marshal(h)
 		if err != nil {
@@ -50,5 +51,8 @@ func TestPlainJSON(t *testing.T) {
 func TestUnmarshalBadBase64(t *testing.T) {
 	if _, err := Unmarshal([]byte(`{"X":["\u0000base64:***"]}`)); err == nil {
 		t.Fatal("Unmarshal of a value that is not base64 after the marker: got no error")
+	}
+	if _, err := Unmarshal([]byte(`{"\u0000base64:***":["x"]}`)); err == nil {
+		t.Fatal("Unmarshal of a name that is not base64 after the marker: got no error")
 	}
 }

@@ -908,6 +908,8 @@ func testRoundTrip(t *testing.T, j Jar) {
 			r.Header = http.Header{
 				"Content-Disposition": {"attachment; filename=caf\xe9.txt"}, // Latin-1, HTTP's obs-text
 				"X-Nul":               {"\x00base64:"},
+				"X-Caf\xe9":           {"names too"},
+				"X-Caf\xe8":           {"each its own"},
 			}
 		}},
 		{"every field", func(r *idem.Record) {
