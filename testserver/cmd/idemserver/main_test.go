@@ -322,6 +322,16 @@ func chargeInFlight(t *testing.T, bin string, args ...string) (*exec.Cmd, *bufio
 			cmd.Wait()
 		}
 	})
+	out, got := claimCharge(t, stdout, stderr)
+	return cmd, out, got
+}
+
+// claimCharge reads the address line from a server's stdout, sends it a
+// charge, and returns once its stderr (-v) logged the charge's claim, with
+// stdout read past the address line; the charge's outcome comes on the
+// channel.
+func claimCharge(t *testing.T, stdout, stderr io.Reader) (*bufio.Reader, <-chan answer) {
+	t.Helper()
 	out := bufio.NewReader(stdout)
 	line, err := out.ReadString('\n')
 	const prefix = "idemserver: listening on "
@@ -340,14 +350,14 @@ func chargeInFlight(t *testing.T, bin string, args ...string) (*exec.Cmd, *bufio
 		got <- answer{status: resp.StatusCode, body: body}
 	}()
 	claimed := false
-	for sc := bufio.NewScanner(stderr); !claimed && sc.Scan(); { // until the process ends at most
+	for sc := bufio.NewScanner(stderr); !claimed && sc.Scan(); { // until the server ends at most
 		claimed = strings.Contains(sc.Text(), "idempotency: claimed")
 	}
 	go io.Copy(io.Discard, stderr)
 	if !claimed {
 		t.Fatal("the server never logged the charge's claim")
 	}
-	return cmd, out, got
+	return out, got
 }
 
 // testStopWaits: SIGTERM while a charge is in flight waits for its answer,
@@ -509,31 +519,7 @@ func TestRunWaitsForRequestInFlight(t *testing.T) {
 		outW.Close()
 		errW.Close()
 	}()
-	stdout := bufio.NewReader(outR)
-	line, err := stdout.ReadString('\n')
-	const prefix = "idemserver: listening on "
-	if err != nil || !strings.HasPrefix(line, prefix) {
-		t.Fatalf("first line %q, %v", line, err)
-	}
-	s := &server{}
-	s.url, _, _ = strings.Cut(strings.TrimPrefix(line, prefix), " ")
-	got := make(chan answer, 1)
-	go func() {
-		resp, body, err := s.charge("key-1", "o-1")
-		if err != nil {
-			got <- answer{err: err}
-			return
-		}
-		got <- answer{status: resp.StatusCode, body: body}
-	}()
-	claimed := false
-	for sc := bufio.NewScanner(errR); !claimed && sc.Scan(); { // until run returns at most
-		claimed = strings.Contains(sc.Text(), "idempotency: claimed")
-	}
-	go io.Copy(io.Discard, errR)
-	if !claimed {
-		t.Fatal("run never logged the charge's claim")
-	}
+	stdout, got := claimCharge(t, outR, errR)
 	rest := make(chan string, 1)
 	go func() {
 		b, _ := io.ReadAll(stdout)
