@@ -44,16 +44,7 @@ func TestKilledMidChargeResumesWithTheSameKey(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
-	store, err := sqlitestore.Open(ctx, filepath.Join(dir, "server.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	payco, err := payments.NewPayCo(ctx, store.DB())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw := &testserver.Middleware{Store: store}
+	payco, mw := newServer(t, dir)
 
 	const victim = "order-2"
 	charged := make(chan struct{})  // the victim's charge is made at PayCo
@@ -252,16 +243,7 @@ func TestHelp(t *testing.T) {
 func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	store, err := sqlitestore.Open(ctx, filepath.Join(dir, "server.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	payco, err := payments.NewPayCo(ctx, store.DB())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw := &testserver.Middleware{Store: store}
+	payco, mw := newServer(t, dir)
 	srv := httptest.NewServer((&payments.App{PayCo: payco, Idempotency: mw}).Handler())
 	defer srv.Close()
 
@@ -283,4 +265,20 @@ func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
 	if cs, err := payco.Order(ctx, "x1"); err != nil || len(cs) != 0 {
 		t.Fatalf("PayCo charged x1 %d times (%v); want 0", len(cs), err)
 	}
+}
+
+// newServer opens the reference server's store and PayCo in dir, closed
+// when the test ends.
+func newServer(t *testing.T, dir string) (*payments.PayCo, *testserver.Middleware) {
+	t.Helper()
+	store, err := sqlitestore.Open(t.Context(), filepath.Join(dir, "server.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	payco, err := payments.NewPayCo(t.Context(), store.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return payco, &testserver.Middleware{Store: store}
 }
