@@ -56,3 +56,27 @@ func TestUnmarshalBadBase64(t *testing.T) {
 		t.Fatal("Unmarshal of a name that is not base64 after the marker: got no error")
 	}
 }
+
+// FuzzRoundTrip: any header, names and values of any bytes, reads back as
+// it was written.
+func FuzzRoundTrip(f *testing.F) {
+	f.Add("Content-Type", "application/json", "X-Caf\xe9", "na\xefve")
+	f.Add("\x00base64:QQ==", "\x00", "A", "\x00base64:QQ==")
+	f.Add("", "", "a", "\xff")
+	f.Fuzz(func(t *testing.T, n1, v1, n2, v2 string) {
+		h := http.Header{}
+		h[n1] = append(h[n1], v1)
+		h[n2] = append(h[n2], v2)
+		b, err := Marshal(h)
+		if err != nil {
+			t.Fatalf("Marshal(%q): %v", h, err)
+		}
+		got, err := Unmarshal(b)
+		if err != nil {
+			t.Fatalf("Unmarshal(%q) of %q: %v", b, h, err)
+		}
+		if !reflect.DeepEqual(got, h) {
+			t.Fatalf("read back %q; wrote %q (as %q)", got, h, b)
+		}
+	})
+}
