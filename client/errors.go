@@ -40,13 +40,14 @@ var (
 // not 2xx. Err, when not nil, says what the answer means for the
 // operation.
 type StatusError struct {
-	Op, Key     string // "" for an answer to a request without a key (a GET, or a redirect's)
-	Method, URL string
-	StatusCode  int
-	Status      string // as in http.Response: "503 Service Unavailable"
-	Header      http.Header
-	Body        []byte // the body, at most Options.MaxErrorBody bytes of it
-	Replayed    bool   // the server replayed a saved answer
+	Op, Key    string // "" for an answer to a request without a key (a GET, or a redirect's)
+	Method     string
+	URL        string // the request's URL, its password (user:password@) masked as in url.URL.Redacted
+	StatusCode int
+	Status     string // as in http.Response: "503 Service Unavailable"
+	Header     http.Header
+	Body       []byte // the body, at most Options.MaxErrorBody bytes of it
+	Replayed   bool   // the server replayed a saved answer
 	// Err is *idem.MismatchError for 422 (the server's refusal of a key
 	// reused with another request: Stored and Got are empty, the server
 	// does not say them), *ConflictError for 409 and *idem.PendingError for
@@ -109,7 +110,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 	se := &StatusError{Op: r.Op, Key: r.Key, StatusCode: r.StatusCode, Status: r.Status,
 		Header: r.Header, Body: b, Replayed: r.Replayed}
 	if r.Request != nil {
-		se.Method, se.URL = r.Request.Method, r.Request.URL.String()
+		se.Method, se.URL = r.Request.Method, r.Request.URL.Redacted()
 	}
 	if se.Status == "" {
 		se.Status = fmt.Sprintf("%d %s", r.StatusCode, http.StatusText(r.StatusCode))

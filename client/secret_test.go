@@ -122,3 +122,24 @@ func TestResumeWithARefusedCredential(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// A URL's userinfo is a credential (net/http sends it as Basic auth): a
+// *StatusError carries the URL without it, in its field and its message,
+// as http.Client's *url.Error does.
+func TestStatusErrorHidesUserinfo(t *testing.T) {
+	const password = "pw_in_the_url_4711"
+	s := newShop()
+	s.failNext(400)
+	c := newClient(t, s, nil)
+	_, err := c.PostJSON(context.Background(), "charge:o1", "http://shop:"+password+"@shop.test/charges", chargeReq{Order: "o1", Amount: 100}, nil)
+	var se *client.StatusError
+	if !errors.As(err, &se) || se.StatusCode != 400 {
+		t.Fatalf("got %v; want a *StatusError 400", err)
+	}
+	if strings.Contains(err.Error(), password) || strings.Contains(se.URL, password) {
+		t.Errorf("the error shows the URL's password: %q (URL %q)", err, se.URL)
+	}
+	if !strings.Contains(se.URL, "shop.test/charges") {
+		t.Errorf("StatusError.URL = %q; want the URL without its password", se.URL)
+	}
+}
