@@ -4,33 +4,76 @@ package dsn
 
 import (
 	"net/url"
+	"strconv"
 	"strings"
 )
 
 // Redacted returns the postgres:// or postgresql:// URL s fit to print: the
 // password replaced by "xxxxx", whether it is in the userinfo or in a query
-// parameter (password, sslpassword), as pgx accepts both. A URL that does
-// not parse is printed as what. Anything else is returned as it is.
+// parameter (password, sslpassword), as pgx accepts both. s is split as pgx
+// splits it, not as net/url does: the userinfo ends at the first '@' that
+// comes before any '/', and a query value runs to the next '&', with any
+// ';' or '#' in it. A query key is compared percent-decoded, trimmed and in
+// any case, and every value whose key holds "password" is masked. A URL that
+// does not parse, or with an '@' left after its userinfo (a password pgx
+// may read otherwise), is printed as what. Anything else is returned as it
+// is.
 func Redacted(s, what string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return what
-	}
-	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok || (!strings.EqualFold(scheme, "postgres") && !strings.EqualFold(scheme, "postgresql")) {
 		return s
 	}
-	q := u.Query()
-	changed := false
-	for _, name := range []string{"password", "sslpassword"} {
-		if q.Has(name) {
-			q.Set(name, "xxxxx")
-			changed = true
+	if _, err := url.Parse(s); err != nil {
+		return what
+	}
+	var b strings.Builder
+	b.WriteString(scheme + "://")
+	if i := strings.IndexAny(rest, "@/"); i >= 0 && rest[i] == '@' {
+		user, _, hasPassword := strings.Cut(rest[:i], ":")
+		b.WriteString(user)
+		if hasPassword {
+			b.WriteString(":xxxxx")
 		}
+		b.WriteByte('@')
+		rest = rest[i+1:]
 	}
-	if changed {
-		u.RawQuery = q.Encode()
+	if strings.Contains(rest, "@") {
+		return what
 	}
-	return u.Redacted()
+	hostPath, query, hasQuery := strings.Cut(rest, "?")
+	b.WriteString(hostPath)
+	if !hasQuery {
+		return b.String()
+	}
+	b.WriteByte('?')
+	for i, pair := range strings.Split(query, "&") {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		key, _, hasValue := strings.Cut(pair, "=")
+		if hasValue && strings.Contains(strings.ToLower(decodeKey(key)), "password") {
+			pair = key + "=xxxxx"
+		}
+		b.WriteString(pair)
+	}
+	return b.String()
+}
+
+// decodeKey percent-decodes a query key leniently (a bad escape is kept as
+// it is) and trims its spaces, as pgx reads it.
+func decodeKey(k string) string {
+	var b strings.Builder
+	for i := 0; i < len(k); i++ {
+		if k[i] == '%' && i+2 < len(k) {
+			if v, err := strconv.ParseUint(k[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(k[i])
+	}
+	return strings.Trim(b.String(), " ")
 }
 
 // conninfoKeywords are the keywords of libpq's key=value connection

@@ -13,6 +13,16 @@ func TestRedacted(t *testing.T) {
 		{"postgres://ops@db/jar?sslmode=disable", "postgres://ops@db/jar?sslmode=disable"},
 		{"keys.db", "keys.db"},
 		{"postgres://%zz", "the database"},
+		// As pgx reads them: a query value runs to the next '&', ';' and
+		// '#' included, and a key is percent-decoded and trimmed.
+		{"postgres://ops@db/jar?password=s3cret;x&sslmode=disable", "postgres://ops@db/jar?password=xxxxx&sslmode=disable"},
+		{"postgres://ops@db/jar?password=s3#cret", "postgres://ops@db/jar?password=xxxxx"},
+		{"postgres://ops@db/jar?%20password=s3cret", "postgres://ops@db/jar?%20password=xxxxx"},
+		{"postgres://ops@db/jar?pass%77ord=s3cret", "postgres://ops@db/jar?pass%77ord=xxxxx"},
+		{"postgres://ops@db/jar?Password=s3cret", "postgres://ops@db/jar?Password=xxxxx"},
+		{"postgres://ops@db/jar#?password=s3cret", "postgres://ops@db/jar#?password=xxxxx"},
+		// The userinfo ends at the first '@' before a '/', as pgx reads it.
+		{"postgres://ops:123?s3cret@db/jar", "postgres://ops:xxxxx@db/jar"},
 	} {
 		got := Redacted(c.in, "the database")
 		if got != c.want || strings.Contains(got, "s3cret") {
