@@ -146,23 +146,40 @@ func showRecord(s *session, r idem.Record) error {
 	return tw.Flush()
 }
 
-// headerFlag is the repeatable --header 'Name: value'.
-type headerFlag struct{ h http.Header }
+// headerFlag is the repeatable --header 'Name: value'. A value that is not
+// one is remembered in bad, not refused by Set: the flag package would
+// quote it in its error, and it may hold a credential.
+type headerFlag struct {
+	h   http.Header
+	bad bool
+}
 
 func (f *headerFlag) String() string { return "" }
 
 func (f *headerFlag) Set(v string) error {
+	if !f.add(v) {
+		f.bad = true
+	}
+	return nil
+}
+
+// add adds the header line v, and reports whether it is 'Name: value'.
+func (f *headerFlag) add(v string) bool {
 	name, value, ok := strings.Cut(v, ":")
 	name = strings.TrimSpace(name)
 	if !ok || name == "" || strings.ContainsAny(name, " \t") {
-		return fmt.Errorf("header %q: want 'Name: value'", oneLine(v))
+		return false
 	}
 	if f.h == nil {
 		f.h = make(http.Header)
 	}
 	f.h.Add(textproto.CanonicalMIMEHeaderKey(name), strings.TrimSpace(value))
-	return nil
+	return true
 }
+
+// notAHeader is the error for a header line that is not 'Name: value'. It
+// does not quote the line, which may hold a credential.
+const notAHeader = "a header is not 'Name: value' (not shown: it may hold a credential)"
 
 func resumeFlags(fs *flag.FlagSet) {
 	fs.Bool("all", false, "resume every pending operation, oldest first")
@@ -175,12 +192,15 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return usagef("resume needs one operation name or --all")
 	}
 	hf := fs.Lookup("header").Value.(*headerFlag)
-	for _, line := range strings.Split(os.Getenv("IDEM_HEADER"), "\n") {
+	if hf.bad {
+		return usagef("--header: %s", notAHeader)
+	}
+	for i, line := range strings.Split(os.Getenv("IDEM_HEADER"), "\n") {
 		if strings.TrimSpace(line) == "" {
 			continue
 		}
-		if err := hf.Set(line); err != nil {
-			return usagef("IDEM_HEADER: %v", err)
+		if !hf.add(line) {
+			return usagef("IDEM_HEADER: line %d: %s", i+1, notAHeader)
 		}
 	}
 	var warned bool

@@ -263,6 +263,19 @@ func testResume(t *testing.T, srv *server, path string) {
 	t.Setenv("IDEM_HEADER", "garbage")
 	code, _, errOut = idemctl("--jar", path, "resume", "--all")
 	wantError(t, code, errOut, 2, "IDEM_HEADER")
+	// A credential written without its colon is refused without being
+	// shown: the error line goes to terminals and logs.
+	code, _, errOut = idemctl("--jar", path, "resume", "a", "--header", "Authorization "+secret)
+	wantError(t, code, errOut, 2, "--header")
+	if strings.Contains(errOut, "sk_test") {
+		t.Errorf("--header error shows the credential: %q", errOut)
+	}
+	t.Setenv("IDEM_HEADER", "X-Trace: 1\nAuthorization "+secret)
+	code, _, errOut = idemctl("--jar", path, "resume", "--all")
+	wantError(t, code, errOut, 2, "IDEM_HEADER")
+	if strings.Contains(errOut, "sk_test") {
+		t.Errorf("IDEM_HEADER error shows the credential: %q", errOut)
+	}
 	if len(srv.keys) != 2 {
 		t.Fatalf("server got %d requests; want 2", len(srv.keys))
 	}
