@@ -2,7 +2,8 @@ package idem
 
 import (
 	"net/http"
-	"net/textproto"
+
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // SecretHeader reports whether a request header carries a credential and so
@@ -12,40 +13,7 @@ import (
 // X-Authorization, X-Auth-Key, X-Api-Key or X-Auth-Token), whatever its
 // case. It errs towards secret: such a header is not stored, so a resume
 // after a restart sends the request without it.
-func SecretHeader(name string) bool {
-	switch textproto.CanonicalMIMEHeaderKey(name) {
-	case "Cookie", "Set-Cookie": // Authorization and Proxy-Authorization hold "auth"
-		return true
-	}
-	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey"} {
-		if containsFold(name, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// containsFold reports whether s contains sub, ignoring ASCII case; sub is
-// lower case. Unlike strings.ToLower it does not allocate.
-func containsFold(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		k := 0
-		for k < len(sub) && lower(s[i+k]) == sub[k] {
-			k++
-		}
-		if k == len(sub) {
-			return true
-		}
-	}
-	return false
-}
-
-func lower(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
-}
+func SecretHeader(name string) bool { return secrethdr.Is(name) }
 
 // PublicHeader returns a copy of h without the headers SecretHeader names.
 func PublicHeader(h http.Header) http.Header {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem/internal/canon"
 	"github.com/idemkit/idem/internal/keyhdr"
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // Defaults and floors of the Middleware's settings.
@@ -196,7 +197,9 @@ type Middleware struct {
 	// ReplayHeaders are the response headers saved and replayed. Nil means
 	// Content-Type, Content-Encoding, Content-Language, Content-Location,
 	// Location, ETag, Last-Modified, Cache-Control, Expires, Link and Vary.
-	// Set-Cookie and credential headers are never saved, even when listed.
+	// Set-Cookie and credential headers (the authentication headers of RFC
+	// 9110 and those idem.SecretHeader names, such as X-Auth-Token or
+	// X-Api-Key) are never saved, even when listed.
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
@@ -504,6 +507,9 @@ func (m *Middleware) replayable(name string) bool {
 	switch name {
 	case "Set-Cookie", "Set-Cookie2", "Cookie", "Authorization", "Proxy-Authorization",
 		"Authentication-Info", "Proxy-Authentication-Info", "Www-Authenticate", "Proxy-Authenticate":
+		return false
+	}
+	if secrethdr.Is(name) { // X-Auth-Token, X-Api-Key, …: as idem.SecretHeader names them
 		return false
 	}
 	list := m.ReplayHeaders

@@ -899,6 +899,45 @@ func TestReplayHeaders(t *testing.T) {
 	}
 }
 
+// Credential headers are never saved, even when listed in ReplayHeaders:
+// a token the first answer handed out (X-Auth-Token, X-Api-Key) is sent
+// to that caller only, and is neither in the store nor in any replay.
+func TestReplayHeadersNeverSaveCredentials(t *testing.T) {
+	const token = "tok_handed_out_once"
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Cost", "3")
+		w.Header().Set("X-Auth-Token", token)
+		w.Header().Set("X-Api-Key", token)
+		w.Header().Set("X-Session-Token", token)
+		w.WriteHeader(http.StatusCreated)
+	})
+	store := new(testserver.MemoryStore)
+	mw := &testserver.Middleware{Store: store, ReplayHeaders: []string{"X-Request-Cost", "X-Auth-Token", "x-api-key", "X-Session-Token"}}
+	srv := mw.Wrap(h)
+	first := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	if first.Header().Get("X-Auth-Token") != token {
+		t.Fatalf("first answer headers %v; want the handler's, token included", first.Header())
+	}
+	replay := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	if replay.Header().Get("Idempotent-Replayed") != "true" || replay.Header().Get("X-Request-Cost") != "3" {
+		t.Fatalf("replay headers %v; want a replay with X-Request-Cost", replay.Header())
+	}
+	for _, name := range []string{"X-Auth-Token", "X-Api-Key", "X-Session-Token"} {
+		if v := replay.Header().Get(name); v != "" {
+			t.Errorf("replay carries %s: %q; want credential headers never replayed", name, v)
+		}
+	}
+	e, _, err := store.Claim(context.Background(), "", "k", "", 1, time.Now())
+	if err != nil || e.Response == nil {
+		t.Fatalf("stored entry %+v, %v; want the saved answer", e, err)
+	}
+	for name := range e.Response.Header {
+		if name != "X-Request-Cost" && name != "Content-Type" {
+			t.Errorf("the store saved header %s: %v", name, e.Response.Header[name])
+		}
+	}
+}
+
 // TestKeysEqualButForCase: two bodies whose JSON keys differ only in case
 // and order are different requests for a Go handler (encoding/json keeps
 // the last of such keys in a struct field), so they get different

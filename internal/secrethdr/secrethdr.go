@@ -1,0 +1,45 @@
+// Package secrethdr tells the header names that carry a credential, for
+// idem.SecretHeader (never stored in a jar) and testserver's Middleware
+// (never saved for replay).
+package secrethdr
+
+import "net/textproto"
+
+// Is reports whether a header carries a credential: Authorization,
+// Proxy-Authorization, Cookie, Set-Cookie, and any header whose name
+// contains "auth", "token", "secret", "password", "api-key", "api_key" or
+// "apikey", whatever its case.
+func Is(name string) bool {
+	switch textproto.CanonicalMIMEHeaderKey(name) {
+	case "Cookie", "Set-Cookie": // Authorization and Proxy-Authorization hold "auth"
+		return true
+	}
+	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey"} {
+		if containsFold(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// containsFold reports whether s contains sub, ignoring ASCII case; sub is
+// lower case. Unlike strings.ToLower it does not allocate.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		k := 0
+		for k < len(sub) && lower(s[i+k]) == sub[k] {
+			k++
+		}
+		if k == len(sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
