@@ -8,11 +8,13 @@ import (
 
 // SecretHeader reports whether a request header carries a credential and so
 // must never be written to a jar: Authorization, Proxy-Authorization,
-// Cookie, Set-Cookie, and any header whose name contains "auth", "token",
-// "secret", "password", "api-key", "api_key" or "apikey" (such as
-// X-Authorization, X-Auth-Key, X-Api-Key or X-Auth-Token), whatever its
-// case. It errs towards secret: such a header is not stored, so a resume
-// after a restart sends the request without it.
+// Cookie, Set-Cookie, any header whose name contains "auth", "token",
+// "secret", "password", "api-key", "api_key", "apikey", "session" or
+// "credential" (such as X-Authorization, X-Auth-Key, X-Api-Key,
+// X-Auth-Token or X-Session-Id), and any whose name ends in "key" (such as
+// Ocp-Apim-Subscription-Key or DD-Application-Key), but Idempotency-Key,
+// whatever its case. It errs towards secret: such a header is not stored,
+// so a resume after a restart sends the request without it.
 func SecretHeader(name string) bool { return secrethdr.Is(name) }
 
 // PublicHeader returns a copy of h without the headers SecretHeader names.

@@ -15,6 +15,11 @@ func TestSecretHeader(t *testing.T) {
 		// Credentials under other names than the standard ones.
 		"X-Authorization": true, "X-Auth-Key": true, "Proxy_Authorization": true, "Authorization ": true,
 		"X-Api_Key": true, "api_key": true,
+		// API keys and sessions named otherwise: Azure API Management,
+		// Azure Functions, Datadog.
+		"Ocp-Apim-Subscription-Key": true, "X-Functions-Key": true, "DD-APPLICATION-KEY": true,
+		"X-Masterkey": true, "X-Session-Id": true, "X-Client-Credential": true,
+		"X-Key-Id": false, "Keyword": false,
 	} {
 		if got := idem.SecretHeader(name); got != want {
 			t.Errorf("SecretHeader(%q) = %v; want %v", name, got, want)

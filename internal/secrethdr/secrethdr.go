@@ -6,20 +6,24 @@ package secrethdr
 import "net/textproto"
 
 // Is reports whether a header carries a credential: Authorization,
-// Proxy-Authorization, Cookie, Set-Cookie, and any header whose name
-// contains "auth", "token", "secret", "password", "api-key", "api_key" or
-// "apikey", whatever its case.
+// Proxy-Authorization, Cookie, Set-Cookie, any header whose name contains
+// "auth", "token", "secret", "password", "api-key", "api_key", "apikey",
+// "session" or "credential", and any whose name ends in "key" (an API key
+// by another name, as Ocp-Apim-Subscription-Key), but Idempotency-Key,
+// whatever its case.
 func Is(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
 	case "Cookie", "Set-Cookie": // Authorization and Proxy-Authorization hold "auth"
 		return true
+	case "Idempotency-Key":
+		return false
 	}
-	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey"} {
+	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey", "session", "credential"} {
 		if containsFold(name, s) {
 			return true
 		}
 	}
-	return false
+	return len(name) >= 3 && containsFold(name[len(name)-3:], "key")
 }
 
 // containsFold reports whether s contains sub, ignoring ASCII case; sub is
