@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -227,8 +229,16 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if err != nil {
 			return err
 		}
+		hosts := map[string]bool{}
 		for _, r := range pending {
 			ops = append(ops, r.Op)
+			hosts[urlHost(r.URL)] = true
+		}
+		if len(hf.h) > 0 && len(hosts) > 1 {
+			// Every request gets the same headers: one API's credential
+			// would reach the others.
+			return usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
+				len(hosts), strings.Join(slices.Sorted(maps.Keys(hosts)), ", "))
 		}
 		if len(ops) == 0 {
 			fmt.Fprintln(s.stdout, "nothing pending")
@@ -454,4 +464,15 @@ func (s *session) unknown(op string, err error) error {
 		return fmt.Errorf("no operation named %q in %s", op, s.path)
 	}
 	return err
+}
+
+// urlHost returns the host (and port) of a stored request's URL; for one
+// that does not parse, a placeholder rather than the URL, whose query may
+// hold a credential.
+func urlHost(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	return u.Host
 }

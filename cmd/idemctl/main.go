@@ -30,7 +30,9 @@
 // per line). Give the credential of the first send: a server that scopes
 // keys by credential (as the reference server does) would take another
 // one's request for a new operation. A resume that sends without any
-// header given says so on stderr.
+// header given says so on stderr. The headers go with every request sent:
+// resume --all with headers is refused when the pending operations go to
+// more than one host; resume those by name.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

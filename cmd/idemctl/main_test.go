@@ -586,3 +586,51 @@ func TestExplainPermission(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeAllKeepsCredentialsToOneHost: the headers given to resume go
+// with every request it sends. --all over a jar whose pending operations
+// go to more than one host is refused when headers are given, before
+// anything is sent: one API's credential must not reach another.
+func TestResumeAllKeepsCredentialsToOneHost(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	other := newServer(t)
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(context.Background(), "", &client.Options{Jar: j, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PostJSON(context.Background(), "hook:h1", other.URL+"/v1/hooks", map[string]int{"n": 1}, nil); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("seeding hook:h1: %v; want pending", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	wantError(t, code, errOut, 2, "2 hosts")
+	if strings.Contains(errOut, "sk_test") {
+		t.Errorf("the error shows the credential: %q", errOut)
+	}
+	if len(srv.keys) != 0 || len(other.keys) != 0 {
+		t.Fatalf("sent %d and %d requests; want none", len(srv.keys), len(other.keys))
+	}
+	// One operation at a time, each with its own API's credential.
+	code, out, errOut := idemctl("--jar", path, "resume", "hook:h1", "--header", "Authorization: Bearer other")
+	if code != 0 || !strings.Contains(out, "hook:h1: 201 Created") || len(other.auths) != 1 || other.auths[0] != "Bearer other" {
+		t.Fatalf("resume hook:h1: exit %d, %q, %q, auths %q", code, out, errOut, other.auths)
+	}
+	code, out, errOut = idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	if code != 0 || strings.Count(out, "201 Created") != 2 || len(srv.auths) != 2 || srv.auths[1] != secret {
+		t.Fatalf("resume --all once one host is left: exit %d, %q, %q, auths %q", code, out, errOut, srv.auths)
+	}
+}
