@@ -252,7 +252,10 @@ func (m *Middleware) Stats() Stats {
 
 // CredentialScope is the default Scope: the hex SHA-256 of the request's
 // Authorization header values, or "" (the anonymous scope) when there are
-// none. Only the hash is stored, never the credential.
+// none. Only the hash is stored, never the credential; but the hash is not
+// salted, so a guessable credential (a Basic password from a dictionary)
+// can be found again from the store's rows by trying candidates. A server
+// with such credentials sets Scope to the account they authenticate.
 func CredentialScope(r *http.Request) string {
 	a := r.Header.Values("Authorization")
 	if len(a) == 0 {
