@@ -159,6 +159,12 @@ func TestChaosIdemRows(t *testing.T) {
 	if crash.Crashes == 0 || crash.ChargeCalls <= crash.Charges {
 		t.Errorf("crashes %d, charge calls %d, charges %d: want crashes, and take-overs that called PayCo again", crash.Crashes, crash.ChargeCalls, crash.Charges)
 	}
+	// PayCo dedups in this row, so its charges cannot show a client that
+	// sends an order under a second key; its calls can: every call beyond
+	// one per order must be a run after a take-over of the order's claim.
+	if extra := int64(crash.ChargeCalls - n); extra > crash.Server.Takeovers {
+		t.Errorf("idem + server crash: %d charge calls beyond one per order, %d take-overs: want each extra call to be a take-over's run", extra, crash.Server.Takeovers)
+	}
 }
 
 // TestChaosCatchesBrokenVariants plants each bug the SDK and the store
