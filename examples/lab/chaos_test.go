@@ -79,8 +79,11 @@ func runRows(t *testing.T, jobs ...job) []row {
 	return rows
 }
 
-// chargedOnce checks the promise of every idem row: no order charged twice,
-// and none lost: each is charged once or reported unresolved by the jar.
+// chargedOnce checks the promise of every idem row, as README states it:
+// each order charged once at PayCo, and none left unresolved in the jar.
+// With 8 attempts per call and 8 passes over the pending orders, an order
+// still unresolved at 30 % faults is a bug (an answer not recorded, a
+// claim never taken over), not bad luck.
 func chargedOnce(t *testing.T, r row, orders int) {
 	t.Helper()
 	if r.DoubleCharged != 0 {
@@ -92,8 +95,11 @@ func chargedOnce(t *testing.T, r row, orders int) {
 	if r.Unresolved == nil {
 		t.Fatalf("%s: no jar count", r.Strategy)
 	}
-	if r.Charges+*r.Unresolved < orders {
-		t.Errorf("%s: %d charges + %d unresolved < %d orders", r.Strategy, r.Charges, *r.Unresolved, orders)
+	if *r.Unresolved != 0 {
+		t.Errorf("%s: %d orders unresolved in the jar; want 0", r.Strategy, *r.Unresolved)
+	}
+	if r.Charges != orders {
+		t.Errorf("%s: %d charges for %d orders; want one each", r.Strategy, r.Charges, orders)
 	}
 }
 
