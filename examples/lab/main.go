@@ -29,11 +29,14 @@
 // PayCo ignores its own key (charges on every call) in every row but the
 // server crash, so that only the strategy under test stands between a
 // retry and a second charge. The server runs four charges at a time; the
-// others wait before their claim, so that its lease (5 s; 1 s in the
-// server crash row) outlasts every honest run. The counts come from
-// PayCo's ledger, the proxy's counters and the jar, never from the
-// strategy itself. -json adds the details: charge calls before PayCo's
-// dedup, kills, crashes, fault and decision counters.
+// others wait before their claim, so that its lease (5 s) outlasts every
+// honest run. The server crash row has no such bound (a dead instance
+// keeps its requests) and a lease of 1 s, so that a new instance soon
+// takes over; there PayCo's key stops a second charge, whether the run
+// taken over was dead or only slow. The counts come from PayCo's ledger,
+// the proxy's counters and the jar, never from the strategy itself. -json
+// adds the details: charge calls before PayCo's dedup, kills, crashes,
+// fault and decision counters.
 package main
 
 import (
