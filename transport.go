@@ -97,14 +97,15 @@ func Operation(ctx context.Context) string {
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,
-//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned wrapped), never a
-//     *url.Error, which http.Client adds. http.Client.Timeout bounds the
-//     whole call, retries and waits included, and when it fires
-//     http.Client may replace this error with its own, which only says
-//     that the time ran out (it does when its own timer is seen before
-//     the Transport returns, a race): errors.Is(err, ErrPending) and
-//     errors.As with a *PendingError then fail, although the operation
-//     stays pending. Bound a call with its request's context
+//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned wrapped), or the
+//     context's error, matching its cause too, when the request's context
+//     was done before the call; never a *url.Error, which http.Client
+//     adds. http.Client.Timeout bounds the whole call, retries and waits
+//     included, and when it fires http.Client may replace this error with
+//     its own, which only says that the time ran out (it does when its own
+//     timer is seen before the Transport returns, a race): errors.Is(err,
+//     ErrPending) and errors.As with a *PendingError then fail, although
+//     the operation stays pending. Bound a call with its request's context
 //     (context.WithTimeout) and each attempt with Policy.AttemptTimeout
 //     instead.
 //   - The horizon (Policy.Horizon, 24 h) runs from the first-send time
@@ -262,7 +263,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := req.Context().Err(); err != nil {
+	if err := retry.CtxErr(req.Context()); err != nil {
 		// Done before the call began: nothing is read, stored or sent,
 		// and the operation, if the jar has it, stays as it is.
 		return nil, err

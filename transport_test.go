@@ -806,6 +806,20 @@ func TestContextDoneBeforeTheCall(t *testing.T) {
 	}
 }
 
+// TestContextDoneBeforeTheCallKeepsItsCause: the error of a context done
+// before the call matches its cause, as the error of one cancelled during
+// the call does.
+func TestContextDoneBeforeTheCallKeepsItsCause(t *testing.T) {
+	tr, rec, _ := newTransport(t, status(201))
+	cause := errors.New("shutting down")
+	ctx, cancel := context.WithCancelCause(idem.WithOperation(context.Background(), "op"))
+	cancel(cause)
+	_, err := post(t, ctx, tr, `{}`)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) || rec.attempts() != 0 {
+		t.Fatalf("got %v after %d attempts; want an error matching context.Canceled and its cause, nothing sent", err, rec.attempts())
+	}
+}
+
 func TestCancelledContextStopsTheWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(503, "Retry-After", "20"), status(201))
