@@ -277,8 +277,9 @@ const replayedHeader = "Idempotent-Replayed"
 //   - 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
 //     says when the server asked to be called again.
 //   - 401 or 407: the credentials were refused and the request not
-//     applied; the operation keeps its state: when it is pending (an
-//     earlier attempt's outcome is unknown), *idem.PendingError.
+//     applied; the operation keeps its state: when it is pending (a new
+//     operation, or one whose earlier attempt's outcome is unknown),
+//     *idem.PendingError.
 //   - Any of those four replayed (Idempotent-Replayed: true: the answer
 //     the server saved for the key, such as a handler's own 409): final,
 //     Err is nil and the operation is done.
