@@ -16,7 +16,10 @@
 //	hc := &http.Client{Transport: &idem.Transport{Jar: jar}}
 //	ctx = idem.WithOperation(ctx, "charge:order-42")
 //	req, err := http.NewRequestWithContext(ctx, "POST", url, body)
+//	if err != nil { ... }
 //	resp, err := hc.Do(req)
+//	if err != nil { ... }
+//	defer resp.Body.Close()
 //
 // The root package defines the Jar interface and imports no jar: keyjar
 // (SQLite) and keyjar/pgjar (PostgreSQL) implement it, as net/http/cookiejar
