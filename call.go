@@ -258,7 +258,11 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.update(ctx, Change{State: StateFailed, Release: true})
 			return resp, nil
 		}
-		ra, hasRA := retry.RetryAfter(resp, time.Now())
+		// The wait runs from now: what the call does before it sleeps (the
+		// record, the hooks, the drain) comes out of it, so that it ends
+		// where Next measured it against MaxElapsed.
+		decided := time.Now()
+		ra, hasRA := retry.RetryAfter(resp, decided)
 		wait, more, deferred := c.sched.Next(ra, hasRA)
 		if c.attempts >= c.policy.MaxAttempts {
 			more = false
@@ -274,9 +278,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			// operation may be sent again, whatever stopped this call.
 			var next time.Time
 			if deferred {
-				next = time.Now().Add(wait)
+				next = decided.Add(wait)
 			} else if hasRA {
-				next = time.Now().Add(ra)
+				next = decided.Add(ra)
 			}
 			// Past the horizon the operation is reconciled, not sent: a
 			// later time means nothing more, and a jar may not hold it.
@@ -294,7 +298,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		// stopped during it (its context, the process) leaves it behind.
 		c.rec.NextAttempt = time.Time{}
 		if hasRA {
-			c.rec.NextAttempt = time.Now().Add(ra)
+			c.rec.NextAttempt = decided.Add(ra)
 		}
 		c.update(ctx, Change{NextAttempt: c.rec.NextAttempt})
 		e = c.event(c.lastCode, err)
@@ -305,7 +309,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.resp = nil
 			body.Drain(resp.Body)
 		}
-		if err := retry.Sleep(ctx, wait); err != nil {
+		if err := retry.Sleep(ctx, time.Until(decided.Add(wait))); err != nil {
 			return nil, c.stop(ctx, err)
 		}
 	}

@@ -473,3 +473,32 @@ func TestContextEndingInBeginLeavesPendingAndFree(t *testing.T) {
 		}
 	})
 }
+
+// TestMaxElapsedCountsTheDrain: the wait that Policy.MaxElapsed admits
+// runs from the moment it is decided. Draining the superseded answer (up to
+// a second for a stalled body) and the hooks come out of it, not on top of
+// it: no wait ends after MaxElapsed.
+func TestMaxElapsedCountsTheDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sent []time.Duration
+		start := time.Now()
+		tr := &idem.Transport{Jar: &idem.MemoryJar{},
+			Policy: retry.Policy{InitialInterval: 4500 * time.Millisecond, MaxInterval: 4500 * time.Millisecond,
+				NoJitter: true, MaxElapsed: 10 * time.Second, MaxAttempts: 10},
+			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				sent = append(sent, time.Since(start))
+				return &http.Response{StatusCode: 503, Header: http.Header{}, Body: &stalledBody{closed: make(chan struct{})}, Request: r}, nil
+			})}
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("got %v, %v; want the last 503", resp, err)
+		}
+		resp.Body.Close()
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("attempts sent at %v, call ended after %v; want within the 10s MaxElapsed", sent, d)
+		}
+		if want := []time.Duration{0, 4500 * time.Millisecond, 9 * time.Second}; fmt.Sprint(sent) != fmt.Sprint(want) {
+			t.Fatalf("attempts sent at %v; want %v", sent, want)
+		}
+	})
+}
