@@ -194,7 +194,8 @@ type Policy struct {
 	InitialInterval time.Duration
 	// MaxInterval caps one backoff interval. Zero means 10 s.
 	MaxInterval time.Duration
-	// Multiplier grows the interval after each retry. Zero means 2.
+	// Multiplier grows the interval after each retry. Zero means 2; one
+	// below 1 shrinks the interval instead (0.5 halves it each time).
 	Multiplier float64
 	// NoJitter disables full jitter. With jitter (the default) each wait
 	// is drawn uniformly from [0, interval), so that clients that failed
