@@ -34,6 +34,7 @@ type call struct {
 	sched    *retry.Schedule
 	attempts int  // attempts sent by this call
 	cost     int  // what Transport.Budget charged for this call's last retry
+	costDue  bool // that retry is not sent yet: the cost goes back if it never is
 	tookOver bool // released a dead holder's lease once already
 	created  bool // Begin created the operation (and counted its first attempt)
 	lastCode int
@@ -216,7 +217,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		e := c.event(0, nil)
 		fire(c.t.Hooks.OnAttempt, e)
 		c.log(ctx, slog.LevelDebug, "idem: attempt", e)
-		c.unsent = false
+		c.unsent, c.costDue = false, false
 		resp, err := c.send(ctx, nextBody)
 		nextBody = nil // the base transport closes it
 		c.lastErr, c.resp = err, resp
@@ -269,7 +270,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		}
 		why := "attempts or budget spent after "
 		if more && c.t.Budget != nil {
-			if c.cost, more = c.t.Budget.Withdraw(err); !more {
+			if c.cost, more = c.t.Budget.Withdraw(err); more {
+				c.costDue = true
+			} else {
 				why = "retry budget empty after "
 			}
 		}

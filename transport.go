@@ -157,8 +157,10 @@ type Transport struct {
 	// retry draws from it and final answers refill it. When it cannot pay
 	// for a retry, the call stops as when its attempts run out: the last
 	// retryable response comes back as is, or a *PendingError when there
-	// is none, and the operation stays pending. First attempts never draw.
-	// Nil means retries are limited by Policy alone.
+	// is none, and the operation stays pending. First attempts never draw,
+	// and a retry paid for but never sent (the call's context ended during
+	// its wait) gives its cost back. Nil means retries are limited by
+	// Policy alone.
 	Budget *retry.Budget
 
 	// Methods are the methods that get a key. Nil means POST and PATCH.
@@ -275,6 +277,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	defer c.unwind(req.Context())
 	resp, err := c.run(req.Context())
 	c.returned = true
+	if c.costDue {
+		// The call ended (its context, a lease it waited for) before the
+		// retry it paid for was sent: that retry put no load on the
+		// server, and the Budget gets its cost back.
+		t.Budget.Deposit(c.cost)
+	}
 	return resp, err
 }
 

@@ -766,6 +766,28 @@ func TestBudgetSpentLeavesOperationPending(t *testing.T) {
 	})
 }
 
+// TestRetryNotSentGivesItsCostBack: a call whose context ends while it
+// waits for a retry it paid for gives the Budget that cost back: the retry
+// never reached the server. A retry that was sent keeps its cost.
+func TestRetryNotSentGivesItsCostBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, _ := newTransport(t, status(503, "Retry-After", "5"), status(503, "Retry-After", "5"))
+		budget := &retry.Budget{Capacity: 100}
+		tr.Budget = budget
+		ctx, cancel := context.WithTimeout(context.Background(), 7*time.Second)
+		defer cancel()
+		_, err := post(t, ctx, tr, `{}`)
+		if !errors.Is(err, idem.ErrPending) || rec.attempts() != 2 {
+			t.Fatalf("got %v after %d attempts; want pending after 2", err, rec.attempts())
+		}
+		// Two retries paid for (5 each): the first sent, the second cut
+		// off by the context during its wait.
+		if got := budget.Available(); got != 95 {
+			t.Fatalf("budget holds %d; want 95: the sent retry's cost taken, the unsent one's given back", got)
+		}
+	})
+}
+
 func TestLastRetryableResponseReturnedWhenAttemptsRunOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(409))
