@@ -23,7 +23,8 @@
 //
 // The root package defines the Jar interface and imports no jar: keyjar
 // (SQLite) and keyjar/pgjar (PostgreSQL) implement it, as net/http/cookiejar
-// implements http.CookieJar. MemoryJar is for tests. Package client adds
+// implements http.CookieJar. MemoryJar is for tests and for programs
+// that accept losing their keys on exit. Package client adds
 // typed errors, Pending, Resume and Abandon on top; package testserver is
 // the reference server side.
 package idem

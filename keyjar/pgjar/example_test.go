@@ -32,11 +32,17 @@ func ExampleOpen() {
 	}
 	fmt.Println(rec.Key, created)
 
-	if _, err := jar.Acquire(ctx, rec.Op, "worker-7", now, time.Minute); err != nil {
+	// A holder id from idem.NewHolder names this process, so that if it dies
+	// holding the lease, a restart on this host takes it over at once.
+	holder, err := idem.NewHolder()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := jar.Acquire(ctx, rec.Op, holder, now, time.Minute); err != nil {
 		log.Fatal(err) // idem.ErrLeased: another worker is sending it
 	}
 	// … send the request with Idempotency-Key: rec.Key, then record the outcome:
-	if _, err := jar.Update(ctx, rec.Op, "worker-7", idem.Change{
+	if _, err := jar.Update(ctx, rec.Op, holder, idem.Change{
 		Now: time.Now(), State: idem.StateDone, Attempts: 1, LastStatus: 201, Release: true,
 	}); err != nil {
 		log.Fatal(err) // idem.ErrLeaseLost: the lease expired and another worker took over
