@@ -407,6 +407,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, token, now)
 		switch {
 		case err != nil:
+			m.releaseUnconfirmed(r, scope, key, token)
 			m.storeFailed(w, r, key, err)
 			return
 		case claimed:
@@ -440,6 +441,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		next := max(token, e.Token+1)
 		won, err := m.Store.TakeOver(ctx, scope, key, e.Token, next)
 		if err != nil {
+			m.releaseUnconfirmed(r, scope, key, next)
 			m.storeFailed(w, r, key, err)
 			return
 		}
@@ -453,6 +455,25 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 	}
 	m.stats.conflicts.Add(1)
 	m.inFlight(w, key, 1)
+}
+
+// releaseUnconfirmed releases the claim with token that a failed Claim or
+// TakeOver may have made all the same, when the failure was the caller
+// hanging up (its context ended while the store wrote): rather than leave
+// it in flight, refusing every retry with 409 until the lease ends, for a
+// handler that never runs. Release is fenced by token, so a claim this
+// request did not make is left alone.
+func (m *Middleware) releaseUnconfirmed(r *http.Request, scope, key string, token int64) {
+	if r.Context().Err() == nil {
+		return // the store failed: a claim it made is taken over after the lease
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
+	defer cancel()
+	if released, err := m.Store.Release(ctx, scope, key, token); released {
+		m.log(ctx, slog.LevelDebug, "idempotency: released the claim of a caller that hung up during it", "key", key, "token", token)
+	} else if err != nil {
+		m.log(ctx, slog.LevelWarn, "idempotency: releasing the claim of a caller that hung up during it", "key", key, "error", err)
+	}
 }
 
 // retryInFlight is the Retry-After, in whole seconds, of a claim in flight

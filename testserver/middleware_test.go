@@ -1096,3 +1096,40 @@ func TestInvalidStatusCode(t *testing.T) {
 		})
 	}
 }
+
+// hangUpInClaim is a Store whose Claim is written, and then reported
+// failed because the caller hung up meanwhile: a commit that outlived the
+// request's context.
+type hangUpInClaim struct {
+	testserver.Store
+	cancel context.CancelFunc
+}
+
+func (s hangUpInClaim) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+	if _, _, err := s.Store.Claim(context.WithoutCancel(ctx), scope, key, fp, token, now); err != nil {
+		return testserver.Entry{}, false, err
+	}
+	s.cancel()
+	return testserver.Entry{}, false, ctx.Err()
+}
+
+// TestCallerHangingUpDuringClaim: a claim the store made although the
+// caller hung up while it was written is released, so that the retry runs
+// at once rather than meet 409 until the lease ends.
+func TestCallerHangingUpDuringClaim(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		var runs atomic.Int64
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		first := (&testserver.Middleware{Store: hangUpInClaim{store, cancel}}).Wrap(h)
+		serve(first, request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
+		retry := serve((&testserver.Middleware{Store: store}).Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if retry.Code != http.StatusCreated || runs.Load() != 1 {
+			t.Fatalf("retry after the caller hung up during its claim: %d %s, %d runs; want 201 from one run", retry.Code, retry.Body, runs.Load())
+		}
+	})
+}

@@ -57,7 +57,9 @@ type Store interface {
 	// whatever step failed (the commit included): a caller never runs the
 	// operation on a claim the store could not confirm. A claim that was
 	// made nonetheless (the store lost the answer) stays in flight, and is
-	// taken over once its token is older than the lock timeout.
+	// taken over once its token is older than the lock timeout; when the
+	// error came with the caller's context ended (it hung up while the
+	// store wrote), the Middleware releases it at once, fenced by token.
 	Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (e Entry, claimed bool, err error)
 
 	// TakeOver replaces the token of an in-flight entry by compare-and-set:
