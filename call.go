@@ -223,7 +223,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		c.lastErr, c.resp = err, resp
 		if resp != nil {
 			c.lastCode = resp.StatusCode
-			if resp.Header.Get("Idempotent-Replayed") == "true" {
+			if retry.Replayed(resp) {
 				fire(c.t.Hooks.OnReplay, c.event(resp.StatusCode, nil))
 			}
 		}

@@ -258,9 +258,6 @@ type Response struct {
 	Replayed bool
 }
 
-// replayedHeader is the response header a server sets on a replay.
-const replayedHeader = "Idempotent-Replayed"
-
 // Do sends req as the operation named op, retrying with one key, and
 // returns the 2xx answer with its body open for the caller to read and
 // close. An empty op makes req an operation of its own (a new key). ctx
@@ -307,7 +304,7 @@ func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Respons
 	if op == "" {
 		op = named
 	}
-	r := &Response{Response: resp, Op: op, Key: key, Replayed: resp.Header.Get(replayedHeader) == "true"}
+	r := &Response{Response: resp, Op: op, Key: key, Replayed: retry.Replayed(resp)}
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return r, nil
 	}

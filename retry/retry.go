@@ -81,7 +81,7 @@ func Classify(resp *http.Response, err error) Decision {
 	switch resp.StatusCode {
 	case http.StatusConflict, http.StatusTooManyRequests,
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		if resp.Header.Get(replayedHeader) == "true" {
+		if Replayed(resp) {
 			return Final
 		}
 		return Retry
@@ -91,8 +91,11 @@ func Classify(resp *http.Response, err error) Decision {
 	return Final
 }
 
-// replayedHeader marks an answer the server replayed from what it saved.
-const replayedHeader = "Idempotent-Replayed"
+// Replayed reports whether resp is an answer the server replayed from what
+// it saved for the key: it carries Idempotent-Replayed: true.
+func Replayed(resp *http.Response) bool {
+	return resp.Header.Get("Idempotent-Replayed") == "true"
+}
 
 func classifyError(err error) Decision {
 	// *url.Error is itself a net.Error whatever it wraps: judge what it wraps.
