@@ -231,7 +231,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			// The caller's context ended: its error, not the transport's.
 			return nil, c.stop(ctx, retry.CtxErr(ctx))
 		}
-		if err == nil && notApplied(resp.StatusCode) {
+		if err == nil && retry.NotApplied(resp.StatusCode) {
 			// The credentials were refused before the request was
 			// looked at: this answer says nothing of an earlier attempt's
 			// outcome, which a resume without the first credential meets.
@@ -316,13 +316,6 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			return nil, c.stop(ctx, err)
 		}
 	}
-}
-
-// notApplied reports whether a status says that the server did not apply
-// the request because its credentials were refused (RFC 9110 §15.5.2:
-// 401 "has not been applied"; 407, the same for a proxy).
-func notApplied(code int) bool {
-	return code == http.StatusUnauthorized || code == http.StatusProxyAuthRequired
 }
 
 // notOurs checks that the operation, as the jar just returned it, is still

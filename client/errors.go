@@ -122,7 +122,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 	switch {
 	case r.StatusCode == http.StatusUnprocessableEntity:
 		se.Err = &idem.MismatchError{Op: r.Op, Key: r.Key}
-	case r.StatusCode == http.StatusUnauthorized || r.StatusCode == http.StatusProxyAuthRequired:
+	case retry.NotApplied(r.StatusCode):
 		// Credentials refused, the request not applied: the Transport
 		// left the operation as it was, which may be pending.
 		if rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op); err == nil && rec.State == idem.StatePending {

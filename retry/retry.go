@@ -91,6 +91,16 @@ func Classify(resp *http.Response, err error) Decision {
 	return Final
 }
 
+// NotApplied reports whether a status says that the server did not apply
+// the request because its credentials were refused (RFC 9110 §15.5.2:
+// 401 "has not been applied"; 407, the same for a proxy). Classify calls
+// it Final, as any other 4xx; the answer says nothing of an earlier
+// attempt's outcome, so the Transport leaves the operation's state as it
+// was.
+func NotApplied(code int) bool {
+	return code == http.StatusUnauthorized || code == http.StatusProxyAuthRequired
+}
+
 // Replayed reports whether resp is an answer the server replayed from what
 // it saved for the key: it carries Idempotent-Replayed: true.
 func Replayed(resp *http.Response) bool {
