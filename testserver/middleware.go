@@ -467,12 +467,17 @@ func (m *Middleware) releaseUnconfirmed(r *http.Request, scope, key string, toke
 	if r.Context().Err() == nil {
 		return // the store failed: a claim it made is taken over after the lease
 	}
+	m.releaseUnrun(r, scope, key, token)
+}
+
+// releaseUnrun releases the claim with token, whose handler will not run,
+// fenced by token and within storeWriteTimeout, whether or not the caller
+// is still there.
+func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, token int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancel()
-	if released, err := m.Store.Release(ctx, scope, key, token); released {
-		m.log(ctx, slog.LevelDebug, "idempotency: released the claim of a caller that hung up during it", "key", key, "token", token)
-	} else if err != nil {
-		m.log(ctx, slog.LevelWarn, "idempotency: releasing the claim of a caller that hung up during it", "key", key, "error", err)
+	if _, err := m.Store.Release(ctx, scope, key, token); err != nil {
+		m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
 	}
 }
 
@@ -560,9 +565,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	lease := m.lockTimeout() - m.now().Sub(time.Unix(0, token))
 	if lease <= 0 {
 		// Claimed too late to run: a retry may take the claim over already.
-		if _, err := m.Store.Release(context.WithoutCancel(r.Context()), scope, key, token); err != nil {
-			m.log(r.Context(), slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
-		}
+		m.releaseUnrun(r, scope, key, token)
 		m.storeFailed(w, r, key, fmt.Errorf("testserver: the claim took longer than LockTimeout (%v)", m.lockTimeout()))
 		return
 	}
