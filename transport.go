@@ -63,7 +63,14 @@ func Operation(ctx context.Context) string {
 //     a Header of its own, and the key header goes on the copy only. The
 //     copy's context names the operation, unnamed ones included:
 //     Operation(req.Context()) in Base returns it.
-//   - It always closes the caller's body, even on error.
+//   - It always closes the caller's body, even on error. It reads the body
+//     (or one from GetBody) before the first send, and closes it when the
+//     request's context ends meanwhile: a Read blocked in a body that its
+//     Close ends (a pipe whose writer stalls) then ends, and the call with
+//     the context's error, as through http.Transport. An http.Server's
+//     request body is not such a body (its Close waits for the Read): one
+//     passed on as is holds the call as long as its client stalls, within
+//     the server's ReadTimeout.
 //   - The body is sent again through req.GetBody (set by http.NewRequest
 //     for bytes, strings and buffers). Without GetBody, a body of at most
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
@@ -444,13 +451,10 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
 	}
-	// A slow or endless body ends with the request.
+	// A slow, stalled or endless body ends with the request.
 	buf, err = body.ReadAtMostContext(req.Context(), rc, limit, req.ContentLength)
 	if errors.Is(err, body.ErrTooLarge) {
-		return buf, struct {
-			io.Reader
-			io.Closer
-		}{body.WithContext(req.Context(), rc), rc}, nil
+		return buf, body.WithContext(req.Context(), rc), nil
 	}
 	rc.Close()
 	if err != nil {

@@ -1364,3 +1364,48 @@ func TestEndlessBodyEndsWithTheContext(t *testing.T) {
 type readFunc func([]byte) (int, error)
 
 func (f readFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestStalledBodyEndsWithTheContext: a body whose Read blocks (a pipe whose
+// writer stalls) is read before anything is sent; the call ends with its
+// context all the same, as it does through http.Transport, rather than wait
+// in that Read for as long as the body stalls.
+func TestStalledBodyEndsWithTheContext(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		getBody bool
+		head    int // bytes the body gives before it stalls
+	}{
+		{"buffered", false, 10},
+		{"GetBody", true, 10},
+		{"GetBody past MaxBuffer", true, 2048},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, _ := newTransport(t, status(201))
+				tr.MaxBuffer = 1024
+				pr, pw := io.Pipe()
+				defer pw.CloseWithError(errors.New("test over")) // frees a Read still blocked
+				go func() { _, _ = pw.Write(make([]byte, tc.head)) }()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, pr)
+				if tc.getBody {
+					req.GetBody = func() (io.ReadCloser, error) { return pr, nil }
+				}
+				done := make(chan error, 1)
+				go func() {
+					_, err := tr.RoundTrip(req)
+					done <- err
+				}()
+				select {
+				case err := <-done:
+					if !errors.Is(err, context.DeadlineExceeded) || rec.attempts() != 0 {
+						t.Errorf("got %v after %d sends; want context.DeadlineExceeded, nothing sent", err, rec.attempts())
+					}
+				case <-time.After(time.Minute):
+					t.Errorf("RoundTrip still reads the body a minute after its context ended")
+				}
+			})
+		})
+	}
+}

@@ -46,9 +46,20 @@ func ReadAtMost(r io.Reader, limit, size int64) ([]byte, error) {
 }
 
 // ReadAtMostContext is ReadAtMost that fails with ctx's error, and the
-// bytes read so far, once ctx is done: it checks ctx before each read, as
-// a reader made by WithContext does, without making one.
+// bytes read so far, once ctx is done, as a reader made by WithContext
+// does, without making one: it checks ctx before each read, and closes r,
+// when r is an io.Closer, once ctx is done, which ends a Read blocked in it.
 func ReadAtMostContext(ctx context.Context, r io.Reader, limit, size int64) ([]byte, error) {
+	if c, ok := r.(io.Closer); ok && ctx.Done() != nil {
+		stop := closeOnDone(ctx, c)
+		buf, err := readAtMost(ctx, r, limit, size)
+		stop()
+		return buf, closedErr(ctx, err)
+	}
+	return readAtMost(ctx, r, limit, size)
+}
+
+func readAtMost(ctx context.Context, r io.Reader, limit, size int64) ([]byte, error) {
 	if size < 0 || size > limit {
 		size = min(limit, 512)
 	}
@@ -94,20 +105,63 @@ func (c *onClose) Close() error {
 	return err
 }
 
-// WithContext returns a reader of r that fails with ctx's error once ctx is
-// done, so that reading a slow or endless body ends with its request.
-func WithContext(ctx context.Context, r io.Reader) io.Reader {
-	return &ctxReader{ctx: ctx, r: r}
+// WithContext returns a reader of rc that fails with ctx's error once ctx
+// is done, so that reading a slow, stalled or endless body ends with its
+// request: it checks ctx before each read, and closes rc once ctx is done,
+// which ends a Read blocked in it (a pipe's, a connection's). Its Close
+// closes rc.
+func WithContext(ctx context.Context, rc io.ReadCloser) io.ReadCloser {
+	c := &ctxReader{ctx: ctx, rc: rc}
+	if ctx.Done() != nil {
+		c.stop = closeOnDone(ctx, rc)
+	}
+	return c
 }
 
 type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
+	ctx  context.Context
+	rc   io.ReadCloser
+	stop func() // nil for a ctx that is never done
 }
 
 func (c *ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.rc.Read(p)
+	return n, closedErr(c.ctx, err)
+}
+
+func (c *ctxReader) Close() error {
+	if c.stop != nil {
+		c.stop()
+	}
+	return c.rc.Close()
+}
+
+// closeOnDone closes c once ctx is done, until the function it returns is
+// called: a Read blocked in a pipe or a connection does not return when ctx
+// ends, but does when its reader is closed. That function waits for a
+// Close that began, so that the caller's own Close comes after it.
+func closeOnDone(ctx context.Context, c io.Closer) (stop func()) {
+	closed := make(chan struct{})
+	after := context.AfterFunc(ctx, func() {
+		_ = c.Close()
+		close(closed)
+	})
+	return func() {
+		if !after() {
+			<-closed
+		}
+	}
+}
+
+// closedErr is the error of a read that returned err, once ctx may have
+// closed its reader: ctx's error when the read failed and ctx is done,
+// since closing the reader is what failed it.
+func closedErr(ctx context.Context, err error) error {
+	if err != nil && err != io.EOF && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
