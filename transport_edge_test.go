@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,16 +9,20 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 )
@@ -501,4 +506,63 @@ func TestMaxElapsedCountsTheDrain(t *testing.T) {
 			t.Fatalf("attempts sent at %v; want %v", sent, want)
 		}
 	})
+}
+
+// TestRetriesReuseTheConnection: the body of each answer superseded by a
+// retry (409, 503) is drained and closed, so the retry goes out on the same
+// connection: one connection per call, whether the body has a
+// Content-Length or is chunked, up to DrainLimit bytes, and with an
+// AttemptTimeout, whose context is released with the body.
+func TestRetriesReuseTheConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		status  int
+		size    int
+		chunked bool
+		timeout time.Duration
+	}{
+		{"409", http.StatusConflict, 100, false, 0},
+		{"503 empty", http.StatusServiceUnavailable, 0, false, 0},
+		{"503 chunked", http.StatusServiceUnavailable, 100, true, 0},
+		{"503 of DrainLimit bytes", http.StatusServiceUnavailable, body.DrainLimit, false, 0},
+		{"503 of DrainLimit bytes, chunked", http.StatusServiceUnavailable, body.DrainLimit, true, 0},
+		{"409 with an AttemptTimeout", http.StatusConflict, 100, false, time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var answers, conns atomic.Int64
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if answers.Add(1) > 2 {
+					w.WriteHeader(http.StatusCreated)
+					return
+				}
+				if !tc.chunked {
+					w.Header().Set("Content-Length", strconv.Itoa(tc.size))
+				}
+				w.WriteHeader(tc.status)
+				_, _ = w.Write(bytes.Repeat([]byte("x"), tc.size))
+			}))
+			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				if s == http.StateNew {
+					conns.Add(1)
+				}
+			}
+			srv.Start()
+			defer srv.Close()
+			base := &http.Transport{}
+			defer base.CloseIdleConnections()
+			tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{},
+				Policy: retry.Policy{InitialInterval: 1, MaxInterval: 1, AttemptTimeout: tc.timeout}} // retry at once
+			req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated || answers.Load() != 3 || conns.Load() != 1 {
+				t.Fatalf("got %d after %d attempts on %d connections; want 201 after 3 on 1", resp.StatusCode, answers.Load(), conns.Load())
+			}
+		})
+	}
 }

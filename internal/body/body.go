@@ -10,21 +10,23 @@ import (
 	"time"
 )
 
-// DrainLimit is how much of a superseded response body Drain reads before
-// closing it. Reading a small body to EOF lets the connection be reused;
-// a larger one is cheaper to close.
+// DrainLimit is the largest superseded response body Drain reads to its
+// end before closing it. Reading a small body to EOF lets the connection be
+// reused; a larger one is cheaper to close.
 const DrainLimit = 64 << 10
 
-// Drain reads at most DrainLimit bytes of rc, for at most DrainTimeout,
-// and closes it. A body that stalls is closed when the time is up, which
-// ends a read blocked in it (as it does an http.Response's). A nil rc is
-// a no-op.
+// Drain reads rc, for at most DrainTimeout, to its end when it holds at
+// most DrainLimit bytes, and closes it: it reads at most DrainLimit+1
+// bytes, since the end of a chunked body of DrainLimit bytes shows only
+// past them. A body that stalls is closed when the time is up, which ends
+// a read blocked in it (as it does an http.Response's). A nil rc is a
+// no-op.
 func Drain(rc io.ReadCloser) {
 	if rc == nil {
 		return
 	}
 	stop := time.AfterFunc(DrainTimeout, func() { _ = rc.Close() })
-	_, _ = io.CopyN(io.Discard, rc, DrainLimit)
+	_, _ = io.CopyN(io.Discard, rc, DrainLimit+1)
 	stop.Stop()
 	_ = rc.Close()
 }
