@@ -379,12 +379,18 @@ func (c *call) stop(ctx context.Context, err error) error {
 	return c.pending(err, c.rec.NextAttempt)
 }
 
-// unwind gives back what a call holds when it ends without returning: a
-// panic in a hook or the Logger (or runtime.Goexit), which goes on to the
-// caller of RoundTrip as it is. The operation stays pending, as stop
-// leaves it, or keeps the outcome recorded before the panic; the response
-// in hand, which the caller never gets, is closed.
+// unwind runs when the call ends. A retry it paid for but did not send
+// (its context ended, or a lease it waited for, or a hook panicked) put no
+// load on the server, and the Budget gets its cost back. When the call
+// ends without returning, by a panic in a hook or the Logger (or
+// runtime.Goexit), which goes on to the caller of RoundTrip as it is,
+// unwind also gives back what it holds. The operation stays pending, as
+// stop leaves it, or keeps the outcome recorded before the panic; the
+// response in hand, which the caller never gets, is closed.
 func (c *call) unwind(ctx context.Context) {
+	if c.costDue {
+		c.t.Budget.Deposit(c.cost)
+	}
 	if c.returned {
 		return
 	}

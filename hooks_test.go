@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retry"
 )
 
 func TestHooksAndLogger(t *testing.T) {
@@ -209,6 +210,8 @@ func TestPanickingHook(t *testing.T) {
 				if c.maxAttempts != 0 {
 					tr.Policy.MaxAttempts = c.maxAttempts
 				}
+				tr.Budget = &retry.Budget{}
+				full := tr.Budget.Available()
 				ctx := idem.WithOperation(context.Background(), "op")
 				if c.past {
 					resp, err := post(t, ctx, tr, `{}`)
@@ -244,6 +247,9 @@ func TestPanickingHook(t *testing.T) {
 				}
 				if got := jar.releases.Load(); got != 1 {
 					t.Errorf("the call gave its lease back %d times; want once", got)
+				}
+				if got := tr.Budget.Available(); got != full {
+					t.Errorf("Budget holds %d tokens; want %d: a retry paid for but never sent gives its cost back", got, full)
 				}
 				r, err := jar.Get(ctx, "op")
 				if err != nil {

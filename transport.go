@@ -166,8 +166,8 @@ type Transport struct {
 	// retryable response comes back as is, or a *PendingError when there
 	// is none, and the operation stays pending. First attempts never draw,
 	// and a retry paid for but never sent (the call's context ended during
-	// its wait) gives its cost back. Nil means retries are limited by
-	// Policy alone.
+	// its wait, or a hook panicked) gives its cost back. Nil means retries
+	// are limited by Policy alone.
 	Budget *retry.Budget
 
 	// Methods are the methods that get a key. Nil means POST and PATCH.
@@ -284,12 +284,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	defer c.unwind(req.Context())
 	resp, err := c.run(req.Context())
 	c.returned = true
-	if c.costDue {
-		// The call ended (its context, a lease it waited for) before the
-		// retry it paid for was sent: that retry put no load on the
-		// server, and the Budget gets its cost back.
-		t.Budget.Deposit(c.cost)
-	}
 	return resp, err
 }
 
