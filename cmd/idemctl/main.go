@@ -362,7 +362,10 @@ func printable(spec string) string {
 func explain(path string, lockTimeout time.Duration, err error) error {
 	switch {
 	case errors.Is(err, keyjar.ErrCorrupt):
-		return fmt.Errorf("%s is not a key jar or is corrupt", path)
+		// keyjar says what it found after the sentinel: the server's
+		// database, another program's, not SQLite at all.
+		_, found, _ := strings.Cut(err.Error(), keyjar.ErrCorrupt.Error())
+		return fmt.Errorf("%s is not a key jar or is corrupt%s", path, found)
 	case errors.Is(err, keyjar.ErrLocked):
 		return fmt.Errorf("%s is locked by another process (waited %v); try again later or raise --lock-timeout", path, lockTimeout)
 	case errors.Is(err, keyjar.ErrVersion), errors.Is(err, pgjar.ErrVersion):

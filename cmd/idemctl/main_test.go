@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/sqlitestore"
 )
 
 const secret = "Bearer sk_test_idemctl_SECRET"
@@ -427,7 +428,17 @@ func TestJarErrors(t *testing.T) {
 		t.Fatalf("idemctl created the missing jar: %v", err)
 	}
 	code, _, errOut = idemctl("--jar", corrupt, "list")
-	wantError(t, code, errOut, 1, "not a key jar or is corrupt")
+	wantError(t, code, errOut, 1, "not a key jar or is corrupt: "+corrupt+" is not a SQLite database")
+	// The server's database, given for the jar: the error says which it is.
+	store, err := sqlitestore.Open(context.Background(), filepath.Join(dir, "idemserver.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = idemctl("--jar", filepath.Join(dir, "idemserver.db"), "list")
+	wantError(t, code, errOut, 1, "not a key jar or is corrupt: the reference server's database")
 	code, _, errOut = idemctl("--jar", dir, "show", "x")
 	wantError(t, code, errOut, 1, "is a directory")
 	// An empty file would become a new jar; idemctl never creates one.
