@@ -419,7 +419,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			m.stats.mismatches.Add(1)
 			m.log(ctx, slog.LevelInfo, "idempotency: key reused with another request", "key", key)
 			WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused with another request", Status: http.StatusUnprocessableEntity, Key: key,
-				Detail: "This Idempotency-Key was first used with a different method, path or body. Do not retry: send a new key for a new operation, or resend the original request unchanged."}, 0)
+				Detail: "This Idempotency-Key was first used with a different method, path, query, Content-Type or body. Do not retry: send a new key for a new operation, or resend the original request unchanged."}, 0)
 			return
 		case e.Status == StatusDone && e.Response != nil:
 			m.stats.replays.Add(1)

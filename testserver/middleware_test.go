@@ -166,15 +166,22 @@ func TestDecisionTable(t *testing.T) {
 		}
 
 		// Row 2: the key reused with another request: 422, nothing runs.
+		// The detail names each part that differs, Content-Type included.
+		form := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k1")
+		form.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		for name, r := range map[string]*http.Request{
-			"body":   request("POST", "/v1/charges", `{"amount": 999, "currency": "usd", "order_id": "o-1"}`, "Idempotency-Key", "k1"),
-			"path":   request("POST", "/v1/refunds", chargeBody, "Idempotency-Key", "k1"),
-			"method": request("PATCH", "/v1/charges", chargeBody, "Idempotency-Key", "k1"),
-			"query":  request("POST", "/v1/charges?expand=customer", chargeBody, "Idempotency-Key", "k1"),
+			"body":         request("POST", "/v1/charges", `{"amount": 999, "currency": "usd", "order_id": "o-1"}`, "Idempotency-Key", "k1"),
+			"path":         request("POST", "/v1/refunds", chargeBody, "Idempotency-Key", "k1"),
+			"method":       request("PATCH", "/v1/charges", chargeBody, "Idempotency-Key", "k1"),
+			"query":        request("POST", "/v1/charges?expand=customer", chargeBody, "Idempotency-Key", "k1"),
+			"Content-Type": form,
 		} {
 			p := wantProblem(t, serve(srv, r), 422, testserver.ProblemMismatch)
 			if p.Key != "k1" {
 				t.Errorf("%s mismatch names key %q; want k1", name, p.Key)
+			}
+			if !strings.Contains(p.Detail, name) {
+				t.Errorf("%s mismatch: detail %q does not name the %s", name, p.Detail, name)
 			}
 		}
 
@@ -206,7 +213,7 @@ func TestDecisionTable(t *testing.T) {
 		close(release)
 		wantProblem(t, <-done, 409, testserver.ProblemTakenOver)
 
-		want := testserver.Stats{Claims: 2, Takeovers: 1, Replays: 1, Conflicts: 6, Mismatches: 5, Fenced: 1}
+		want := testserver.Stats{Claims: 2, Takeovers: 1, Replays: 1, Conflicts: 6, Mismatches: 6, Fenced: 1}
 		if got := mw.Stats(); got != want {
 			t.Errorf("Stats = %+v; want %+v", got, want)
 		}
