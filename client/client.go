@@ -18,7 +18,9 @@
 // its Idempotency-Key in the jar across retries and restarts. After a
 // crash, Pending lists the operations whose outcome is unknown and Resume
 // sends each again with its key; the server replays the first answer if
-// the original got through.
+// the original got through. The jar keeps every operation until it is
+// pruned (c.Jar().Prune, or idemctl prune): prune the settled ones that no
+// call will name again, since a name whose record is gone gets a new key.
 //
 // Close the Client before the program exits (not os.Exit or log.Fatal
 // with Close deferred): the jar writes the outcome of a call after the call

@@ -73,3 +73,49 @@ func ExampleOpen() {
 	// stored headers: map[Content-Type:[application/json]]
 	// file mode: -rw-------
 }
+
+// The jar keeps every operation until it is pruned. A program that runs for
+// long prunes now and then what was settled long ago; a pending operation
+// is kept whatever its age, since its key is needed to resume it.
+func ExampleJar_Prune() {
+	dir, err := os.MkdirTemp("", "keyjar-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	jar, err := keyjar.Open(ctx, filepath.Join(dir, "keys.db"), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer jar.Close()
+
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC) // a program passes time.Now()
+	longAgo := now.AddDate(0, -2, 0)
+	for _, r := range []idem.Record{
+		{Op: "charge:order-41", Key: "k41", State: idem.StateDone, Created: longAgo, Updated: longAgo},
+		{Op: "charge:order-42", Key: "k42", State: idem.StatePending, Created: longAgo, Updated: longAgo},
+		{Op: "charge:order-43", Key: "k43", State: idem.StateDone, Created: now, Updated: now},
+	} {
+		if _, _, err := jar.Begin(ctx, r); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	n, err := jar.Prune(ctx, now.AddDate(0, -1, 0), 0) // settled more than a month ago
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pruned:", n)
+	kept, err := jar.List(ctx, idem.Filter{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range kept {
+		fmt.Println("kept:", r.Op, r.State)
+	}
+	// Output:
+	// pruned: 1
+	// kept: charge:order-42 pending
+	// kept: charge:order-43 done
+}

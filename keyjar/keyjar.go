@@ -49,6 +49,11 @@
 // Credentials never reach the file: Begin drops every header that
 // idem.SecretHeader names, even when the caller forgot to.
 //
+// The file keeps every operation, done ones and unnamed ones included, until
+// Prune (or idemctl prune) deletes it: nothing is pruned on its own, and
+// a program that sends for long calls Prune now and then. Prune only what no
+// call will name again: a name whose record is gone gets a new key.
+//
 // Several processes may open the same file: Begin is an atomic get-or-create
 // across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
 // 'abandoned' RETURNING, and a read back of the existing row when it returned
