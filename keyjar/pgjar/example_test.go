@@ -8,13 +8,44 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/keyjar/pgjar"
 )
 
 // Workers that share a database share their operations: whichever begins
-// "charge:order-42" first creates its key, and every other worker gets that
-// same key back. The lease lets one of them send it at a time.
+// "charge:order-42" first creates its key, every other worker sends that
+// same key, one at a time, and any of them resumes what a dead one left
+// pending.
 func ExampleOpen() {
+	ctx := context.Background()
+	jar, err := pgjar.Open(ctx, "postgres://worker@db.internal:5432/app?sslmode=verify-full", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer jar.Close() // after the Client's Close, which leaves it open
+	c, err := client.New(ctx, "", &client.Options{Jar: jar})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	if _, err := c.PostJSON(ctx, "charge:order-42", "https://payco.example/charges", map[string]any{"amount": 4200}, nil); err != nil {
+		log.Print(err)
+	}
+	pending, err := c.Pending(ctx) // every worker's, the dead ones' included
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, rec := range pending {
+		if _, err := c.Resume(ctx, rec.Op); err != nil {
+			log.Print(err)
+		}
+	}
+}
+
+// What the Transport does with the jar, for code that sends an operation
+// by other means: begin it, take its lease, and record the outcome.
+func ExampleJar_Acquire() {
 	ctx := context.Background()
 	jar, err := pgjar.Open(ctx, "postgres://worker@db.internal:5432/app?sslmode=verify-full", nil)
 	if err != nil {

@@ -6,6 +6,16 @@
 // hands it the outcome of a call (done, failed, the lease's release)
 // without waiting for a round trip to the database.
 //
+// A program hands the jar to an idem.Transport, or to package client, which
+// leaves it open on Close:
+//
+//	jar, err := pgjar.Open(ctx, "postgres://worker@db:5432/app", nil)
+//	if err != nil { ... }
+//	defer jar.Close()
+//	c, err := client.New(ctx, "", &client.Options{Jar: jar})
+//	if err != nil { ... }
+//	defer c.Close()
+//
 // Every method is one atomic statement under PostgreSQL's default READ
 // COMMITTED isolation, or a short sequence of them that retries when a
 // concurrent writer changed the row in between:
