@@ -263,7 +263,10 @@ type Response struct {
 // Do sends req as the operation named op, retrying with one key, and
 // returns the 2xx answer with its body open for the caller to read and
 // close. An empty op makes req an operation of its own (a new key). ctx
-// replaces req's context; req is not modified.
+// replaces req's context; req is not modified. A request whose method the
+// Client does not key (anything but POST and PATCH: GET, PUT, DELETE) is
+// no operation, op or not: it is sent once, as http.Client sends it,
+// without a key, a retry or a record in the jar.
 //
 // A non-2xx answer is an error, with the body read (at most
 // Options.MaxErrorBody) and closed: a *StatusError, whose Err says more:

@@ -335,6 +335,34 @@ func TestStatusErrorOfAnUnkeyedRequest(t *testing.T) {
 	}
 }
 
+// TestDoOfAnUnkeyedMethod: a named GET is not an operation: it is sent
+// once, without a key, even when the answer is one the Client retries for
+// a POST, and the jar keeps nothing of it.
+func TestDoOfAnUnkeyedMethod(t *testing.T) {
+	var sent atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		if k := r.Header.Get(idem.KeyHeader); k != "" {
+			t.Errorf("a GET carried Idempotency-Key %q", k)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	jar := &idem.MemoryJar{}
+	c := newClient(t, h, &client.Options{Jar: jar})
+	req, _ := http.NewRequest(http.MethodGet, chargesURL+"/ch_1", nil)
+	_, err := c.Do(context.Background(), "lookup:ch_1", req)
+	var se *client.StatusError
+	if !errors.As(err, &se) || se.StatusCode != http.StatusServiceUnavailable || se.Err != nil || errors.Is(err, idem.ErrPending) {
+		t.Fatalf("named GET answered 503: %v; want a *StatusError 503 whose Err is nil", err)
+	}
+	if n := sent.Load(); n != 1 {
+		t.Errorf("named GET sent %d times; want once", n)
+	}
+	if recs, err := jar.List(context.Background(), idem.Filter{}); err != nil || len(recs) != 0 {
+		t.Errorf("jar after a named GET: %v, %v; want nothing", recs, err)
+	}
+}
+
 // TestHeaderNotSentToAnotherHost: Options.Header adds credentials to the
 // keyed request, but not to the GET of a redirect to another host (as
 // net/http drops Authorization then).
