@@ -128,9 +128,11 @@ type PendingError struct {
 }
 
 func (e *PendingError) Error() string {
-	msg := fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond))
-	if !e.NextAttempt.IsZero() {
-		msg += "; retry after " + e.NextAttempt.UTC().Format(time.RFC3339)
+	msg := fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v, outcome unknown; ", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond))
+	if e.NextAttempt.IsZero() {
+		msg += "resume it later under the same name"
+	} else {
+		msg += "resume it under the same name after " + e.NextAttempt.UTC().Format(time.RFC3339)
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()

@@ -555,6 +555,26 @@ func TestMismatchOfAPendingOperationSaysItStaysPending(t *testing.T) {
 	}
 }
 
+// TestPendingErrorSaysWhatToDo: the message of a call that stopped with its
+// outcome unknown says that the operation is resumed under its name, and
+// when, before the last error.
+func TestPendingErrorSaysWhatToDo(t *testing.T) {
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		err  *idem.PendingError
+		want string
+	}{
+		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 5, Err: io.EOF},
+			`idem: operation "charge:o1" (key "k1") still pending after 5 attempt(s) in 0s, outcome unknown; resume it later under the same name: EOF`},
+		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 1, LastStatus: 503, NextAttempt: at},
+			`idem: operation "charge:o1" (key "k1") still pending after 1 attempt(s) in 0s, outcome unknown; resume it under the same name after 2025-03-01T12:00:00Z`},
+	} {
+		if got := c.err.Error(); got != c.want {
+			t.Errorf("got %q; want %q", got, c.want)
+		}
+	}
+}
+
 func TestNilJarIsAnError(t *testing.T) {
 	var sent bool
 	tr := &idem.Transport{Base: roundTripFunc(func(*http.Request) (*http.Response, error) { sent = true; return nil, nil })}

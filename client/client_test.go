@@ -195,7 +195,7 @@ func TestLongRetryAfterIsAnErrorThatSaysWhen(t *testing.T) {
 		if !errors.As(err, &pe) || !pe.NextAttempt.Equal(start.Add(time.Hour)) || pe.LastStatus != 503 {
 			t.Fatalf("got %v; want *idem.PendingError with NextAttempt %v", err, start.Add(time.Hour))
 		}
-		if !strings.Contains(err.Error(), "retry after "+start.Add(time.Hour).UTC().Format(time.RFC3339)) || time.Since(start) != 0 {
+		if !strings.Contains(err.Error(), "resume it under the same name after "+start.Add(time.Hour).UTC().Format(time.RFC3339)) || time.Since(start) != 0 {
 			t.Fatalf("message %q after %v; want it to say when, at once", err, time.Since(start))
 		}
 
