@@ -256,27 +256,36 @@ func (cannedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // BenchmarkTransportOverhead: the CPU time and allocations idem.Transport
-// with a MemoryJar adds per call, over a base that answers at once.
+// with a MemoryJar adds per call, over a base that answers at once; under
+// a context that cannot end, and under one with a deadline, as a service's
+// calls are made.
 func BenchmarkTransportOverhead(b *testing.B) {
-	for _, c := range []struct {
-		name string
-		rt   func() http.RoundTripper
-	}{
-		{"plain", func() http.RoundTripper { return cannedTransport{} }},
-		{"memjar", func() http.RoundTripper {
-			return &idem.Transport{Base: cannedTransport{}, Jar: &idem.MemoryJar{}}
-		}},
-	} {
-		b.Run("client="+c.name, func(b *testing.B) {
-			hc := &http.Client{Transport: c.rt()}
-			ctx := context.Background()
-			b.ReportAllocs()
-			defer reportCPU(b)()
-			for b.Loop() {
-				if err := postCharge(ctx, hc, "http://127.0.0.1:1/charge"); err != nil {
-					b.Fatal(err)
+	for _, ctxCase := range []string{"background", "deadline"} {
+		for _, c := range []struct {
+			name string
+			rt   func() http.RoundTripper
+		}{
+			{"plain", func() http.RoundTripper { return cannedTransport{} }},
+			{"memjar", func() http.RoundTripper {
+				return &idem.Transport{Base: cannedTransport{}, Jar: &idem.MemoryJar{}}
+			}},
+		} {
+			b.Run("ctx="+ctxCase+"/client="+c.name, func(b *testing.B) {
+				hc := &http.Client{Transport: c.rt()}
+				ctx := context.Background()
+				if ctxCase == "deadline" {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Hour)
+					defer cancel()
 				}
-			}
-		})
+				b.ReportAllocs()
+				defer reportCPU(b)()
+				for b.Loop() {
+					if err := postCharge(ctx, hc, "http://127.0.0.1:1/charge"); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -1,10 +1,12 @@
 package body
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -125,3 +127,66 @@ func (c *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 func (c *countingBody) Close() error { c.closed = true; return nil }
+
+// TestInMemory: the bodies http.NewRequest makes of bytes and strings, and
+// the copies their GetBody gives, are known to read from memory; any other
+// reader may block, and is watched while it is read.
+func TestInMemory(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    io.Reader
+	}{
+		{"bytes.Buffer", bytes.NewBufferString(`{}`)},
+		{"bytes.Reader", bytes.NewReader([]byte(`{}`))},
+		{"strings.Reader", strings.NewReader(`{}`)},
+	} {
+		req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1/", tc.r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy, err := req.GetBody()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []io.Reader{req.Body, copy, tc.r} {
+			if !InMemory(r) {
+				t.Errorf("%s: InMemory(%T) = false; want true", tc.name, r)
+			}
+		}
+	}
+	if !InMemory(http.NoBody) {
+		t.Error("InMemory(http.NoBody) = false; want true")
+	}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	for _, r := range []io.Reader{nil, pr, io.NopCloser(pr), io.NopCloser(nil), &stalled{},
+		io.NopCloser(bufio.NewReader(pr)), io.NopCloser(iotest.HalfReader(strings.NewReader("x")))} {
+		if InMemory(r) {
+			t.Errorf("InMemory(%T) = true; want false", r)
+		}
+	}
+}
+
+// TestReadAtMostContextWatchesOnlyWhatMayBlock: a body of memory is read
+// under a context that can end at the cost of one under one that cannot:
+// no watch on the context, whose registration allocates.
+func TestReadAtMostContextWatchesOnlyWhatMayBlock(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	data := []byte(`{"amount":1000}`)
+	allocs := func(ctx context.Context, open func() io.Reader) float64 {
+		return testing.AllocsPerRun(100, func() {
+			if _, err := ReadAtMostContext(ctx, open(), 100, int64(len(data))); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	inMemory := func() io.Reader { return io.NopCloser(bytes.NewReader(data)) }
+	if bg, timed := allocs(context.Background(), inMemory), allocs(ctx, inMemory); timed != bg {
+		t.Errorf("a body of memory: %v allocations under a deadline, %v without; want as many", timed, bg)
+	}
+	other := func() io.Reader { return io.NopCloser(iotest.OneByteReader(bytes.NewReader(data))) }
+	if bg, timed := allocs(context.Background(), other), allocs(ctx, other); timed <= bg {
+		t.Errorf("another body: %v allocations under a deadline, %v without; want the watch's more", timed, bg)
+	}
+}
