@@ -49,8 +49,6 @@ func TestReopenKeepsRecords(t *testing.T) {
 	}
 }
 
-// TestFileModes checks that the jar file and SQLite's -wal and -shm files
-// beside it are readable by their owner only.
 // TestCloseSyncsWAL: Close fsyncs the WAL after the jar's last write, so
 // that changes committed with synchronous=NORMAL are on stable storage even
 // while another connection (another process) keeps the file open, and
@@ -91,6 +89,41 @@ func TestCloseSyncsWAL(t *testing.T) {
 	}
 }
 
+// TestCloseSyncsWALThroughSymlink opens the jar through a symbolic link in
+// another directory: SQLite keeps the -wal file beside the file the link
+// points to, and Close fsyncs that one.
+func TestCloseSyncsWALThroughSymlink(t *testing.T) {
+	target := filepath.Join(t.TempDir(), "keys.db")
+	newJarFile(t, target)
+	link := filepath.Join(t.TempDir(), "link.db")
+	if err := os.Symlink(target, link); err != nil {
+		t.Skipf("no symbolic links here: %v", err)
+	}
+	other := openPath(t, target, nil) // keeps the WAL from a checkpoint at Close
+	if _, err := other.Get(t.Context(), "op"); err != nil {
+		t.Fatal(err)
+	}
+	var synced []string
+	j, err := keyjar.OpenHooked(t.Context(), link, nil, keyjar.Hooks{SyncFile: func(p string) { synced = append(synced, p) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Update(t.Context(), "op", "", idem.Change{Now: time.Now(), State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(target + "-wal"); err != nil {
+		t.Fatalf("no WAL beside the link's target: %v", err)
+	}
+	if len(synced) != 1 || synced[0] != target+"-wal" {
+		t.Fatalf("Close synced %q; want the WAL beside the link's target, %s", synced, target+"-wal")
+	}
+}
+
+// TestFileModes checks that the jar file and SQLite's -wal and -shm files
+// beside it are readable by their owner only.
 func TestFileModes(t *testing.T) {
 	j, path := openTemp(t, nil)
 	if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {

@@ -35,16 +35,18 @@
 //
 // The file is created with mode 0600 if it does not exist (an existing file
 // keeps its mode); SQLite gives its -wal and -shm files the database file's
-// mode. Each connection sets busy_timeout (Options.BusyTimeout); the writer
-// also uses journal_mode=WAL, synchronous=FULL (NORMAL for batches without a
-// key creation), secure_delete=FAST and BEGIN IMMEDIATE transactions
-// (_txlock=immediate); the readers (Get, List) are query_only and never
-// block the writer. The schema is versioned with PRAGMA user_version and the
-// file is marked with PRAGMA application_id; Open refuses a newer version with
-// ErrVersion and a file that is not a jar with ErrCorrupt. Times are stored
-// as Unix nanoseconds, so a Record's times must lie between the years 1678
-// and 2262 (or be zero); headers are stored as JSON, byte for byte: a
-// name or value that is not UTF-8 is kept in base64.
+// mode. A path that is a symbolic link opens the file it points to, and the
+// -wal and -shm files are beside that file. Each connection sets
+// busy_timeout (Options.BusyTimeout); the writer also uses journal_mode=WAL,
+// synchronous=FULL (NORMAL for batches without a key creation),
+// secure_delete=FAST and BEGIN IMMEDIATE transactions (_txlock=immediate);
+// the readers (Get, List) are query_only and never block the writer. The
+// schema is versioned with PRAGMA user_version and the file is marked with
+// PRAGMA application_id; Open refuses a newer version with ErrVersion and a
+// file that is not a jar with ErrCorrupt. Times are stored as Unix
+// nanoseconds, so a Record's times must lie between the years 1678 and 2262
+// (or be zero); headers are stored as JSON, byte for byte: a name or value
+// that is not UTF-8 is kept in base64.
 //
 // Credentials never reach the file: Begin drops every header that
 // idem.SecretHeader names, even when the caller forgot to.
@@ -225,6 +227,11 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	created, err := createFile(abs)
 	if err != nil {
 		return nil, err
+	}
+	// SQLite follows symbolic links to the database file and keeps its
+	// -wal and -shm files beside it: so does the jar, which syncs the WAL.
+	if abs, err = filepath.EvalSymlinks(abs); err != nil {
+		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
 	}
 	busy := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(o.BusyTimeout), 10)
 	writer, err := sql.Open("sqlite", dsn(abs,
