@@ -8,20 +8,23 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
 )
 
 // The test binary re-executes itself as a child process: with helperEnv set,
 // TestMain runs the helper named by it instead of the tests.
 const (
-	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, open or write
+	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, batch, open or write
 	pathEnv   = "KEYJAR_TEST_PATH"   // the jar file
 	idEnv     = "KEYJAR_TEST_ID"     // the child's name, part of its keys
 )
@@ -47,6 +50,10 @@ func TestMain(m *testing.M) {
 //	      <id>-<i>, print "<op> <key> <created>" for each, close.
 //	hold: open, Begin "op" with key <id>, print the key, then wait for a line
 //	      without closing (the parent kills the process).
+//	batch: open, then from 8 goroutines Begin ops <id>-<g>-<i> with keys
+//	      key-<id>-<g>-<i>, print "<op> <key>" once each Begin returned, and
+//	      defer each op's outcome and update the one before it, until
+//	      killed (at most batchOps Begins per goroutine).
 //	open: open (as an unprivileged user), print "permission" when the error
 //	      wraps fs.ErrPermission, else the error or "ok".
 //	write: without keyjar, hold a write transaction on the jar as
@@ -81,6 +88,8 @@ func helper(mode, path, id string) error {
 		fmt.Println("writing")
 		_, err = stdin.ReadString('\n')
 		return err
+	case "batch":
+		return batch(ctx, path, id)
 	case "race", "hold":
 	default:
 		return fmt.Errorf("unknown helper %q", mode)
@@ -248,4 +257,142 @@ func TestKilledProcessKeepsKey(t *testing.T) {
 	if err != nil || created || r.Key != "the-key" {
 		t.Fatalf("Begin after the kill = key %q, created %v, %v; want the-key, false", r.Key, created, err)
 	}
+}
+
+// batchOps bounds the Begins of each goroutine of the batch helper, which
+// the test kills long before.
+const batchOps = 100_000
+
+// batch is the batch helper: concurrent Begins share commits, and the
+// deferred and updated outcomes put commits without an fsync of their own
+// between them.
+func batch(ctx context.Context, path, id string) error {
+	j, err := keyjar.Open(ctx, path, &keyjar.Options{MaxBatch: 16})
+	if err != nil {
+		return err
+	}
+	out := make(chan string, 64)
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for i := range batchOps {
+				r := newRecord(fmt.Sprint(id, "-", g, "-", i))
+				r.Key = "key-" + r.Op
+				if _, _, err := j.Begin(ctx, r); err != nil {
+					errs <- err
+					return
+				}
+				out <- r.Op + " " + r.Key
+				now := time.Now()
+				if err := j.Defer(r.Op, "", idem.Change{Now: now, Attempts: 1, State: idem.StateDone}); err != nil {
+					errs <- err
+					return
+				}
+				if i > 0 {
+					prev := fmt.Sprint(id, "-", g, "-", i-1)
+					if _, err := j.Update(ctx, prev, "", idem.Change{Now: now, Note: "seen"}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for running := 8; running > 0; {
+		select {
+		case line := <-out:
+			fmt.Println(line)
+		case err := <-errs:
+			if err != nil {
+				return err
+			}
+			running--
+		}
+	}
+	return j.Close()
+}
+
+// TestKilledMidBatch kills a process with SIGKILL while it begins and
+// updates operations from several goroutines, many times over on one
+// file: after each kill, every operation whose Begin returned (a line the
+// process printed) is in the jar with its key, and SQLite finds the file
+// sound, WAL and all.
+func TestKilledMidBatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	bin := testBinary(t)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	acked := map[string]string{} // op → key
+	for round := range 8 {
+		c := startChild(t, bin, "batch", path, fmt.Sprint("r", round), nil)
+		for range 1 + rnd.IntN(200) {
+			c.ack(t, acked)
+		}
+		if err := c.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		for c.stdout.Scan() { // what it printed before it died
+			c.ackLine(t, acked, c.stdout.Text())
+		}
+		c.cmd.Wait()
+		for _, s := range []string{"-wal", "-shm"} {
+			if _, err := os.Stat(path + s); err != nil {
+				t.Fatalf("round %d: the killed process left no %s file: %v", round, s, err)
+			}
+		}
+		if got := integrityCheck(t, path); got != "ok" {
+			t.Fatalf("round %d: integrity_check after the kill: %s", round, got)
+		}
+		j, err := keyjar.Open(t.Context(), path, nil)
+		if err != nil {
+			t.Fatalf("round %d: Open after the kill: %v", round, err)
+		}
+		recs, err := j.List(t.Context(), idem.Filter{})
+		if err != nil {
+			t.Fatalf("round %d: List: %v", round, err)
+		}
+		stored := map[string]string{}
+		for _, r := range recs {
+			stored[r.Op] = r.Key
+		}
+		for op, key := range acked {
+			if stored[op] != key {
+				t.Errorf("round %d: %s: key %q in the jar; want %q, which Begin returned before the kill", round, op, stored[op], key)
+			}
+		}
+		if err := j.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(acked) < 8 {
+		t.Fatalf("%d operations acknowledged in 8 rounds; the test killed too early to show anything", len(acked))
+	}
+}
+
+// ack reads one line of the batch helper and records its operation.
+func (c *child) ack(t *testing.T, acked map[string]string) {
+	t.Helper()
+	c.ackLine(t, acked, c.line(t))
+}
+
+func (c *child) ackLine(t *testing.T, acked map[string]string, line string) {
+	t.Helper()
+	op, key, ok := strings.Cut(line, " ")
+	if !ok {
+		t.Fatalf("batch child says %q; want <op> <key>", line)
+	}
+	acked[op] = key
+}
+
+// integrityCheck runs PRAGMA integrity_check on the jar at path, as another
+// program would, and returns its first finding ("ok" for a sound file).
+func integrityCheck(t *testing.T, path string) string {
+	t.Helper()
+	db := rawDB(t, path, "")
+	defer db.Close()
+	var got string
+	if err := db.QueryRow("PRAGMA integrity_check(1)").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
