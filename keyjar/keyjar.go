@@ -379,6 +379,9 @@ func createFile(path string) (created bool, err error) {
 	}
 	f, err = os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
+		if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
+			return false, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)
+		}
 		return false, fmt.Errorf("keyjar: %w", permission(err))
 	}
 	defer f.Close()

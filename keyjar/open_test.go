@@ -363,3 +363,23 @@ func TestOpenServerDatabase(t *testing.T) {
 		t.Errorf("Open changed the server's database (%v)", err)
 	}
 }
+
+// TestOpenDirectory: a directory is no jar, as a FIFO is not: Open says so
+// with ErrCorrupt, and a symbolic link to it is the same.
+func TestOpenDirectory(t *testing.T) {
+	dir := t.TempDir()
+	link := filepath.Join(t.TempDir(), "link.db")
+	paths := []string{dir}
+	if err := os.Symlink(dir, link); err == nil {
+		paths = append(paths, link)
+	}
+	for _, path := range paths {
+		j, err := keyjar.Open(t.Context(), path, nil)
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "directory") {
+			t.Errorf("Open(%s) = %v; want ErrCorrupt saying it is a directory", path, err)
+		}
+	}
+}
