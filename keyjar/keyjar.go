@@ -271,7 +271,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	// On a file already in WAL mode, which the look found, this changes
 	// nothing and takes no lock; switching another file to WAL mode does.
-	mode, err := setWAL(bg, j.wconn, o.BusyTimeout)
+	mode, err := sqliteopt.SetWAL(bg, j.wconn, o.BusyTimeout)
 	if err != nil {
 		return nil, openError(abs, err)
 	}
@@ -320,21 +320,6 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	j.done = make(chan struct{})
 	go j.commitLoop()
 	return j, nil
-}
-
-// setWAL switches the database to WAL mode and returns the journal mode it
-// is in. Two connections switching a new file at once can each hold the
-// shared lock the other needs to give up: SQLite then answers SQLITE_BUSY at
-// once, without waiting, so setWAL tries again until busyTimeout.
-func setWAL(ctx context.Context, conn *sql.Conn, busyTimeout time.Duration) (mode string, err error) {
-	deadline := time.Now().Add(busyTimeout)
-	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		err = conn.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
-		if err == nil || !isSQLiteCode(err, sqlite3.SQLITE_BUSY) || time.Now().After(deadline) {
-			return mode, err
-		}
-		time.Sleep(wait)
-	}
 }
 
 // canWrite checks that conn may write to the jar whose schema Open only

@@ -1,8 +1,12 @@
 // Package sqliteopt turns the options of this module's SQLite files
-// (keyjar, sqlitestore) into what SQLite accepts.
+// (keyjar, sqlitestore) into what SQLite accepts, and switches the files
+// to WAL mode.
 package sqliteopt
 
 import (
+	"context"
+	"database/sql"
+	"errors"
 	"math"
 	"time"
 )
@@ -14,4 +18,36 @@ import (
 // 2^31-1 ms (about 24.8 days), the longest SQLite can wait, is that.
 func BusyTimeoutMillis(d time.Duration) int64 {
 	return min(max(d.Milliseconds(), 1), math.MaxInt32)
+}
+
+// SetWAL switches the database to WAL mode and returns the journal mode it
+// is in. Two connections switching a new file at once can each hold the
+// shared lock the other needs to give up: SQLite then answers SQLITE_BUSY at
+// once, without waiting, so SetWAL tries again until busyTimeout or ctx
+// ends. q is a *sql.Conn or, with one connection, a *sql.DB.
+func SetWAL(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}, busyTimeout time.Duration) (mode string, err error) {
+	deadline := time.Now().Add(busyTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err = q.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode)
+		if err == nil || !isBusy(err) || time.Now().After(deadline) {
+			return mode, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return mode, err
+		}
+	}
+}
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY, from a driver whose
+// errors tell their result code (modernc.org/sqlite's *Error).
+func isBusy(err error) bool {
+	const sqliteBusy = 5 // the primary result code, in the low byte
+	var c interface{ Code() int }
+	return errors.As(err, &c) && c.Code()&0xff == sqliteBusy
 }

@@ -139,7 +139,7 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 		return nil, err
 	}
 	// The mode stays in the file: a connection opened later finds it.
-	if _, err := db.ExecContext(ctx, "PRAGMA journal_mode = WAL"); err != nil {
+	if _, err := sqliteopt.SetWAL(ctx, db, busy); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("sqlitestore: %w", err)
 	}

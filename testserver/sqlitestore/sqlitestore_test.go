@@ -109,6 +109,32 @@ func TestSharedFileOneWinner(t *testing.T) {
 	}
 }
 
+// TestConcurrentOpenOfNewFile opens one new file from several stores at
+// once, as server processes starting together do: every Open succeeds,
+// although SQLite answers one of two connections switching the file to WAL
+// mode at the same moment with SQLITE_BUSY at once, without waiting.
+func TestConcurrentOpenOfNewFile(t *testing.T) {
+	const n = 4
+	for round := range 40 {
+		path := filepath.Join(t.TempDir(), fmt.Sprint("keys-", round, ".db"))
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				s, err := sqlitestore.Open(context.Background(), path, nil)
+				if err == nil {
+					err = s.Close()
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: Open: %v", round, err)
+			}
+		}
+	}
+}
+
 func TestReopenKeepsEntries(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	ctx := context.Background()
