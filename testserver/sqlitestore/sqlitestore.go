@@ -9,10 +9,11 @@
 // BusyTimeout for another process's lock, and goes through one connection.
 //
 // The file is marked with PRAGMA application_id (ApplicationID) and its
-// schema versioned with PRAGMA user_version. Open refuses a database of
-// another program, a client's key jar (package keyjar) among them, with
-// ErrNotStore, and leaves it as it was; an application's own tables beside
-// the store's (see Store.DB) are no obstacle.
+// schema versioned with PRAGMA user_version. Open refuses a file that is
+// not a SQLite database, and a database of another program, a client's key
+// jar (package keyjar) among them, with ErrNotStore, and leaves it as it
+// was; an application's own tables beside the store's (see Store.DB) are no
+// obstacle.
 package sqlitestore
 
 import (
@@ -28,7 +29,8 @@ import (
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/sqliteopt"
 	"github.com/idemkit/idem/testserver"
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+	"modernc.org/sqlite" // also the "sqlite" database/sql driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // schemaVersion is PRAGMA user_version once the schema below is in place.
@@ -90,19 +92,20 @@ var (
 	// newer version of this package.
 	ErrSchemaTooNew = errors.New("sqlitestore: database schema is newer than this program")
 
-	// ErrNotStore is returned by Open for a SQLite database that is not
-	// this package's: one marked with another application_id (a client's key
-	// jar, for one), or an unmarked one that holds tables but not the
-	// store's. Open changes nothing in it.
+	// ErrNotStore is returned by Open for a file that is not a SQLite
+	// database, and for a SQLite database that is not this package's: one
+	// marked with another application_id (a client's key jar, for one), or
+	// an unmarked one that holds tables but not the store's. Open changes
+	// nothing in it.
 	ErrNotStore = errors.New("sqlitestore: not a sqlitestore database")
 )
 
 // Open opens the database at path, creating it with mode 0600 when it does
 // not exist (an existing file keeps its mode), and creates or checks the
 // schema. path is a file name, not a URI; ":memory:" opens a private
-// in-memory database. It fails with ErrNotStore for a database of another
-// program and with ErrSchemaTooNew for one of a newer version of this
-// package.
+// in-memory database. It fails with ErrNotStore for a file that is not a
+// SQLite database or is another program's database, and with
+// ErrSchemaTooNew for one of a newer version of this package.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
@@ -136,6 +139,9 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	s := &Store{db: db}
 	if err := s.migrate(ctx, path); err != nil {
 		db.Close()
+		if se := (*sqlite.Error)(nil); errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_NOTADB {
+			return nil, fmt.Errorf("%w: %s is not a SQLite database (%v)", ErrNotStore, path, se)
+		}
 		return nil, err
 	}
 	// The mode stays in the file: a connection opened later finds it.

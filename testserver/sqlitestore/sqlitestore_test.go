@@ -174,14 +174,6 @@ func TestOpenRefuses(t *testing.T) {
 			t.Errorf("Open(%q) succeeded; want an error", p)
 		}
 	}
-	garbage := filepath.Join(dir, "garbage.db")
-	if err := os.WriteFile(garbage, []byte("this is not a database, not at all, really not"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if s, err := sqlitestore.Open(context.Background(), garbage, nil); err == nil {
-		s.Close()
-		t.Error("Open of a non-database file succeeded; want an error")
-	}
 }
 
 // rawDB opens the SQLite file at path as another program would: its own
@@ -195,6 +187,13 @@ func rawDB(t *testing.T, path string) *sql.DB {
 	db.SetMaxOpenConns(1)
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func execRaw(t *testing.T, path, query string) {
@@ -237,8 +236,9 @@ func openUnchanged(t *testing.T, path string, open func() (io.Closer, error)) er
 }
 
 // TestOpenForeign opens SQLite files of other programs, a client's key jar
-// first: each is refused with ErrNotStore and left exactly as it was, with
-// none of the store's tables added.
+// first, and files that are not SQLite databases: each is refused with
+// ErrNotStore and left exactly as it was, with none of the store's tables
+// added.
 func TestOpenForeign(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -265,6 +265,12 @@ func TestOpenForeign(t *testing.T) {
 		}},
 		{"an empty database of another application_id", func(t *testing.T, path string) {
 			execRaw(t, path, "PRAGMA application_id = 305419896")
+		}},
+		{"a file that is not a SQLite database", func(t *testing.T, path string) {
+			writeFile(t, path, []byte("this is not a database, not at all, really not"))
+		}},
+		{"a truncated SQLite header", func(t *testing.T, path string) {
+			writeFile(t, path, []byte("SQLite format 3\x00\x10\x00"))
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
