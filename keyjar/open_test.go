@@ -383,3 +383,50 @@ func TestOpenDirectory(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenPathOfAnyName: the path is a file name, never read as a URI: a
+// directory and a file whose names hold spaces, non-ASCII letters, '?',
+// '#', '%' escapes, '&' and '=' hold the jar under exactly those names, and a
+// second Open finds it there.
+func TestOpenPathOfAnyName(t *testing.T) {
+	top := t.TempDir()
+	dir := filepath.Join(top, "dir ü?#%20")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ke ys.db", "clé€.db", "keys.db?mode=ro", "keys#frag.db", "100%25.db", "a&vfs=memdb.db", "file:keys.db"} {
+		path := filepath.Join(dir, name)
+		newJarFile(t, path)
+		for d, want := range map[string]string{top: filepath.Base(dir), dir: name} {
+			if got := dirNames(t, d); len(got) != 1 || got[0] != want {
+				t.Fatalf("after the jar %q was closed, %s holds %q; want %q alone", name, d, got, want)
+			}
+		}
+		if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+			t.Fatalf("the jar %q is empty or missing after a Begin: %v", name, err)
+		}
+		j := openPath(t, path, nil)
+		if r, err := j.Get(t.Context(), "op"); err != nil || r.Key != "key-op" {
+			t.Errorf("jar %q reopened: key %q, %v; want key-op", name, r.Key, err)
+		}
+		if err := j.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
