@@ -16,15 +16,20 @@
 //	if err != nil { ... }
 //	defer c.Close()
 //
-// Every method is one atomic statement under PostgreSQL's default READ
-// COMMITTED isolation, or a short sequence of them that retries when a
-// concurrent writer changed the row in between:
+// Every method is one atomic statement, or a short sequence of them that
+// retries when a concurrent writer changed the row in between:
 //
 //   - Begin is an INSERT … ON CONFLICT (op) DO UPDATE … WHERE the existing
 //     record is abandoned: two workers never create two keys for one name.
 //   - Acquire is an UPDATE that compares and sets the lease.
 //   - Update is an UPDATE fenced by the holder.
 //   - ForgetKey is a DELETE whose WHERE clause holds the key and the state.
+//
+// The statements run under READ COMMITTED isolation, which Open sets on the
+// jar's connections whatever the database's, the role's or the DSN's
+// default: under REPEATABLE READ or SERIALIZABLE, a statement that waited
+// for a concurrent writer of its record would fail with a serialization
+// error instead of seeing that writer's record (its key, its lease).
 //
 // The jar's connections run with synchronous_commit=on (unless the DSN
 // sets it), so that a key Begin created is on stable storage, on the
@@ -196,6 +201,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
 	j.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)

@@ -334,31 +334,85 @@ func TestCallerDeadlineFailsClosed(t *testing.T) {
 	}
 }
 
-// TestBeginSeesRecordCommittedDuringIt makes Begin wait for another
+// TestWritesSeeRecordsCommittedWhileTheyWait makes Begin wait for another
 // transaction's uncommitted record of the same name, then commits it:
-// Begin must return that record, not create a second key.
-func TestBeginSeesRecordCommittedDuringIt(t *testing.T) {
-	dsn := pgtest.DB(t)
-	j := open(t, dsn, nil)
-	ctx := t.Context()
-	tx := uncommitted(t, dsn, "op")
-	type result struct {
-		rec     idem.Record
-		created bool
-		err     error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rec, created, err := j.Begin(ctx, record("op"))
-		done <- result{rec, created, err}
-	}()
-	waitBlocked(t, connect(t, dsn))
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	r := <-done
-	if r.err != nil || r.created || r.rec.Key != "theirs" {
-		t.Errorf("Begin = key %q, created %v, %v; want their key, not created", r.rec.Key, r.created, r.err)
+// Begin must return that record, not create a second key. Acquire and a
+// fenced Update that wait for another holder's lease must likewise see it
+// (ErrLeased, ErrLeaseLost). All hold when the database's default
+// isolation is stricter than READ COMMITTED, a setting some databases
+// have, where they would fail with a serialization error instead (which
+// idem.Transport returns as a *idem.JarError, where it would resume with
+// the key or wait for the lease).
+func TestWritesSeeRecordsCommittedWhileTheyWait(t *testing.T) {
+	for _, level := range []string{"", "repeatable read", "serializable"} {
+		t.Run("default "+level, func(t *testing.T) {
+			dsn := pgtest.DB(t)
+			conn := connect(t, dsn)
+			if level != "" {
+				if _, err := conn.Exec(t.Context(), fmt.Sprintf("ALTER DATABASE %s SET default_transaction_isolation = '%s'",
+					pgx.Identifier{conn.Config().Database}.Sanitize(), level)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j := open(t, dsn, nil)
+			ctx := t.Context()
+			// concurrently runs f while tx holds the row it needs, and
+			// commits tx: f's error.
+			concurrently := func(tx pgx.Tx, f func() error) error {
+				errc := make(chan error, 1)
+				go func() { errc <- f() }()
+				waitBlocked(t, conn)
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return <-errc
+			}
+
+			err := concurrently(uncommitted(t, dsn, "op"), func() error {
+				rec, created, err := j.Begin(ctx, record("op"))
+				if err == nil && (created || rec.Key != "theirs") {
+					err = fmt.Errorf("key %q, created %v; want their key, not created", rec.Key, created)
+				}
+				return err
+			})
+			if err != nil {
+				t.Errorf("Begin of a record created while it waited: %v", err)
+			}
+
+			lease := func() pgx.Tx {
+				tx, err := connect(t, dsn).Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { tx.Rollback(context.Background()) })
+				if _, err := tx.Exec(ctx, `UPDATE idem_operations SET holder = 'other', lease_until = $1 WHERE op = 'op'`,
+					t0.Add(time.Hour).UnixNano()); err != nil {
+					t.Fatal(err)
+				}
+				return tx
+			}
+			err = concurrently(lease(), func() error {
+				_, err := j.Acquire(ctx, "op", "me", t0, time.Minute)
+				return err
+			})
+			if !errors.Is(err, idem.ErrLeased) {
+				t.Errorf("Acquire of a lease taken while it waited = %v; want ErrLeased", err)
+			}
+
+			if _, err := j.Update(ctx, "op", "", idem.Change{Now: t0, Release: true}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := j.Acquire(ctx, "op", "me", t0, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			err = concurrently(lease(), func() error {
+				_, err := j.Update(ctx, "op", "me", idem.Change{Now: t0, State: idem.StateDone})
+				return err
+			})
+			if !errors.Is(err, idem.ErrLeaseLost) {
+				t.Errorf("Update of a lease taken while it waited = %v; want ErrLeaseLost", err)
+			}
+		})
 	}
 }
 

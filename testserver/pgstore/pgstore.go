@@ -1,14 +1,19 @@
 // Package pgstore is a testserver.Store on PostgreSQL (github.com/jackc/pgx/v5
 // and its pool): for many server instances that share one database.
 //
-// Every method is one statement under PostgreSQL's default READ COMMITTED
-// isolation: a claim is an INSERT … ON CONFLICT DO NOTHING on the primary
-// key (scope, key), a takeover an UPDATE that compares and sets locked_at,
-// and saving or releasing a claim is fenced by status and locked_at in its
-// WHERE clause. Each statement runs under its own deadline
-// (Options.QueryTimeout), on the server and on the client, inside the
-// caller's context. Any error, a timeout included, is returned as an
-// error: the store never reports a claim it did not make.
+// Every method is one statement: a claim is an INSERT … ON CONFLICT DO
+// NOTHING on the primary key (scope, key), a takeover an UPDATE that
+// compares and sets locked_at, and saving or releasing a claim is fenced by
+// status and locked_at in its WHERE clause. Each statement runs under its
+// own deadline (Options.QueryTimeout), on the server and on the client,
+// inside the caller's context. Any error, a timeout included, is returned
+// as an error: the store never reports a claim it did not make.
+//
+// The statements run under READ COMMITTED isolation, which Open sets on the
+// store's connections whatever the database's, the role's or the DSN's
+// default: under REPEATABLE READ or SERIALIZABLE, a claim or a fenced write
+// that waited for a concurrent writer of its row would fail with a
+// serialization error instead of seeing that writer's row.
 //
 // A claim is as durable as the server's synchronous_commit makes it (on by
 // default): with it off, a server crash may lose a claim or a saved answer
@@ -52,8 +57,9 @@ type Options struct {
 	// and returns an error wrapping context.DeadlineExceeded. The server
 	// is the one to give up first so that a write the store reported as
 	// failed is not applied later, once the lock it waited for is free; a
-	// pool passed to New should set statement_timeout likewise. Zero
-	// means DefaultQueryTimeout.
+	// pool passed to New should set statement_timeout likewise (and
+	// default_transaction_isolation to read committed, see the package
+	// documentation). Zero means DefaultQueryTimeout.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs
@@ -90,6 +96,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
 		cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(max(1, timeout.Milliseconds()), 10)
 	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)

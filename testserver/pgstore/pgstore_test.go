@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/storetest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -183,43 +184,77 @@ func TestReleaseLetsTheKeyBeClaimedAgain(t *testing.T) {
 	}
 }
 
-// TestClaimSeesRowCommittedDuringIt makes Claim's insert wait for another
-// transaction's uncommitted insert of the same key, then commits it: the
-// row is newer than the claim's snapshot, and Claim must still return it,
-// unclaimed.
-func TestClaimSeesRowCommittedDuringIt(t *testing.T) {
-	dsn := pgtest.DB(t)
-	s := open(t, dsn, nil)
-	ctx := t.Context()
-	tx, err := s.Pool().Begin(ctx)
+// TestWritesSeeRowsCommittedWhileTheyWait makes Claim's insert wait for
+// another transaction's uncommitted insert of the same key, then commits
+// it: the row is newer than the claim's snapshot, and Claim must still
+// return it, unclaimed. It then makes Save wait for an uncommitted
+// takeover of that claim: the late save must be fenced. Both hold when the
+// database's default isolation is stricter than READ COMMITTED, a setting
+// some databases have, where they would fail with a serialization error
+// instead (which the Middleware would take for a store failure, and answer
+// the stale worker's caller with its handler's answer).
+func TestWritesSeeRowsCommittedWhileTheyWait(t *testing.T) {
+	for _, level := range []string{"", "repeatable read", "serializable"} {
+		t.Run("default "+level, func(t *testing.T) {
+			dsn := pgtest.DB(t)
+			if level != "" {
+				setDatabaseDefault(t, dsn, "default_transaction_isolation", level)
+			}
+			s := open(t, dsn, nil)
+			ctx := t.Context()
+			// concurrently runs f while stmt, uncommitted, holds the row
+			// f needs, then commits it: f's error.
+			concurrently := func(stmt string, f func() error) error {
+				tx, err := s.Pool().Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(context.Background())
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					t.Fatal(err)
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- f() }()
+				waitBlocked(t, s.Pool(), 1)
+				if err := tx.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return <-errc
+			}
+
+			err := concurrently(`INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+				VALUES ('s', 'k', 'theirs', 'in_flight', 7, 0)`, func() error {
+				e, claimed, err := s.Claim(ctx, "s", "k", "mine", 8, t0)
+				if err == nil && (claimed || e.Fingerprint != "theirs" || e.Token != 7) {
+					err = fmt.Errorf("claimed %v, entry %+v; want the committed one, unclaimed", claimed, e)
+				}
+				return err
+			})
+			if err != nil {
+				t.Errorf("Claim of a key inserted while it waited: %v", err)
+			}
+			err = concurrently(`UPDATE idempotency_keys SET locked_at = 9 WHERE scope = 's' AND key = 'k'`, func() error {
+				return s.Save(ctx, "s", "k", 7, testserver.Response{Status: 200})
+			})
+			if !errors.Is(err, testserver.ErrFenced) {
+				t.Errorf("Save of a claim taken over while it waited = %v; want ErrFenced", err)
+			}
+		})
+	}
+}
+
+// setDatabaseDefault sets a default of dsn's database for the sessions
+// that connect after it.
+func setDatabaseDefault(t *testing.T, dsn, setting, value string) {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
-		VALUES ('s', 'k', 'theirs', 'in_flight', 7, 0)`); err != nil {
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(t.Context(), fmt.Sprintf("ALTER DATABASE %s SET %s = '%s'",
+		pgx.Identifier{conn.Config().Database}.Sanitize(), setting, value)); err != nil {
 		t.Fatal(err)
-	}
-	type result struct {
-		e       testserver.Entry
-		claimed bool
-		err     error
-	}
-	done := make(chan result, 1)
-	go func() {
-		e, claimed, err := s.Claim(ctx, "s", "k", "mine", 8, t0)
-		done <- result{e, claimed, err}
-	}()
-	waitBlocked(t, s.Pool(), 1)
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	r := <-done
-	if r.err != nil || r.claimed {
-		t.Fatalf("Claim = %v, %v; want the other's entry, unclaimed", r.claimed, r.err)
-	}
-	if r.e.Fingerprint != "theirs" || r.e.Token != 7 {
-		t.Errorf("entry = %+v; want the committed one", r.e)
 	}
 }
 
