@@ -172,7 +172,9 @@ var (
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included) and
 // creates or upgrades the jar's schema (tables idem_operations and
 // idem_operations_schema). It returns ErrVersion for a schema newer than
-// this package.
+// this package. A schema that is current is only read: a role that may not
+// create tables opens it with SELECT on idem_operations_schema and SELECT,
+// INSERT, UPDATE and DELETE on idem_operations.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	if opts == nil {
 		opts = &Options{}

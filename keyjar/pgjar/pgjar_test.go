@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -548,6 +549,39 @@ func TestMigrations(t *testing.T) {
 	}
 	if _, err := pgjar.Open(t.Context(), dsn, nil); !errors.Is(err, pgjar.ErrVersion) {
 		t.Errorf("Open of a newer schema: err = %v; want ErrVersion", err)
+	}
+}
+
+// TestOpenWithoutCreatePrivilege opens, as a role that may read and write
+// the jar's tables but not create any (a deployment that migrates under
+// another role), a database whose schema is current: Open must not need to
+// create anything.
+func TestOpenWithoutCreatePrivilege(t *testing.T) {
+	dsn := pgtest.DB(t)
+	open(t, dsn, nil) // creates the schema, as the owner
+	conn := connect(t, dsn)
+	role := conn.Config().Database + "_worker"
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT SELECT ON idem_operations_schema TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idem_operations TO ` + role,
+	} {
+		if _, err := conn.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	j, err := pgjar.Open(t.Context(), u.String(), nil)
+	if err != nil {
+		t.Fatalf("Open as a role that cannot create tables: %v", err)
+	}
+	defer j.Close()
+	if _, created, err := j.Begin(t.Context(), record("op")); err != nil || !created {
+		t.Errorf("Begin as that role = %v, %v; want created", created, err)
 	}
 }
 

@@ -64,11 +64,22 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_operations_schema (
-			version    integer     PRIMARY KEY,
-			applied_at timestamptz NOT NULL DEFAULT now()
-		)`); err != nil {
+		// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when
+		// the table exists: it only runs when the table is not in the
+		// schema it would create it in, so that a role that may only read
+		// and write the tables opens a schema that is current.
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_tables
+			WHERE schemaname = current_schema() AND tablename = 'idem_operations_schema')`).Scan(&exists); err != nil {
 			return err
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_operations_schema (
+				version    integer     PRIMARY KEY,
+				applied_at timestamptz NOT NULL DEFAULT now()
+			)`); err != nil {
+				return err
+			}
 		}
 		var v int
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM idem_operations_schema`).Scan(&v); err != nil {

@@ -83,7 +83,10 @@ var _ testserver.Store = (*Store)(nil)
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the schema, and returns a Store that owns its pool.
-// It returns ErrSchemaTooNew for a schema newer than this package.
+// It returns ErrSchemaTooNew for a schema newer than this package. A schema
+// that is current is only read: a role that may not create tables opens it
+// with SELECT on idempotency_keys_schema and SELECT, INSERT, UPDATE and
+// DELETE on idempotency_keys.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"testing"
@@ -475,6 +476,43 @@ func TestMigrations(t *testing.T) {
 	}
 	if _, err := pgstore.Open(t.Context(), dsn, nil); !errors.Is(err, pgstore.ErrSchemaTooNew) {
 		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew", err)
+	}
+}
+
+// TestOpenWithoutCreatePrivilege opens, as a role that may read and write
+// the store's tables but not create any (a deployment that migrates under
+// another role), a database whose schema is current: Open must not need to
+// create anything.
+func TestOpenWithoutCreatePrivilege(t *testing.T) {
+	dsn := pgtest.DB(t)
+	open(t, dsn, nil) // creates the schema, as the owner
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	role := conn.Config().Database + "_app"
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT SELECT ON idempotency_keys_schema TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role,
+	} {
+		if _, err := conn.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	s, err := pgstore.Open(t.Context(), u.String(), nil)
+	if err != nil {
+		t.Fatalf("Open as a role that cannot create tables: %v", err)
+	}
+	defer s.Close()
+	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", 1, t0); err != nil || !claimed {
+		t.Errorf("Claim as that role = %v, %v; want claimed", claimed, err)
 	}
 }
 
