@@ -15,9 +15,12 @@
 // that waited for a concurrent writer of its row would fail with a
 // serialization error instead of seeing that writer's row.
 //
-// A claim is as durable as the server's synchronous_commit makes it (on by
-// default): with it off, a server crash may lose a claim or a saved answer
-// that was already acknowledged.
+// Open also sets synchronous_commit to on (unless the DSN sets it), whatever
+// the database's or the role's default, so that a claim, and a saved
+// answer, is on stable storage, on the primary and on any synchronous
+// standby, before the method reports it: a server crash that lost a claim
+// whose handler ran would let a retry run the handler again. A DSN that
+// sets synchronous_commit=off trades that for speed.
 package pgstore
 
 import (
@@ -58,8 +61,9 @@ type Options struct {
 	// is the one to give up first so that a write the store reported as
 	// failed is not applied later, once the lock it waited for is free; a
 	// pool passed to New should set statement_timeout likewise (and
-	// default_transaction_isolation to read committed, see the package
-	// documentation). Zero means DefaultQueryTimeout.
+	// default_transaction_isolation to read committed and
+	// synchronous_commit to on, see the package documentation). Zero
+	// means DefaultQueryTimeout.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs
@@ -96,8 +100,13 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if opts != nil && opts.QueryTimeout > 0 {
 		timeout = opts.QueryTimeout
 	}
-	if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
-		cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(max(1, timeout.Milliseconds()), 10)
+	for name, value := range map[string]string{
+		"synchronous_commit": "on",
+		"statement_timeout":  strconv.FormatInt(max(1, timeout.Milliseconds()), 10),
+	} {
+		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+			cfg.ConnConfig.RuntimeParams[name] = value
+		}
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

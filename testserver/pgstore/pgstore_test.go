@@ -545,23 +545,37 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) testserver.Store { return open(t, pgtest.DB(t), nil) })
 }
 
-func TestStatementTimeout(t *testing.T) {
+// TestSessionSettings checks the settings Open gives the store's
+// connections: statement_timeout from QueryTimeout, and synchronous_commit
+// on, so that a claim is on stable storage before Claim reports it, also in
+// a database whose default is off (a crash would otherwise lose a claim
+// whose handler ran, and a retry would run it again). An explicit choice
+// in the DSN is the operator's.
+func TestSessionSettings(t *testing.T) {
 	dsn := pgtest.DB(t)
-	show := func(s *pgstore.Store) string {
+	setDatabaseDefault(t, dsn, "synchronous_commit", "off")
+	show := func(s *pgstore.Store, setting string) string {
 		var v string
-		if err := s.Pool().QueryRow(t.Context(), "SHOW statement_timeout").Scan(&v); err != nil {
+		if err := s.Pool().QueryRow(t.Context(), "SHOW "+setting).Scan(&v); err != nil {
 			t.Fatal(err)
 		}
 		return v
 	}
-	if got := show(open(t, dsn, &pgstore.Options{QueryTimeout: 1500 * time.Millisecond})); got != "1500ms" {
+	s := open(t, dsn, &pgstore.Options{QueryTimeout: 1500 * time.Millisecond})
+	if got := show(s, "statement_timeout"); got != "1500ms" {
 		t.Errorf("statement_timeout = %q; want 1500ms, the QueryTimeout", got)
 	}
-	if got := show(open(t, dsn, nil)); got != "5s" {
+	if got := show(s, "synchronous_commit"); got != "on" {
+		t.Errorf("synchronous_commit = %q; want on", got)
+	}
+	if got := show(open(t, dsn, nil), "statement_timeout"); got != "5s" {
 		t.Errorf("statement_timeout by default = %q; want 5s", got)
 	}
-	// An explicit choice in the DSN is the operator's.
-	if got := show(open(t, dsn+"&statement_timeout=0", nil)); got != "0" {
+	s = open(t, dsn+"&statement_timeout=0&synchronous_commit=remote_write", nil)
+	if got := show(s, "statement_timeout"); got != "0" {
 		t.Errorf("statement_timeout with the DSN's choice = %q; want 0", got)
+	}
+	if got := show(s, "synchronous_commit"); got != "remote_write" {
+		t.Errorf("synchronous_commit with the DSN's choice = %q; want remote_write", got)
 	}
 }
