@@ -151,9 +151,12 @@ func (j *Jar) send(changes []deferred) error {
 	for _, d := range changes {
 		b.Queue(updateSQL, d.args...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*j.timeout)
-	defer cancel()
-	return j.pool.SendBatch(ctx, b).Close()
+	conn, ctx, done, err := j.conn(context.Background())
+	if err != nil {
+		return err
+	}
+	defer done()
+	return conn.SendBatch(ctx, b).Close()
 }
 
 // refusedData reports whether err is the database refusing a statement for

@@ -125,7 +125,10 @@ type Options struct {
 	// and returns an error wrapping context.DeadlineExceeded. The server
 	// is the one to give up first so that a statement the jar reported as
 	// failed is not applied later, once the lock it waited for is free.
-	// Zero means DefaultQueryTimeout.
+	// Before the statement, the jar waits at most twice QueryTimeout, too,
+	// for a connection from a pool that has none free, and returns an
+	// error wrapping context.DeadlineExceeded when none came. Zero means
+	// DefaultQueryTimeout.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most records one DELETE of Prune removes; Prune runs
@@ -219,9 +222,10 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 }
 
 // Close applies the changes deferred before it (see Defer), waiting for the
-// database at most Options.QueryTimeout twice per 64 of them, and closes
-// the jar's connections. Every method called after it, Close included,
-// returns ErrClosed.
+// database at most Options.QueryTimeout twice per 64 of them (and as long
+// again for a connection, when the pool has none free), and closes the
+// jar's connections. Every method called after it, Close included, returns
+// ErrClosed.
 func (j *Jar) Close() error {
 	j.queueMu.Lock()
 	if j.closed.Swap(true) {
@@ -243,34 +247,50 @@ func (j *Jar) check(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// start checks that the jar is open and ctx alive, and returns the context
-// for one statement.
-func (j *Jar) start(ctx context.Context) (context.Context, context.CancelFunc, error) {
+// start checks that the jar is open and ctx alive, and returns a connection
+// and the context for one statement on it (see conn).
+func (j *Jar) start(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
 	if err := j.check(ctx); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*j.timeout) // see Options.QueryTimeout
-	return ctx, cancel, nil
+	return j.conn(ctx)
+}
+
+// conn takes a connection from the pool, waiting for one at most twice the
+// query timeout, and returns it with the context for one statement on it,
+// which waits at most as long again (see Options.QueryTimeout), both within
+// ctx. The wait for the pool is not taken from the statement's: the server's
+// statement_timeout must remain the first to end a statement. done releases
+// the connection.
+func (j *Jar) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
+	wait, cancel := context.WithTimeout(ctx, 2*j.timeout)
+	conn, err := j.pool.Acquire(wait)
+	cancel()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel = context.WithTimeout(ctx, 2*j.timeout)
+	return conn, ctx, func() { cancel(); conn.Release() }, nil
 }
 
 // queryRecord runs one statement that returns at most one record.
 func (j *Jar) queryRecord(ctx context.Context, query string, args ...any) (idem.Record, error) {
-	ctx, cancel, err := j.start(ctx)
+	conn, ctx, done, err := j.start(ctx)
 	if err != nil {
 		return idem.Record{}, err
 	}
-	defer cancel()
-	return scanRecord(j.pool.QueryRow(ctx, query, args...))
+	defer done()
+	return scanRecord(conn.QueryRow(ctx, query, args...))
 }
 
 // exec runs one statement and returns how many rows it changed.
 func (j *Jar) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	ctx, cancel, err := j.start(ctx)
+	conn, ctx, done, err := j.start(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer cancel()
-	tag, err := j.pool.Exec(ctx, query, args...)
+	defer done()
+	tag, err := conn.Exec(ctx, query, args...)
 	return tag.RowsAffected(), err
 }
 
@@ -585,12 +605,12 @@ func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
 
 // records runs one query of whole records, under one statement's deadline.
 func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]idem.Record, error) {
-	ctx, cancel, err := j.start(ctx)
+	conn, ctx, done, err := j.start(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
-	defer cancel()
-	rows, err := j.pool.Query(ctx, query, args...)
+	defer done()
+	rows, err := conn.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
@@ -694,10 +714,10 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	if limit <= 0 {
 		// Bound the batches by what is due now.
 		var due int64
-		ctx, cancel, err := j.start(ctx)
+		conn, ctx, done, err := j.start(ctx)
 		if err == nil {
-			err = j.pool.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
-			cancel()
+			err = conn.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
+			done()
 		}
 		if err != nil {
 			return 0, fmt.Errorf("pgjar: prune: %w", err)

@@ -318,6 +318,51 @@ func checkCancelled(t *testing.T, what string, err error) {
 	}
 }
 
+// TestPoolWaitLeavesTheServerFirst has a Begin wait for the pool's only
+// connection for most of its own deadline, and then for a lock: the
+// server's statement_timeout must still be the first to give up, so that
+// the record Begin reported as not created is not created later, once the
+// lock is free (pending, never sent, and leased for a minute to a call
+// that returned an error).
+func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn+"&pool_max_conns=1", &pgjar.Options{QueryTimeout: time.Second})
+	ctx := t.Context()
+	if _, _, err := j.Begin(ctx, record("busy")); err != nil {
+		t.Fatal(err)
+	}
+	// An uncommitted record of "op", and a lock on "busy".
+	tx := uncommitted(t, dsn, "op")
+	if _, err := tx.Exec(ctx, `SELECT FROM idem_operations WHERE op = 'busy' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// The pool's connection waits for the lock on "busy" for 1.5 s (its
+	// own statement_timeout), while Begin waits for the connection.
+	busy := make(chan error, 1)
+	go func() {
+		busy <- pgx.BeginFunc(ctx, pgjar.PoolOf(j), func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = 1500`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT FROM idem_operations WHERE op = 'busy' FOR UPDATE`)
+			return err
+		})
+	}()
+	waitBlocked(t, connect(t, dsn))
+	rec, created, err := j.Begin(ctx, record("op"))
+	if created || rec.Key != "" {
+		t.Fatalf("Begin of a name locked by another transaction = key %q, created %v", rec.Key, created)
+	}
+	checkCancelled(t, "Begin", err)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkCancelled(t, "the statement holding the pool", <-busy)
+	if _, err := j.Get(ctx, "op"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("after the lock was freed: Get = %v; want ErrNotFound, no record created by the failed Begin", err)
+	}
+}
+
 // TestCallerDeadlineFailsClosed gives up through the caller's context,
 // before the server's timeout: the call fails, and reports no key.
 func TestCallerDeadlineFailsClosed(t *testing.T) {

@@ -62,8 +62,11 @@ type Options struct {
 	// failed is not applied later, once the lock it waited for is free; a
 	// pool passed to New should set statement_timeout likewise (and
 	// default_transaction_isolation to read committed and
-	// synchronous_commit to on, see the package documentation). Zero
-	// means DefaultQueryTimeout.
+	// synchronous_commit to on, see the package documentation). Before
+	// the statement, the store waits at most twice QueryTimeout, too, for
+	// a connection from a pool that has none free, and returns an error
+	// wrapping context.DeadlineExceeded when none came. Zero means
+	// DefaultQueryTimeout.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs
@@ -209,9 +212,12 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token
 }
 
 func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token, created int64) (testserver.Entry, bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*s.timeout) // see Options.QueryTimeout
-	defer cancel()
-	row := s.pool.QueryRow(ctx, `WITH ins AS (
+	conn, ctx, done, err := s.conn(ctx)
+	if err != nil {
+		return testserver.Entry{}, false, err
+	}
+	defer done()
+	row := conn.QueryRow(ctx, `WITH ins AS (
 			INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
 			VALUES ($1, $2, $3, 'in_flight', $4, $5)
 			ON CONFLICT (scope, key) DO NOTHING
@@ -227,12 +233,31 @@ func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token
 	return e, claimed, err
 }
 
-// exec runs one statement under the query timeout and returns how many rows
-// it changed.
+// conn takes a connection from the pool, waiting for one at most twice the
+// query timeout, and returns it with the context for one statement on it,
+// which waits at most as long again (see Options.QueryTimeout), both within
+// ctx. The wait for the pool is not taken from the statement's: the server's
+// statement_timeout must remain the first to end a statement. done releases
+// the connection.
+func (s *Store) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
+	wait, cancel := context.WithTimeout(ctx, 2*s.timeout)
+	conn, err := s.pool.Acquire(wait)
+	cancel()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel = context.WithTimeout(ctx, 2*s.timeout)
+	return conn, ctx, func() { cancel(); conn.Release() }, nil
+}
+
+// exec runs one statement and returns how many rows it changed.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*s.timeout) // see Options.QueryTimeout
-	defer cancel()
-	tag, err := s.pool.Exec(ctx, query, args...)
+	conn, ctx, done, err := s.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	tag, err := conn.Exec(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}

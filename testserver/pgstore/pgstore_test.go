@@ -260,11 +260,13 @@ func setDatabaseDefault(t *testing.T, dsn, setting, value string) {
 }
 
 // waitBlocked waits until n backends of the database wait for a lock.
-func waitBlocked(t *testing.T, pool *pgxpool.Pool, n int) {
+func waitBlocked(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, n int) {
 	t.Helper()
 	for range 100_000 {
 		var waiting int
-		err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+		err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
@@ -334,6 +336,67 @@ func checkCancelled(t *testing.T, what string, err error) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
 		t.Errorf("%s: err = %v; want the server's query_canceled (57014)", what, err)
+	}
+}
+
+// TestPoolWaitLeavesTheServerFirst has a Claim wait for the pool's only
+// connection for most of its own deadline, and then for a lock: the
+// server's statement_timeout must still be the first to give up, so that
+// the claim the store reported as failed is not made later, once the lock
+// is free (it would stay in flight, refusing every retry with 409, until
+// the lock timeout).
+func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
+	dsn := pgtest.DB(t)
+	s := open(t, dsn+"&pool_max_conns=1", &pgstore.Options{QueryTimeout: time.Second})
+	ctx := t.Context()
+	var err error
+	conns := make([]*pgx.Conn, 2) // one holds the locks, one watches
+	for i := range conns {
+		if conns[i], err = pgx.Connect(ctx, dsn); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close(context.Background())
+	}
+	if _, _, err := s.Claim(ctx, "s", "busy", "fp", 7, t0); err != nil {
+		t.Fatal(err)
+	}
+	// An uncommitted insert of "k", and a lock on "busy".
+	tx, err := conns[0].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+		VALUES ('s', 'k', 'theirs', 'in_flight', 7, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT FROM idempotency_keys WHERE key = 'busy' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// The pool's connection waits for the lock on "busy" for 1.5 s (its
+	// own statement_timeout), while Claim waits for the connection.
+	busy := make(chan error, 1)
+	go func() {
+		busy <- pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = 1500`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT FROM idempotency_keys WHERE key = 'busy' FOR UPDATE`)
+			return err
+		})
+	}()
+	waitBlocked(t, conns[1], 1)
+	_, claimed, err := s.Claim(ctx, "s", "k", "mine", 8, t0)
+	if claimed {
+		t.Fatal("Claim of a key locked by another transaction reported claimed")
+	}
+	checkCancelled(t, "Claim", err)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkCancelled(t, "the statement holding the pool", <-busy)
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 9, t0); err != nil || !claimed {
+		t.Errorf("after the lock was freed: claimed %v, %v; want the key free, not claimed by the failed Claim", claimed, err)
 	}
 }
 
