@@ -47,6 +47,17 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
+// setDatabaseDefault sets a default of dsn's database for the sessions
+// that connect after it.
+func setDatabaseDefault(t *testing.T, dsn, setting, value string) {
+	t.Helper()
+	conn := connect(t, dsn)
+	if _, err := conn.Exec(t.Context(), fmt.Sprintf("ALTER DATABASE %s SET %s = '%s'",
+		pgx.Identifier{conn.Config().Database}.Sanitize(), setting, value)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestConformance(t *testing.T) {
 	jartest.Run(t, func(t *testing.T) jartest.Jar { return open(t, pgtest.DB(t), nil) })
 }
@@ -89,14 +100,7 @@ func TestSecretHeadersNeverReachTheDatabase(t *testing.T) {
 func TestSessionSettings(t *testing.T) {
 	dsn := pgtest.DB(t)
 	// A database whose default is off: the jar turns it on for itself.
-	conn := connect(t, dsn)
-	var db string
-	if err := conn.QueryRow(t.Context(), "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(t.Context(), "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET synchronous_commit = off"); err != nil {
-		t.Fatal(err)
-	}
+	setDatabaseDefault(t, dsn, "synchronous_commit", "off")
 	show := func(j *pgjar.Jar, setting string) string {
 		var v string
 		if err := pgjar.PoolOf(j).QueryRow(t.Context(), "SHOW "+setting).Scan(&v); err != nil {
@@ -395,10 +399,7 @@ func TestWritesSeeRecordsCommittedWhileTheyWait(t *testing.T) {
 			dsn := pgtest.DB(t)
 			conn := connect(t, dsn)
 			if level != "" {
-				if _, err := conn.Exec(t.Context(), fmt.Sprintf("ALTER DATABASE %s SET default_transaction_isolation = '%s'",
-					pgx.Identifier{conn.Config().Database}.Sanitize(), level)); err != nil {
-					t.Fatal(err)
-				}
+				setDatabaseDefault(t, dsn, "default_transaction_isolation", level)
 			}
 			j := open(t, dsn, nil)
 			ctx := t.Context()
@@ -594,6 +595,28 @@ func TestMigrations(t *testing.T) {
 	}
 	if _, err := pgjar.Open(t.Context(), dsn, nil); !errors.Is(err, pgjar.ErrVersion) {
 		t.Errorf("Open of a newer schema: err = %v; want ErrVersion", err)
+	}
+}
+
+// TestOpenWaitsForAnotherMigrationDespiteLockTimeout opens a jar while
+// another worker holds the migration lock, in a database whose
+// lock_timeout (set there, or on the role, to keep DDL from queueing
+// behind long transactions) is shorter than that migration: Open must wait
+// for it, within its own deadline, rather than fail with 55P03
+// lock_not_available, which leaves workers that start together but one
+// unable to start.
+func TestOpenWaitsForAnotherMigrationDespiteLockTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	setDatabaseDefault(t, dsn, "lock_timeout", "10ms")
+	err := pgtest.HoldLock(t, dsn, pgjar.MigrateLock, 50*time.Millisecond, func() error {
+		j, err := pgjar.Open(t.Context(), dsn, nil)
+		if err == nil {
+			j.Close()
+		}
+		return err
+	})
+	if err != nil {
+		t.Errorf("Open after another worker migrated: %v", err)
 	}
 }
 

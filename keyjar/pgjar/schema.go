@@ -61,7 +61,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	// wait, and a process that waited for another's migration would not
 	// see it.
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		// The wait for another's migration is bounded by the deadline,
+		// not by a lock_timeout the database or the role may set to keep
+		// DDL from queueing: under it, of instances starting together all
+		// but one would fail. The DDL itself keeps that lock_timeout.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
 			return err
 		}
 		// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when

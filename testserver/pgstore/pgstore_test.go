@@ -542,6 +542,28 @@ func TestMigrations(t *testing.T) {
 	}
 }
 
+// TestOpenWaitsForAnotherMigrationDespiteLockTimeout opens a store while
+// another instance holds the migration lock, in a database whose
+// lock_timeout (set there, or on the role, to keep DDL from queueing
+// behind long transactions) is shorter than that migration: Open must wait
+// for it, within its own deadline, rather than fail with 55P03
+// lock_not_available, which leaves instances that start together but one
+// unable to start.
+func TestOpenWaitsForAnotherMigrationDespiteLockTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	setDatabaseDefault(t, dsn, "lock_timeout", "10ms")
+	err := pgtest.HoldLock(t, dsn, pgstore.MigrateLock, 50*time.Millisecond, func() error {
+		s, err := pgstore.Open(t.Context(), dsn, nil)
+		if err == nil {
+			s.Close()
+		}
+		return err
+	})
+	if err != nil {
+		t.Errorf("Open after another instance migrated: %v", err)
+	}
+}
+
 // TestOpenWithoutCreatePrivilege opens, as a role that may read and write
 // the store's tables but not create any (a deployment that migrates under
 // another role), a database whose schema is current: Open must not need to
