@@ -11,12 +11,13 @@
 // commits.
 //
 // Tests use one cluster per test binary: TestMain calls Main, and each test
-// calls DB for a fresh database of its own. When the binaries are absent,
-// DB skips the test, unless IDEM_REQUIRE_POSTGRES=1 (CI sets it), when it
-// fails it.
+// calls DB for a fresh database of its own. A test that restarts the server
+// (Cluster.Restart) calls Own for a cluster of its own instead. When the
+// binaries are absent, DB and Own skip the test, unless
+// IDEM_REQUIRE_POSTGRES=1 (CI sets it), when they fail it.
 //
-// The package imports only the standard library: it runs the PostgreSQL
-// binaries (initdb, postgres, createdb) and speaks no SQL itself.
+// The package runs the PostgreSQL binaries (initdb, postgres, createdb); of
+// its functions only StartTogether and HoldLock speak SQL, through pgx.
 package pgtest
 
 import (
@@ -137,6 +138,7 @@ type Cluster struct {
 	port int
 	cred *syscall.Credential // nil when not running as root
 
+	mu     sync.Mutex // guards pid and exited, which Restart replaces
 	pid    int
 	exited chan struct{} // closed when the server process has exited
 	seq    atomic.Int64  // names databases uniquely
@@ -185,8 +187,13 @@ func Start(ctx context.Context, bin Binaries) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
 	}
 	for attempt := 1; ; attempt++ {
-		err = c.startServer(ctx)
+		port, perr := freePort()
+		if perr != nil {
+			return nil, perr
+		}
+		err = c.startServer(ctx, port)
 		if err == nil {
+			c.port = port
 			return c, nil
 		}
 		if attempt == startAttempts || ctx.Err() != nil {
@@ -218,14 +225,10 @@ func cleanEnv() []string {
 	return append(env, "LC_ALL=C")
 }
 
-// startServer runs the postmaster on a fresh free port and waits until it
-// accepts connections, it exits, or ctx ends.
-func (c *Cluster) startServer(ctx context.Context) error {
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	logFile, err := os.Create(filepath.Join(c.dir, "postgres.log"))
+// startServer runs the postmaster on port and waits until it accepts
+// connections, it exits, or ctx ends.
+func (c *Cluster) startServer(ctx context.Context, port int) error {
+	logFile, err := os.OpenFile(filepath.Join(c.dir, "postgres.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}
@@ -293,7 +296,9 @@ func (c *Cluster) startServer(ctx context.Context) error {
 
 	select {
 	case <-ready:
-		c.port, c.pid, c.exited = port, cmd.Process.Pid, exited
+		c.mu.Lock()
+		c.pid, c.exited = cmd.Process.Pid, exited
+		c.mu.Unlock()
 		return nil
 	case <-exited:
 		return fmt.Errorf("pgtest: postgres exited before accepting connections:\n%s", tail.String())
@@ -381,19 +386,44 @@ func dbName(s string) string {
 	return b.String()
 }
 
+// Restart shuts the server down as pg_ctl stop -m fast does (SIGINT: every
+// session is ended, its transaction rolled back, and a checkpoint written),
+// calls down, if not nil, while the server is down, and starts the server
+// again on the same port and data, waiting until it accepts connections.
+func (c *Cluster) Restart(ctx context.Context, down func()) error {
+	c.mu.Lock()
+	pid, exited := c.pid, c.exited
+	c.mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		return fmt.Errorf("pgtest: restart postgres: %w", err)
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		return fmt.Errorf("pgtest: restart postgres: waiting for the shutdown: %w", ctx.Err())
+	}
+	if down != nil {
+		down()
+	}
+	return c.startServer(ctx, c.port)
+}
+
 // Stop shuts the server down immediately (SIGQUIT, as pg_ctl stop -m
 // immediate: no checkpoint, the data is thrown away) and removes the
 // cluster's directory. Later calls return the first call's result.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
-		if err := syscall.Kill(c.pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
+		c.mu.Lock()
+		pid, exited := c.pid, c.exited
+		c.mu.Unlock()
+		if err := syscall.Kill(pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
 			c.stopErr = fmt.Errorf("pgtest: stop postgres: %w", err)
 		}
 		select {
-		case <-c.exited:
+		case <-exited:
 		case <-time.After(30 * time.Second):
-			syscall.Kill(c.pid, syscall.SIGKILL)
-			<-c.exited
+			syscall.Kill(pid, syscall.SIGKILL)
+			<-exited
 		}
 		if err := os.RemoveAll(c.dir); err != nil {
 			c.stopErr = errors.Join(c.stopErr, fmt.Errorf("pgtest: %w", err))

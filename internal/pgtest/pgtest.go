@@ -87,19 +87,45 @@ func DB(t testing.TB) string {
 	return dsn
 }
 
+// Own starts a cluster for t alone, which t may restart (Cluster.Restart)
+// without disturbing other tests, creates a database in it and returns the
+// cluster and the database's DSN. The cluster is stopped when t ends. Like
+// DB, it skips t when PostgreSQL is not installed, or fails it when
+// IDEM_REQUIRE_POSTGRES=1.
+func Own(t testing.TB) (*Cluster, string) {
+	t.Helper()
+	c, err := own(t)
+	if err != nil {
+		unavailable(t, err, os.Getenv(EnvRequire) == "1")
+		return nil, ""
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dsn, err := c.CreateDB(ctx, t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, dsn
+}
+
+// own starts a cluster that is stopped when t ends.
+func own(t testing.TB) (*Cluster, error) {
+	c, err := startCluster()
+	if err == nil {
+		t.Cleanup(func() {
+			if err := c.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	return c, err
+}
+
 func cluster(t testing.TB) (*Cluster, error) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if !shared.main {
-		c, err := startCluster()
-		if err == nil {
-			t.Cleanup(func() {
-				if err := c.Stop(); err != nil {
-					t.Error(err)
-				}
-			})
-		}
-		return c, err
+		return own(t)
 	}
 	if !shared.started {
 		shared.started = true

@@ -140,6 +140,37 @@ func TestStopShutsDownAndRemoves(t *testing.T) {
 	}
 }
 
+// TestRestart restarts a cluster of the test's own: its sessions end, it
+// refuses connections while down, and it comes back on the same port with
+// its data.
+func TestRestart(t *testing.T) {
+	c, dsn := Own(t)
+	conn := connect(t, dsn)
+	if _, err := conn.Exec(t.Context(), "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	port := c.Port()
+	err := c.Restart(t.Context(), func() {
+		if down, err := pgx.Connect(t.Context(), dsn); err == nil {
+			down.Close(context.Background())
+			t.Error("connected while the server was down")
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Ping(t.Context()); err == nil {
+		t.Error("a session from before the restart still works")
+	}
+	if c.Port() != port {
+		t.Errorf("port after the restart = %d; want %d", c.Port(), port)
+	}
+	var x int
+	if err := connect(t, dsn).QueryRow(t.Context(), "SELECT x FROM kept").Scan(&x); err != nil || x != 42 {
+		t.Errorf("after the restart: x = %d, %v; want 42", x, err)
+	}
+}
+
 func TestCommandHandsDSNToChild(t *testing.T) {
 	if dsn, ok := ChildDSN(); ok {
 		conn := connect(t, dsn)

@@ -367,6 +367,64 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 	}
 }
 
+// TestServerRestart restarts PostgreSQL (as pg_ctl restart -m fast) under a
+// jar in use. While it is down, a Begin and a fenced Update fail with an
+// error (not ErrLeaseLost) and change nothing. After it, the pool recovers:
+// a call fails at most once per connection the pool held, and the record
+// begun before is still pending under its holder's lease, and updates.
+func TestServerRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	const conns = 4
+	j := open(t, fmt.Sprintf("%s&pool_max_conns=%d", dsn, conns), nil)
+	ctx := t.Context()
+	before := record("before")
+	before.Holder, before.LeaseUntil = "w1", t0.Add(time.Hour)
+	if _, _, err := j.Begin(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range conns { // every connection of the pool used just now
+		wg.Go(func() {
+			if _, err := j.Get(ctx, "before"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	err := c.Restart(ctx, func() {
+		if _, created, err := j.Begin(ctx, record("down")); err == nil || created {
+			t.Errorf("Begin while the server is down = created %v, %v; want an error", created, err)
+		}
+		if _, err := j.Update(ctx, "before", "w1", idem.Change{Now: t0, State: idem.StateDone}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Update while the server is down = %v; want an error other than ErrLeaseLost", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		rec    idem.Record
+		failed int
+	)
+	for ; failed <= conns; failed++ {
+		if rec, err = j.Get(ctx, "before"); err == nil {
+			break
+		}
+	}
+	if failed > conns {
+		t.Fatalf("%d calls failed after the restart; want at most one per connection (%d)", failed, conns)
+	}
+	if rec.State != idem.StatePending || rec.Holder != "w1" {
+		t.Errorf("the record begun before: state %s, holder %q; want pending, w1", rec.State, rec.Holder)
+	}
+	if _, err := j.Get(ctx, "down"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("the record begun while down: Get = %v; want ErrNotFound", err)
+	}
+	if _, err := j.Update(ctx, "before", "w1", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+		t.Errorf("Update after the restart: %v", err)
+	}
+}
+
 // TestCallerDeadlineFailsClosed gives up through the caller's context,
 // before the server's timeout: the call fails, and reports no key.
 func TestCallerDeadlineFailsClosed(t *testing.T) {

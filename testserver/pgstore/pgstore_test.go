@@ -400,6 +400,62 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 	}
 }
 
+// TestServerRestart restarts PostgreSQL (as pg_ctl restart -m fast) under a
+// store in use. While it is down, a claim and the save of a claim made
+// before fail with an error (not ErrFenced) and change nothing. After it,
+// the pool recovers: a call fails at most once per connection the pool
+// held, and the claim made before is still in flight with its token, and
+// saves.
+func TestServerRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	const conns = 4
+	s := open(t, fmt.Sprintf("%s&pool_max_conns=%d", dsn, conns), nil)
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for i := range conns { // every connection of the pool used just now
+		wg.Go(func() {
+			if _, _, err := s.Claim(ctx, "s", fmt.Sprint("before-", i), "fp", 1, t0); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	err := c.Restart(ctx, func() {
+		if _, claimed, err := s.Claim(ctx, "s", "down", "fp", 2, t0); err == nil || claimed {
+			t.Errorf("Claim while the server is down = %v, %v; want an error", claimed, err)
+		}
+		if err := s.Save(ctx, "s", "before-0", 1, testserver.Response{Status: 201}); err == nil || errors.Is(err, testserver.ErrFenced) {
+			t.Errorf("Save while the server is down = %v; want an error other than ErrFenced", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for ; failed <= conns; failed++ {
+		_, claimed, err := s.Claim(ctx, "s", fmt.Sprint("after-", failed), "fp", 3, t0)
+		if err == nil && claimed {
+			break
+		}
+		if claimed {
+			t.Fatalf("Claim = claimed, %v", err)
+		}
+	}
+	if failed > conns {
+		t.Fatalf("%d claims failed after the restart; want at most one per connection (%d)", failed, conns)
+	}
+	if _, claimed, err := s.Claim(ctx, "s", "down", "fp", 4, t0); err != nil || !claimed {
+		t.Errorf("Claim of the key claimed while down = %v, %v; want it free", claimed, err)
+	}
+	if e, claimed, err := s.Claim(ctx, "s", "before-0", "fp", 5, t0); err != nil || claimed ||
+		e.Status != testserver.StatusInFlight || e.Token != 1 {
+		t.Errorf("the claim made before = %+v, claimed %v, %v; want it in flight with token 1", e, claimed, err)
+	}
+	if err := s.Save(ctx, "s", "before-0", 1, testserver.Response{Status: 201}); err != nil {
+		t.Errorf("Save after the restart: %v", err)
+	}
+}
+
 // TestCallerDeadlineFailsClosed gives up through the caller's context,
 // before the server's timeout: the claim fails.
 func TestCallerDeadlineFailsClosed(t *testing.T) {
