@@ -485,6 +485,15 @@ func (c *call) begin(ctx context.Context) error {
 			c.rec, c.created = r, true
 			return c.stop(ctx, ctxErr)
 		}
+		// Nothing is sent. The jar may have written the record all the
+		// same (a commit whose answer was lost): it would stay pending,
+		// leased to this call, and a resume would send what the caller
+		// was told never went. So it is abandoned, fenced by this call's
+		// holder id, which only a record this Begin wrote holds: where
+		// Begin wrote nothing, nothing changes. (Under ctx: a jar that is
+		// down may take as long again to fail.)
+		_, _ = c.t.Jar.Update(ctx, c.op, c.holder, Change{Now: time.Now(), State: StateAbandoned,
+			Attempts: -1, Release: true, Note: "the jar failed as it began the operation; nothing was sent"})
 		return &JarError{Op: c.op, Err: err}
 	}
 	c.rec, c.created = rec, created

@@ -148,7 +148,9 @@ func (e *PendingError) Unwrap() error { return e.Err }
 func (e *PendingError) Is(target error) bool { return target == ErrPending }
 
 // JarError is returned by Transport.RoundTrip when the jar fails before the
-// send: nothing is sent (fail closed).
+// send: nothing is sent (fail closed). A record the failing Begin may have
+// written all the same is abandoned, so that no resume sends it; the next
+// call with the operation's name begins it again under a new key.
 type JarError struct {
 	Op  string
 	Err error

@@ -479,6 +479,66 @@ func TestContextEndingInBeginLeavesPendingAndFree(t *testing.T) {
 	})
 }
 
+// lostBeginJar writes the record, then fails, as a jar whose commit is
+// made but whose answer is lost (a connection to the database that drops
+// after COMMIT).
+type lostBeginJar struct{ *idem.MemoryJar }
+
+func (j lostBeginJar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	if _, _, err := j.MemoryJar.Begin(ctx, r); err != nil {
+		return idem.Record{}, false, err
+	}
+	return idem.Record{}, false, errors.New("connection reset after COMMIT")
+}
+
+// TestJarFailingAfterItsWriteLeavesNothingToSend: a *JarError says nothing
+// was sent, and the jar agrees: a record the failed Begin wrote is
+// abandoned, not left pending for a resume to send, nor leased to a call
+// that returned; the next call with the name sends at once, under a new
+// key. A record someone else holds is left as it is.
+func TestJarFailingAfterItsWriteLeavesNothingToSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, mj := newTransport(t, status(201))
+		tr.Jar = lostBeginJar{mj}
+		ctx := idem.WithOperation(context.Background(), "op")
+		_, err := post(t, ctx, tr, `{}`)
+		var je *idem.JarError
+		if !errors.As(err, &je) || rec.attempts() != 0 {
+			t.Fatalf("got %T %v after %d sends; want a *JarError, nothing sent", err, err, rec.attempts())
+		}
+		r, err := mj.Get(ctx, "op")
+		if err != nil || r.State != idem.StateAbandoned || r.Holder != "" || r.Attempts != 0 {
+			t.Fatalf("record %+v, %v; want abandoned, no lease, no attempt", r, err)
+		}
+		pending, err := mj.List(ctx, idem.Filter{State: idem.StatePending})
+		if err != nil || len(pending) != 0 {
+			t.Fatalf("pending %v, %v; want none to resume", pending, err)
+		}
+		tr.Jar = mj
+		start := time.Now()
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if waited := time.Since(start); waited != 0 || rec.attempts() != 1 || rec.keys[0] == r.Key {
+			t.Fatalf("sent %d times with key %q after %v; want once at once with a key other than %q", rec.attempts(), rec.keys, waited, r.Key)
+		}
+
+		// An operation begun by another call, which a failed Begin only
+		// read, is not this call's to abandon.
+		other := &idem.MemoryJar{}
+		heldElsewhere(t, other, fingerprintOf(t, `{}`))
+		tr.Jar = lostBeginJar{other}
+		if _, err := post(t, ctx, tr, `{}`); !errors.As(err, &je) {
+			t.Fatalf("got %v; want a *JarError", err)
+		}
+		if r, err := other.Get(ctx, "op"); err != nil || r.State != idem.StatePending || r.Holder != "other" {
+			t.Fatalf("record %+v, %v; want pending, held by the other holder", r, err)
+		}
+	})
+}
+
 // TestMaxElapsedCountsTheDrain: the wait that Policy.MaxElapsed admits
 // runs from the moment it is decided. Draining the superseded answer (up to
 // a second for a stalled body) and the hooks come out of it, not on top of
