@@ -397,6 +397,51 @@ func TestRetryAfterKeptWhenTheWaitIsCut(t *testing.T) {
 	})
 }
 
+// TestStoredNextAttemptWithinTheCallsLimits: a call that finds a stored
+// NextAttempt (an earlier answer's Retry-After) waits for it only when the
+// wait is within both Policy.MaxRetryAfter and Policy.MaxElapsed; beyond
+// either, it sends nothing and returns a *PendingError that says when.
+func TestStoredNextAttemptWithinTheCallsLimits(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	for _, tt := range []struct {
+		name   string
+		policy retry.Policy
+		sent   bool
+	}{
+		{"within both", retry.Policy{MaxRetryAfter: 30 * time.Second, MaxElapsed: time.Minute}, true},
+		{"beyond MaxRetryAfter", retry.Policy{MaxRetryAfter: 10 * time.Second, MaxElapsed: time.Minute}, false},
+		{"beyond MaxElapsed", retry.Policy{MaxRetryAfter: 30 * time.Second, MaxElapsed: 10 * time.Second}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, status(201))
+				tr.Policy = tt.policy
+				ctx := idem.WithOperation(context.Background(), "op")
+				now := time.Now()
+				next := now.Add(20 * time.Second)
+				if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+					Created: now, Updated: now, Attempts: 1, LastStatus: 503, NextAttempt: next}); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := post(t, ctx, tr, `{}`)
+				if tt.sent {
+					if err != nil || resp.StatusCode != 201 || rec.attempts() != 1 || rec.keys[0] != "k1" || time.Since(now) != 20*time.Second {
+						t.Fatalf("got %v, %v, %d sent at +%v; want 201, sent once with k1 at +20s", resp, err, rec.attempts(), time.Since(now))
+					}
+					return
+				}
+				var pe *idem.PendingError
+				if !errors.As(err, &pe) || !pe.NextAttempt.Equal(next) || rec.attempts() != 0 || time.Since(now) != 0 {
+					t.Fatalf("got %v, %d sent after %v; want a *PendingError with NextAttempt %v at once, nothing sent", err, rec.attempts(), time.Since(now), next)
+				}
+				if r, _ := jar.Get(ctx, "op"); r.State != idem.StatePending || !r.NextAttempt.Equal(next) || r.Holder != "" || r.Attempts != 1 {
+					t.Fatalf("record %+v; want pending as it was, NextAttempt %v, the lease released", r, next)
+				}
+			})
+		})
+	}
+}
+
 func TestCallerRequestUnchanged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, _ := newTransport(t, status(503), status(201))
