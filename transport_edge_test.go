@@ -193,6 +193,44 @@ func TestMismatchAfterWaitGotKey(t *testing.T) {
 	})
 }
 
+// TestMismatchAfterWaitSameKey: a call that carries its own key and waited
+// for a lease while the operation was abandoned and begun again, under the
+// same key but with another body, sends nothing: its request is no longer
+// the operation's, and sent it would claim the key with the abandoned
+// request's parameters.
+func TestMismatchAfterWaitSameKey(t *testing.T) {
+	fp, other := fingerprintOf(t, `{}`), fingerprintOf(t, `{"amount":2}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		tr.Policy.MaxElapsed = time.Minute
+		ctx := idem.WithOperation(context.Background(), "op")
+		heldElsewhere(t, jar, fp) // key k1
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
+			if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateAbandoned, Release: true}); err != nil {
+				t.Error(err)
+			}
+			if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: other, State: idem.StatePending,
+				Created: time.Now(), Updated: time.Now()}); err != nil { // no lease: free to take
+				t.Error(err)
+			}
+		})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(idem.KeyHeader, "k1")
+		_, err = tr.RoundTrip(req)
+		wg.Wait()
+		var me *idem.MismatchError
+		if !errors.As(err, &me) || me.Key != "k1" || me.Stored != other || me.Got != fp || rec.attempts() != 0 {
+			t.Fatalf("got %v after %d sends; want a *MismatchError naming the stored fingerprint, nothing sent", err, rec.attempts())
+		}
+	})
+}
+
 // TestFarRetryAfterWithKeyjar: a Retry-After far beyond what keyjar can
 // store (a date in the year 9999) is recorded as the horizon, and the
 // call's final write, the lease's release and the 503 included, is kept.
