@@ -284,6 +284,21 @@ func TestBodyTooLargeWithoutLength(t *testing.T) {
 	}
 }
 
+// TestBodyOfMaxBody: MaxBody is the largest body read, so a body of
+// exactly MaxBody bytes runs, with or without a Content-Length.
+func TestBodyOfMaxBody(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore), MaxBody: 10}).Wrap(h)
+	for i, length := range []int64{10, -1} {
+		r := request("POST", "/", "", "Idempotency-Key", fmt.Sprint("k", i))
+		r.Body = io.NopCloser(strings.NewReader(strings.Repeat("x", 10)))
+		r.ContentLength = length
+		if w := serve(srv, r); w.Code != 201 || h.runs.Load() != int64(i+1) {
+			t.Fatalf("10 bytes, Content-Length %d, MaxBody 10: %d %q; want the handler's 201", length, w.Code, w.Body)
+		}
+	}
+}
+
 // TestQuotedKeyWithComma: a comma inside a quoted key is part of the key,
 // not a join of two header lines; the same key sent again is replayed.
 func TestQuotedKeyWithComma(t *testing.T) {
