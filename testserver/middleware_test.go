@@ -313,6 +313,34 @@ func TestQuotedKeyWithComma(t *testing.T) {
 	}
 }
 
+// TestFingerprintMediaType: the same bytes under another media type are
+// another request (a handler parses a form and text differently): 422. A
+// parameter of the media type (charset) is not part of the fingerprint:
+// replayed.
+func TestFingerprintMediaType(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h)
+	send := func(ctype string) *httptest.ResponseRecorder {
+		r := request("POST", "/v1/charges", "amount=1000&currency=usd&order_id=o-1", "Idempotency-Key", "k")
+		r.Header.Set("Content-Type", ctype)
+		return serve(srv, r)
+	}
+	for i, c := range []struct{ ctype, replayed string }{
+		{"application/x-www-form-urlencoded", ""},
+		{"application/x-www-form-urlencoded; charset=utf-8", "true"},
+	} {
+		w := send(c.ctype)
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != c.replayed || h.runs.Load() != 1 {
+			t.Fatalf("request %d (%s): %d, replayed %q, runs %d; want 201, replayed %q, run once",
+				i+1, c.ctype, w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load(), c.replayed)
+		}
+	}
+	wantProblem(t, send("text/plain"), 422, testserver.ProblemMismatch)
+	if h.runs.Load() != 1 {
+		t.Fatalf("runs %d; want 1", h.runs.Load())
+	}
+}
+
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
