@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
+	"github.com/idemkit/idem/testserver"
 )
 
 // TestNilBodyResponseWithAttemptTimeout: a base transport that answers
@@ -660,6 +661,72 @@ func TestRetriesReuseTheConnection(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusCreated || answers.Load() != 3 || conns.Load() != 1 {
 				t.Fatalf("got %d after %d attempts on %d connections; want 201 after 3 on 1", resp.StatusCode, answers.Load(), conns.Load())
+			}
+		})
+	}
+}
+
+// TestBodilessAndUnrewindableBodiesResent: a POST without a body, and one
+// whose body has no GetBody, are keyed and sent again whole after a lost
+// answer, and the reference server replays its first answer. Every
+// attempt carries the body's length and a GetBody, which http.Transport
+// needs to re-send it on a dead connection itself.
+func TestBodilessAndUnrewindableBodiesResent(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		body func() io.Reader
+		want string
+	}{
+		{"nil", func() io.Reader { return nil }, ""},
+		{"http.NoBody", func() io.Reader { return http.NoBody }, ""},
+		{"without GetBody", func() io.Reader { return io.MultiReader(strings.NewReader(`{"a":1}`)) }, `{"a":1}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var runs atomic.Int64
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+			srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "run %d: %q", runs.Add(1), b)
+			})))
+			defer srv.Close()
+			var attempts int
+			base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				attempts++
+				if r.ContentLength != int64(len(c.want)) {
+					t.Errorf("attempt %d: ContentLength %d; want %d", attempts, r.ContentLength, len(c.want))
+				}
+				if c.want != "" {
+					if r.GetBody == nil {
+						t.Errorf("attempt %d has no GetBody", attempts)
+					} else if rc, err := r.GetBody(); err != nil {
+						t.Errorf("attempt %d: GetBody: %v", attempts, err)
+					} else if b, _ := io.ReadAll(rc); string(b) != c.want {
+						t.Errorf("attempt %d: GetBody yields %q; want %q", attempts, b, c.want)
+					}
+				}
+				resp, err := srv.Client().Transport.RoundTrip(r)
+				if err == nil && attempts == 1 { // the answer is lost on its way back
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					return nil, io.ErrUnexpectedEOF
+				}
+				return resp, err
+			})
+			tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{}, Policy: retry.Policy{InitialInterval: time.Nanosecond}}
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", c.body())
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if want := fmt.Sprintf("run 1: %q", c.want); string(b) != want || resp.Header.Get("Idempotent-Replayed") != "true" || attempts != 2 || runs.Load() != 1 {
+				t.Fatalf("got %d %q, replayed %q after %d attempts, %d runs; want %q replayed on the second attempt, one run",
+					resp.StatusCode, b, resp.Header.Get("Idempotent-Replayed"), attempts, runs.Load(), want)
 			}
 		})
 	}
