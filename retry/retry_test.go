@@ -64,6 +64,7 @@ func TestClassify(t *testing.T) {
 		{"attempt deadline", nil, context.DeadlineExceeded, retry.Retry},
 		{"cancelled ctx", nil, cancelled.Err(), retry.Stop},
 		{"cancelled ctx wrapped", nil, &url.Error{Op: "Post", URL: "http://x", Err: context.Canceled}, retry.Stop},
+		{"dial cancelled", nil, &url.Error{Op: "Post", URL: "http://x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: context.Canceled}}, retry.Stop},
 		{"url.Error around a non-network error", nil, &url.Error{Op: "Post", URL: "http://x", Err: errors.New("x509: bad certificate")}, retry.Stop},
 		{"other error", nil, errors.New("x509: certificate signed by unknown authority"), retry.Stop},
 		{"error with 'connection reset' text only", nil, errors.New("connection reset by peer"), retry.Stop},
