@@ -194,6 +194,10 @@ func TestScheduleRetryAfter(t *testing.T) {
 		}
 		s = p.Schedule()
 		time.Sleep(50 * time.Second)
+		// A wait that ends with the budget does not end after it.
+		if wait, more, deferred := s.Next(10*time.Second, true); wait != 10*time.Second || !more || deferred {
+			t.Fatalf("Retry-After 10s with 10s of budget left: got %v, %v, %v; want 10s, true, false", wait, more, deferred)
+		}
 		if _, more, deferred := s.Next(20*time.Second, true); more || deferred {
 			t.Fatalf("Retry-After 20s with 10s of budget left: got more=%v deferred=%v; want budget spent", more, deferred)
 		}
