@@ -494,6 +494,77 @@ func TestZombieWriter(t *testing.T) {
 	}
 }
 
+// takeOverRace holds every TakeOver until n requests are in one, so that
+// all of them race for the same stale claim, and holds each lost one until
+// the winner saved its answer.
+type takeOverRace struct {
+	*testserver.MemoryStore
+	n       int
+	mu      sync.Mutex
+	arrived int
+	all     chan struct{} // closed once n TakeOvers arrived
+	saved   chan struct{} // closed by the first Save
+	once    sync.Once
+}
+
+func (s *takeOverRace) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+	s.mu.Lock()
+	if s.arrived++; s.arrived == s.n {
+		close(s.all)
+	}
+	s.mu.Unlock()
+	<-s.all
+	won, err := s.MemoryStore.TakeOver(ctx, scope, key, old, new)
+	if err == nil && !won {
+		<-s.saved
+	}
+	return won, err
+}
+
+func (s *takeOverRace) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+	defer s.once.Do(func() { close(s.saved) })
+	return s.MemoryStore.Save(ctx, scope, key, token, resp)
+}
+
+// TestStaleClaimOneWinner: requests that all find one stale claim and race
+// to take it over run the handler once, in the request that won the
+// compare-and-set; each that lost looks at the key again and gets the
+// winner's answer, replayed.
+func TestStaleClaimOneWinner(t *testing.T) {
+	const n = 8
+	synctest.Test(t, func(t *testing.T) {
+		clk := newClock()
+		store := &takeOverRace{MemoryStore: new(testserver.MemoryStore), n: n, all: make(chan struct{}), saved: make(chan struct{})}
+		r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")
+		fp := testserver.Fingerprint(r, "", []byte(chargeBody))
+		// A worker claimed the key and died.
+		if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		clk.Add(testserver.DefaultLockTimeout)
+		h := &charges{}
+		mw := &testserver.Middleware{Store: store, Now: clk.Now}
+		srv := mw.Wrap(h)
+		answers := make(chan *httptest.ResponseRecorder, n)
+		for range n {
+			go func() { answers <- serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")) }()
+		}
+		replays := 0
+		for range n {
+			w := <-answers
+			if w.Code != 201 || !strings.Contains(w.Body.String(), `"run":1,`) {
+				t.Errorf("answer %d %q; want the 201 of run 1", w.Code, w.Body)
+			}
+			if w.Header().Get("Idempotent-Replayed") == "true" {
+				replays++
+			}
+		}
+		if s := mw.Stats(); h.runs.Load() != 1 || replays != n-1 || s.Takeovers != 1 || s.Replays != n-1 {
+			t.Fatalf("runs %d, %d replays, %+v; want 1 run, the %d other answers replayed", h.runs.Load(), replays, s, n-1)
+		}
+	})
+}
+
 // 64 identical requests at once over HTTP: one run; the others get 409
 // while it runs, and every later request the byte-identical replay.
 func TestConcurrentIdenticalRequests(t *testing.T) {
