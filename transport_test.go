@@ -1020,21 +1020,65 @@ func TestLeaseRenewedAfterStoredNextAttempt(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Another holder takes the operation once this call's lease ran out.
-		var other error
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			time.Sleep(10 * time.Second)
-			_, other = jar.Acquire(context.Background(), "op", "other", time.Now(), time.Minute)
-		})
-		_, err := post(t, ctx, tr, `{}`)
-		wg.Wait()
-		if other != nil {
-			t.Fatalf("the other holder could not take the expired lease: %v", other)
-		}
+		_, _, err := postWhileTaken(t, ctx, tr, jar, 10*time.Second, time.Minute)
 		if !errors.Is(err, idem.ErrLeased) || rec.attempts() != 0 {
 			t.Fatalf("got %v after %d sends; want pending with ErrLeased and nothing sent while another holder has the lease", err, rec.attempts())
 		}
 	})
+}
+
+// postWhileTaken posts {} while another holder takes the lease of "op",
+// for ttl, after the given time, and returns the record that holder got
+// and the call's answer.
+func postWhileTaken(t *testing.T, ctx context.Context, tr *idem.Transport, jar *idem.MemoryJar, after, ttl time.Duration) (idem.Record, *http.Response, error) {
+	t.Helper()
+	var other idem.Record
+	var otherErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		time.Sleep(after)
+		other, otherErr = jar.Acquire(context.Background(), "op", "other", time.Now(), ttl)
+	})
+	resp, err := post(t, ctx, tr, `{}`)
+	wg.Wait()
+	if otherErr != nil {
+		t.Fatalf("the other holder could not take the expired lease: %v", otherErr)
+	}
+	return other, resp, err
+}
+
+// TestLateOutcomeFenced: a call whose attempt outlasted its lease, which
+// another holder took meanwhile, changes nothing in the record when its
+// answer comes, neither a final one nor a give-up: the other holder keeps
+// its lease, as a stalled worker's save and release are fenced on the
+// server. Through a Deferrer and through a plain Jar.
+func TestLateOutcomeFenced(t *testing.T) {
+	for _, deferrer := range []bool{true, false} {
+		for _, code := range []int{http.StatusCreated, http.StatusServiceUnavailable} {
+			t.Run(fmt.Sprintf("deferrer=%v/%d", deferrer, code), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					mem := &idem.MemoryJar{}
+					var jar idem.Jar = mem
+					if !deferrer {
+						jar = struct{ idem.Jar }{mem} // no Defer method
+					}
+					base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+						time.Sleep(10 * time.Second) // past the 5 s lease
+						return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+					})
+					tr := &idem.Transport{Base: base, Jar: jar, Lease: 5 * time.Second, Policy: retry.Policy{MaxAttempts: 1}}
+					ctx := idem.WithOperation(context.Background(), "op")
+					other, resp, err := postWhileTaken(t, ctx, tr, mem, 6*time.Second, time.Hour)
+					if err != nil || resp.StatusCode != code {
+						t.Fatalf("got %v, %v; want the %d", resp, err, code)
+					}
+					if r, _ := mem.Get(ctx, "op"); r.Holder != "other" || !r.LeaseUntil.Equal(other.LeaseUntil) || r.State != idem.StatePending || r.LastStatus != 0 {
+						t.Fatalf("record %+v; want it as the other holder took it: pending, its lease, no status", r)
+					}
+				})
+			})
+		}
+	}
 }
 
 // TestAbandonedWhileWaiting: a call that waited for another holder's lease
