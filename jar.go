@@ -11,17 +11,20 @@ import (
 //
 //	         Begin (durable)          final answer               Forget
 //	(none) ──────────────▶ pending ─────────────────▶ done ──────────────▶ (gone)
-//	                          │  422, local mismatch ─▶ failed
+//	                          │  422 ─────────────────▶ failed
 //	                          │  older than Horizon ──▶ reconcile
 //	                          │  Abandon ─────────────▶ abandoned
-//	                          └─ crash, ctx cancelled, budget spent: stays pending
+//	                          └─ crash, ctx cancelled, budget spent, a call with
+//	                             another request (*MismatchError): stays pending
 type State string
 
 const (
 	// StatePending: the key is persisted and the outcome is unknown. The
 	// operation is resumed with the same key.
 	StatePending State = "pending"
-	// StateDone: a final answer (2xx, 3xx, 4xx other than 422, or 500) was received.
+	// StateDone: a final answer was received: one that retry.Classify
+	// calls Final (a 409, 429, 502, 503 or 504 only when replayed), but a
+	// 401 or 407, which leaves the state as it was.
 	StateDone State = "done"
 	// StateFailed: the server refused the key with 422 (reused with other
 	// parameters). The Transport does not retry it and client.Resume

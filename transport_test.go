@@ -580,7 +580,7 @@ func TestNamedOperationMismatchRefusedLocally(t *testing.T) {
 // 503) is refused, and the error says what resolves the first: a new name
 // would leave it pending for ever.
 func TestMismatchOfAPendingOperationSaysItStaysPending(t *testing.T) {
-	tr, rec, _ := newTransport(t, status(503))
+	tr, rec, jar := newTransport(t, status(503))
 	tr.Policy.MaxAttempts = 1
 	ctx := idem.WithOperation(context.Background(), "charge:order-8")
 	resp, err := post(t, ctx, tr, `{"amount": 100}`)
@@ -597,6 +597,9 @@ func TestMismatchOfAPendingOperationSaysItStaysPending(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q; want it to say %q", err, want)
 		}
+	}
+	if r, _ := jar.Get(ctx, "charge:order-8"); r.State != idem.StatePending || r.Holder != "" {
+		t.Errorf("record %s, holder %q after the mismatch; want pending and free, as it was", r.State, r.Holder)
 	}
 }
 
