@@ -103,6 +103,9 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		if s.sends() != 2 || state(t, c.Jar(), "charge:o1-bis") != idem.StateFailed || s.charges("o1") != 1 {
 			t.Fatalf("%d sends, state %q; want 2 sends (no retry), failed, charged once", s.sends(), state(t, c.Jar(), "charge:o1-bis"))
 		}
+		if _, err := c.Resume(ctx, "charge:o1-bis"); !errors.Is(err, client.ErrState) || s.sends() != 2 {
+			t.Fatalf("resume of the failed operation: %v after %d sends; want ErrState, nothing sent", err, s.sends())
+		}
 	})
 	t.Run("409 left after the attempts is a conflict, pending", func(t *testing.T) {
 		s := newShop()
