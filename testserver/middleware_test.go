@@ -494,6 +494,23 @@ func TestZombieWriter(t *testing.T) {
 	}
 }
 
+// TestHandlerThatWritesNothing: a handler that returns without writing
+// answers 200 with no body, as net/http makes it, and that is what is
+// saved and replayed.
+func TestHandlerThatWritesNothing(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		var runs atomic.Int64
+		srv := (&testserver.Middleware{Store: store}).Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs.Add(1) }))
+		for i, replayed := range []string{"", "true"} {
+			w := serve(srv, request("POST", "/", "", "Idempotency-Key", "k"))
+			if w.Code != 200 || w.Body.Len() != 0 || w.Header().Get("Idempotent-Replayed") != replayed || runs.Load() != 1 {
+				t.Fatalf("request %d: %d %q, replayed %q, runs %d; want 200, no body, replayed %q, run once",
+					i+1, w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), runs.Load(), replayed)
+			}
+		}
+	})
+}
+
 // takeOverRace holds every TakeOver until n requests are in one, so that
 // all of them race for the same stale claim, and holds each lost one until
 // the winner saved its answer.
