@@ -25,6 +25,7 @@ import (
 // Defaults and floors of the Middleware's settings.
 const (
 	DefaultLockTimeout      = 60 * time.Second
+	DefaultRetention        = 25 * time.Hour
 	MinRetention            = 24 * time.Hour
 	DefaultMaxBody          = 1 << 20
 	DefaultMaxSavedResponse = 1 << 20
@@ -171,7 +172,10 @@ type Middleware struct {
 
 	// Retention is how long a key is kept after its creation; Prune
 	// deletes older ones. It must exceed the clients' retry horizon, or a
-	// late retry becomes a new operation. Zero or anything below
+	// late retry becomes a new operation. Zero means DefaultRetention
+	// (25 h): the SDK's 24 h horizon, counted on the client's clock from
+	// before the first send, and an hour for clocks that disagree and a
+	// retry sent at the horizon's last instant. Anything below
 	// MinRetention (24 h) means MinRetention.
 	Retention time.Duration
 
@@ -693,7 +697,11 @@ func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if m.Store == nil {
 		return 0, errors.New("testserver: Middleware.Store is nil")
 	}
-	retention := max(m.Retention, MinRetention)
+	retention := m.Retention
+	if retention == 0 {
+		retention = DefaultRetention
+	}
+	retention = max(retention, MinRetention)
 	batch := m.PruneBatch
 	if batch <= 0 {
 		batch = DefaultPruneBatch

@@ -908,26 +908,39 @@ func TestPrune(t *testing.T) {
 // TestPruneAtRetention: a key exactly Retention old is kept, so that a
 // client that retries until its horizon, as long as the server's
 // retention, still gets the replay at its last instant; a nanosecond
-// later it is due.
+// later it is due. The default keeps keys an hour past the clients' 24 h
+// horizon.
 func TestPruneAtRetention(t *testing.T) {
-	eachStore(t, func(t *testing.T, store testserver.Store) {
-		clk := newClock()
-		h := &charges{}
-		mw := &testserver.Middleware{Store: store, Now: clk.Now} // Retention 24 h
-		srv := mw.Wrap(h)
-		serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
-		clk.Add(testserver.MinRetention)
-		if n, err := mw.Prune(context.Background()); err != nil || n != 0 {
-			t.Fatalf("Prune of a key exactly 24 h old = %d, %v; want 0", n, err)
-		}
-		if w := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k")); w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
-			t.Fatalf("retry at 24 h: %d, runs %d; want the replay", w.Code, h.runs.Load())
-		}
-		clk.Add(time.Nanosecond)
-		if n, err := mw.Prune(context.Background()); err != nil || n != 1 {
-			t.Fatalf("Prune of a key 24 h and 1 ns old = %d, %v; want 1", n, err)
-		}
-	})
+	for _, tc := range []struct {
+		name      string
+		retention time.Duration
+		kept      time.Duration // how old a key is when Prune would first delete it, less 1 ns
+	}{
+		{"floor", testserver.MinRetention, 24 * time.Hour},
+		{"below the floor", time.Hour, 24 * time.Hour},
+		{"default", 0, 25 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachStore(t, func(t *testing.T, store testserver.Store) {
+				clk := newClock()
+				h := &charges{}
+				mw := &testserver.Middleware{Store: store, Now: clk.Now, Retention: tc.retention}
+				srv := mw.Wrap(h)
+				serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				clk.Add(tc.kept)
+				if n, err := mw.Prune(context.Background()); err != nil || n != 0 {
+					t.Fatalf("Prune of a key exactly %v old = %d, %v; want 0", tc.kept, n, err)
+				}
+				if w := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k")); w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
+					t.Fatalf("retry at %v: %d, runs %d; want the replay", tc.kept, w.Code, h.runs.Load())
+				}
+				clk.Add(time.Nanosecond)
+				if n, err := mw.Prune(context.Background()); err != nil || n != 1 {
+					t.Fatalf("Prune of a key %v and 1 ns old = %d, %v; want 1", tc.kept, n, err)
+				}
+			})
+		})
+	}
 }
 
 // The logger hears every decision and never a credential.

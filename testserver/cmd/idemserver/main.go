@@ -205,7 +205,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		addr        = fs.String("addr", "127.0.0.1:8080", "address to listen on (port 0 picks a free one)")
 		db          = fs.String("db", "idemserver.db", "the keys and the PayCo ledger: a SQLite file, or a postgres:// URL")
 		lockTimeout = cliflag.Duration(fs, "lock-timeout", testserver.DefaultLockTimeout, "how long (a `duration`) a claim is honoured before a retry may take it over")
-		retention   = cliflag.Duration(fs, "retention", testserver.MinRetention, "how long (a `duration`, at least 24h) keys are kept")
+		retention   = cliflag.Duration(fs, "retention", testserver.DefaultRetention, "how long (a `duration`, at least 24h) keys are kept")
 		pruneEvery  = cliflag.Duration(fs, "prune-every", time.Hour, "how often (a `duration`; 0: never) keys older than -retention are deleted")
 		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
 		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
