@@ -20,8 +20,9 @@ var (
 	ErrBodyNotRewindable = errors.New("idem: request body cannot be rewound")
 	// ErrRequestBody is returned by Transport.RoundTrip, wrapped with the
 	// cause, when the request's body cannot be read or produced again:
-	// its reader or GetBody fails, or the caller's context ends while it
-	// is read. Before the first send nothing is stored or sent; for a
+	// its reader or GetBody fails, its length is not the request's
+	// ContentLength (when that is positive), or the caller's context ends
+	// while it is read. Before the first send nothing is stored or sent; for a
 	// later attempt it is the Err of a *PendingError.
 	ErrRequestBody = errors.New("idem: request body")
 	// ErrInvalidKey is returned by Transport.RoundTrip, before anything is

@@ -74,7 +74,9 @@ func Operation(ctx context.Context) string {
 //   - The body is sent again through req.GetBody (set by http.NewRequest
 //     for bytes, strings and buffers). Without GetBody, a body of at most
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
-//     is sent with ErrBodyNotRewindable.
+//     is sent with ErrBodyNotRewindable. Each attempt declares the body's
+//     length (ContentLength), and a request whose positive ContentLength
+//     is not that length is refused with ErrRequestBody.
 //   - A key the caller set in the Idempotency-Key header (under any
 //     spelling of the name) is used instead of a generated one, as it is
 //     given. It must be one header value of at most 255 characters that
@@ -401,6 +403,10 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 				return fmt.Errorf("%w: %w", ErrRequestBody, err)
 			}
 		}
+	}
+	if req.ContentLength > 0 && rb.size != req.ContentLength {
+		// net/http refuses it too, but only as it sends: after Begin.
+		return fmt.Errorf("%w: ContentLength is %d, the body has %d bytes", ErrRequestBody, req.ContentLength, rb.size)
 	}
 	var sum [sha256.Size]byte
 	var text [2 * sha256.Size]byte

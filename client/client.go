@@ -439,7 +439,9 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, getBody func() (io
 		if err != nil {
 			return nil, fmt.Errorf("client: resume %q: body: %w", rec.Op, err)
 		}
-		req.Body, req.GetBody, req.ContentLength = rc, getBody, rec.BodySize
+		// No ContentLength: a body of another length is another body, which
+		// the Transport refuses as a *MismatchError.
+		req.Body, req.GetBody = rc, getBody
 	}
 	return c.Do(ctx, rec.Op, req)
 }
