@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -730,6 +731,7 @@ type recorder struct {
 	body     bytes.Buffer
 	limit    int64
 	size     int64 // body bytes the handler wrote
+	declared int64 // the Content-Length set when the status was, or -1
 	streamed bool
 }
 
@@ -746,11 +748,19 @@ func (rec *recorder) WriteHeader(code int) {
 		return
 	}
 	rec.status = code
+	rec.declared = -1
+	if n, err := strconv.ParseInt(rec.header.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
+		rec.declared = n
+	}
 }
 
 func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.declared >= 0 && rec.size+int64(len(p)) > rec.declared {
+		// As net/http refuses it: the answer is the length declared.
+		return 0, http.ErrContentLength
 	}
 	rec.size += int64(len(p))
 	if rec.streamed {

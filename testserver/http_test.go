@@ -1,0 +1,66 @@
+package testserver_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/testserver"
+)
+
+// answer is what a client read of one response.
+type answer struct {
+	resp *http.Response
+	body string
+	err  error // reading the body
+}
+
+// post sends a POST with chargeBody and the key to srv; header is name,
+// value pairs.
+func post(t *testing.T, srv *httptest.Server, key string, header ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(chargeBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{resp: resp, body: string(b), err: err}
+}
+
+// TestWritePastContentLength: a handler that declares a Content-Length and
+// writes more gets http.ErrContentLength for the write that goes past it,
+// as from net/http, and the answer is what it declared: the first caller
+// gets it whole, and the replay is the same.
+func TestWritePastContentLength(t *testing.T) {
+	var errs []error
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "5")
+		_, err1 := io.WriteString(w, "hello")
+		_, err2 := io.WriteString(w, " world")
+		errs = []error{err1, err2}
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for i := range 2 {
+		a := post(t, srv, "k")
+		if a.err != nil || a.resp.StatusCode != http.StatusOK || a.body != "hello" {
+			t.Fatalf("answer %d: %s %q, read error %v; want 200 %q", i+1, a.resp.Status, a.body, a.err, "hello")
+		}
+	}
+	if errs[0] != nil || !errors.Is(errs[1], http.ErrContentLength) {
+		t.Fatalf("the handler's writes returned %v; want nil, then http.ErrContentLength", errs)
+	}
+}
