@@ -64,3 +64,46 @@ func TestWritePastContentLength(t *testing.T) {
 		t.Fatalf("the handler's writes returned %v; want nil, then http.ErrContentLength", errs)
 	}
 }
+
+// TestTrailersOfTheFirstAnswer: the first answer carries the trailers the
+// handler set, declared (Trailer) or prefixed (http.TrailerPrefix), as
+// trailers and not as headers, as net/http sends them, over HTTP/1.1 and
+// HTTP/2, whether the answer is buffered or streamed (larger than
+// MaxSavedResponse). A replay has none: they are not saved.
+func TestTrailersOfTheFirstAnswer(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Sum")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body of the answer")
+		w.Header().Set("X-Sum", "abc")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "def")
+	})
+	for _, tt := range []struct {
+		name     string
+		http2    bool
+		maxSaved int64
+	}{
+		{"HTTP/1.1", false, 0},
+		{"HTTP/2", true, 0},
+		{"HTTP/1.1 streamed", false, 4},
+		{"HTTP/2 streamed", true, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: tt.maxSaved}
+			srv := httptest.NewUnstartedServer(mw.Wrap(h))
+			srv.EnableHTTP2 = tt.http2
+			srv.StartTLS()
+			defer srv.Close()
+			a := post(t, srv, "k")
+			if a.err != nil || a.resp.StatusCode != http.StatusCreated || a.body != "body of the answer" || (a.resp.ProtoMajor == 2) != tt.http2 {
+				t.Fatalf("%s %s %q, read error %v; want 201 and the body", a.resp.Proto, a.resp.Status, a.body, a.err)
+			}
+			if got := a.resp.Header.Get("X-Sum"); got != "" {
+				t.Errorf("header X-Sum: %q; want none, a trailer", got)
+			}
+			if a.resp.Trailer.Get("X-Sum") != "abc" || a.resp.Trailer.Get("X-Late") != "def" {
+				t.Errorf("trailers %v; want X-Sum: abc and X-Late: def", a.resp.Trailer)
+			}
+		})
+	}
+}

@@ -204,7 +204,8 @@ type Middleware struct {
 	// Location, ETag, Last-Modified, Cache-Control, Expires, Link and Vary.
 	// Set-Cookie and credential headers (the authentication headers of RFC
 	// 9110 and those idem.SecretHeader names, such as X-Auth-Token or
-	// X-Api-Key) are never saved, even when listed.
+	// X-Api-Key) are never saved, even when listed. Trailers are sent to
+	// the first caller, as trailers, and never saved.
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
@@ -643,7 +644,8 @@ func (m *Middleware) takenOver(ctx context.Context, w http.ResponseWriter, rec *
 	m.stats.fenced.Add(1)
 	m.log(ctx, slog.LevelWarn, "idempotency: late "+write+" fenced: the claim was taken over", "key", key)
 	if rec.streamed {
-		return // the answer is already on its way
+		rec.send() // the answer is already on its way: its trailers end it
+		return
 	}
 	WriteProblem(w, Problem{Type: ProblemTakenOver, Title: "Request with this Idempotency-Key taken over", Status: http.StatusConflict, Key: key,
 		Detail: "This request outlived its lease and another request with the same key took over. Retry the same request with the same key to get the saved answer."}, 1)
@@ -769,7 +771,7 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if int64(rec.body.Len()+len(p)) <= rec.limit {
 		return rec.body.Write(p)
 	}
-	rec.send()
+	rec.start()
 	rec.streamed = true
 	rec.body = bytes.Buffer{}
 	return rec.w.Write(p)
@@ -806,15 +808,45 @@ func (rec *recorder) finish() {
 }
 
 // send writes the buffered answer to the real writer, unless it was
-// streamed already.
+// streamed already, and then the trailers the handler set: net/http sends
+// those it finds in the header once the handler returns.
 func (rec *recorder) send() {
-	if rec.streamed {
-		return
+	if !rec.streamed {
+		rec.start()
 	}
 	h := rec.w.Header()
 	for name, vs := range rec.header {
-		h[name] = vs
+		if rec.trailer(name) {
+			h[name] = vs
+		}
+	}
+}
+
+// start writes the status, the header but the trailers, and the body
+// recorded so far to the real writer.
+func (rec *recorder) start() {
+	h := rec.w.Header()
+	for name, vs := range rec.header {
+		if !rec.trailer(name) {
+			h[name] = vs
+		}
 	}
 	rec.w.WriteHeader(rec.status)
 	rec.w.Write(rec.body.Bytes())
+}
+
+// trailer reports whether the header named name is a trailer: declared in
+// the Trailer header, or named with http.TrailerPrefix.
+func (rec *recorder) trailer(name string) bool {
+	if strings.HasPrefix(name, http.TrailerPrefix) {
+		return true
+	}
+	for _, v := range rec.header["Trailer"] {
+		for k := range strings.SplitSeq(v, ",") {
+			if http.CanonicalHeaderKey(strings.TrimSpace(k)) == name {
+				return true
+			}
+		}
+	}
+	return false
 }
