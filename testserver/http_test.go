@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/testserver"
 )
@@ -44,12 +45,12 @@ func post(t *testing.T, srv *httptest.Server, key string, header ...string) answ
 // as from net/http, and the answer is what it declared: the first caller
 // gets it whole, and the replay is the same.
 func TestWritePastContentLength(t *testing.T) {
-	var errs []error
+	writes := make(chan [2]error, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "5")
 		_, err1 := io.WriteString(w, "hello")
 		_, err2 := io.WriteString(w, " world")
-		errs = []error{err1, err2}
+		writes <- [2]error{err1, err2}
 	})
 	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
 	srv := httptest.NewServer(mw.Wrap(h))
@@ -60,7 +61,7 @@ func TestWritePastContentLength(t *testing.T) {
 			t.Fatalf("answer %d: %s %q, read error %v; want 200 %q", i+1, a.resp.Status, a.body, a.err, "hello")
 		}
 	}
-	if errs[0] != nil || !errors.Is(errs[1], http.ErrContentLength) {
+	if errs := <-writes; errs[0] != nil || !errors.Is(errs[1], http.ErrContentLength) {
 		t.Fatalf("the handler's writes returned %v; want nil, then http.ErrContentLength", errs)
 	}
 }
@@ -105,5 +106,37 @@ func TestTrailersOfTheFirstAnswer(t *testing.T) {
 				t.Errorf("trailers %v; want X-Sum: abc and X-Late: def", a.resp.Trailer)
 			}
 		})
+	}
+}
+
+// TestResponseControllerDeadlines: a handler's http.ResponseController
+// sets the connection's deadlines through the Middleware's writer, as a
+// handler that runs long extends its write deadline. One set in the past
+// fails the first answer's write; the answer is saved all the same, and
+// the retry gets it.
+func TestResponseControllerDeadlines(t *testing.T) {
+	set := make(chan [2]error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		set <- [2]error{rc.SetReadDeadline(time.Now().Add(time.Minute)), rc.SetWriteDeadline(time.Unix(1, 0))}
+		w.WriteHeader(http.StatusCreated)
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(chargeBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", "k")
+	if resp, err := srv.Client().Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("first answer: %s; want no answer, its write past the deadline the handler set", resp.Status)
+	}
+	if errs := <-set; errs[0] != nil || errs[1] != nil {
+		t.Fatalf("SetReadDeadline, SetWriteDeadline: %v; want both nil", errs)
+	}
+	if a := post(t, srv, "k"); a.resp.StatusCode != http.StatusCreated || a.resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %s %v; want the replayed 201", a.resp.Status, a.resp.Header)
 	}
 }

@@ -109,7 +109,9 @@ func (p ErrorPolicy) String() string {
 // The handler's answer is recorded, saved, and only then sent, so a caller
 // never sees an answer that a retry would not get again. The handler's
 // writer is an http.Flusher for streaming handlers, but a Flush sends
-// nothing until the answer outgrows MaxSavedResponse and is streamed. Saving and
+// nothing until the answer outgrows MaxSavedResponse and is streamed. Through
+// it an http.ResponseController sets the connection's deadlines, but cannot
+// hijack it nor enable full duplex (http.ErrNotSupported). Saving and
 // releasing are fenced by the claim's token: a worker that stalled past its
 // lease and was taken over cannot overwrite the new owner's answer nor
 // delete its claim. Such a worker's caller gets 409 (ProblemTakenOver) and
@@ -785,6 +787,20 @@ func (rec *recorder) Flush() {
 	if rec.streamed {
 		http.NewResponseController(rec.w).Flush()
 	}
+}
+
+// SetReadDeadline and SetWriteDeadline set the connection's deadlines for
+// http.ResponseController, when the underlying writer can: a handler that
+// runs long extends its write deadline, which the answer, written once
+// the handler is done, needs. The writer has no other method of
+// ResponseController's: a hijacked connection would bypass the record, and
+// the request's body is read whole before the handler runs.
+func (rec *recorder) SetReadDeadline(t time.Time) error {
+	return http.NewResponseController(rec.w).SetReadDeadline(t)
+}
+
+func (rec *recorder) SetWriteDeadline(t time.Time) error {
+	return http.NewResponseController(rec.w).SetWriteDeadline(t)
 }
 
 // reset drops what the handler wrote, when nothing was sent yet.
