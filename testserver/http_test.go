@@ -140,3 +140,44 @@ func TestResponseControllerDeadlines(t *testing.T) {
 		t.Fatalf("retry: %s %v; want the replayed 201", a.resp.Status, a.resp.Header)
 	}
 }
+
+// TestReplayCarriesWhatItsStatusNeeds: a replay carries the headers its
+// status requires (RFC 9110): Allow with a 405, Content-Range with a 206,
+// here from http.ServeContent, which honours Range on any method.
+func TestReplayCarriesWhatItsStatusNeeds(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/405" {
+			w.Header().Set("Allow", "GET")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		http.ServeContent(w, r, "", time.Unix(0, 0), strings.NewReader("0123456789"))
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for _, tt := range []struct {
+		path, header, want string
+		status             int
+	}{
+		{"/405", "Allow", "GET", http.StatusMethodNotAllowed},
+		{"/206", "Content-Range", "bytes 2-4/10", http.StatusPartialContent},
+	} {
+		for i := range 2 {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+tt.path, strings.NewReader(chargeBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Idempotency-Key", tt.path)
+			req.Header.Set("Range", "bytes=2-4")
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.status || resp.Header.Get(tt.header) != tt.want {
+				t.Errorf("%s, answer %d: %s, %s %q; want %d with %q", tt.path, i+1, resp.Status, tt.header, resp.Header.Get(tt.header), tt.status, tt.want)
+			}
+		}
+	}
+}

@@ -203,7 +203,8 @@ type Middleware struct {
 
 	// ReplayHeaders are the response headers saved and replayed. Nil means
 	// Content-Type, Content-Encoding, Content-Language, Content-Location,
-	// Location, ETag, Last-Modified, Cache-Control, Expires, Link and Vary.
+	// Location, ETag, Last-Modified, Cache-Control, Expires, Link, Vary,
+	// and Content-Range and Allow, which a 206 and a 405 must carry.
 	// Set-Cookie and credential headers (the authentication headers of RFC
 	// 9110 and those idem.SecretHeader names, such as X-Auth-Token or
 	// X-Api-Key) are never saved, even when listed. Trailers are sent to
@@ -536,7 +537,7 @@ func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
 }
 
 var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
-	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary"}
+	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow"}
 
 // replayable reports whether a response header may be saved and replayed.
 func (m *Middleware) replayable(name string) bool {
