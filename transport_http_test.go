@@ -1,16 +1,26 @@
 package idem_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retry"
+	"github.com/idemkit/idem/testserver"
 )
 
 // countingServer is a server on 127.0.0.1 that answers 201 and counts the
@@ -66,5 +76,301 @@ func TestContentLengthOtherThanTheBody(t *testing.T) {
 				t.Fatalf("jar holds %+v; want nothing stored", recs)
 			}
 		})
+	}
+}
+
+// seen is what a server got of one attempt.
+type seen struct {
+	proto, key, body, expect, host string
+	length                         int64
+	close                          bool
+}
+
+// scripted is a server on 127.0.0.1 (over TLS with HTTP/2 when h2 is
+// true) that answers its attempts with statuses in turn, the last one to
+// every later attempt, and records each. It reads the body only for a
+// status below 300: a 409 or a 503 goes out before it, as from a server
+// that refuses a request at once.
+func scripted(t *testing.T, h2 bool, statuses ...int) (*httptest.Server, func() []seen) {
+	t.Helper()
+	var mu sync.Mutex
+	var got []seen
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		i := min(len(got), len(statuses)-1)
+		got = append(got, seen{proto: r.Proto, key: r.Header.Get(idem.KeyHeader), expect: r.Header.Get("Expect"),
+			host: r.Host, length: r.ContentLength, close: r.Close})
+		mu.Unlock()
+		code := statuses[i]
+		if code < 300 {
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			got[len(got)-1].body = string(b)
+			mu.Unlock()
+		}
+		w.WriteHeader(code)
+	}))
+	srv.EnableHTTP2 = h2
+	if h2 {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return srv, func() []seen {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// sameKey reports whether every attempt carried one key.
+func sameKey(got []seen) bool {
+	for _, s := range got {
+		if s.key == "" || s.key != got[0].key {
+			return false
+		}
+	}
+	return len(got) > 0
+}
+
+// TestHTTPSemanticsOfAttempts: the Transport over real servers on
+// 127.0.0.1. Each attempt carries one key, the body whole with its length
+// (a chunked one included), and what the caller set that net/http reads
+// from the request: Expect: 100-continue (to a server that answers 409
+// and 503 before it reads the body), Close, Host.
+func TestHTTPSemanticsOfAttempts(t *testing.T) {
+	const body = `{"amount":100}`
+	type request func(url string) *http.Request
+	plain := func(url string) *http.Request {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		return req
+	}
+	for _, tt := range []struct {
+		name  string
+		h2    bool
+		req   request
+		check func(seen) bool
+	}{
+		{"HTTP/2", true, plain, func(s seen) bool { return s.proto == "HTTP/2.0" }},
+		{"Expect: 100-continue", false, func(url string) *http.Request {
+			req := plain(url)
+			req.Header.Set("Expect", "100-continue")
+			return req
+		}, func(s seen) bool { return s.expect == "100-continue" }},
+		{"chunked, no GetBody", false, func(url string) *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader(body)))
+			req.ContentLength = -1
+			return req
+		}, func(seen) bool { return true }},
+		{"chunked, GetBody", false, func(url string) *http.Request {
+			req := plain(url)
+			req.ContentLength = -1
+			return req
+		}, func(seen) bool { return true }},
+		{"Close and Host", false, func(url string) *http.Request {
+			req := plain(url)
+			req.Close, req.Host = true, "api.example.test"
+			return req
+		}, func(s seen) bool { return s.close && s.host == "api.example.test" }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, got := scripted(t, tt.h2, http.StatusConflict, http.StatusServiceUnavailable, http.StatusCreated)
+			base := srv.Client().Transport.(*http.Transport).Clone()
+			base.ExpectContinueTimeout = time.Minute // the server answers first, or asks for the body
+			tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{}, Policy: fastPolicy}
+			resp, err := tr.RoundTrip(tt.req(srv.URL))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			g := got()
+			if resp.StatusCode != http.StatusCreated || len(g) != 3 || !sameKey(g) {
+				t.Fatalf("%s after %+v; want 201 after 3 attempts with one key", resp.Status, g)
+			}
+			for i, s := range g {
+				if !tt.check(s) || s.length != int64(len(body)) || (i == 2) != (s.body == body) {
+					t.Errorf("attempt %d: %+v; want %d bytes declared, the body read by the 201 only", i+1, s, len(body))
+				}
+			}
+		})
+	}
+}
+
+// TestRedirectAfterAKeyedPost: an http.Client that follows a 301, 302 or
+// 303 answer to a keyed POST sends a GET, without a body, which the
+// Transport passes through: the operation is done with the 3xx, its key
+// stays on the POST, and the jar holds the POST alone. One that follows a
+// 307 or 308 answer to an unnamed operation sends the POST again, body
+// included, as an operation of its own, with a key of its own.
+func TestRedirectAfterAKeyedPost(t *testing.T) {
+	const body = `{"amount":100}`
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
+		http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			var mu sync.Mutex
+			var keys []string // the key of each request, POST /charges first
+			var followed string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				defer mu.Unlock()
+				keys = append(keys, r.Header.Get(idem.KeyHeader))
+				if r.URL.Path == "/charges" {
+					http.Redirect(w, r, "/charge/1", code)
+					return
+				}
+				followed = r.Method + " " + string(b)
+			}))
+			defer srv.Close()
+			jar := &idem.MemoryJar{}
+			hc := &http.Client{Transport: &idem.Transport{Jar: jar, Policy: fastPolicy}}
+			resp, err := hc.Post(srv.URL+"/charges", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			recs, err := jar.List(context.Background(), idem.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.SortFunc(recs, func(a, b idem.Record) int { return strings.Compare(b.URL, a.URL) }) // /charges first
+			mu.Lock()
+			defer mu.Unlock()
+			if resp.StatusCode != http.StatusOK || len(keys) != 2 || keys[0] == "" || recs[0].LastStatus != code {
+				t.Fatalf("%s after requests with keys %q, records %+v; want 200 after 2 requests, the first keyed, done with %d", resp.Status, keys, recs, code)
+			}
+			if code < http.StatusTemporaryRedirect {
+				if followed != "GET " || keys[1] != "" || len(recs) != 1 || recs[0].State != idem.StateDone {
+					t.Fatalf("followed with %q, key %q; records %+v; want a GET without body nor key, the POST alone done", followed, keys[1], recs)
+				}
+				return
+			}
+			if followed != "POST "+body || keys[1] == "" || keys[1] == keys[0] || len(recs) != 2 ||
+				recs[0].State != idem.StateDone || recs[1].State != idem.StateDone {
+				t.Fatalf("followed with %q, keys %q; records %+v; want the POST with its body and a key of its own, both done", followed, keys, recs)
+			}
+		})
+	}
+}
+
+// TestTransparentGzip: through an http.Transport that asks for gzip and
+// decompresses (its default), the answer and its replay are classified by
+// status and come back decompressed.
+func TestTransparentGzip(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, `{"id":"ch_1"}`)
+	zw.Close()
+	var runs atomic.Int32
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			t.Errorf("Accept-Encoding %q; want gzip, from http.Transport", r.Header.Get("Accept-Encoding"))
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Length", strconv.Itoa(gz.Len()))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(gz.Bytes())
+	})))
+	defer srv.Close()
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: fastPolicy}
+	ctx := idem.WithOperation(context.Background(), "charge")
+	for i := range 2 {
+		resp, b, err := postRead(t, ctx, tr, srv.URL)
+		if err != nil || resp.StatusCode != http.StatusCreated || b != `{"id":"ch_1"}` || !resp.Uncompressed ||
+			retry.Replayed(resp) != (i == 1) {
+			t.Fatalf("answer %d: %s %q, %v, uncompressed %v, replayed %v; want 201, the body decompressed", i+1, resp.Status, b, err, resp.Uncompressed, retry.Replayed(resp))
+		}
+	}
+	if rec, err := jar.Get(ctx, "charge"); err != nil || rec.State != idem.StateDone || runs.Load() != 1 {
+		t.Fatalf("record %+v, %v after %d runs; want done after one", rec, err, runs.Load())
+	}
+}
+
+// TestThroughAForwardProxy: through a forward proxy (http.ProxyURL, with
+// credentials) each attempt reaches the server with the key, and the
+// proxy's credentials, which http.Transport adds, are not stored.
+func TestThroughAForwardProxy(t *testing.T) {
+	srv, got := scripted(t, false, http.StatusServiceUnavailable, http.StatusCreated)
+	target, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var proxied atomic.Int32
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Proxy-Authorization") == "" || r.URL.Host != target.Host {
+			http.Error(w, "not proxied", http.StatusBadRequest)
+			return
+		}
+		proxied.Add(1)
+		(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }}).ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	pu, err := url.Parse(proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.User = url.UserPassword("user", "secret")
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: &http.Transport{Proxy: http.ProxyURL(pu)}, Jar: jar, Policy: fastPolicy}
+	ctx := idem.WithOperation(context.Background(), "charge")
+	resp, _, _ := postRead(t, ctx, tr, srv.URL)
+	if g := got(); resp.StatusCode != http.StatusCreated || len(g) != 2 || !sameKey(g) || proxied.Load() != 2 {
+		t.Fatalf("%s after %+v, %d through the proxy; want 201 after 2 attempts with one key, both proxied", resp.Status, g, proxied.Load())
+	}
+	rec, err := jar.Get(ctx, "charge")
+	if err != nil || len(rec.Header) != 0 || strings.Contains(rec.URL, "secret") {
+		t.Fatalf("record %+v, %v; want no header, no credential", rec, err)
+	}
+}
+
+// postRead sends a POST of the operation named in ctx through tr and
+// returns the answer with its body read and closed.
+func postRead(t *testing.T, ctx context.Context, tr http.RoundTripper, url string) (*http.Response, string, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"amount":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, string(b), err
+}
+
+// TestAnswerCutShort: an answer whose body ends before its Content-Length
+// is final by its status: the operation is done, and the caller reading
+// it gets io.ErrUnexpectedEOF. The same operation called again gets the
+// server's replay, whole.
+func TestAnswerCutShort(t *testing.T) {
+	var runs atomic.Int32
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1"}`)
+	})))
+	defer srv.Close()
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: fastPolicy}
+	ctx := idem.WithOperation(context.Background(), "charge")
+	for i, want := range []error{io.ErrUnexpectedEOF, nil} {
+		resp, b, err := postRead(t, ctx, tr, srv.URL)
+		if resp.StatusCode != http.StatusCreated || !errors.Is(err, want) || b != `{"id":"ch_1"}` && want == nil {
+			t.Fatalf("call %d: %s %q, %v; want 201, reading it %v", i+1, resp.Status, b, err, want)
+		}
+		if rec, err := jar.Get(ctx, "charge"); err != nil || rec.State != idem.StateDone {
+			t.Fatalf("call %d: record %+v, %v; want done", i+1, rec, err)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs; want 1", runs.Load())
 	}
 }
