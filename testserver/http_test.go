@@ -1,11 +1,17 @@
 package testserver_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,13 +29,19 @@ type answer struct {
 // value pairs.
 func post(t *testing.T, srv *httptest.Server, key string, header ...string) answer {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(chargeBody))
+	return send(t, srv, http.MethodPost, "/", chargeBody, append([]string{"Idempotency-Key", key}, header...)...)
+}
+
+// send sends a request to srv and reads its answer; header is name, value
+// pairs, each added.
+func send(t *testing.T, srv *httptest.Server, method, path, body string, header ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Idempotency-Key", key)
 	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
+		req.Header.Add(header[i], header[i+1])
 	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
@@ -109,16 +121,19 @@ func TestTrailersOfTheFirstAnswer(t *testing.T) {
 	}
 }
 
-// TestResponseControllerDeadlines: a handler's http.ResponseController
-// sets the connection's deadlines through the Middleware's writer, as a
-// handler that runs long extends its write deadline. One set in the past
-// fails the first answer's write; the answer is saved all the same, and
-// the retry gets it.
-func TestResponseControllerDeadlines(t *testing.T) {
-	set := make(chan [2]error, 1)
+// TestResponseController: a handler's http.ResponseController sets the
+// connection's deadlines through the Middleware's writer, as a handler
+// that runs long extends its write deadline. One set in the past fails the
+// first answer's write; the answer is saved all the same, and the retry
+// gets it. It cannot hijack the connection, which would bypass the
+// record, nor enable full duplex: both are http.ErrNotSupported.
+func TestResponseController(t *testing.T) {
+	set := make(chan [4]error, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
-		set <- [2]error{rc.SetReadDeadline(time.Now().Add(time.Minute)), rc.SetWriteDeadline(time.Unix(1, 0))}
+		_, _, hijack := rc.Hijack()
+		set <- [4]error{rc.SetReadDeadline(time.Now().Add(time.Minute)), rc.SetWriteDeadline(time.Unix(1, 0)),
+			hijack, rc.EnableFullDuplex()}
 		w.WriteHeader(http.StatusCreated)
 	})
 	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
@@ -133,8 +148,8 @@ func TestResponseControllerDeadlines(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("first answer: %s; want no answer, its write past the deadline the handler set", resp.Status)
 	}
-	if errs := <-set; errs[0] != nil || errs[1] != nil {
-		t.Fatalf("SetReadDeadline, SetWriteDeadline: %v; want both nil", errs)
+	if errs := <-set; errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], http.ErrNotSupported) || !errors.Is(errs[3], http.ErrNotSupported) {
+		t.Fatalf("SetReadDeadline, SetWriteDeadline, Hijack, EnableFullDuplex: %v; want nil, nil, ErrNotSupported twice", errs)
 	}
 	if a := post(t, srv, "k"); a.resp.StatusCode != http.StatusCreated || a.resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %s %v; want the replayed 201", a.resp.Status, a.resp.Header)
@@ -164,20 +179,138 @@ func TestReplayCarriesWhatItsStatusNeeds(t *testing.T) {
 		{"/206", "Content-Range", "bytes 2-4/10", http.StatusPartialContent},
 	} {
 		for i := range 2 {
-			req, err := http.NewRequest(http.MethodPost, srv.URL+tt.path, strings.NewReader(chargeBody))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Idempotency-Key", tt.path)
-			req.Header.Set("Range", "bytes=2-4")
-			resp, err := srv.Client().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
+			resp := send(t, srv, http.MethodPost, tt.path, chargeBody, "Idempotency-Key", tt.path, "Range", "bytes=2-4").resp
 			if resp.StatusCode != tt.status || resp.Header.Get(tt.header) != tt.want {
 				t.Errorf("%s, answer %d: %s, %s %q; want %d with %q", tt.path, i+1, resp.Status, tt.header, resp.Header.Get(tt.header), tt.status, tt.want)
 			}
 		}
+	}
+}
+
+// TestUpgradeUnderAKey: a handler that upgrades the connection (a
+// WebSocket) cannot hijack it under a key: it answers its error, which
+// releases the claim, and nothing of the upgrade is saved.
+func TestUpgradeUnderAKey(t *testing.T) {
+	var runs atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		if _, ok := w.(http.Hijacker); !ok {
+			http.Error(w, "cannot upgrade", http.StatusInternalServerError)
+			return
+		}
+		t.Error("the handler's writer is an http.Hijacker")
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for i := range 2 {
+		a := post(t, srv, "k", "Connection", "Upgrade", "Upgrade", "websocket")
+		if a.resp.StatusCode != http.StatusInternalServerError || a.resp.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("answer %d: %s %v; want the handler's 500, not replayed", i+1, a.resp.Status, a.resp.Header)
+		}
+	}
+	if runs.Load() != 2 || mw.Stats().Released != 2 {
+		t.Fatalf("%d runs, stats %+v; want 2 runs, each claim released", runs.Load(), mw.Stats())
+	}
+}
+
+// TestHeadAndOptionsUnderAKey: with HEAD and OPTIONS in Methods, each runs
+// once under its key, and the replay has the first answer's status and
+// headers, with no body for HEAD, as net/http sends it.
+func TestHeadAndOptionsUnderAKey(t *testing.T) {
+	var runs atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Allow", "POST, HEAD, OPTIONS")
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "hello")
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Methods: []string{"POST", "HEAD", "OPTIONS"}}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for _, method := range []string{http.MethodHead, http.MethodOptions} {
+		want := "hello"
+		if method == http.MethodHead {
+			want = ""
+		}
+		for i := range 2 {
+			a := send(t, srv, method, "/", "", "Idempotency-Key", method)
+			resp, b, err := a.resp, a.body, a.err
+			if err != nil || resp.StatusCode != http.StatusOK || b != want || resp.Header.Get("Allow") == "" ||
+				resp.Header.Get("Content-Type") != "text/plain" || (resp.Header.Get("Idempotent-Replayed") == "true") != (i == 1) {
+				t.Fatalf("%s, answer %d: %s %v %q, %v; want 200 %q with its headers", method, i+1, resp.Status, resp.Header, b, err, want)
+			}
+		}
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("%d runs; want one per method", runs.Load())
+	}
+}
+
+// TestEncodedAnswerReplayed: an answer the handler compressed itself, with
+// its Content-Encoding and Content-Length, is replayed as it was sent: an
+// http.Transport that asked for gzip decompresses both.
+func TestEncodedAnswerReplayed(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, `{"id":"ch_1"}`)
+	zw.Close()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Length", strconv.Itoa(gz.Len()))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(gz.Bytes())
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for i := range 2 {
+		a := post(t, srv, "k")
+		if a.err != nil || a.resp.StatusCode != http.StatusCreated || a.body != `{"id":"ch_1"}` || !a.resp.Uncompressed {
+			t.Fatalf("answer %d: %s %q, %v, uncompressed %v; want 201, decompressed", i+1, a.resp.Status, a.body, a.err, a.resp.Uncompressed)
+		}
+	}
+}
+
+// TestBodyTheHandlerNeverReads: the Middleware reads the body whole before
+// the handler runs, so a handler that never reads it does not change the
+// fingerprint (the same key with another body is 422), and the connection
+// is reused.
+func TestBodyTheHandlerNeverReads(t *testing.T) {
+	var runs, conns atomic.Int32
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewUnstartedServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	var codes []int
+	for _, body := range []string{strings.Repeat("a", 100<<10), strings.Repeat("a", 100<<10), strings.Repeat("b", 100<<10)} {
+		codes = append(codes, send(t, srv, http.MethodPost, "/", body, "Idempotency-Key", "k").resp.StatusCode)
+	}
+	if !slices.Equal(codes, []int{201, 201, 422}) || runs.Load() != 1 || conns.Load() != 1 {
+		t.Fatalf("statuses %v after %d runs, over %d connections; want 201, 201, 422 after one run, over one", codes, runs.Load(), conns.Load())
+	}
+}
+
+// TestKeySentTwiceOverHTTP2: two Idempotency-Key fields with different
+// values in one HTTP/2 request are refused, as over HTTP/1.1.
+func TestKeySentTwiceOverHTTP2(t *testing.T) {
+	var runs atomic.Int32
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewUnstartedServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) })))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	resp := send(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "a", "Idempotency-Key", "b").resp
+	if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusBadRequest || runs.Load() != 0 {
+		t.Fatalf("%s %s after %d runs; want HTTP/2 400, no run", resp.Proto, resp.Status, runs.Load())
 	}
 }

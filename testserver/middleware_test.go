@@ -1240,16 +1240,7 @@ func TestNoSniffedTypeWhenEncoded(t *testing.T) {
 	srv := httptest.NewServer(mw.Wrap(h))
 	defer srv.Close()
 	for i := range 2 {
-		req, err := http.NewRequest("POST", srv.URL, strings.NewReader(chargeBody))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Idempotency-Key", "k")
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		resp := post(t, srv, "k").resp
 		if ct, ok := resp.Header["Content-Type"]; resp.StatusCode != 200 || ok {
 			t.Fatalf("answer %d: %s, Content-Type %q; want 200 and none, as net/http sends", i+1, resp.Status, ct)
 		}
