@@ -621,6 +621,9 @@ func (c *call) attempt(ctx context.Context, rc io.ReadCloser) *http.Request {
 	out.Header = h
 	if rc != nil {
 		out.Body, out.GetBody, out.ContentLength = rc, c.body.open, c.body.size
+		if len(c.req.Trailer) > 0 {
+			out.ContentLength = -1 // net/http sends trailers after a chunked body only
+		}
 	}
 	return out
 }

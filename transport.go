@@ -76,7 +76,9 @@ func Operation(ctx context.Context) string {
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
 //     is sent with ErrBodyNotRewindable. Each attempt declares the body's
 //     length (ContentLength), and a request whose positive ContentLength
-//     is not that length is refused with ErrRequestBody.
+//     is not that length is refused with ErrRequestBody. A request with
+//     Trailer is sent chunked, as net/http sends trailers; the jar does
+//     not store them, and a resume sends none.
 //   - A key the caller set in the Idempotency-Key header (under any
 //     spelling of the name) is used instead of a generated one, as it is
 //     given. It must be one header value of at most 255 characters that

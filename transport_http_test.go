@@ -84,6 +84,7 @@ type seen struct {
 	proto, key, body, expect, host string
 	length                         int64
 	close                          bool
+	trailer                        http.Header // read after the body
 }
 
 // scripted is a server on 127.0.0.1 (over TLS with HTTP/2 when h2 is
@@ -105,7 +106,7 @@ func scripted(t *testing.T, h2 bool, statuses ...int) (*httptest.Server, func() 
 		if code < 300 {
 			b, _ := io.ReadAll(r.Body)
 			mu.Lock()
-			got[len(got)-1].body = string(b)
+			got[len(got)-1].body, got[len(got)-1].trailer = string(b), r.Trailer
 			mu.Unlock()
 		}
 		w.WriteHeader(code)
@@ -194,6 +195,28 @@ func TestHTTPSemanticsOfAttempts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRequestTrailers: the trailers of a caller's request reach the
+// server with the body of an attempt, a retry's included: each is sent
+// chunked, as net/http sends trailers only after a chunked body.
+func TestRequestTrailers(t *testing.T) {
+	srv, got := scripted(t, false, http.StatusServiceUnavailable, http.StatusCreated)
+	tr := &idem.Transport{Jar: &idem.MemoryJar{}, Policy: fastPolicy}
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = -1
+	req.Trailer = http.Header{"X-Checksum": {"abc"}}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if g := got(); len(g) != 2 || g[1].body != "hello" || g[1].trailer.Get("X-Checksum") != "abc" {
+		t.Fatalf("the server got %+v; want a retry with the body and the trailer X-Checksum: abc", g)
 	}
 }
 
