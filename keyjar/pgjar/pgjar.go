@@ -55,6 +55,15 @@
 // or a key it did not get. As with any remote write, an error other than
 // the server's own refusal leaves the outcome unknown: a write whose
 // answer was lost may have been applied.
+//
+// A server that restarts, or ends a session (pg_terminate_backend), closes
+// the connections the pool holds. The jar's pool pings a connection before
+// it hands it out when it was idle for more than a second, as pgxpool does
+// by default, and also when the server sent something on it since its last
+// statement, as a server that ends a session does (an error, then the end
+// of the stream): a look at the socket, one system call and no round trip.
+// A closed connection fails its ping and the pool dials another, so that no
+// statement fails on a connection closed before it began.
 package pgjar
 
 import (
@@ -71,6 +80,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -207,6 +217,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 		}
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
+	cfg.ShouldPing = shouldPing
 	j.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
@@ -219,6 +230,13 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	}
 	go j.applyLoop()
 	return j, nil
+}
+
+// shouldPing has the pool ping a connection before it hands it out when it
+// was idle for more than a second, as pgxpool does by default, or when the
+// server closed it meanwhile (see the package documentation).
+func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
+	return p.IdleDuration > time.Second || reconnect.Stale(p.Conn.PgConn().Conn())
 }
 
 // Close applies the changes deferred before it (see Defer), waiting for the

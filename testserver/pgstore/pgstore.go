@@ -21,6 +21,17 @@
 // standby, before the method reports it: a server crash that lost a claim
 // whose handler ran would let a retry run the handler again. A DSN that
 // sets synchronous_commit=off trades that for speed.
+//
+// A server that restarts, or ends a session (pg_terminate_backend), closes
+// the connections the pool holds. The pool of Open pings a connection before
+// it hands it out when it was idle for more than a second, as pgxpool does
+// by default, and also when the server sent something on it since its last
+// statement, as a server that ends a session does (an error, then the end
+// of the stream): a look at the socket, one system call and no round trip.
+// A closed connection fails its ping and the pool dials another, so that no
+// statement fails on a connection closed before it began. A pool passed to
+// New keeps its own ShouldPing: pgxpool's default lets each connection
+// idle for less than a second fail one statement after a restart.
 package pgstore
 
 import (
@@ -32,6 +43,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/hdrjson"
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -112,6 +124,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		}
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
+	cfg.ShouldPing = shouldPing
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
@@ -123,6 +136,13 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	}
 	s.owned = true
 	return s, nil
+}
+
+// shouldPing has the pool ping a connection before it hands it out when it
+// was idle for more than a second, as pgxpool does by default, or when the
+// server closed it meanwhile (see the package documentation).
+func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
+	return p.IdleDuration > time.Second || reconnect.Stale(p.Conn.PgConn().Conn())
 }
 
 // New returns a Store on pool after creating or upgrading the schema, or
