@@ -14,7 +14,9 @@
 // calls DB for a fresh database of its own. A test that restarts the server
 // (Cluster.Restart) calls Own for a cluster of its own instead. When the
 // binaries are absent, DB and Own skip the test, unless
-// IDEM_REQUIRE_POSTGRES=1 (CI sets it), when they fail it.
+// IDEM_REQUIRE_POSTGRES=1 (CI sets it), when they fail it. A Relay in
+// front of a cluster loses the answer to a statement the server applied,
+// and tells when the server refused a connection.
 //
 // The package runs the PostgreSQL binaries (initdb, postgres, createdb); of
 // its functions only StartTogether and HoldLock speak SQL, through pgx.

@@ -171,6 +171,54 @@ func TestRestart(t *testing.T) {
 	}
 }
 
+// TestRelayLosesAnswer: through a Relay, an UPDATE whose answer it loses
+// fails on the client although the server applied it; the statements
+// before and after it pass.
+func TestRelayLosesAnswer(t *testing.T) {
+	dsn := DB(t)
+	relay, rdsn := NewRelay(t, dsn)
+	conn := connect(t, rdsn)
+	ctx := t.Context()
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	lost := relay.LoseNext("UPDATE")
+	if _, err := conn.Exec(ctx, "UPDATE t SET x = 2"); err == nil {
+		t.Error("UPDATE whose answer was lost succeeded")
+	}
+	select {
+	case <-lost:
+	default:
+		t.Error("the channel LoseNext returned is open after the answer was lost")
+	}
+	var x int
+	if err := connect(t, rdsn).QueryRow(ctx, "SELECT x FROM t").Scan(&x); err != nil || x != 2 {
+		t.Errorf("after the lost answer: x = %d, %v; want 2, the UPDATE applied", x, err)
+	}
+}
+
+// TestRelayRefused: a client of a Relay to a server that is down fails to
+// connect, and Refused tells.
+func TestRelayRefused(t *testing.T) {
+	c, dsn := Own(t)
+	relay, rdsn := NewRelay(t, dsn)
+	err := c.Restart(t.Context(), func() {
+		if conn, err := pgx.Connect(t.Context(), rdsn); err == nil {
+			conn.Close(context.Background())
+			t.Error("connected through the relay while the server was down")
+		}
+		select {
+		case <-relay.Refused():
+		default:
+			t.Error("Refused did not receive")
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect(t, rdsn)
+}
+
 func TestCommandHandsDSNToChild(t *testing.T) {
 	if dsn, ok := ChildDSN(); ok {
 		conn := connect(t, dsn)

@@ -1,9 +1,15 @@
 // Package reconnect is what the PostgreSQL stores need to ride out a brief
 // outage of their server: telling a pooled connection that the server has
-// closed from one that is idle, without a round trip.
+// closed from one that is idle, without a round trip, and running a write
+// again, for a bounded time, when the connection it was sent on was lost.
 package reconnect
 
-import "net"
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+)
 
 // Stale reports whether c, a connection idle since its last exchange, has
 // something waiting to be read: a server that ends a session (PostgreSQL on
@@ -18,4 +24,35 @@ func Stale(c net.Conn) bool {
 		c = t.NetConn()
 	}
 	return peek(c)
+}
+
+// Bounds of the waits between Retry's attempts.
+const (
+	firstWait = 50 * time.Millisecond
+	maxWait   = time.Second
+)
+
+// Retry calls attempt until it succeeds, fails for good (again is false),
+// or the next attempt would start after until: an attempt that starts in
+// time runs to its end, under its own deadline. Between attempts it waits,
+// 50 ms first and twice as long each time, at most a second and never past
+// until, and it stops when ctx ends. It returns the last attempt's error
+// as it is, or, when ctx ended while it waited, an error that wraps both
+// ctx's error and the last attempt's.
+func Retry(ctx context.Context, until time.Time, attempt func() (again bool, err error)) error {
+	// Every pass but the last waits, and the waits end at until.
+	for wait := firstWait; ; wait = min(2*wait, maxWait) {
+		again, err := attempt()
+		left := time.Until(until)
+		if err == nil || !again || left <= 0 {
+			return err
+		}
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w, after: %w", context.Cause(ctx), err)
+		}
+	}
 }

@@ -32,6 +32,20 @@
 // statement fails on a connection closed before it began. A pool passed to
 // New keeps its own ShouldPing: pgxpool's default lets each connection
 // idle for less than a second fail one statement after a restart.
+//
+// While the server is down, or when a connection breaks under a statement,
+// the method fails with the pool's or the server's error: a claim fails
+// closed (the Middleware answers 503, and runs nothing). Save alone tries
+// again, since its statement is fenced by the token and so saves at most
+// once, and a lost save would keep the key in flight until the lock
+// timeout, after which a retry runs the handler again. When the connection
+// was lost before Save had its answer (none could be made, or the one in
+// use closed), it runs the statement again on another connection, after
+// 50 ms, then twice as long each time up to a second, for up to twice
+// QueryTimeout and within its context; then it returns the last error. An
+// attempt whose answer was lost may have saved: the next one finds the
+// entry done under the same token with the same answer, and reports it
+// saved.
 package pgstore
 
 import (
@@ -46,6 +60,7 @@ import (
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -270,23 +285,42 @@ func (s *Store) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, d
 	return conn, ctx, func() { cancel(); conn.Release() }, nil
 }
 
-// exec runs one statement and returns how many rows it changed.
-func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	conn, ctx, done, err := s.conn(ctx)
+// exec runs one statement and returns how many rows it changed or, with an
+// error, whether that error is the loss of the connection (see lost).
+func (s *Store) exec(ctx context.Context, query string, args ...any) (n int64, lostConn bool, err error) {
+	conn, sctx, done, err := s.conn(ctx)
 	if err != nil {
-		return 0, err
+		return 0, lost(ctx, nil, err), err
 	}
 	defer done()
-	tag, err := conn.Exec(ctx, query, args...)
+	tag, err := conn.Exec(sctx, query, args...)
 	if err != nil {
-		return 0, err
+		return 0, lost(sctx, conn, err), err
 	}
-	return tag.RowsAffected(), nil
+	return tag.RowsAffected(), false, nil
+}
+
+// lost reports whether err, which a statement on conn returned under ctx
+// (conn is nil when none could be taken from the pool), is the loss of the
+// connection to the server rather than the server's answer: no connection
+// could be made (the server is down, or starting), or the one in use
+// closed (the server ended the session, or the network failed). An error
+// that came with ctx done, or a timeout, is not: the statement's time is
+// spent.
+func lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
+	switch {
+	case err == nil || ctx.Err() != nil || pgconn.Timeout(err):
+		return false
+	case conn == nil:
+		var connectErr *pgconn.ConnectError
+		return errors.As(err, &connectErr)
+	}
+	return conn.Conn().PgConn().IsClosed()
 }
 
 // TakeOver implements testserver.Store.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	n, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = $4
+	n, _, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = $4
 		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, old, new)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over: %w", err)
@@ -294,7 +328,20 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64)
 	return n == 1, nil
 }
 
-// Save implements testserver.Store.
+// saveSQL marks an entry done with its answer, fenced by its status and
+// token. Its last argument is true when an earlier attempt of the same Save
+// may have been applied (the connection was lost after it was sent): an
+// entry done with this token and this very answer is that attempt's work,
+// and is saved again as it is rather than refused as fenced.
+const saveSQL = `UPDATE idempotency_keys
+	SET status = 'done', response_status = $4, response_header = $5, response_body = $6
+	WHERE scope = $1 AND key = $2 AND locked_at = $3 AND (status = 'in_flight' OR $7::boolean AND
+		status = 'done' AND response_status = $4 AND response_header = $5 AND response_body = $6)`
+
+// Save implements testserver.Store. When the connection to the server is
+// lost before the answer (see the package documentation), it runs its
+// statement again on another connection, for up to twice
+// Options.QueryTimeout and within ctx, and then returns the last error.
 func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
 	header, err := hdrjson.Marshal(resp.Header)
 	if err != nil {
@@ -304,10 +351,15 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	if body == nil {
 		body = []byte{} // NULL is for an entry in flight
 	}
-	n, err := s.exec(ctx, `UPDATE idempotency_keys
-		SET status = 'done', response_status = $4, response_header = $5, response_body = $6
-		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`,
-		scope, key, token, resp.Status, string(header), body)
+	var (
+		n    int64
+		sent bool // an attempt may have been applied
+	)
+	err = reconnect.Retry(ctx, time.Now().Add(2*s.timeout), func() (again bool, err error) {
+		n, again, err = s.exec(ctx, saveSQL, scope, key, token, resp.Status, string(header), body, sent)
+		sent = true
+		return again, err
+	})
 	if err != nil {
 		return fmt.Errorf("pgstore: save: %w", err)
 	}
@@ -319,7 +371,7 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 
 // Release implements testserver.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
-	n, err := s.exec(ctx, `DELETE FROM idempotency_keys
+	n, _, err := s.exec(ctx, `DELETE FROM idempotency_keys
 		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, token)
 	if err != nil {
 		return false, fmt.Errorf("pgstore: release: %w", err)
@@ -343,7 +395,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	total := 0
 	for total < limit {
 		want := min(s.batch, limit-total)
-		n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
+		n, _, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
 			SELECT scope, key FROM idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
 			ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, want)
 		total += int(n)

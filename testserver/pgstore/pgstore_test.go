@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -401,8 +405,9 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 }
 
 // TestServerRestart restarts PostgreSQL (as pg_ctl restart -m fast) under a
-// store in use. While it is down, a claim and the save of a claim made
-// before fail with an error (not ErrFenced) and change nothing. After it,
+// store in use. While it is down, a claim fails, and so does the save of a
+// claim made before, once its context ends (not with ErrFenced); neither
+// changes anything. After it,
 // every call succeeds, the first one included: the pool hands no statement
 // a connection the server closed (one claim failed per connection it held,
 // when it pinged only those idle for a second). The claim made before is
@@ -425,8 +430,12 @@ func TestServerRestart(t *testing.T) {
 		if _, claimed, err := s.Claim(ctx, "s", "down", "fp", 2, t0); err == nil || claimed {
 			t.Errorf("Claim while the server is down = %v, %v; want an error", claimed, err)
 		}
-		if err := s.Save(ctx, "s", "before-0", 1, testserver.Response{Status: 201}); err == nil || errors.Is(err, testserver.ErrFenced) {
-			t.Errorf("Save while the server is down = %v; want an error other than ErrFenced", err)
+		// Save tries again until its context ends.
+		sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		err := s.Save(sctx, "s", "before-0", 1, testserver.Response{Status: 201})
+		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, testserver.ErrFenced) {
+			t.Errorf("Save while the server is down = %v; want its context's error, not ErrFenced", err)
 		}
 	})
 	if err != nil {
@@ -446,6 +455,99 @@ func TestServerRestart(t *testing.T) {
 	}
 	if err := s.Save(ctx, "s", "before-0", 1, testserver.Response{Status: 201}); err != nil {
 		t.Errorf("Save after the restart: %v", err)
+	}
+}
+
+// TestSaveAcrossRestart restarts PostgreSQL while a handler runs, and lets
+// it start again once the Middleware's save of the answer found it down.
+// The save is run again once the server is back: the caller gets the
+// handler's answer, and its retry the replay, the handler having run once.
+// Before, the save failed, the claim stayed in flight until LockTimeout,
+// and the retry after it ran the handler again.
+func TestSaveAcrossRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	relay, dsn := pgtest.NewRelay(t, dsn)
+	s := open(t, dsn, nil)
+	ctx := t.Context()
+	var runs, now atomic.Int64
+	now.Store(t0.UnixNano())
+	mw := &testserver.Middleware{Store: s, LockTimeout: time.Minute, Now: func() time.Time { return time.Unix(0, now.Load()) }}
+	restarted := make(chan error, 1)
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			// The claim is made: the server goes down, and starts again
+			// once a connection found it down.
+			down := make(chan struct{})
+			go func() {
+				restarted <- c.Restart(ctx, func() {
+					close(down)
+					<-relay.Refused()
+				})
+			}()
+			<-down
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charge %d", runs.Load())
+	})))
+	defer srv.Close()
+	post := func() (status int, body, replayed string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
+	}
+	if status, body, _ := post(); status != http.StatusCreated || body != "charge 1" {
+		t.Errorf("first request = %d %q; want 201 charge 1", status, body)
+	}
+	if err := <-restarted; err != nil {
+		t.Fatal(err)
+	}
+	now.Add(int64(2 * time.Minute)) // the retry comes after LockTimeout
+	if status, body, replayed := post(); status != http.StatusCreated || body != "charge 1" || replayed != "true" {
+		t.Errorf("retry = %d %q, replayed %q; want the replay of 201 charge 1", status, body, replayed)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times; want 1", n)
+	}
+}
+
+// TestSaveAnswerLost loses the answer to a Save that the server applied:
+// Save runs its statement again, which finds the entry done with its own
+// token and answer, and returns nil, not ErrFenced. The entry keeps that
+// answer, and still refuses another one under the same token.
+func TestSaveAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	s := open(t, dsn, nil)
+	ctx := t.Context()
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err != nil || !claimed {
+		t.Fatalf("Claim = %v, %v", claimed, err)
+	}
+	lost := relay.LoseNext("UPDATE")
+	if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 201, Body: []byte("charged")}); err != nil {
+		t.Errorf("Save whose answer was lost = %v; want nil", err)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("the relay lost no answer")
+	}
+	e, _, err := s.Claim(ctx, "s", "k", "fp", 2, t0)
+	if err != nil || e.Status != testserver.StatusDone || e.Response == nil || string(e.Response.Body) != "charged" {
+		t.Errorf("entry = %+v, %v; want done with the answer saved", e, err)
+	}
+	if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
+		t.Errorf("Save of another answer under the same token = %v; want ErrFenced", err)
 	}
 }
 

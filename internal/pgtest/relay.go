@@ -1,0 +1,167 @@
+package pgtest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+)
+
+// Relay is a TCP relay on 127.0.0.1 in front of a PostgreSQL server that
+// can lose the answer to a statement the server applied, as a connection
+// that breaks after the commit does, and tells when it found the server
+// down. It reads the server's side of the
+// protocol (sslmode=disable, as the cluster's DSNs have it) message by
+// message.
+type Relay struct {
+	ln     net.Listener
+	target string
+
+	refused chan struct{} // see Refused
+
+	mu    sync.Mutex
+	lose  string // the command tag to lose the next answer of; "" for none
+	lost  chan struct{}
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// NewRelay starts a relay to the server dsn names, which t's end closes,
+// and returns it and dsn with the relay's address in place of the server's.
+func NewRelay(t testing.TB, dsn string) (*Relay, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Relay{ln: ln, target: u.Host, refused: make(chan struct{}, 1), conns: make(map[net.Conn]struct{})}
+	r.wg.Go(r.accept)
+	t.Cleanup(r.close)
+	u.Host = ln.Addr().String()
+	return r, u.String()
+}
+
+// LoseNext makes the relay lose the next answer to a statement whose
+// command tag begins with tag ("UPDATE", say): when that CommandComplete
+// comes from the server, the relay closes both connections instead of
+// passing it on. The server sends it once the statement has committed (it
+// flushes its answers with ReadyForQuery, after the Sync that ends an
+// implicit transaction). The returned channel is closed once an answer was
+// lost.
+func (r *Relay) LoseNext(tag string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lose, r.lost = tag, make(chan struct{})
+	return r.lost
+}
+
+// Refused returns a channel that receives when the relay could not reach
+// the server for a client (it then closed the client's connection), as
+// while the server is down. Refusals that nobody received in between count
+// as one.
+func (r *Relay) Refused() <-chan struct{} { return r.refused }
+
+func (r *Relay) accept() {
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		s, err := net.Dial("tcp", r.target)
+		if err != nil {
+			select { // before the close, which the client sees
+			case r.refused <- struct{}{}:
+			default:
+			}
+			c.Close()
+			continue
+		}
+		if !r.track(c, s) {
+			return
+		}
+		r.wg.Go(func() {
+			io.Copy(s, c)
+			s.Close()
+			c.Close()
+		})
+		r.wg.Go(func() {
+			r.answers(c, s)
+			s.Close()
+			c.Close()
+		})
+	}
+}
+
+// track records the two connections of one client, or closes them and
+// reports false when the relay is closed.
+func (r *Relay) track(cs ...net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns == nil {
+		for _, c := range cs {
+			c.Close()
+		}
+		return false
+	}
+	for _, c := range cs {
+		r.conns[c] = struct{}{}
+	}
+	return true
+}
+
+// answers passes the server's messages to the client, one at a time, until
+// either side closes or an answer is to be lost.
+func (r *Relay) answers(client, server net.Conn) {
+	var head [5]byte // type, length (which counts itself)
+	for {
+		if _, err := io.ReadFull(server, head[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(head[1:])
+		if n < 4 {
+			return
+		}
+		msg := make([]byte, 5+int(n)-4)
+		copy(msg, head[:])
+		if _, err := io.ReadFull(server, msg[5:]); err != nil {
+			return
+		}
+		if head[0] == 'C' && r.loses(msg[5:]) {
+			return
+		}
+		if _, err := client.Write(msg); err != nil {
+			return
+		}
+	}
+}
+
+// loses reports whether the CommandComplete with tag is the one to lose,
+// and disarms the relay when it is.
+func (r *Relay) loses(tag []byte) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lose == "" || !bytes.HasPrefix(tag, []byte(r.lose)) {
+		return false
+	}
+	r.lose = ""
+	close(r.lost)
+	return true
+}
+
+func (r *Relay) close() {
+	r.ln.Close()
+	r.mu.Lock()
+	for c := range r.conns {
+		c.Close()
+	}
+	r.conns = nil
+	r.mu.Unlock()
+	r.wg.Wait()
+}
