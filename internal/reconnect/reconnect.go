@@ -56,3 +56,31 @@ func Retry(ctx context.Context, until time.Time, attempt func() (again bool, err
 		}
 	}
 }
+
+// An Outage is when a writer's run of lost connections began, so that the
+// retries of its successive writes share one bound: a server down for
+// longer costs each later write one attempt, until one gets through. Its
+// zero value is no outage. It is not safe for concurrent use: it serves
+// one writer, such as a jar's applier.
+type Outage struct{ since time.Time }
+
+// Until returns when the retries of a write that starts at now end (see
+// Retry): bound after the outage began, or after now when there is none.
+func (o *Outage) Until(now time.Time, bound time.Duration) time.Time {
+	if o.since.IsZero() {
+		return now.Add(bound)
+	}
+	return o.since.Add(bound)
+}
+
+// Note records how a write that started at now ended: lost when its last
+// attempt lost the connection, which begins an outage at now unless one
+// is on; not lost, which ends it.
+func (o *Outage) Note(now time.Time, lost bool) {
+	switch {
+	case !lost:
+		o.since = time.Time{}
+	case o.since.IsZero():
+		o.since = now
+	}
+}

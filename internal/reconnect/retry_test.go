@@ -88,3 +88,30 @@ func TestRetryContextEnds(t *testing.T) {
 		}
 	})
 }
+
+// TestOutage: the writes of one outage share the bound of its first, and
+// one that gets through ends it.
+func TestOutage(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	const bound = 10 * time.Second
+	var o Outage
+	for i, step := range []struct {
+		start     int  // when the write starts, in seconds
+		wantUntil int  // when its retries end
+		lost      bool // how it ends
+	}{
+		{0, 10, false}, // no outage
+		{1, 11, true},  // an outage begins at 1
+		{12, 11, true}, // its time is spent
+		{13, 11, true},
+		{14, 11, false}, // its first attempt gets through: the outage ends
+		{20, 30, true},  // a new outage
+		{25, 30, true},
+	} {
+		if got := o.Until(at(step.start), bound); !got.Equal(at(step.wantUntil)) {
+			t.Errorf("write %d at %ds: Until = %v; want %ds", i, step.start, got.Sub(t0), step.wantUntil)
+		}
+		o.Note(at(step.start), step.lost)
+	}
+}

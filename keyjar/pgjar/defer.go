@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/chanbatch"
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -24,9 +26,13 @@ const (
 )
 
 // deferred is one change queued by Defer: the arguments of updateSQL.
+// replayable is true when applying it twice applies it once: it is fenced
+// by a holder, and releases the lease (a second run is fenced off) or adds
+// no attempts (a second run writes the same values).
 type deferred struct {
-	op   string
-	args []any
+	op         string
+	args       []any
+	replayable bool
 }
 
 // Defer implements idem.Deferrer: it queues the change Update(ctx, op,
@@ -35,7 +41,9 @@ type deferred struct {
 // 64 in one round trip, each as the fenced UPDATE that Update runs. A
 // change that is fenced off (holder no longer holds the lease), whose op is
 // unknown, or that a database error or timeout loses, is dropped: the record
-// stays as it was. Defer waits only when 1024 changes are already queued.
+// stays as it was. One whose connection to the server was lost is sent
+// again first, for a bounded time (see the package documentation). Defer
+// waits only when 1024 changes are already queued.
 //
 // Begin, Get, Acquire, Update, Forget and ForgetKey on op, and List and
 // Prune, first wait (within their context) for the changes deferred on the
@@ -47,7 +55,7 @@ type deferred struct {
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
 	args, err := j.changeArgs(op, holder, c)
 	if err == nil {
-		err = j.enqueue(deferred{op: op, args: args})
+		err = j.enqueue(deferred{op: op, args: args, replayable: holder != "" && (c.Release || c.Attempts == 0)})
 	}
 	if err != nil {
 		return fmt.Errorf("pgjar: defer %q: %w", op, err)
@@ -128,35 +136,62 @@ func (j *Jar) applyLoop() {
 // transaction, committed as Update commits. Its changes are sorted by op
 // (stably: the changes to one op keep their order), so that the appliers of
 // two processes lock rows in the same order and cannot deadlock. Its
-// context is bounded as one statement's is (see Options.QueryTimeout). An
-// error loses the batch, which the Deferrer contract allows: the records
-// stay as they were. But when the database refused one change for its data
-// (an integer out of range, say), the others are sent again one by one, so
-// that only that change is lost.
+// context is bounded as one statement's is (see Options.QueryTimeout). A
+// lost connection is retried (see deliver). Another error loses the batch,
+// which the Deferrer contract allows: the records stay as they were. But
+// when the database refused one change for its data (an integer out of
+// range, say), the others are sent again one by one, so that only that
+// change is lost: a batch that holds such a change never commits, so none
+// of its changes was applied, whatever an earlier attempt's fate.
 func (j *Jar) apply(batch []deferred) {
 	if hook := j.beforeApply.Load(); hook != nil {
 		(*hook)(len(batch))
 	}
 	slices.SortStableFunc(batch, func(a, b deferred) int { return strings.Compare(a.op, b.op) })
-	if err := j.send(batch); len(batch) > 1 && refusedData(err) {
+	if err := j.deliver(batch); len(batch) > 1 && refusedData(err) {
 		for i := range batch {
-			_ = j.send(batch[i : i+1]) // dropped on error, as documented
+			_, _, _ = j.send(batch[i : i+1]) // dropped on error, as documented
 		}
 	}
 }
 
-// send sends changes as one pgx.Batch, under one statement's deadline.
-func (j *Jar) send(changes []deferred) error {
+// deliver sends changes (see send) and, when the connection to the server
+// was lost before the answer, sends them again on another connection, for
+// up to twice the query timeout since the loss began (the first of the
+// losses in a row: a server down for longer costs each later batch one
+// attempt, until one gets through). A batch that was sent may have been
+// applied: it is sent again with its replayable changes only, and the
+// others are dropped.
+func (j *Jar) deliver(changes []deferred) error {
+	start := time.Now()
+	lostConn := false
+	err := reconnect.Retry(context.Background(), j.outage.Until(start, 2*j.timeout), func() (bool, error) {
+		sent, again, err := j.send(changes)
+		if lostConn = again; again && sent {
+			changes = slices.DeleteFunc(slices.Clone(changes), func(d deferred) bool { return !d.replayable })
+			again = len(changes) > 0
+		}
+		return again, err
+	})
+	j.outage.Note(start, lostConn)
+	return err
+}
+
+// send sends changes as one pgx.Batch, under one statement's deadline. It
+// reports whether the batch was sent (a connection was taken), and whether
+// an error is the loss of the connection (see lost).
+func (j *Jar) send(changes []deferred) (sent, lostConn bool, err error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(changes))}
 	for _, d := range changes {
 		b.Queue(updateSQL, d.args...)
 	}
 	conn, ctx, done, err := j.conn(context.Background())
 	if err != nil {
-		return err
+		return false, lost(context.Background(), nil, err), err
 	}
 	defer done()
-	return conn.SendBatch(ctx, b).Close()
+	err = conn.SendBatch(ctx, b).Close()
+	return true, lost(ctx, conn, err), err
 }
 
 // refusedData reports whether err is the database refusing a statement for

@@ -565,3 +565,69 @@ func TestClosedBeforeInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestDeferAcrossRestart restarts PostgreSQL, and lets it start again once
+// the applier, sending a deferred outcome, found it down. The applier
+// sends it again once the server is back: the record is done and its
+// lease free. Before, the change was dropped: the record stayed pending,
+// leased to a call that had ended.
+func TestDeferAcrossRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	relay, dsn := pgtest.NewRelay(t, dsn)
+	j := open(t, dsn, nil)
+	leased(t, j, "op")
+	err := c.Restart(t.Context(), func() {
+		if err := j.Defer("op", "h", done); err != nil {
+			t.Errorf("Defer: %v", err)
+		}
+		<-relay.Refused()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := j.Get(t.Context(), "op")
+	if err != nil || rec.State != idem.StateDone || rec.Holder != "" || !rec.LeaseUntil.IsZero() {
+		t.Errorf("after the restart: %s, holder %q, lease %v, %v; want done, free", rec.State, rec.Holder, rec.LeaseUntil, err)
+	}
+}
+
+// TestDeferAnswerLost loses the answer to a batch the server applied: the
+// applier sends again only the change that applying twice applies once
+// (an outcome that releases the lease, which the second run finds
+// released), not one that adds an attempt, which would count it twice.
+func TestDeferAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, nil)
+	g := holdApplier(t, j)
+	leased(t, j, "counted")
+	leased(t, j, "released")
+	if err := j.Defer("other", "h", done); err != nil { // holds the applier on a first batch
+		t.Fatal(err)
+	}
+	<-g.entered
+	if err := j.Defer("counted", "h", idem.Change{Now: t0, Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("released", "h", done); err != nil {
+		t.Fatal(err)
+	}
+	g.release <- struct{}{} // the first batch
+	if n := <-g.entered; n != 2 {
+		t.Fatalf("second batch of %d changes; want both", n)
+	}
+	lost := relay.LoseNext("UPDATE")
+	g.open()
+	for op, want := range map[string]func(idem.Record) bool{
+		"counted":  func(r idem.Record) bool { return r.Attempts == 1 && r.Holder == "h" },
+		"released": func(r idem.Record) bool { return r.State == idem.StateDone && r.Holder == "" },
+	} {
+		if rec, err := j.Get(t.Context(), op); err != nil || !want(rec) {
+			t.Errorf("%s: %s, %d attempts, holder %q, %v", op, rec.State, rec.Attempts, rec.Holder, err)
+		}
+	}
+	select {
+	case <-lost:
+	default:
+		t.Error("the relay lost no answer")
+	}
+}

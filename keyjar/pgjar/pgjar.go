@@ -64,6 +64,19 @@
 // of the stream): a look at the socket, one system call and no round trip.
 // A closed connection fails its ping and the pool dials another, so that no
 // statement fails on a connection closed before it began.
+//
+// When the connection to the server is lost before the applier has its
+// answer (none could be made, or the one in use closed: the server
+// restarted, or ended the session), it sends the batch again on another
+// connection, after 50 ms and then twice as long each time up to a second,
+// for up to twice QueryTimeout since the loss began; a server down for
+// longer costs each later batch one attempt, until one gets through. A
+// batch whose answer was lost may have been applied: it is sent again only
+// with the changes that applying twice applies once, those fenced by a
+// holder that release the lease (a second run is fenced off) or add no
+// attempts, as every change idem.Transport defers does. The others are
+// dropped. The jar's other methods do not try again: they return the
+// error.
 package pgjar
 
 import (
@@ -82,6 +95,7 @@ import (
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -174,6 +188,7 @@ type Jar struct {
 	progress               chan struct{}
 
 	beforeApply atomic.Pointer[func(n int)] // tests: called before each batch is sent
+	outage      reconnect.Outage            // the applier's: see deliver
 }
 
 var (
@@ -241,7 +256,8 @@ func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
 
 // Close applies the changes deferred before it (see Defer), waiting for the
 // database at most Options.QueryTimeout twice per 64 of them (and as long
-// again for a connection, when the pool has none free), and closes the
+// again for a connection, when the pool has none free, and as long again
+// in all to send them again after a lost connection), and closes the
 // jar's connections. Every method called after it, Close included, returns
 // ErrClosed.
 func (j *Jar) Close() error {
@@ -289,6 +305,24 @@ func (j *Jar) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, don
 	}
 	ctx, cancel = context.WithTimeout(ctx, 2*j.timeout)
 	return conn, ctx, func() { cancel(); conn.Release() }, nil
+}
+
+// lost reports whether err, which a statement on conn returned under ctx
+// (conn is nil when none could be taken from the pool), is the loss of the
+// connection to the server rather than the server's answer: no connection
+// could be made (the server is down, or starting), or the one in use
+// closed (the server ended the session, or the network failed). An error
+// that came with ctx done, or a timeout, is not: the statement's time is
+// spent.
+func lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
+	switch {
+	case err == nil || ctx.Err() != nil || pgconn.Timeout(err):
+		return false
+	case conn == nil:
+		var connectErr *pgconn.ConnectError
+		return errors.As(err, &connectErr)
+	}
+	return conn.Conn().PgConn().IsClosed()
 }
 
 // queryRecord runs one statement that returns at most one record.
