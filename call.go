@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -142,7 +143,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			switch {
 			case errors.Is(err, ErrLeased):
 				c.rec, c.held = rec, false
-				if err := c.notOurs(); err != nil {
+				if err := c.notOurs(ctx); err != nil {
 					return nil, err
 				}
 				if !c.tookOver && HolderGone(rec.Holder) {
@@ -176,7 +177,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					c.lastErr = errors.New(rec.LastError)
 				}
 			}
-			if err := c.notOurs(); err != nil {
+			if err := c.notOurs(ctx); err != nil {
 				// Given back as it was taken.
 				c.held = false
 				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, releasing(rec, now))
@@ -320,19 +321,29 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 
 // notOurs checks that the operation, as the jar just returned it, is still
 // one this call may send: while the call waited for its lease, it may have
-// been abandoned, even begun again under a new key by another call, or
-// marked for reconciliation by a holder with a shorter horizon. In each
-// case nothing may be sent.
-func (c *call) notOurs() error {
+// been abandoned, even begun again under a new key by another call, marked
+// for reconciliation by a holder with a shorter horizon, or, for a resume,
+// settled by the holder it waited for. In each case nothing may be sent.
+func (c *call) notOurs(ctx context.Context) error {
 	switch rec := c.rec; {
 	case rec.Key != c.key || !c.body.matches(rec.Fingerprint):
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey, State: rec.State}
-	case rec.State == StateAbandoned:
-		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
 	case rec.State == StateReconcile:
 		return c.reconcileError(rec)
+	case rec.State != StatePending && resume.Marked(ctx):
+		return c.notPending(rec)
+	case rec.State == StateAbandoned:
+		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
 	}
 	return nil
+}
+
+// notPending is the error of a resume (client.Resume) that finds rec no
+// longer pending. An ordinary call sends a done or failed operation again,
+// for the server's saved answer; a resume, which may carry another
+// credential than the first send, sends only what is pending.
+func (c *call) notPending(rec Record) error {
+	return &resume.StateError{Op: c.op, Key: c.key, State: string(rec.State)}
 }
 
 // releasing is the change that gives rec's lease back and leaves the rest
@@ -509,8 +520,12 @@ func (c *call) begin(ctx context.Context) error {
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}
 	}
 	c.key = rec.Key
-	if rec.State == StateReconcile {
+	switch {
+	case rec.State == StateReconcile:
 		return c.reconcileError(rec)
+	case rec.State != StatePending && resume.Marked(ctx):
+		// Settled after the resume read it pending.
+		return c.notPending(rec)
 	}
 	return nil
 }

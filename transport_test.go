@@ -22,6 +22,7 @@ import (
 	"github.com/jarcoal/httpmock"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -1126,6 +1127,60 @@ func TestAbandonedWhileWaiting(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestResumeSettledWhileWaiting: a resume (client.Resume marks its call)
+// that waited for another holder's lease sends nothing when that holder
+// settled the operation meanwhile: a *resume.StateError with the state,
+// and the lease it took given back. An ordinary call sends a done or failed
+// operation again, for the server's saved answer.
+func TestResumeSettledWhileWaiting(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateAbandoned} {
+		for _, resuming := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/resume=%v", st, resuming), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					tr, rec, jar := newTransport(t, status(201))
+					tr.Policy.MaxElapsed = time.Minute
+					ctx := idem.WithOperation(context.Background(), "op")
+					if resuming {
+						ctx = resume.Mark(ctx)
+					}
+					heldElsewhere(t, jar, fp)
+					var wg sync.WaitGroup
+					wg.Go(func() {
+						time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
+						if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: st, Release: true}); err != nil {
+							t.Error(err)
+						}
+					})
+					resp, err := post(t, ctx, tr, `{}`)
+					wg.Wait()
+					if resp != nil {
+						resp.Body.Close()
+					}
+					var se *resume.StateError
+					switch {
+					case resuming:
+						if !errors.As(err, &se) || se.State != string(st) || rec.attempts() != 0 {
+							t.Fatalf("got %v after %d sends; want a *resume.StateError saying %s, nothing sent", err, rec.attempts(), st)
+						}
+					case st == idem.StateAbandoned:
+						if !errors.Is(err, idem.ErrAbandoned) || rec.attempts() != 0 {
+							t.Fatalf("got %v after %d sends; want ErrAbandoned, nothing sent", err, rec.attempts())
+						}
+					default:
+						if err != nil || rec.attempts() != 1 {
+							t.Fatalf("got %v after %d sends; want the answer to one send", err, rec.attempts())
+						}
+					}
+					if r, _ := jar.Get(ctx, "op"); r.Holder != "" || r.State != st && resuming {
+						t.Fatalf("record %s held by %q; want %s, its lease given back", r.State, r.Holder, st)
+					}
+				})
+			})
+		}
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 )
@@ -376,9 +377,17 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // further than Policy.MaxRetryAfter) and the lease of another process
 // sending it. Answers and errors are those of Do.
 //
+// Resume sends only an operation still pending once it has its lease: one
+// that another call or process settled meanwhile (while Resume waited for
+// the lease of a holder still sending it, or after Resume read it) is not
+// sent. An ordinary call sends a done operation again, for the server's
+// saved answer; a resume may lack the first send's credential, and a server
+// that scopes keys by credential would run it again.
+//
 // Resume returns an error wrapping idem.ErrNotFound for an unknown op,
-// ErrState for an operation that is not pending (done, failed or
-// abandoned), ErrMethod for one whose method the Client does not key, and
+// ErrState, naming the state, for an operation that is not pending (done,
+// failed or abandoned) when Resume reads it or once it has its lease,
+// ErrMethod for one whose method the Client does not key, and
 // ErrBodyNotStored when the body was too large to store: use
 // ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
@@ -399,7 +408,8 @@ func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 // store: getBody returns the body afresh for each attempt, like
 // http.Request.GetBody. The body is checked against the stored
 // fingerprint before anything is sent: a different body is an
-// *idem.MismatchError.
+// *idem.MismatchError. Like Resume, it sends only an operation still
+// pending when it has the lease (ErrState otherwise).
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
 	if getBody == nil {
 		return nil, fmt.Errorf("client: resume %q: nil getBody", op)
@@ -443,7 +453,12 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, getBody func() (io
 		// the Transport refuses as a *MismatchError.
 		req.Body, req.GetBody = rc, getBody
 	}
-	return c.Do(ctx, rec.Op, req)
+	resp, err := c.Do(resume.Mark(ctx), rec.Op, req)
+	if se := (*resume.StateError)(nil); errors.As(err, &se) {
+		return nil, fmt.Errorf("client: resume %q: the operation is %s: another call or process settled it after Resume found it pending; nothing was sent: %w",
+			rec.Op, se.State, ErrState)
+	}
+	return resp, err
 }
 
 // Abandon records that the caller established that the pending (or

@@ -18,10 +18,11 @@ import (
 // errors.Is.
 var (
 	// ErrState is returned by Resume and ResumeWithBody for an operation
-	// that is not pending (done, failed or abandoned), by Abandon for one
-	// whose outcome is known (done or failed), and by Forget for a pending
-	// one, or for one that a call began again, under a new key, after
-	// Forget read it.
+	// that is not pending (done, failed or abandoned) when they read it or
+	// once they have its lease (nothing is sent), by Abandon for one whose
+	// outcome is known (done or failed), and by Forget for a pending one,
+	// or for one that a call began again, under a new key, after Forget
+	// read it.
 	ErrState = errors.New("client: the operation's state does not allow this")
 	// ErrBodyNotStored is returned by Resume when the jar did not store the
 	// operation's body (it was larger than Options.MaxStoredBody): resume

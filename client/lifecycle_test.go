@@ -109,6 +109,106 @@ func TestResumeOfAnOperationAbandonedMeanwhile(t *testing.T) {
 	})
 }
 
+// TestResumeOfAnOperationFinishedMeanwhile: a Resume that waits for the
+// lease of a call still sending the operation sends nothing when that call
+// finishes it meanwhile: ErrState, saying the state, and the server saw the
+// one request. Sent again without the first call's credential (the
+// documented limit of a resume), it would be a new request to a server that
+// scopes keys by credential, which would charge the order twice.
+func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		s := newShop()
+		jar := &idem.MemoryJar{}
+		held := make(chan struct{})
+		gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-held
+			s.ServeHTTP(w, r)
+		})
+		caller := newClient(t, gated, &client.Options{Jar: jar})
+		noCredential := func(*http.Request) error { return nil }
+		resumer := newClient(t, gated, &client.Options{Jar: jar, Header: noCredential})
+
+		called := make(chan error, 1)
+		go func() {
+			_, err := caller.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+			called <- err
+		}()
+		synctest.Wait() // the call holds the lease; its request is at the server
+		resumed := make(chan error, 1)
+		go func() {
+			resp, err := resumer.Resume(ctx, "charge:o1")
+			if resp != nil {
+				resp.Body.Close()
+			}
+			resumed <- err
+		}()
+		synctest.Wait() // Resume found the operation pending and waits for the lease
+		close(held)
+		if err := <-called; err != nil {
+			t.Fatalf("the call: %v", err)
+		}
+		err := <-resumed
+		t.Logf("Resume: %v", err)
+		if !errors.Is(err, client.ErrState) || !strings.Contains(err.Error(), "done") || s.sends() != 1 || s.charges("o1") != 1 {
+			t.Fatalf("Resume: %v; the server got %d requests, charged o1 %d times; want ErrState naming the state done, 1 request, 1 charge",
+				err, s.sends(), s.charges("o1"))
+		}
+		if r, _ := jar.Get(ctx, "charge:o1"); r.State != idem.StateDone || r.Holder != "" || r.Attempts != 1 {
+			t.Fatalf("record %s, %d attempts, held by %q; want done, 1 attempt, its lease free", r.State, r.Attempts, r.Holder)
+		}
+	})
+}
+
+// settlingJar settles op (as another process would, its call ending) right
+// after the first Get returns it: between Resume's check that it is pending
+// and the Transport's Begin.
+type settlingJar struct {
+	*idem.MemoryJar
+	op     string
+	state  idem.State
+	status int
+	once   sync.Once
+}
+
+func (j *settlingJar) Get(ctx context.Context, op string) (idem.Record, error) {
+	rec, err := j.MemoryJar.Get(ctx, op)
+	if err == nil && op == j.op {
+		j.once.Do(func() {
+			_, err = j.Update(ctx, op, "", idem.Change{Now: time.Now(), State: j.state, LastStatus: j.status, Release: true})
+		})
+	}
+	return rec, err
+}
+
+// TestResumeOfAnOperationSettledBeforeBegin: a Resume whose operation
+// another process settles after Resume found it pending, before the
+// Transport's Begin, sends nothing: ErrState, saying the state. An
+// ordinary call would send a done or failed operation again, to get the
+// server's answer; a resume, without the first credential, could run it
+// again.
+func TestResumeOfAnOperationSettledBeforeBegin(t *testing.T) {
+	for _, tt := range []struct {
+		state  idem.State
+		status int
+	}{{idem.StateDone, 201}, {idem.StateFailed, 422}} {
+		t.Run(string(tt.state), func(t *testing.T) {
+			ctx := context.Background()
+			jar := &settlingJar{MemoryJar: &idem.MemoryJar{}, state: tt.state, status: tt.status}
+			s, c := pendingCharge(t, &client.Options{Jar: jar})
+			jar.op = "charge:o1"
+			_, err := c.Resume(ctx, "charge:o1")
+			t.Logf("Resume: %v", err)
+			if !errors.Is(err, client.ErrState) || !strings.Contains(err.Error(), string(tt.state)) || s.sends() != 1 {
+				t.Fatalf("Resume: %v after %d sends; want ErrState naming the state %s, nothing sent after the first", err, s.sends(), tt.state)
+			}
+			if r, _ := jar.Get(ctx, "charge:o1"); r.State != tt.state || r.Holder != "" {
+				t.Fatalf("record %s held by %q; want %s, its lease free", r.State, r.Holder, tt.state)
+			}
+		})
+	}
+}
+
 // TestRetryAfterKeptWhenTheCallIsCut: a call whose context ends while it
 // waits out the server's Retry-After leaves the server's time in the
 // record: Pending shows it, and Resume does not send before it.
