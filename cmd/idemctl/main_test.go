@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -299,6 +301,55 @@ func testResumeWithoutCredentials(t *testing.T, srv *server, path string) {
 	}
 	if len(srv.auths) != 1 || srv.auths[0] != "" {
 		t.Fatalf("server got Authorization %q; want none", srv.auths)
+	}
+}
+
+// TestResumeOfAnOperationFinishedMeanwhile: resume waits for the lease of
+// another process still sending the operation, which finishes it
+// meanwhile. Nothing is sent (without --header, the server would take it
+// for a new request and run it again), and the line says the operation is
+// done and nothing was sent.
+func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
+	srv := newServer(t)
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		jar := &idem.MemoryJar{}
+		refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+		})
+		c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.PostJSON(ctx, "charge:p1", srv.URL+"/v1/charges", map[string]int{"amount": 100}, nil); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("seeding charge:p1: %v; want pending", err)
+		}
+		c.Close()
+		// Another process sends it, and gets its answer two seconds later.
+		if _, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(2 * time.Second)
+			if _, err := jar.Update(ctx, "charge:p1", "other", idem.Change{Now: time.Now(), State: idem.StateDone, LastStatus: 201, Release: true}); err != nil {
+				t.Error(err)
+			}
+		}()
+
+		var stdout, stderr bytes.Buffer
+		s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
+		set := flag.NewFlagSet("resume", flag.ContinueOnError)
+		resumeFlags(set)
+		err = resume(ctx, s, set, []string{"charge:p1"})
+		t.Logf("stderr: %s", stderr.String())
+		line := stderr.String()
+		if !errors.Is(err, errFailed) || stdout.Len() != 0 || strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "idemctl: charge:p1: ") ||
+			!strings.Contains(line, "is done") || !strings.Contains(line, "nothing was sent") {
+			t.Fatalf("resume: %v, stdout %q, stderr %q; want it failed, one line saying charge:p1 is done and nothing was sent", err, stdout.String(), line)
+		}
+	})
+	if len(srv.keys) != 0 {
+		t.Fatalf("the server got %d requests; want none", len(srv.keys))
 	}
 }
 
