@@ -9,8 +9,11 @@ import (
 )
 
 // peek reports whether c's socket has data, the end of the stream or an
-// error to read. The socket is non-blocking, as every socket of the net
-// package is: a peek at an empty one fails with EAGAIN at once.
+// error to read. It peeks with MSG_DONTWAIT: a peek at an empty socket
+// fails with EAGAIN at once. It runs under Control, not Read: another
+// goroutine may hold the socket's read lock while it waits to read, as
+// pgx's background reader does on a connection at rest, and a peek under
+// Read would wait for that read to end.
 func peek(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -24,9 +27,8 @@ func peek(c net.Conn) bool {
 		buf  [1]byte
 		rerr error
 	)
-	if err := raw.Read(func(fd uintptr) bool {
-		_, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK)
-		return true // never wait for readiness
+	if err := raw.Control(func(fd uintptr) {
+		_, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	}); err != nil {
 		return true // closed on this side
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // pair returns the two ends of a TCP connection on 127.0.0.1.
@@ -103,6 +104,38 @@ func TestStale(t *testing.T) {
 		if !Stale(c) {
 			t.Error("Stale of a closed connection = false")
 		}
+	})
+	t.Run("read waiting in another goroutine", func(t *testing.T) {
+		// pgx's background reader waits in a Read on a connection at
+		// rest, holding its read lock: Stale does not wait for it.
+		c, _ := pair(t)
+		reading, readDone := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(readDone)
+			close(reading)
+			_, _ = c.Read(make([]byte, 1))
+		}()
+		<-reading
+		stale := make(chan bool, 1)
+		go func() {
+			// The Read may not wait yet at the first: every one of a
+			// thousand looks ends, once it does too.
+			got := false
+			for range 1000 {
+				got = got || Stale(c)
+			}
+			stale <- got
+		}()
+		select {
+		case got := <-stale:
+			if got {
+				t.Error("Stale of an idle connection with a read waiting = true")
+			}
+		case <-time.After(10 * time.Second): // a hang, not a measure of time
+			t.Error("Stale still waits for another goroutine's Read after 10s")
+		}
+		c.Close()
+		<-readDone
 	})
 	t.Run("not a socket", func(t *testing.T) {
 		c, s := net.Pipe()
