@@ -54,7 +54,7 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		{"unknown format", "worker-7", false},
 		// Not a pid as a Transport writes one, though the kernel, which
 		// reads 32 bits of it, would check the dead process's.
-		{"pid beyond 32 bits", fmt.Sprintf("%s/%d/x", host, deadPID+1<<32), false},
+		{"pid beyond 32 bits", fmt.Sprintf("%s/%d/x", host, int64(deadPID)+1<<32), false},
 		{"pid with a sign", fmt.Sprintf("%s/+%d/x", host, deadPID), false},
 	} {
 		if tt.holder == "" {

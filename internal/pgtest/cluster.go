@@ -138,7 +138,7 @@ type Cluster struct {
 	bin  Binaries
 	dir  string // temporary directory: data/, the socket, postgres.log
 	port int
-	cred *syscall.Credential // nil when not running as root
+	cred *credential // nil when not running as root
 
 	mu     sync.Mutex // guards pid and exited, which Restart replaces
 	pid    int
@@ -152,8 +152,8 @@ type Cluster struct {
 // Start creates and starts a cluster from bin. When the process runs as
 // root (initdb and postgres refuse to), the cluster's files and processes
 // belong to the postgres user. If the test process dies without calling
-// Stop, the server gets SIGQUIT and shuts down immediately, but the
-// temporary directory stays.
+// Stop, the server gets SIGQUIT (on Linux) and shuts down immediately, but
+// the temporary directory stays.
 func Start(ctx context.Context, bin Binaries) (_ *Cluster, err error) {
 	c := &Cluster{bin: bin}
 	if os.Geteuid() == 0 {
@@ -166,7 +166,7 @@ func Start(ctx context.Context, bin Binaries) (_ *Cluster, err error) {
 		if err := errors.Join(err1, err2); err != nil {
 			return nil, fmt.Errorf("pgtest: postgres user: %w", err)
 		}
-		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		c.cred = &credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	c.dir, err = os.MkdirTemp("", "pgtest-")
 	if err != nil {
@@ -213,7 +213,7 @@ func (c *Cluster) command(ctx context.Context, name string, args ...string) *exe
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = c.dir
 	cmd.Env = cleanEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	cmd.SysProcAttr = procAttr(c.cred)
 	return cmd
 }
 
@@ -248,11 +248,10 @@ func (c *Cluster) startServer(ctx context.Context, port int) error {
 		"-c", "lc_messages=C",
 		"-c", "logging_collector=off")
 	cmd.Stdout, cmd.Stderr = w, w
-	// SIGQUIT is PostgreSQL's immediate shutdown: sent to the server if this
-	// process dies without stopping it. Its own process group keeps a
-	// terminal's ^C away from it.
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
-	cmd.SysProcAttr.Setpgid = true
+	// SIGQUIT is PostgreSQL's immediate shutdown: sent to the server (on
+	// Linux) if this process dies without stopping it. Its own process
+	// group keeps a terminal's ^C away from it.
+	serverProcAttr(cmd.SysProcAttr)
 
 	exited := make(chan struct{})
 	started := make(chan error, 1)
@@ -396,7 +395,7 @@ func (c *Cluster) Restart(ctx context.Context, down func()) error {
 	c.mu.Lock()
 	pid, exited := c.pid, c.exited
 	c.mu.Unlock()
-	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+	if err := kill(pid, syscall.SIGINT); err != nil {
 		return fmt.Errorf("pgtest: restart postgres: %w", err)
 	}
 	select {
@@ -418,13 +417,13 @@ func (c *Cluster) Stop() error {
 		c.mu.Lock()
 		pid, exited := c.pid, c.exited
 		c.mu.Unlock()
-		if err := syscall.Kill(pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := kill(pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
 			c.stopErr = fmt.Errorf("pgtest: stop postgres: %w", err)
 		}
 		select {
 		case <-exited:
 		case <-time.After(30 * time.Second):
-			syscall.Kill(pid, syscall.SIGKILL)
+			kill(pid, syscall.SIGKILL)
 			<-exited
 		}
 		if err := os.RemoveAll(c.dir); err != nil {

@@ -128,7 +128,7 @@ func TestStopShutsDownAndRemoves(t *testing.T) {
 	if _, err := os.Stat(c.Dir()); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("cluster directory still there after Stop: %v", err)
 	}
-	if err := syscall.Kill(c.pid, 0); !errors.Is(err, syscall.ESRCH) {
+	if err := kill(c.pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("postgres pid %d still exists after Stop: %v", c.pid, err)
 	}
 	if nc, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port()))); err == nil {

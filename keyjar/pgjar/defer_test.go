@@ -418,13 +418,16 @@ func BenchmarkOutcome(b *testing.B) {
 // for its data (an attempt count past bigint) is dropped alone; the other
 // changes of its batch are applied.
 func TestRefusedChangeSparesItsBatch(t *testing.T) {
+	if math.MaxInt < math.MaxInt64 {
+		t.Skip("an attempt count at bigint's largest needs a 64-bit int")
+	}
 	j := open(t, pgtest.DB(t), nil)
 	g := holdApplier(t, j)
 	for _, op := range []string{"a", "z"} {
 		leased(t, j, op)
 	}
 	full := record("b")
-	full.Holder, full.LeaseUntil, full.Attempts = "h", t0.Add(time.Minute), math.MaxInt64
+	full.Holder, full.LeaseUntil, full.Attempts = "h", t0.Add(time.Minute), math.MaxInt
 	if _, _, err := j.Begin(t.Context(), full); err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +453,7 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 	if sizes := g.batches(); len(sizes) != 1 || sizes[0] != 2 {
 		t.Fatalf("batches after the first: %v; want one of 2 changes", sizes)
 	}
-	if a.State != idem.StateDone || a.Holder != "" || b.Attempts != math.MaxInt64 {
+	if a.State != idem.StateDone || a.Holder != "" || b.Attempts != math.MaxInt {
 		t.Errorf("a is %s held by %q, b has %d attempts; want a done and released, b as it was", a.State, a.Holder, b.Attempts)
 	}
 }
@@ -460,6 +463,9 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 // Begin; a deferred one would fail its whole batch in the driver, and take
 // the other changes of the batch with it.
 func TestStatusOutOfRange(t *testing.T) {
+	if math.MaxInt == math.MaxInt32 {
+		t.Skip("an int cannot hold a status out of 32 bits here")
+	}
 	j := open(t, pgtest.DB(t), nil)
 	g := holdApplier(t, j)
 	for _, op := range []string{"a", "b", "z"} {
@@ -469,7 +475,8 @@ func TestStatusOutOfRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-g.entered
-	statuses := []int{math.MaxInt32 + 1, math.MinInt32 - 1}
+	past := int64(math.MaxInt32) + 1 // an int of 64 bits (above)
+	statuses := []int{int(past), int(-past - 1)}
 	for _, status := range statuses {
 		if err := j.Defer("b", "h", idem.Change{Now: t0, LastStatus: status}); !errors.Is(err, pgjar.ErrInvalid) {
 			t.Errorf("Defer with LastStatus %d: %v; want ErrInvalid", status, err)
