@@ -179,7 +179,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) (c
 	return 1
 }
 
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	global := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	global.SetOutput(io.Discard)
 	jarPath := global.String("jar", os.Getenv("IDEM_JAR"), "")
@@ -219,11 +219,18 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if why := dsn.Refused(*jarPath); why != "" {
 		return usagef("--jar: %s", why)
 	}
-	jar, closeJar, err := openJar(ctx, *jarPath, *lockTimeout)
+	jar, closeJar, err := openJarFn(ctx, *jarPath, *lockTimeout)
 	if err != nil {
 		return err
 	}
-	defer closeJar()
+	defer func() {
+		// Close writes what the command left deferred (an outcome, a
+		// lease's release) and syncs the jar: its failure is the
+		// command's, unless the command failed first.
+		if cerr := closeJar(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
 	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, stdout: stdout, stderr: stderr}
 	return s.describe(cmd.run(ctx, s, set, pos))
 }
@@ -260,6 +267,9 @@ func flagError(err error) error {
 // openJar opens the jar that spec names, choosing its kind by spec's form:
 // a PostgreSQL URL (postgres:// or postgresql://) opens a pgjar, anything
 // else is the path of a SQLite key jar file. Either must exist already.
+// openJarFn is openJar; tests replace it.
+var openJarFn = openJar
+
 func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
 	if dsn.IsURL(spec) {
 		return openPostgres(ctx, spec, lockTimeout)

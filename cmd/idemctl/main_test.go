@@ -696,3 +696,25 @@ func TestResumeAllKeepsCredentialsToOneHost(t *testing.T) {
 		t.Fatalf("resume --all once one host is left: exit %d, %q, %q, auths %q", code, out, errOut, srv.auths)
 	}
 }
+
+// TestCloseErrorFailsTheCommand: closing the jar writes what a command left
+// deferred and syncs it; when that fails, the command fails, with the
+// close's error, rather than exit 0 on changes that may not be kept.
+func TestCloseErrorFailsTheCommand(t *testing.T) {
+	eachJar(t, func(t *testing.T, _ *server, path string) {
+		real := openJarFn
+		t.Cleanup(func() { openJarFn = real })
+		openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
+			j, closeJar, err := real(ctx, spec, lockTimeout)
+			if err != nil {
+				return nil, nil, err
+			}
+			return j, func() error { return errors.Join(closeJar(), errors.New("sync of the jar failed")) }, nil
+		}
+		code, _, errOut := idemctl("--jar", path, "abandon", "charge:reconcile", "--reason", "ledger shows no charge")
+		wantError(t, code, errOut, 1, "sync of the jar failed")
+		// A command that failed first reports its own error.
+		code, _, errOut = idemctl("--jar", path, "abandon", "charge:nope", "--reason", "x")
+		wantError(t, code, errOut, 1, `no operation named "charge:nope" in `)
+	})
+}
