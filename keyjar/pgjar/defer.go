@@ -179,7 +179,7 @@ func (j *Jar) deliver(changes []deferred) error {
 
 // send sends changes as one pgx.Batch, under one statement's deadline. It
 // reports whether the batch was sent (a connection was taken), and whether
-// an error is the loss of the connection (see lost).
+// an error is the loss of the connection (see reconnect.Lost).
 func (j *Jar) send(changes []deferred) (sent, lostConn bool, err error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(changes))}
 	for _, d := range changes {
@@ -187,11 +187,11 @@ func (j *Jar) send(changes []deferred) (sent, lostConn bool, err error) {
 	}
 	conn, ctx, done, err := j.conn(context.Background())
 	if err != nil {
-		return false, lost(context.Background(), nil, err), err
+		return false, reconnect.Lost(context.Background(), nil, err), err
 	}
 	defer done()
 	err = conn.SendBatch(ctx, b).Close()
-	return true, lost(ctx, conn, err), err
+	return true, reconnect.Lost(ctx, conn, err), err
 }
 
 // refusedData reports whether err is the database refusing a statement for

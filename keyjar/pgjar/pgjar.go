@@ -95,7 +95,6 @@ import (
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -232,7 +231,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 		}
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
-	cfg.ShouldPing = shouldPing
+	cfg.ShouldPing = reconnect.ShouldPing
 	j.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
@@ -245,13 +244,6 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	}
 	go j.applyLoop()
 	return j, nil
-}
-
-// shouldPing has the pool ping a connection before it hands it out when it
-// was idle for more than a second, as pgxpool does by default, or when the
-// server closed it meanwhile (see the package documentation).
-func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
-	return p.IdleDuration > time.Second || reconnect.Stale(p.Conn.PgConn().Conn())
 }
 
 // Close applies the changes deferred before it (see Defer), waiting for the
@@ -290,39 +282,10 @@ func (j *Jar) start(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, do
 	return j.conn(ctx)
 }
 
-// conn takes a connection from the pool, waiting for one at most twice the
-// query timeout, and returns it with the context for one statement on it,
-// which waits at most as long again (see Options.QueryTimeout), both within
-// ctx. The wait for the pool is not taken from the statement's: the server's
-// statement_timeout must remain the first to end a statement. done releases
-// the connection.
+// conn takes a connection and the context for one statement on it (see
+// reconnect.Acquire and Options.QueryTimeout).
 func (j *Jar) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
-	wait, cancel := context.WithTimeout(ctx, 2*j.timeout)
-	conn, err := j.pool.Acquire(wait)
-	cancel()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	ctx, cancel = context.WithTimeout(ctx, 2*j.timeout)
-	return conn, ctx, func() { cancel(); conn.Release() }, nil
-}
-
-// lost reports whether err, which a statement on conn returned under ctx
-// (conn is nil when none could be taken from the pool), is the loss of the
-// connection to the server rather than the server's answer: no connection
-// could be made (the server is down, or starting), or the one in use
-// closed (the server ended the session, or the network failed). An error
-// that came with ctx done, or a timeout, is not: the statement's time is
-// spent.
-func lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
-	switch {
-	case err == nil || ctx.Err() != nil || pgconn.Timeout(err):
-		return false
-	case conn == nil:
-		var connectErr *pgconn.ConnectError
-		return errors.As(err, &connectErr)
-	}
-	return conn.Conn().PgConn().IsClosed()
+	return reconnect.Acquire(ctx, j.pool, 2*j.timeout)
 }
 
 // queryRecord runs one statement that returns at most one record.

@@ -60,7 +60,6 @@ import (
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -139,7 +138,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		}
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
-	cfg.ShouldPing = shouldPing
+	cfg.ShouldPing = reconnect.ShouldPing
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
@@ -151,13 +150,6 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	}
 	s.owned = true
 	return s, nil
-}
-
-// shouldPing has the pool ping a connection before it hands it out when it
-// was idle for more than a second, as pgxpool does by default, or when the
-// server closed it meanwhile (see the package documentation).
-func shouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
-	return p.IdleDuration > time.Second || reconnect.Stale(p.Conn.PgConn().Conn())
 }
 
 // New returns a Store on pool after creating or upgrading the schema, or
@@ -268,54 +260,25 @@ func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token
 	return e, claimed, err
 }
 
-// conn takes a connection from the pool, waiting for one at most twice the
-// query timeout, and returns it with the context for one statement on it,
-// which waits at most as long again (see Options.QueryTimeout), both within
-// ctx. The wait for the pool is not taken from the statement's: the server's
-// statement_timeout must remain the first to end a statement. done releases
-// the connection.
+// conn takes a connection and the context for one statement on it (see
+// reconnect.Acquire and Options.QueryTimeout).
 func (s *Store) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
-	wait, cancel := context.WithTimeout(ctx, 2*s.timeout)
-	conn, err := s.pool.Acquire(wait)
-	cancel()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	ctx, cancel = context.WithTimeout(ctx, 2*s.timeout)
-	return conn, ctx, func() { cancel(); conn.Release() }, nil
+	return reconnect.Acquire(ctx, s.pool, 2*s.timeout)
 }
 
 // exec runs one statement and returns how many rows it changed or, with an
-// error, whether that error is the loss of the connection (see lost).
+// error, whether that error is the loss of the connection (see reconnect.Lost).
 func (s *Store) exec(ctx context.Context, query string, args ...any) (n int64, lostConn bool, err error) {
 	conn, sctx, done, err := s.conn(ctx)
 	if err != nil {
-		return 0, lost(ctx, nil, err), err
+		return 0, reconnect.Lost(ctx, nil, err), err
 	}
 	defer done()
 	tag, err := conn.Exec(sctx, query, args...)
 	if err != nil {
-		return 0, lost(sctx, conn, err), err
+		return 0, reconnect.Lost(sctx, conn, err), err
 	}
 	return tag.RowsAffected(), false, nil
-}
-
-// lost reports whether err, which a statement on conn returned under ctx
-// (conn is nil when none could be taken from the pool), is the loss of the
-// connection to the server rather than the server's answer: no connection
-// could be made (the server is down, or starting), or the one in use
-// closed (the server ended the session, or the network failed). An error
-// that came with ctx done, or a timeout, is not: the statement's time is
-// spent.
-func lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
-	switch {
-	case err == nil || ctx.Err() != nil || pgconn.Timeout(err):
-		return false
-	case conn == nil:
-		var connectErr *pgconn.ConnectError
-		return errors.As(err, &connectErr)
-	}
-	return conn.Conn().PgConn().IsClosed()
 }
 
 // TakeOver implements testserver.Store.
