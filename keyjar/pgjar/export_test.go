@@ -10,4 +10,4 @@ func PoolOf(j *Jar) *pgxpool.Pool { return j.pool }
 func HoldApplier(j *Jar, hook func(n int)) { j.beforeApply.Store(&hook) }
 
 // MigrateLock is the advisory lock that serialises migrations.
-const MigrateLock = migrateLock
+var MigrateLock = schema.Lock

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -48,68 +49,17 @@ var migrations = [][]string{
 	},
 }
 
-// migrateLock is the key of the transaction-scoped advisory lock that
-// serialises migrations, so that workers starting together do not race to
-// create the tables.
-const migrateLock = 0x6964656d6a617273 // "idemjars"
+// schema is the jar's tables, recorded in idem_operations_schema.
+var schema = pgmigrate.Schema{
+	Lock:       0x6964656d6a617273, // "idemjars"
+	Table:      "idem_operations_schema",
+	Migrations: migrations,
+	TooNew:     ErrVersion,
+}
 
-// migrate brings the schema to len(migrations) in one transaction, recording
-// each version applied in idem_operations_schema.
+// migrate brings the schema to len(migrations) (see pgmigrate).
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	// READ COMMITTED whatever the database's default: under REPEATABLE
-	// READ or SERIALIZABLE the snapshot would be taken before the lock
-	// wait, and a process that waited for another's migration would not
-	// see it.
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		// The wait for another's migration is bounded by the deadline,
-		// not by a lock_timeout the database or the role may set to keep
-		// DDL from queueing: under it, of instances starting together all
-		// but one would fail. The DDL itself keeps that lock_timeout.
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
-			return err
-		}
-		// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when
-		// the table exists: it only runs when the table is not in the
-		// schema it would create it in, so that a role that may only read
-		// and write the tables opens a schema that is current.
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_tables
-			WHERE schemaname = current_schema() AND tablename = 'idem_operations_schema')`).Scan(&exists); err != nil {
-			return err
-		}
-		if !exists {
-			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS idem_operations_schema (
-				version    integer     PRIMARY KEY,
-				applied_at timestamptz NOT NULL DEFAULT now()
-			)`); err != nil {
-				return err
-			}
-		}
-		var v int
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM idem_operations_schema`).Scan(&v); err != nil {
-			return err
-		}
-		if v > len(migrations) {
-			return fmt.Errorf("%w: version %d, this package knows up to %d", ErrVersion, v, len(migrations))
-		}
-		for ; v < len(migrations); v++ {
-			for _, stmt := range migrations[v] {
-				if _, err := tx.Exec(ctx, stmt); err != nil {
-					return fmt.Errorf("version %d: %w", v+1, err)
-				}
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO idem_operations_schema (version) VALUES ($1)`, v+1); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := schema.Migrate(ctx, pool)
 	if err != nil && !errors.Is(err, ErrVersion) {
 		return fmt.Errorf("pgjar: migrate: %w", err)
 	}

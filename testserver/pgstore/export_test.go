@@ -1,4 +1,4 @@
 package pgstore
 
 // MigrateLock is the advisory lock that serialises migrations.
-const MigrateLock = migrateLock
+var MigrateLock = schema.Lock

@@ -1,0 +1,88 @@
+// Package pgmigrate brings a PostgreSQL schema up to date, once among the
+// processes that open it together: the schemas of pgstore and pgjar.
+package pgmigrate
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A Schema is a set of tables whose versions are recorded in a table of
+// their own.
+type Schema struct {
+	// Lock is the key of the transaction-scoped advisory lock that
+	// serialises migrations, so that processes starting together do not
+	// race to create the tables.
+	Lock int64
+	// Table records each version applied.
+	Table string
+	// Migrations[i] brings the schema from version i to version i+1.
+	// Versions are only ever appended: a released migration is never
+	// edited.
+	Migrations [][]string
+	// TooNew is returned, wrapped, for a database at a later version than
+	// len(Migrations).
+	TooNew error
+}
+
+// Migrate brings the schema to len(s.Migrations) in one transaction.
+func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	table := pgx.Identifier{s.Table}.Sanitize()
+	// READ COMMITTED whatever the database's default: under REPEATABLE
+	// READ or SERIALIZABLE the snapshot would be taken before the lock
+	// wait, and a process that waited for another's migration would not
+	// see it.
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		// The wait for another's migration is bounded by the deadline,
+		// not by a lock_timeout the database or the role may set to keep
+		// DDL from queueing: under it, of instances starting together all
+		// but one would fail. The DDL itself keeps that lock_timeout.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.Lock); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
+			return err
+		}
+		// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when
+		// the table exists: it only runs when the table is not in the
+		// schema it would create it in, so that a role that may only read
+		// and write the tables opens a schema that is current.
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_tables
+			WHERE schemaname = current_schema() AND tablename = $1)`, s.Table).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
+				version    integer     PRIMARY KEY,
+				applied_at timestamptz NOT NULL DEFAULT now()
+			)`); err != nil {
+				return err
+			}
+		}
+		var v int
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v); err != nil {
+			return err
+		}
+		if v > len(s.Migrations) {
+			return fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
+		}
+		for ; v < len(s.Migrations); v++ {
+			for _, stmt := range s.Migrations[v] {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("version %d: %w", v+1, err)
+				}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (version) VALUES ($1)`, v+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
