@@ -62,6 +62,11 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
 		return fmt.Errorf("%w: %w", fs.ErrPermission, err)
+	case sqlite3.SQLITE_FULL:
+		// The disk or the file system is full (or the database reached
+		// its max_page_count): the OS's ENOSPC, as an os.File write would
+		// report it.
+		return fmt.Errorf("%w: %w", syscall.ENOSPC, err)
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package keyjar
 import (
 	"context"
 	"database/sql"
+	"fmt"
 )
 
 // Commit describes one group commit, as the committer is about to COMMIT.
@@ -41,4 +42,16 @@ func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar,
 		}
 	}
 	return open(ctx, path, opts, in)
+}
+
+// SetMaxPageCount sets the writer connection's PRAGMA max_page_count: a
+// write that needs more pages fails as on a full disk (SQLITE_FULL).
+func SetMaxPageCount(ctx context.Context, j *Jar, pages int) error {
+	_, err := j.wconn.ExecContext(ctx, fmt.Sprintf("PRAGMA max_page_count = %d", pages))
+	return err
+}
+
+// PageCount reads the writer connection's PRAGMA page_count into pages.
+func PageCount(ctx context.Context, j *Jar, pages *int) error {
+	return j.wconn.QueryRowContext(ctx, "PRAGMA page_count").Scan(pages)
 }

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -366,5 +369,42 @@ func TestLockedJarDeadline(t *testing.T) {
 	}
 	if _, err := j.Get(t.Context(), "op"); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("Get after a Begin past its deadline: err = %v; want ErrNotFound", err)
+	}
+}
+
+// TestFullIsENOSPC: a write SQLite refuses for want of space
+// (SQLITE_FULL, here the connection's max_page_count reached) is the OS's
+// ENOSPC, the error a caller tests for a full disk, and the jar goes on
+// once there is room.
+func TestFullIsENOSPC(t *testing.T) {
+	ctx := t.Context()
+	j := openPath(t, filepath.Join(t.TempDir(), "keys.db"), nil)
+	if _, _, err := j.Begin(ctx, newRecord("first")); err != nil {
+		t.Fatal(err)
+	}
+	var pages int
+	if err := keyjar.PageCount(ctx, j, &pages); err != nil {
+		t.Fatal(err)
+	}
+	if err := keyjar.SetMaxPageCount(ctx, j, pages); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(strings.Repeat("b", 8000))
+	var failed error
+	for i := range 100 { // 800 kB at most; no page is left
+		r := newRecord(fmt.Sprint("op-", i))
+		r.Body, r.BodySize = body, int64(len(body))
+		if _, _, failed = j.Begin(ctx, r); failed != nil {
+			break
+		}
+	}
+	if !errors.Is(failed, syscall.ENOSPC) {
+		t.Fatalf("Begin past max_page_count: %v; want an error wrapping ENOSPC", failed)
+	}
+	if err := keyjar.SetMaxPageCount(ctx, j, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := j.Begin(ctx, newRecord("after")); err != nil {
+		t.Fatalf("Begin once there is room again: %v", err)
 	}
 }

@@ -168,7 +168,8 @@ type hooks struct {
 // ErrVersion when it was written by a newer version of this package, and
 // ErrLocked when another process holds a lock it needs (the write lock
 // above, or any lock in locking_mode=EXCLUSIVE) longer than
-// Options.BusyTimeout.
+// Options.BusyTimeout. Open and the Jar's methods return an error wrapping
+// syscall.ENOSPC when the disk is full; what the jar held before stays.
 func Open(ctx context.Context, path string, opts *Options) (*Jar, error) {
 	return open(ctx, path, opts, hooks{})
 }
