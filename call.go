@@ -28,6 +28,7 @@ type call struct {
 	op     string
 
 	callerKey string // the key the caller set in the header, or ""
+	resuming  bool   // a resume (internal/resume): sends only the operation it found
 
 	key      string
 	holder   string // this call's lease holder id
@@ -143,7 +144,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			switch {
 			case errors.Is(err, ErrLeased):
 				c.rec, c.held = rec, false
-				if err := c.notOurs(ctx); err != nil {
+				if err := c.notOurs(); err != nil {
 					return nil, err
 				}
 				if !c.tookOver && HolderGone(rec.Holder) {
@@ -160,6 +161,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					return nil, c.pending(c.lastErr, time.Time{})
 				}
 				continue
+			case errors.Is(err, ErrNotFound) && c.resuming && c.attempts == 0:
+				// Forgotten since Resume read it: a resume creates nothing.
+				return nil, &resume.StateError{Op: c.op, Key: c.key}
 			case err != nil:
 				if ctxErr := retry.CtxErr(ctx); ctxErr != nil {
 					return nil, c.stop(ctx, ctxErr) // the caller's context, not the jar, ended the call
@@ -177,10 +181,10 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					c.lastErr = errors.New(rec.LastError)
 				}
 			}
-			if err := c.notOurs(ctx); err != nil {
-				// Given back as it was taken.
+			if err := c.notOurs(); err != nil {
+				// Given back as it was taken, last update included.
 				c.held = false
-				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, releasing(rec, now))
+				_, _ = c.t.Jar.Update(context.Background(), c.op, c.holder, releasing(rec, rec.Updated))
 				return nil, err
 			}
 		}
@@ -323,27 +327,20 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 // one this call may send: while the call waited for its lease, it may have
 // been abandoned, even begun again under a new key by another call, marked
 // for reconciliation by a holder with a shorter horizon, or, for a resume,
-// settled by the holder it waited for. In each case nothing may be sent.
-func (c *call) notOurs(ctx context.Context) error {
+// settled by the holder it waited for or by anyone since Resume read it. In
+// each case nothing may be sent.
+func (c *call) notOurs() error {
 	switch rec := c.rec; {
 	case rec.Key != c.key || !c.body.matches(rec.Fingerprint):
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey, State: rec.State}
 	case rec.State == StateReconcile:
 		return c.reconcileError(rec)
-	case rec.State != StatePending && resume.Marked(ctx):
-		return c.notPending(rec)
+	case rec.State != StatePending && c.resuming:
+		return &resume.StateError{Op: c.op, Key: c.key, State: string(rec.State)}
 	case rec.State == StateAbandoned:
 		return fmt.Errorf("idem: operation %q (key %q): %w while this call waited for its lease; nothing was sent", c.op, c.key, ErrAbandoned)
 	}
 	return nil
-}
-
-// notPending is the error of a resume (client.Resume) that finds rec no
-// longer pending. An ordinary call sends a done or failed operation again,
-// for the server's saved answer; a resume, which may carry another
-// credential than the first send, sends only what is pending.
-func (c *call) notPending(rec Record) error {
-	return &resume.StateError{Op: c.op, Key: c.key, State: string(rec.State)}
 }
 
 // releasing is the change that gives rec's lease back and leaves the rest
@@ -457,13 +454,20 @@ func (c *call) reconcile(ctx context.Context) error {
 }
 
 // begin finds or creates the operation in the jar, durably, before the
-// first send.
+// first send; for a resume, it leaves finding it to the run's Acquire.
 func (c *call) begin(ctx context.Context) error {
 	holder, err := NewHolder()
 	if err != nil {
 		return err
 	}
 	c.holder = holder
+	if c.key, c.resuming = resume.Key(ctx); c.resuming {
+		// A resume takes up the operation it found, under its key, and
+		// never begins one: Begin would create a name forgotten since, or
+		// replace one abandoned since, and send it under a new key. The
+		// run's Acquire finds it under its lease, or fails.
+		return nil
+	}
 	now := time.Now()
 	c.key = c.callerKey
 	if c.key == "" {
@@ -520,12 +524,8 @@ func (c *call) begin(ctx context.Context) error {
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}
 	}
 	c.key = rec.Key
-	switch {
-	case rec.State == StateReconcile:
+	if rec.State == StateReconcile {
 		return c.reconcileError(rec)
-	case rec.State != StatePending && resume.Marked(ctx):
-		// Settled after the resume read it pending.
-		return c.notPending(rec)
 	}
 	return nil
 }

@@ -1145,7 +1145,7 @@ func TestResumeSettledWhileWaiting(t *testing.T) {
 					tr.Policy.MaxElapsed = time.Minute
 					ctx := idem.WithOperation(context.Background(), "op")
 					if resuming {
-						ctx = resume.Mark(ctx)
+						ctx = resume.Mark(ctx, "k1")
 					}
 					heldElsewhere(t, jar, fp)
 					var wg sync.WaitGroup

@@ -377,19 +377,22 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // further than Policy.MaxRetryAfter) and the lease of another process
 // sending it. Answers and errors are those of Do.
 //
-// Resume sends only an operation still pending once it has its lease: one
-// that another call or process settled meanwhile (while Resume waited for
-// the lease of a holder still sending it, or after Resume read it) is not
-// sent. An ordinary call sends a done operation again, for the server's
-// saved answer; a resume may lack the first send's credential, and a server
-// that scopes keys by credential would run it again.
+// Resume sends only the operation it read, under its key, and only while
+// it is still pending once Resume has its lease: one that another call or
+// process settled or forgot meanwhile (while Resume waited for the lease of
+// a holder still sending it, or after Resume read it) is not sent, and
+// neither is one begun again under a new key (an *idem.MismatchError). An
+// ordinary call sends a done operation again, for the server's saved
+// answer, and begins a forgotten or abandoned one anew under a new key; a
+// resume may lack the first send's credential, and a server that scopes
+// keys by credential would run it again.
 //
 // Resume returns an error wrapping idem.ErrNotFound for an unknown op,
-// ErrState, naming the state, for an operation that is not pending (done,
-// failed or abandoned) when Resume reads it or once it has its lease,
-// ErrMethod for one whose method the Client does not key, and
-// ErrBodyNotStored when the body was too large to store: use
-// ResumeWithBody.
+// also when it is forgotten after Resume read it, ErrState, naming the
+// state, for an operation that is not pending (done, failed or abandoned)
+// when Resume reads it or once it has its lease, ErrMethod for one whose
+// method the Client does not key, and ErrBodyNotStored when the body was
+// too large to store: use ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
@@ -453,8 +456,12 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, getBody func() (io
 		// the Transport refuses as a *MismatchError.
 		req.Body, req.GetBody = rc, getBody
 	}
-	resp, err := c.Do(resume.Mark(ctx), rec.Op, req)
+	resp, err := c.Do(resume.Mark(ctx, rec.Key), rec.Op, req)
 	if se := (*resume.StateError)(nil); errors.As(err, &se) {
+		if se.State == "" {
+			return nil, fmt.Errorf("client: resume %q: the operation was forgotten by another call or process after Resume found it pending; nothing was sent: %w",
+				rec.Op, idem.ErrNotFound)
+		}
 		return nil, fmt.Errorf("client: resume %q: the operation is %s: another call or process settled it after Resume found it pending; nothing was sent: %w",
 			rec.Op, se.State, ErrState)
 	}

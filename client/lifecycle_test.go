@@ -21,7 +21,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar"
+	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -205,6 +207,100 @@ func TestResumeOfAnOperationSettledBeforeBegin(t *testing.T) {
 			if r, _ := jar.Get(ctx, "charge:o1"); r.State != tt.state || r.Holder != "" {
 				t.Fatalf("record %s held by %q; want %s, its lease free", r.State, r.Holder, tt.state)
 			}
+		})
+	}
+}
+
+// eachJar runs f over each kind of jar the Client documents: MemoryJar,
+// keyjar (SQLite) and pgjar (PostgreSQL).
+func eachJar(t *testing.T, f func(t *testing.T, jar client.Jar)) {
+	for _, kind := range []string{"MemoryJar", "keyjar", "pgjar"} {
+		t.Run(kind, func(t *testing.T) {
+			var jar interface {
+				client.Jar
+				Close() error
+			}
+			var err error
+			switch kind {
+			case "MemoryJar":
+				f(t, &idem.MemoryJar{})
+				return
+			case "keyjar":
+				jar, err = keyjar.Open(t.Context(), filepath.Join(t.TempDir(), "keys.db"), nil)
+			case "pgjar":
+				jar, err = pgjar.Open(t.Context(), pgtest.DB(t), nil)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { jar.Close() })
+			f(t, jar)
+		})
+	}
+}
+
+// TestResumeOfAnOperationAbandonedOrForgottenBeforeBegin: another process
+// abandons the operation after Resume found it pending and before the
+// Transport takes it up; it may also forget it, or begin its name again
+// under a new key. Resume sends nothing: ErrState naming the state for the
+// abandoned one, idem.ErrNotFound for the one that is gone, a
+// *idem.MismatchError for the new one, as when this happens while Resume
+// waits for a lease; the jar is left as the other process left it. Begin
+// would have replaced the abandoned record, or created the forgotten one
+// anew, and sent it under a new key: a second charge when the first
+// request did get through.
+func TestResumeOfAnOperationAbandonedOrForgottenBeforeBegin(t *testing.T) {
+	for _, then := range []string{"abandoned", "forgotten", "begun again"} {
+		t.Run(then, func(t *testing.T) {
+			eachJar(t, func(t *testing.T, jar client.Jar) {
+				ctx := context.Background()
+				hj := &hookJar{Jar: jar}
+				s, c := pendingCharge(t, &client.Options{Jar: hj})
+				other := newClient(t, s, &client.Options{Jar: jar, Policy: retry.Policy{MaxAttempts: 1}})
+				var settled idem.Record
+				hj.onGet = func() { // after Resume's check, before the Transport
+					if err := other.Abandon(ctx, "charge:o1", "checked by another operator"); err != nil {
+						t.Fatal(err)
+					}
+					switch then {
+					case "forgotten":
+						if err := other.Forget(ctx, "charge:o1"); err != nil {
+							t.Fatal(err)
+						}
+					case "begun again":
+						s.failNext(503)
+						if _, err := other.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil); !errors.Is(err, idem.ErrPending) {
+							t.Fatalf("the other call: %v; want it pending", err)
+						}
+					}
+					settled, _ = jar.Get(ctx, "charge:o1")
+				}
+				_, err := c.Resume(ctx, "charge:o1")
+				t.Logf("Resume: %v", err)
+				if want := map[bool]int{false: 1, true: 2}[then == "begun again"]; s.sends() != want {
+					t.Errorf("the server got %d requests, the last with key %q, the first with %q; want %d", s.sends(), s.key(s.sends()-1), s.key(0), want)
+				}
+				rec, gerr := jar.Get(ctx, "charge:o1")
+				switch then {
+				case "forgotten":
+					if !errors.Is(err, idem.ErrNotFound) || !errors.Is(gerr, idem.ErrNotFound) {
+						t.Fatalf("Resume: %v; then the jar's record: %v, state %s; want idem.ErrNotFound, and no record", err, gerr, rec.State)
+					}
+					return
+				case "abandoned":
+					if !errors.Is(err, client.ErrState) || !strings.Contains(err.Error(), "abandoned") {
+						t.Fatalf("Resume: %v; want ErrState naming the state abandoned", err)
+					}
+				case "begun again":
+					if !errors.Is(err, idem.ErrMismatch) || !strings.Contains(err.Error(), "begun again") {
+						t.Fatalf("Resume: %v; want a *idem.MismatchError saying the operation was begun again", err)
+					}
+				}
+				if gerr != nil || rec.State != settled.State || rec.Key != settled.Key || rec.Holder != "" || !rec.Updated.Equal(settled.Updated) {
+					t.Fatalf("after Resume: %v, state %s, key %q, held by %q, updated %v; want the record as the other process left it: %s, key %q, free, updated %v",
+						gerr, rec.State, rec.Key, rec.Holder, rec.Updated, settled.State, settled.Key, settled.Updated)
+				}
+			})
 		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
@@ -35,7 +36,7 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(envJar); path != "" {
 		os.Exit(resumeProcess(path, os.Getenv(envOp), os.Getenv(envNotify)))
 	}
-	os.Exit(m.Run())
+	pgtest.Main(m)
 }
 
 // resumeProcess opens the jar file at path and resumes op. When the jar

@@ -34,8 +34,8 @@
 // resume --all with headers is refused when the pending operations go to
 // more than one host; resume those by name. resume waits for the lease of a
 // program still sending an operation, and sends it only if it is still
-// pending then: one that the program finished (or that was abandoned)
-// meanwhile is not sent again, and resume says its state and fails.
+// pending then: one that the program finished, or that was abandoned or
+// forgotten, meanwhile is not sent again, and resume says so and fails.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

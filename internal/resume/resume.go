@@ -3,10 +3,12 @@
 // operation is still pending, without exported API for it.
 //
 // An ordinary call of a done or failed operation is sent again, to get the
-// server's saved answer. A resume is sent without the first send's
-// credential when its caller does not give it again, and a server that
-// scopes keys by credential takes it for a new request: it must send only
-// an operation whose outcome is still unknown.
+// server's saved answer, and one whose name is abandoned or unknown begins
+// a new operation under a new key. A resume is sent without the first
+// send's credential when its caller does not give it again, and a server
+// that scopes keys by credential takes it for a new request: it must send
+// only the operation it found, under its key, while its outcome is still
+// unknown.
 package resume
 
 import (
@@ -14,27 +16,35 @@ import (
 	"fmt"
 )
 
-type key struct{}
+type mark struct{}
 
-// Mark returns a copy of ctx that marks a call of idem.Transport as a
-// resume.
-func Mark(ctx context.Context) context.Context { return context.WithValue(ctx, key{}, true) }
+// Mark returns a copy of ctx that marks a call of idem.Transport as the
+// resume of the operation whose key is key: the call neither creates nor
+// replaces a record, and sends only that key's operation while it is
+// pending.
+func Mark(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, mark{}, key)
+}
 
-// Marked reports whether ctx marks a resume.
-func Marked(ctx context.Context) bool {
-	marked, _ := ctx.Value(key{}).(bool)
-	return marked
+// Key returns the key of the operation that ctx marks a resume of, and
+// whether ctx marks one.
+func Key(ctx context.Context) (key string, ok bool) {
+	key, ok = ctx.Value(mark{}).(string)
+	return key, ok
 }
 
 // StateError is the error of a resume that finds its operation no longer
-// pending: at Begin, or once it has the operation's lease (another holder
-// settled it while the resume waited). Nothing was sent, and a lease the
-// call took is given back.
+// pending, or no longer in the jar, when it takes it up or once it has the
+// operation's lease (another holder settled it while the resume waited).
+// Nothing was sent, and a lease the call took is given back.
 type StateError struct {
 	Op, Key string
-	State   string // the operation's state: done, failed or abandoned
+	State   string // the operation's state: done, failed or abandoned; "" when it is no longer in the jar
 }
 
 func (e *StateError) Error() string {
+	if e.State == "" {
+		return fmt.Sprintf("idem: operation %q (key %q) is no longer in the jar: a resume sends nothing", e.Op, e.Key)
+	}
 	return fmt.Sprintf("idem: operation %q (key %q) is %s, no longer pending: a resume sends nothing", e.Op, e.Key, e.State)
 }
