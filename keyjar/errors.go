@@ -109,6 +109,11 @@ func permission(err error) error {
 
 func openError(path string, err error) error {
 	if isSQLiteCode(err, sqlite3.SQLITE_CANTOPEN) {
+		if _, serr := os.Stat(path); errors.Is(serr, fs.ErrNotExist) {
+			// Removed since Open checked it: SQLite's mode=rw does not
+			// create it again.
+			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, serr)
+		}
 		if cause := cantOpen(path); cause != nil {
 			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, permission(cause))
 		}

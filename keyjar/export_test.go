@@ -27,11 +27,14 @@ type Hooks struct {
 	// SyncFile, if not nil, runs when Close is about to fsync the file at
 	// path.
 	SyncFile func(path string)
+	// Checked, if not nil, runs once Open has checked or created the file
+	// at path, before SQLite opens it.
+	Checked func(path string)
 }
 
 // OpenHooked is Open with test seams.
 func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar, error) {
-	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError, syncFile: h.SyncFile}
+	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError, syncFile: h.SyncFile, checked: h.Checked}
 	if h.BeforeCommit != nil {
 		in.beforeCommit = func(tx *sql.Tx, jobs int, durable bool) {
 			c := Commit{Jobs: jobs, Durable: durable}

@@ -84,6 +84,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/sqliteopt"
 	sqlite3 "modernc.org/sqlite/lib"
 
@@ -147,6 +148,9 @@ type hooks struct {
 	pruneBatch int // 0 means pruneBatch
 	// syncFile runs when Close is about to fsync the file at path.
 	syncFile func(path string)
+	// checked runs once Open has checked or created the file at path,
+	// before SQLite opens it.
+	checked func(path string)
 }
 
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
@@ -202,9 +206,10 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 		j   *Jar
 		err error
 	}
+	create := !nocreate.Marked(ctx)
 	ch := make(chan result, 1)
 	go func() {
-		j, err := openFile(path, o, h)
+		j, err := openFile(path, o, h, create)
 		ch <- result{j, err}
 	}()
 	select {
@@ -220,12 +225,14 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 	}
 }
 
-func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
+// openFile opens the jar at path; when create is false (nocreate), only
+// an existing file that holds a jar.
+func openFile(path string, o Options, h hooks, create bool) (_ *Jar, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
 	}
-	created, err := createFile(abs)
+	created, err := createFile(abs, create)
 	if err != nil {
 		return nil, err
 	}
@@ -234,8 +241,14 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if abs, err = filepath.EvalSymlinks(abs); err != nil {
 		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
 	}
+	if h.checked != nil {
+		h.checked(abs)
+	}
+	// SQLite opens the file with mode=rw: a file removed since it was
+	// checked is not created again, empty.
 	busy := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(o.BusyTimeout), 10)
 	writer, err := sql.Open("sqlite", dsn(abs,
+		"mode", "rw",
 		"_txlock", "immediate",
 		"_pragma", "busy_timeout("+busy+")",
 		"_pragma", "synchronous(FULL)",
@@ -269,6 +282,9 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		return nil, openError(abs, err)
+	}
+	if isNew && !create {
+		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
 	}
 	// On a file already in WAL mode, which the look found, this changes
 	// nothing and takes no lock; switching another file to WAL mode does.
@@ -308,6 +324,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		}
 	}
 	j.reader, err = sql.Open("sqlite", dsn(abs,
+		"mode", "rw",
 		"_pragma", "busy_timeout("+busy+")",
 		"_pragma", "query_only(1)",
 	))
@@ -349,21 +366,23 @@ func canWrite(ctx context.Context, conn *sql.Conn, busyMillis string) error {
 // sqliteMagic starts every SQLite database file.
 var sqliteMagic = []byte("SQLite format 3\x00")
 
-// createFile creates the jar file with mode 0600 unless it exists, and checks
-// that an existing, non-empty file is a SQLite database. It reports whether
-// it created the file.
-func createFile(path string) (created bool, err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err == nil {
-		return true, f.Close()
+// createFile creates the jar file with mode 0600 unless it exists or create
+// is false, and checks that an existing, non-empty file is a SQLite
+// database. It reports whether it created the file.
+func createFile(path string, create bool) (created bool, err error) {
+	if create {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			return true, f.Close()
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("keyjar: %w (Open creates the jar file, not its directory)", err)
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return false, fmt.Errorf("keyjar: %w", permission(err)) // err names the path
+		}
 	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("keyjar: %w (Open creates the jar file, not its directory)", err)
-	}
-	if !errors.Is(err, os.ErrExist) {
-		return false, fmt.Errorf("keyjar: %w", permission(err)) // err names the path
-	}
-	f, err = os.OpenFile(path, os.O_RDWR, 0)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
 			return false, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)

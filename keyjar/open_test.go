@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
@@ -268,6 +269,55 @@ func TestOpenEmptyFile(t *testing.T) {
 	j := openPath(t, path, nil)
 	if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOpenWithoutCreating: an Open marked by internal/nocreate (idemctl's)
+// opens an existing jar and creates nothing: not a missing file, not one
+// removed after Open checked it and before SQLite opens it, not a jar in
+// an empty file.
+func TestOpenWithoutCreating(t *testing.T) {
+	ctx := nocreate.Mark(t.Context())
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keys.db")
+	newJarFile(t, path)
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatalf("an existing jar: %v", err)
+	}
+	if _, err := j.Get(ctx, "op"); err != nil {
+		t.Fatalf("an existing jar's operation: %v", err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	removed := false
+	remove := func(path string) {
+		removed = true
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+	}
+	_, err = keyjar.OpenHooked(ctx, path, nil, keyjar.Hooks{Checked: remove})
+	if _, serr := os.Stat(path); !removed || !errors.Is(err, fs.ErrNotExist) || !errors.Is(serr, fs.ErrNotExist) {
+		t.Fatalf("the file removed after the check (%v): %v, then %v; want fs.ErrNotExist, and no file", removed, err, serr)
+	}
+	if _, err := keyjar.Open(ctx, path, nil); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a missing file: %v; want fs.ErrNotExist", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("after the open of a missing file: %v; want no file", err)
+	}
+
+	writeFile(nil)(t, path)
+	if _, err := keyjar.Open(ctx, path, nil); !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "is empty") {
+		t.Fatalf("an empty file: %v; want ErrCorrupt saying it is empty", err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() != 0 {
+		t.Fatalf("the empty file after the open: %v, %v; want it left empty", fi, err)
 	}
 }
 

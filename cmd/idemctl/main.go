@@ -71,6 +71,7 @@ import (
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5"
@@ -274,29 +275,20 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (clien
 	if dsn.IsURL(spec) {
 		return openPostgres(ctx, spec, lockTimeout)
 	}
-	fi, err := os.Stat(spec)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	// Nothing is checked before: the open itself refuses a missing file
+	// (which could be removed after any check) and one without a jar.
+	j, err := openKeyjar(nocreate.Mark(ctx), spec, &keyjar.Options{BusyTimeout: lockTimeout})
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("%s: no such jar file", spec)
-	case errors.Is(err, fs.ErrPermission):
-		return nil, nil, fmt.Errorf("%s: permission denied", spec)
-	case err != nil:
-		return nil, nil, fmt.Errorf("%s: %v", spec, err)
-	case fi.IsDir():
-		return nil, nil, fmt.Errorf("%s is a directory, not a jar file", spec)
-	case !fi.Mode().IsRegular():
-		return nil, nil, fmt.Errorf("%s is not a regular file, not a jar file", spec)
-	case fi.Size() == 0:
-		// keyjar.Open would make an empty file a new jar: idemctl never
-		// creates one.
-		return nil, nil, fmt.Errorf("%s is empty, not a jar file", spec)
 	}
-	j, err := keyjar.Open(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout})
 	if err != nil {
 		return nil, nil, explain(spec, lockTimeout, err)
 	}
 	return j, j.Close, nil
 }
+
+// openKeyjar is keyjar.Open; tests replace it.
+var openKeyjar = keyjar.Open
 
 // connectTimeout bounds connecting to a PostgreSQL jar and opening it.
 const connectTimeout = 30 * time.Second

@@ -467,6 +467,37 @@ func lockJar(t *testing.T, path string, exclusive bool) {
 // uncommitted is the note lockJar writes and never commits.
 const uncommitted = "uncommitted note"
 
+// TestJarRemovedBeforeItIsOpened: the jar file is removed just before
+// idemctl opens it (by another operator, as after any check that it
+// exists). idemctl says there is no such jar and creates none: an empty
+// new jar would read as "no operations".
+func TestJarRemovedBeforeItIsOpened(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	real := openKeyjar
+	t.Cleanup(func() { openKeyjar = real })
+	var openErr error
+	openKeyjar = func(ctx context.Context, path string, opts *keyjar.Options) (*keyjar.Jar, error) {
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+		j, err := real(ctx, path, opts)
+		openErr = err
+		return j, err
+	}
+	code, out, errOut := idemctl("--jar", path, "list")
+	t.Logf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	wantError(t, code, errOut, 1, path+": no such jar file")
+	if !errors.Is(openErr, fs.ErrNotExist) {
+		t.Errorf("the open: %v; want an error matching fs.ErrNotExist", openErr)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("idemctl created a jar file in place of the removed one: %v", err)
+	}
+}
+
 func TestJarErrors(t *testing.T) {
 	dir := t.TempDir()
 	corrupt := filepath.Join(dir, "corrupt.db")
