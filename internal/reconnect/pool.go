@@ -3,6 +3,7 @@ package reconnect
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,14 +39,19 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, bound time.Duration) (_ *p
 // could be made (the server is down, or starting), or the one in use
 // closed (the server ended the session, or the network failed). An error
 // that came with ctx done, or a timeout, is not: the statement's time is
-// spent.
+// spent. Nor is a connection the server refused at authentication
+// (SQLSTATE class 28: a wrong password, a role that may not log in, a
+// pg_hba.conf rejection), which another attempt would only meet again.
 func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 	switch {
 	case err == nil || ctx.Err() != nil || pgconn.Timeout(err):
 		return false
 	case conn == nil:
-		var connectErr *pgconn.ConnectError
-		return errors.As(err, &connectErr)
+		var (
+			connectErr *pgconn.ConnectError
+			pgErr      *pgconn.PgError
+		)
+		return errors.As(err, &connectErr) && !(errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28"))
 	}
 	return conn.Conn().PgConn().IsClosed()
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/storetest"
@@ -551,6 +552,82 @@ func TestSaveAnswerLost(t *testing.T) {
 	}
 }
 
+// appRole creates a database for t with a current schema, and in it a
+// role that may use the store's table but create nothing. It returns a
+// connection as the database's owner, the role's name and a DSN that logs
+// in as the role.
+func appRole(t *testing.T) (owner *pgx.Conn, role, dsn string) {
+	t.Helper()
+	dsn = pgtest.DB(t)
+	open(t, dsn, nil) // creates the schema, as the owner
+	owner, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { owner.Close(context.Background()) })
+	role = owner.Config().Database + "_app"
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT SELECT ON idempotency_keys_schema TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role,
+	} {
+		if _, err := owner.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return owner, role, u.String()
+}
+
+// TestSaveRefusedLoginFailsAtOnce ends the sessions of a store's role
+// after its pool warmed, and makes the role unable to log in: the save
+// that follows fails at once, with the server's refusal (SQLSTATE 28000),
+// after one connection attempt. Before, a refused login counted as a lost
+// connection, and Save tried again until twice QueryTimeout had passed.
+func TestSaveRefusedLoginFailsAtOnce(t *testing.T) {
+	owner, role, dsn := appRole(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dials atomic.Int64
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error { dials.Add(1); return nil }
+	cfg.ShouldPing = reconnect.ShouldPing // as Open's pool
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := pgstore.New(t.Context(), pool, &pgstore.Options{QueryTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", 1, t0); err != nil || !claimed {
+		t.Fatalf("Claim = %v, %v", claimed, err)
+	}
+	if _, err := owner.Exec(t.Context(), `ALTER ROLE `+role+` NOLOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	// Ends the role's sessions, waiting (up to 10 s) for each to exit.
+	if _, err := owner.Exec(t.Context(), `SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+		WHERE usename = $1`, role); err != nil {
+		t.Fatal(err)
+	}
+	dials.Store(0)
+	err = s.Save(t.Context(), "s", "k", 1, testserver.Response{Status: 201})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "28000" {
+		t.Errorf("Save as a role that may no longer log in = %v; want the server's refusal, SQLSTATE 28000", err)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Errorf("Save tried %d connections; want 1", n)
+	}
+}
+
 // TestCallerDeadlineFailsClosed gives up through the caller's context,
 // before the server's timeout: the claim fails.
 func TestCallerDeadlineFailsClosed(t *testing.T) {
@@ -720,29 +797,8 @@ func TestOpenWaitsForAnotherMigrationDespiteLockTimeout(t *testing.T) {
 // another role), a database whose schema is current: Open must not need to
 // create anything.
 func TestOpenWithoutCreatePrivilege(t *testing.T) {
-	dsn := pgtest.DB(t)
-	open(t, dsn, nil) // creates the schema, as the owner
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	role := conn.Config().Database + "_app"
-	for _, q := range []string{
-		`CREATE ROLE ` + role + ` LOGIN`,
-		`GRANT SELECT ON idempotency_keys_schema TO ` + role,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role,
-	} {
-		if _, err := conn.Exec(t.Context(), q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	s, err := pgstore.Open(t.Context(), u.String(), nil)
+	_, _, dsn := appRole(t)
+	s, err := pgstore.Open(t.Context(), dsn, nil)
 	if err != nil {
 		t.Fatalf("Open as a role that cannot create tables: %v", err)
 	}
