@@ -55,3 +55,32 @@ func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 	}
 	return conn.Conn().PgConn().IsClosed()
 }
+
+// Run runs statement on a connection from pool, under the context and
+// bound of Acquire, and runs it again on another connection while the
+// connection was lost before the answer (see Lost), until until (see
+// Retry). A statement whose connection was lost after it was taken may
+// have been applied: it runs again only when resend is true, which is
+// safe when running it twice does what running it once does. Run returns
+// the last attempt's error and, as lost, the error of the first attempt
+// so lost, or nil; statement's unsure tells it whether there was one, so
+// that it can recognise its own earlier work.
+func Run(ctx context.Context, pool *pgxpool.Pool, bound time.Duration, until time.Time, resend bool,
+	statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error) (lost, err error) {
+	err = Retry(ctx, until, func() (bool, error) {
+		conn, sctx, done, err := Acquire(ctx, pool, bound)
+		if err != nil {
+			return Lost(ctx, nil, err), err
+		}
+		defer done()
+		err = statement(sctx, conn, lost != nil)
+		if !Lost(sctx, conn, err) {
+			return false, err
+		}
+		if lost == nil {
+			lost = err
+		}
+		return resend, err
+	})
+	return lost, err
+}

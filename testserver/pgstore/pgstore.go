@@ -34,18 +34,26 @@
 // idle for less than a second fail one statement after a restart.
 //
 // While the server is down, or when a connection breaks under a statement,
-// the method fails with the pool's or the server's error: a claim fails
-// closed (the Middleware answers 503, and runs nothing). Save alone tries
-// again, since its statement is fenced by the token and so saves at most
-// once, and a lost save would keep the key in flight until the lock
-// timeout, after which a retry runs the handler again. When the connection
-// was lost before Save had its answer (none could be made, or the one in
-// use closed), it runs the statement again on another connection, after
-// 50 ms, then twice as long each time up to a second, for up to twice
-// QueryTimeout and within its context; then it returns the last error. An
-// attempt whose answer was lost may have saved: the next one finds the
-// entry done under the same token with the same answer, and reports it
-// saved.
+// Claim and Prune fail with the pool's or the server's error: a claim
+// fails closed (the Middleware answers 503, and runs nothing; its caller
+// asks again). Save, TakeOver and Release try again: each is fenced by the
+// token, so that running it twice does what running it once does, and a
+// lost one would keep the key in flight until the lock timeout, every
+// retry until then refused with 409, and the handler run again after a
+// lost save. When the connection was lost before the method had its
+// answer (none could be made, or the one in use closed; not when the
+// server refused the login), it runs the statement again on another
+// connection, after 50 ms, then twice as long each time up to a second,
+// for up to twice QueryTimeout and within its context; then it returns the
+// last error. An attempt whose answer was lost may have been applied: the
+// next one finds the entry as it left it. Save finds it done under the
+// same token with the same answer, and reports it saved; Release finds it
+// gone, and reports it released. TakeOver finds it no longer in flight
+// under the old token, as it would had another caller, which may have
+// chosen the same new token, taken it over: it cannot tell, and returns an
+// error rather than a win. A claim is not tried again for the same reason:
+// a claim found under its own token may be another request's, whose
+// handler would then run twice.
 package pgstore
 
 import (
@@ -266,25 +274,48 @@ func (s *Store) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, d
 	return reconnect.Acquire(ctx, s.pool, 2*s.timeout)
 }
 
-// exec runs one statement and returns how many rows it changed or, with an
-// error, whether that error is the loss of the connection (see reconnect.Lost).
-func (s *Store) exec(ctx context.Context, query string, args ...any) (n int64, lostConn bool, err error) {
-	conn, sctx, done, err := s.conn(ctx)
+// exec runs one statement and returns how many rows it changed.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	conn, ctx, done, err := s.conn(ctx)
 	if err != nil {
-		return 0, reconnect.Lost(ctx, nil, err), err
+		return 0, err
 	}
 	defer done()
-	tag, err := conn.Exec(sctx, query, args...)
-	if err != nil {
-		return 0, reconnect.Lost(sctx, conn, err), err
-	}
-	return tag.RowsAffected(), false, nil
+	tag, err := conn.Exec(ctx, query, args...)
+	return tag.RowsAffected(), err
 }
 
-// TakeOver implements testserver.Store.
+// run runs statement, which runs twice as it runs once, and runs it again
+// while the connection is lost before the answer, until until (see the
+// package documentation and reconnect.Run).
+func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error) (lost, err error) {
+	return reconnect.Run(ctx, s.pool, 2*s.timeout, until, true, statement)
+}
+
+// write runs query, a write fenced by the token, as run does, and returns
+// how many rows it changed.
+func (s *Store) write(ctx context.Context, until time.Time, query string, args ...any) (n int64, lost, err error) {
+	lost, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+		tag, err := conn.Exec(ctx, query, args...)
+		n = tag.RowsAffected()
+		return err
+	})
+	return n, lost, err
+}
+
+// TakeOver implements testserver.Store. When the connection to the server
+// is lost before the answer, it runs its statement again (see the package
+// documentation). But when the attempt whose answer was lost had been sent
+// and the next finds the entry no longer in flight under old, TakeOver
+// returns an error: that attempt may have taken the entry over, and so may
+// another caller that chose the same new token, which only the lost answer
+// could tell apart. A win reported wrongly would run the operation twice.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	n, _, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = $4
+	n, lost, err := s.write(ctx, time.Now().Add(2*s.timeout), `UPDATE idempotency_keys SET locked_at = $4
 		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, old, new)
+	if err == nil && n == 0 && lost != nil {
+		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost: %w", key, old, lost)
+	}
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over: %w", err)
 	}
@@ -314,14 +345,11 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	if body == nil {
 		body = []byte{} // NULL is for an entry in flight
 	}
-	var (
-		n    int64
-		sent bool // an attempt may have been applied
-	)
-	err = reconnect.Retry(ctx, time.Now().Add(2*s.timeout), func() (again bool, err error) {
-		n, again, err = s.exec(ctx, saveSQL, scope, key, token, resp.Status, string(header), body, sent)
-		sent = true
-		return again, err
+	var n int64
+	_, err = s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+		tag, err := conn.Exec(ctx, saveSQL, scope, key, token, resp.Status, string(header), body, unsure)
+		n = tag.RowsAffected()
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("pgstore: save: %w", err)
@@ -332,10 +360,26 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	return nil
 }
 
-// Release implements testserver.Store.
+// Release implements testserver.Store. When the connection to the server
+// is lost before the answer, it runs its statement again (see the package
+// documentation). When the attempt whose answer was lost had been sent and
+// the next deletes nothing, a second statement tells why: an entry that is
+// gone was released, by that attempt or by the worker that took it over,
+// and Release reports it released; one still there is not this call's.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
-	n, _, err := s.exec(ctx, `DELETE FROM idempotency_keys
+	until := time.Now().Add(2 * s.timeout)
+	n, lost, err := s.write(ctx, until, `DELETE FROM idempotency_keys
 		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, token)
+	if err == nil && n == 0 && lost != nil {
+		var there bool
+		_, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+			return conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM idempotency_keys WHERE scope = $1 AND key = $2)`,
+				scope, key).Scan(&there)
+		})
+		if !there {
+			n = 1
+		}
+	}
 	if err != nil {
 		return false, fmt.Errorf("pgstore: release: %w", err)
 	}
@@ -358,7 +402,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	total := 0
 	for total < limit {
 		want := min(s.batch, limit-total)
-		n, _, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
+		n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
 			SELECT scope, key FROM idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
 			ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, want)
 		total += int(n)

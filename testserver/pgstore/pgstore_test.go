@@ -523,26 +523,127 @@ func TestSaveAcrossRestart(t *testing.T) {
 	}
 }
 
-// TestSaveAnswerLost loses the answer to a Save that the server applied:
-// Save runs its statement again, which finds the entry done with its own
-// token and answer, and returns nil, not ErrFenced. The entry keeps that
-// answer, and still refuses another one under the same token.
-func TestSaveAnswerLost(t *testing.T) {
-	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+// duringRestart restarts c and calls call while it is down: call's first
+// statement finds the server down, and the server starts again once the
+// relay refused it a connection. It returns call's error, once call
+// returned.
+func duringRestart(t *testing.T, c *pgtest.Cluster, relay *pgtest.Relay, call func() error) error {
+	t.Helper()
+	result := make(chan error, 1)
+	err := c.Restart(t.Context(), func() {
+		go func() { result <- call() }()
+		<-relay.Refused()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return <-result
+}
+
+// TestWritesAcrossRestart restarts PostgreSQL between a claim and the
+// write that follows it, on a pool that holds a connection: TakeOver and
+// Release, like Save, find the server down, and run again once it is
+// back. Before, they failed, and the claim stayed in flight until
+// LockTimeout.
+func TestWritesAcrossRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	relay, dsn := pgtest.NewRelay(t, dsn)
 	s := open(t, dsn, nil)
 	ctx := t.Context()
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err != nil || !claimed {
+	for _, k := range []string{"taken", "released"} {
+		if _, claimed, err := s.Claim(ctx, "s", k, "fp", 1, t0); err != nil || !claimed {
+			t.Fatalf("Claim %s = %v, %v", k, claimed, err)
+		}
+	}
+	var won, released bool
+	err := duringRestart(t, c, relay, func() (err error) {
+		won, err = s.TakeOver(ctx, "s", "taken", 1, 2)
+		return err
+	})
+	if err != nil || !won {
+		t.Errorf("TakeOver across a restart = %v, %v; want won", won, err)
+	}
+	err = duringRestart(t, c, relay, func() (err error) {
+		released, err = s.Release(ctx, "s", "released", 1)
+		return err
+	})
+	if err != nil || !released {
+		t.Errorf("Release across a restart = %v, %v; want released", released, err)
+	}
+	if e, claimed, err := s.Claim(ctx, "s", "taken", "fp", 3, t0); err != nil || claimed || e.Token != 2 {
+		t.Errorf("the entry taken over = %+v, claimed %v, %v; want it in flight with token 2", e, claimed, err)
+	}
+	if _, claimed, err := s.Claim(ctx, "s", "released", "fp", 3, t0); err != nil || !claimed {
+		t.Errorf("Claim of the key released = %v, %v; want it free", claimed, err)
+	}
+}
+
+// answerLost opens a store behind a relay, claims key "k" of scope "s"
+// with token 1, and calls call with the relay set to lose the answer to
+// the next statement whose command tag begins with tag. It fails t when
+// no answer was lost, and returns the store.
+func answerLost(t *testing.T, tag string, call func(*pgstore.Store)) *pgstore.Store {
+	t.Helper()
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	s := open(t, dsn, nil)
+	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", 1, t0); err != nil || !claimed {
 		t.Fatalf("Claim = %v, %v", claimed, err)
 	}
-	lost := relay.LoseNext("UPDATE")
-	if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 201, Body: []byte("charged")}); err != nil {
-		t.Errorf("Save whose answer was lost = %v; want nil", err)
-	}
+	lost := relay.LoseNext(tag)
+	call(s)
 	select {
 	case <-lost:
 	default:
 		t.Fatal("the relay lost no answer")
 	}
+	return s
+}
+
+// TestReleaseAnswerLost loses the answer to a Release that the server
+// applied: Release runs its statement again, finds the entry gone, and
+// reports it released, not taken over. Before, it returned the lost
+// connection's error.
+func TestReleaseAnswerLost(t *testing.T) {
+	ctx := t.Context()
+	s := answerLost(t, "DELETE", func(s *pgstore.Store) {
+		if released, err := s.Release(ctx, "s", "k", 1); err != nil || !released {
+			t.Errorf("Release whose answer was lost = %v, %v; want released", released, err)
+		}
+	})
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 2, t0); err != nil || !claimed {
+		t.Errorf("Claim after the release = %v, %v; want the key free", claimed, err)
+	}
+}
+
+// TestTakeOverAnswerLost loses the answer to a TakeOver that the server
+// applied. Run again, it finds the entry in flight under the new token,
+// as it would had another caller that chose the same token won: it cannot
+// tell, and fails closed with an error, not a win (which could run the
+// handler twice) nor a loss (which would leave its own claim unused).
+// The entry stays in flight under the new token.
+func TestTakeOverAnswerLost(t *testing.T) {
+	ctx := t.Context()
+	s := answerLost(t, "UPDATE", func(s *pgstore.Store) {
+		if won, err := s.TakeOver(ctx, "s", "k", 1, 2); err == nil || won {
+			t.Errorf("TakeOver whose answer was lost = %v, %v; want an error", won, err)
+		}
+	})
+	if e, claimed, err := s.Claim(ctx, "s", "k", "fp", 3, t0); err != nil || claimed || e.Token != 2 {
+		t.Errorf("entry = %+v, claimed %v, %v; want it in flight with token 2", e, claimed, err)
+	}
+}
+
+// TestSaveAnswerLost loses the answer to a Save that the server applied:
+// Save runs its statement again, which finds the entry done with its own
+// token and answer, and returns nil, not ErrFenced. The entry keeps that
+// answer, and still refuses another one under the same token.
+func TestSaveAnswerLost(t *testing.T) {
+	ctx := t.Context()
+	s := answerLost(t, "UPDATE", func(s *pgstore.Store) {
+		if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 201, Body: []byte("charged")}); err != nil {
+			t.Errorf("Save whose answer was lost = %v; want nil", err)
+		}
+	})
 	e, _, err := s.Claim(ctx, "s", "k", "fp", 2, t0)
 	if err != nil || e.Status != testserver.StatusDone || e.Response == nil || string(e.Response.Body) != "charged" {
 		t.Errorf("entry = %+v, %v; want done with the answer saved", e, err)
