@@ -165,3 +165,20 @@ func (r *Relay) close() {
 	r.mu.Unlock()
 	r.wg.Wait()
 }
+
+// CallDuringRestart restarts c, calls call in a goroutine while the server
+// is down, and starts the server again once r refused a connection, as it
+// does to call's first statement: call runs across the restart. It returns
+// call's error, once call returned, and fails t when the restart failed.
+func CallDuringRestart(t testing.TB, c *Cluster, r *Relay, call func() error) error {
+	t.Helper()
+	result := make(chan error, 1)
+	err := c.Restart(t.Context(), func() {
+		go func() { result <- call() }()
+		<-r.Refused()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return <-result
+}

@@ -25,10 +25,8 @@ const (
 	deferQueue = 1024
 )
 
-// deferred is one change queued by Defer: the arguments of updateSQL.
-// replayable is true when applying it twice applies it once: it is fenced
-// by a holder, and releases the lease (a second run is fenced off) or adds
-// no attempts (a second run writes the same values).
+// deferred is one change queued by Defer: the arguments of updateSQL, and
+// whether the change is replayable.
 type deferred struct {
 	op         string
 	args       []any
@@ -55,12 +53,20 @@ type deferred struct {
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
 	args, err := j.changeArgs(op, holder, c)
 	if err == nil {
-		err = j.enqueue(deferred{op: op, args: args, replayable: holder != "" && (c.Release || c.Attempts == 0)})
+		err = j.enqueue(deferred{op: op, args: args, replayable: replayable(holder, c)})
 	}
 	if err != nil {
 		return fmt.Errorf("pgjar: defer %q: %w", op, err)
 	}
 	return nil
+}
+
+// replayable reports whether applying the change Update(ctx, op, holder,
+// c) would make twice applies it once: it is fenced by a holder, and
+// releases the lease (a second run is fenced off) or adds no attempts (a
+// second run writes the same values).
+func replayable(holder string, c idem.Change) bool {
+	return holder != "" && (c.Release || c.Attempts == 0)
 }
 
 // enqueue hands d to the applier. It is counted, as pending on its op and

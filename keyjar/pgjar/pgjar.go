@@ -67,16 +67,27 @@
 //
 // When the connection to the server is lost before the applier has its
 // answer (none could be made, or the one in use closed: the server
-// restarted, or ended the session), it sends the batch again on another
-// connection, after 50 ms and then twice as long each time up to a second,
-// for up to twice QueryTimeout since the loss began; a server down for
-// longer costs each later batch one attempt, until one gets through. A
-// batch whose answer was lost may have been applied: it is sent again only
-// with the changes that applying twice applies once, those fenced by a
-// holder that release the lease (a second run is fenced off) or add no
-// attempts, as every change idem.Transport defers does. The others are
-// dropped. The jar's other methods do not try again: they return the
-// error.
+// restarted, or ended the session; not when the server refused the
+// login), it sends the batch again on another connection, after 50 ms and
+// then twice as long each time up to a second, for up to twice
+// QueryTimeout since the loss began; a server down for longer costs each
+// later batch one attempt, until one gets through. A batch whose answer
+// was lost may have been applied: it is sent again only with the changes
+// that applying twice applies once, those fenced by a holder that release
+// the lease (a second run is fenced off) or add no attempts, as every
+// change idem.Transport defers does. The others are dropped.
+//
+// Begin, Acquire and Update run their statements again in the same way,
+// for up to twice QueryTimeout from the call and within its context. A
+// statement that was sent may have been applied, and the next attempt
+// finds what it did: Begin's INSERT finds a record as the call wrote it
+// (its key, fingerprint, creation time, holder and lease), and reports it
+// created; Acquire finds the lease its own, and takes it again. Update
+// sends its change again only when applying it twice applies it once, as
+// the applier does, and otherwise returns the error; an Update whose
+// release was applied, which fences off the next attempt, finds the
+// record as its change left it, and returns it. Get, List, Forget,
+// ForgetKey and Prune do not try again: they return the error.
 package pgjar
 
 import (
@@ -288,14 +299,19 @@ func (j *Jar) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, don
 	return reconnect.Acquire(ctx, j.pool, 2*j.timeout)
 }
 
-// queryRecord runs one statement that returns at most one record.
-func (j *Jar) queryRecord(ctx context.Context, query string, args ...any) (idem.Record, error) {
-	conn, ctx, done, err := j.start(ctx)
-	if err != nil {
-		return idem.Record{}, err
+// record runs one statement that returns at most one record. It runs it
+// again while the connection is lost before the answer, until until (the
+// zero time for one attempt), and when the statement was sent only if
+// resend is true: see reconnect.Run, which says what lost is.
+func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query string, args ...any) (rec idem.Record, lost, err error) {
+	if err := j.check(ctx); err != nil {
+		return idem.Record{}, nil, err
 	}
-	defer done()
-	return scanRecord(conn.QueryRow(ctx, query, args...))
+	lost, err = reconnect.Run(ctx, j.pool, 2*j.timeout, until, resend, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+		rec, err = scanRecord(conn.QueryRow(ctx, query, args...))
+		return err
+	})
+	return rec, lost, err
 }
 
 // exec runs one statement and returns how many rows it changed.
@@ -309,15 +325,19 @@ func (j *Jar) exec(ctx context.Context, query string, args ...any) (int64, error
 	return tag.RowsAffected(), err
 }
 
-// get returns op's record, pgx.ErrNoRows when there is none.
-func (j *Jar) get(ctx context.Context, op string) (idem.Record, error) {
-	return j.queryRecord(ctx, `SELECT `+columns+` FROM idem_operations WHERE op = $1`, op)
+// get returns op's record, pgx.ErrNoRows when there is none, reading it
+// again while the connection is lost, until until (see record).
+func (j *Jar) get(ctx context.Context, until time.Time, op string) (idem.Record, error) {
+	rec, _, err := j.record(ctx, until, true, `SELECT `+columns+` FROM idem_operations WHERE op = $1`, op)
+	return rec, err
 }
 
 // Begin implements idem.Jar: it returns op's record, creating it from r
 // (created=true) when the jar holds none or holds one in StateAbandoned. A
 // created record is on stable storage before Begin returns. Headers that
 // idem.SecretHeader names are dropped; an empty State means StatePending.
+// When the connection to the server is lost, Begin runs its statements
+// again (see the package documentation).
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an Op
 // longer than MaxOpLen, an invalid State, a time that cannot be stored, a
@@ -362,10 +382,13 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	if err := j.settle(ctx, r.Op); err != nil {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
 	}
+	until := time.Now().Add(2 * j.timeout) // see the package documentation
+	unsure := false                        // an INSERT was sent and its answer lost
 	for range raceAttempts {
 		// One statement claims the name: a new row, or the replacement of an
 		// abandoned one. It returns nothing when another record holds it.
-		rec, err := j.queryRecord(ctx, `
+		// Sent again after a lost answer, it finds the record it wrote.
+		rec, lost, err := j.record(ctx, until, true, `
 			INSERT INTO idem_operations (op, key, fingerprint, state, method, url, header, body, body_size,
 				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
@@ -380,6 +403,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 			RETURNING `+columns,
 			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, string(header), r.Body, r.BodySize,
 			times[0], times[1], r.Attempts, r.LastStatus, r.LastError, times[2], r.Note, r.Holder, times[3])
+		unsure = unsure || lost != nil
 		if err == nil {
 			return rec, true, nil
 		}
@@ -388,9 +412,11 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		}
 		// A second statement reads the record that holds the name, as
 		// committed now (the first one's snapshot may predate it).
-		rec, err = j.get(ctx, r.Op)
+		rec, err = j.get(ctx, until, r.Op)
 		if err == nil && rec.State != idem.StateAbandoned {
-			return rec, false, nil
+			// A record as this call wrote it is its own, created by an
+			// attempt whose answer was lost.
+			return rec, unsure && began(rec, r), nil
 		}
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
@@ -398,6 +424,14 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		// Forgotten or abandoned in between: claim it again.
 	}
 	return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: the record changed under %d attempts", r.Op, raceAttempts)
+}
+
+// began reports whether rec is as Begin wrote r: its key, fingerprint,
+// creation time, holder and lease. A caller's holder and creation time,
+// to the nanosecond, are its own (see idem.NewHolder).
+func began(rec, r idem.Record) bool {
+	return rec.Key == r.Key && rec.Fingerprint == r.Fingerprint && rec.Holder == r.Holder &&
+		rec.Created.Equal(r.Created) && rec.LeaseUntil.Equal(r.LeaseUntil)
 }
 
 // Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
@@ -408,7 +442,7 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 	if err := j.settle(ctx, op); err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
 	}
-	rec, err := j.get(ctx, op)
+	rec, err := j.get(ctx, time.Time{}, op)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = idem.ErrNotFound
 	}
@@ -421,7 +455,9 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 // Acquire implements idem.Jar: it takes op's lease for holder until now+ttl
 // when the lease is free, held by holder or expired at now. Otherwise it
 // returns the record and idem.ErrLeased. It returns idem.ErrNotFound for an
-// unknown op, and ErrInvalid when now or now+ttl cannot be stored.
+// unknown op, and ErrInvalid when now or now+ttl cannot be stored. When
+// the connection to the server is lost, Acquire runs its statements again
+// (see the package documentation).
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
 	if j.closed.Load() {
 		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, ErrClosed)
@@ -444,8 +480,11 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
 	}
 	var rec idem.Record
+	retryUntil := time.Now().Add(2 * j.timeout) // see the package documentation
 	for range raceAttempts {
-		rec, err = j.queryRecord(ctx, `UPDATE idem_operations SET holder = $2, lease_until = $4
+		// Sent again after a lost answer, it finds the lease its own, and
+		// takes it again.
+		rec, _, err = j.record(ctx, retryUntil, true, `UPDATE idem_operations SET holder = $2, lease_until = $4
 			WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)
 			RETURNING `+columns, op, holder, *at, until)
 		if err == nil {
@@ -454,7 +493,7 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
 		}
-		rec, err = j.get(ctx, op)
+		rec, err = j.get(ctx, retryUntil, op)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = idem.ErrNotFound
 		}
@@ -478,8 +517,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // idem.ErrLeaseLost. It returns idem.ErrNotFound for an unknown op, and
 // ErrInvalid for an invalid c.State, a time that cannot be stored, a
 // string that text cannot hold or a LastStatus outside 32 bits. It does
-// not wait for the change to reach stable storage (see the package
-// documentation).
+// not wait for the change to reach stable storage. When the connection to
+// the server is lost, Update runs its statements again, its change only
+// when that is safe (see the package documentation).
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	args, err := j.changeArgs(op, holder, c)
 	if err == nil {
@@ -489,15 +529,18 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
 	}
 	var last idem.Record
+	until := time.Now().Add(2 * j.timeout) // see the package documentation
+	unsure := false                        // an UPDATE was sent and its answer lost
 	for range raceAttempts {
-		rec, err := j.queryRecord(ctx, updateSQL+` RETURNING `+columns, args...)
+		rec, lost, err := j.record(ctx, until, replayable(holder, c), updateSQL+` RETURNING `+columns, args...)
+		unsure = unsure || lost != nil
 		if err == nil {
 			return rec, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
 		}
-		rec, err = j.get(ctx, op)
+		rec, err = j.get(ctx, until, op)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = idem.ErrNotFound
 		}
@@ -505,6 +548,11 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 			return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
 		}
 		if holder != "" && rec.Holder != holder {
+			if unsure && c.Release && applied(rec, c) {
+				// The attempt whose answer was lost released the lease,
+				// which fenced off the next.
+				return rec, nil
+			}
 			return rec, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
 		}
 		// The lease came back to holder, or the record was created, between
@@ -517,6 +565,16 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		return last, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
 	}
 	return idem.Record{}, fmt.Errorf("pgjar: update %q: the record changed under %d attempts", op, raceAttempts)
+}
+
+// applied reports whether rec is as c left it, its attempts aside: every
+// field that c sets holds c's value.
+func applied(rec idem.Record, c idem.Change) bool {
+	want := rec
+	c.Apply(&want)
+	return want.Updated.Equal(rec.Updated) && want.State == rec.State && want.LastStatus == rec.LastStatus &&
+		want.LastError == rec.LastError && want.NextAttempt.Equal(rec.NextAttempt) && want.Note == rec.Note &&
+		want.Holder == rec.Holder && want.LeaseUntil.Equal(rec.LeaseUntil)
 }
 
 // updateSQL is the fenced UPDATE of Update and of the changes Defer queues.
@@ -690,7 +748,7 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 			}
 		}
 		// A second statement tells why nothing was deleted.
-		rec, err := j.get(ctx, op)
+		rec, err := j.get(ctx, time.Time{}, op)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = idem.ErrNotFound
 		} else if err == nil && (rec.Key != key || rec.State == idem.StatePending) {

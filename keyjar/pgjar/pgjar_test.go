@@ -368,8 +368,9 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 }
 
 // TestServerRestart restarts PostgreSQL (as pg_ctl restart -m fast) under a
-// jar in use. While it is down, a Begin and a fenced Update fail with an
-// error (not ErrLeaseLost) and change nothing. After it, every call
+// jar in use. While it is down, a Begin and a fenced Update try again
+// until their context ends, fail with its error (not ErrLeaseLost), and
+// change nothing. After it, every call
 // succeeds, the first one included: the pool hands no statement a
 // connection the server closed (one call failed per connection it held,
 // when it pinged only those idle for a second). The record begun before is
@@ -394,11 +395,15 @@ func TestServerRestart(t *testing.T) {
 	}
 	wg.Wait()
 	err := c.Restart(ctx, func() {
-		if _, created, err := j.Begin(ctx, record("down")); err == nil || created {
-			t.Errorf("Begin while the server is down = created %v, %v; want an error", created, err)
+		dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, created, err := j.Begin(dctx, record("down")); !errors.Is(err, context.DeadlineExceeded) || created {
+			t.Errorf("Begin while the server is down = created %v, %v; want its context's error", created, err)
 		}
-		if _, err := j.Update(ctx, "before", "w1", idem.Change{Now: t0, State: idem.StateDone}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
-			t.Errorf("Update while the server is down = %v; want an error other than ErrLeaseLost", err)
+		dctx, cancel = context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, err := j.Update(dctx, "before", "w1", idem.Change{Now: t0, State: idem.StateDone}); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Update while the server is down = %v; want its context's error, not ErrLeaseLost", err)
 		}
 	})
 	if err != nil {
@@ -417,6 +422,140 @@ func TestServerRestart(t *testing.T) {
 	}
 	if _, err := j.Update(ctx, "before", "w1", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
 		t.Errorf("Update after the restart: %v", err)
+	}
+}
+
+// TestWritesAcrossRestart restarts PostgreSQL between two calls on a jar
+// whose pool holds a connection: Begin, Acquire and Update find the server
+// down, and run again once it is back, an Update that counts an attempt
+// included (nothing was sent). Before, they failed with the refused
+// connection.
+func TestWritesAcrossRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	relay, dsn := pgtest.NewRelay(t, dsn)
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	if _, _, err := j.Begin(ctx, record("acquired")); err != nil {
+		t.Fatal(err)
+	}
+	leased(t, j, "updated")
+
+	var (
+		rec     idem.Record
+		created bool
+	)
+	err := pgtest.CallDuringRestart(t, c, relay, func() (err error) {
+		rec, created, err = j.Begin(ctx, record("begun"))
+		return err
+	})
+	if err != nil || !created || rec.Key != "key-begun" {
+		t.Errorf("Begin across a restart = key %q, created %v, %v; want key-begun created", rec.Key, created, err)
+	}
+	err = pgtest.CallDuringRestart(t, c, relay, func() (err error) {
+		rec, err = j.Acquire(ctx, "acquired", "w", t0, time.Minute)
+		return err
+	})
+	if err != nil || rec.Holder != "w" {
+		t.Errorf("Acquire across a restart = holder %q, %v; want w", rec.Holder, err)
+	}
+	err = pgtest.CallDuringRestart(t, c, relay, func() (err error) {
+		rec, err = j.Update(ctx, "updated", "h", idem.Change{Now: t0, Attempts: 1})
+		return err
+	})
+	if err != nil || rec.Attempts != 1 {
+		t.Errorf("Update across a restart = %d attempts, %v; want 1", rec.Attempts, err)
+	}
+}
+
+// answerLost calls call with relay set to lose the answer to the next
+// statement whose command tag begins with tag, and fails t when no answer
+// was lost.
+func answerLost(t *testing.T, relay *pgtest.Relay, tag string, call func()) {
+	t.Helper()
+	lost := relay.LoseNext(tag)
+	call()
+	select {
+	case <-lost:
+	default:
+		t.Fatal("the relay lost no answer")
+	}
+}
+
+// TestBeginAnswerLost loses the answer to a Begin whose INSERT committed:
+// Begin runs it again, which finds the record it wrote itself, and reports
+// it created, as it is, not found (its caller would take its own key for
+// another's). Before, Begin returned the lost connection's error. A Begin
+// whose lost INSERT found another's record still reports that record
+// found.
+func TestBeginAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	mine := record("mine")
+	mine.Holder, mine.LeaseUntil = "h", t0.Add(time.Minute)
+	answerLost(t, relay, "INSERT", func() {
+		rec, created, err := j.Begin(ctx, mine)
+		if err != nil || !created || rec.Key != mine.Key || rec.Holder != "h" {
+			t.Errorf("Begin whose answer was lost = key %q, holder %q, created %v, %v; want its own key, created",
+				rec.Key, rec.Holder, created, err)
+		}
+	})
+	if _, _, err := j.Begin(ctx, record("theirs")); err != nil {
+		t.Fatal(err)
+	}
+	again := record("theirs")
+	again.Key, again.Holder = "another-key", "h2"
+	answerLost(t, relay, "INSERT", func() {
+		rec, created, err := j.Begin(ctx, again)
+		if err != nil || created || rec.Key != "key-theirs" {
+			t.Errorf("Begin of a name taken, whose answer was lost = key %q, created %v, %v; want key-theirs found",
+				rec.Key, created, err)
+		}
+	})
+}
+
+// TestAcquireAnswerLost loses the answer to an Acquire whose UPDATE
+// committed: run again, it finds the lease its own, and takes it again.
+// Before, Acquire returned the lost connection's error.
+func TestAcquireAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, nil)
+	if _, _, err := j.Begin(t.Context(), record("op")); err != nil {
+		t.Fatal(err)
+	}
+	answerLost(t, relay, "UPDATE", func() {
+		if rec, err := j.Acquire(t.Context(), "op", "w", t0, time.Minute); err != nil || rec.Holder != "w" {
+			t.Errorf("Acquire whose answer was lost = holder %q, %v; want w", rec.Holder, err)
+		}
+	})
+}
+
+// TestUpdateAnswerLost loses the answer to an Update whose UPDATE
+// committed. One that releases the lease is run again, which its own
+// release fences off: Update finds the record as the change left it, and
+// returns it (before, the lost connection's error; a mere resend would
+// report ErrLeaseLost). One that counts an attempt and keeps the lease is
+// not run again, which would count it twice: Update returns the error,
+// and the attempt is counted once.
+func TestUpdateAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	leased(t, j, "released")
+	leased(t, j, "counted")
+	answerLost(t, relay, "UPDATE", func() {
+		rec, err := j.Update(ctx, "released", "h", done)
+		if err != nil || rec.State != idem.StateDone || rec.Holder != "" {
+			t.Errorf("release whose answer was lost = %s, holder %q, %v; want done, free", rec.State, rec.Holder, err)
+		}
+	})
+	answerLost(t, relay, "UPDATE", func() {
+		if _, err := j.Update(ctx, "counted", "h", idem.Change{Now: t0, Attempts: 1}); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("counted attempt whose answer was lost = %v; want the lost connection's error", err)
+		}
+	})
+	if rec, err := j.Get(ctx, "counted"); err != nil || rec.Attempts != 1 || rec.Holder != "h" {
+		t.Errorf("record counted = %d attempts, holder %q, %v; want 1, h", rec.Attempts, rec.Holder, err)
 	}
 }
 

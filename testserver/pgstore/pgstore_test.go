@@ -523,23 +523,6 @@ func TestSaveAcrossRestart(t *testing.T) {
 	}
 }
 
-// duringRestart restarts c and calls call while it is down: call's first
-// statement finds the server down, and the server starts again once the
-// relay refused it a connection. It returns call's error, once call
-// returned.
-func duringRestart(t *testing.T, c *pgtest.Cluster, relay *pgtest.Relay, call func() error) error {
-	t.Helper()
-	result := make(chan error, 1)
-	err := c.Restart(t.Context(), func() {
-		go func() { result <- call() }()
-		<-relay.Refused()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return <-result
-}
-
 // TestWritesAcrossRestart restarts PostgreSQL between a claim and the
 // write that follows it, on a pool that holds a connection: TakeOver and
 // Release, like Save, find the server down, and run again once it is
@@ -556,14 +539,14 @@ func TestWritesAcrossRestart(t *testing.T) {
 		}
 	}
 	var won, released bool
-	err := duringRestart(t, c, relay, func() (err error) {
+	err := pgtest.CallDuringRestart(t, c, relay, func() (err error) {
 		won, err = s.TakeOver(ctx, "s", "taken", 1, 2)
 		return err
 	})
 	if err != nil || !won {
 		t.Errorf("TakeOver across a restart = %v, %v; want won", won, err)
 	}
-	err = duringRestart(t, c, relay, func() (err error) {
+	err = pgtest.CallDuringRestart(t, c, relay, func() (err error) {
 		released, err = s.Release(ctx, "s", "released", 1)
 		return err
 	})
