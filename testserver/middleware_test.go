@@ -767,10 +767,19 @@ func (s *failingStore) Save(ctx context.Context, scope, key string, tok int64, r
 
 func TestStoreErrors(t *testing.T) {
 	h := &charges{}
-	// Claim fails, and a nil Store: 503, the handler never runs.
+	closed, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "keys.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Claim fails, on a closed store too, and a nil Store: 503, the
+	// handler never runs.
 	for name, mw := range map[string]*testserver.Middleware{
-		"claim":     {Store: &failingStore{claim: true}},
-		"nil store": {},
+		"claim":        {Store: &failingStore{claim: true}},
+		"closed store": {Store: closed},
+		"nil store":    {},
 	} {
 		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 		wantProblem(t, w, 503, testserver.ProblemStoreUnavailable)

@@ -24,6 +24,7 @@ import (
 	"math"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/internal/hdrjson"
@@ -81,12 +82,14 @@ type Options struct {
 // Store is a testserver.Store in one SQLite file. It is safe for concurrent
 // use.
 type Store struct {
-	db *sql.DB
+	db     *sql.DB
+	closed atomic.Bool
 }
 
 var _ testserver.Store = (*Store)(nil)
 
-// Errors returned by Open, wrapped with details: test with errors.Is.
+// Errors returned by Open and the Store's methods, wrapped with details:
+// test with errors.Is.
 var (
 	// ErrSchemaTooNew is returned by Open when the file was written by a
 	// newer version of this package.
@@ -98,6 +101,10 @@ var (
 	// an unmarked one that holds tables but not the store's. Open changes
 	// nothing in it.
 	ErrNotStore = errors.New("sqlitestore: not a sqlitestore database")
+
+	// ErrClosed is returned by every method of a Store after Close, Close
+	// included, and by a call that Close cut short.
+	ErrClosed = errors.New("sqlitestore: store is closed")
 )
 
 // Open opens the database at path, creating it with mode 0600 when it does
@@ -206,27 +213,47 @@ func (s *Store) migrate(ctx context.Context, path string) error {
 // DB returns the underlying database, so that an application can keep its
 // own tables in the same file (the reference server keeps its PayCo ledger
 // there). It has one connection: do not hold a transaction open while
-// calling the Store.
+// calling the Store. Close closes it.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the database. A call already running finishes, or fails
+// with ErrClosed. Close returns ErrClosed when the store was already
+// closed.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return ErrClosed
+	}
+	return s.db.Close()
+}
+
+// fail returns err with the package's prefix or, once the store is closed,
+// ErrClosed: a statement that Close cut short fails with whatever
+// database/sql says of a closed database.
+func (s *Store) fail(err error) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return fmt.Errorf("sqlitestore: %w", err)
+}
 
 // update runs f in one IMMEDIATE transaction, committed when f returns nil.
 func (s *Store) update(ctx context.Context, f func(*sql.Tx) error) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlitestore: %w", err)
+		return s.fail(err)
 	}
 	defer tx.Rollback()
 	if err := f(tx); err != nil {
 		if errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrNotStore) {
 			return err
 		}
-		return fmt.Errorf("sqlitestore: %w", err)
+		return s.fail(err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlitestore: %w", err)
+		return s.fail(err)
 	}
 	return nil
 }
@@ -290,23 +317,27 @@ func get(ctx context.Context, tx *sql.Tx, scope, key string) (testserver.Entry, 
 	return e, nil
 }
 
-// exec runs one fenced statement and reports whether it changed a row.
-func (s *Store) exec(ctx context.Context, query string, args ...any) (bool, error) {
+// exec runs one statement and returns how many rows it changed.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
 	res, err := s.db.ExecContext(ctx, query, args...)
 	if err != nil {
-		return false, fmt.Errorf("sqlitestore: %w", err)
+		return 0, s.fail(err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("sqlitestore: %w", err)
+		return 0, s.fail(err)
 	}
-	return n == 1, nil
+	return n, nil
 }
 
 // TakeOver implements testserver.Store.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	return s.exec(ctx, `UPDATE idempotency_keys SET locked_at = ?
+	n, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = ?
 		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`, new, scope, key, old)
+	return n == 1, err
 }
 
 // Save implements testserver.Store.
@@ -319,10 +350,10 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	if body == nil {
 		body = []byte{}
 	}
-	ok, err := s.exec(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
+	n, err := s.exec(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
 		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`,
 		resp.Status, string(header), body, scope, key, token)
-	if err == nil && !ok {
+	if err == nil && n == 0 {
 		err = testserver.ErrFenced
 	}
 	return err
@@ -330,12 +361,16 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 
 // Release implements testserver.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
-	return s.exec(ctx, `DELETE FROM idempotency_keys
+	n, err := s.exec(ctx, `DELETE FROM idempotency_keys
 		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`, scope, key, token)
+	return n == 1, err
 }
 
 // Prune implements testserver.Store.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
 	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
 		return 0, nil
 	}
@@ -343,15 +378,8 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if before.Before(time.Unix(0, math.MaxInt64)) {
 		cutoff = before.UnixNano()
 	}
-	res, err := s.db.ExecContext(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
+	n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
 		(SELECT rowid FROM idempotency_keys WHERE created < ?1 AND (status = 'done' OR locked_at < ?1)
 		ORDER BY created LIMIT ?2)`, cutoff, limit)
-	if err != nil {
-		return 0, fmt.Errorf("sqlitestore: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("sqlitestore: %w", err)
-	}
-	return int(n), nil
+	return int(n), err
 }

@@ -42,6 +42,12 @@ func TestConformanceInMemory(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) testserver.Store { return open(t, ":memory:") })
 }
 
+func TestClosed(t *testing.T) {
+	storetest.RunClosed(t, func(t *testing.T) storetest.Closer {
+		return open(t, filepath.Join(t.TempDir(), "keys.db"))
+	}, sqlitestore.ErrClosed)
+}
+
 func TestFileModeAndPragmas(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	s := open(t, path)

@@ -6,6 +6,8 @@
 //		storetest.Run(t, func(t *testing.T) testserver.Store { return open(t) })
 //	}
 //
+// A store that has a Close method also calls RunClosed, with its ErrClosed.
+//
 // The suite uses only the Store interface, times on whole seconds and
 // tokens that are Unix nanoseconds (about 1.7e18, beyond 2^53: a float64
 // loses them), so any backend that keeps microseconds and 64-bit integers

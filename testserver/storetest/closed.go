@@ -1,0 +1,144 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/testserver"
+)
+
+// Closer is a Store that can be closed, as the stores of this module are.
+type Closer interface {
+	testserver.Store
+	Close() error
+}
+
+// closedRacers is how many goroutines call a store while it closes, and
+// raceRounds the most rounds of calls each makes before it sees the store
+// closed.
+const (
+	closedRacers = 8
+	raceRounds   = 1000
+)
+
+// RunClosed checks a store's Close, each case on a new, open store from
+// newStore: after Close, every method, Close and a Prune of limit 0
+// included, returns an error matching errClosed (the store's ErrClosed);
+// methods called while Close runs return either their usual result or
+// errClosed, never another error; and of two Close calls at once, one
+// returns nil and the other errClosed.
+func RunClosed(t *testing.T, newStore func(t *testing.T) Closer, errClosed error) {
+	t.Run("AfterClose", func(t *testing.T) { afterClose(t, newStore(t), errClosed) })
+	t.Run("RacingClose", func(t *testing.T) { racingClose(t, newStore(t), errClosed) })
+}
+
+func afterClose(t *testing.T, s Closer, errClosed error) {
+	claim(t, s, "scope", "key", "fp", token(1), base)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	ctx := context.Background()
+	e, claimed, errClaim := s.Claim(ctx, "scope", "new", "fp", token(2), base)
+	if claimed || e != (testserver.Entry{}) {
+		t.Errorf("Claim after Close = %+v, claimed %v; want the zero entry, unclaimed", e, claimed)
+	}
+	won, errTakeOver := s.TakeOver(ctx, "scope", "key", token(1), token(3))
+	released, errRelease := s.Release(ctx, "scope", "key", token(1))
+	if won || released {
+		t.Errorf("after Close: TakeOver won %v, Release released %v; want neither", won, released)
+	}
+	errSave := s.Save(ctx, "scope", "key", token(1), testserver.Response{Status: 201})
+	_, errPrune := s.Prune(ctx, base.Add(time.Hour), 10)
+	_, errPruneNone := s.Prune(ctx, base, 0) // would delete nothing
+	for name, err := range map[string]error{"Claim": errClaim, "TakeOver": errTakeOver, "Save": errSave,
+		"Release": errRelease, "Prune": errPrune, "Prune with limit 0": errPruneNone, "second Close": s.Close()} {
+		if !errors.Is(err, errClosed) {
+			t.Errorf("%s after Close: %v; want %v", name, err, errClosed)
+		}
+	}
+}
+
+// racingClose closes s, twice at once, while goroutines call every method
+// in turn on keys of their own, until each is told the store is closed.
+func racingClose(t *testing.T, s Closer, errClosed error) {
+	ctx := context.Background()
+	var started, done sync.WaitGroup
+	errs := make(chan error, closedRacers)
+	for g := range closedRacers {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			var err error
+			for i := range raceRounds {
+				if err = round(ctx, s, fmt.Sprint(g, "-", i), token(2*i)); i == 0 {
+					started.Done()
+				}
+				if err != nil {
+					break
+				}
+			}
+			errs <- err
+		}()
+	}
+	started.Wait() // every goroutine is busy: Close comes among their calls
+	closeErrs := make(chan error, 2)
+	for range 2 {
+		go func() { closeErrs <- s.Close() }()
+	}
+	first, second := <-closeErrs, <-closeErrs
+	if !(first == nil && errors.Is(second, errClosed) || second == nil && errors.Is(first, errClosed)) {
+		t.Errorf("two Close calls at once = %v and %v; want nil and %v", first, second, errClosed)
+	}
+	done.Wait()
+	for range closedRacers {
+		switch err := <-errs; {
+		case err == nil:
+			t.Errorf("a goroutine made %d rounds of calls without seeing the store closed", raceRounds)
+		case !errors.Is(err, errClosed):
+			t.Errorf("a call racing Close: %v; want its usual result or %v", err, errClosed)
+		}
+	}
+}
+
+// round claims key, takes it over, saves it, claims and releases another
+// key and prunes. It returns the first error, or one that says which result
+// was not the usual one.
+func round(ctx context.Context, s testserver.Store, key string, tok int64) error {
+	_, claimed, err := s.Claim(ctx, "scope", key, "fp", tok, base)
+	if err != nil || !claimed {
+		return unusual("a claim of a new key", err)
+	}
+	won, err := s.TakeOver(ctx, "scope", key, tok, tok+1)
+	if err != nil || !won {
+		return unusual("a takeover", err)
+	}
+	if err := s.Save(ctx, "scope", key, tok+1, testserver.Response{Status: 201, Body: []byte(key)}); err != nil {
+		return fmt.Errorf("a save: %w", err)
+	}
+	_, claimed, err = s.Claim(ctx, "scope", key+"-released", "fp", tok, base)
+	if err != nil || !claimed {
+		return unusual("a claim of a new key", err)
+	}
+	released, err := s.Release(ctx, "scope", key+"-released", tok)
+	if err != nil || !released {
+		return unusual("a release", err)
+	}
+	if _, err := s.Prune(ctx, base, 1); err != nil { // nothing is older than base
+		return fmt.Errorf("a prune: %w", err)
+	}
+	return nil
+}
+
+// unusual returns err, or when it is nil an error saying that call
+// reported false.
+func unusual(call string, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", call, err)
+	}
+	return fmt.Errorf("%s reported false", call)
+}
