@@ -62,6 +62,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/internal/hdrjson"
@@ -117,9 +118,14 @@ type Store struct {
 	owned   bool // Close closes the pool
 	timeout time.Duration
 	batch   int
+	closed  atomic.Bool
 }
 
 var _ testserver.Store = (*Store)(nil)
+
+// ErrClosed is returned by every method of a Store after Close, Close
+// included, and by a call that Close cut short.
+var ErrClosed = errors.New("pgstore: store is closed")
 
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
@@ -183,12 +189,28 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error)
 // its own tables in the same database.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Close closes the pool if Open created it. It always returns nil.
+// Close closes the pool if Open created it, after the statements running
+// on it; a call that was yet to take a connection returns ErrClosed. A
+// store from New leaves the pool open, and its calls running finish. Close
+// returns ErrClosed when the store was already closed, nil otherwise.
 func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return ErrClosed
+	}
 	if s.owned {
 		s.pool.Close()
 	}
 	return nil
+}
+
+// closedOr returns err or, when there is one and the store is closed,
+// ErrClosed: a call that Close cut short fails with whatever pgxpool says
+// of a closed pool.
+func (s *Store) closedOr(err error) error {
+	if err != nil && s.closed.Load() {
+		return ErrClosed
+	}
+	return err
 }
 
 // entryColumns are scanned by scanEntry, in this order.
@@ -265,13 +287,17 @@ func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token
 		scope, key, fingerprint, token, created)
 	var claimed bool
 	e, err := scanEntry(row, scope, key, &claimed)
-	return e, claimed, err
+	return e, claimed, s.closedOr(err)
 }
 
 // conn takes a connection and the context for one statement on it (see
-// reconnect.Acquire and Options.QueryTimeout).
+// reconnect.Acquire and Options.QueryTimeout), or returns ErrClosed.
 func (s *Store) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
-	return reconnect.Acquire(ctx, s.pool, 2*s.timeout)
+	if s.closed.Load() {
+		return nil, nil, nil, ErrClosed
+	}
+	conn, sctx, done, err := reconnect.Acquire(ctx, s.pool, 2*s.timeout)
+	return conn, sctx, done, s.closedOr(err)
 }
 
 // exec runs one statement and returns how many rows it changed.
@@ -282,14 +308,18 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 	}
 	defer done()
 	tag, err := conn.Exec(ctx, query, args...)
-	return tag.RowsAffected(), err
+	return tag.RowsAffected(), s.closedOr(err)
 }
 
 // run runs statement, which runs twice as it runs once, and runs it again
 // while the connection is lost before the answer, until until (see the
-// package documentation and reconnect.Run).
+// package documentation and reconnect.Run), or returns ErrClosed.
 func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error) (lost, err error) {
-	return reconnect.Run(ctx, s.pool, 2*s.timeout, until, true, statement)
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	lost, err = reconnect.Run(ctx, s.pool, 2*s.timeout, until, true, statement)
+	return lost, s.closedOr(err)
 }
 
 // write runs query, a write fenced by the token, as run does, and returns
@@ -392,6 +422,9 @@ func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bo
 // limit <= 0 deletes nothing. On an error it returns how many it deleted
 // before.
 func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
+	if s.closed.Load() {
+		return 0, fmt.Errorf("pgstore: prune: %w", ErrClosed)
+	}
 	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
 		return 0, nil
 	}

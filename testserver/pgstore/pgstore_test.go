@@ -747,6 +747,10 @@ func TestClosedPoolFailsClosed(t *testing.T) {
 	if err := pool.Ping(t.Context()); err != nil {
 		t.Fatalf("Close closed the caller's pool: %v", err)
 	}
+	// A store left open, whose pool its caller closes, fails every call.
+	if s, err = pgstore.New(t.Context(), pool, nil); err != nil {
+		t.Fatal(err)
+	}
 	pool.Close()
 	ctx := t.Context()
 	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err == nil || claimed {
@@ -764,6 +768,28 @@ func TestClosedPoolFailsClosed(t *testing.T) {
 	if _, err := s.Prune(ctx, t0, 10); err == nil {
 		t.Error("Prune on a closed pool: no error")
 	}
+}
+
+// TestClosed checks Close on a store that owns its pool (Open) and on one
+// that leaves the caller's open (New).
+func TestClosed(t *testing.T) {
+	t.Run("Open", func(t *testing.T) {
+		storetest.RunClosed(t, func(t *testing.T) storetest.Closer { return open(t, pgtest.DB(t), nil) }, pgstore.ErrClosed)
+	})
+	t.Run("New", func(t *testing.T) {
+		storetest.RunClosed(t, func(t *testing.T) storetest.Closer {
+			pool, err := pgxpool.New(t.Context(), pgtest.DB(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			s, err := pgstore.New(t.Context(), pool, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}, pgstore.ErrClosed)
+	})
 }
 
 func TestPruneInBatches(t *testing.T) {
