@@ -74,7 +74,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -247,7 +246,7 @@ func openFile(path string, o Options, h hooks, create bool) (_ *Jar, err error) 
 	// SQLite opens the file with mode=rw: a file removed since it was
 	// checked is not created again, empty.
 	busy := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(o.BusyTimeout), 10)
-	writer, err := sql.Open("sqlite", dsn(abs,
+	writer, err := sql.Open("sqlite", sqliteopt.URI(abs,
 		"mode", "rw",
 		"_txlock", "immediate",
 		"_pragma", "busy_timeout("+busy+")",
@@ -323,7 +322,7 @@ func openFile(path string, o Options, h hooks, create bool) (_ *Jar, err error) 
 			return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
 		}
 	}
-	j.reader, err = sql.Open("sqlite", dsn(abs,
+	j.reader, err = sql.Open("sqlite", sqliteopt.URI(abs,
 		"mode", "rw",
 		"_pragma", "busy_timeout("+busy+")",
 		"_pragma", "query_only(1)",
@@ -422,23 +421,6 @@ func syncDir(dir string) error {
 		return err
 	}
 	return nil
-}
-
-// dsn builds a modernc.org/sqlite URI for path with the given query
-// parameters (name, value pairs). The path is escaped, so it may hold '?',
-// '#' or '%'.
-func dsn(path string, params ...string) string {
-	q := url.Values{}
-	for i := 0; i+1 < len(params); i += 2 {
-		q.Add(params[i], params[i+1])
-	}
-	p := filepath.ToSlash(path)
-	if p[0] != '/' {
-		p = "/" + p // a Windows volume: file:///C:/...
-	}
-	u := url.URL{Scheme: "file", Path: p, RawQuery: q.Encode()}
-	return u.String() // file:///path?query, with the path %-escaped
-
 }
 
 // Close waits for the writes already accepted, stops the committer and

@@ -1,6 +1,6 @@
-// Package sqliteopt turns the options of this module's SQLite files
-// (keyjar, sqlitestore) into what SQLite accepts, and switches the files
-// to WAL mode.
+// Package sqliteopt turns the names and options of this module's SQLite
+// files (keyjar, sqlitestore) into what SQLite accepts, and switches the
+// files to WAL mode.
 package sqliteopt
 
 import (
@@ -8,8 +8,28 @@ import (
 	"database/sql"
 	"errors"
 	"math"
+	"net/url"
+	"path/filepath"
 	"time"
 )
+
+// URI returns the modernc.org/sqlite data source name of the file at path,
+// which must be absolute, with the query parameters params (name, value
+// pairs): a file: URI whose path is escaped, so that SQLite opens the file
+// of exactly that name, '?', '#' and '%' included, and reads no parameter
+// from it.
+func URI(path string, params ...string) string {
+	q := url.Values{}
+	for i := 0; i+1 < len(params); i += 2 {
+		q.Add(params[i], params[i+1])
+	}
+	p := filepath.ToSlash(path)
+	if p[0] != '/' {
+		p = "/" + p // a Windows volume: file:///C:/...
+	}
+	u := url.URL{Scheme: "file", Path: p, RawQuery: q.Encode()}
+	return u.String() // file:///path?query, with the path %-escaped
+}
 
 // BusyTimeoutMillis returns the busy_timeout pragma's value for a wait of d,
 // which must be positive: SQLite reads it as a 32-bit count of

@@ -23,7 +23,7 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"strings"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -109,23 +109,18 @@ var (
 
 // Open opens the database at path, creating it with mode 0600 when it does
 // not exist (an existing file keeps its mode), and creates or checks the
-// schema. path is a file name, not a URI; ":memory:" opens a private
-// in-memory database. It fails with ErrNotStore for a file that is not a
-// SQLite database or is another program's database, and with
-// ErrSchemaTooNew for one of a newer version of this package.
+// schema. path is a file name, not a SQLite URI: "file:keys.db?mode=ro"
+// names a file of that name in the working directory, as it does for
+// package keyjar. ":memory:" alone opens a private in-memory database. It
+// fails with ErrNotStore for a file that is not a SQLite database or is
+// another program's database, and with ErrSchemaTooNew for one of a newer
+// version of this package.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	if path == "" || strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") {
-		return nil, fmt.Errorf("sqlitestore: invalid path %q: want a plain file name", path)
-	}
-	if path != ":memory:" {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("sqlitestore: %w", err)
-		}
-		f.Close()
+	if path == "" {
+		return nil, errors.New("sqlitestore: open: empty path")
 	}
 	busy := opts.BusyTimeout
 	if busy <= 0 {
@@ -133,8 +128,21 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	}
 	// journal_mode(WAL) waits until migrate has checked the file: it would
 	// rewrite the header of another program's database.
-	dsn := fmt.Sprintf("%s?_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_txlock=immediate",
-		path, sqliteopt.BusyTimeoutMillis(busy))
+	query := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_txlock=immediate",
+		sqliteopt.BusyTimeoutMillis(busy))
+	dsn := ":memory:?" + query
+	if path != ":memory:" {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("sqlitestore: %w", err)
+		}
+		f.Close()
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return nil, fmt.Errorf("sqlitestore: %w", err)
+		}
+		dsn = sqliteopt.URI(abs) + "?" + query
+	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: %w", err)

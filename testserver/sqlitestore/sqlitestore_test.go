@@ -141,25 +141,50 @@ func TestConcurrentOpenOfNewFile(t *testing.T) {
 	}
 }
 
-func TestReopenKeepsEntries(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keys.db")
+// TestReopenPathOfAnyName: the path is a file name, never read as a URI,
+// as keyjar's: a directory and files whose names hold spaces, non-ASCII
+// letters, '?', '#', '%' escapes, '&' and '=' hold the store under exactly
+// those names, and a second Open finds the saved answer there.
+func TestReopenPathOfAnyName(t *testing.T) {
+	top := t.TempDir()
+	dir := filepath.Join(top, "dir ü?#%20")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	now := time.Unix(1_700_000_000, 0)
-	s, err := sqlitestore.Open(ctx, path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := s.Claim(ctx, "scope", "key", "fp", 7, now); !ok || err != nil {
-		t.Fatalf("Claim = %v, %v", ok, err)
-	}
-	if err := s.Save(ctx, "scope", "key", 7, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	s = open(t, path)
-	e, ok, err := s.Claim(ctx, "scope", "key", "fp", 8, now)
-	if err != nil || ok || e.Status != testserver.StatusDone || string(e.Response.Body) != "saved" {
-		t.Fatalf("after reopen: claimed %v, %v, %+v; want the saved entry", ok, err, e)
+	for _, name := range []string{"keys.db", "ke ys.db", "clé€.db", "keys.db?mode=ro", "keys#frag.db", "100%25.db",
+		"a&vfs=memdb.db", "file:keys.db"} {
+		path := filepath.Join(dir, name)
+		s, err := sqlitestore.Open(ctx, path, nil)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", name, err)
+		}
+		if _, ok, err := s.Claim(ctx, "scope", "key", "fp", 7, now); !ok || err != nil {
+			t.Fatalf("%q: Claim = %v, %v", name, ok, err)
+		}
+		if err := s.Save(ctx, "scope", "key", 7, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for d, want := range map[string]string{top: filepath.Base(dir), dir: name} {
+			if got, err := os.ReadDir(d); err != nil || len(got) != 1 || got[0].Name() != want {
+				t.Fatalf("after the store %q was closed, %s holds %v (%v); want %q alone", name, d, got, err, want)
+			}
+		}
+		s = open(t, path)
+		e, ok, err := s.Claim(ctx, "scope", "key", "fp", 8, now)
+		if err != nil || ok || e.Status != testserver.StatusDone || string(e.Response.Body) != "saved" {
+			t.Fatalf("%q after reopen: claimed %v, %v, %+v; want the saved entry", name, ok, err, e)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -174,7 +199,7 @@ func TestOpenRefuses(t *testing.T) {
 	if _, err := sqlitestore.Open(context.Background(), newer, nil); !errors.Is(err, sqlitestore.ErrSchemaTooNew) {
 		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew", err)
 	}
-	for _, p := range []string{"", "file:x.db", "x.db?mode=ro", filepath.Join(dir, "missing", "x.db")} {
+	for _, p := range []string{"", filepath.Join(dir, "missing", "x.db")} {
 		if s, err := sqlitestore.Open(context.Background(), p, nil); err == nil {
 			s.Close()
 			t.Errorf("Open(%q) succeeded; want an error", p)
