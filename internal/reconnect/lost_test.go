@@ -40,9 +40,11 @@ func refusing(t *testing.T, code string) string {
 
 // TestLostConnect: a connection that could not be made is lost while the
 // server may yet take one (down, starting, out of slots), and not when
-// it refused the session's authentication (SQLSTATE class 28): a wrong
-// password or a pg_hba.conf rejection stays so, and trying again only
-// delays the error.
+// it refused the session (see refusal): a wrong password, a pg_hba.conf
+// rejection, a database that does not exist or that the role may not
+// connect to, a setting of the connection string the server does not
+// take, stay so, and trying again only delays the error. The codes are
+// those PostgreSQL 15 sends for each.
 func TestLostConnect(t *testing.T) {
 	down, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -60,6 +62,12 @@ func TestLostConnect(t *testing.T) {
 		{"too many connections (53300)", refusing(t, "53300"), true},
 		{"password refused (28P01)", refusing(t, "28P01"), false},
 		{"pg_hba.conf or role refused (28000)", refusing(t, "28000"), false},
+		{"database does not exist (3D000)", refusing(t, "3D000"), false},
+		{"no CONNECT privilege (42501)", refusing(t, "42501"), false},
+		{"database not accepting connections (55000)", refusing(t, "55000"), false},
+		{"unknown setting (42704)", refusing(t, "42704"), false},
+		{"invalid setting value (22023)", refusing(t, "22023"), false},
+		{"setting only a restart sets (55P02)", refusing(t, "55P02"), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, err := pgconn.Connect(t.Context(), tc.dsn)

@@ -39,9 +39,8 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, bound time.Duration) (_ *p
 // could be made (the server is down, or starting), or the one in use
 // closed (the server ended the session, or the network failed). An error
 // that came with ctx done, or a timeout, is not: the statement's time is
-// spent. Nor is a connection the server refused at authentication
-// (SQLSTATE class 28: a wrong password, a role that may not log in, a
-// pg_hba.conf rejection), which another attempt would only meet again.
+// spent. Nor is a session the server refused (see refusal), which
+// another attempt would only meet again.
 func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 	switch {
 	case err == nil || ctx.Err() != nil || pgconn.Timeout(err):
@@ -51,9 +50,30 @@ func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 			connectErr *pgconn.ConnectError
 			pgErr      *pgconn.PgError
 		)
-		return errors.As(err, &connectErr) && !(errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "28"))
+		return errors.As(err, &connectErr) && !(errors.As(err, &pgErr) && refusal(pgErr.Code))
 	}
 	return conn.Conn().PgConn().IsClosed()
+}
+
+// refusal reports whether a server that ends a new session with the error
+// of SQLSTATE code refuses the session itself, as it will every session
+// made the same way until someone changes the role, the database or the
+// connection string: class 28 (invalid authorization: a wrong password, a
+// role that does not exist or may not log in, a pg_hba.conf rejection),
+// 3D000 (the database does not exist), 42501 (no CONNECT privilege on the
+// database, or a setting in the connection string that only a superuser
+// may set), 55000 (a database that does not allow connections, or that an
+// interrupted DROP DATABASE left invalid), and 42704, 22023 and 55P02 (a
+// setting in the connection string that the server does not know, a value
+// it does not accept, or one only a restart sets). A server that cannot
+// take a session yet is not refusing it: starting up or shutting down
+// (57P03), out of connection slots (53300).
+func refusal(code string) bool {
+	switch code {
+	case "3D000", "42501", "55000", "42704", "22023", "55P02":
+		return true
+	}
+	return strings.HasPrefix(code, "28")
 }
 
 // Run runs statement on a connection from pool, under the context and

@@ -68,7 +68,7 @@
 // When the connection to the server is lost before the applier has its
 // answer (none could be made, or the one in use closed: the server
 // restarted, or ended the session; not when the server refused the
-// login), it sends the batch again on another connection, after 50 ms and
+// session), it sends the batch again on another connection, after 50 ms and
 // then twice as long each time up to a second, for up to twice
 // QueryTimeout since the loss began; a server down for longer costs each
 // later batch one attempt, until one gets through. A batch whose answer

@@ -42,7 +42,7 @@
 // retry until then refused with 409, and the handler run again after a
 // lost save. When the connection was lost before the method had its
 // answer (none could be made, or the one in use closed; not when the
-// server refused the login), it runs the statement again on another
+// server refused the session), it runs the statement again on another
 // connection, after 50 ms, then twice as long each time up to a second,
 // for up to twice QueryTimeout and within its context; then it returns the
 // last error. An attempt whose answer was lost may have been applied: the
