@@ -197,37 +197,6 @@ func TestNoSecretInFile(t *testing.T) {
 	scan("closed")
 }
 
-func TestClosed(t *testing.T) {
-	ctx := t.Context()
-	j, _ := openTemp(t, nil)
-	if _, _, err := j.Begin(ctx, newRecord("op")); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	checks := map[string]error{
-		"Close":   j.Close(),
-		"Forget":  j.Forget(ctx, "op"),
-		"Begin":   third(j.Begin(ctx, newRecord("op2"))),
-		"Get":     second(j.Get(ctx, "op")),
-		"Acquire": second(j.Acquire(ctx, "op", "a", time.Now(), time.Minute)),
-		"Update":  second(j.Update(ctx, "op", "", idem.Change{Now: time.Now()})),
-		"List":    second(j.List(ctx, idem.Filter{})),
-		"Prune":   second(j.Prune(ctx, time.Now(), 0)),
-	}
-	for name, err := range checks {
-		if !errors.Is(err, keyjar.ErrClosed) {
-			t.Errorf("%s after Close: err = %v; want ErrClosed", name, err)
-		}
-	}
-}
-
-// second and third return the error of a call's results.
-func second[T any](_ T, err error) error { return err }
-
-func third[T, U any](_ T, _ U, err error) error { return err }
-
 // TestInvalidInput: bad records are refused with ErrInvalid, and nothing in
 // the jar changes.
 func TestInvalidInput(t *testing.T) {

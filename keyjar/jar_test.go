@@ -36,3 +36,10 @@ func TestConformance(t *testing.T) {
 		return j
 	})
 }
+
+func TestClosed(t *testing.T) {
+	jartest.RunClosed(t, func(t *testing.T) jartest.Closer {
+		j, _ := openTemp(t, nil)
+		return j
+	}, keyjar.ErrClosed)
+}

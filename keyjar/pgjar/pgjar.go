@@ -130,7 +130,7 @@ const raceAttempts = 10
 // idem.Jar contract says. Each is wrapped with details: test with errors.Is.
 var (
 	// ErrClosed is returned by every method of a Jar after Close, Close
-	// included.
+	// included, and by a call that Close cut short.
 	ErrClosed = errors.New("pgjar: jar is closed")
 
 	// ErrVersion is returned by Open for a database whose jar schema was
@@ -261,8 +261,9 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // database at most Options.QueryTimeout twice per 64 of them (and as long
 // again for a connection, when the pool has none free, and as long again
 // in all to send them again after a lost connection), and closes the
-// jar's connections. Every method called after it, Close included, returns
-// ErrClosed.
+// jar's connections, after the statements running on them. Every method
+// called after it, Close included, returns ErrClosed, and so does a call
+// that was yet to take a connection.
 func (j *Jar) Close() error {
 	j.queueMu.Lock()
 	if j.closed.Swap(true) {
@@ -284,13 +285,24 @@ func (j *Jar) check(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// closedOr returns err or, when the jar is closed and err is a failure
+// rather than the answer that there is no row, ErrClosed: a call that
+// Close cut short fails with whatever pgxpool says of a closed pool.
+func (j *Jar) closedOr(err error) error {
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) && j.closed.Load() {
+		return ErrClosed
+	}
+	return err
+}
+
 // start checks that the jar is open and ctx alive, and returns a connection
-// and the context for one statement on it (see conn).
+// and the context for one statement on it (see conn), or ErrClosed.
 func (j *Jar) start(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
 	if err := j.check(ctx); err != nil {
 		return nil, nil, nil, err
 	}
-	return j.conn(ctx)
+	conn, sctx, done, err := j.conn(ctx)
+	return conn, sctx, done, j.closedOr(err)
 }
 
 // conn takes a connection and the context for one statement on it (see
@@ -311,7 +323,7 @@ func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query st
 		rec, err = scanRecord(conn.QueryRow(ctx, query, args...))
 		return err
 	})
-	return rec, lost, err
+	return rec, lost, j.closedOr(err)
 }
 
 // exec runs one statement and returns how many rows it changed.

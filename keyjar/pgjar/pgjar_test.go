@@ -230,28 +230,7 @@ func TestInvalid(t *testing.T) {
 }
 
 func TestClosed(t *testing.T) {
-	j := open(t, pgtest.DB(t), nil)
-	if _, _, err := j.Begin(t.Context(), record("op")); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	ctx := t.Context()
-	_, _, errBegin := j.Begin(ctx, record("new"))
-	_, errGet := j.Get(ctx, "op")
-	_, errAcquire := j.Acquire(ctx, "op", "a", t0, time.Minute)
-	_, errUpdate := j.Update(ctx, "op", "", idem.Change{Now: t0})
-	_, errList := j.List(ctx, idem.Filter{})
-	errForget := j.Forget(ctx, "op")
-	_, errPrune := j.Prune(ctx, t0, 0)
-	errClose := j.Close()
-	for name, err := range map[string]error{"Begin": errBegin, "Get": errGet, "Acquire": errAcquire,
-		"Update": errUpdate, "List": errList, "Forget": errForget, "Prune": errPrune, "Close": errClose} {
-		if !errors.Is(err, pgjar.ErrClosed) {
-			t.Errorf("%s after Close: err = %v; want ErrClosed", name, err)
-		}
-	}
+	jartest.RunClosed(t, func(t *testing.T) jartest.Closer { return open(t, pgtest.DB(t), nil) }, pgjar.ErrClosed)
 }
 
 // uncommitted inserts a record for op with key "theirs" in a transaction it

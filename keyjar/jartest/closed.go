@@ -1,0 +1,174 @@
+package jartest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Closer is a Jar that can be closed, as the jars of this module but
+// idem.MemoryJar are.
+type Closer interface {
+	Jar
+	Close() error
+}
+
+// closedRacers is how many goroutines call a jar while it closes, and
+// raceRounds the most rounds of calls each makes before it sees the jar
+// closed.
+const (
+	closedRacers = 8
+	raceRounds   = 1000
+)
+
+// RunClosed checks a jar's Close, each case on a new, empty jar from open:
+// after Close, every method, Close, a Prune of limit 0 and, when the jar
+// has them, Defer, ForgetKey and ByKey included, returns an error matching
+// errClosed (the jar's ErrClosed); methods called while Close runs return
+// either their usual result or errClosed, never another error; and of two
+// Close calls at once, one returns nil and the other errClosed.
+func RunClosed(t *testing.T, open func(t *testing.T) Closer, errClosed error) {
+	t.Run("AfterClose", func(t *testing.T) { afterClose(t, open(t), errClosed) })
+	t.Run("RacingClose", func(t *testing.T) { racingClose(t, open(t), errClosed) })
+}
+
+func afterClose(t *testing.T, j Closer, errClosed error) {
+	begin(t, j, record("op"))
+	if err := j.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	ctx := context.Background()
+	_, _, errBegin := j.Begin(ctx, record("new"))
+	_, errGet := j.Get(ctx, "op")
+	_, errAcquire := j.Acquire(ctx, "op", "a", t0, time.Minute)
+	_, errUpdate := j.Update(ctx, "op", "", idem.Change{Now: t0})
+	_, errList := j.List(ctx, idem.Filter{})
+	_, errPrune := j.Prune(ctx, t0.Add(time.Hour), 10)
+	_, errPruneAll := j.Prune(ctx, t0, 0)
+	errs := map[string]error{"Begin": errBegin, "Get": errGet, "Acquire": errAcquire, "Update": errUpdate,
+		"List": errList, "Forget": j.Forget(ctx, "op"), "Prune": errPrune, "Prune with limit 0": errPruneAll,
+		"second Close": j.Close()}
+	if d, ok := j.(idem.Deferrer); ok {
+		errs["Defer"] = d.Defer("op", "", idem.Change{Now: t0})
+	}
+	if kf, ok := j.(KeyForgetter); ok {
+		errs["ForgetKey"] = kf.ForgetKey(ctx, "op", "key-op")
+	}
+	if bk, ok := j.(ByKeyer); ok {
+		_, errs["ByKey"] = bk.ByKey(ctx, "key-op")
+	}
+	for name, err := range errs {
+		if !errors.Is(err, errClosed) {
+			t.Errorf("%s after Close: %v; want %v", name, err, errClosed)
+		}
+	}
+}
+
+// racingClose closes j, twice at once, while goroutines call every method
+// in turn on operations of their own, until each is told the jar is closed.
+func racingClose(t *testing.T, j Closer, errClosed error) {
+	ctx := context.Background()
+	var started, done sync.WaitGroup
+	errs := make(chan error, closedRacers)
+	for g := range closedRacers {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			var err error
+			for i := range raceRounds {
+				if err = round(ctx, j, fmt.Sprint(g, "-", i)); i == 0 {
+					started.Done()
+				}
+				if err != nil {
+					break
+				}
+			}
+			errs <- err
+		}()
+	}
+	started.Wait() // every goroutine is busy: Close comes among their calls
+	closeErrs := make(chan error, 2)
+	for range 2 {
+		go func() { closeErrs <- j.Close() }()
+	}
+	first, second := <-closeErrs, <-closeErrs
+	if !(first == nil && errors.Is(second, errClosed) || second == nil && errors.Is(first, errClosed)) {
+		t.Errorf("two Close calls at once = %v and %v; want nil and %v", first, second, errClosed)
+	}
+	done.Wait()
+	for range closedRacers {
+		switch err := <-errs; {
+		case err == nil:
+			t.Errorf("a goroutine made %d rounds of calls without seeing the jar closed", raceRounds)
+		case !errors.Is(err, errClosed):
+			t.Errorf("a call racing Close: %v; want its usual result or %v", err, errClosed)
+		}
+	}
+}
+
+// round begins op, reads it, takes its lease, counts an attempt, settles
+// it (deferred when the jar is a Deferrer), lists, looks it up by key,
+// forgets it by its key, begins and forgets another, and prunes. It
+// returns the first error, or one that says which result was not the
+// usual one.
+func round(ctx context.Context, j Jar, op string) error {
+	if _, created, err := j.Begin(ctx, record(op)); err != nil || !created {
+		return unusual("a begin of a new op", created, err)
+	}
+	if _, err := j.Get(ctx, op); err != nil {
+		return fmt.Errorf("a get: %w", err)
+	}
+	if _, err := j.Acquire(ctx, op, "h", t0, time.Minute); err != nil {
+		return fmt.Errorf("an acquire: %w", err)
+	}
+	if _, err := j.Update(ctx, op, "h", idem.Change{Now: t0, Attempts: 1}); err != nil {
+		return fmt.Errorf("an update: %w", err)
+	}
+	settled := idem.Change{Now: t0, State: idem.StateDone, LastStatus: 201, Release: true}
+	if d, ok := j.(idem.Deferrer); ok {
+		if err := d.Defer(op, "h", settled); err != nil {
+			return fmt.Errorf("a defer: %w", err)
+		}
+	} else if _, err := j.Update(ctx, op, "h", settled); err != nil {
+		return fmt.Errorf("an update: %w", err)
+	}
+	if _, err := j.List(ctx, idem.Filter{Limit: 1}); err != nil {
+		return fmt.Errorf("a list: %w", err)
+	}
+	if bk, ok := j.(ByKeyer); ok {
+		if got, err := bk.ByKey(ctx, "key-"+op); err != nil || len(got) != 1 {
+			return unusual("a look-up by key of one op", len(got) == 1, err)
+		}
+	}
+	if kf, ok := j.(KeyForgetter); ok {
+		if err := kf.ForgetKey(ctx, op, "key-"+op); err != nil {
+			return fmt.Errorf("a forget by key of a done op: %w", err)
+		}
+	}
+	other := op + "-forgotten"
+	if _, created, err := j.Begin(ctx, record(other)); err != nil || !created {
+		return unusual("a begin of a new op", created, err)
+	}
+	if err := j.Forget(ctx, other); err != nil {
+		return fmt.Errorf("a forget: %w", err)
+	}
+	if _, err := j.Prune(ctx, t0, 1); err != nil { // nothing was updated before t0
+		return fmt.Errorf("a prune: %w", err)
+	}
+	return nil
+}
+
+// unusual returns err, or when it is nil an error saying that call
+// reported false.
+func unusual(call string, ok bool, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", call, err)
+	}
+	return fmt.Errorf("%s reported %v", call, ok)
+}
