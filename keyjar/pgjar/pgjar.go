@@ -86,8 +86,19 @@
 // sends its change again only when applying it twice applies it once, as
 // the applier does, and otherwise returns the error; an Update whose
 // release was applied, which fences off the next attempt, finds the
-// record as its change left it, and returns it. Get, List, Forget,
-// ForgetKey and Prune do not try again: they return the error.
+// record as its change left it, and returns it.
+//
+// Get, List and ByKey, which only read, run their statements again in the
+// same way, and so do Forget and ForgetKey. A DELETE sent again after a
+// lost answer finds nothing when the lost one deleted the record: the call
+// then reports the record deleted, as it is, and since it cannot tell that
+// from a record that was never there, it reports idem.ErrNotFound only
+// when no answer was lost. Prune runs each of its statements again for up
+// to twice QueryTimeout from that statement. Without a limit, a batch sent
+// again after a lost answer deletes what is left, and the count Prune
+// returns misses the rows of the lost batch; with a limit, which the
+// resend could overrun, Prune sends a batch again only when none of it was
+// sent, and otherwise returns the error.
 package pgjar
 
 import (
@@ -295,46 +306,50 @@ func (j *Jar) closedOr(err error) error {
 	return err
 }
 
-// start checks that the jar is open and ctx alive, and returns a connection
-// and the context for one statement on it (see conn), or ErrClosed.
-func (j *Jar) start(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
-	if err := j.check(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	conn, sctx, done, err := j.conn(ctx)
-	return conn, sctx, done, j.closedOr(err)
-}
-
 // conn takes a connection and the context for one statement on it (see
 // reconnect.Acquire and Options.QueryTimeout).
 func (j *Jar) conn(ctx context.Context) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
 	return reconnect.Acquire(ctx, j.pool, 2*j.timeout)
 }
 
-// record runs one statement that returns at most one record. It runs it
-// again while the connection is lost before the answer, until until (the
-// zero time for one attempt), and when the statement was sent only if
-// resend is true: see reconnect.Run, which says what lost is.
-func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query string, args ...any) (rec idem.Record, lost, err error) {
+// retryUntil returns when the retries of a call, or of a statement, that
+// starts now end (see the package documentation).
+func (j *Jar) retryUntil() time.Time { return time.Now().Add(2 * j.timeout) }
+
+// run checks that the jar is open and ctx alive, and runs statement on a
+// connection from the pool. It runs it again while the connection is lost
+// before the answer, until until (the zero time for one attempt), and when
+// the statement was sent only if resend is true: see reconnect.Run, which
+// says what lost is.
+func (j *Jar) run(ctx context.Context, until time.Time, resend bool, statement func(ctx context.Context, conn *pgxpool.Conn) error) (lost, err error) {
 	if err := j.check(ctx); err != nil {
-		return idem.Record{}, nil, err
+		return nil, err
 	}
 	lost, err = reconnect.Run(ctx, j.pool, 2*j.timeout, until, resend, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+		return statement(ctx, conn)
+	})
+	return lost, j.closedOr(err)
+}
+
+// record runs one statement that returns at most one record, as run does.
+func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query string, args ...any) (rec idem.Record, lost, err error) {
+	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn *pgxpool.Conn) error {
+		var err error
 		rec, err = scanRecord(conn.QueryRow(ctx, query, args...))
 		return err
 	})
-	return rec, lost, j.closedOr(err)
+	return rec, lost, err
 }
 
-// exec runs one statement and returns how many rows it changed.
-func (j *Jar) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	conn, ctx, done, err := j.start(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer done()
-	tag, err := conn.Exec(ctx, query, args...)
-	return tag.RowsAffected(), err
+// exec runs one statement, as run does, and returns how many rows it
+// changed.
+func (j *Jar) exec(ctx context.Context, until time.Time, resend bool, query string, args ...any) (n int64, lost, err error) {
+	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn *pgxpool.Conn) error {
+		tag, err := conn.Exec(ctx, query, args...)
+		n = tag.RowsAffected()
+		return err
+	})
+	return n, lost, err
 }
 
 // get returns op's record, pgx.ErrNoRows when there is none, reading it
@@ -394,8 +409,8 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	if err := j.settle(ctx, r.Op); err != nil {
 		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
 	}
-	until := time.Now().Add(2 * j.timeout) // see the package documentation
-	unsure := false                        // an INSERT was sent and its answer lost
+	until := j.retryUntil()
+	unsure := false // an INSERT was sent and its answer lost
 	for range raceAttempts {
 		// One statement claims the name: a new row, or the replacement of an
 		// abandoned one. It returns nothing when another record holds it.
@@ -454,7 +469,7 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 	if err := j.settle(ctx, op); err != nil {
 		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
 	}
-	rec, err := j.get(ctx, time.Time{}, op)
+	rec, err := j.get(ctx, j.retryUntil(), op)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = idem.ErrNotFound
 	}
@@ -492,7 +507,7 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
 	}
 	var rec idem.Record
-	retryUntil := time.Now().Add(2 * j.timeout) // see the package documentation
+	retryUntil := j.retryUntil()
 	for range raceAttempts {
 		// Sent again after a lost answer, it finds the lease its own, and
 		// takes it again.
@@ -541,8 +556,8 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
 	}
 	var last idem.Record
-	until := time.Now().Add(2 * j.timeout) // see the package documentation
-	unsure := false                        // an UPDATE was sent and its answer lost
+	until := j.retryUntil()
+	unsure := false // an UPDATE was sent and its answer lost
 	for range raceAttempts {
 		rec, lost, err := j.record(ctx, until, replayable(holder, c), updateSQL+` RETURNING `+columns, args...)
 		unsure = unsure || lost != nil
@@ -688,44 +703,51 @@ func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
 		WHERE key = $1 ORDER BY created NULLS FIRST, op`, key)
 }
 
-// records runs one query of whole records, under one statement's deadline.
+// records runs one query of whole records, under one statement's deadline,
+// and again while the connection is lost (see run).
 func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]idem.Record, error) {
-	conn, ctx, done, err := j.start(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
-	}
-	defer done()
-	rows, err := conn.Query(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
-	}
-	defer rows.Close()
 	var out []idem.Record
-	for rows.Next() {
-		r, err := scanRecord(rows)
+	_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn *pgxpool.Conn) error {
+		out = nil
+		rows, err := conn.Query(ctx, query, args...)
 		if err != nil {
-			return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
+			return err
 		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			r, err := scanRecord(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
 	return out, nil
 }
 
 // Forget deletes op, whatever its state. It returns idem.ErrNotFound for an
-// unknown op.
+// unknown op, unless the connection was lost before the answer to a DELETE
+// that was sent: it then reports op deleted (see the package
+// documentation).
 func (j *Jar) Forget(ctx context.Context, op string) error {
 	if storable("op", op) != nil && !j.closed.Load() {
 		return fmt.Errorf("pgjar: forget %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
 	}
 	err := j.settle(ctx, op)
-	var n int64
+	var (
+		n    int64
+		lost error
+	)
 	if err == nil {
-		n, err = j.exec(ctx, `DELETE FROM idem_operations WHERE op = $1`, op)
+		n, lost, err = j.exec(ctx, j.retryUntil(), true, `DELETE FROM idem_operations WHERE op = $1`, op)
 	}
-	if err == nil && n == 0 {
+	if err == nil && n == 0 && lost == nil {
+		// Sent again after a lost answer, the DELETE finds nothing when the
+		// lost one deleted op.
 		err = idem.ErrNotFound
 	}
 	if err != nil {
@@ -740,7 +762,8 @@ func (j *Jar) Forget(ctx context.Context, op string) error {
 // (client.KeyForgetter). It returns idem.ErrNotFound for an unknown op and
 // idem.ErrNotForgotten, deleting nothing, for a record with another key or
 // in StatePending. Like Forget, it first waits for the changes deferred on
-// op before it was called (see Defer).
+// op before it was called (see Defer), and reports op deleted when it finds
+// none after a DELETE whose answer was lost.
 func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 	if storable("op", op) != nil && !j.closed.Load() {
 		return fmt.Errorf("pgjar: forget key %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
@@ -749,9 +772,12 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 		return fmt.Errorf("pgjar: forget key %q: %w", op, err)
 	}
 	keyOK := storable("key", key) == nil // no record has a key that text cannot hold
+	until := j.retryUntil()
+	unsure := false // a DELETE was sent and its answer lost
 	for range raceAttempts {
 		if keyOK {
-			n, err := j.exec(ctx, `DELETE FROM idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`, op, key)
+			n, lost, err := j.exec(ctx, until, true, `DELETE FROM idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`, op, key)
+			unsure = unsure || lost != nil
 			if err != nil {
 				return fmt.Errorf("pgjar: forget key %q: %w", op, err)
 			}
@@ -760,10 +786,13 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 			}
 		}
 		// A second statement tells why nothing was deleted.
-		rec, err := j.get(ctx, time.Time{}, op)
-		if errors.Is(err, pgx.ErrNoRows) {
+		rec, err := j.get(ctx, until, op)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) && unsure:
+			return nil // the DELETE whose answer was lost deleted it
+		case errors.Is(err, pgx.ErrNoRows):
 			err = idem.ErrNotFound
-		} else if err == nil && (rec.Key != key || rec.State == idem.StatePending) {
+		case err == nil && (rec.Key != key || rec.State == idem.StatePending):
 			err = idem.ErrNotForgotten
 		}
 		if err != nil {
@@ -784,6 +813,13 @@ const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL 
 // statements of at most Options.PruneBatch records, skipping records that
 // another transaction holds locked (a later Prune gets them). On an error it
 // returns how many it deleted before.
+//
+// When the connection is lost before the answer to a statement, Prune runs
+// it again (see the package documentation). Without a limit, it sends a
+// batch again even after a lost answer, and the resend deletes what is
+// left: the count it returns then misses the rows of the lost batch. With a
+// limit, which the resend could overrun, it returns the error of a batch
+// whose answer was lost.
 func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	err := j.check(ctx)
 	if err == nil {
@@ -796,14 +832,13 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 		return 0, nil // nothing is older than the zero time
 	}
 	cut := cutoff(before)
+	resend := limit <= 0 // a lost batch is sent again only without a limit
 	if limit <= 0 {
 		// Bound the batches by what is due now.
 		var due int64
-		conn, ctx, done, err := j.start(ctx)
-		if err == nil {
-			err = conn.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
-			done()
-		}
+		_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn *pgxpool.Conn) error {
+			return conn.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
+		})
 		if err != nil {
 			return 0, fmt.Errorf("pgjar: prune: %w", err)
 		}
@@ -812,7 +847,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	total := 0
 	for total < limit {
 		want := min(j.batch, limit-total)
-		n, err := j.exec(ctx, `DELETE FROM idem_operations WHERE op IN (
+		n, _, err := j.exec(ctx, j.retryUntil(), resend, `DELETE FROM idem_operations WHERE op IN (
 			SELECT op FROM idem_operations WHERE `+prunable+`
 			ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)`, cut, want)
 		total += int(n)

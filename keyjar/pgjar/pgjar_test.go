@@ -446,6 +446,77 @@ func TestWritesAcrossRestart(t *testing.T) {
 	}
 }
 
+// TestReadsAndDeletesAcrossRestart restarts PostgreSQL between two calls
+// on a jar whose pool holds a connection: Get, List, ByKey, Forget,
+// ForgetKey and Prune find the server down, and run again once it is
+// back. A Forget of an op the jar does not hold still reports it not
+// found: nothing was sent, so nothing was lost. Before, each failed with
+// the refused connection.
+func TestReadsAndDeletesAcrossRestart(t *testing.T) {
+	c, dsn := pgtest.Own(t)
+	relay, dsn := pgtest.NewRelay(t, dsn)
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	for _, op := range []string{"read", "forgotten", "forgotten-by-key", "pruned"} {
+		if _, _, err := j.Begin(ctx, record(op)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, op := range []string{"forgotten-by-key", "pruned"} {
+		if _, err := j.Update(ctx, op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, call := range []struct {
+		name string
+		call func() error
+	}{
+		{"Get", func() error {
+			rec, err := j.Get(ctx, "read")
+			if err == nil && rec.Key != "key-read" {
+				err = fmt.Errorf("key %q; want key-read", rec.Key)
+			}
+			return err
+		}},
+		{"List", func() error {
+			all, err := j.List(ctx, idem.Filter{})
+			if err == nil && len(all) != 4 {
+				err = fmt.Errorf("%d records; want 4", len(all))
+			}
+			return err
+		}},
+		{"ByKey", func() error {
+			found, err := j.ByKey(ctx, "key-read")
+			if err == nil && len(found) != 1 {
+				err = fmt.Errorf("%d records; want 1", len(found))
+			}
+			return err
+		}},
+		{"Forget", func() error { return j.Forget(ctx, "forgotten") }},
+		{"Forget of an unknown op", func() error {
+			if err := j.Forget(ctx, "unknown"); !errors.Is(err, idem.ErrNotFound) {
+				return fmt.Errorf("%v; want ErrNotFound", err)
+			}
+			return nil
+		}},
+		{"ForgetKey", func() error { return j.ForgetKey(ctx, "forgotten-by-key", "key-forgotten-by-key") }},
+		{"Prune", func() error {
+			n, err := j.Prune(ctx, t0.Add(time.Hour), 0)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("%d pruned; want 1", n)
+			}
+			return err
+		}},
+	} {
+		if err := pgtest.CallDuringRestart(t, c, relay, call.call); err != nil {
+			t.Errorf("%s across a restart: %v", call.name, err)
+		}
+	}
+	if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 1 || all[0].Op != "read" {
+		t.Errorf("left after the calls: %v, %v; want only read", all, err)
+	}
+}
+
 // answerLost calls call with relay set to lose the answer to the next
 // statement whose command tag begins with tag, and fails t when no answer
 // was lost.
@@ -535,6 +606,72 @@ func TestUpdateAnswerLost(t *testing.T) {
 	})
 	if rec, err := j.Get(ctx, "counted"); err != nil || rec.Attempts != 1 || rec.Holder != "h" {
 		t.Errorf("record counted = %d attempts, holder %q, %v; want 1, h", rec.Attempts, rec.Holder, err)
+	}
+}
+
+// TestDeleteAnswerLost loses the answer to a DELETE that committed.
+// Forget and ForgetKey run it again, which finds nothing, and report the
+// record forgotten, as it is, not ErrNotFound. Prune without a limit runs
+// its batch again, which deletes what is left: every prunable record is
+// gone, and the count misses the rows of the lost batch. Before, each
+// returned the lost connection's error. Prune with a limit does not run a
+// lost batch again, which could delete more than the limit: it returns
+// the error, and what the batch deleted stays within the limit.
+func TestDeleteAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, &pgjar.Options{PruneBatch: 2})
+	ctx := t.Context()
+	settled := func(op string) {
+		t.Helper()
+		if _, _, err := j.Begin(ctx, record(op)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Update(ctx, op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settled("forgotten")
+	settled("forgotten-by-key")
+	answerLost(t, relay, "DELETE", func() {
+		if err := j.Forget(ctx, "forgotten"); err != nil {
+			t.Errorf("Forget whose answer was lost: %v", err)
+		}
+	})
+	answerLost(t, relay, "DELETE", func() {
+		if err := j.ForgetKey(ctx, "forgotten-by-key", "key-forgotten-by-key"); err != nil {
+			t.Errorf("ForgetKey whose answer was lost: %v", err)
+		}
+	})
+	for _, op := range []string{"forgotten", "forgotten-by-key"} {
+		if _, err := j.Get(ctx, op); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get(%q) after its Forget: %v; want ErrNotFound", op, err)
+		}
+	}
+
+	for i := range 5 {
+		settled(fmt.Sprint("pruned-", i))
+	}
+	answerLost(t, relay, "DELETE", func() {
+		// Batches of 2: the first one's answer is lost, 2 and then 1 are
+		// counted.
+		if n, err := j.Prune(ctx, t0.Add(time.Hour), 0); n != 3 || err != nil {
+			t.Errorf("Prune whose first answer was lost = %d, %v; want 3, the rows of the batches answered", n, err)
+		}
+	})
+	if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 0 {
+		t.Errorf("left after Prune: %d records, %v; want none", len(all), err)
+	}
+
+	for i := range 3 {
+		settled(fmt.Sprint("limited-", i))
+	}
+	answerLost(t, relay, "DELETE", func() {
+		if n, err := j.Prune(ctx, t0.Add(time.Hour), 1); n != 0 || err == nil {
+			t.Errorf("Prune(limit 1) whose answer was lost = %d, %v; want 0 and the lost connection's error", n, err)
+		}
+	})
+	if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 2 {
+		t.Errorf("left after Prune(limit 1): %d records, %v; want 2", len(all), err)
 	}
 }
 
