@@ -21,6 +21,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -109,13 +110,20 @@ var (
 
 // Open opens the database at path, creating it with mode 0600 when it does
 // not exist (an existing file keeps its mode), and creates or checks the
-// schema. path is a file name, not a SQLite URI: "file:keys.db?mode=ro"
+// schema. A file removed while Open opens it is not created again: Open
+// returns an error matching fs.ErrNotExist. path is a file name, not a SQLite URI: "file:keys.db?mode=ro"
 // names a file of that name in the working directory, as it does for
 // package keyjar. ":memory:" alone opens a private in-memory database. It
 // fails with ErrNotStore for a file that is not a SQLite database or is
 // another program's database, and with ErrSchemaTooNew for one of a newer
 // version of this package.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
+	return open(ctx, path, opts, nil)
+}
+
+// open is Open; created, when not nil, runs once Open has created or
+// found the file at path, before SQLite opens it.
+func open(ctx context.Context, path string, opts *Options, created func(path string)) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
@@ -141,7 +149,12 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sqlitestore: %w", err)
 		}
-		dsn = sqliteopt.URI(abs) + "?" + query
+		if created != nil {
+			created(abs)
+		}
+		// mode=rw: a file removed since it was created is not created
+		// again by SQLite, with the umask's mode.
+		dsn = sqliteopt.URI(abs, "mode", "rw") + "&" + query
 	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -154,8 +167,17 @@ func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	s := &Store{db: db}
 	if err := s.migrate(ctx, path); err != nil {
 		db.Close()
-		if se := (*sqlite.Error)(nil); errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_NOTADB {
-			return nil, fmt.Errorf("%w: %s is not a SQLite database (%v)", ErrNotStore, path, se)
+		if se := (*sqlite.Error)(nil); errors.As(err, &se) {
+			switch se.Code() & 0xff {
+			case sqlite3.SQLITE_NOTADB:
+				return nil, fmt.Errorf("%w: %s is not a SQLite database (%v)", ErrNotStore, path, se)
+			case sqlite3.SQLITE_CANTOPEN:
+				if _, serr := os.Stat(path); errors.Is(serr, fs.ErrNotExist) {
+					// Removed since Open created it: mode=rw does not
+					// create it again.
+					return nil, fmt.Errorf("%w: %w", err, serr)
+				}
+			}
 		}
 		return nil, err
 	}

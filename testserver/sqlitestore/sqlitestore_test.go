@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,6 +69,31 @@ func TestFileModeAndPragmas(t *testing.T) {
 		if got != want {
 			t.Errorf("PRAGMA %s = %s; want %s", pragma, got, want)
 		}
+	}
+}
+
+// TestFileRemovedBeforeSQLiteOpensIt removes the file between Open's
+// creation of it (mode 0600) and SQLite's open. SQLite must not create it
+// again, with the umask's mode, readable by others: Open fails with an
+// error matching fs.ErrNotExist, and leaves no file.
+func TestFileRemovedBeforeSQLiteOpensIt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	removed := false
+	s, err := sqlitestore.OpenHooked(context.Background(), path, nil, func(path string) {
+		removed = true
+		if err := os.Remove(path); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err == nil {
+		s.Close()
+	}
+	if fi, serr := os.Stat(path); serr == nil {
+		t.Fatalf("the file removed before SQLite opened it: Open = %v, and a file of mode %o; want fs.ErrNotExist, and no file",
+			err, fi.Mode().Perm())
+	}
+	if !removed || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the file removed before SQLite opened it (%v): Open = %v; want fs.ErrNotExist", removed, err)
 	}
 }
 
