@@ -74,9 +74,7 @@ import (
 	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func main() {
@@ -298,42 +296,19 @@ const connectTimeout = 30 * time.Second
 // never creates one, so a URL naming the wrong database fails instead of
 // showing an empty jar. Each statement runs for at most lockTimeout.
 func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (client.Jar, func() error, error) {
-	where := printable(dsn)
 	octx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	// Read as pgjar.Open reads it, by pgxpool, which takes its own
-	// parameters (pool_max_conns, …) out of the URL: the server would
-	// refuse them as settings.
-	cfg, err := pgxpool.ParseConfig(dsn)
+	// Nothing is checked before: the open itself refuses a database
+	// without the jar's tables (which could be dropped after any check).
+	j, err := openPgjar(nocreate.Mark(octx), dsn, &pgjar.Options{QueryTimeout: lockTimeout})
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", where, err)
-	}
-	conn, err := pgx.ConnectConfig(octx, cfg.ConnConfig)
-	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) {
-		// The server's refusal (no such database, a wrong password)
-		// alone: pgx lists every address and TLS mode it tried, and the
-		// default sslmode, prefer, makes the first line a refused TLS
-		// attempt.
-		return nil, nil, fmt.Errorf("%s: %w", where, pe)
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", where, err)
-	}
-	var exists bool
-	err = conn.QueryRow(octx, `SELECT to_regclass('idem_operations') IS NOT NULL`).Scan(&exists)
-	conn.Close(context.WithoutCancel(octx))
-	switch {
-	case err != nil:
-		return nil, nil, fmt.Errorf("%s: %w", where, err)
-	case !exists:
-		return nil, nil, fmt.Errorf("%s holds no key jar (no table idem_operations); a program using pgjar creates it", where)
-	}
-	j, err := pgjar.Open(octx, dsn, &pgjar.Options{QueryTimeout: lockTimeout})
-	if err != nil {
-		return nil, nil, explainOpen(octx, where, lockTimeout, err)
+		return nil, nil, explainOpen(octx, printable(dsn), lockTimeout, err)
 	}
 	return j, j.Close, nil
 }
+
+// openPgjar is pgjar.Open; tests replace it.
+var openPgjar = pgjar.Open
 
 // explainOpen is explain for pgjar.Open's error, run within ctx. pgjar waits
 // for a statement at most twice its QueryTimeout (--lock-timeout) and then
@@ -341,11 +316,31 @@ func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (c
 // network that can come before the server's own statement_timeout does. It
 // is the same timeout, unless ctx, the connection's whole time, ran out.
 func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, err error) error {
-	if errors.Is(err, context.DeadlineExceeded) {
+	var (
+		parseErr   *pgconn.ParseConfigError
+		connectErr *pgconn.ConnectError
+		pgErr      *pgconn.PgError
+	)
+	switch {
+	case errors.Is(err, nocreate.ErrNoJar):
+		// pgjar says what is missing after the sentinel.
+		_, missing, _ := strings.Cut(err.Error(), nocreate.ErrNoJar.Error())
+		return fmt.Errorf("%s holds no key jar%s; a program using pgjar creates it", where, missing)
+	case errors.Is(err, context.DeadlineExceeded):
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: no answer within %v", where, connectTimeout)
 		}
 		return statementTimeout(where, lockTimeout)
+	case errors.As(err, &connectErr) && errors.As(err, &pgErr):
+		// The server's refusal (no such database, a wrong password)
+		// alone: pgx lists every address and TLS mode it tried, and the
+		// default sslmode, prefer, makes the first line a refused TLS
+		// attempt.
+		return fmt.Errorf("%s: %w", where, pgErr)
+	case errors.As(err, &connectErr):
+		return fmt.Errorf("%s: %w", where, connectErr)
+	case errors.As(err, &parseErr):
+		return fmt.Errorf("%s: %w", where, parseErr)
 	}
 	return explain(where, lockTimeout, err)
 }

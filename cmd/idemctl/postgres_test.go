@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -20,6 +21,29 @@ func withPassword(t *testing.T, dsn string) string {
 	return withPW
 }
 
+// connect opens a connection to the database dsn names, closed when the
+// test ends.
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// jarTables returns the jar's tables that the database holds, "" for none.
+func jarTables(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var tables string
+	if err := conn.QueryRow(t.Context(), `SELECT concat_ws(' ', to_regclass('idem_operations'),
+		to_regclass('idem_operations_schema'))`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	return tables
+}
+
 func TestPostgresJarErrors(t *testing.T) {
 	// A database without a jar is refused, and left without one.
 	empty := pgtest.DB(t)
@@ -28,14 +52,8 @@ func TestPostgresJarErrors(t *testing.T) {
 	if strings.Contains(errOut, "hunter2") || !strings.Contains(errOut, "postgres://postgres:xxxxx@") {
 		t.Fatalf("stderr %q; want the database named with its password masked", errOut)
 	}
-	conn, err := pgx.Connect(t.Context(), empty)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	var created bool
-	if err := conn.QueryRow(t.Context(), `SELECT to_regclass('idem_operations') IS NOT NULL`).Scan(&created); err != nil || created {
-		t.Fatalf("idemctl created a jar in the database (%v, %v)", created, err)
+	if tables := jarTables(t, connect(t, empty)); tables != "" {
+		t.Fatalf("idemctl created a jar in the database: %s", tables)
 	}
 
 	for _, c := range []struct{ jar, want string }{
@@ -65,16 +83,39 @@ func TestPostgresJarErrors(t *testing.T) {
 	wantError(t, code, errOut, 1, `no operation named "charge:nope" and none with that key in postgres://postgres:xxxxx@`)
 }
 
+// TestPostgresJarDroppedBeforeItIsOpened: the jar's tables are dropped
+// just before idemctl opens the database (by another operator, as after
+// any check that they exist). idemctl says the database holds no jar and
+// creates none: a new empty jar would read as "no operations".
+func TestPostgresJarDroppedBeforeItIsOpened(t *testing.T) {
+	dsn := seedPostgres(t, newServer(t))
+	conn := connect(t, dsn)
+	real := openPgjar
+	t.Cleanup(func() { openPgjar = real })
+	dropped := false
+	openPgjar = func(ctx context.Context, dsn string, opts *pgjar.Options) (*pgjar.Jar, error) {
+		if _, err := conn.Exec(t.Context(), `DROP TABLE idem_operations, idem_operations_schema`); err != nil {
+			t.Fatal(err)
+		}
+		dropped = true
+		return real(ctx, dsn, opts)
+	}
+	code, out, errOut := idemctl("--jar", dsn, "list")
+	t.Logf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	if !dropped {
+		t.Fatal("idemctl did not open the jar")
+	}
+	if tables := jarTables(t, conn); tables != "" {
+		t.Errorf("idemctl created a jar in the database: %s", tables)
+	}
+	wantError(t, code, errOut, 1, "holds no key jar (no table idem_operations)")
+}
+
 // --lock-timeout bounds each statement: one waiting for a row another
 // process holds gives up with a message that says so.
 func TestPostgresLockTimeout(t *testing.T) {
 	dsn := seedPostgres(t, newServer(t))
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	tx, err := conn.Begin(t.Context())
+	tx, err := connect(t, dsn).Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -115,6 +115,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
+	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -260,7 +261,11 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	}
 	mctx, cancel := context.WithTimeout(ctx, j.timeout)
 	defer cancel()
-	if err := migrate(mctx, j.pool); err != nil {
+	check := migrate
+	if nocreate.Marked(ctx) {
+		check = present // idemctl's: a jar that exists, and nothing created
+	}
+	if err := check(mctx, j.pool); err != nil {
 		j.pool.Close()
 		return nil, err
 	}

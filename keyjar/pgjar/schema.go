@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
+	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,6 +65,36 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("pgjar: migrate: %w", err)
 	}
 	return err
+}
+
+// present checks, creating nothing, that the database holds the jar's
+// tables at this package's schema version: Open's check under nocreate's
+// mark. It returns nocreate.ErrNoJar, wrapped, for a database without
+// them, and ErrVersion for a newer schema.
+func present(ctx context.Context, pool *pgxpool.Pool) error {
+	var records, versions bool
+	err := pool.QueryRow(ctx, `SELECT to_regclass('idem_operations') IS NOT NULL, to_regclass($1) IS NOT NULL`,
+		schema.Table).Scan(&records, &versions)
+	if err != nil {
+		return fmt.Errorf("pgjar: open: %w", err)
+	}
+	switch {
+	case !records:
+		return fmt.Errorf("pgjar: open: %w (no table idem_operations)", nocreate.ErrNoJar)
+	case !versions:
+		return fmt.Errorf("pgjar: open: %w (no table %s)", nocreate.ErrNoJar, schema.Table)
+	}
+	var v int
+	if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+schema.Table).Scan(&v); err != nil {
+		return fmt.Errorf("pgjar: open: %w", err)
+	}
+	switch {
+	case v > len(migrations):
+		return fmt.Errorf("%w: version %d, this package knows up to %d", ErrVersion, v, len(migrations))
+	case v < len(migrations):
+		return fmt.Errorf("pgjar: open: %w (%s records version %d, not %d)", nocreate.ErrNoJar, schema.Table, v, len(migrations))
+	}
+	return nil
 }
 
 // columns are the columns of idem_operations in the order scanRecord reads
