@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Workers that share a database share their operations: whichever begins
@@ -40,6 +41,44 @@ func ExampleOpen() {
 		if _, err := c.Resume(ctx, rec.Op); err != nil {
 			log.Print(err)
 		}
+	}
+}
+
+// A service that keeps its own tables in a database keeps its jar there
+// too, on the pool it runs: the jar's statements run under READ COMMITTED
+// and within the server's statement_timeout, and its keys reach stable
+// storage before Begin returns (synchronous_commit is on, the server's
+// default, which New checks).
+func ExampleNew() {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig("postgres://app@db.internal:5432/app?sslmode=verify-full")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "5s" // the jar's QueryTimeout
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close() // after the jar's Close, which leaves it open
+	jar, err := pgjar.New(ctx, pool, &pgjar.Options{QueryTimeout: 5 * time.Second})
+	if err != nil {
+		log.Fatal(err) // pgjar.ErrPool: the pool's settings do not suit the jar
+	}
+	defer jar.Close()
+
+	c, err := client.New(ctx, "", &client.Options{Jar: jar})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.PostJSON(ctx, "charge:order-42", "https://payco.example/charges", map[string]any{"amount": 4200}, nil); err != nil {
+		log.Print(err)
+	}
+	// The service's own statements share the pool.
+	if _, err := pool.Exec(ctx, `UPDATE orders SET charged = true WHERE id = 42`); err != nil {
+		log.Fatal(err)
 	}
 }
 

@@ -40,9 +40,13 @@
 // crash of the server may lose the last of them, which only leaves an
 // operation pending, or its lease held until it expires.
 //
+// A jar from New runs on its caller's pool, whose connections keep their
+// own settings: New checks that they run READ COMMITTED and, unless the
+// pool's config chooses otherwise, synchronous_commit=on (see New).
+//
 // Defer queues such a change for the jar's applier, a goroutine that Open
-// starts and Close ends: it sends what is queued, up to 64 changes, in one
-// round trip, each as Update's fenced UPDATE, in the order they were
+// or New starts and Close ends: it sends what is queued, up to 64 changes,
+// in one round trip, each as Update's fenced UPDATE, in the order they were
 // deferred. The jar's own methods wait for the changes deferred on the
 // operation they read or write, so a process reads back what it deferred;
 // other processes see a deferred change once the applier has sent it,
@@ -57,13 +61,16 @@
 // answer was lost may have been applied.
 //
 // A server that restarts, or ends a session (pg_terminate_backend), closes
-// the connections the pool holds. The jar's pool pings a connection before
-// it hands it out when it was idle for more than a second, as pgxpool does
-// by default, and also when the server sent something on it since its last
-// statement, as a server that ends a session does (an error, then the end
-// of the stream): a look at the socket, one system call and no round trip.
+// the connections the pool holds. The pool of Open pings a connection
+// before it hands it out when it was idle for more than a second, as
+// pgxpool does by default, and also when the server sent something on it
+// since its last statement, as a server that ends a session does (an
+// error, then the end of the stream): a look at the socket, one system
+// call and no round trip.
 // A closed connection fails its ping and the pool dials another, so that no
-// statement fails on a connection closed before it began.
+// statement fails on a connection closed before it began. A pool passed to
+// New keeps its own ShouldPing: pgxpool's default lets each connection
+// idle for less than a second fail one statement after a restart.
 //
 // When the connection to the server is lost before the applier has its
 // answer (none could be made, or the one in use closed: the server
@@ -137,7 +144,7 @@ const MaxOpLen = 2048
 // another writer made progress.
 const raceAttempts = 10
 
-// Errors returned by Open and the Jar's methods, besides idem.ErrNotFound,
+// Errors returned by Open, New and the Jar's methods, besides idem.ErrNotFound,
 // idem.ErrLeased and idem.ErrLeaseLost, which the methods return as the
 // idem.Jar contract says. Each is wrapped with details: test with errors.Is.
 var (
@@ -145,9 +152,14 @@ var (
 	// included, and by a call that Close cut short.
 	ErrClosed = errors.New("pgjar: jar is closed")
 
-	// ErrVersion is returned by Open for a database whose jar schema was
-	// written by a newer version of this package.
+	// ErrVersion is returned by Open and New for a database whose jar
+	// schema was written by a newer version of this package.
 	ErrVersion = errors.New("pgjar: database has a newer jar schema version")
+
+	// ErrPool is returned by New for a nil pool, and for a pool whose
+	// connections do not run as the jar needs (see New). Nothing is
+	// created.
+	ErrPool = errors.New("pgjar: the pool's connections do not suit the jar")
 
 	// ErrInvalid is returned by Begin for a record without Op or Key, with
 	// a State that is not valid, or with an Op longer than MaxOpLen, by
@@ -160,17 +172,20 @@ var (
 	ErrInvalid = errors.New("pgjar: invalid record")
 )
 
-// Options configure Open. A nil *Options means the defaults.
+// Options configure Open and New. A nil *Options means the defaults.
 type Options struct {
-	// QueryTimeout bounds each statement the jar runs. It is the server's
-	// statement_timeout on the jar's connections (unless the DSN sets
-	// one): the server cancels and rolls back a statement that runs
+	// QueryTimeout bounds each statement the jar runs. Open makes it the
+	// server's statement_timeout on the jar's connections (unless the DSN
+	// sets one): the server cancels and rolls back a statement that runs
 	// longer, and the method returns its error (SQLSTATE 57014,
 	// query_canceled). The jar itself waits at most twice as long for an
 	// answer, within the caller's context, then gives the connection up
 	// and returns an error wrapping context.DeadlineExceeded. The server
 	// is the one to give up first so that a statement the jar reported as
 	// failed is not applied later, once the lock it waited for is free.
+	// New leaves the statement_timeout of its caller's pool as it is: set
+	// it to QueryTimeout in the pool's RuntimeParams (or its DSN), or the
+	// jar may be the first to give up on a statement the server applies.
 	// Before the statement, the jar waits at most twice QueryTimeout, too,
 	// for a connection from a pool that has none free, and returns an
 	// error wrapping context.DeadlineExceeded when none came. Zero means
@@ -189,6 +204,7 @@ type Options struct {
 // apply the changes deferred last (see Defer).
 type Jar struct {
 	pool         *pgxpool.Pool
+	owned        bool // Close closes the pool
 	timeout      time.Duration
 	batch        int
 	updateCommit string // synchronous_commit for Update's transactions
@@ -219,35 +235,26 @@ var (
 )
 
 // Open connects to the database dsn names (a postgres:// URL or key=value
-// string, as pgxpool.ParseConfig reads it, pool_max_conns included) and
+// string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the jar's schema (tables idem_operations and
-// idem_operations_schema). It returns ErrVersion for a schema newer than
-// this package. A schema that is current is only read: a role that may not
-// create tables opens it with SELECT on idem_operations_schema and SELECT,
-// INSERT, UPDATE and DELETE on idem_operations.
+// idem_operations_schema), and returns a Jar that owns its pool. It
+// returns ErrVersion for a schema newer than this package. A schema that
+// is current is only read: a role that may not create tables opens it with
+// SELECT on idem_operations_schema and SELECT, INSERT, UPDATE and DELETE
+// on idem_operations.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
-	if opts == nil {
-		opts = &Options{}
-	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
 	}
-	j := &Jar{timeout: opts.QueryTimeout, batch: opts.PruneBatch, updateCommit: "off",
-		queue: make(chan deferred, deferQueue), applied: make(chan struct{}),
-		pending: make(map[string]int), progress: make(chan struct{})}
+	o := withDefaults(opts)
+	updateCommit := "off"
 	if v, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; set {
-		j.updateCommit = v // the operator's choice, for every write
-	}
-	if j.timeout <= 0 {
-		j.timeout = DefaultQueryTimeout
-	}
-	if j.batch <= 0 {
-		j.batch = DefaultPruneBatch
+		updateCommit = v // the operator's choice, for every write
 	}
 	for name, value := range map[string]string{
 		"synchronous_commit": "on",
-		"statement_timeout":  strconv.FormatInt(max(1, j.timeout.Milliseconds()), 10),
+		"statement_timeout":  strconv.FormatInt(max(1, o.QueryTimeout.Milliseconds()), 10),
 	} {
 		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
 			cfg.ConnConfig.RuntimeParams[name] = value
@@ -255,20 +262,87 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	}
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed" // see the package doc
 	cfg.ShouldPing = reconnect.ShouldPing
-	j.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
 	}
-	mctx, cancel := context.WithTimeout(ctx, j.timeout)
+	j, err := start(ctx, pool, o, updateCommit, true)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// New returns a Jar on pool, a pool its caller keeps (Close leaves it
+// open), after creating or upgrading the schema as Open does, under the
+// same lock, or ErrVersion. A service that runs a pool for its database
+// keeps its jar there without a second one.
+//
+// The pool's connections keep their settings, and New reads two of them
+// on one connection: it returns ErrPool, creating nothing, unless they run
+// READ COMMITTED by default (default_transaction_isolation, the
+// PostgreSQL default; see the package documentation) and either
+// synchronous_commit is on (or remote_apply) or the pool's config sets it
+// in ConnConfig.RuntimeParams (its DSN's synchronous_commit=…). A value
+// set there is the operator's choice, as in Open's DSN: every write
+// commits with it, Update's included; otherwise Update commits with
+// synchronous_commit=off, as with Open. Every connection of the pool must
+// run with the settings of the one New read: set them in the pool's
+// RuntimeParams or its DSN, never with SET on a connection the caller
+// gives back to the pool.
+//
+// Of Options, PruneBatch applies as with Open, and QueryTimeout bounds the
+// jar's waits for the pool and for each answer, but is not made the
+// server's statement_timeout (see QueryTimeout). The pool's size,
+// ShouldPing (see the package documentation) and every other setting are
+// the caller's: the jar takes one connection for each statement, its
+// applier one while it sends a batch, and the caller's own use of the pool
+// may keep the jar waiting, up to twice QueryTimeout, for a connection.
+func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Jar, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrPool)
+	}
+	o := withDefaults(opts)
+	updateCommit, err := poolSettings(ctx, pool, o.QueryTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return start(ctx, pool, o, updateCommit, false)
+}
+
+// withDefaults returns *opts, or the zero Options for nil, with its zero
+// fields set to their defaults.
+func withDefaults(opts *Options) Options {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.QueryTimeout <= 0 {
+		o.QueryTimeout = DefaultQueryTimeout
+	}
+	if o.PruneBatch <= 0 {
+		o.PruneBatch = DefaultPruneBatch
+	}
+	return o
+}
+
+// start returns a Jar on pool, whose Update commits with updateCommit and
+// whose Close closes pool when owned is true, once the schema is current
+// (see migrate; under nocreate's mark, present), and starts its applier.
+func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit string, owned bool) (*Jar, error) {
+	mctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
 	defer cancel()
 	check := migrate
 	if nocreate.Marked(ctx) {
 		check = present // idemctl's: a jar that exists, and nothing created
 	}
-	if err := check(mctx, j.pool); err != nil {
-		j.pool.Close()
+	if err := check(mctx, pool); err != nil {
 		return nil, err
 	}
+	j := &Jar{pool: pool, owned: owned, timeout: o.QueryTimeout, batch: o.PruneBatch, updateCommit: updateCommit,
+		queue: make(chan deferred, deferQueue), applied: make(chan struct{}),
+		pending: make(map[string]int), progress: make(chan struct{})}
 	go j.applyLoop()
 	return j, nil
 }
@@ -276,10 +350,11 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // Close applies the changes deferred before it (see Defer), waiting for the
 // database at most Options.QueryTimeout twice per 64 of them (and as long
 // again for a connection, when the pool has none free, and as long again
-// in all to send them again after a lost connection), and closes the
-// jar's connections, after the statements running on them. Every method
-// called after it, Close included, returns ErrClosed, and so does a call
-// that was yet to take a connection.
+// in all to send them again after a lost connection), and closes the pool
+// if Open created it, after the statements running on it: a jar from New
+// leaves its caller's pool open. Every method called after it, Close
+// included, returns ErrClosed, and so does a call that was yet to take a
+// connection.
 func (j *Jar) Close() error {
 	j.queueMu.Lock()
 	if j.closed.Swap(true) {
@@ -289,7 +364,9 @@ func (j *Jar) Close() error {
 	close(j.queue)
 	j.queueMu.Unlock()
 	<-j.applied
-	j.pool.Close()
+	if j.owned {
+		j.pool.Close()
+	}
 	return nil
 }
 

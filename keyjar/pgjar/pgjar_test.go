@@ -29,6 +29,11 @@ func open(t *testing.T, dsn string, opts *pgjar.Options) *pgjar.Jar {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
+	return closeAtEnd(t, j)
+}
+
+// closeAtEnd closes j when the test ends, and returns it.
+func closeAtEnd(t *testing.T, j *pgjar.Jar) *pgjar.Jar {
 	t.Cleanup(func() {
 		if err := j.Close(); err != nil && !errors.Is(err, pgjar.ErrClosed) {
 			t.Errorf("Close: %v", err)
@@ -128,7 +133,8 @@ func TestSessionSettings(t *testing.T) {
 // TestCommitModes logs, from a trigger inside each write's transaction,
 // the synchronous_commit it commits with: a key creation waits for the WAL
 // flush, an Update or a deferred change does not (the idem.Jar contract
-// allows losing them), and a DSN's explicit choice applies to all.
+// allows losing them), and a DSN's explicit choice applies to all, also
+// on a pool passed to New.
 func TestCommitModes(t *testing.T) {
 	dsn := pgtest.DB(t)
 	open(t, dsn, nil) // creates the schema
@@ -149,15 +155,23 @@ func TestCommitModes(t *testing.T) {
 	for _, c := range []struct {
 		dsn          string
 		begin, write string
+		viaNew       bool
 	}{
-		{dsn, "on", "off"},
-		{dsn + "&synchronous_commit=remote_write", "remote_write", "remote_write"},
+		{dsn, "on", "off", false},
+		{dsn + "&synchronous_commit=remote_write", "remote_write", "remote_write", false},
+		{dsn, "on", "off", true},
+		{dsn + "&synchronous_commit=remote_write", "remote_write", "remote_write", true},
 	} {
 		if _, err := conn.Exec(t.Context(), `TRUNCATE commit_log`); err != nil {
 			t.Fatal(err)
 		}
-		j := open(t, c.dsn, nil)
-		op := "op-" + c.begin
+		var j *pgjar.Jar
+		if c.viaNew {
+			j = onPool(t, newPool(t, c.dsn), nil)
+		} else {
+			j = open(t, c.dsn, nil)
+		}
+		op := fmt.Sprint("op-", c.begin, c.viaNew)
 		if _, _, err := j.Begin(t.Context(), record(op)); err != nil {
 			t.Fatal(err)
 		}
@@ -180,7 +194,7 @@ func TestCommitModes(t *testing.T) {
 		}
 		want := []string{"INSERT " + c.begin, "UPDATE " + c.write, "UPDATE " + c.write}
 		if !slices.Equal(got, want) {
-			t.Errorf("DSN %q: commits %q; want %q", c.dsn, got, want)
+			t.Errorf("DSN %q (New %v): commits %q; want %q", c.dsn, c.viaNew, got, want)
 		}
 	}
 }
