@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/closetest"
 )
 
 // Closer is a Jar that can be closed, as the jars of this module but
@@ -18,14 +18,6 @@ type Closer interface {
 	Close() error
 }
 
-// closedRacers is how many goroutines call a jar while it closes, and
-// raceRounds the most rounds of calls each makes before it sees the jar
-// closed.
-const (
-	closedRacers = 8
-	raceRounds   = 1000
-)
-
 // RunClosed checks a jar's Close, each case on a new, empty jar from open:
 // after Close, every method, Close, a Prune of limit 0 and, when the jar
 // has them, Defer, ForgetKey and ByKey included, returns an error matching
@@ -34,7 +26,10 @@ const (
 // Close calls at once, one returns nil and the other errClosed.
 func RunClosed(t *testing.T, open func(t *testing.T) Closer, errClosed error) {
 	t.Run("AfterClose", func(t *testing.T) { afterClose(t, open(t), errClosed) })
-	t.Run("RacingClose", func(t *testing.T) { racingClose(t, open(t), errClosed) })
+	t.Run("RacingClose", func(t *testing.T) {
+		j := open(t)
+		closetest.RacingClose(t, "jar", j.Close, func(g, i int) error { return round(context.Background(), j, fmt.Sprint(g, "-", i)) }, errClosed)
+	})
 }
 
 func afterClose(t *testing.T, j Closer, errClosed error) {
@@ -65,49 +60,6 @@ func afterClose(t *testing.T, j Closer, errClosed error) {
 	for name, err := range errs {
 		if !errors.Is(err, errClosed) {
 			t.Errorf("%s after Close: %v; want %v", name, err, errClosed)
-		}
-	}
-}
-
-// racingClose closes j, twice at once, while goroutines call every method
-// in turn on operations of their own, until each is told the jar is closed.
-func racingClose(t *testing.T, j Closer, errClosed error) {
-	ctx := context.Background()
-	var started, done sync.WaitGroup
-	errs := make(chan error, closedRacers)
-	for g := range closedRacers {
-		started.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			var err error
-			for i := range raceRounds {
-				if err = round(ctx, j, fmt.Sprint(g, "-", i)); i == 0 {
-					started.Done()
-				}
-				if err != nil {
-					break
-				}
-			}
-			errs <- err
-		}()
-	}
-	started.Wait() // every goroutine is busy: Close comes among their calls
-	closeErrs := make(chan error, 2)
-	for range 2 {
-		go func() { closeErrs <- j.Close() }()
-	}
-	first, second := <-closeErrs, <-closeErrs
-	if !(first == nil && errors.Is(second, errClosed) || second == nil && errors.Is(first, errClosed)) {
-		t.Errorf("two Close calls at once = %v and %v; want nil and %v", first, second, errClosed)
-	}
-	done.Wait()
-	for range closedRacers {
-		switch err := <-errs; {
-		case err == nil:
-			t.Errorf("a goroutine made %d rounds of calls without seeing the jar closed", raceRounds)
-		case !errors.Is(err, errClosed):
-			t.Errorf("a call racing Close: %v; want its usual result or %v", err, errClosed)
 		}
 	}
 }

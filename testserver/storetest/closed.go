@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/closetest"
 	"github.com/idemkit/idem/testserver"
 )
 
@@ -17,14 +17,6 @@ type Closer interface {
 	Close() error
 }
 
-// closedRacers is how many goroutines call a store while it closes, and
-// raceRounds the most rounds of calls each makes before it sees the store
-// closed.
-const (
-	closedRacers = 8
-	raceRounds   = 1000
-)
-
 // RunClosed checks a store's Close, each case on a new, open store from
 // newStore: after Close, every method, Close and a Prune of limit 0
 // included, returns an error matching errClosed (the store's ErrClosed);
@@ -33,7 +25,10 @@ const (
 // returns nil and the other errClosed.
 func RunClosed(t *testing.T, newStore func(t *testing.T) Closer, errClosed error) {
 	t.Run("AfterClose", func(t *testing.T) { afterClose(t, newStore(t), errClosed) })
-	t.Run("RacingClose", func(t *testing.T) { racingClose(t, newStore(t), errClosed) })
+	t.Run("RacingClose", func(t *testing.T) {
+		s := newStore(t)
+		closetest.RacingClose(t, "store", s.Close, func(g, i int) error { return round(context.Background(), s, fmt.Sprint(g, "-", i), token(2*i)) }, errClosed)
+	})
 }
 
 func afterClose(t *testing.T, s Closer, errClosed error) {
@@ -58,49 +53,6 @@ func afterClose(t *testing.T, s Closer, errClosed error) {
 		"Release": errRelease, "Prune": errPrune, "Prune with limit 0": errPruneNone, "second Close": s.Close()} {
 		if !errors.Is(err, errClosed) {
 			t.Errorf("%s after Close: %v; want %v", name, err, errClosed)
-		}
-	}
-}
-
-// racingClose closes s, twice at once, while goroutines call every method
-// in turn on keys of their own, until each is told the store is closed.
-func racingClose(t *testing.T, s Closer, errClosed error) {
-	ctx := context.Background()
-	var started, done sync.WaitGroup
-	errs := make(chan error, closedRacers)
-	for g := range closedRacers {
-		started.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			var err error
-			for i := range raceRounds {
-				if err = round(ctx, s, fmt.Sprint(g, "-", i), token(2*i)); i == 0 {
-					started.Done()
-				}
-				if err != nil {
-					break
-				}
-			}
-			errs <- err
-		}()
-	}
-	started.Wait() // every goroutine is busy: Close comes among their calls
-	closeErrs := make(chan error, 2)
-	for range 2 {
-		go func() { closeErrs <- s.Close() }()
-	}
-	first, second := <-closeErrs, <-closeErrs
-	if !(first == nil && errors.Is(second, errClosed) || second == nil && errors.Is(first, errClosed)) {
-		t.Errorf("two Close calls at once = %v and %v; want nil and %v", first, second, errClosed)
-	}
-	done.Wait()
-	for range closedRacers {
-		switch err := <-errs; {
-		case err == nil:
-			t.Errorf("a goroutine made %d rounds of calls without seeing the store closed", raceRounds)
-		case !errors.Is(err, errClosed):
-			t.Errorf("a call racing Close: %v; want its usual result or %v", err, errClosed)
 		}
 	}
 }
