@@ -108,7 +108,7 @@ func TestPostgresJarDroppedBeforeItIsOpened(t *testing.T) {
 	if tables := jarTables(t, conn); tables != "" {
 		t.Errorf("idemctl created a jar in the database: %s", tables)
 	}
-	wantError(t, code, errOut, 1, "holds no key jar (no table idem_operations)")
+	wantError(t, code, errOut, 1, "holds no key jar (no table idem_operations_schema)")
 }
 
 // --lock-timeout bounds each statement: one waiting for a row another

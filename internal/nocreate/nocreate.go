@@ -27,6 +27,7 @@ func Marked(ctx context.Context) bool {
 }
 
 // ErrNoJar is returned, wrapped, by pgjar.Open under Mark for a database
-// that does not hold the jar's tables at the package's schema version.
-// What is missing follows it in the error's text.
+// without the jar's table of versions or at an earlier schema version
+// (one at the current version without a table is pgjar.ErrSchema). What
+// is missing follows it in the error's text.
 var ErrNoJar = errors.New("no key jar")

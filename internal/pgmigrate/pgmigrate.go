@@ -1,10 +1,12 @@
 // Package pgmigrate brings a PostgreSQL schema up to date, once among the
-// processes that open it together: the schemas of pgstore and pgjar.
+// processes that open it together, and checks that a schema is whole: the
+// schemas of pgstore and pgjar.
 package pgmigrate
 
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +28,14 @@ type Schema struct {
 	// TooNew is returned, wrapped, for a database at a later version than
 	// len(Migrations).
 	TooNew error
+	// Objects are the tables and indexes (primary keys' included) that the
+	// schema holds at version len(Migrations) and its statements use.
+	Objects []string
+	// Incomplete is returned, wrapped with the names of those missing, for
+	// a database that records version len(Migrations) without one of
+	// Objects: it was dropped, and nothing re-creates it, since a dropped
+	// table took its rows with it and its operator must know.
+	Incomplete error
 }
 
 // Migrate brings the schema to len(s.Migrations) in one transaction.
@@ -83,6 +93,49 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 				return err
 			}
 		}
-		return nil
+		return s.whole(ctx, tx)
 	})
+}
+
+// Check checks, creating nothing, that the database holds the schema at
+// version len(s.Migrations), whole. It returns absent, wrapped with what is
+// missing in parentheses, for a database without the table of versions or
+// at an earlier version, s.TooNew for a later one and s.Incomplete for one
+// missing one of s.Objects.
+func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) error {
+	var versions bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.Table).Scan(&versions); err != nil {
+		return err
+	}
+	if !versions {
+		return fmt.Errorf("%w (no table %s)", absent, s.Table)
+	}
+	var v int
+	if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.Table}.Sanitize()).Scan(&v); err != nil {
+		return err
+	}
+	switch {
+	case v > len(s.Migrations):
+		return fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
+	case v < len(s.Migrations):
+		return fmt.Errorf("%w (%s records version %d, not %d)", absent, s.Table, v, len(s.Migrations))
+	}
+	return s.whole(ctx, pool)
+}
+
+// whole returns s.Incomplete, wrapped with the names of those missing,
+// unless each of s.Objects exists.
+func (s Schema) whole(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var missing []string
+	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY n), '{}')
+		FROM unnest($1::text[]) WITH ORDINALITY AS o(name, n) WHERE to_regclass(name) IS NULL`,
+		s.Objects).Scan(&missing); err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: no %s", s.Incomplete, strings.Join(missing, ", "))
+	}
+	return nil
 }

@@ -42,7 +42,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 		}
 	}
 
-	refused("an empty database", "(no table idem_operations)")
+	refused("an empty database", "(no table idem_operations_schema)")
 
 	open(t, dsn, nil).Close() // creates the jar
 	j, err := pgjar.Open(ctx, dsn, nil)
@@ -58,8 +58,6 @@ func TestOpenWithoutCreating(t *testing.T) {
 		{"a newer schema", `INSERT INTO idem_operations_schema (version) VALUES (99)`, ""},
 		{"no version recorded", `TRUNCATE idem_operations_schema`, "(idem_operations_schema records version 0, not 1)"},
 		{"no table of versions", `DROP TABLE idem_operations_schema`, "(no table idem_operations_schema)"},
-		{"no table of records", `DROP TABLE idem_operations; CREATE TABLE idem_operations_schema (version integer);
-			INSERT INTO idem_operations_schema VALUES (1)`, "(no table idem_operations)"},
 	} {
 		if _, err := conn.Exec(t.Context(), c.sql); err != nil {
 			t.Fatal(err)
@@ -73,6 +71,51 @@ func TestOpenWithoutCreating(t *testing.T) {
 		}
 		if _, err := conn.Exec(t.Context(), `DELETE FROM idem_operations_schema WHERE version = 99`); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestOpenIncompleteSchema: a database that records the jar's current
+// schema version but lost its table of records, or one of its indexes, is
+// refused by Open, New and idemctl's Open with ErrSchema naming what is
+// missing, and nothing is re-created. Before, Open and New opened it, and
+// every call then failed with "relation does not exist".
+func TestOpenIncompleteSchema(t *testing.T) {
+	for _, c := range []struct{ drop, missing string }{
+		{`DROP TABLE idem_operations`,
+			"no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state"},
+		{`DROP INDEX idem_operations_by_state`, "no idem_operations_by_state"},
+		{`ALTER TABLE idem_operations DROP CONSTRAINT idem_operations_pkey`, "no idem_operations_pkey"},
+	} {
+		dsn := pgtest.DB(t)
+		open(t, dsn, nil).Close()
+		conn := connect(t, dsn)
+		if _, err := conn.Exec(t.Context(), c.drop); err != nil {
+			t.Fatal(err)
+		}
+		pool := newPool(t, dsn)
+		for what, opened := range map[string]func() (*pgjar.Jar, error){
+			"Open":           func() (*pgjar.Jar, error) { return pgjar.Open(t.Context(), dsn, nil) },
+			"New":            func() (*pgjar.Jar, error) { return pgjar.New(t.Context(), pool, nil) },
+			"Open, nocreate": func() (*pgjar.Jar, error) { return pgjar.Open(nocreate.Mark(t.Context()), dsn, nil) },
+		} {
+			j, err := opened()
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, pgjar.ErrSchema) || !strings.HasSuffix(err.Error(), c.missing) {
+				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.drop, what, err, c.missing)
+			}
+		}
+		var missing string
+		if err := conn.QueryRow(t.Context(), `SELECT coalesce(string_agg(name, ', ' ORDER BY n), '')
+			FROM unnest('{idem_operations,idem_operations_pkey,idem_operations_by_created,idem_operations_by_state}'::text[])
+				WITH ORDINALITY AS o(name, n)
+			WHERE to_regclass(name) IS NULL`).Scan(&missing); err != nil {
+			t.Fatal(err)
+		}
+		if want := strings.TrimPrefix(c.missing, "no "); missing != want {
+			t.Errorf("after %s and the opens: missing %q; want %q, nothing re-created", c.drop, missing, want)
 		}
 	}
 }

@@ -156,6 +156,14 @@ var (
 	// schema was written by a newer version of this package.
 	ErrVersion = errors.New("pgjar: database has a newer jar schema version")
 
+	// ErrSchema is returned by Open and New for a database that records
+	// the jar's current schema version but lacks one of its tables or
+	// indexes, named after it. Neither re-creates it: a table dropped took
+	// its keys with it, and an operation whose key was lost would be sent
+	// again under a new one. Restore it (from a backup, or as the
+	// migration in schema.go creates it) knowing what was lost.
+	ErrSchema = errors.New("pgjar: database lacks part of the jar's schema")
+
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
 	// created.
@@ -238,7 +246,8 @@ var (
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the jar's schema (tables idem_operations and
 // idem_operations_schema), and returns a Jar that owns its pool. It
-// returns ErrVersion for a schema newer than this package. A schema that
+// returns ErrVersion for a schema newer than this package, and ErrSchema
+// for a current one that lacks a table or an index. A schema that
 // is current is only read: a role that may not create tables opens it with
 // SELECT on idem_operations_schema and SELECT, INSERT, UPDATE and DELETE
 // on idem_operations.
@@ -276,7 +285,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 
 // New returns a Jar on pool, a pool its caller keeps (Close leaves it
 // open), after creating or upgrading the schema as Open does, under the
-// same lock, or ErrVersion. A service that runs a pool for its database
+// same lock, or ErrVersion or ErrSchema. A service that runs a pool for its database
 // keeps its jar there without a second one.
 //
 // The pool's connections keep their settings, and New reads two of them

@@ -56,15 +56,14 @@ var schema = pgmigrate.Schema{
 	Table:      "idem_operations_schema",
 	Migrations: migrations,
 	TooNew:     ErrVersion,
+	Objects: []string{"idem_operations", "idem_operations_pkey",
+		"idem_operations_by_created", "idem_operations_by_state"},
+	Incomplete: ErrSchema,
 }
 
 // migrate brings the schema to len(migrations) (see pgmigrate).
 func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	err := schema.Migrate(ctx, pool)
-	if err != nil && !errors.Is(err, ErrVersion) {
-		return fmt.Errorf("pgjar: migrate: %w", err)
-	}
-	return err
+	return schemaError("migrate", schema.Migrate(ctx, pool))
 }
 
 // poolSettings checks, on one connection of a caller's pool (New's), that
@@ -96,31 +95,19 @@ func poolSettings(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration
 // present checks, creating nothing, that the database holds the jar's
 // tables at this package's schema version: Open's check under nocreate's
 // mark. It returns nocreate.ErrNoJar, wrapped, for a database without
-// them, and ErrVersion for a newer schema.
+// them, ErrVersion for a newer schema and ErrSchema for one missing a
+// table or an index.
 func present(ctx context.Context, pool *pgxpool.Pool) error {
-	var records, versions bool
-	err := pool.QueryRow(ctx, `SELECT to_regclass('idem_operations') IS NOT NULL, to_regclass($1) IS NOT NULL`,
-		schema.Table).Scan(&records, &versions)
-	if err != nil {
-		return fmt.Errorf("pgjar: open: %w", err)
+	return schemaError("open", schema.Check(ctx, pool, nocreate.ErrNoJar))
+}
+
+// schemaError returns err, prefixed with the package and verb unless it is
+// one of the package's own errors.
+func schemaError(verb string, err error) error {
+	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) {
+		return fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
-	switch {
-	case !records:
-		return fmt.Errorf("pgjar: open: %w (no table idem_operations)", nocreate.ErrNoJar)
-	case !versions:
-		return fmt.Errorf("pgjar: open: %w (no table %s)", nocreate.ErrNoJar, schema.Table)
-	}
-	var v int
-	if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+schema.Table).Scan(&v); err != nil {
-		return fmt.Errorf("pgjar: open: %w", err)
-	}
-	switch {
-	case v > len(migrations):
-		return fmt.Errorf("%w: version %d, this package knows up to %d", ErrVersion, v, len(migrations))
-	case v < len(migrations):
-		return fmt.Errorf("pgjar: open: %w (%s records version %d, not %d)", nocreate.ErrNoJar, schema.Table, v, len(migrations))
-	}
-	return nil
+	return err
 }
 
 // columns are the columns of idem_operations in the order scanRecord reads

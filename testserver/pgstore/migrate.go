@@ -30,9 +30,20 @@ var migrations = [][]string{
 	},
 }
 
-// ErrSchemaTooNew is returned by Open and New when the database's schema
-// was written by a newer version of this package.
-var ErrSchemaTooNew = errors.New("pgstore: database schema is newer than this program")
+var (
+	// ErrSchemaTooNew is returned by Open and New when the database's
+	// schema was written by a newer version of this package.
+	ErrSchemaTooNew = errors.New("pgstore: database schema is newer than this program")
+
+	// ErrSchema is returned by Open and New for a database that records
+	// the store's current schema version but lacks its table or one of
+	// its indexes, named after it. Neither re-creates it: a table dropped
+	// took its claims and saved answers with it, and a retry of a request
+	// whose key was lost would run its handler again. Restore it (from a
+	// backup, or as the migration in migrate.go creates it) knowing what
+	// was lost.
+	ErrSchema = errors.New("pgstore: database lacks part of the store's schema")
+)
 
 // schema is pgstore's tables, recorded in idempotency_keys_schema.
 var schema = pgmigrate.Schema{
@@ -40,6 +51,8 @@ var schema = pgmigrate.Schema{
 	Table:      "idempotency_keys_schema",
 	Migrations: migrations,
 	TooNew:     ErrSchemaTooNew,
+	Objects:    []string{"idempotency_keys", "idempotency_keys_pkey", "idempotency_keys_created"},
+	Incomplete: ErrSchema,
 }
 
 // migrate brings the schema to len(migrations) (see pgmigrate).
@@ -47,7 +60,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) err
 	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
 	err := schema.Migrate(ctx, pool)
-	if err != nil && !errors.Is(err, ErrSchemaTooNew) {
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	return err

@@ -130,7 +130,8 @@ var ErrClosed = errors.New("pgstore: store is closed")
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the schema, and returns a Store that owns its pool.
-// It returns ErrSchemaTooNew for a schema newer than this package. A schema
+// It returns ErrSchemaTooNew for a schema newer than this package, and
+// ErrSchema for a current one that lacks a table or an index. A schema
 // that is current is only read: a role that may not create tables opens it
 // with SELECT on idempotency_keys_schema and SELECT, INSERT, UPDATE and
 // DELETE on idempotency_keys.
@@ -167,7 +168,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 }
 
 // New returns a Store on pool after creating or upgrading the schema, or
-// ErrSchemaTooNew. The caller keeps the pool: Close leaves it open.
+// ErrSchemaTooNew or ErrSchema as Open does. The caller keeps the pool:
+// Close leaves it open.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}

@@ -981,3 +981,49 @@ func TestSessionSettings(t *testing.T) {
 		t.Errorf("synchronous_commit with the DSN's choice = %q; want remote_write", got)
 	}
 }
+
+// TestOpenIncompleteSchema: a database that records the current schema
+// version but lost the store's table, or one of its indexes, is refused by
+// Open and New with ErrSchema naming what is missing, and nothing is
+// re-created. Before, both opened it, and every claim then failed with
+// "relation does not exist".
+func TestOpenIncompleteSchema(t *testing.T) {
+	for _, c := range []struct{ drop, missing string }{
+		{`DROP TABLE idempotency_keys`, "no idempotency_keys, idempotency_keys_pkey, idempotency_keys_created"},
+		{`DROP INDEX idempotency_keys_created`, "no idempotency_keys_created"},
+		{`ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey`, "no idempotency_keys_pkey"},
+	} {
+		dsn := pgtest.DB(t)
+		s := open(t, dsn, nil)
+		if _, err := s.Pool().Exec(t.Context(), c.drop); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		pool, err := pgxpool.New(t.Context(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		for what, opened := range map[string]func() (*pgstore.Store, error){
+			"Open": func() (*pgstore.Store, error) { return pgstore.Open(t.Context(), dsn, nil) },
+			"New":  func() (*pgstore.Store, error) { return pgstore.New(t.Context(), pool, nil) },
+		} {
+			s, err := opened()
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, pgstore.ErrSchema) || !strings.HasSuffix(err.Error(), c.missing) {
+				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.drop, what, err, c.missing)
+			}
+		}
+		var missing string
+		if err := pool.QueryRow(t.Context(), `SELECT coalesce(string_agg(name, ', ' ORDER BY n), '')
+			FROM unnest('{idempotency_keys,idempotency_keys_pkey,idempotency_keys_created}'::text[]) WITH ORDINALITY AS o(name, n)
+			WHERE to_regclass(name) IS NULL`).Scan(&missing); err != nil {
+			t.Fatal(err)
+		}
+		if want := strings.TrimPrefix(c.missing, "no "); missing != want {
+			t.Errorf("after %s and the opens: missing %q; want %q, nothing re-created", c.drop, missing, want)
+		}
+	}
+}
