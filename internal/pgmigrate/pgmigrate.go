@@ -139,3 +139,31 @@ func (s Schema) whole(ctx context.Context, q interface {
 	}
 	return nil
 }
+
+// CheckPool checks, on one connection of a caller's pool, that it runs
+// READ COMMITTED by default and synchronous_commit on (or remote_apply),
+// unless the pool's config sets synchronous_commit: the operator's choice,
+// which it returns ("" when the config sets none). A pool that does not is
+// refused with errPool, wrapped with the setting to change.
+func CheckPool(ctx context.Context, pool *pgxpool.Pool, errPool error) (commit string, err error) {
+	if pool == nil {
+		return "", fmt.Errorf("%w: nil pool", errPool)
+	}
+	var isolation string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('default_transaction_isolation'),
+		current_setting('synchronous_commit')`).Scan(&isolation, &commit); err != nil {
+		return "", err
+	}
+	if isolation != "read committed" {
+		return "", fmt.Errorf("%w: default_transaction_isolation is %q; set it to read committed in the pool's RuntimeParams",
+			errPool, isolation)
+	}
+	if v, set := pool.Config().ConnConfig.RuntimeParams["synchronous_commit"]; set {
+		return v, nil
+	}
+	if commit != "on" && commit != "remote_apply" {
+		return "", fmt.Errorf("%w: synchronous_commit is %q and the pool's RuntimeParams do not choose it; set it there (on: a write is on stable storage when it returns)",
+			errPool, commit)
+	}
+	return "", nil
+}

@@ -123,6 +123,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/nocreate"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -309,13 +310,17 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // applier one while it sends a batch, and the caller's own use of the pool
 // may keep the jar waiting, up to twice QueryTimeout, for a connection.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Jar, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("%w: nil pool", ErrPool)
-	}
 	o := withDefaults(opts)
-	updateCommit, err := poolSettings(ctx, pool, o.QueryTimeout)
-	if err != nil {
+	cctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
+	defer cancel()
+	updateCommit, err := pgmigrate.CheckPool(cctx, pool, ErrPool)
+	switch {
+	case err != nil && !errors.Is(err, ErrPool):
+		return nil, fmt.Errorf("pgjar: %w", err)
+	case err != nil:
 		return nil, err
+	case updateCommit == "":
+		updateCommit = "off"
 	}
 	return start(ctx, pool, o, updateCommit, false)
 }

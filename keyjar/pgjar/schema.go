@@ -66,32 +66,6 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return schemaError("migrate", schema.Migrate(ctx, pool))
 }
 
-// poolSettings checks, on one connection of a caller's pool (New's), that
-// it runs READ COMMITTED by default and synchronous_commit on, unless the
-// pool's config sets synchronous_commit: the operator's choice. It returns
-// the synchronous_commit of Update's commits, as Open chooses it.
-func poolSettings(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (updateCommit string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var isolation, commit string
-	if err := pool.QueryRow(ctx, `SELECT current_setting('default_transaction_isolation'),
-		current_setting('synchronous_commit')`).Scan(&isolation, &commit); err != nil {
-		return "", fmt.Errorf("pgjar: %w", err)
-	}
-	if isolation != "read committed" {
-		return "", fmt.Errorf("%w: default_transaction_isolation is %q; set it to read committed in the pool's RuntimeParams",
-			ErrPool, isolation)
-	}
-	if v, set := pool.Config().ConnConfig.RuntimeParams["synchronous_commit"]; set {
-		return v, nil // the operator's choice, for every write
-	}
-	if commit != "on" && commit != "remote_apply" {
-		return "", fmt.Errorf("%w: synchronous_commit is %q and the pool's RuntimeParams do not choose it; set it there (on: a key is on stable storage when Begin returns)",
-			ErrPool, commit)
-	}
-	return "off", nil
-}
-
 // present checks, creating nothing, that the database holds the jar's
 // tables at this package's schema version: Open's check under nocreate's
 // mark. It returns nocreate.ErrNoJar, wrapped, for a database without

@@ -22,6 +22,10 @@
 // whose handler ran would let a retry run the handler again. A DSN that
 // sets synchronous_commit=off trades that for speed.
 //
+// A store from New runs on its caller's pool, whose connections keep their
+// own settings: New checks that they run READ COMMITTED and, unless the
+// pool's config chooses otherwise, synchronous_commit=on (see New).
+//
 // A server that restarts, or ends a session (pg_terminate_backend), closes
 // the connections the pool holds. The pool of Open pings a connection before
 // it hands it out when it was idle for more than a second, as pgxpool does
@@ -66,6 +70,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/hdrjson"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/jackc/pgx/v5"
@@ -95,9 +100,8 @@ type Options struct {
 	// and returns an error wrapping context.DeadlineExceeded. The server
 	// is the one to give up first so that a write the store reported as
 	// failed is not applied later, once the lock it waited for is free; a
-	// pool passed to New should set statement_timeout likewise (and
-	// default_transaction_isolation to read committed and
-	// synchronous_commit to on, see the package documentation). Before
+	// pool passed to New should set statement_timeout likewise (New checks
+	// its isolation and synchronous_commit, not this). Before
 	// the statement, the store waits at most twice QueryTimeout, too, for
 	// a connection from a pool that has none free, and returns an error
 	// wrapping context.DeadlineExceeded when none came. Zero means
@@ -123,9 +127,16 @@ type Store struct {
 
 var _ testserver.Store = (*Store)(nil)
 
-// ErrClosed is returned by every method of a Store after Close, Close
-// included, and by a call that Close cut short.
-var ErrClosed = errors.New("pgstore: store is closed")
+var (
+	// ErrClosed is returned by every method of a Store after Close, Close
+	// included, and by a call that Close cut short.
+	ErrClosed = errors.New("pgstore: store is closed")
+
+	// ErrPool is returned by New for a nil pool, and for a pool whose
+	// connections do not run as the store needs (see New). Nothing is
+	// created.
+	ErrPool = errors.New("pgstore: the pool's connections do not suit the store")
+)
 
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
@@ -140,10 +151,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	timeout := DefaultQueryTimeout
-	if opts != nil && opts.QueryTimeout > 0 {
-		timeout = opts.QueryTimeout
-	}
+	timeout := queryTimeout(opts)
 	for name, value := range map[string]string{
 		"synchronous_commit": "on",
 		"statement_timeout":  strconv.FormatInt(max(1, timeout.Milliseconds()), 10),
@@ -158,7 +166,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	s, err := New(ctx, pool, opts)
+	s, err := start(ctx, pool, opts)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -170,14 +178,43 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 // New returns a Store on pool after creating or upgrading the schema, or
 // ErrSchemaTooNew or ErrSchema as Open does. The caller keeps the pool:
 // Close leaves it open.
+//
+// The pool's connections keep their settings, and New reads two of them
+// on one connection: it returns ErrPool, creating nothing, unless they run
+// READ COMMITTED by default (default_transaction_isolation, the
+// PostgreSQL default; see the package documentation) and either
+// synchronous_commit is on (or remote_apply) or the pool's config sets it
+// in ConnConfig.RuntimeParams (its DSN's synchronous_commit=…), the
+// operator's choice as in Open's DSN. Every connection of the pool must
+// run with the settings of the one New read: set them in the pool's
+// RuntimeParams or its DSN, never with SET on a connection the caller
+// gives back to the pool.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
+	cctx, cancel := context.WithTimeout(ctx, queryTimeout(opts))
+	defer cancel()
+	if _, err := pgmigrate.CheckPool(cctx, pool, ErrPool); err != nil {
+		if !errors.Is(err, ErrPool) {
+			err = fmt.Errorf("pgstore: %w", err)
+		}
+		return nil, err
+	}
+	return start(ctx, pool, opts)
+}
+
+// queryTimeout returns opts' QueryTimeout, or its default.
+func queryTimeout(opts *Options) time.Duration {
+	if opts == nil || opts.QueryTimeout <= 0 {
+		return DefaultQueryTimeout
+	}
+	return opts.QueryTimeout
+}
+
+// start returns a Store on pool once the schema is current (see migrate).
+func start(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	s := &Store{pool: pool, timeout: opts.QueryTimeout, batch: opts.PruneBatch}
-	if s.timeout <= 0 {
-		s.timeout = DefaultQueryTimeout
-	}
+	s := &Store{pool: pool, timeout: queryTimeout(opts), batch: opts.PruneBatch}
 	if s.batch <= 0 {
 		s.batch = DefaultPruneBatch
 	}

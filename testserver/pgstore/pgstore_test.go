@@ -1027,3 +1027,55 @@ func TestOpenIncompleteSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestNewPoolSettings: New refuses, creating nothing, a pool whose
+// connections do not run READ COMMITTED by default (concurrent claims
+// would fail with serialization errors) or that would commit claims with
+// synchronous_commit off without the pool's config choosing it (a crash
+// could lose a claim whose handler ran); it takes one whose config sets
+// either. Before, New took every pool.
+func TestNewPoolSettings(t *testing.T) {
+	if _, err := pgstore.New(t.Context(), nil, nil); !errors.Is(err, pgstore.ErrPool) {
+		t.Errorf("New(nil pool) = %v; want ErrPool", err)
+	}
+	dsn := pgtest.DB(t)
+	setDatabaseDefault(t, dsn, "synchronous_commit", "off")
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for _, c := range []struct {
+		params string // added to the DSN
+		ok     bool
+	}{
+		{"", false},
+		{"&default_transaction_isolation=serializable&synchronous_commit=on", false},
+		{"&default_transaction_isolation=repeatable%20read&synchronous_commit=on", false},
+		{"&synchronous_commit=on", true},
+		{"&synchronous_commit=off", true},
+	} {
+		pool, err := pgxpool.New(t.Context(), dsn+c.params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		s, err := pgstore.New(t.Context(), pool, nil)
+		if err == nil {
+			if _, claimed, err := s.Claim(t.Context(), "s", "k"+c.params, "fp", 1, t0); err != nil || !claimed {
+				t.Errorf("Claim on a pool with %q = %v, %v; want claimed", c.params, claimed, err)
+			}
+			s.Close()
+		}
+		if c.ok != (err == nil) || !c.ok && !errors.Is(err, pgstore.ErrPool) {
+			t.Errorf("New on a pool with %q = %v; want ok %v, or ErrPool", c.params, err, c.ok)
+		}
+		var table bool
+		if err := conn.QueryRow(t.Context(), `SELECT to_regclass('idempotency_keys') IS NOT NULL`).Scan(&table); err != nil {
+			t.Fatal(err)
+		}
+		if table != c.ok {
+			t.Fatalf("after New on a pool with %q: the store's table exists: %v; want %v", c.params, table, c.ok)
+		}
+	}
+}
