@@ -21,18 +21,6 @@ func withPassword(t *testing.T, dsn string) string {
 	return withPW
 }
 
-// connect opens a connection to the database dsn names, closed when the
-// test ends.
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 // jarTables returns the jar's tables that the database holds, "" for none.
 func jarTables(t *testing.T, conn *pgx.Conn) string {
 	t.Helper()
@@ -52,7 +40,7 @@ func TestPostgresJarErrors(t *testing.T) {
 	if strings.Contains(errOut, "hunter2") || !strings.Contains(errOut, "postgres://postgres:xxxxx@") {
 		t.Fatalf("stderr %q; want the database named with its password masked", errOut)
 	}
-	if tables := jarTables(t, connect(t, empty)); tables != "" {
+	if tables := jarTables(t, pgtest.Connect(t, empty)); tables != "" {
 		t.Fatalf("idemctl created a jar in the database: %s", tables)
 	}
 
@@ -89,7 +77,7 @@ func TestPostgresJarErrors(t *testing.T) {
 // creates none: a new empty jar would read as "no operations".
 func TestPostgresJarDroppedBeforeItIsOpened(t *testing.T) {
 	dsn := seedPostgres(t, newServer(t))
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	real := openPgjar
 	t.Cleanup(func() { openPgjar = real })
 	dropped := false
@@ -115,7 +103,7 @@ func TestPostgresJarDroppedBeforeItIsOpened(t *testing.T) {
 // process holds gives up with a message that says so.
 func TestPostgresLockTimeout(t *testing.T) {
 	dsn := seedPostgres(t, newServer(t))
-	tx, err := connect(t, dsn).Begin(t.Context())
+	tx, err := pgtest.Connect(t, dsn).Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

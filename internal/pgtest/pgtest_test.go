@@ -20,18 +20,6 @@ import (
 
 func TestMain(m *testing.M) { Main(m) }
 
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connect %s: %v", dsn, err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 func show(t *testing.T, conn *pgx.Conn, setting string) string {
 	t.Helper()
 	var v string
@@ -42,7 +30,7 @@ func show(t *testing.T, conn *pgx.Conn, setting string) string {
 }
 
 func TestDBServerSettings(t *testing.T) {
-	conn := connect(t, DB(t))
+	conn := Connect(t, DB(t))
 	for setting, want := range map[string]string{
 		"listen_addresses":   "127.0.0.1",
 		"fsync":              "on",
@@ -66,7 +54,7 @@ func TestDBIsFreshAndIsolated(t *testing.T) {
 	if dsn1 == dsn2 {
 		t.Fatalf("two DB calls returned the same DSN %q", dsn1)
 	}
-	c1, c2 := connect(t, dsn1), connect(t, dsn2)
+	c1, c2 := Connect(t, dsn1), Connect(t, dsn2)
 	var n int
 	if err := c1.QueryRow(t.Context(),
 		"SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").Scan(&n); err != nil {
@@ -89,8 +77,8 @@ func TestDBIsFreshAndIsolated(t *testing.T) {
 
 func TestDBSharesOneCluster(t *testing.T) {
 	dsn1, dsn2 := DB(t), DB(t)
-	p1 := connect(t, dsn1).Config().Port
-	p2 := connect(t, dsn2).Config().Port
+	p1 := Connect(t, dsn1).Config().Port
+	p2 := Connect(t, dsn2).Config().Port
 	if p1 != p2 {
 		t.Errorf("databases on ports %d and %d; want one shared cluster", p1, p2)
 	}
@@ -112,7 +100,7 @@ func TestStopShutsDownAndRemoves(t *testing.T) {
 		c.Stop()
 		t.Fatal(err)
 	}
-	conn := connect(t, dsn)
+	conn := Connect(t, dsn)
 	if err := conn.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +133,7 @@ func TestStopShutsDownAndRemoves(t *testing.T) {
 // its data.
 func TestRestart(t *testing.T) {
 	c, dsn := Own(t)
-	conn := connect(t, dsn)
+	conn := Connect(t, dsn)
 	if _, err := conn.Exec(t.Context(), "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)"); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +154,7 @@ func TestRestart(t *testing.T) {
 		t.Errorf("port after the restart = %d; want %d", c.Port(), port)
 	}
 	var x int
-	if err := connect(t, dsn).QueryRow(t.Context(), "SELECT x FROM kept").Scan(&x); err != nil || x != 42 {
+	if err := Connect(t, dsn).QueryRow(t.Context(), "SELECT x FROM kept").Scan(&x); err != nil || x != 42 {
 		t.Errorf("after the restart: x = %d, %v; want 42", x, err)
 	}
 }
@@ -177,7 +165,7 @@ func TestRestart(t *testing.T) {
 func TestRelayLosesAnswer(t *testing.T) {
 	dsn := DB(t)
 	relay, rdsn := NewRelay(t, dsn)
-	conn := connect(t, rdsn)
+	conn := Connect(t, rdsn)
 	ctx := t.Context()
 	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)"); err != nil {
 		t.Fatal(err)
@@ -192,7 +180,7 @@ func TestRelayLosesAnswer(t *testing.T) {
 		t.Error("the channel LoseNext returned is open after the answer was lost")
 	}
 	var x int
-	if err := connect(t, rdsn).QueryRow(ctx, "SELECT x FROM t").Scan(&x); err != nil || x != 2 {
+	if err := Connect(t, rdsn).QueryRow(ctx, "SELECT x FROM t").Scan(&x); err != nil || x != 2 {
 		t.Errorf("after the lost answer: x = %d, %v; want 2, the UPDATE applied", x, err)
 	}
 }
@@ -216,12 +204,12 @@ func TestRelayRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	connect(t, rdsn)
+	Connect(t, rdsn)
 }
 
 func TestCommandHandsDSNToChild(t *testing.T) {
 	if dsn, ok := ChildDSN(); ok {
-		conn := connect(t, dsn)
+		conn := Connect(t, dsn)
 		if _, err := conn.Exec(t.Context(), "CREATE TABLE made_by_child (pid int)"); err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +224,7 @@ func TestCommandHandsDSNToChild(t *testing.T) {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
 	var pid int
-	if err := connect(t, dsn).QueryRow(t.Context(), "SELECT pid FROM made_by_child").Scan(&pid); err != nil {
+	if err := Connect(t, dsn).QueryRow(t.Context(), "SELECT pid FROM made_by_child").Scan(&pid); err != nil {
 		t.Fatalf("the child's row: %v\nchild output:\n%s", err, out)
 	}
 	if pid == os.Getpid() || pid == 0 {
@@ -295,7 +283,7 @@ func TestServerDiesWithTestProcess(t *testing.T) {
 		t.Fatalf("child reported no cluster (%v)", sc.Err())
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) }) // a killed process leaves its directory
-	conn := connect(t, dsn)
+	conn := Connect(t, dsn)
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

@@ -216,7 +216,7 @@ func TestCrossProcessAcquire(t *testing.T) {
 	if dsn, ok := pgtest.ChildDSN(); ok {
 		j := worker(t, dsn)
 		holder := "worker-" + os.Getenv(childEnv)
-		conn := connect(t, dsn)
+		conn := pgtest.Connect(t, dsn)
 		ctx := t.Context()
 		held, refused := 0, 0
 		for range acquireAttempts {
@@ -253,7 +253,7 @@ func TestCrossProcessAcquire(t *testing.T) {
 	if _, _, err := j.Begin(t.Context(), record("send:1")); err != nil {
 		t.Fatal(err)
 	}
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	if _, err := conn.Exec(t.Context(), `CREATE TABLE probe (inside int, max_inside int, entries int);
 		INSERT INTO probe VALUES (0, 0, 0)`); err != nil {
 		t.Fatal(err)

@@ -169,7 +169,7 @@ func TestDeferEveryMethodWaits(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				j := open(t, dsn, nil)
 				// Each case starts from an empty table: List and Prune see every record.
-				if _, err := connect(t, dsn).Exec(t.Context(), `DELETE FROM idem_operations`); err != nil {
+				if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `DELETE FROM idem_operations`); err != nil {
 					t.Fatal(err)
 				}
 				g := holdApplier(t, j)

@@ -92,7 +92,7 @@ func TestNewPoolSettings(t *testing.T) {
 	dsn := pgtest.DB(t)
 	setDatabaseDefault(t, dsn, "default_transaction_isolation", "repeatable read")
 	setDatabaseDefault(t, dsn, "synchronous_commit", "off")
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	for _, c := range []struct {
 		params string // added to the DSN
 		ok     bool

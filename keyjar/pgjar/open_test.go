@@ -17,7 +17,7 @@ import (
 func TestOpenWithoutCreating(t *testing.T) {
 	ctx := nocreate.Mark(t.Context())
 	dsn := pgtest.DB(t)
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	tables := func() string {
 		t.Helper()
 		var names string
@@ -89,7 +89,7 @@ func TestOpenIncompleteSchema(t *testing.T) {
 	} {
 		dsn := pgtest.DB(t)
 		open(t, dsn, nil).Close()
-		conn := connect(t, dsn)
+		conn := pgtest.Connect(t, dsn)
 		if _, err := conn.Exec(t.Context(), c.drop); err != nil {
 			t.Fatal(err)
 		}

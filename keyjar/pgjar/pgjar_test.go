@@ -42,21 +42,11 @@ func closeAtEnd(t *testing.T, j *pgjar.Jar) *pgjar.Jar {
 	return j
 }
 
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 // setDatabaseDefault sets a default of dsn's database for the sessions
 // that connect after it.
 func setDatabaseDefault(t *testing.T, dsn, setting, value string) {
 	t.Helper()
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	if _, err := conn.Exec(t.Context(), fmt.Sprintf("ALTER DATABASE %s SET %s = '%s'",
 		pgx.Identifier{conn.Config().Database}.Sanitize(), setting, value)); err != nil {
 		t.Fatal(err)
@@ -90,7 +80,7 @@ func TestSecretHeadersNeverReachTheDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	var row string
-	if err := connect(t, dsn).QueryRow(t.Context(),
+	if err := pgtest.Connect(t, dsn).QueryRow(t.Context(),
 		`SELECT t::text FROM idem_operations t WHERE op = 'op'`).Scan(&row); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +128,7 @@ func TestSessionSettings(t *testing.T) {
 func TestCommitModes(t *testing.T) {
 	dsn := pgtest.DB(t)
 	open(t, dsn, nil) // creates the schema
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	for _, stmt := range []string{
 		`CREATE TABLE commit_log (n serial, verb text, setting text)`,
 		`CREATE FUNCTION log_commit() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -251,7 +241,7 @@ func TestClosed(t *testing.T) {
 // leaves open until the test ends, unless the test ends it first.
 func uncommitted(t *testing.T, dsn, op string) pgx.Tx {
 	t.Helper()
-	tx, err := connect(t, dsn).Begin(t.Context())
+	tx, err := pgtest.Connect(t, dsn).Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +335,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 			return err
 		})
 	}()
-	waitBlocked(t, connect(t, dsn))
+	waitBlocked(t, pgtest.Connect(t, dsn))
 	rec, created, err := j.Begin(ctx, record("op"))
 	if created || rec.Key != "" {
 		t.Fatalf("Begin of a name locked by another transaction = key %q, created %v", rec.Key, created)
@@ -719,7 +709,7 @@ func TestWritesSeeRecordsCommittedWhileTheyWait(t *testing.T) {
 	for _, level := range []string{"", "repeatable read", "serializable"} {
 		t.Run("default "+level, func(t *testing.T) {
 			dsn := pgtest.DB(t)
-			conn := connect(t, dsn)
+			conn := pgtest.Connect(t, dsn)
 			if level != "" {
 				setDatabaseDefault(t, dsn, "default_transaction_isolation", level)
 			}
@@ -749,7 +739,7 @@ func TestWritesSeeRecordsCommittedWhileTheyWait(t *testing.T) {
 			}
 
 			lease := func() pgx.Tx {
-				tx, err := connect(t, dsn).Begin(ctx)
+				tx, err := pgtest.Connect(t, dsn).Begin(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -903,7 +893,7 @@ func TestMigrations(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	var versions string
 	if err := conn.QueryRow(t.Context(),
 		`SELECT string_agg(version::text, ',' ORDER BY version) FROM idem_operations_schema`).Scan(&versions); err != nil {
@@ -949,7 +939,7 @@ func TestOpenWaitsForAnotherMigrationDespiteLockTimeout(t *testing.T) {
 func TestOpenWithoutCreatePrivilege(t *testing.T) {
 	dsn := pgtest.DB(t)
 	open(t, dsn, nil) // creates the schema, as the owner
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	role := conn.Config().Database + "_worker"
 	for _, q := range []string{
 		`CREATE ROLE ` + role + ` LOGIN`,

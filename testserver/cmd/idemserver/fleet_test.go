@@ -22,17 +22,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// connect opens a connection to dsn for the test's own queries.
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 // -db postgres://… and postgresql://… select pgstore, with PayCo's ledger in
 // the same database; servers opening an empty database at once all get
 // the schema.
@@ -80,7 +69,7 @@ func TestPostgresBackend(t *testing.T) {
 		t.Fatalf("stats through a third backend: %+v, %v; want 2 calls, 1 charge", st, err)
 	}
 	var rows int
-	if err := connect(t, dsn).QueryRow(ctx, `SELECT count(*) FROM payco_charges WHERE id = $1`, c.ID).Scan(&rows); err != nil || rows != 1 {
+	if err := pgtest.Connect(t, dsn).QueryRow(ctx, `SELECT count(*) FROM payco_charges WHERE id = $1`, c.ID).Scan(&rows); err != nil || rows != 1 {
 		t.Fatalf("charge %s in PostgreSQL: %d rows, %v; want 1", c.ID, rows, err)
 	}
 
@@ -192,7 +181,7 @@ func testFleetOneExecution(t *testing.T, bin string) {
 	}
 	var rows int
 	var status string
-	if err := connect(t, dsn).QueryRow(t.Context(), `SELECT count(*), min(status) FROM idempotency_keys WHERE key = 'fleet-key'`).Scan(&rows, &status); err != nil || rows != 1 || status != "done" {
+	if err := pgtest.Connect(t, dsn).QueryRow(t.Context(), `SELECT count(*), min(status) FROM idempotency_keys WHERE key = 'fleet-key'`).Scan(&rows, &status); err != nil || rows != 1 || status != "done" {
 		t.Fatalf("keys in PostgreSQL: %d rows, status %q, %v; want one, done", rows, status, err)
 	}
 	for _, s := range servers {
@@ -211,7 +200,7 @@ func testFleetKilledServer(t *testing.T, bin string) {
 	// machine. The survivor's is short: that is the lease it waits out.
 	victim := start(t, bin, "-db", dsn, "-lock-timeout", "1h", "-delay", "1h")
 	survivor := start(t, bin, "-db", dsn, "-lock-timeout", "2s")
-	conn := connect(t, dsn)
+	conn := pgtest.Connect(t, dsn)
 	ctx := t.Context()
 	const key, order = "fleet-kill", "o-kill"
 
