@@ -8,7 +8,7 @@
 // twice. Because the key is in the jar, an operation whose outcome is
 // unknown when the process dies is resumed after a restart with the same
 // key, by the next call under its name: the jar lists the pending ones,
-// each with its request (see the Transport's resume example). After the
+// each with its request, which Record.NewRequest rebuilds. After the
 // retry horizon (24 h) it is handed to reconciliation instead.
 //
 //	jar, err := keyjar.Open(ctx, "keys.db", nil)

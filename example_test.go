@@ -1,7 +1,6 @@
 package idem_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -85,7 +84,7 @@ func ExampleHooks() {
 // file, with its key and its request, and is sent again from there. The
 // server ran the charge the first time and replays its answer. (Package
 // client does the same with Client.Pending and Client.Resume.)
-func ExampleTransport_resume() {
+func ExampleRecord_NewRequest() {
 	var charges atomic.Int32
 	mw := &testserver.Middleware{Store: &testserver.MemoryStore{}}
 	charge := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -139,15 +138,14 @@ func ExampleTransport_resume() {
 		log.Fatal(err)
 	}
 	for _, rec := range pending {
-		if !rec.BodyStored() {
+		req, err := rec.NewRequest(ctx)
+		if errors.Is(err, idem.ErrBodyNotStored) {
 			continue // larger than MaxStoredBody: send it again with its body
 		}
-		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, rec.Op),
-			rec.Method, rec.URL, bytes.NewReader(rec.Body))
 		if err != nil {
 			log.Fatal(err)
 		}
-		req.Header = rec.Header.Clone() // without credentials: add them here
+		// The stored header has no credentials: add them here.
 		resp, err := hc.Do(req)
 		if err != nil {
 			log.Fatal(err) // an *idem.PendingError: still unknown, try on the next run

@@ -1,8 +1,11 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -83,6 +86,39 @@ type Record struct {
 
 // BodyStored reports whether the record holds the whole request body.
 func (r Record) BodyStored() bool { return int64(len(r.Body)) == r.BodySize }
+
+// ErrBodyNotStored is returned, wrapped with the operation's name, by
+// Record.NewRequest for a record that does not hold its request's body (it
+// was larger than Transport.MaxStoredBody): the caller must supply the body
+// again. client.Resume returns it too.
+var ErrBodyNotStored = errors.New("idem: the request body is not stored in the jar")
+
+// NewRequest returns the request that r stores, to resume its operation
+// through a Transport over the jar that holds r: its method, URL, header
+// and body, with GetBody and ContentLength set, and a context that is ctx
+// with r.Op as the operation's name (WithOperation). The Transport sends it
+// as it sends any call under that name: under r's key, unless the operation
+// was abandoned or forgotten meanwhile, when the name begins a new
+// operation under a new key (client.Resume sends only a pending one). The
+// header has no credentials (see SecretHeader): add them before sending. NewRequest returns an error
+// wrapping ErrBodyNotStored when r does not hold the whole body.
+func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
+	if !r.BodyStored() {
+		return nil, fmt.Errorf("idem: operation %q: %w (%d bytes)", r.Op, ErrBodyNotStored, r.BodySize)
+	}
+	var b io.Reader
+	if len(r.Body) > 0 {
+		b = bytes.NewReader(r.Body)
+	}
+	req, err := http.NewRequestWithContext(WithOperation(ctx, r.Op), r.Method, r.URL, b)
+	if err != nil {
+		return nil, fmt.Errorf("idem: operation %q: stored request: %w", r.Op, err)
+	}
+	if r.Header != nil {
+		req.Header = r.Header.Clone()
+	}
+	return req, nil
+}
 
 // Change is what Jar.Update applies to a record, atomically.
 type Change struct {

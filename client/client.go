@@ -398,13 +398,14 @@ func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !rec.BodyStored() {
+	req, err := rec.NewRequest(ctx)
+	if errors.Is(err, idem.ErrBodyNotStored) {
 		return nil, fmt.Errorf("client: resume %q: %w (%d bytes): use ResumeWithBody", op, ErrBodyNotStored, rec.BodySize)
 	}
-	stored := rec.Body
-	return c.resume(ctx, rec, func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(stored)), nil
-	})
+	if err != nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, err)
+	}
+	return c.resume(ctx, rec, req)
 }
 
 // ResumeWithBody is Resume for an operation whose body the jar did not
@@ -421,7 +422,22 @@ func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (
 	if err != nil {
 		return nil, err
 	}
-	return c.resume(ctx, rec, getBody)
+	bare := rec
+	bare.Body, bare.BodySize = nil, 0
+	req, err := bare.NewRequest(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, err)
+	}
+	if rec.BodySize > 0 {
+		rc, err := getBody()
+		if err != nil {
+			return nil, fmt.Errorf("client: resume %q: body: %w", op, err)
+		}
+		// No ContentLength: a body of another length is another body, which
+		// the Transport refuses as a *MismatchError.
+		req.Body, req.GetBody = rc, getBody
+	}
+	return c.resume(ctx, rec, req)
 }
 
 func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) {
@@ -439,23 +455,9 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 	return rec, nil
 }
 
-func (c *Client) resume(ctx context.Context, rec idem.Record, getBody func() (io.ReadCloser, error)) (*Response, error) {
-	req, err := http.NewRequestWithContext(ctx, rec.Method, rec.URL, nil)
-	if err != nil {
-		return nil, fmt.Errorf("client: resume %q: stored request: %w", rec.Op, err)
-	}
-	if rec.Header != nil {
-		req.Header = rec.Header.Clone()
-	}
-	if rec.BodySize > 0 {
-		rc, err := getBody()
-		if err != nil {
-			return nil, fmt.Errorf("client: resume %q: body: %w", rec.Op, err)
-		}
-		// No ContentLength: a body of another length is another body, which
-		// the Transport refuses as a *MismatchError.
-		req.Body, req.GetBody = rc, getBody
-	}
+// resume sends req, the request rec stores, as the resume of rec's
+// operation.
+func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request) (*Response, error) {
 	resp, err := c.Do(resume.Mark(ctx, rec.Key), rec.Op, req)
 	if se := (*resume.StateError)(nil); errors.As(err, &se) {
 		if se.State == "" {

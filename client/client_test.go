@@ -248,8 +248,8 @@ func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 	ctx := context.Background()
 	s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})
 	body := `{"order":"o1","amount":100}`
-	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrBodyNotStored) {
-		t.Fatalf("resume without the body: %v; want ErrBodyNotStored", err)
+	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrBodyNotStored) || !errors.Is(err, idem.ErrBodyNotStored) {
+		t.Fatalf("resume without the body: %v; want ErrBodyNotStored (client's and idem's)", err)
 	}
 	bodyOf := func(s string) func() (io.ReadCloser, error) {
 		return func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(s)), nil }

@@ -26,8 +26,9 @@ var (
 	ErrState = errors.New("client: the operation's state does not allow this")
 	// ErrBodyNotStored is returned by Resume when the jar did not store the
 	// operation's body (it was larger than Options.MaxStoredBody): resume
-	// it with ResumeWithBody.
-	ErrBodyNotStored = errors.New("client: the request body is not stored in the jar")
+	// it with ResumeWithBody. It is idem.ErrBodyNotStored, which
+	// idem.Record.NewRequest returns.
+	ErrBodyNotStored = idem.ErrBodyNotStored
 	// ErrNoReason is returned by Abandon for an empty reason.
 	ErrNoReason = errors.New("client: abandoning an operation needs a reason")
 	// ErrMethod is returned by Resume and ResumeWithBody for an operation
