@@ -388,8 +388,8 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // keys by credential would run it again.
 //
 // Resume returns an error wrapping idem.ErrNotFound for an unknown op,
-// also when it is forgotten after Resume read it, ErrState, naming the
-// state, for an operation that is not pending (done, failed or abandoned)
+// also when it is forgotten after Resume read it, a *StateError (ErrState)
+// with the state for an operation that is not pending (done, failed or abandoned)
 // when Resume reads it or once it has its lease, ErrMethod for one whose
 // method the Client does not key, and ErrBodyNotStored when the body was
 // too large to store: use ResumeWithBody.
@@ -413,7 +413,7 @@ func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 // http.Request.GetBody. The body is checked against the stored
 // fingerprint before anything is sent: a different body is an
 // *idem.MismatchError. Like Resume, it sends only an operation still
-// pending when it has the lease (ErrState otherwise).
+// pending when it has the lease (a *StateError otherwise).
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
 	if getBody == nil {
 		return nil, fmt.Errorf("client: resume %q: nil getBody", op)
@@ -446,7 +446,7 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 		return rec, fmt.Errorf("client: resume %q: %w", op, err)
 	}
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
-		return rec, fmt.Errorf("client: resume %q: the operation is %s: %w", op, rec.State, ErrState)
+		return rec, &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "resume"}
 	}
 	if rec.Method != http.MethodPost && rec.Method != http.MethodPatch {
 		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through an idem.Transport whose Methods include %s",
@@ -464,8 +464,8 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 			return nil, fmt.Errorf("client: resume %q: the operation was forgotten by another call or process after Resume found it pending; nothing was sent: %w",
 				rec.Op, idem.ErrNotFound)
 		}
-		return nil, fmt.Errorf("client: resume %q: the operation is %s: another call or process settled it after Resume found it pending; nothing was sent: %w",
-			rec.Op, se.State, ErrState)
+		return nil, &StateError{Op: rec.Op, Key: rec.Key, State: idem.State(se.State), verb: "resume",
+			detail: ": another call or process settled it after Resume found it pending; nothing was sent"}
 	}
 	return resp, err
 }
@@ -479,8 +479,8 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // Abandon returns ErrNoReason for an empty reason, an error wrapping
 // idem.ErrNotFound for an unknown op, idem.ErrLeased while another call
 // or process is sending it (a process on this host that is gone is not,
-// see idem.HolderGone), and ErrState when its outcome is known (done or
-// failed). Abandoning an abandoned operation changes nothing.
+// see idem.HolderGone), and a *StateError (ErrState) when its outcome is
+// known (done or failed). Abandoning an abandoned operation changes nothing.
 func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
@@ -494,7 +494,7 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 		return nil
 	case idem.StatePending, idem.StateReconcile:
 	default:
-		return fmt.Errorf("client: abandon %q: the operation is %s, its outcome is known: %w", op, rec.State, ErrState)
+		return &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "abandon", detail: ", its outcome is known"}
 	}
 	holder, err := idem.NewHolder()
 	if err != nil {
@@ -531,7 +531,7 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 		if rec.State == idem.StateAbandoned {
 			return nil
 		}
-		return fmt.Errorf("client: abandon %q: the operation is %s, its outcome is known: %w", op, rec.State, ErrState)
+		return &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "abandon", detail: ", its outcome is known"}
 	}
 	if _, err := c.jar.Update(ctx, op, holder, ch); err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
@@ -541,15 +541,15 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 
 // Forget deletes op from the jar, once its outcome is known or
 // reconciled (done, failed, reconcile or abandoned). It returns an error
-// wrapping idem.ErrNotFound for an unknown op and ErrState for a pending
-// one: forgetting it would lose its key while its outcome is unknown;
+// wrapping idem.ErrNotFound for an unknown op and a *StateError (ErrState)
+// for a pending one: forgetting it would lose its key while its outcome is unknown;
 // Resume or Abandon it first.
 //
 // Forget reads op's record, then deletes it only if it is still the record
 // read: when the jar is a KeyForgetter, by ForgetKey with the key read. A
 // call that began the name again in between (Begin replaces an abandoned
 // operation with a new, pending one under a new key) keeps its operation,
-// and Forget returns ErrState. Over a jar that is not a KeyForgetter,
+// and Forget returns a *StateError without a State. Over a jar that is not a KeyForgetter,
 // Forget deletes op whatever it became after the read, and such a call can
 // lose its key: forget abandoned operations there only when nothing uses
 // their names.
@@ -559,14 +559,15 @@ func (c *Client) Forget(ctx context.Context, op string) error {
 		return fmt.Errorf("client: forget %q: %w", op, err)
 	}
 	if rec.State == idem.StatePending {
-		return fmt.Errorf("client: forget %q: the operation is pending, its outcome unknown; resume or abandon it first: %w", op, ErrState)
+		return &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "forget",
+			detail: ", its outcome unknown; resume or abandon it first"}
 	}
 	kf, ok := c.jar.(KeyForgetter)
 	if !ok {
 		err = c.jar.Forget(ctx, op)
 	} else if err = kf.ForgetKey(ctx, op, rec.Key); errors.Is(err, idem.ErrNotForgotten) {
-		return fmt.Errorf("client: forget %q: the operation changed after it was read (begun again under a new key, or pending); it is kept: %w (%w)",
-			op, ErrState, err)
+		return &StateError{Op: op, Key: rec.Key, verb: "forget", err: err,
+			detail: "the operation changed after it was read (begun again under a new key, or pending); it is kept"}
 	}
 	if err != nil {
 		return fmt.Errorf("client: forget %q: %w", op, err)

@@ -374,3 +374,43 @@ func TestNewChecksItsJar(t *testing.T) {
 		t.Fatalf("default pool keeps %d idle connections per host; want at least 32", n)
 	}
 }
+
+// TestStateErrorSaysTheState: Resume of a done, a failed and an abandoned
+// operation, Abandon of a done one and Forget of a pending one return a
+// *StateError that holds the operation, its key and its state, matches
+// ErrState and reads as the call and the state.
+func TestStateErrorSaysTheState(t *testing.T) {
+	ctx := context.Background()
+	jar := &idem.MemoryJar{}
+	c, err := client.New(ctx, "", &client.Options{Jar: jar})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateAbandoned, idem.StatePending} {
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op:" + string(st), Key: "key-" + string(st), State: st,
+			Method: http.MethodPost, URL: chargesURL, Created: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(call string, err error, st idem.State, msg string) {
+		t.Helper()
+		var se *client.StateError
+		if !errors.Is(err, client.ErrState) || !errors.As(err, &se) || se.Op != "op:"+string(st) ||
+			se.Key != "key-"+string(st) || se.State != st || err.Error() != msg {
+			t.Errorf("%s: %v (%+v); want a *StateError of op:%s with its key and state, matching ErrState, reading %q",
+				call, err, se, st, msg)
+		}
+	}
+	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateAbandoned} {
+		op := "op:" + string(st)
+		_, err := c.Resume(ctx, op)
+		check("Resume "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s: %v", op, st, client.ErrState))
+		_, err = c.ResumeWithBody(ctx, op, func() (io.ReadCloser, error) { return http.NoBody, nil })
+		check("ResumeWithBody "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s: %v", op, st, client.ErrState))
+	}
+	check("Abandon op:done", c.Abandon(ctx, "op:done", "checked"), idem.StateDone,
+		`client: abandon "op:done": the operation is done, its outcome is known: `+client.ErrState.Error())
+	check("Forget op:pending", c.Forget(ctx, "op:pending"), idem.StatePending,
+		`client: forget "op:pending": the operation is pending, its outcome unknown; resume or abandon it first: `+client.ErrState.Error())
+}

@@ -17,12 +17,12 @@ import (
 // Sentinels, each returned wrapped with the operation's name: test with
 // errors.Is.
 var (
-	// ErrState is returned by Resume and ResumeWithBody for an operation
-	// that is not pending (done, failed or abandoned) when they read it or
-	// once they have its lease (nothing is sent), by Abandon for one whose
-	// outcome is known (done or failed), and by Forget for a pending one,
-	// or for one that a call began again, under a new key, after Forget
-	// read it.
+	// ErrState is matched by the *StateError that Resume and
+	// ResumeWithBody return for an operation that is not pending (done,
+	// failed or abandoned) when they read it or once they have its lease
+	// (nothing is sent), Abandon for one whose outcome is known (done or
+	// failed), and Forget for a pending one, or for one that a call began
+	// again, under a new key, after Forget read it.
 	ErrState = errors.New("client: the operation's state does not allow this")
 	// ErrBodyNotStored is returned by Resume when the jar did not store the
 	// operation's body (it was larger than Options.MaxStoredBody): resume
@@ -37,6 +37,45 @@ var (
 	// it.
 	ErrMethod = errors.New("client: the Client does not key this method")
 )
+
+// StateError is the error of Resume, ResumeWithBody, Abandon and Forget
+// for an operation whose state does not allow the call; nothing was sent,
+// changed or deleted. It matches ErrState.
+type StateError struct {
+	Op, Key string // the operation, and its key when the call read it
+	// State is the operation's state: done, failed or abandoned for
+	// Resume and ResumeWithBody, done or failed for Abandon, pending for
+	// Forget. It is "" when Forget found the record changed after it read
+	// it (begun again under a new key, or pending); the error then also
+	// matches idem.ErrNotForgotten.
+	State idem.State
+
+	verb   string // the call: "resume", "abandon" or "forget"
+	detail string // what follows the state in the message
+	err    error  // the jar's refusal, for Forget
+}
+
+func (e *StateError) Error() string {
+	msg := fmt.Sprintf("client: %s %q: ", e.verb, e.Op)
+	if e.verb == "" {
+		msg = fmt.Sprintf("client: operation %q: ", e.Op)
+	}
+	if e.State != "" {
+		msg += "the operation is " + string(e.State)
+	}
+	msg += e.detail + ": " + ErrState.Error()
+	if e.err != nil {
+		msg += " (" + e.err.Error() + ")"
+	}
+	return msg
+}
+
+// Is reports whether target is ErrState.
+func (e *StateError) Is(target error) bool { return target == ErrState }
+
+// Unwrap returns the jar's refusal that Forget met (idem.ErrNotForgotten),
+// or nil.
+func (e *StateError) Unwrap() error { return e.err }
 
 // StatusError is returned by Do, PostJSON and Resume for an answer that is
 // not 2xx. Err, when not nil, says what the answer means for the

@@ -201,8 +201,11 @@ func TestResumeOfAnOperationSettledBeforeBegin(t *testing.T) {
 			jar.op = "charge:o1"
 			_, err := c.Resume(ctx, "charge:o1")
 			t.Logf("Resume: %v", err)
-			if !errors.Is(err, client.ErrState) || !strings.Contains(err.Error(), string(tt.state)) || s.sends() != 1 {
-				t.Fatalf("Resume: %v after %d sends; want ErrState naming the state %s, nothing sent after the first", err, s.sends(), tt.state)
+			var se *client.StateError
+			if !errors.Is(err, client.ErrState) || !errors.As(err, &se) || se.State != tt.state || se.Key != s.key(0) ||
+				!strings.Contains(err.Error(), string(tt.state)) || s.sends() != 1 {
+				t.Fatalf("Resume: %v after %d sends; want a *StateError with the state %s and key %q, nothing sent after the first",
+					err, s.sends(), tt.state, s.key(0))
 			}
 			if r, _ := jar.Get(ctx, "charge:o1"); r.State != tt.state || r.Holder != "" {
 				t.Fatalf("record %s held by %q; want %s, its lease free", r.State, r.Holder, tt.state)
@@ -479,8 +482,12 @@ func TestForgetRacingBeginAgain(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer mine.Close()
-			if err := mine.Forget(ctx, "charge:o1"); !errors.Is(err, client.ErrState) {
-				t.Errorf("Forget of an operation begun again after the read: %v; want ErrState", err)
+			err = mine.Forget(ctx, "charge:o1")
+			var se *client.StateError
+			if !errors.Is(err, client.ErrState) || !errors.Is(err, idem.ErrNotForgotten) || !errors.As(err, &se) ||
+				se.Op != "charge:o1" || se.Key != s.key(0) || se.State != "" {
+				t.Errorf("Forget of an operation begun again after the read: %v (%+v); want a *StateError for the key read, %q, without a state, matching ErrState and idem.ErrNotForgotten",
+					err, se, s.key(0))
 			}
 			rec, err := jar.Get(ctx, "charge:o1")
 			if err != nil || rec.State != idem.StatePending || rec.Key != s.key(1) || rec.Key == s.key(0) {
