@@ -23,8 +23,9 @@ var (
 	ErrClosed = errors.New("keyjar: jar is closed")
 
 	// ErrCorrupt is returned by Open for a file that is not a key jar (not a
-	// SQLite database, or a database of some other program), and by any
-	// method that finds the file damaged.
+	// SQLite database, or a database of some other program), and with
+	// Options.MustExist for an empty file, and by any method that finds
+	// the file damaged.
 	ErrCorrupt = errors.New("keyjar: file is not a key jar or is corrupt")
 
 	// ErrLocked is returned by Open and by any method when another

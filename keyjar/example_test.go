@@ -2,7 +2,9 @@ package keyjar_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log"
 	"net/http"
 	"os"
@@ -118,4 +120,56 @@ func ExampleJar_Prune() {
 	// pruned: 1
 	// kept: charge:order-42 pending
 	// kept: charge:order-43 done
+}
+
+// A program that only inspects or resumes the operations of a jar opens it
+// with MustExist: a wrong path is an error, not a new, empty jar.
+func ExampleOptions_mustExist() {
+	dir, err := os.MkdirTemp("", "keyjar-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	path := filepath.Join(dir, "keys.db")
+	mustExist := &keyjar.Options{MustExist: true}
+
+	_, err = keyjar.Open(ctx, path, mustExist)
+	fmt.Println("missing file:", errors.Is(err, fs.ErrNotExist))
+	_, err = os.Stat(path)
+	fmt.Println("file created:", err == nil)
+
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		log.Fatal(err)
+	}
+	_, err = keyjar.Open(ctx, path, mustExist)
+	fmt.Println("empty file:", errors.Is(err, keyjar.ErrCorrupt))
+
+	// The program that sends creates the jar.
+	jar, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, _, err := jar.Begin(ctx, idem.Record{Op: "charge:order-42", Key: "k42", State: idem.StatePending}); err != nil {
+		log.Fatal(err)
+	}
+	if err := jar.Close(); err != nil {
+		log.Fatal(err)
+	}
+
+	jar, err = keyjar.Open(ctx, path, mustExist)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer jar.Close()
+	rec, err := jar.Get(ctx, "charge:order-42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("existing jar:", rec.Op, rec.Key)
+	// Output:
+	// missing file: true
+	// file created: false
+	// empty file: true
+	// existing jar: charge:order-42 k42
 }

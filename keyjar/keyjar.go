@@ -33,20 +33,20 @@
 //
 // # File
 //
-// The file is created with mode 0600 if it does not exist (an existing file
-// keeps its mode); SQLite gives its -wal and -shm files the database file's
-// mode. A path that is a symbolic link opens the file it points to, and the
-// -wal and -shm files are beside that file. Each connection sets
-// busy_timeout (Options.BusyTimeout); the writer also uses journal_mode=WAL,
-// synchronous=FULL (NORMAL for batches without a key creation),
-// secure_delete=FAST and BEGIN IMMEDIATE transactions (_txlock=immediate);
-// the readers (Get, List) are query_only and never block the writer. The
-// schema is versioned with PRAGMA user_version and the file is marked with
-// PRAGMA application_id; Open refuses a newer version with ErrVersion and a
-// file that is not a jar with ErrCorrupt. Times are stored as Unix
-// nanoseconds, so a Record's times must lie between the years 1678 and 2262
-// (or be zero); headers are stored as JSON, byte for byte: a name or value
-// that is not UTF-8 is kept in base64.
+// The file is created with mode 0600 if it does not exist, unless
+// Options.MustExist is set (an existing file keeps its mode); SQLite gives
+// its -wal and -shm files the database file's mode. A path that is a
+// symbolic link opens the file it points to, and the -wal and -shm files are
+// beside that file. Each connection sets busy_timeout (Options.BusyTimeout);
+// the writer also uses journal_mode=WAL, synchronous=FULL (NORMAL for
+// batches without a key creation), secure_delete=FAST and BEGIN IMMEDIATE
+// transactions (_txlock=immediate); the readers (Get, List) are query_only
+// and never block the writer. The schema is versioned with PRAGMA
+// user_version and the file is marked with PRAGMA application_id; Open
+// refuses a newer version with ErrVersion and a file that is not a jar with
+// ErrCorrupt. Times are stored as Unix nanoseconds, so a Record's times must
+// lie between the years 1678 and 2262 (or be zero); headers are stored as
+// JSON, byte for byte: a name or value that is not UTF-8 is kept in base64.
 //
 // Credentials never reach the file: Begin drops every header that
 // idem.SecretHeader names, even when the caller forgot to.
@@ -83,7 +83,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/sqliteopt"
 	sqlite3 "modernc.org/sqlite/lib"
 
@@ -104,6 +103,16 @@ type Options struct {
 	// one Prune batch) that share one transaction and one commit. Zero means
 	// 128; 1 turns group commit off.
 	MaxBatch int
+
+	// MustExist makes Open open only an existing jar: it creates no file
+	// and no schema. It returns an error matching fs.ErrNotExist for a
+	// missing file (one removed while Open ran included) and ErrCorrupt
+	// for an empty one, which it leaves empty. A program that only
+	// inspects or resumes the operations of a jar (as idemctl does) sets
+	// it, so that a wrong path fails instead of showing a new, empty jar.
+	// False means Open creates the file and its schema when they do not
+	// exist.
+	MustExist bool
 }
 
 const (
@@ -153,7 +162,8 @@ type hooks struct {
 }
 
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
-// it does not exist. opts may be nil. The context bounds the opening only.
+// it does not exist, unless Options.MustExist is set. opts may be nil. The
+// context bounds the opening only.
 //
 // path is a file name, not a SQLite URI: "file:keys.db?mode=ro" and
 // ":memory:" name files of those names in the working directory. A jar in
@@ -205,10 +215,9 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 		j   *Jar
 		err error
 	}
-	create := !nocreate.Marked(ctx)
 	ch := make(chan result, 1)
 	go func() {
-		j, err := openFile(path, o, h, create)
+		j, err := openFile(path, o, h)
 		ch <- result{j, err}
 	}()
 	select {
@@ -224,14 +233,14 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 	}
 }
 
-// openFile opens the jar at path; when create is false (nocreate), only
-// an existing file that holds a jar.
-func openFile(path string, o Options, h hooks, create bool) (_ *Jar, err error) {
+// openFile opens the jar at path; with o.MustExist, only an existing file
+// that holds a jar.
+func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
 	}
-	created, err := createFile(abs, create)
+	created, err := createFile(abs, !o.MustExist)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +291,7 @@ func openFile(path string, o Options, h hooks, create bool) (_ *Jar, err error) 
 		}
 		return nil, openError(abs, err)
 	}
-	if isNew && !create {
+	if isNew && o.MustExist {
 		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
 	}
 	// On a file already in WAL mode, which the look found, this changes

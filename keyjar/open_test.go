@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
@@ -272,16 +271,17 @@ func TestOpenEmptyFile(t *testing.T) {
 	}
 }
 
-// TestOpenWithoutCreating: an Open marked by internal/nocreate (idemctl's)
-// opens an existing jar and creates nothing: not a missing file, not one
-// removed after Open checked it and before SQLite opens it, not a jar in
-// an empty file.
+// TestOpenWithoutCreating: an Open with MustExist (idemctl's) opens an
+// existing jar and creates nothing: not a missing file, not one removed
+// after Open checked it and before SQLite opens it, not a jar in an empty
+// file.
 func TestOpenWithoutCreating(t *testing.T) {
-	ctx := nocreate.Mark(t.Context())
+	ctx := t.Context()
+	opts := &keyjar.Options{MustExist: true}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "keys.db")
 	newJarFile(t, path)
-	j, err := keyjar.Open(ctx, path, nil)
+	j, err := keyjar.Open(ctx, path, opts)
 	if err != nil {
 		t.Fatalf("an existing jar: %v", err)
 	}
@@ -301,11 +301,11 @@ func TestOpenWithoutCreating(t *testing.T) {
 			}
 		}
 	}
-	_, err = keyjar.OpenHooked(ctx, path, nil, keyjar.Hooks{Checked: remove})
+	_, err = keyjar.OpenHooked(ctx, path, opts, keyjar.Hooks{Checked: remove})
 	if _, serr := os.Stat(path); !removed || !errors.Is(err, fs.ErrNotExist) || !errors.Is(serr, fs.ErrNotExist) {
 		t.Fatalf("the file removed after the check (%v): %v, then %v; want fs.ErrNotExist, and no file", removed, err, serr)
 	}
-	if _, err := keyjar.Open(ctx, path, nil); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := keyjar.Open(ctx, path, opts); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("a missing file: %v; want fs.ErrNotExist", err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
@@ -313,7 +313,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 	}
 
 	writeFile(nil)(t, path)
-	if _, err := keyjar.Open(ctx, path, nil); !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "is empty") {
+	if _, err := keyjar.Open(ctx, path, opts); !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "is empty") {
 		t.Fatalf("an empty file: %v; want ErrCorrupt saying it is empty", err)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Size() != 0 {

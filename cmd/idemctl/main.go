@@ -71,7 +71,6 @@ import (
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/dsn"
-	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -275,7 +274,7 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (clien
 	}
 	// Nothing is checked before: the open itself refuses a missing file
 	// (which could be removed after any check) and one without a jar.
-	j, err := openKeyjar(nocreate.Mark(ctx), spec, &keyjar.Options{BusyTimeout: lockTimeout})
+	j, err := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("%s: no such jar file", spec)
 	}
@@ -300,7 +299,7 @@ func openPostgres(ctx context.Context, dsn string, lockTimeout time.Duration) (c
 	defer cancel()
 	// Nothing is checked before: the open itself refuses a database
 	// without the jar's tables (which could be dropped after any check).
-	j, err := openPgjar(nocreate.Mark(octx), dsn, &pgjar.Options{QueryTimeout: lockTimeout})
+	j, err := openPgjar(octx, dsn, &pgjar.Options{QueryTimeout: lockTimeout, MustExist: true})
 	if err != nil {
 		return nil, nil, explainOpen(octx, printable(dsn), lockTimeout, err)
 	}
@@ -322,9 +321,9 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		pgErr      *pgconn.PgError
 	)
 	switch {
-	case errors.Is(err, nocreate.ErrNoJar):
+	case errors.Is(err, pgjar.ErrNoJar):
 		// pgjar says what is missing after the sentinel.
-		_, missing, _ := strings.Cut(err.Error(), nocreate.ErrNoJar.Error())
+		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrNoJar.Error())
 		return fmt.Errorf("%s holds no key jar%s; a program using pgjar creates it", where, missing)
 	case errors.Is(err, context.DeadlineExceeded):
 		if ctx.Err() != nil {

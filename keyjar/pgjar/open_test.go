@@ -5,17 +5,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// TestOpenWithoutCreating: an Open marked by internal/nocreate (idemctl's)
-// opens a database that holds the jar and creates nothing in one that
-// does not: not the tables, not one table dropped from a jar, not the
-// record of a version.
+// TestOpenWithoutCreating: an Open with MustExist (idemctl's) opens a
+// database that holds the jar and creates nothing in one that does not:
+// not the tables, not one table dropped from a jar, not the record of a
+// version.
 func TestOpenWithoutCreating(t *testing.T) {
-	ctx := nocreate.Mark(t.Context())
+	ctx := t.Context()
+	mustExist := &pgjar.Options{MustExist: true}
 	dsn := pgtest.DB(t)
 	conn := pgtest.Connect(t, dsn)
 	tables := func() string {
@@ -30,12 +31,12 @@ func TestOpenWithoutCreating(t *testing.T) {
 	refused := func(what, missing string) {
 		t.Helper()
 		before := tables()
-		j, err := pgjar.Open(ctx, dsn, nil)
+		j, err := pgjar.Open(ctx, dsn, mustExist)
 		if err == nil {
 			j.Close()
 		}
-		if !errors.Is(err, nocreate.ErrNoJar) || !strings.Contains(err.Error(), missing) {
-			t.Errorf("%s: Open = %v; want nocreate.ErrNoJar saying %q", what, err, missing)
+		if !errors.Is(err, pgjar.ErrNoJar) || !strings.Contains(err.Error(), missing) {
+			t.Errorf("%s: Open = %v; want ErrNoJar saying %q", what, err, missing)
 		}
 		if after := tables(); after != before {
 			t.Errorf("%s: tables %q after the Open; want %q, as before", what, after, before)
@@ -45,7 +46,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 	refused("an empty database", "(no table idem_operations_schema)")
 
 	open(t, dsn, nil).Close() // creates the jar
-	j, err := pgjar.Open(ctx, dsn, nil)
+	j, err := pgjar.Open(ctx, dsn, mustExist)
 	if err != nil {
 		t.Fatalf("a database with a jar: %v", err)
 	}
@@ -66,7 +67,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 			refused(c.what, c.missing)
 			continue
 		}
-		if _, err := pgjar.Open(ctx, dsn, nil); !errors.Is(err, pgjar.ErrVersion) {
+		if _, err := pgjar.Open(ctx, dsn, mustExist); !errors.Is(err, pgjar.ErrVersion) {
 			t.Errorf("%s: Open = %v; want ErrVersion", c.what, err)
 		}
 		if _, err := conn.Exec(t.Context(), `DELETE FROM idem_operations_schema WHERE version = 99`); err != nil {
@@ -77,7 +78,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 
 // TestOpenIncompleteSchema: a database that records the jar's current
 // schema version but lost its table of records, or one of its indexes, is
-// refused by Open, New and idemctl's Open with ErrSchema naming what is
+// refused by Open, New and Open with MustExist with ErrSchema naming what is
 // missing, and nothing is re-created. Before, Open and New opened it, and
 // every call then failed with "relation does not exist".
 func TestOpenIncompleteSchema(t *testing.T) {
@@ -95,9 +96,11 @@ func TestOpenIncompleteSchema(t *testing.T) {
 		}
 		pool := newPool(t, dsn)
 		for what, opened := range map[string]func() (*pgjar.Jar, error){
-			"Open":           func() (*pgjar.Jar, error) { return pgjar.Open(t.Context(), dsn, nil) },
-			"New":            func() (*pgjar.Jar, error) { return pgjar.New(t.Context(), pool, nil) },
-			"Open, nocreate": func() (*pgjar.Jar, error) { return pgjar.Open(nocreate.Mark(t.Context()), dsn, nil) },
+			"Open": func() (*pgjar.Jar, error) { return pgjar.Open(t.Context(), dsn, nil) },
+			"New":  func() (*pgjar.Jar, error) { return pgjar.New(t.Context(), pool, nil) },
+			"Open, MustExist": func() (*pgjar.Jar, error) {
+				return pgjar.Open(t.Context(), dsn, &pgjar.Options{MustExist: true})
+			},
 		} {
 			j, err := opened()
 			if err == nil {
@@ -117,5 +120,79 @@ func TestOpenIncompleteSchema(t *testing.T) {
 		if want := strings.TrimPrefix(c.missing, "no "); missing != want {
 			t.Errorf("after %s and the opens: missing %q; want %q, nothing re-created", c.drop, missing, want)
 		}
+	}
+}
+
+// TestNewMustExist: a service that opens the jar on its own pool with
+// MustExist, through the public API alone, gets ErrNoJar for a database
+// without a jar and for a jar at an older schema version, which it leaves
+// as it was, and opens a jar at the current one.
+func TestNewMustExist(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	mustExist := &pgjar.Options{MustExist: true}
+	versions := func() string {
+		t.Helper()
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass('idem_operations_schema') IS NOT NULL`).Scan(&exists); err != nil {
+			t.Fatal(err)
+		}
+		if !exists {
+			return "no table"
+		}
+		var v string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(version::text, ',' ORDER BY version), '')
+			FROM idem_operations_schema`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	if j, err := pgjar.New(ctx, pool, mustExist); !errors.Is(err, pgjar.ErrNoJar) {
+		if err == nil {
+			j.Close()
+		}
+		t.Fatalf("an empty database: New = %v; want ErrNoJar", err)
+	}
+	if v := versions(); v != "no table" {
+		t.Fatalf("after New with MustExist on an empty database: versions %q; want no table", v)
+	}
+
+	j, err := pgjar.New(ctx, pool, nil) // creates the jar
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := j.Begin(ctx, record("op")); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	if _, err := pool.Exec(ctx, `TRUNCATE idem_operations_schema`); err != nil { // as before version 1
+		t.Fatal(err)
+	}
+	if j, err := pgjar.New(ctx, pool, mustExist); !errors.Is(err, pgjar.ErrNoJar) || !strings.Contains(err.Error(), "records version 0") {
+		if err == nil {
+			j.Close()
+		}
+		t.Fatalf("a jar at an older version: New = %v; want ErrNoJar naming the version", err)
+	}
+	if v := versions(); v != "" {
+		t.Fatalf("after New with MustExist on an older jar: versions %q; want none, not upgraded", v)
+	}
+
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_operations_schema (version) VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	j, err = pgjar.New(ctx, pool, mustExist)
+	if err != nil {
+		t.Fatalf("an existing jar: New = %v", err)
+	}
+	defer j.Close()
+	if rec, err := j.Get(ctx, "op"); err != nil || rec.Key != "key-op" {
+		t.Fatalf("Get = %+v, %v; want the record begun before", rec, err)
 	}
 }

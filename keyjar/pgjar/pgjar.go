@@ -122,7 +122,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
-	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
@@ -165,6 +164,12 @@ var (
 	// migration in schema.go creates it) knowing what was lost.
 	ErrSchema = errors.New("pgjar: database lacks part of the jar's schema")
 
+	// ErrNoJar is returned by Open and New with Options.MustExist for a
+	// database that holds no jar (no table idem_operations_schema), or a
+	// jar at an older schema version, which MustExist does not upgrade.
+	// What is missing follows it, in parentheses. Nothing is created.
+	ErrNoJar = errors.New("pgjar: database holds no key jar")
+
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
 	// created.
@@ -205,6 +210,19 @@ type Options struct {
 	// as many as it needs, so no statement holds many row locks or runs for
 	// long. Zero means DefaultPruneBatch.
 	PruneBatch int
+
+	// MustExist makes Open and New open only a jar that exists at this
+	// package's schema version: they create no table, record no version
+	// and run no migration, and need only SELECT on
+	// idem_operations_schema to check it. A database without the jar, or
+	// with a jar of an older schema version, is refused with ErrNoJar
+	// (open it once without MustExist to upgrade it); a newer one with
+	// ErrVersion and one missing a table or an index with ErrSchema, as
+	// without it. A program that only inspects or resumes operations (as
+	// idemctl does) sets it, so that a DSN naming the wrong database fails
+	// instead of showing a new, empty jar. False means Open and New create
+	// or upgrade the schema.
+	MustExist bool
 }
 
 // Jar is an idem.Jar and an idem.Deferrer in a PostgreSQL database, with
@@ -246,7 +264,7 @@ var (
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the jar's schema (tables idem_operations and
-// idem_operations_schema), and returns a Jar that owns its pool. It
+// idem_operations_schema) unless Options.MustExist is set, and returns a Jar that owns its pool. It
 // returns ErrVersion for a schema newer than this package, and ErrSchema
 // for a current one that lacks a table or an index. A schema that
 // is current is only read: a role that may not create tables opens it with
@@ -286,7 +304,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 
 // New returns a Jar on pool, a pool its caller keeps (Close leaves it
 // open), after creating or upgrading the schema as Open does, under the
-// same lock, or ErrVersion or ErrSchema. A service that runs a pool for its database
+// same lock (or, with Options.MustExist, checking it), or ErrVersion,
+// ErrSchema or ErrNoJar. A service that runs a pool for its database
 // keeps its jar there without a second one.
 //
 // The pool's connections keep their settings, and New reads two of them
@@ -343,13 +362,13 @@ func withDefaults(opts *Options) Options {
 
 // start returns a Jar on pool, whose Update commits with updateCommit and
 // whose Close closes pool when owned is true, once the schema is current
-// (see migrate; under nocreate's mark, present), and starts its applier.
+// (see migrate; with o.MustExist, present), and starts its applier.
 func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit string, owned bool) (*Jar, error) {
 	mctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
 	defer cancel()
 	check := migrate
-	if nocreate.Marked(ctx) {
-		check = present // idemctl's: a jar that exists, and nothing created
+	if o.MustExist {
+		check = present // a jar that exists, and nothing created
 	}
 	if err := check(mctx, pool); err != nil {
 		return nil, err

@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/hdrjson"
-	"github.com/idemkit/idem/internal/nocreate"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,18 +66,18 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // present checks, creating nothing, that the database holds the jar's
-// tables at this package's schema version: Open's check under nocreate's
-// mark. It returns nocreate.ErrNoJar, wrapped, for a database without
-// them, ErrVersion for a newer schema and ErrSchema for one missing a
-// table or an index.
+// tables at this package's schema version: the check of Options.MustExist.
+// It returns ErrNoJar, wrapped, for a database without them or at an older
+// version, ErrVersion for a newer one and ErrSchema for one missing a table
+// or an index.
 func present(ctx context.Context, pool *pgxpool.Pool) error {
-	return schemaError("open", schema.Check(ctx, pool, nocreate.ErrNoJar))
+	return schemaError("open", schema.Check(ctx, pool, ErrNoJar))
 }
 
 // schemaError returns err, prefixed with the package and verb unless it is
 // one of the package's own errors.
 func schemaError(verb string, err error) error {
-	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) {
+	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) {
 		return fmt.Errorf("pgjar: %s: %w", verb, err)
 	}
 	return err
