@@ -149,3 +149,24 @@ func TestKeywordValueJar(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresDamagedSchema: a jar whose database lost an index (or a
+// table) is refused at open with pgjar.ErrSchema. idemctl says the schema
+// is damaged, names what is missing and what to do, instead of printing
+// pgjar's error as it is.
+func TestPostgresDamagedSchema(t *testing.T) {
+	dsn := seedPostgres(t, newServer(t))
+	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `DROP INDEX idem_operations_by_state`); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := idemctl("--jar", withPassword(t, dsn), "list")
+	wantError(t, code, errOut, 1, "the key jar's schema is damaged (no idem_operations_by_state)")
+	for _, want := range []string{"keys may be lost", "restore", "from a backup"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q; want it to say %q", errOut, want)
+		}
+	}
+	if strings.Contains(errOut, "hunter2") || strings.Contains(errOut, pgjar.ErrSchema.Error()) {
+		t.Errorf("stderr %q; want the password masked and idemctl's own words", errOut)
+	}
+}
