@@ -100,8 +100,9 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 // as it sends any call under that name: under r's key, unless the operation
 // was abandoned or forgotten meanwhile, when the name begins a new
 // operation under a new key (client.Resume sends only a pending one). The
-// header has no credentials (see SecretHeader): add them before sending. NewRequest returns an error
-// wrapping ErrBodyNotStored when r does not hold the whole body.
+// header has no credentials (see SecretHeader): add them before sending.
+// NewRequest returns an error wrapping ErrBodyNotStored when r does not
+// hold the whole body.
 func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 	if !r.BodyStored() {
 		return nil, fmt.Errorf("idem: operation %q: %w (%d bytes)", r.Op, ErrBodyNotStored, r.BodySize)
