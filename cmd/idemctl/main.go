@@ -50,9 +50,9 @@
 // and -shm files and its directory, even to list it.
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
-// locked, corrupt, or a PostgreSQL jar that lost a table or an index) or
-// an operation fails, 2 for a usage error. Every error is one line on
-// stderr.
+// locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
+// record of its version) or an operation fails, 2 for a usage error.
+// Every error is one line on stderr.
 package main
 
 import (
@@ -327,8 +327,9 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrNoJar.Error())
 		return fmt.Errorf("%s holds no key jar%s; a program using pgjar creates it", where, missing)
 	case errors.Is(err, pgjar.ErrSchema):
-		// pgjar names what is missing after the sentinel: a table dropped
-		// took its keys with it, and pgjar re-creates nothing.
+		// pgjar names what is missing after the sentinel (a table, an
+		// index, the record of the version): a table dropped took its
+		// keys with it, and pgjar re-creates nothing.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrSchema.Error()+": ")
 		return fmt.Errorf("%s: the key jar's schema is damaged (%s); keys may be lost: restore the jar's tables from a backup", where, missing)
 	case errors.Is(err, context.DeadlineExceeded):

@@ -150,23 +150,29 @@ func TestKeywordValueJar(t *testing.T) {
 	}
 }
 
-// TestPostgresDamagedSchema: a jar whose database lost an index (or a
-// table) is refused at open with pgjar.ErrSchema. idemctl says the schema
-// is damaged, names what is missing and what to do, instead of printing
-// pgjar's error as it is.
+// TestPostgresDamagedSchema: a jar whose database lost an index, or the
+// record of its schema's version, is refused at open with pgjar.ErrSchema.
+// idemctl says the schema is damaged, names what is missing and what to do,
+// instead of printing pgjar's error as it is, or saying that the database
+// holds no jar.
 func TestPostgresDamagedSchema(t *testing.T) {
-	dsn := seedPostgres(t, newServer(t))
-	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `DROP INDEX idem_operations_by_state`); err != nil {
-		t.Fatal(err)
-	}
-	code, _, errOut := idemctl("--jar", withPassword(t, dsn), "list")
-	wantError(t, code, errOut, 1, "the key jar's schema is damaged (no idem_operations_by_state)")
-	for _, want := range []string{"keys may be lost", "restore", "from a backup"} {
-		if !strings.Contains(errOut, want) {
-			t.Errorf("stderr %q; want it to say %q", errOut, want)
+	for _, c := range []struct{ sql, want string }{
+		{`DROP INDEX idem_operations_by_state`, "(no idem_operations_by_state)"},
+		{`DROP TABLE idem_operations_schema`, "(no idem_operations_schema, but the database holds idem_operations, "},
+	} {
+		dsn := seedPostgres(t, newServer(t))
+		if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), c.sql); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if strings.Contains(errOut, "hunter2") || strings.Contains(errOut, pgjar.ErrSchema.Error()) {
-		t.Errorf("stderr %q; want the password masked and idemctl's own words", errOut)
+		code, _, errOut := idemctl("--jar", withPassword(t, dsn), "list")
+		wantError(t, code, errOut, 1, "the key jar's schema is damaged "+c.want)
+		for _, want := range []string{"keys may be lost", "restore", "from a backup"} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("after %s: stderr %q; want it to say %q", c.sql, errOut, want)
+			}
+		}
+		if strings.Contains(errOut, "hunter2") || strings.Contains(errOut, pgjar.ErrSchema.Error()) {
+			t.Errorf("after %s: stderr %q; want the password masked and idemctl's own words", c.sql, errOut)
+		}
 	}
 }

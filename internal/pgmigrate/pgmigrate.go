@@ -34,11 +34,16 @@ type Schema struct {
 	// Incomplete is returned, wrapped with the names of those missing, for
 	// a database that records version len(Migrations) without one of
 	// Objects: it was dropped, and nothing re-creates it, since a dropped
-	// table took its rows with it and its operator must know.
+	// table took its rows with it and its operator must know. It is
+	// returned too, wrapped with the names of those found, for a database
+	// that records no version (Table dropped or emptied) but holds one of
+	// Objects: what remains is not a schema to create from scratch.
 	Incomplete error
 }
 
-// Migrate brings the schema to len(s.Migrations) in one transaction.
+// Migrate brings the schema to len(s.Migrations) in one transaction. A
+// database that records no version but holds one of s.Objects is left as
+// it is: Migrate returns s.Incomplete.
 func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	table := pgx.Identifier{s.Table}.Sanitize()
 	// READ COMMITTED whatever the database's default: under REPEATABLE
@@ -68,6 +73,21 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			WHERE schemaname = current_schema() AND tablename = $1)`, s.Table).Scan(&exists); err != nil {
 			return err
 		}
+		var v int
+		if exists {
+			if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v); err != nil {
+				return err
+			}
+		}
+		if v == 0 {
+			found, err := s.found(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if len(found) > 0 {
+				return s.unrecorded(exists, found)
+			}
+		}
 		if !exists {
 			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
 				version    integer     PRIMARY KEY,
@@ -75,10 +95,6 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			)`); err != nil {
 				return err
 			}
-		}
-		var v int
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v); err != nil {
-			return err
 		}
 		if v > len(s.Migrations) {
 			return fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
@@ -101,20 +117,30 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // version len(s.Migrations), whole. It returns absent, wrapped with what is
 // missing in parentheses, for a database without the table of versions or
 // at an earlier version, s.TooNew for a later one and s.Incomplete for one
-// missing one of s.Objects.
+// missing one of s.Objects, or recording no version but holding one.
 func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) error {
+	// Looked for before the version: a migration commits the objects and
+	// the version together, so objects found here and no version read
+	// after are a version lost, not a migration that committed between.
+	found, err := s.found(ctx, pool)
+	if err != nil {
+		return err
+	}
 	var versions bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.Table).Scan(&versions); err != nil {
 		return err
 	}
-	if !versions {
-		return fmt.Errorf("%w (no table %s)", absent, s.Table)
-	}
 	var v int
-	if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.Table}.Sanitize()).Scan(&v); err != nil {
-		return err
+	if versions {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.Table}.Sanitize()).Scan(&v); err != nil {
+			return err
+		}
 	}
 	switch {
+	case v == 0 && len(found) > 0:
+		return s.unrecorded(versions, found)
+	case !versions:
+		return fmt.Errorf("%w (no table %s)", absent, s.Table)
 	case v > len(s.Migrations):
 		return fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
 	case v < len(s.Migrations):
@@ -123,11 +149,38 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) err
 	return s.whole(ctx, pool)
 }
 
+// querier is a pool, a connection or a transaction.
+type querier interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// found returns those of s.Objects that the schema the migrations create
+// them in (current_schema()) holds. It reads pg_class with the statement's
+// snapshot.
+func (s Schema) found(ctx context.Context, q querier) ([]string, error) {
+	var found []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY n), '{}')
+		FROM unnest($1::text[]) WITH ORDINALITY AS o(name, n)
+		WHERE EXISTS (SELECT FROM pg_catalog.pg_class c
+			JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+			WHERE ns.nspname = current_schema() AND c.relname = o.name)`,
+		s.Objects).Scan(&found)
+	return found, err
+}
+
+// unrecorded returns s.Incomplete for a database that records no version
+// (versions: it has the table of versions, empty) but holds found.
+func (s Schema) unrecorded(versions bool, found []string) error {
+	what := "no " + s.Table
+	if versions {
+		what = s.Table + " records no version"
+	}
+	return fmt.Errorf("%w: %s, but the database holds %s", s.Incomplete, what, strings.Join(found, ", "))
+}
+
 // whole returns s.Incomplete, wrapped with the names of those missing,
 // unless each of s.Objects exists.
-func (s Schema) whole(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) error {
+func (s Schema) whole(ctx context.Context, q querier) error {
 	var missing []string
 	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY n), '{}')
 		FROM unnest($1::text[]) WITH ORDINALITY AS o(name, n) WHERE to_regclass(name) IS NULL`,

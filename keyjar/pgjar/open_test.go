@@ -12,8 +12,7 @@ import (
 
 // TestOpenWithoutCreating: an Open with MustExist (idemctl's) opens a
 // database that holds the jar and creates nothing in one that does not:
-// not the tables, not one table dropped from a jar, not the record of a
-// version.
+// not the tables, not the table of versions, not the record of a version.
 func TestOpenWithoutCreating(t *testing.T) {
 	ctx := t.Context()
 	mustExist := &pgjar.Options{MustExist: true}
@@ -57,7 +56,8 @@ func TestOpenWithoutCreating(t *testing.T) {
 
 	for _, c := range []struct{ what, sql, missing string }{
 		{"a newer schema", `INSERT INTO idem_operations_schema (version) VALUES (99)`, ""},
-		{"no version recorded", `TRUNCATE idem_operations_schema`, "(idem_operations_schema records version 0, not 1)"},
+		{"no version recorded, no records' table", `DROP TABLE idem_operations; TRUNCATE idem_operations_schema`,
+			"(idem_operations_schema records version 0, not 1)"},
 		{"no table of versions", `DROP TABLE idem_operations_schema`, "(no table idem_operations_schema)"},
 	} {
 		if _, err := conn.Exec(t.Context(), c.sql); err != nil {
@@ -76,11 +76,24 @@ func TestOpenWithoutCreating(t *testing.T) {
 	}
 }
 
+// openers returns, by name, Open of dsn and New on a pool of it, with and
+// without MustExist.
+func openers(t *testing.T, dsn string) map[string]func() (*pgjar.Jar, error) {
+	pool := newPool(t, dsn)
+	mustExist := &pgjar.Options{MustExist: true}
+	return map[string]func() (*pgjar.Jar, error){
+		"Open":            func() (*pgjar.Jar, error) { return pgjar.Open(t.Context(), dsn, nil) },
+		"New":             func() (*pgjar.Jar, error) { return pgjar.New(t.Context(), pool, nil) },
+		"Open, MustExist": func() (*pgjar.Jar, error) { return pgjar.Open(t.Context(), dsn, mustExist) },
+		"New, MustExist":  func() (*pgjar.Jar, error) { return pgjar.New(t.Context(), pool, mustExist) },
+	}
+}
+
 // TestOpenIncompleteSchema: a database that records the jar's current
 // schema version but lost its table of records, or one of its indexes, is
-// refused by Open, New and Open with MustExist with ErrSchema naming what is
-// missing, and nothing is re-created. Before, Open and New opened it, and
-// every call then failed with "relation does not exist".
+// refused by Open and New, with MustExist or without, with ErrSchema naming
+// what is missing, and nothing is re-created. Before, Open and New opened
+// it, and every call then failed with "relation does not exist".
 func TestOpenIncompleteSchema(t *testing.T) {
 	for _, c := range []struct{ drop, missing string }{
 		{`DROP TABLE idem_operations`,
@@ -94,14 +107,7 @@ func TestOpenIncompleteSchema(t *testing.T) {
 		if _, err := conn.Exec(t.Context(), c.drop); err != nil {
 			t.Fatal(err)
 		}
-		pool := newPool(t, dsn)
-		for what, opened := range map[string]func() (*pgjar.Jar, error){
-			"Open": func() (*pgjar.Jar, error) { return pgjar.Open(t.Context(), dsn, nil) },
-			"New":  func() (*pgjar.Jar, error) { return pgjar.New(t.Context(), pool, nil) },
-			"Open, MustExist": func() (*pgjar.Jar, error) {
-				return pgjar.Open(t.Context(), dsn, &pgjar.Options{MustExist: true})
-			},
-		} {
+		for what, opened := range openers(t, dsn) {
 			j, err := opened()
 			if err == nil {
 				j.Close()
@@ -123,10 +129,63 @@ func TestOpenIncompleteSchema(t *testing.T) {
 	}
 }
 
+// TestOpenUnrecordedSchema: a database whose table of versions was dropped
+// or emptied while the jar's table kept its records is refused by Open and
+// New, with MustExist or without, with ErrSchema naming what it found, and
+// left as it was. Before, Open and New ran migration 1 on it and failed with
+// PostgreSQL's own "relation already exists", and MustExist said ErrNoJar of
+// a database that holds a jar.
+func TestOpenUnrecordedSchema(t *testing.T) {
+	for _, c := range []struct{ sql, want string }{
+		{`DROP TABLE idem_operations_schema`, "no idem_operations_schema"},
+		{`TRUNCATE idem_operations_schema`, "idem_operations_schema records no version"},
+	} {
+		dsn := pgtest.DB(t)
+		j := open(t, dsn, nil)
+		if _, _, err := j.Begin(t.Context(), record("op")); err != nil {
+			t.Fatal(err)
+		}
+		j.Close()
+		conn := pgtest.Connect(t, dsn)
+		if _, err := conn.Exec(t.Context(), c.sql); err != nil {
+			t.Fatal(err)
+		}
+		state := func() string {
+			t.Helper()
+			var versions, records string
+			if err := conn.QueryRow(t.Context(), `SELECT coalesce(to_regclass('idem_operations_schema')::text, 'none'),
+				(SELECT count(*) FROM idem_operations)`).Scan(&versions, &records); err != nil {
+				t.Fatal(err)
+			}
+			if versions != "none" {
+				if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM idem_operations_schema`).Scan(&versions); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return "versions " + versions + ", records " + records
+		}
+		before := state()
+		want := c.want + ", but the database holds idem_operations, idem_operations_pkey, " +
+			"idem_operations_by_created, idem_operations_by_state"
+		for what, opened := range openers(t, dsn) {
+			j, err := opened()
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, pgjar.ErrSchema) || !strings.HasSuffix(err.Error(), want) {
+				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.sql, what, err, want)
+			}
+			if after := state(); after != before {
+				t.Errorf("after %s: %s left %s; want %s, as before", c.sql, what, after, before)
+			}
+		}
+	}
+}
+
 // TestNewMustExist: a service that opens the jar on its own pool with
 // MustExist, through the public API alone, gets ErrNoJar for a database
-// without a jar and for a jar at an older schema version, which it leaves
-// as it was, and opens a jar at the current one.
+// without a jar and ErrSchema for a jar whose version was lost, which it
+// leaves as it was, and opens a jar at the current version.
 func TestNewMustExist(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)
@@ -171,17 +230,17 @@ func TestNewMustExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	j.Close()
-	if _, err := pool.Exec(ctx, `TRUNCATE idem_operations_schema`); err != nil { // as before version 1
+	if _, err := pool.Exec(ctx, `TRUNCATE idem_operations_schema`); err != nil {
 		t.Fatal(err)
 	}
-	if j, err := pgjar.New(ctx, pool, mustExist); !errors.Is(err, pgjar.ErrNoJar) || !strings.Contains(err.Error(), "records version 0") {
+	if j, err := pgjar.New(ctx, pool, mustExist); !errors.Is(err, pgjar.ErrSchema) || !strings.Contains(err.Error(), "records no version") {
 		if err == nil {
 			j.Close()
 		}
-		t.Fatalf("a jar at an older version: New = %v; want ErrNoJar naming the version", err)
+		t.Fatalf("a jar whose version was lost: New = %v; want ErrSchema saying so", err)
 	}
 	if v := versions(); v != "" {
-		t.Fatalf("after New with MustExist on an older jar: versions %q; want none, not upgraded", v)
+		t.Fatalf("after New with MustExist on a jar whose version was lost: versions %q; want none, nothing recorded", v)
 	}
 
 	if _, err := pool.Exec(ctx, `INSERT INTO idem_operations_schema (version) VALUES (1)`); err != nil {

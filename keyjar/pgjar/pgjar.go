@@ -161,13 +161,18 @@ var (
 	// indexes, named after it. Neither re-creates it: a table dropped took
 	// its keys with it, and an operation whose key was lost would be sent
 	// again under a new one. Restore it (from a backup, or as the
-	// migration in schema.go creates it) knowing what was lost.
+	// migration in schema.go creates it) knowing what was lost. It is
+	// returned too, naming what remains, for a database whose
+	// idem_operations_schema was dropped or emptied but that holds the
+	// jar's table or one of its indexes, with Options.MustExist or
+	// without: neither creates, alters or drops anything there.
 	ErrSchema = errors.New("pgjar: database lacks part of the jar's schema")
 
 	// ErrNoJar is returned by Open and New with Options.MustExist for a
-	// database that holds no jar (no table idem_operations_schema), or a
-	// jar at an older schema version, which MustExist does not upgrade.
-	// What is missing follows it, in parentheses. Nothing is created.
+	// database that holds no jar (no table idem_operations_schema, nor
+	// idem_operations), or a jar at an older schema version, which
+	// MustExist does not upgrade. What is missing follows it, in
+	// parentheses. Nothing is created.
 	ErrNoJar = errors.New("pgjar: database holds no key jar")
 
 	// ErrPool is returned by New for a nil pool, and for a pool whose
@@ -217,11 +222,11 @@ type Options struct {
 	// idem_operations_schema to check it. A database without the jar, or
 	// with a jar of an older schema version, is refused with ErrNoJar
 	// (open it once without MustExist to upgrade it); a newer one with
-	// ErrVersion and one missing a table or an index with ErrSchema, as
-	// without it. A program that only inspects or resumes operations (as
-	// idemctl does) sets it, so that a DSN naming the wrong database fails
-	// instead of showing a new, empty jar. False means Open and New create
-	// or upgrade the schema.
+	// ErrVersion and one missing a table, an index or the record of its
+	// version with ErrSchema, as without it. A program that only inspects
+	// or resumes operations (as idemctl does) sets it, so that a DSN
+	// naming the wrong database fails instead of showing a new, empty jar.
+	// False means Open and New create or upgrade the schema.
 	MustExist bool
 }
 
@@ -266,7 +271,8 @@ var (
 // creates or upgrades the jar's schema (tables idem_operations and
 // idem_operations_schema) unless Options.MustExist is set, and returns a Jar that owns its pool. It
 // returns ErrVersion for a schema newer than this package, and ErrSchema
-// for a current one that lacks a table or an index. A schema that
+// for a current one that lacks a table or an index, or for the jar's table
+// without the record of its version. A schema that
 // is current is only read: a role that may not create tables opens it with
 // SELECT on idem_operations_schema and SELECT, INSERT, UPDATE and DELETE
 // on idem_operations.

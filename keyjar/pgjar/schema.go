@@ -69,7 +69,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // tables at this package's schema version: the check of Options.MustExist.
 // It returns ErrNoJar, wrapped, for a database without them or at an older
 // version, ErrVersion for a newer one and ErrSchema for one missing a table
-// or an index.
+// or an index, or holding the jar's tables without the record of a version.
 func present(ctx context.Context, pool *pgxpool.Pool) error {
 	return schemaError("open", schema.Check(ctx, pool, ErrNoJar))
 }

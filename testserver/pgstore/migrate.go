@@ -41,7 +41,10 @@ var (
 	// took its claims and saved answers with it, and a retry of a request
 	// whose key was lost would run its handler again. Restore it (from a
 	// backup, or as the migration in migrate.go creates it) knowing what
-	// was lost.
+	// was lost. It is returned too, naming what remains, for a database
+	// whose idempotency_keys_schema was dropped or emptied but that holds
+	// the store's table or an index of it: neither creates, alters or
+	// drops anything there.
 	ErrSchema = errors.New("pgstore: database lacks part of the store's schema")
 )
 

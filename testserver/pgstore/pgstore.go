@@ -142,7 +142,8 @@ var (
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the schema, and returns a Store that owns its pool.
 // It returns ErrSchemaTooNew for a schema newer than this package, and
-// ErrSchema for a current one that lacks a table or an index. A schema
+// ErrSchema for a current one that lacks a table or an index, or for
+// the store's table without the record of its version. A schema
 // that is current is only read: a role that may not create tables opens it
 // with SELECT on idempotency_keys_schema and SELECT, INSERT, UPDATE and
 // DELETE on idempotency_keys.

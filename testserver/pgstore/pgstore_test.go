@@ -982,6 +982,21 @@ func TestSessionSettings(t *testing.T) {
 	}
 }
 
+// openers returns, by name, an Open of dsn and a New on a pool of it, and
+// that pool, closed when the test ends.
+func openers(t *testing.T, dsn string) (map[string]func() (*pgstore.Store, error), *pgxpool.Pool) {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return map[string]func() (*pgstore.Store, error){
+		"Open": func() (*pgstore.Store, error) { return pgstore.Open(t.Context(), dsn, nil) },
+		"New":  func() (*pgstore.Store, error) { return pgstore.New(t.Context(), pool, nil) },
+	}, pool
+}
+
 // TestOpenIncompleteSchema: a database that records the current schema
 // version but lost the store's table, or one of its indexes, is refused by
 // Open and New with ErrSchema naming what is missing, and nothing is
@@ -999,15 +1014,8 @@ func TestOpenIncompleteSchema(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Close()
-		pool, err := pgxpool.New(t.Context(), dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		for what, opened := range map[string]func() (*pgstore.Store, error){
-			"Open": func() (*pgstore.Store, error) { return pgstore.Open(t.Context(), dsn, nil) },
-			"New":  func() (*pgstore.Store, error) { return pgstore.New(t.Context(), pool, nil) },
-		} {
+		opens, pool := openers(t, dsn)
+		for what, opened := range opens {
 			s, err := opened()
 			if err == nil {
 				s.Close()
@@ -1076,6 +1084,57 @@ func TestNewPoolSettings(t *testing.T) {
 		}
 		if table != c.ok {
 			t.Fatalf("after New on a pool with %q: the store's table exists: %v; want %v", c.params, table, c.ok)
+		}
+	}
+}
+
+// TestOpenUnrecordedSchema: a database whose table of versions was dropped
+// or emptied while the store's table kept its claims is refused by Open and
+// New with ErrSchema naming what it found, and left as it was. Before, both
+// ran migration 1 on it and failed with PostgreSQL's own "relation already
+// exists".
+func TestOpenUnrecordedSchema(t *testing.T) {
+	for _, c := range []struct{ sql, want string }{
+		{`DROP TABLE idempotency_keys_schema`, "no idempotency_keys_schema"},
+		{`TRUNCATE idempotency_keys_schema`, "idempotency_keys_schema records no version"},
+	} {
+		dsn := pgtest.DB(t)
+		s := open(t, dsn, nil)
+		if _, _, err := s.Claim(t.Context(), "tenant", "k1", "fp1", 42, t0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Pool().Exec(t.Context(), c.sql); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		opens, pool := openers(t, dsn)
+		state := func() string {
+			t.Helper()
+			var versions, keys string
+			if err := pool.QueryRow(t.Context(), `SELECT coalesce(to_regclass('idempotency_keys_schema')::text, 'none'),
+				(SELECT count(*) FROM idempotency_keys)`).Scan(&versions, &keys); err != nil {
+				t.Fatal(err)
+			}
+			if versions != "none" {
+				if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM idempotency_keys_schema`).Scan(&versions); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return "versions " + versions + ", keys " + keys
+		}
+		before := state()
+		want := c.want + ", but the database holds idempotency_keys, idempotency_keys_pkey, idempotency_keys_created"
+		for what, opened := range opens {
+			s, err := opened()
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, pgstore.ErrSchema) || !strings.HasSuffix(err.Error(), want) {
+				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.sql, what, err, want)
+			}
+			if after := state(); after != before {
+				t.Errorf("after %s: %s left %s; want %s, as before", c.sql, what, after, before)
+			}
 		}
 	}
 }
