@@ -1,7 +1,8 @@
 // Package client is the layer over idem.Transport that a program uses: an
-// *http.Client whose POST and PATCH requests are safe to retry, statuses
-// turned into typed errors, and the operations that deal with outcomes left
-// unknown, even by a crash: Pending, Resume, Abandon and Forget.
+// *http.Client whose POST and PATCH requests (or those of Options.Methods)
+// are safe to retry, statuses turned into typed errors, and the operations
+// that deal with outcomes left unknown, even by a crash: Pending, Resume,
+// Abandon and Forget.
 //
 //	c, err := client.New(ctx, "keys.db", &client.Options{
 //		Header: func(r *http.Request) error {
@@ -37,6 +38,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -110,6 +112,14 @@ type Options struct {
 	// Policy is the retry policy of each call; the zero value is the
 	// default (see retry.Policy).
 	Policy retry.Policy
+
+	// Methods are the methods that get a key, as in idem.Transport.Methods:
+	// their requests are operations, retried, recorded and resumable, and
+	// a redirect that would send one again comes back as the answer. Nil
+	// means POST and PATCH; to key PUT too, list them all: {"POST",
+	// "PATCH", "PUT"}. A request of another method is sent once, without a
+	// key or a record.
+	Methods []string
 
 	// Budget is the retry quota shared by all of the Client's calls. Nil
 	// means a new retry.Budget with its defaults (500 tokens; a retry costs 5,
@@ -194,12 +204,13 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		Jar:           c.jar,
 		Policy:        o.Policy,
 		Budget:        budget,
+		Methods:       slices.Clone(o.Methods),
 		MaxStoredBody: o.MaxStoredBody,
 		Lease:         o.Lease,
 		Hooks:         o.Hooks,
 		Logger:        o.Logger,
 	}
-	c.hc = &http.Client{Transport: c.tr, CheckRedirect: checkRedirect}
+	c.hc = &http.Client{Transport: c.tr, CheckRedirect: c.checkRedirect}
 	return c, nil
 }
 
@@ -217,11 +228,11 @@ func pooledTransport() *http.Transport {
 }
 
 // checkRedirect follows redirects that become GET requests (301, 302,
-// 303) and stops at those that would send the keyed request again to
+// 303) and stops at those that would send a keyed request again to
 // another URL (307, 308): that would be another operation, and the
 // redirect comes back as the answer.
-func checkRedirect(req *http.Request, via []*http.Request) error {
-	if req.Method == http.MethodPost || req.Method == http.MethodPatch {
+func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
+	if c.keyed(req.Method) {
 		return http.ErrUseLastResponse
 	}
 	if len(via) >= 10 {
@@ -230,10 +241,19 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
+// keyed reports whether the Client's requests of method get a key: those
+// of Options.Methods, as idem.Transport decides it.
+func (c *Client) keyed(method string) bool {
+	if c.tr.Methods == nil {
+		return method == http.MethodPost || method == http.MethodPatch
+	}
+	return slices.ContainsFunc(c.tr.Methods, func(m string) bool { return strings.EqualFold(m, method) })
+}
+
 // HTTPClient returns the Client's *http.Client, for code that wants the
-// plain net/http API. Its POST and PATCH requests get keys and retries
-// (name the operation with idem.WithOperation); statuses are not turned
-// into errors.
+// plain net/http API. Its requests of the methods in Options.Methods (POST
+// and PATCH by default) get keys and retries (name the operation with
+// idem.WithOperation); statuses are not turned into errors.
 func (c *Client) HTTPClient() *http.Client { return c.hc }
 
 // Jar returns the Client's jar.
@@ -265,9 +285,10 @@ type Response struct {
 // returns the 2xx answer with its body open for the caller to read and
 // close. An empty op makes req an operation of its own (a new key). ctx
 // replaces req's context; req is not modified. A request whose method the
-// Client does not key (anything but POST and PATCH: GET, PUT, DELETE) is
-// no operation, op or not: it is sent once, as http.Client sends it,
-// without a key, a retry or a record in the jar.
+// Client does not key (not in Options.Methods: by default anything but POST
+// and PATCH, such as GET, PUT or DELETE) is no operation, op or not: it is
+// sent once, as http.Client sends it, without a key, a retry or a record
+// in the jar.
 //
 // A non-2xx answer is an error, with the body read (at most
 // Options.MaxErrorBody) and closed: a *StatusError, whose Err says more:
@@ -448,8 +469,8 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
 		return rec, &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "resume"}
 	}
-	if rec.Method != http.MethodPost && rec.Method != http.MethodPatch {
-		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through an idem.Transport whose Methods include %s",
+	if !c.keyed(rec.Method) {
+		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through a Client whose Options.Methods include %s",
 			op, rec.Method, ErrMethod, rec.Method)
 	}
 	return rec, nil

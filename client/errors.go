@@ -32,9 +32,10 @@ var (
 	// ErrNoReason is returned by Abandon for an empty reason.
 	ErrNoReason = errors.New("client: abandoning an operation needs a reason")
 	// ErrMethod is returned by Resume and ResumeWithBody for an operation
-	// whose method the Client does not key (it keys POST and PATCH): one
-	// recorded by an idem.Transport with other Methods, which must resume
-	// it.
+	// whose method the Client does not key (not in Options.Methods: by
+	// default anything but POST and PATCH), one recorded by an
+	// idem.Transport or a Client with other Methods: resume it through a
+	// Client whose Options.Methods include it.
 	ErrMethod = errors.New("client: the Client does not key this method")
 )
 

@@ -378,8 +378,74 @@ func TestResumeRefusesAMethodItDoesNotKey(t *testing.T) {
 	}
 	defer c.Close()
 	status = http.StatusOK
-	if _, err := c.Resume(ctx, "put:doc-1"); !errors.Is(err, client.ErrMethod) || len(keys) != 1 {
+	_, err = c.Resume(ctx, "put:doc-1")
+	if !errors.Is(err, client.ErrMethod) || len(keys) != 1 {
 		t.Fatalf("Resume of a PUT: %v after %d sends; want ErrMethod, nothing sent (it would go without its key)", err, len(keys))
+	}
+	if !strings.Contains(err.Error(), "Options.Methods") {
+		t.Errorf("Resume of a PUT: %v; want it to point to Options.Methods", err)
+	}
+}
+
+// TestOptionsMethods: Options.Methods chooses the methods that get a key,
+// as idem.Transport.Methods does. By default a PUT is sent once, without a
+// key or a record. With {"PUT"}, a PUT carries a key, stays pending after
+// a 503, and Resume sends it again with that key; a 307 to it comes back as
+// the answer instead of being followed as another operation.
+func TestOptionsMethods(t *testing.T) {
+	ctx := context.Background()
+	var keys []string
+	status := http.StatusServiceUnavailable
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys = append(keys, r.Header.Get(idem.KeyHeader))
+		if r.URL.Path == "/moved" {
+			w.Header().Set("Location", "/elsewhere")
+			w.WriteHeader(http.StatusTemporaryRedirect)
+			return
+		}
+		w.WriteHeader(status)
+	})
+	put := func(c *client.Client, op, path string) error {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPut, "http://shop.test"+path, strings.NewReader(`{"v":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(ctx, op, req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	once := retry.Policy{MaxAttempts: 1}
+
+	jar := &idem.MemoryJar{}
+	err := put(newClient(t, h, &client.Options{Jar: jar, Policy: once}), "put:doc-1", "/doc-1")
+	if errors.Is(err, idem.ErrPending) || len(keys) != 1 || keys[0] != "" {
+		t.Fatalf("a PUT by default: %v, keys %q; want a 503 without a key, not pending", err, keys)
+	}
+	if _, err := jar.Get(ctx, "put:doc-1"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("a PUT by default: Get = %v; want ErrNotFound, no record", err)
+	}
+
+	keys = nil
+	methods := []string{"PUT"}
+	c := newClient(t, h, &client.Options{Jar: jar, Policy: once, Methods: methods})
+	methods[0] = http.MethodGet // the Client keeps the methods it was given
+	if err := put(c, "put:doc-1", "/doc-1"); !errors.Is(err, idem.ErrPending) || len(keys) != 1 || keys[0] == "" {
+		t.Fatalf("a PUT with Methods {PUT}: %v, keys %q; want a 503 with a key, pending", err, keys)
+	}
+	status = http.StatusOK
+	if _, err := c.Resume(ctx, "put:doc-1"); err != nil || len(keys) != 2 || keys[1] != keys[0] {
+		t.Fatalf("Resume of the PUT: %v, keys %q; want it sent again with its key", err, keys)
+	}
+	if got := state(t, jar, "put:doc-1"); got != idem.StateDone {
+		t.Errorf("after Resume: %s; want done", got)
+	}
+
+	var se *client.StatusError
+	if err := put(c, "put:doc-2", "/moved"); !errors.As(err, &se) || se.StatusCode != http.StatusTemporaryRedirect {
+		t.Fatalf("a PUT answered 307: %v; want the 307 as a *StatusError, not followed", err)
 	}
 }
 
