@@ -372,6 +372,15 @@ func TestBadInput(t *testing.T) {
 			return s.send(t, "charge:bad-key", "/v1/charges", `{"amount":1}`, http.Header{idem.KeyHeader: values})
 		}
 	}
+	toURL := func(url string) func(t *testing.T, s *stack) (*http.Response, error) {
+		return func(t *testing.T, s *stack) (*http.Response, error) {
+			req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), "charge:bad-url"), http.MethodPost, url, strings.NewReader(`{"amount":1}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return readAll(s.tr.RoundTrip(req))
+		}
+	}
 	rows := []struct {
 		name string
 		run  func(t *testing.T, s *stack) (*http.Response, error)
@@ -404,6 +413,12 @@ func TestBadInput(t *testing.T) {
 		{name: "quoted key with a space at the start", run: keyed(`" order-42"`), want: idem.ErrInvalidKey},
 		{name: "quoted key with a comma", run: keyed(`"order,42"`), status: http.StatusCreated,
 			addsOps: []string{"charge:bad-key"}, addsKeys: 1, runs: 1},
+		// A server address given without its scheme, or without the // after
+		// it: a URL no request can be sent to, whose record would stay
+		// pending, and a fixed URL would be a *MismatchError.
+		{name: "URL without a scheme", run: toURL("localhost:8080/v1/charges"), want: idem.ErrInvalidURL},
+		{name: "URL without //", run: toURL("http//localhost:8080/v1/charges"), want: idem.ErrInvalidURL},
+		{name: "URL with an empty host", run: toURL("http:///v1/charges"), want: idem.ErrInvalidURL},
 		{
 			name: "100 MB body without GetBody: refused",
 			run: func(t *testing.T, s *stack) (resp *http.Response, err error) {

@@ -35,6 +35,14 @@ var (
 	// quote, text after it): the server would refuse it,
 	// and a record whose key cannot be sent would stay pending in the jar.
 	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
+	// ErrInvalidURL is returned by Transport.RoundTrip, before anything is
+	// stored or sent, for a keyed request whose URL has no host, such as
+	// a server address given without its scheme ("localhost:8080/v1/charges"
+	// parses as a URL of scheme "localhost") or without the // after it:
+	// no request can be sent there, a record of it would stay pending in
+	// the jar, and the same call with its URL fixed would be another
+	// request (a *MismatchError).
+	ErrInvalidURL = errors.New("idem: request URL has no host")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
 	// operation was abandoned (client.Abandon) while the call waited for
 	// another holder's lease: nothing is sent. A new call with the same

@@ -86,7 +86,8 @@ func Operation(ctx context.Context) string {
 //     printable ASCII characters without a space at either end, bare, or
 //     quoted as a Structured Field string ("a,b", escaping only \" and \\),
 //     which a key with a comma must be. Any other is refused with
-//     ErrInvalidKey before anything is stored or sent.
+//     ErrInvalidKey before anything is stored or sent. So is a URL without
+//     a host, with ErrInvalidURL.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -107,7 +108,7 @@ func Operation(ctx context.Context) string {
 //     it had.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
-//     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey,
+//     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey, ErrInvalidURL,
 //     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned wrapped), or the
 //     context's error, matching its cause too, when the request's context
 //     was done before the call; never a *url.Error, which http.Client
@@ -275,6 +276,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key, err := callerKey(req.Header)
 	if err != nil {
 		return nil, err
+	}
+	if req.URL == nil || req.URL.Host == "" {
+		return nil, fmt.Errorf("%w (nothing was stored or sent); give the server's address with its scheme, as in https://api.example.com/v1/charges", ErrInvalidURL)
 	}
 	if err := retry.CtxErr(req.Context()); err != nil {
 		// Done before the call began: nothing is read, stored or sent,
