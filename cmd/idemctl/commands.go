@@ -118,7 +118,7 @@ func showRecord(s *session, r idem.Record) error {
 	case r.BodySize == 0:
 		field("body", "none")
 	case !r.BodyStored():
-		field("body", fmt.Sprintf("%d bytes, not stored: resume needs it again", r.BodySize))
+		field("body", fmt.Sprintf("%d bytes, not stored: %s", r.BodySize, onlyItsProgram))
 	case utf8.Valid(r.Body):
 		field("body", fmt.Sprintf("%d bytes: %s", r.BodySize, cell(string(r.Body), 2000)))
 	default:
@@ -248,6 +248,9 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	failed := 0
 	for _, op := range ops {
 		resp, err := c.Resume(ctx, op)
+		if errors.Is(err, client.ErrBodyNotStored) {
+			err = fmt.Errorf("the jar does not hold its request's body (larger than the program's MaxStoredBody): %s; or abandon it once you know it did not happen and is not running", onlyItsProgram)
+		}
 		if err != nil {
 			failed++
 			fmt.Fprintf(s.stderr, "idemctl: %s: %s\n", cell(op, 0), oneLine(s.describe(s.unknown(op, err)).Error()))
@@ -476,3 +479,8 @@ func urlHost(s string) string {
 	}
 	return u.Host
 }
+
+// onlyItsProgram says who can resume an operation whose body the jar did
+// not store (it was larger than the program's MaxStoredBody): idemctl has
+// nothing to send.
+const onlyItsProgram = "only the program that sent it can resume it, by making the same call again"

@@ -36,6 +36,9 @@
 // program still sending an operation, and sends it only if it is still
 // pending then: one that the program finished, or that was abandoned or
 // forgotten, meanwhile is not sent again, and resume says so and fails.
+// Neither is one whose body the jar did not store (larger than the
+// program's MaxStoredBody): only the program that sent it can resume it,
+// by making the same call again.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

@@ -353,6 +353,45 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	}
 }
 
+// TestResumeOfABodyNotStored: the jar did not store the body of a pending
+// operation (larger than the program's MaxStoredBody). idemctl cannot send
+// it and says so, with what the operator can do: not a Go method to call.
+func TestResumeOfABodyNotStored(t *testing.T) {
+	srv := newServer(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(ctx, path, &client.Options{Base: refused, MaxStoredBody: -1, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PostJSON(ctx, "upload:big", srv.URL+"/v1/uploads", map[string]int{"size": 100}, nil); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("seeding upload:big: %v; want pending", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	const want = "the program that sent it"
+	code, out, _ := idemctl("--jar", path, "show", "upload:big")
+	if code != 0 || !strings.Contains(out, "not stored") || !strings.Contains(out, want) {
+		t.Fatalf("show: exit %d:\n%s\nwant the body not stored, and %q", code, out, want)
+	}
+	code, _, errOut := idemctl("--jar", path, "resume", "upload:big")
+	wantError(t, code, errOut, 1, want)
+	if strings.Contains(errOut, "ResumeWithBody") {
+		t.Errorf("resume: %q; want no Go method named to an operator", errOut)
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("the server got %d requests; want none", len(srv.keys))
+	}
+	if r, _ := jarState(t, path, "upload:big"); r.State != idem.StatePending {
+		t.Fatalf("after resume: %s; want it still pending", r.State)
+	}
+}
+
 func TestAbandon(t *testing.T) { eachJar(t, testAbandon) }
 
 func testAbandon(t *testing.T, _ *server, path string) {
