@@ -119,6 +119,13 @@ func openError(path string, err error) error {
 			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, permission(cause))
 		}
 	}
+	var se *sqlite.Error
+	if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_READONLY_DIRECTORY {
+		// The file may be written, but not the -wal and -shm files that
+		// SQLite must create beside it.
+		return fmt.Errorf("keyjar: open %s: %w: the directory %s cannot be written, and the jar keeps its -wal and -shm files there",
+			path, classify(err), filepath.Dir(path))
+	}
 	return fmt.Errorf("keyjar: open %s: %w", path, classify(err))
 }
 

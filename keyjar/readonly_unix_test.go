@@ -54,8 +54,13 @@ func TestOpenReadOnlyDir(t *testing.T) {
 	}
 	t.Cleanup(func() { os.Chmod(dir, 0o755) })
 	for _, name := range []string{"new.db", "existing.db", "held.db"} {
-		if ok, msg := open(filepath.Join(dir, name)); !ok {
+		ok, msg := open(filepath.Join(dir, name))
+		if !ok {
 			t.Errorf("Open of %s in a read-only directory: %s; want an error wrapping fs.ErrPermission", name, msg)
+		}
+		// The file itself may be written: the error must say what may not.
+		if name == "existing.db" && !strings.Contains(msg, "directory "+dir+" cannot be written") {
+			t.Errorf("Open of %s in a read-only directory: %s; want it to say that the directory %s cannot be written", name, msg, dir)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "new.db")); !errors.Is(err, fs.ErrNotExist) {
