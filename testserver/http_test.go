@@ -314,3 +314,55 @@ func TestKeySentTwiceOverHTTP2(t *testing.T) {
 		t.Fatalf("%s %s after %d runs; want HTTP/2 400, no run", resp.Proto, resp.Status, runs.Load())
 	}
 }
+
+// TestHeadersSetBeforeTheMiddleware: the handler's writer holds the headers
+// an outer handler set before the Middleware ran, as the one writer of
+// net/http would: the handler reads them, may delete them, and the
+// Content-Type an outer handler chose is not replaced by a sniffed one,
+// on the first answer nor on its replay. A handler that panics leaves
+// them as the outer handler set them, its own dropped.
+func TestHeadersSetBeforeTheMiddleware(t *testing.T) {
+	seen := make(chan string, 2)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- w.Header().Get("X-Request-Id")
+		w.Header().Del("X-Frame-Options")
+		w.Header().Set("Location", "/orders/1")
+		if r.URL.Path == "/panic" {
+			panic("boom")
+		}
+		io.WriteString(w, `{"id":1}`)
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	outer := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Request-Id", "req-1")
+			w.Header().Set("X-Frame-Options", "DENY")
+			next.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(outer(mw.Wrap(h)))
+	defer srv.Close()
+	for i, replayed := range []string{"", "true"} {
+		a := post(t, srv, "k")
+		hdr := a.resp.Header
+		if a.resp.StatusCode != http.StatusOK || hdr.Get("Idempotent-Replayed") != replayed || a.body != `{"id":1}` {
+			t.Fatalf("answer %d: %s %q, replayed %q; want 200 {\"id\":1}, replayed %q", i+1, a.resp.Status, a.body, hdr.Get("Idempotent-Replayed"), replayed)
+		}
+		if ct := hdr.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("answer %d: Content-Type %q; want application/json, set before the Middleware", i+1, ct)
+		}
+		if i == 0 && (hdr.Get("X-Frame-Options") != "" || hdr.Get("Location") != "/orders/1") {
+			t.Errorf("answer %d: header %v; want X-Frame-Options deleted by the handler, its Location", i+1, hdr)
+		}
+	}
+	if id := <-seen; id != "req-1" {
+		t.Errorf("the handler read X-Request-Id %q; want req-1, set before the Middleware", id)
+	}
+	a := send(t, srv, http.MethodPost, "/panic", chargeBody, "Idempotency-Key", "p")
+	<-seen
+	if hdr := a.resp.Header; a.resp.StatusCode != http.StatusInternalServerError || hdr.Get("X-Frame-Options") != "DENY" ||
+		hdr.Get("X-Request-Id") != "req-1" || hdr.Get("Location") != "" || hdr.Get("Content-Type") != "application/problem+json" {
+		t.Errorf("after a panic: %s, header %v; want 500 problem+json with the outer handler's headers and not the handler's", a.resp.Status, hdr)
+	}
+}

@@ -565,7 +565,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		limit = DefaultMaxSavedResponse
 	}
 	limit = min(limit, MaxSavedResponseLimit)
-	rec := &recorder{w: w, header: make(http.Header), limit: limit}
+	rec := &recorder{w: w, header: w.Header().Clone(), limit: limit}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
@@ -731,7 +731,7 @@ func (m *Middleware) Prune(ctx context.Context) (int, error) {
 // limit it sends what it has and passes the rest through (streamed).
 type recorder struct {
 	w        http.ResponseWriter
-	header   http.Header
+	header   http.Header // a copy of w's, which the handler changes
 	status   int
 	body     bytes.Buffer
 	limit    int64
@@ -804,9 +804,10 @@ func (rec *recorder) SetWriteDeadline(t time.Time) error {
 	return http.NewResponseController(rec.w).SetWriteDeadline(t)
 }
 
-// reset drops what the handler wrote, when nothing was sent yet.
+// reset drops what the handler wrote, when nothing was sent yet: the
+// header is again the one set before the handler ran.
 func (rec *recorder) reset() {
-	rec.header = make(http.Header)
+	rec.header = rec.w.Header().Clone()
 	rec.status = 0
 	rec.body.Reset()
 }
@@ -840,9 +841,11 @@ func (rec *recorder) send() {
 }
 
 // start writes the status, the header but the trailers, and the body
-// recorded so far to the real writer.
+// recorded so far to the real writer. The recorded header replaces the
+// writer's: it began as a copy of it, and holds the handler's deletions.
 func (rec *recorder) start() {
 	h := rec.w.Header()
+	clear(h)
 	for name, vs := range rec.header {
 		if !rec.trailer(name) {
 			h[name] = vs
