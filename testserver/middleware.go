@@ -339,10 +339,12 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 	if limit <= 0 {
 		limit = DefaultMaxBody
 	}
-	tooLarge := &Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
-		Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this server reads for an idempotent request.", limit)}
+	tooLarge := func(limit int64) *Problem {
+		return &Problem{Type: ProblemBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("The request body is larger than %d bytes, the most this server reads for an idempotent request.", limit)}
+	}
 	if r.ContentLength > limit {
-		return nil, tooLarge
+		return nil, tooLarge(limit)
 	}
 	if r.Body == nil {
 		return nil, nil
@@ -351,8 +353,10 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	var mbe *http.MaxBytesError
 	switch {
-	case errors.As(err, &mbe) || int64(len(b)) > limit:
-		return nil, tooLarge
+	case errors.As(err, &mbe): // an http.MaxBytesReader set before the Middleware
+		return nil, tooLarge(mbe.Limit)
+	case int64(len(b)) > limit:
+		return nil, tooLarge(limit)
 	case err != nil:
 		return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
 			Detail: "The request body could not be read (" + err.Error() + "); send the request again with the same Idempotency-Key."}

@@ -284,6 +284,18 @@ func TestBodyTooLargeWithoutLength(t *testing.T) {
 	}
 }
 
+// TestBodyTooLargeForAnOuterLimit: a body that an http.MaxBytesReader set
+// before the Middleware cuts short, at fewer bytes than MaxBody, is refused
+// with 413, and the problem names the limit that refused it.
+func TestBodyTooLargeForAnOuterLimit(t *testing.T) {
+	h := &charges{}
+	srv := http.MaxBytesHandler((&testserver.Middleware{Store: new(testserver.MemoryStore), MaxBody: 1000}).Wrap(h), 10)
+	p := wantProblem(t, serve(srv, request("POST", "/", strings.Repeat("x", 11), "Idempotency-Key", "k")), 413, testserver.ProblemBodyTooLarge)
+	if !strings.Contains(p.Detail, "larger than 10 bytes") || h.runs.Load() != 0 {
+		t.Fatalf("detail %q, handler runs %d; want the limit of 10 bytes named, no run", p.Detail, h.runs.Load())
+	}
+}
+
 // TestBodyOfMaxBody: MaxBody is the largest body read, so a body of
 // exactly MaxBody bytes runs, with or without a Content-Length.
 func TestBodyOfMaxBody(t *testing.T) {
