@@ -126,7 +126,12 @@ func (p ErrorPolicy) String() string {
 // at most 10 s, on a context that the caller hanging up does not end
 // either: a server that stops gracefully waits LockTimeout and those 10 s
 // for its requests in flight. A claim that took the store longer than
-// LockTimeout is released without running the handler (503).
+// LockTimeout is released without running the handler (503). The answer
+// saved is the one the handler returns with: put http.TimeoutHandler, and
+// any handler that answers before the work it started ends, outside Wrap,
+// never inside. Inside, its early 503 would release the claim
+// (ReleaseClaim) or be saved (SaveError) while the work goes on, and a
+// retry would run the work again, or be told it failed.
 //
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
