@@ -295,6 +295,12 @@ func TestAbandonThenNewKey(t *testing.T) {
 	if r.State != idem.StateAbandoned || r.Note != "ledger shows no charge for o1" || r.Holder != "" {
 		t.Fatalf("record %+v; want abandoned with the reason, no lease", r)
 	}
+	if err := c.Abandon(ctx, "charge:o1", "checked again"); err != nil {
+		t.Fatalf("abandon of an abandoned operation: %v; want nil", err)
+	}
+	if again, _ := c.Jar().Get(ctx, "charge:o1"); again.Note != r.Note || !again.Updated.Equal(r.Updated) {
+		t.Fatalf("abandon of an abandoned operation changed it: %+v; want %+v", again, r)
+	}
 	resp, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
 	if err != nil || resp.Key == s.key(0) || s.charges("o1") != 1 {
 		t.Fatalf("after abandon: %v, key %q; want a new key (not %q), charged once", err, resp.Key, s.key(0))
