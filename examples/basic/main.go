@@ -29,8 +29,8 @@ func main() {
 }
 
 // server is a tiny payments API: it drops the first attempt of each key
-// with a 503 and remembers the answer it gave each key, as an
-// idempotency-aware server does.
+// with a 503 and remembers the answer it gave each key, a 201 and its
+// body, which it replays, as an idempotency-aware server does.
 type server struct {
 	out     io.Writer
 	mu      sync.Mutex
@@ -51,6 +51,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if a, ok := s.answers[key]; ok {
 		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, a)
 		return
 	}

@@ -8,7 +8,8 @@ import (
 )
 
 // The demo's story holds: one key on every attempt and across the
-// restart, one charge, the second run answered by a replay.
+// restart, one charge, the second run answered by a replay of the first
+// answer, its status included.
 func TestBasic(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(&out); err != nil {
@@ -24,7 +25,8 @@ func TestBasic(t *testing.T) {
 			t.Fatalf("keys %v; want one key throughout:\n%s", keys, text)
 		}
 	}
-	for _, want := range []string{"replayed=false", "replayed=true", "the server charged 1 time(s)"} {
+	for _, want := range []string{`client: 201 {"charge":"ch_1"} replayed=false`, `client: 201 {"charge":"ch_1"} replayed=true`,
+		"the server charged 1 time(s)"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
