@@ -402,17 +402,18 @@ func (r *countingReader) Read(p []byte) (int, error) {
 func (r *countingReader) Close() error { return nil }
 
 // Every read of untrusted input in the Transport is bounded: a request
-// body without GetBody is read to MaxBuffer+1 bytes at most, and the body
-// of a response superseded by a retry to body.DrainLimit+1. (A body with
-// GetBody is hashed streamed, in constant memory: see TestBadInput; the
-// final response's body is the caller's to read.)
+// body without GetBody is read to MaxBuffer+1 bytes at most (8 MiB and a
+// byte with MaxBuffer zero), and the body of a response superseded by a
+// retry to body.DrainLimit+1. (A body with GetBody is hashed streamed,
+// in constant memory: see TestBadInput; the final response's body is the
+// caller's to read.)
 func TestTransportReadsAreBounded(t *testing.T) {
 	t.Run("request body without GetBody", func(t *testing.T) {
 		endless := &countingReader{}
-		tr := &idem.Transport{Base: &countingBase{}, Jar: &idem.MemoryJar{}, MaxBuffer: 1 << 16}
+		tr := &idem.Transport{Base: &countingBase{}, Jar: &idem.MemoryJar{}}
 		req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/v1/uploads", endless)
 		_, err := tr.RoundTrip(req)
-		if !errors.Is(err, idem.ErrBodyNotRewindable) || endless.n.Load() != 1<<16+1 {
+		if !errors.Is(err, idem.ErrBodyNotRewindable) || endless.n.Load() != 8<<20+1 {
 			t.Fatalf("got %v after reading %d bytes; want ErrBodyNotRewindable after MaxBuffer+1", err, endless.n.Load())
 		}
 	})

@@ -351,32 +351,47 @@ func TestStalledRetryableBody(t *testing.T) {
 	})
 }
 
-// TestLeaseOfAnEndlessAttemptTimeout: the default lease is twice the
-// attempt timeout; an attempt timeout near the largest duration keeps the
-// lease above it rather than overflowing into the one-minute floor, which
-// would let another holder send while this attempt may still be running.
-func TestLeaseOfAnEndlessAttemptTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		jar := &idem.MemoryJar{}
-		var lease time.Duration
-		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{AttemptTimeout: math.MaxInt64},
-			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-				rec, err := jar.Get(r.Context(), idem.Operation(r.Context()))
+// TestDefaultLease: a zero Lease is one minute, or twice the attempt
+// timeout when that is longer; an attempt timeout near the largest
+// duration keeps the lease above it rather than overflowing into the
+// one-minute floor, which would let another holder send while this
+// attempt may still be running. A Lease that is set is that.
+func TestDefaultLease(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		lease, attempt time.Duration
+		want           time.Duration
+	}{
+		{"zero", 0, 0, time.Minute},
+		{"short attempts", 0, 10 * time.Second, time.Minute},
+		{"long attempts", 0, 45 * time.Second, 90 * time.Second},
+		{"endless attempts", 0, math.MaxInt64, 100 * 365 * 24 * time.Hour},
+		{"set", 5 * time.Second, 45 * time.Second, 5 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				jar := &idem.MemoryJar{}
+				var lease time.Duration
+				tr := &idem.Transport{Jar: jar, Lease: tt.lease, Policy: retry.Policy{AttemptTimeout: tt.attempt},
+					Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+						rec, err := jar.Get(r.Context(), idem.Operation(r.Context()))
+						if err != nil {
+							return nil, err
+						}
+						lease = time.Until(rec.LeaseUntil) // time stands still in the bubble
+						return &http.Response{StatusCode: 201, Body: http.NoBody, Request: r}, nil
+					})}
+				resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
 				if err != nil {
-					return nil, err
+					t.Fatal(err)
 				}
-				lease = time.Until(rec.LeaseUntil)
-				return &http.Response{StatusCode: 201, Body: http.NoBody, Request: r}, nil
-			})}
-		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if lease < 99*365*24*time.Hour {
-			t.Fatalf("lease during the attempt %v; want a century, not the one-minute floor", lease)
-		}
-	})
+				resp.Body.Close()
+				if lease != tt.want {
+					t.Fatalf("lease during the attempt %v; want %v", lease, tt.want)
+				}
+			})
+		})
+	}
 }
 
 // TestAttemptTimeoutFiringAsHeadersArrive: an answer that the base
@@ -453,20 +468,46 @@ func TestRedirectOfANamedOperation(t *testing.T) {
 	resp.Body.Close()
 }
 
-// TestBodyAboveMaxBufferIsNotStored: MaxStoredBody does not lift
-// MaxBuffer: a body larger than MaxBuffer is streamed, and the record
-// keeps only its size.
-func TestBodyAboveMaxBufferIsNotStored(t *testing.T) {
-	tr, _, jar := newTransport(t, status(201))
-	tr.MaxBuffer, tr.MaxStoredBody = 8, 64
-	ctx := idem.WithOperation(context.Background(), "op")
-	resp, err := post(t, ctx, tr, `{"amount":4200}`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if rec, err := jar.Get(ctx, "op"); err != nil || rec.Body != nil || rec.BodySize != 15 {
-		t.Fatalf("stored body %q of %d bytes, %v; want none of 15", rec.Body, rec.BodySize, err)
+// TestStoredBody: the record keeps a body of at most MaxStoredBody bytes
+// (64 KiB when zero), none when MaxStoredBody is negative, and none larger
+// than MaxBuffer, which is streamed: MaxStoredBody does not lift it. A
+// body not kept leaves its size.
+func TestStoredBody(t *testing.T) {
+	for _, tt := range []struct {
+		name                     string
+		maxStoredBody, maxBuffer int64
+		size                     int
+		stored                   bool
+	}{
+		{"zero: 64 KiB kept", 0, 0, 64 << 10, true},
+		{"zero: 64 KiB and a byte not", 0, 0, 64<<10 + 1, false},
+		{"negative: none kept", -1, 0, 15, false},
+		{"set: that many kept", 100, 0, 100, true},
+		{"set: one more not", 100, 0, 101, false},
+		{"above MaxBuffer: not", 64, 8, 15, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tr, _, jar := newTransport(t, status(201))
+			tr.MaxStoredBody, tr.MaxBuffer = tt.maxStoredBody, tt.maxBuffer
+			body := `"` + strings.Repeat("a", tt.size-2) + `"` // JSON of tt.size bytes
+			ctx := idem.WithOperation(context.Background(), "op")
+			resp, err := post(t, ctx, tr, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			rec, err := jar.Get(ctx, "op")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []byte(nil)
+			if tt.stored {
+				want = []byte(body)
+			}
+			if !bytes.Equal(rec.Body, want) || (rec.Body == nil) != (want == nil) || rec.BodySize != int64(tt.size) || rec.BodyStored() != tt.stored {
+				t.Fatalf("stored %d bytes of a body of %d (stored: %v); want the %d-byte body kept: %v", len(rec.Body), rec.BodySize, rec.BodyStored(), tt.size, tt.stored)
+			}
+		})
 	}
 }
 

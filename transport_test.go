@@ -464,24 +464,47 @@ func TestCallerRequestUnchanged(t *testing.T) {
 	})
 }
 
-func TestSafeMethodsPassThrough(t *testing.T) {
-	mt := httpmock.NewMockTransport()
-	var key string
-	var n int
-	mt.RegisterResponder(http.MethodGet, chargeURL, func(r *http.Request) (*http.Response, error) {
-		n++
-		key = r.Header.Get(idem.KeyHeader)
-		return httpmock.NewStringResponse(503, ""), nil
-	})
-	jar := &idem.MemoryJar{}
-	tr := &idem.Transport{Base: mt, Jar: jar}
-	req, _ := http.NewRequest(http.MethodGet, chargeURL, nil)
-	resp, err := tr.RoundTrip(req)
-	if err != nil || resp.StatusCode != 503 || n != 1 || key != "" {
-		t.Fatalf("GET: got %v, %v, %d attempts, key %q; want one untouched attempt", resp, err, n, key)
-	}
-	if recs, _ := jar.List(context.Background(), idem.Filter{}); len(recs) != 0 {
-		t.Fatalf("a GET wrote %d records to the jar; want none", len(recs))
+// TestDefaultMethods: with Methods nil, POST and PATCH get a key, are
+// retried and are recorded in the jar; every other method passes through
+// to Base untouched: one attempt, no key, no record.
+func TestDefaultMethods(t *testing.T) {
+	for _, tt := range []struct {
+		method string
+		keyed  bool
+	}{
+		{http.MethodPost, true}, {http.MethodPatch, true},
+		{http.MethodGet, false}, {http.MethodHead, false}, {http.MethodPut, false}, {http.MethodDelete, false},
+	} {
+		t.Run(tt.method, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rec := &recorder{script: []func() (*http.Response, error){status(503), status(200)}}
+				mt := httpmock.NewMockTransport()
+				mt.RegisterResponder(tt.method, chargeURL, rec.respond)
+				jar := &idem.MemoryJar{}
+				tr := &idem.Transport{Base: mt, Jar: jar, Policy: fastPolicy}
+				req, err := http.NewRequest(tt.method, chargeURL, strings.NewReader(`{}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				recs, _ := jar.List(context.Background(), idem.Filter{})
+				if tt.keyed {
+					if resp.StatusCode != 200 || rec.attempts() != 2 || rec.keys[0] == "" || rec.keys[1] != rec.keys[0] || len(recs) != 1 {
+						t.Fatalf("got %d after %d attempts with keys %q, %d records; want 200 after 2 attempts with one key, 1 record",
+							resp.StatusCode, rec.attempts(), rec.keys, len(recs))
+					}
+					return
+				}
+				if resp.StatusCode != 503 || rec.attempts() != 1 || rec.keys[0] != "" || len(recs) != 0 {
+					t.Fatalf("got %d after %d attempts with keys %q, %d records; want the 503 of one attempt without a key, no record",
+						resp.StatusCode, rec.attempts(), rec.keys, len(recs))
+				}
+			})
+		})
 	}
 }
 
