@@ -50,7 +50,7 @@ func TestHooksAndLogger(t *testing.T) {
 		if len(replays) != 1 || replays[0].Status != 201 || len(giveUps) != 0 || len(reconciles) != 0 {
 			t.Fatalf("replays %+v give-ups %+v reconciles %+v; want one replay only", replays, giveUps, reconciles)
 		}
-		for _, want := range []string{`msg="idem: retrying"`, "status=503", "wait=2s", `msg="idem: attempt"`} {
+		for _, want := range []string{`level=INFO msg="idem: retrying"`, "status=503", "wait=2s", `level=DEBUG msg="idem: attempt"`} {
 			if !strings.Contains(logs.String(), want) {
 				t.Errorf("log lacks %q:\n%s", want, logs.String())
 			}
@@ -60,7 +60,7 @@ func TestHooksAndLogger(t *testing.T) {
 		tr2, _, _ := newTransport(t, netErr(syscall.ECONNREFUSED))
 		tr2.Jar = jar
 		tr2.Policy.MaxAttempts = 2
-		tr2.Hooks = tr.Hooks
+		tr2.Hooks, tr2.Logger = tr.Hooks, tr.Logger
 		if _, err := post(t, idem.WithOperation(context.Background(), "op2"), tr2, `{}`); err == nil {
 			t.Fatal("want an error")
 		}
@@ -74,6 +74,11 @@ func TestHooksAndLogger(t *testing.T) {
 		}
 		if len(reconciles) != 1 || reconciles[0].Op != "op2" {
 			t.Fatalf("OnReconcile events %+v; want one for op2", reconciles)
+		}
+		for _, want := range []string{`level=WARN msg="idem: giving up; operation stays pending" op=op2`, `level=WARN msg="idem: past the horizon; reconcile" op=op2`} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("log lacks %q:\n%s", want, logs.String())
+			}
 		}
 	})
 }
