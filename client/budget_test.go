@@ -17,16 +17,20 @@ import (
 
 // A server that answers 503 to everything: with a budget shared by the
 // client, retries stop multiplying its load; first attempts still go out.
+// A Client without Options.Budget has one, of retry.Budget's defaults.
 func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
+	const calls = 40
 	for _, tt := range []struct {
 		name   string
 		budget *retry.Budget
 		sends  int
 	}{
-		// 20 calls of at most 5 attempts: 20 first attempts + 80 retries.
-		{"unlimited", &retry.Budget{Capacity: 1 << 30}, 100},
+		// 40 calls of at most 5 attempts: 40 first attempts + 160 retries.
+		{"unlimited", &retry.Budget{Capacity: 1 << 30}, 200},
 		// 50 tokens at 5 per retry pay for 10 retries in all.
-		{"budget 50", &retry.Budget{Capacity: 50, RetryCost: 5}, 20 + 10},
+		{"budget 50", &retry.Budget{Capacity: 50, RetryCost: 5}, calls + 10},
+		// The default: 500 tokens at 5 per retry, 100 retries.
+		{"no budget given", nil, calls + 100},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -36,7 +40,7 @@ func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
 					w.WriteHeader(http.StatusServiceUnavailable)
 				})
 				c := newClient(t, down, &client.Options{Budget: tt.budget, Policy: retry.Policy{MaxAttempts: 5}})
-				for i := range 20 {
+				for i := range calls {
 					_, err := c.PostJSON(context.Background(), fmt.Sprint("charge:", i), chargesURL, chargeReq{Order: fmt.Sprint(i)}, nil)
 					var pe *idem.PendingError
 					if !errors.As(err, &pe) || pe.LastStatus != 503 {
@@ -47,8 +51,8 @@ func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
 					t.Fatalf("server got %d requests; want %d", got, tt.sends)
 				}
 				pending, _ := c.Pending(context.Background())
-				if len(pending) != 20 {
-					t.Fatalf("%d operations pending; want all 20, resumable", len(pending))
+				if len(pending) != calls {
+					t.Fatalf("%d operations pending; want all %d, resumable", len(pending), calls)
 				}
 			})
 		})

@@ -139,19 +139,28 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		}
 	})
 	t.Run("a 2xx body over MaxJSONBody is an error, not decoded", func(t *testing.T) {
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusCreated)
-			fmt.Fprintf(w, `{"id":%q}`, strings.Repeat("x", 100))
-		})
-		var out struct{ ID string }
-		c := newClient(t, h, &client.Options{MaxJSONBody: 50})
-		resp, err := c.PostJSON(ctx, "charge:big", chargesURL, chargeReq{Order: "big"}, &out)
-		if err == nil || !strings.Contains(err.Error(), "MaxJSONBody") || resp == nil || resp.StatusCode != 201 || out.ID != "" {
-			t.Fatalf("got %v, %v, decoded %q; want the 201 with a MaxJSONBody error and nothing decoded", resp, err, out.ID)
-		}
-		c = newClient(t, h, &client.Options{MaxJSONBody: 200})
-		if _, err := c.PostJSON(ctx, "charge:big", chargesURL, chargeReq{Order: "big"}, &out); err != nil || len(out.ID) != 100 {
-			t.Fatalf("under the limit: got %v, %d bytes decoded; want the body decoded", err, len(out.ID))
+		for _, tt := range []struct {
+			max, size int64 // MaxJSONBody, and the answer's length
+			decoded   bool
+		}{
+			{50, 100, false}, {200, 100, true},
+			{0, 16 << 20, true}, {0, 16<<20 + 1, false}, // zero means 16 MiB
+		} {
+			answer := []byte(`{"id":"` + strings.Repeat("x", int(tt.size)-len(`{"id":""}`)) + `"}`)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+				w.Write(answer)
+			})
+			var out struct{ ID string }
+			c := newClient(t, h, &client.Options{MaxJSONBody: tt.max})
+			resp, err := c.PostJSON(ctx, "charge:big", chargesURL, chargeReq{Order: "big"}, &out)
+			switch {
+			case tt.decoded && (err != nil || len(out.ID) != len(answer)-len(`{"id":""}`)):
+				t.Fatalf("MaxJSONBody %d, an answer of %d bytes: %v, %d bytes decoded; want it decoded", tt.max, tt.size, err, len(out.ID))
+			case !tt.decoded && (err == nil || !strings.Contains(err.Error(), "MaxJSONBody") || resp == nil || resp.StatusCode != 201 || out.ID != ""):
+				t.Fatalf("MaxJSONBody %d, an answer of %d bytes: %v, %v, %d bytes decoded; want the 201 with a MaxJSONBody error and nothing decoded",
+					tt.max, tt.size, resp, err, len(out.ID))
+			}
 		}
 	})
 	t.Run("404 is a status error with its body", func(t *testing.T) {
