@@ -503,6 +503,41 @@ func lockJar(t *testing.T, path string, exclusive bool) {
 	t.Cleanup(func() { tx.Rollback(); db.Close() })
 }
 
+// TestLockTimeout: --lock-timeout, 2s when it is not given, is how long a
+// jar file's statements wait for a lock (keyjar's BusyTimeout), and how
+// long a PostgreSQL jar's statements may run (pgjar's QueryTimeout).
+func TestLockTimeout(t *testing.T) {
+	realKeyjar, realPgjar := openKeyjar, openPgjar
+	t.Cleanup(func() { openKeyjar, openPgjar = realKeyjar, realPgjar })
+	var got time.Duration
+	stop := errors.New("not opened")
+	openKeyjar = func(_ context.Context, _ string, opts *keyjar.Options) (*keyjar.Jar, error) {
+		got = opts.BusyTimeout
+		return nil, stop
+	}
+	openPgjar = func(_ context.Context, _ string, opts *pgjar.Options) (*pgjar.Jar, error) {
+		got = opts.QueryTimeout
+		return nil, stop
+	}
+	const pgURL = "postgres://ops@127.0.0.1:1/payments"
+	for _, tt := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{[]string{"--jar", "keys.db", "list"}, 2 * time.Second},
+		{[]string{"--jar", "keys.db", "--lock-timeout", "50ms", "list"}, 50 * time.Millisecond},
+		{[]string{"--jar", pgURL, "list"}, 2 * time.Second},
+		{[]string{"--jar", pgURL, "list", "--lock-timeout", "3s"}, 3 * time.Second},
+	} {
+		got = 0
+		code, _, errOut := idemctl(tt.args...)
+		wantError(t, code, errOut, 1, "not opened")
+		if got != tt.want {
+			t.Errorf("idemctl %q opened the jar with a timeout of %v; want %v", tt.args, got, tt.want)
+		}
+	}
+}
+
 // uncommitted is the note lockJar writes and never commits.
 const uncommitted = "uncommitted note"
 
