@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
@@ -162,4 +163,103 @@ func ExampleRecord_NewRequest() {
 	// first run, outcome unknown: true
 	// next run: charge:order-42 201 {"id":"ch_1"} replayed: true
 	// charges: 1
+}
+
+// An operation is named by the caller. Every call under one name sends
+// one key: the call made again (after a lost answer, or a restart, with a
+// jar file) gets the server's saved answer instead of a second charge. A
+// name called with another request is refused before anything is sent.
+func ExampleWithOperation() {
+	keys := make(chan string, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys <- r.Header.Get(idem.KeyHeader)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	hc := &http.Client{Transport: &idem.Transport{Jar: &idem.MemoryJar{}}}
+
+	seen := map[string]int{} // each key the server got, numbered
+	for _, c := range []struct{ op, body string }{
+		{"charge:order-42", `{"amount":4200}`},
+		{"charge:order-42", `{"amount":4200}`}, // the same call again
+		{"charge:order-43", `{"amount":4200}`},
+		{"charge:order-42", `{"amount":9900}`}, // another request under a name in use
+	} {
+		ctx := idem.WithOperation(context.Background(), c.op)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/charges", strings.NewReader(c.body))
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if errors.Is(err, idem.ErrMismatch) {
+			fmt.Println(c.op, c.body, "refused, nothing sent")
+			continue
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		key := <-keys
+		if seen[key] == 0 {
+			seen[key] = len(seen) + 1
+		}
+		fmt.Println(c.op, c.body, "sent with key", seen[key])
+	}
+	// Output:
+	// charge:order-42 {"amount":4200} sent with key 1
+	// charge:order-42 {"amount":4200} sent with key 1
+	// charge:order-43 {"amount":4200} sent with key 2
+	// charge:order-42 {"amount":9900} refused, nothing sent
+}
+
+// What a call's error tells the caller to do. A *PendingError: the outcome
+// is unknown, and a later call under the same name resumes it with the
+// same key. A *ReconcileError: the first send is older than the retry
+// horizon (24 h by default); ask the server what happened before anything
+// else. ErrMismatch: the name was first used for another request, a bug in
+// the caller; nothing was sent. A *JarError: the jar failed before the
+// send; nothing was sent.
+func ExampleTransport_errors() {
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // nothing listens there any more: every attempt is refused
+	jar := &idem.MemoryJar{}
+	call := func(policy retry.Policy, body string) error {
+		hc := &http.Client{Transport: &idem.Transport{Jar: jar, Policy: policy}}
+		ctx := idem.WithOperation(context.Background(), "charge:order-42")
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, down.URL+"/charges", strings.NewReader(body))
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	handle := func(err error) {
+		var pending *idem.PendingError
+		var reconcile *idem.ReconcileError
+		var jarErr *idem.JarError
+		switch {
+		case errors.As(err, &pending):
+			fmt.Printf("%s: outcome unknown after %d attempt(s): call again later\n", pending.Op, pending.Attempts)
+		case errors.As(err, &reconcile):
+			fmt.Printf("%s: past the horizon after %d attempt(s): reconcile with the server\n", reconcile.Op, reconcile.Attempts)
+		case errors.Is(err, idem.ErrMismatch):
+			fmt.Println("another request under a name in use: nothing sent")
+		case errors.As(err, &jarErr):
+			fmt.Println("the jar failed: nothing sent")
+		case err != nil:
+			fmt.Println("not sent:", err) // the request itself, or the caller's context
+		}
+	}
+
+	handle(call(retry.Policy{MaxAttempts: 2, InitialInterval: 1}, `{"amount":4200}`))
+	handle(call(retry.Policy{}, `{"amount":9900}`))
+	// The same call, as a day later: a horizon that has passed.
+	handle(call(retry.Policy{Horizon: time.Nanosecond}, `{"amount":4200}`))
+	// Output:
+	// charge:order-42: outcome unknown after 2 attempt(s): call again later
+	// another request under a name in use: nothing sent
+	// charge:order-42: past the horizon after 2 attempt(s): reconcile with the server
 }
