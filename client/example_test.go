@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
@@ -36,6 +37,17 @@ func paymentsServer(failFirst int64) *httptest.Server {
 		}
 		charge.ServeHTTP(w, r)
 	}))
+}
+
+// oneAttempt returns a payments server whose first answer is a 503, and a
+// Client over a jar in memory that sends each call once: its first call
+// stays pending.
+func oneAttempt(ctx context.Context) (*httptest.Server, *client.Client) {
+	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return paymentsServer(1), c
 }
 
 // A Client over a jar file: the key of "charge:order-42" is in the file
@@ -109,16 +121,12 @@ func ExampleClient_PostJSON() {
 }
 
 func ExampleClient_Resume() {
-	srv := paymentsServer(1) // the first attempt fails
-	defer srv.Close()
 	ctx := context.Background()
-	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1}})
-	if err != nil {
-		log.Fatal(err)
-	}
+	srv, c := oneAttempt(ctx) // the first attempt fails, and is not retried
+	defer srv.Close()
 	defer c.Close()
 
-	_, err = c.PostJSON(ctx, "charge:order-7", srv.URL+"/charges", map[string]any{"order": "order-7", "amount": 500}, nil)
+	_, err := c.PostJSON(ctx, "charge:order-7", srv.URL+"/charges", map[string]any{"order": "order-7", "amount": 500}, nil)
 	fmt.Println("outcome unknown:", errors.Is(err, idem.ErrPending))
 
 	// Later, or after a restart: resume what is pending, with the same key.
@@ -139,4 +147,83 @@ func ExampleClient_Resume() {
 	// outcome unknown: true
 	// charge:order-7: 1 attempt(s), last status 503
 	// resumed: 201 same key: true
+}
+
+// Every answer that is not 2xx is a *StatusError with its status and body.
+// Its Err says what the answer means for the operation: errors.Is matches
+// idem.ErrPending when the outcome is unknown (resume it later) and
+// idem.ErrMismatch when the server refused the key as reused with another
+// request (a bug: never retry it); any other answer is final.
+func ExampleStatusError() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/busy":
+			w.Header().Set("Retry-After", "120") // longer than Policy.MaxRetryAfter: not waited for
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case "/reused":
+			w.WriteHeader(http.StatusUnprocessableEntity)
+		default:
+			http.Error(w, "no such order", http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	for _, path := range []string{"/busy", "/reused", "/orders/none"} {
+		_, err := c.PostJSON(ctx, "charge:order-42"+path, srv.URL+path, map[string]any{"amount": 4200}, nil)
+		var se *client.StatusError
+		if !errors.As(err, &se) {
+			log.Fatal(err) // no answer: an *idem.PendingError, *idem.ReconcileError, …
+		}
+		var pending *idem.PendingError
+		switch {
+		case errors.As(err, &pending):
+			fmt.Println(se.StatusCode, "outcome unknown: resume it in", time.Until(pending.NextAttempt).Round(time.Minute))
+		case errors.Is(err, idem.ErrMismatch):
+			fmt.Println(se.StatusCode, "the key was reused with another request: do not retry")
+		default:
+			fmt.Printf("%d final: %s", se.StatusCode, se.Body)
+		}
+	}
+	// Output:
+	// 503 outcome unknown: resume it in 2m0s
+	// 422 the key was reused with another request: do not retry
+	// 404 final: no such order
+}
+
+// An operation whose outcome stays unknown is reconciled: the caller asks
+// the server what happened. When the charge is not there, and the request
+// is not running, Abandon records it, and the next call under the name is
+// a new operation, sent with a new key.
+func ExampleClient_Abandon() {
+	ctx := context.Background()
+	srv, c := oneAttempt(ctx) // the first attempt fails, and is not retried
+	defer srv.Close()
+	defer c.Close()
+
+	order := map[string]any{"order": "order-7", "amount": 500}
+	_, err := c.PostJSON(ctx, "charge:order-7", srv.URL+"/charges", order, nil)
+	fmt.Println("outcome unknown:", errors.Is(err, idem.ErrPending))
+	first, err := c.Jar().Get(ctx, "charge:order-7")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The server's ledger has no charge for order-7: it did not happen.
+	if err := c.Abandon(ctx, "charge:order-7", "no charge for order-7 in the ledger"); err != nil {
+		log.Fatal(err)
+	}
+	resp, err := c.PostJSON(ctx, "charge:order-7", srv.URL+"/charges", order, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("charged again:", resp.StatusCode, "new key:", resp.Key != first.Key)
+	// Output:
+	// outcome unknown: true
+	// charged again: 201 new key: true
 }
