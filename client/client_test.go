@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
 )
@@ -54,6 +58,39 @@ func TestPostJSONChargesOnceAndSurfacesReplay(t *testing.T) {
 	}
 	if rec, err := c.Jar().Get(ctx, other.Op); err != nil || rec.Key != other.Key || rec.State != idem.StateDone {
 		t.Fatalf("unnamed: the jar's record of %q: %+v, %v; want it done, with key %q", other.Op, rec, err, other.Key)
+	}
+}
+
+// TestOptionsReachTheTransport: Lease, Hooks and Logger are the
+// Transport's, and JarOptions are passed to keyjar.Open.
+func TestOptionsReachTheTransport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var c *client.Client
+		var lease time.Duration
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rec, err := c.Jar().Get(r.Context(), "charge:o1")
+			if err != nil {
+				t.Error(err)
+			}
+			lease = time.Until(rec.LeaseUntil) // time stands still in the bubble
+			w.WriteHeader(http.StatusCreated)
+		})
+		var attempts int
+		var logs bytes.Buffer
+		c = newClient(t, h, &client.Options{Lease: 5 * time.Second,
+			Hooks:  idem.Hooks{OnAttempt: func(idem.Event) { attempts++ }},
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		if _, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if lease != 5*time.Second || attempts != 1 || !strings.Contains(logs.String(), `msg="idem: attempt" op=charge:o1`) {
+			t.Fatalf("lease %v, %d attempts hooked, log %q; want Options' 5s lease, its hook called once and its Logger given the attempt",
+				lease, attempts, logs.String())
+		}
+	})
+	path := filepath.Join(t.TempDir(), "keys.db")
+	if _, err := client.New(context.Background(), path, &client.Options{JarOptions: &keyjar.Options{MustExist: true}}); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("New with JarOptions.MustExist on a missing file: %v; want fs.ErrNotExist", err)
 	}
 }
 
