@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -309,6 +310,74 @@ func TestBodyOfMaxBody(t *testing.T) {
 			t.Fatalf("10 bytes, Content-Length %d, MaxBody 10: %d %q; want the handler's 201", length, w.Code, w.Body)
 		}
 	}
+}
+
+// TestZeroValues: a Middleware with only its Store set reads request
+// bodies of up to 1 MiB (DefaultMaxBody), saves answers of up to 1 MiB
+// (DefaultMaxSavedResponse) for replay, and replays the headers that
+// ReplayHeaders lists for nil, and no other.
+func TestZeroValues(t *testing.T) {
+	const mib = 1 << 20
+	t.Run("MaxBody", func(t *testing.T) {
+		srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+		}))
+		for _, size := range []int{mib, mib + 1} {
+			r := request("POST", "/", "", "Idempotency-Key", fmt.Sprint("k", size))
+			r.Body, r.ContentLength = io.NopCloser(strings.NewReader(strings.Repeat("x", size))), -1
+			w := serve(srv, r)
+			if size > mib {
+				wantProblem(t, w, http.StatusRequestEntityTooLarge, testserver.ProblemBodyTooLarge)
+			} else if w.Code != http.StatusCreated {
+				t.Fatalf("a body of 1 MiB: %d; want the handler's 201", w.Code)
+			}
+		}
+	})
+	t.Run("MaxSavedResponse", func(t *testing.T) {
+		srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			size, _ := strconv.Atoi(r.URL.Query().Get("size"))
+			w.WriteHeader(http.StatusCreated)
+			w.Write(bytes.Repeat([]byte("x"), size))
+		}))
+		for _, size := range []int{mib, mib + 1} {
+			path := fmt.Sprint("/?size=", size)
+			first := serve(srv, request("POST", path, "", "Idempotency-Key", path))
+			replay := serve(srv, request("POST", path, "", "Idempotency-Key", path))
+			if first.Code != http.StatusCreated || first.Body.Len() != size {
+				t.Fatalf("an answer of %d bytes: %d with %d bytes; want the handler's 201 whole", size, first.Code, first.Body.Len())
+			}
+			if size > mib {
+				if replay.Code != http.StatusInternalServerError || !strings.Contains(replay.Body.String(), testserver.ProblemResponseTooLarge) {
+					t.Fatalf("replay of an answer of 1 MiB and a byte: %d with %d bytes; want the 500 marker", replay.Code, replay.Body.Len())
+				}
+			} else if replay.Code != http.StatusCreated || replay.Body.Len() != size || replay.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay of an answer of 1 MiB: %d with %d bytes; want it replayed whole", replay.Code, replay.Body.Len())
+			}
+		}
+	})
+	t.Run("ReplayHeaders", func(t *testing.T) {
+		replayed := []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Location", "ETag",
+			"Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow"}
+		srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for _, name := range append(replayed, "Set-Cookie", "X-Run") {
+				w.Header().Set(name, "v")
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		serve(srv, request("POST", "/", "", "Idempotency-Key", "k"))
+		w := serve(srv, request("POST", "/", "", "Idempotency-Key", "k"))
+		h := w.Header().Clone()
+		h.Del("Idempotent-Replayed")
+		for _, name := range replayed {
+			if h.Get(name) != "v" {
+				t.Errorf("replay lacks %s", name)
+			}
+			h.Del(name)
+		}
+		if len(h) != 0 {
+			t.Errorf("replay has headers %v besides those ReplayHeaders lists for nil", h)
+		}
+	})
 }
 
 // TestQuotedKeyWithComma: a comma inside a quoted key is part of the key,
