@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -393,7 +394,9 @@ func FuzzMiddleware(f *testing.F) {
 		config := in.byte()
 		clk := newClock()
 		store := &takeOverCounter{wins: map[scopeKey]int{}}
-		mw := &testserver.Middleware{Store: store, Now: clk.Now, LockTimeout: time.Minute, MaxBody: 64}
+		// A Logger that discards: without one, each panic would be logged
+		// with its stack, many times a second.
+		mw := &testserver.Middleware{Store: store, Now: clk.Now, LockTimeout: time.Minute, MaxBody: 64, Logger: slog.New(slog.DiscardHandler)}
 		if config&1 != 0 {
 			mw.OnError = testserver.SaveError
 		}

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"mime"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,9 +219,10 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more or 429, or panics (a panic is recovered and answered with 500). The
-	// zero value is ReleaseClaim. A panic after part of an answer larger
-	// than MaxSavedResponse was sent cannot change that answer: its
+	// more or 429, or panics (a panic is recovered, logged with its stack
+	// as Logger says, and answered with 500). The zero value is
+	// ReleaseClaim. A panic after part of an answer larger than
+	// MaxSavedResponse was sent cannot change that answer: its
 	// ProblemResponseTooLarge marker is saved, naming the status sent, and
 	// the connection is aborted (http.ErrAbortHandler).
 	OnError ErrorPolicy
@@ -228,7 +231,10 @@ type Middleware struct {
 	// lease ages and retention are measured with it.
 	Now func() time.Time
 
-	// Logger receives one record per decision. Nil means silent.
+	// Logger receives one record per decision, and a handler's panic
+	// with its stack. Nil means silent but for a panic, which is logged
+	// with its stack as net/http logs one: to the ErrorLog of the request's
+	// http.Server, or to the log package's standard logger.
 	Logger *slog.Logger
 
 	stats counters
@@ -594,8 +600,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
 	aborted := false
-	if v := m.call(h, rec, hr); v != nil {
-		m.log(r.Context(), slog.LevelError, "idempotency: handler panicked", "key", key, "panic", v)
+	if v, stack := m.call(h, rec, hr); v != nil {
+		m.logPanic(r, key, v, stack)
 		if rec.streamed {
 			// The status and part of the body are on their way: the answer
 			// can no longer change. It is saved as any streamed answer is,
@@ -663,15 +669,35 @@ func (m *Middleware) takenOver(ctx context.Context, w http.ResponseWriter, rec *
 		Detail: "This request outlived its lease and another request with the same key took over. Retry the same request with the same key to get the saved answer."}, 1)
 }
 
-// call runs the handler and returns the value of its panic, or nil.
-func (m *Middleware) call(h http.Handler, w http.ResponseWriter, r *http.Request) (recovered any) {
+// call runs the handler and returns the value of its panic and the stack
+// of the panicking goroutine (at most 64 KiB of it, as net/http logs), or
+// nil.
+func (m *Middleware) call(h http.Handler, w http.ResponseWriter, r *http.Request) (recovered any, stack []byte) {
 	defer func() {
 		if v := recover(); v != nil {
 			recovered = v
+			stack = make([]byte, 64<<10)
+			stack = stack[:runtime.Stack(stack, false)]
 		}
 	}()
 	h.ServeHTTP(w, r)
-	return nil
+	return nil, nil
+}
+
+// logPanic logs a handler's panic with its stack: to the Logger, or without
+// one as net/http logs a panic, to the ErrorLog of r's server or else to the
+// log package's standard logger.
+func (m *Middleware) logPanic(r *http.Request, key string, v any, stack []byte) {
+	if m.Logger != nil {
+		m.Logger.Log(r.Context(), slog.LevelError, "idempotency: handler panicked", "key", key, "panic", v, "stack", string(stack))
+		return
+	}
+	const format = "testserver: panic serving %v, Idempotency-Key %q: %v\n%s"
+	if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ErrorLog != nil {
+		srv.ErrorLog.Printf(format, r.RemoteAddr, key, v, stack)
+		return
+	}
+	log.Printf(format, r.RemoteAddr, key, v, stack)
 }
 
 // saved returns what is stored for the recorded answer: the answer itself,

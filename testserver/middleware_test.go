@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"math"
 	"net/http"
@@ -527,6 +528,66 @@ func TestOnError(t *testing.T) {
 			})
 		})
 	}
+}
+
+// explode is a handler that panics, named so that its frame can be found in
+// a stack.
+func explode(http.ResponseWriter, *http.Request) { panic("downstream exploded") }
+
+// TestPanicLogged: a handler's panic is logged with its value and its
+// stack, as net/http logs one: to the Logger when there is one, otherwise
+// to the server's ErrorLog, or to the log package's standard logger.
+func TestPanicLogged(t *testing.T) {
+	wantLogged := func(t *testing.T, where, logged string) {
+		t.Helper()
+		if !strings.Contains(logged, "downstream exploded") || !strings.Contains(logged, "testserver_test.explode(") {
+			t.Fatalf("%s:\n%s\nwant the panic's value and the handler's frame", where, logged)
+		}
+	}
+	t.Run("Logger", func(t *testing.T) {
+		var buf bytes.Buffer
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+		wantProblem(t, serve(mw.Wrap(http.HandlerFunc(explode)), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 500, testserver.ProblemHandlerFailed)
+		wantLogged(t, "Logger", buf.String())
+	})
+	t.Run("log package", func(t *testing.T) {
+		var buf bytes.Buffer
+		defer log.SetOutput(log.Writer())
+		log.SetOutput(&buf)
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+		wantProblem(t, serve(mw.Wrap(http.HandlerFunc(explode)), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 500, testserver.ProblemHandlerFailed)
+		wantLogged(t, "log package", buf.String())
+	})
+	t.Run("ErrorLog", func(t *testing.T) {
+		var buf syncBuffer
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+		srv := httptest.NewUnstartedServer(mw.Wrap(http.HandlerFunc(explode)))
+		srv.Config.ErrorLog = log.New(&buf, "", 0)
+		srv.Start()
+		defer srv.Close()
+		if a := post(t, srv, "k"); a.resp.StatusCode != 500 {
+			t.Fatalf("status %d; want 500", a.resp.StatusCode)
+		}
+		wantLogged(t, "server's ErrorLog", buf.String())
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Worker A stalls past its lease; B takes over and answers. A's late save
