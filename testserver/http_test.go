@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -20,9 +21,9 @@ import (
 
 // answer is what a client read of one response.
 type answer struct {
-	resp *http.Response
+	resp *http.Response // nil when the request failed
 	body string
-	err  error // reading the body
+	err  error // sending the request or reading the body
 }
 
 // post sends a POST with chargeBody and the key to srv; header is name,
@@ -33,8 +34,18 @@ func post(t *testing.T, srv *httptest.Server, key string, header ...string) answ
 }
 
 // send sends a request to srv and reads its answer; header is name, value
-// pairs, each added.
+// pairs, each added. A request that fails fails the test.
 func send(t *testing.T, srv *httptest.Server, method, path, body string, header ...string) answer {
+	t.Helper()
+	a := try(t, srv, method, path, body, header...)
+	if a.resp == nil {
+		t.Fatal(a.err)
+	}
+	return a
+}
+
+// try is send for an answer that may break off before its status.
+func try(t *testing.T, srv *httptest.Server, method, path, body string, header ...string) answer {
 	t.Helper()
 	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 	if err != nil {
@@ -45,11 +56,55 @@ func send(t *testing.T, srv *httptest.Server, method, path, body string, header 
 	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return answer{err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return answer{resp: resp, body: string(b), err: err}
+}
+
+// TestHandlerAborts: a handler that panics with http.ErrAbortHandler, as
+// httputil.ReverseProxy does when an upstream's body breaks off, aborts its
+// answer as without the Middleware: its caller's read fails, where it got
+// a whole 500, and the panic is not logged as a failure. The claim is
+// released, or the failure saved, as after any other panic.
+func TestHandlerAborts(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		t.Run(policy.String(), func(t *testing.T) {
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+				if runs.Add(1) == 1 {
+					io.WriteString(w, "part of the upstream's answer")
+					panic(http.ErrAbortHandler)
+				}
+				io.WriteString(w, "charged")
+			})
+			var logged syncBuffer
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+			srv := httptest.NewServer(mw.Wrap(h))
+			defer srv.Close()
+			if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
+				t.Fatalf("first caller: %s %q, read whole; want the answer broken off", a.resp.Status, a.body)
+			}
+			retry := post(t, srv, "k")
+			s := mw.Stats()
+			switch policy {
+			case testserver.ReleaseClaim:
+				if retry.resp.StatusCode != http.StatusCreated || retry.body != "charged" || runs.Load() != 2 || s.Released != 1 {
+					t.Fatalf("retry: %s %q, runs %d, %+v; want a second run answering 201, one claim released", retry.resp.Status, retry.body, runs.Load(), s)
+				}
+			case testserver.SaveError:
+				if retry.resp.StatusCode != http.StatusInternalServerError || !strings.Contains(retry.body, testserver.ProblemHandlerFailed) ||
+					retry.resp.Header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+					t.Fatalf("retry: %s %q, runs %d; want the saved handler-failed 500 replayed, one run", retry.resp.Status, retry.body, runs.Load())
+				}
+			}
+			if l := logged.String(); strings.Contains(l, "level=ERROR") || !strings.Contains(l, "aborted") {
+				t.Fatalf("log:\n%s\nwant the abort at level INFO and no error", l)
+			}
+		})
+	}
 }
 
 // TestWritePastContentLength: a handler that declares a Content-Length and

@@ -219,9 +219,12 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more or 429, or panics (a panic is recovered, logged with its stack
-	// as Logger says, and answered with 500). The zero value is
-	// ReleaseClaim. A panic after part of an answer larger than
+	// more or 429, or panics. The zero value is ReleaseClaim. A panic is
+	// recovered, logged with its stack as Logger says, and answered with a
+	// 500 ProblemHandlerFailed, which SaveError saves. A panic with
+	// http.ErrAbortHandler aborts the connection instead, as in net/http,
+	// and is logged at Info: the claim is released or the 500 saved all the
+	// same, for the retry. A panic after part of an answer larger than
 	// MaxSavedResponse was sent cannot change that answer: its
 	// ProblemResponseTooLarge marker is saved, naming the status sent, and
 	// the connection is aborted (http.ErrAbortHandler).
@@ -599,85 +602,95 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.Body = io.NopCloser(bytes.NewReader(body))
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
-	aborted := false
-	if v, stack := m.call(h, rec, hr); v != nil {
+	v, stack := m.call(h, rec, hr)
+	// A handler that panics failed. Its caller gets a 500, or a connection
+	// broken off (http.ErrAbortHandler): when the handler panicked with
+	// http.ErrAbortHandler itself, which net/http neither answers nor logs
+	// (httputil.ReverseProxy does, when an upstream's answer breaks off), or
+	// when part of its answer was sent.
+	abort := v == http.ErrAbortHandler
+	switch {
+	case abort:
+		m.log(r.Context(), slog.LevelInfo, "idempotency: handler aborted its answer (http.ErrAbortHandler)", "key", key)
+	case v != nil:
 		m.logPanic(r, key, v, stack)
-		if rec.streamed {
-			// The status and part of the body are on their way: the answer
-			// can no longer change. It is saved as any streamed answer is,
-			// the marker naming the status sent, whatever OnError says (the
-			// operation may have happened), and the connection is then
-			// aborted, so that the caller sees a broken answer rather than
-			// a short success.
-			aborted = true
-			defer panic(http.ErrAbortHandler)
-		} else {
-			rec.reset()
-			WriteProblem(rec, Problem{Type: ProblemHandlerFailed, Title: "Handler failed", Status: http.StatusInternalServerError, Key: key,
-				Detail: "The server failed while processing the request."}, 0)
-			rec.status = http.StatusInternalServerError
-		}
+	}
+	if v != nil && rec.streamed {
+		// The status and part of the body are on their way: the answer can
+		// no longer change. It is saved as any streamed answer is, the
+		// marker naming the status sent, whatever OnError says (the
+		// operation may have happened), and the connection is then aborted,
+		// so that the caller sees a broken answer rather than a short
+		// success.
+		abort = true
+	} else if v != nil {
+		rec.reset()
+		WriteProblem(rec, Problem{Type: ProblemHandlerFailed, Title: "Handler failed", Status: http.StatusInternalServerError, Key: key,
+			Detail: "The server failed while processing the request."}, 0)
+		rec.status = http.StatusInternalServerError
+	}
+	if abort {
+		defer panic(http.ErrAbortHandler)
 	}
 	rec.finish()
 
 	// The handler ran: record the outcome even if the caller hung up.
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancelWrite()
+	fenced := "" // the write that found the claim taken over
 	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests
-	if failed && m.OnError == ReleaseClaim && !aborted {
+	if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
 		released, err := m.Store.Release(ctx, scope, key, token)
 		switch {
 		case err != nil:
 			m.stats.storeErrors.Add(1)
 			m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
 		case !released:
-			m.takenOver(ctx, w, rec, key, "release")
-			return
+			fenced = "release"
 		default:
 			m.stats.released.Add(1)
 			m.log(ctx, slog.LevelDebug, "idempotency: claim released after handler error", "key", key, "status", rec.status)
 		}
-		rec.send()
-		return
+	} else {
+		resp := m.saved(rec, key)
+		switch err := m.Store.Save(ctx, scope, key, token, resp); {
+		case errors.Is(err, ErrFenced):
+			fenced = "save"
+		case err != nil:
+			m.stats.storeErrors.Add(1)
+			m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", "key", key, "err", err)
+		default:
+			m.log(ctx, slog.LevelDebug, "idempotency: saved", "key", key, "status", resp.Status)
+		}
 	}
-	resp := m.saved(rec, key)
-	err := m.Store.Save(ctx, scope, key, token, resp)
+	if fenced != "" {
+		// The claim was taken over while the handler ran: the write changed
+		// nothing, and the caller is told to retry, which replays the new
+		// owner's answer.
+		m.stats.fenced.Add(1)
+		m.log(ctx, slog.LevelWarn, "idempotency: late "+fenced+" fenced: the claim was taken over", "key", key)
+	}
 	switch {
-	case errors.Is(err, ErrFenced):
-		m.takenOver(ctx, w, rec, key, "save")
-		return
-	case err != nil:
-		m.stats.storeErrors.Add(1)
-		m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", "key", key, "err", err)
+	case abort: // the deferred panic breaks the connection off
+	case fenced != "" && !rec.streamed:
+		WriteProblem(w, Problem{Type: ProblemTakenOver, Title: "Request with this Idempotency-Key taken over", Status: http.StatusConflict, Key: key,
+			Detail: "This request outlived its lease and another request with the same key took over. Retry the same request with the same key to get the saved answer."}, 1)
 	default:
-		m.log(ctx, slog.LevelDebug, "idempotency: saved", "key", key, "status", resp.Status)
+		rec.send() // the answer, or the trailers that end one streamed
 	}
-	rec.send()
 }
 
-// takenOver answers a worker whose claim was taken over while its handler
-// ran: its write changed nothing, and its caller is told to retry, which
-// replays the new owner's answer.
-func (m *Middleware) takenOver(ctx context.Context, w http.ResponseWriter, rec *recorder, key, write string) {
-	m.stats.fenced.Add(1)
-	m.log(ctx, slog.LevelWarn, "idempotency: late "+write+" fenced: the claim was taken over", "key", key)
-	if rec.streamed {
-		rec.send() // the answer is already on its way: its trailers end it
-		return
-	}
-	WriteProblem(w, Problem{Type: ProblemTakenOver, Title: "Request with this Idempotency-Key taken over", Status: http.StatusConflict, Key: key,
-		Detail: "This request outlived its lease and another request with the same key took over. Retry the same request with the same key to get the saved answer."}, 1)
-}
-
-// call runs the handler and returns the value of its panic and the stack
-// of the panicking goroutine (at most 64 KiB of it, as net/http logs), or
-// nil.
+// call runs the handler and returns the value of its panic, or nil, and
+// but for http.ErrAbortHandler the stack of the panicking goroutine (at
+// most 64 KiB of it, as net/http logs).
 func (m *Middleware) call(h http.Handler, w http.ResponseWriter, r *http.Request) (recovered any, stack []byte) {
 	defer func() {
 		if v := recover(); v != nil {
 			recovered = v
-			stack = make([]byte, 64<<10)
-			stack = stack[:runtime.Stack(stack, false)]
+			if v != http.ErrAbortHandler {
+				stack = make([]byte, 64<<10)
+				stack = stack[:runtime.Stack(stack, false)]
+			}
 		}
 	}()
 	h.ServeHTTP(w, r)

@@ -852,27 +852,13 @@ func TestPanicAfterStreaming(t *testing.T) {
 			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: 10, OnError: policy}
 			srv := httptest.NewServer(mw.Wrap(h))
 			defer srv.Close()
-			send := func() (*http.Response, []byte, error) {
-				req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(chargeBody))
-				req.Header.Set("Idempotency-Key", "k")
-				resp, err := srv.Client().Do(req)
-				if err != nil {
-					return nil, nil, err
-				}
-				defer resp.Body.Close()
-				body, err := io.ReadAll(resp.Body)
-				return resp, body, err
+			if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
+				t.Fatalf("first caller: %s with %d bytes, read without error; want the answer broken off", a.resp.Status, len(a.body))
 			}
-			if resp, body, err := send(); err == nil {
-				t.Fatalf("first caller: %s with %d bytes, read without error; want the answer broken off", resp.Status, len(body))
-			}
-			resp, body, err := send()
-			if err != nil {
-				t.Fatal(err)
-			}
+			a := post(t, srv, "k")
 			var p testserver.Problem
-			if err := json.Unmarshal(body, &p); err != nil || resp.StatusCode != 500 || p.Type != testserver.ProblemResponseTooLarge || p.OriginalStatus != 201 || runs.Load() != 1 {
-				t.Fatalf("retry: %s %+v (%v) after %d runs; want the marker naming 201, one run", resp.Status, p, err, runs.Load())
+			if err := json.Unmarshal([]byte(a.body), &p); err != nil || a.resp.StatusCode != 500 || p.Type != testserver.ProblemResponseTooLarge || p.OriginalStatus != 201 || runs.Load() != 1 {
+				t.Fatalf("retry: %s %+v (%v) after %d runs; want the marker naming 201, one run", a.resp.Status, p, err, runs.Load())
 			}
 		})
 	}
