@@ -87,19 +87,7 @@ func TestHandlerAborts(t *testing.T) {
 			if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
 				t.Fatalf("first caller: %s %q, read whole; want the answer broken off", a.resp.Status, a.body)
 			}
-			retry := post(t, srv, "k")
-			s := mw.Stats()
-			switch policy {
-			case testserver.ReleaseClaim:
-				if retry.resp.StatusCode != http.StatusCreated || retry.body != "charged" || runs.Load() != 2 || s.Released != 1 {
-					t.Fatalf("retry: %s %q, runs %d, %+v; want a second run answering 201, one claim released", retry.resp.Status, retry.body, runs.Load(), s)
-				}
-			case testserver.SaveError:
-				if retry.resp.StatusCode != http.StatusInternalServerError || !strings.Contains(retry.body, testserver.ProblemHandlerFailed) ||
-					retry.resp.Header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
-					t.Fatalf("retry: %s %q, runs %d; want the saved handler-failed 500 replayed, one run", retry.resp.Status, retry.body, runs.Load())
-				}
-			}
+			wantFailureRetried(t, mw, post(t, srv, "k"), runs.Load())
 			if l := logged.String(); strings.Contains(l, "level=ERROR") || !strings.Contains(l, "aborted") {
 				t.Fatalf("log:\n%s\nwant the abort at level INFO and no error", l)
 			}
@@ -130,6 +118,66 @@ func TestWritePastContentLength(t *testing.T) {
 	}
 	if errs := <-writes; errs[0] != nil || !errors.Is(errs[1], http.ErrContentLength) {
 		t.Fatalf("the handler's writes returned %v; want nil, then http.ErrContentLength", errs)
+	}
+}
+
+// wantFailureRetried checks the retry of a request whose handler failed on
+// its first run and answers 201 "charged" on its second: under ReleaseClaim
+// the claim was released and the retry ran the handler again, under
+// SaveError it got the saved handler-failed 500.
+func wantFailureRetried(t *testing.T, mw *testserver.Middleware, retry answer, runs int64) {
+	t.Helper()
+	switch s := mw.Stats(); mw.OnError {
+	case testserver.ReleaseClaim:
+		if retry.resp.StatusCode != http.StatusCreated || retry.body != "charged" || runs != 2 || s.Released != 1 {
+			t.Fatalf("retry: %s %q, runs %d, %+v; want a second run answering 201, one claim released", retry.resp.Status, retry.body, runs, s)
+		}
+	case testserver.SaveError:
+		if retry.resp.StatusCode != http.StatusInternalServerError || !strings.Contains(retry.body, testserver.ProblemHandlerFailed) ||
+			retry.resp.Header.Get("Idempotent-Replayed") != "true" || runs != 1 {
+			t.Fatalf("retry: %s %q, runs %d; want the saved handler-failed 500 replayed, one run", retry.resp.Status, retry.body, runs)
+		}
+	}
+}
+
+// TestBodyShorterThanContentLength: a handler whose body is shorter than
+// the Content-Length it set (it wrote less, a write past the length was
+// refused, or it wrote nothing) failed: net/http breaks such an answer off.
+// Its caller's read fails, and the short body is not saved: the retry runs
+// the handler again (ReleaseClaim) or gets the saved handler-failed 500
+// (SaveError), never a clean replay of the short body.
+func TestBodyShorterThanContentLength(t *testing.T) {
+	for _, c := range []struct {
+		name, length string
+		writes       []string
+	}{
+		{"short", "100", []string{"short"}},
+		{"past the length", "5", []string{"hello world"}},
+		{"nothing", "5", nil},
+	} {
+		for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+			t.Run(c.name+"/"+policy.String(), func(t *testing.T) {
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if runs.Add(1) > 1 {
+						w.WriteHeader(http.StatusCreated)
+						io.WriteString(w, "charged")
+						return
+					}
+					w.Header().Set("Content-Length", c.length)
+					for _, s := range c.writes {
+						io.WriteString(w, s)
+					}
+				})
+				mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy}
+				srv := httptest.NewServer(mw.Wrap(h))
+				defer srv.Close()
+				if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
+					t.Fatalf("first caller: %s %q, read whole; want the answer broken off", a.resp.Status, a.body)
+				}
+				wantFailureRetried(t, mw, post(t, srv, "k"), runs.Load())
+			})
+		}
 	}
 }
 

@@ -59,7 +59,8 @@ const (
 )
 
 // ErrorPolicy is what the Middleware does with a claim when its handler
-// fails: answers a status of 500 or more, or panics; or when it answers
+// fails: answers a status of 500 or more, panics, or sends a body shorter
+// than the Content-Length it set; or when it answers
 // 429 Too Many Requests, which asks the caller to send the same request
 // again later (idem.Transport does, with the same key): saved, that 429
 // would be replayed to every retry.
@@ -219,15 +220,17 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more or 429, or panics. The zero value is ReleaseClaim. A panic is
-	// recovered, logged with its stack as Logger says, and answered with a
-	// 500 ProblemHandlerFailed, which SaveError saves. A panic with
-	// http.ErrAbortHandler aborts the connection instead, as in net/http,
-	// and is logged at Info: the claim is released or the 500 saved all the
-	// same, for the retry. A panic after part of an answer larger than
-	// MaxSavedResponse was sent cannot change that answer: its
-	// ProblemResponseTooLarge marker is saved, naming the status sent, and
-	// the connection is aborted (http.ErrAbortHandler).
+	// more or 429, panics, or sends a body shorter than the Content-Length
+	// it set. The zero value is ReleaseClaim. A panic is recovered, logged
+	// with its stack as Logger says, and answered with a 500
+	// ProblemHandlerFailed, which SaveError saves. A panic with
+	// http.ErrAbortHandler (logged at Info: net/http does not log it) and a
+	// short body (which net/http breaks off) abort the connection instead,
+	// and the claim is released, or that 500 saved, all the same: a retry
+	// never gets the short body. A panic or a short body after part of an
+	// answer larger than MaxSavedResponse was sent cannot change that
+	// answer: its ProblemResponseTooLarge marker is saved, naming the status
+	// sent, and the connection is aborted (http.ErrAbortHandler).
 	OnError ErrorPolicy
 
 	// Now returns the current time. Nil means time.Now. Claim tokens,
@@ -603,36 +606,44 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
 	v, stack := m.call(h, rec, hr)
-	// A handler that panics failed. Its caller gets a 500, or a connection
-	// broken off (http.ErrAbortHandler): when the handler panicked with
+	rec.finish()
+	// A handler that panics, or whose body is shorter than the
+	// Content-Length it set, failed: its answer is not saved. Its caller
+	// gets a 500, or a connection broken off (http.ErrAbortHandler) where
+	// net/http would break it off: after a short body, after a panic with
 	// http.ErrAbortHandler itself, which net/http neither answers nor logs
-	// (httputil.ReverseProxy does, when an upstream's answer breaks off), or
-	// when part of its answer was sent.
+	// (httputil.ReverseProxy panics with it when an upstream's answer
+	// breaks off), and after a panic once part of the answer was sent.
 	abort := v == http.ErrAbortHandler
 	switch {
 	case abort:
 		m.log(r.Context(), slog.LevelInfo, "idempotency: handler aborted its answer (http.ErrAbortHandler)", "key", key)
 	case v != nil:
 		m.logPanic(r, key, v, stack)
-	}
-	if v != nil && rec.streamed {
-		// The status and part of the body are on their way: the answer can
-		// no longer change. It is saved as any streamed answer is, the
-		// marker naming the status sent, whatever OnError says (the
-		// operation may have happened), and the connection is then aborted,
-		// so that the caller sees a broken answer rather than a short
-		// success.
+	case rec.short(r.Method):
+		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", "key", key,
+			"content_length", rec.declared, "written", rec.size)
 		abort = true
-	} else if v != nil {
-		rec.reset()
-		WriteProblem(rec, Problem{Type: ProblemHandlerFailed, Title: "Handler failed", Status: http.StatusInternalServerError, Key: key,
-			Detail: "The server failed while processing the request."}, 0)
-		rec.status = http.StatusInternalServerError
+	}
+	if v != nil || abort {
+		if rec.streamed {
+			// The status and part of the body are on their way: the answer
+			// can no longer change. It is saved as any streamed answer is,
+			// the marker naming the status sent, whatever OnError says (the
+			// operation may have happened), and the connection is then
+			// aborted, so that the caller sees a broken answer rather than
+			// a short success.
+			abort = true
+		} else {
+			rec.reset()
+			WriteProblem(rec, Problem{Type: ProblemHandlerFailed, Title: "Handler failed", Status: http.StatusInternalServerError, Key: key,
+				Detail: "The server failed while processing the request."}, 0)
+			rec.status = http.StatusInternalServerError
+		}
 	}
 	if abort {
 		defer panic(http.ErrAbortHandler)
 	}
-	rec.finish()
 
 	// The handler ran: record the outcome even if the caller hung up.
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
@@ -852,6 +863,14 @@ func (rec *recorder) SetWriteDeadline(t time.Time) error {
 	return http.NewResponseController(rec.w).SetWriteDeadline(t)
 }
 
+// short reports whether the body is shorter than the Content-Length set
+// with the status, an answer that net/http breaks off. The answer to a
+// HEAD request, a 204 and a 304 have no body.
+func (rec *recorder) short(method string) bool {
+	return rec.size < rec.declared && method != http.MethodHead &&
+		rec.status != http.StatusNoContent && rec.status != http.StatusNotModified
+}
+
 // reset drops what the handler wrote, when nothing was sent yet: the
 // header is again the one set before the handler ran.
 func (rec *recorder) reset() {
@@ -866,7 +885,7 @@ func (rec *recorder) reset() {
 // sniff.
 func (rec *recorder) finish() {
 	if rec.status == 0 {
-		rec.status = http.StatusOK
+		rec.WriteHeader(http.StatusOK)
 	}
 	if _, ok := rec.header["Content-Type"]; !ok && rec.body.Len() > 0 && !rec.streamed && rec.header.Get("Content-Encoding") == "" {
 		rec.header.Set("Content-Type", http.DetectContentType(rec.body.Bytes()))

@@ -21,7 +21,7 @@ const (
 	ProblemTakenOver        = problemBase + "taken-over"         // 409: this worker lost its claim; retry to get the saved answer
 	ProblemMismatch         = problemBase + "mismatch"           // 422: the key was first used with another request
 	ProblemStoreUnavailable = problemBase + "store-unavailable"  // 503: the key store failed; nothing ran
-	ProblemHandlerFailed    = problemBase + "handler-failed"     // 500: the handler panicked
+	ProblemHandlerFailed    = problemBase + "handler-failed"     // 500: the handler panicked or sent less than its Content-Length
 	ProblemResponseTooLarge = problemBase + "response-too-large" // 500 on replay: the first answer was larger than MaxSavedResponse
 )
 
