@@ -7,4 +7,27 @@
 // small payments API behind the middleware, and cmd/idemserver runs it.
 // README.md in this directory has the decision table, the problem types
 // and the choices.
+//
+// # Answering a failure
+//
+// A handler tells idem's clients whether to try again by its status.
+// idem.Transport sends again, with the same key, what retry.Classify calls
+// Retry: 409, 429, 502, 503 and 504, after their Retry-After, unless the
+// answer is a replay (Idempotent-Replayed: true). A 500 is Final: the
+// Transport returns it and marks the operation done.
+//
+// So a handler that fails for a time (a dependency down, a downstream
+// timeout) answers 503 with Retry-After. Under the default ErrorPolicy,
+// ReleaseClaim, the Middleware releases the claim after every status of
+// 500 or more and 429, and the client's retry runs the handler again. A
+// 500 says the failure is final: its claim is released as well, but no
+// idem client retries it. Under SaveError each of these answers is saved
+// and replayed, and a replayed 503 is final too: a transient failure then
+// sticks to its key.
+//
+// A panic answers 500. A panic with http.ErrAbortHandler, and a body
+// shorter than the Content-Length the handler set, break the connection
+// off instead; when nothing of the answer was sent yet (it was smaller
+// than MaxSavedResponse), idem.Transport retries that as any network
+// error, with the same key.
 package testserver
