@@ -136,6 +136,10 @@ func (p ErrorPolicy) String() string {
 // (ReleaseClaim) or be saved (SaveError) while the work goes on, and a
 // retry would run the work again, or be told it failed.
 //
+// The handler reads its claim from its request's context with ClaimFrom:
+// the key, its scope, the fencing token of the run, and whether the run
+// took a stale claim over.
+//
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
 // Store set is ready to use; with a nil Store every protected request
@@ -443,7 +447,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		case claimed:
 			m.stats.claims.Add(1)
 			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", token)
-			m.run(w, r, h, scope, key, token, body)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: token}, body)
 			return
 		case e.Fingerprint != fp:
 			m.stats.mismatches.Add(1)
@@ -478,7 +482,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		if won {
 			m.stats.takeovers.Add(1)
 			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next)
-			m.run(w, r, h, scope, key, next, body)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next, TakenOver: true}, body)
 			return
 		}
 		// Another request took it over, saved or released it first: look again.
@@ -578,9 +582,10 @@ func (m *Middleware) replayable(name string) bool {
 	return slices.ContainsFunc(list, func(s string) bool { return http.CanonicalHeaderKey(s) == name })
 }
 
-// run executes the handler under the claim token, then saves or releases
-// the claim, and answers.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, scope, key string, token int64, body []byte) {
+// run executes the handler under the claim c, which its request's context
+// carries, then saves or releases the claim, and answers.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, body []byte) {
+	scope, key, token := c.Scope, c.Key, c.Token
 	limit := m.MaxSavedResponse
 	if limit <= 0 {
 		limit = DefaultMaxSavedResponse
@@ -599,7 +604,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		m.storeFailed(w, r, key, fmt.Errorf("testserver: the claim took longer than LockTimeout (%v)", m.lockTimeout()))
 		return
 	}
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), lease)
+	hctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(r.Context()), claimKey{}, c), lease)
 	defer cancel()
 	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))
