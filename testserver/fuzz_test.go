@@ -176,6 +176,7 @@ type middlewareFuzz struct {
 	ops   int
 
 	protectedRuns int
+	takenOverRuns int                // runs whose Claim says TakenOver
 	runs          map[scopeKey][]int // committing runs of the handler: their numbers
 	nextRun       int
 }
@@ -216,6 +217,13 @@ func (z *middlewareFuzz) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				z.t.Errorf("handler ran with an invalid key: %v", err)
 			}
 		}
+	}
+	c, claimed := testserver.ClaimFrom(r.Context())
+	if claimed != protected || claimed && (c.Key != key || c.Scope != testserver.CredentialScope(r)) {
+		z.t.Errorf("handler ran for %s with Idempotency-Key %q under claim %+v, %v; want a claim of that key and scope exactly when it is protected", r.Method, vals, c, claimed)
+	}
+	if c.TakenOver {
+		z.takenOverRuns++
 	}
 	status := http.StatusCreated
 	switch string(body) {
@@ -356,10 +364,10 @@ func (z *middlewareFuzz) checkAnswer(r *http.Request, w *httptest.ResponseRecord
 // in flight, and stale when the clock jumps). The Middleware never panics;
 // the handler never runs for a protected method without exactly one valid
 // key (unless Optional lets a keyless request through); every run follows
-// a claim or a take-over; for each tenant and key, at most one run is
-// committed (answered below 500, or any answer under SaveError) plus one
-// per take-over of a stale claim; and no answer or replay belongs to
-// another tenant or key.
+// a claim or a take-over, and ClaimFrom tells it which, with its key and
+// scope; for each tenant and key, at most one run is committed (answered
+// below 500, or any answer under SaveError) plus one per take-over of a
+// stale claim; and no answer or replay belongs to another tenant or key.
 func FuzzMiddleware(f *testing.F) {
 	// A program is a configuration byte, then requests: method, tenant,
 	// key, body, Content-Type, clock advance and path selectors, where a
@@ -415,6 +423,9 @@ func FuzzMiddleware(f *testing.F) {
 		s := mw.Stats()
 		if int64(z.protectedRuns) != s.Claims+s.Takeovers {
 			t.Fatalf("the handler ran %d times for keyed requests; claims %d + take-overs %d", z.protectedRuns, s.Claims, s.Takeovers)
+		}
+		if int64(z.takenOverRuns) != s.Takeovers {
+			t.Fatalf("the handler was told %d times that it took a claim over; take-overs %d", z.takenOverRuns, s.Takeovers)
 		}
 		for sk, runs := range z.runs {
 			if len(runs) > 1+store.wins[sk] {
