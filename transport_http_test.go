@@ -370,16 +370,25 @@ func postRead(t *testing.T, ctx context.Context, tr http.RoundTripper, url strin
 // TestAnswerCutShort: an answer whose body ends before its Content-Length
 // is final by its status: the operation is done, and the caller reading
 // it gets io.ErrUnexpectedEOF. The same operation called again gets the
-// server's replay, whole.
+// server's replay, whole. The server saved its answer whole; the first one
+// is cut on its way (here by a writer outside the Middleware that
+// announces more than the answer holds, so that net/http closes the
+// connection after it).
 func TestAnswerCutShort(t *testing.T) {
 	var runs atomic.Int32
 	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		w.Header().Set("Content-Length", "100")
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"ch_1"}`)
-	})))
+	}))
+	var cut atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cut.CompareAndSwap(false, true) {
+			w = lengthLiar{w}
+		}
+		h.ServeHTTP(w, r)
+	}))
 	defer srv.Close()
 	jar := &idem.MemoryJar{}
 	tr := &idem.Transport{Jar: jar, Policy: fastPolicy}
@@ -396,4 +405,12 @@ func TestAnswerCutShort(t *testing.T) {
 	if runs.Load() != 1 {
 		t.Fatalf("%d runs; want 1", runs.Load())
 	}
+}
+
+// lengthLiar announces a Content-Length of 100 whatever the answer holds.
+type lengthLiar struct{ http.ResponseWriter }
+
+func (w lengthLiar) WriteHeader(code int) {
+	w.Header().Set("Content-Length", "100")
+	w.ResponseWriter.WriteHeader(code)
 }
