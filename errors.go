@@ -62,10 +62,15 @@ var (
 // name was abandoned and begun again by another call while this one waited
 // for its lease. Reusing a
 // key with other parameters is a client bug: the server would answer 422.
+//
+// Package client also reports a server's 422 as a MismatchError, with
+// Stored and Got empty: the reference server sends it for a key used for a
+// different request, and an API may send it for a request it will not
+// process (its own validation); the body says which.
 type MismatchError struct {
 	Op, Key string
 	// Stored and Got are the fingerprints of the stored and the new
-	// request; equal when only the key differs.
+	// request; equal when only the key differs, empty for a server's 422.
 	Stored, Got string
 	// GotKey is the caller's Idempotency-Key, when it differs from Key.
 	GotKey string
@@ -81,9 +86,14 @@ func (e *MismatchError) Error() string {
 		return fmt.Sprintf("idem: operation %q was abandoned or forgotten and begun again, under key %q, by another call after this one found it; this call's request is the same, but its key is no longer the operation's: nothing was sent", e.Op, e.Key)
 	}
 	var msg string
-	if e.GotKey != "" && e.GotKey != e.Key {
+	switch {
+	case e.Got == "":
+		// A server's 422: the server does not say which of its meanings
+		// it has.
+		msg = fmt.Sprintf("idem: operation %q (key %q): the server refused the request with 422, which the reference server sends when the key was used for a different request, and which an API may also send for a request it will not process; do not retry it under this key", e.Op, e.Key)
+	case e.GotKey != "" && e.GotKey != e.Key:
 		msg = fmt.Sprintf("idem: operation %q has key %q; the request carries key %q", e.Op, e.Key, e.GotKey)
-	} else {
+	default:
 		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body; use a new operation name for a new request", e.Op, e.Key)
 	}
 	if e.State == StatePending {

@@ -29,8 +29,10 @@ const (
 	// calls Final (a 409, 429, 502, 503 or 504 only when replayed), but a
 	// 401 or 407, which leaves the state as it was.
 	StateDone State = "done"
-	// StateFailed: the server refused the key with 422 (reused with other
-	// parameters). The Transport does not retry it and client.Resume
+	// StateFailed: the server refused the request with 422, which the
+	// reference server sends for a key used for a different request, and
+	// an API may also send for a request it will not process. The
+	// Transport does not retry it and client.Resume
 	// refuses it; the same operation called again is sent again with the
 	// same key, and gets the server's answer (the same refusal, as a done
 	// operation gets its replay).

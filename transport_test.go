@@ -647,6 +647,28 @@ func TestPendingErrorSaysWhatToDo(t *testing.T) {
 	}
 }
 
+// TestMismatchErrorOfAServer422: a server's 422 (Stored and Got empty, as
+// package client builds it) may be an API's own refusal of the request, not
+// a key reused: the message says what the server did and what both
+// meanings have in common, never that the request differs from the first.
+// A local mismatch keeps its precise words.
+func TestMismatchErrorOfAServer422(t *testing.T) {
+	server := (&idem.MismatchError{Op: "charge:o1", Key: "k1"}).Error()
+	for _, want := range []string{`"charge:o1"`, `"k1"`, "refused the request with 422", "used for a different request",
+		"a request it will not process", "do not retry it under this key"} {
+		if !strings.Contains(server, want) {
+			t.Errorf("server's 422: message %q; want it to say %q", server, want)
+		}
+	}
+	if strings.Contains(server, "first sent with a different") {
+		t.Errorf("server's 422: message %q says the request differs from the first; the server does not say so", server)
+	}
+	local := (&idem.MismatchError{Op: "charge:o1", Key: "k1", Stored: "fp1", Got: "fp2", State: idem.StateDone}).Error()
+	if want := `idem: operation "charge:o1" (key "k1") was first sent with a different method, URL or body; use a new operation name for a new request`; local != want {
+		t.Errorf("local mismatch: got %q; want %q", local, want)
+	}
+}
+
 func TestNilJarIsAnError(t *testing.T) {
 	var sent bool
 	tr := &idem.Transport{Base: roundTripFunc(func(*http.Request) (*http.Response, error) { sent = true; return nil, nil })}

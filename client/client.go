@@ -293,8 +293,10 @@ type Response struct {
 // A non-2xx answer is an error, with the body read (at most
 // Options.MaxErrorBody) and closed: a *StatusError, whose Err says more:
 //
-//   - 422: *idem.MismatchError: the server refused the key as reused with
-//     another request. The operation is failed; never retry it.
+//   - 422: *idem.MismatchError: the server refused the request, which the
+//     reference server does for a key used for a different request, and
+//     an API may also do for a request it will not process (Body may say
+//     which). The operation is failed; do not retry it under this key.
 //   - 409 left when the attempts or budget ran out: *ConflictError. The
 //     server is still running the first attempt; the operation stays
 //     pending: Resume it later.

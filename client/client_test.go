@@ -144,6 +144,32 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 			t.Fatalf("resume of the failed operation: %v after %d sends; want ErrState, nothing sent", err, s.sends())
 		}
 	})
+	t.Run("an API's own 422 is not called a request that differs", func(t *testing.T) {
+		// The API refuses the request itself (its validation: the order
+		// is charged already), on the operation's first send: the
+		// message must not say the key was first sent with another
+		// request, and must say what the server did.
+		s := newShop()
+		s.failNext(422)
+		c := newClient(t, s, nil)
+		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+		var se *client.StatusError
+		if !errors.As(err, &se) || se.StatusCode != 422 || !errors.Is(err, idem.ErrMismatch) {
+			t.Fatalf("got %v; want *StatusError 422 matching idem.ErrMismatch", err)
+		}
+		msg := err.Error()
+		for _, want := range []string{"422", "refused the request with 422", "a request it will not process", "do not retry it under this key", "scripted 422"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("message %q; want it to say %q", msg, want)
+			}
+		}
+		if strings.Contains(msg, "first sent with a different") {
+			t.Errorf("message %q says the key was first sent with another request; it was sent once", msg)
+		}
+		if s.sends() != 1 || state(t, c.Jar(), "charge:o1") != idem.StateFailed {
+			t.Fatalf("%d sends, state %q; want 1 send, failed", s.sends(), state(t, c.Jar(), "charge:o1"))
+		}
+	})
 	t.Run("409 left after the attempts is a conflict, pending", func(t *testing.T) {
 		s := newShop()
 		s.failNext(409, 409, 409)

@@ -152,8 +152,9 @@ func ExampleClient_Resume() {
 // Every answer that is not 2xx is a *StatusError with its status and body.
 // Its Err says what the answer means for the operation: errors.Is matches
 // idem.ErrPending when the outcome is unknown (resume it later) and
-// idem.ErrMismatch when the server refused the key as reused with another
-// request (a bug: never retry it); any other answer is final.
+// idem.ErrMismatch when the server refused the request with 422 (a key
+// reused with another request, or a request the API will not process: do
+// not retry it under this key); any other answer is final.
 func ExampleStatusError() {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -185,14 +186,14 @@ func ExampleStatusError() {
 		case errors.As(err, &pending):
 			fmt.Println(se.StatusCode, "outcome unknown: resume it in", time.Until(pending.NextAttempt).Round(time.Minute))
 		case errors.Is(err, idem.ErrMismatch):
-			fmt.Println(se.StatusCode, "the key was reused with another request: do not retry")
+			fmt.Println(se.StatusCode, "refused: do not retry it under this key")
 		default:
 			fmt.Printf("%d final: %s", se.StatusCode, se.Body)
 		}
 	}
 	// Output:
 	// 503 outcome unknown: resume it in 2m0s
-	// 422 the key was reused with another request: do not retry
+	// 422 refused: do not retry it under this key
 	// 404 final: no such order
 }
 

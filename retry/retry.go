@@ -9,7 +9,7 @@
 //	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
 //	429, 502, 503, 504                                    Retry, honour Retry-After up to a cap
 //	any of those four replayed (Idempotent-Replayed)      Final: the server's saved outcome
-//	422 Unprocessable (key reused with other parameters)  Stop: never retry
+//	422 Unprocessable (key reused, or request refused)    Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
 //	context cancelled, other errors                       Stop
 package retry

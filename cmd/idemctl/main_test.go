@@ -353,26 +353,35 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	}
 }
 
-// TestResumeOfABodyNotStored: the jar did not store the body of a pending
-// operation (larger than the program's MaxStoredBody). idemctl cannot send
-// it and says so, with what the operator can do: not a Go method to call.
-func TestResumeOfABodyNotStored(t *testing.T) {
-	srv := newServer(t)
+// pendingInFile creates a jar file holding op, a POST to url left pending
+// by a first send whose connection was refused, and returns its path.
+// maxStoredBody is the client's Options.MaxStoredBody.
+func pendingInFile(t *testing.T, op, url string, maxStoredBody int64) string {
+	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "keys.db")
 	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	})
-	c, err := client.New(ctx, path, &client.Options{Base: refused, MaxStoredBody: -1, Policy: retry.Policy{MaxAttempts: 1}})
+	c, err := client.New(ctx, path, &client.Options{Base: refused, MaxStoredBody: maxStoredBody, Policy: retry.Policy{MaxAttempts: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PostJSON(ctx, "upload:big", srv.URL+"/v1/uploads", map[string]int{"size": 100}, nil); !errors.Is(err, idem.ErrPending) {
-		t.Fatalf("seeding upload:big: %v; want pending", err)
+	if _, err := c.PostJSON(ctx, op, url, map[string]int{"amount": 100}, nil); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("seeding %s: %v; want pending", op, err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return path
+}
+
+// TestResumeOfABodyNotStored: the jar did not store the body of a pending
+// operation (larger than the program's MaxStoredBody). idemctl cannot send
+// it and says so, with what the operator can do: not a Go method to call.
+func TestResumeOfABodyNotStored(t *testing.T) {
+	srv := newServer(t)
+	path := pendingInFile(t, "upload:big", srv.URL+"/v1/uploads", -1)
 
 	const want = "the program that sent it"
 	code, out, _ := idemctl("--jar", path, "show", "upload:big")
@@ -389,6 +398,31 @@ func TestResumeOfABodyNotStored(t *testing.T) {
 	}
 	if r, _ := jarState(t, path, "upload:big"); r.State != idem.StatePending {
 		t.Fatalf("after resume: %s; want it still pending", r.State)
+	}
+}
+
+// TestResumeRefusedWith422: the API refuses a resumed charge with its own
+// 422 (the order was charged under another key). The line says that the
+// server refused the request with 422 and what the API said, not that the
+// key was first sent with another request: it was not.
+func TestResumeRefusedWith422(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		testserver.WriteProblem(w, testserver.Problem{Type: "about:blank", Title: "Order already charged", Status: http.StatusUnprocessableEntity}, 0)
+	}))
+	t.Cleanup(srv.Close)
+	path := pendingInFile(t, "charge:o1", srv.URL+"/v1/charges", 0)
+	code, _, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret)
+	wantError(t, code, errOut, 1, "refused the request with 422")
+	for _, want := range []string{"a request it will not process", "Order already charged"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("resume: %q; want it to say %q", errOut, want)
+		}
+	}
+	if strings.Contains(errOut, "first sent with a different") {
+		t.Errorf("resume: %q says the key was first sent with another request", errOut)
+	}
+	if r, _ := jarState(t, path, "charge:o1"); r.State != idem.StateFailed {
+		t.Fatalf("after resume: %s; want failed", r.State)
 	}
 }
 
