@@ -113,9 +113,9 @@ func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 // executing, Abandon the operation and start a new one.
 type ReconcileError struct {
 	Op, Key    string
-	Created    time.Time     // the stored first-send time
+	Created    time.Time     // the record's Created: when the key was stored, before the first send
 	Horizon    time.Duration // the policy's horizon
-	Attempts   int           // attempts sent before
+	Attempts   int           // the record's Attempts
 	LastStatus int           // last answer's status, 0 when none
 }
 

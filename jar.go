@@ -72,9 +72,12 @@ type Record struct {
 	Body     []byte
 	BodySize int64
 
-	Created     time.Time // when the key was persisted, before the first send; the horizon runs from here
-	Updated     time.Time // last change
-	Attempts    int       // attempts sent so far, across calls and restarts
+	Created time.Time // when the key was persisted, before the first send; the horizon runs from here
+	Updated time.Time // last change
+	// Attempts counts the attempts across calls and restarts. Each is
+	// counted before it is sent, so that one a crash cuts off shows: a
+	// process killed before its first send leaves 1.
+	Attempts    int
 	LastStatus  int       // status of the last answer; 0 when none
 	LastError   string    // the last attempt's error, as valid UTF-8; "" when none
 	NextAttempt time.Time // zero, or the earliest time the server asked to be retried at

@@ -385,8 +385,9 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 }
 
 // Pending returns the operations whose outcome is unknown (StatePending),
-// oldest first. Each record says how many attempts were sent, when the
-// first was (Created), the last error and status, and NextAttempt, the
+// oldest first. Each record says how many attempts were made (Attempts,
+// each counted before its send), when the key was stored, before the first
+// send (Created), the last error and status, and NextAttempt, the
 // earliest time the server asked to be called again (zero when it did
 // not).
 func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {

@@ -49,7 +49,7 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		return nil
 	}
 	tw := tabwriter.NewWriter(s.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tFIRST SENT\tLAST\tNEXT ATTEMPT\tNOTE")
+	fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tKEY STORED\tLAST\tNEXT ATTEMPT\tNOTE")
 	for _, r := range recs {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), r.State, r.Attempts,
 			stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
@@ -125,7 +125,7 @@ func showRecord(s *session, r idem.Record) error {
 		field("body", fmt.Sprintf("%d bytes, binary", r.BodySize))
 	}
 	field("fingerprint", r.Fingerprint)
-	field("first sent", stamp(r.Created))
+	field("key stored", stamp(r.Created))
 	field("updated", stamp(r.Updated))
 	field("attempts", strconv.Itoa(r.Attempts))
 	field("last", cell(last(r), 0))

@@ -190,6 +190,11 @@ func testList(t *testing.T, _ *server, path string) {
 	if len(lines) != 7 || !strings.HasPrefix(lines[0], "OP") {
 		t.Fatalf("list printed %d lines; want a header and 6 operations:\n%s", len(lines), out)
 	}
+	// Created is when the key was stored, before the first send, which a
+	// kill may have prevented; Attempts counts each before its send.
+	if !strings.Contains(lines[0], "KEY STORED") || strings.Contains(lines[0], "SENT") {
+		t.Fatalf("header %q; want the record's time named KEY STORED, nothing named sent", lines[0])
+	}
 	// Oldest first: the four seeded two days ago, then the two pending ones.
 	if !strings.HasPrefix(lines[5], "charge:p1") || !strings.Contains(lines[5], "pending") || !strings.Contains(lines[5], "connection refused") {
 		t.Fatalf("line %q; want charge:p1, pending, with its last error", lines[5])
@@ -211,7 +216,10 @@ func testShow(t *testing.T, srv *server, path string) {
 	if code != 0 || errOut != "" {
 		t.Fatalf("show: exit %d, %s", code, errOut)
 	}
-	for _, want := range []string{"key:", rec.Key, "state:", "pending", "POST " + srv.URL + "/v1/charges",
+	if strings.Contains(out, "sent:") {
+		t.Fatalf("show names a field sent; Created is when the key was stored:\n%s", out)
+	}
+	for _, want := range []string{"key:", rec.Key, "key stored:", "state:", "pending", "POST " + srv.URL + "/v1/charges",
 		"Content-Type: application/json", `{"order_id":"charge:p1","amount":100}`, "connection refused", "lease:", "free"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("show output lacks %q:\n%s", want, out)

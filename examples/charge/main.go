@@ -179,7 +179,7 @@ func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (res
 			continue
 		}
 		resumed[rec.Op] = true
-		fmt.Fprintf(stdout, "%s: resuming (key %s, first sent %s, %d attempt(s) sent)\n",
+		fmt.Fprintf(stdout, "%s: resuming (key %s, stored %s, %d attempt(s))\n",
 			id, rec.Key, rec.Created.UTC().Format(time.RFC3339), rec.Attempts)
 		resp, err := c.Resume(ctx, rec.Op)
 		var ch charge
