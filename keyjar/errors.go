@@ -44,6 +44,11 @@ var (
 	// cannot be stored (outside the years 1678 to 2262). Nothing is
 	// written.
 	ErrInvalid = errors.New("keyjar: invalid record")
+
+	// ErrOptions is returned by Open for an Options field out of range: a
+	// negative BusyTimeout or MaxBatch, or a MaxBatch above 65536. It is
+	// wrapped with the field and its value. Nothing is created.
+	ErrOptions = errors.New("keyjar: invalid options")
 )
 
 // classify turns a driver error into one of the sentinels above when it is

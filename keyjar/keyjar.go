@@ -91,7 +91,7 @@ import (
 
 // Options configures Open. A nil *Options means the zero value, and every
 // zero field means its documented default; a negative field makes Open
-// fail.
+// fail with ErrOptions.
 type Options struct {
 	// BusyTimeout is how long a statement waits for a lock held by another
 	// connection or process before failing with ErrLocked. Zero means 5s.
@@ -101,7 +101,7 @@ type Options struct {
 
 	// MaxBatch is the most writes (Begin, Acquire, Update, Forget, ForgetKey,
 	// one Prune batch) that share one transaction and one commit. Zero means
-	// 128; 1 turns group commit off.
+	// 128; 1 turns group commit off. At most 65536.
 	MaxBatch int
 
 	// MustExist makes Open open only an existing jar: it creates no file
@@ -118,8 +118,9 @@ type Options struct {
 const (
 	defaultBusyTimeout = 5 * time.Second
 	defaultMaxBatch    = 128
-	readConns          = 4    // size of the read-only pool used by Get and List
-	pruneBatch         = 1000 // rows Prune deletes per transaction
+	maxBatchLimit      = 1 << 16 // the queue and each batch hold that many jobs
+	readConns          = 4       // size of the read-only pool used by Get and List
+	pruneBatch         = 1000    // rows Prune deletes per transaction
 )
 
 // Jar is an idem.Jar stored in a SQLite file. It is safe for concurrent use
@@ -176,7 +177,8 @@ type hooks struct {
 // up to Options.BusyTimeout, only to create the schema or to switch the
 // file to WAL mode; writes wait for it as always.
 //
-// Open returns an error wrapping fs.ErrPermission when the file or its
+// Open returns ErrOptions, wrapped, for an option out of range (creating
+// nothing), an error wrapping fs.ErrPermission when the file or its
 // directory cannot be written, ErrCorrupt when the file is not a key jar,
 // ErrVersion when it was written by a newer version of this package, and
 // ErrLocked when another process holds a lock it needs (the write lock
@@ -195,8 +197,13 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 	if opts != nil {
 		o = *opts
 	}
-	if o.BusyTimeout < 0 || o.MaxBatch < 0 {
-		return nil, fmt.Errorf("keyjar: invalid options: BusyTimeout %v, MaxBatch %d", o.BusyTimeout, o.MaxBatch)
+	switch {
+	case o.BusyTimeout < 0:
+		return nil, fmt.Errorf("%w: BusyTimeout %v is negative", ErrOptions, o.BusyTimeout)
+	case o.MaxBatch < 0:
+		return nil, fmt.Errorf("%w: MaxBatch %d is negative", ErrOptions, o.MaxBatch)
+	case o.MaxBatch > maxBatchLimit:
+		return nil, fmt.Errorf("%w: MaxBatch %d is above %d", ErrOptions, o.MaxBatch, maxBatchLimit)
 	}
 	if o.BusyTimeout == 0 {
 		o.BusyTimeout = defaultBusyTimeout

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -336,14 +337,35 @@ func TestOpenDeadline(t *testing.T) {
 	}
 }
 
+// TestOpenBadOptions: each option out of range is ErrOptions, naming the
+// field, with "keyjar:" once, and nothing is created. A MaxBatch too large
+// to allocate its queue made Open panic after creating the file.
 func TestOpenBadOptions(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
-	for _, o := range []keyjar.Options{{BusyTimeout: -1}, {MaxBatch: -1}} {
-		if j, err := keyjar.Open(t.Context(), path, &o); err == nil {
+	for _, c := range []struct {
+		o     keyjar.Options
+		field string
+	}{
+		{keyjar.Options{BusyTimeout: -1}, "BusyTimeout"},
+		{keyjar.Options{MaxBatch: -1}, "MaxBatch"},
+		{keyjar.Options{MaxBatch: 1<<16 + 1}, "MaxBatch"},
+		{keyjar.Options{MaxBatch: math.MaxInt}, "MaxBatch"},
+	} {
+		j, err := keyjar.Open(t.Context(), path, &c.o)
+		if err == nil {
 			j.Close()
-			t.Errorf("Open with %+v succeeded; want an error", o)
+			t.Errorf("Open with %+v succeeded; want ErrOptions", c.o)
+			continue
+		}
+		if !errors.Is(err, keyjar.ErrOptions) || !strings.Contains(err.Error(), c.field) || strings.Count(err.Error(), "keyjar:") != 1 {
+			t.Errorf("Open with %+v: %v; want ErrOptions naming %s, with keyjar: once", c.o, err, c.field)
 		}
 	}
+	j, err := keyjar.Open(t.Context(), filepath.Join(t.TempDir(), "max.db"), &keyjar.Options{MaxBatch: 1 << 16})
+	if err != nil {
+		t.Fatalf("Open with MaxBatch 65536: %v; want it open", err)
+	}
+	j.Close()
 	if _, err := keyjar.Open(t.Context(), "", nil); err == nil {
 		t.Error("Open with an empty path succeeded; want an error")
 	}
