@@ -2,8 +2,10 @@ package pgjar_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar/pgjar"
@@ -254,4 +256,52 @@ func TestNewMustExist(t *testing.T) {
 	if rec, err := j.Get(ctx, "op"); err != nil || rec.Key != "key-op" {
 		t.Fatalf("Get = %+v, %v; want the record begun before", rec, err)
 	}
+}
+
+// TestOpenBadOptions: each option out of range is ErrOptions from Open and
+// New, naming the field, with "pgjar:" once, and nothing is created. A
+// negative QueryTimeout or PruneBatch was taken for the default, and a
+// QueryTimeout above PostgreSQL's longest statement_timeout failed every
+// connection with the server's error (Open) or, past 146 years, made every
+// wait of twice it overflow into none (New).
+func TestOpenBadOptions(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	pool := newPool(t, dsn)
+	for _, c := range []struct {
+		o     pgjar.Options
+		field string
+	}{
+		{pgjar.Options{QueryTimeout: -time.Second}, "QueryTimeout"},
+		{pgjar.Options{QueryTimeout: math.MaxInt32*time.Millisecond + time.Millisecond}, "QueryTimeout"},
+		{pgjar.Options{QueryTimeout: math.MaxInt64}, "QueryTimeout"},
+		{pgjar.Options{PruneBatch: -1}, "PruneBatch"},
+	} {
+		for name, open := range map[string]func() (*pgjar.Jar, error){
+			"Open": func() (*pgjar.Jar, error) { return pgjar.Open(ctx, dsn, &c.o) },
+			"New":  func() (*pgjar.Jar, error) { return pgjar.New(ctx, pool, &c.o) },
+		} {
+			j, err := open()
+			if err == nil {
+				j.Close()
+				t.Errorf("%s with %+v succeeded; want ErrOptions", name, c.o)
+				continue
+			}
+			if !errors.Is(err, pgjar.ErrOptions) || !strings.Contains(err.Error(), c.field) || strings.Count(err.Error(), "pgjar:") != 1 {
+				t.Errorf("%s with %+v: %v; want ErrOptions naming %s, with pgjar: once", name, c.o, err, c.field)
+			}
+		}
+	}
+	var tables int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 0 {
+		t.Errorf("%d tables after the refused opens; want none", tables)
+	}
+	j, err := pgjar.Open(ctx, dsn, &pgjar.Options{QueryTimeout: math.MaxInt32 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Open with the longest QueryTimeout: %v; want it open", err)
+	}
+	j.Close()
 }

@@ -189,9 +189,18 @@ var (
 	// of its integer column, and by Defer for the change Update would
 	// refuse. Nothing is written.
 	ErrInvalid = errors.New("pgjar: invalid record")
+
+	// ErrOptions is returned by Open and New for an Options field out of
+	// range: a negative QueryTimeout or PruneBatch, or a QueryTimeout
+	// above 2^31-1 milliseconds (about 24.8 days, the longest
+	// statement_timeout PostgreSQL takes). It is wrapped with the field
+	// and its value. Nothing is connected to or created.
+	ErrOptions = errors.New("pgjar: invalid options")
 )
 
-// Options configure Open and New. A nil *Options means the defaults.
+// Options configure Open and New. A nil *Options means the defaults, and
+// every zero field its documented default; a field out of range makes Open
+// and New fail with ErrOptions.
 type Options struct {
 	// QueryTimeout bounds each statement the jar runs. Open makes it the
 	// server's statement_timeout on the jar's connections (unless the DSN
@@ -208,7 +217,7 @@ type Options struct {
 	// Before the statement, the jar waits at most twice QueryTimeout, too,
 	// for a connection from a pool that has none free, and returns an
 	// error wrapping context.DeadlineExceeded when none came. Zero means
-	// DefaultQueryTimeout.
+	// DefaultQueryTimeout; at most 2^31-1 ms (about 24.8 days).
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most records one DELETE of Prune removes; Prune runs
@@ -270,18 +279,22 @@ var (
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the jar's schema (tables idem_operations and
 // idem_operations_schema) unless Options.MustExist is set, and returns a Jar that owns its pool. It
-// returns ErrVersion for a schema newer than this package, and ErrSchema
+// returns ErrOptions for an option out of range, before it connects,
+// ErrVersion for a schema newer than this package, and ErrSchema
 // for a current one that lacks a table or an index, or for the jar's table
 // without the record of its version. A schema that
 // is current is only read: a role that may not create tables opens it with
 // SELECT on idem_operations_schema and SELECT, INSERT, UPDATE and DELETE
 // on idem_operations.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
+	o, err := withDefaults(opts)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgjar: %w", err)
 	}
-	o := withDefaults(opts)
 	updateCommit := "off"
 	if v, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; set {
 		updateCommit = v // the operator's choice, for every write
@@ -311,7 +324,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // New returns a Jar on pool, a pool its caller keeps (Close leaves it
 // open), after creating or upgrading the schema as Open does, under the
 // same lock (or, with Options.MustExist, checking it), or ErrVersion,
-// ErrSchema or ErrNoJar. A service that runs a pool for its database
+// ErrSchema, ErrNoJar or ErrOptions. A service that runs a pool for its database
 // keeps its jar there without a second one.
 //
 // The pool's connections keep their settings, and New reads two of them
@@ -335,7 +348,10 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // applier one while it sends a batch, and the caller's own use of the pool
 // may keep the jar waiting, up to twice QueryTimeout, for a connection.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Jar, error) {
-	o := withDefaults(opts)
+	o, err := withDefaults(opts)
+	if err != nil {
+		return nil, err
+	}
 	cctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
 	defer cancel()
 	updateCommit, err := pgmigrate.CheckPool(cctx, pool, ErrPool)
@@ -351,20 +367,32 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Jar, error) {
 }
 
 // withDefaults returns *opts, or the zero Options for nil, with its zero
-// fields set to their defaults.
-func withDefaults(opts *Options) Options {
+// fields set to their defaults, or ErrOptions for a field out of range.
+func withDefaults(opts *Options) (Options, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
-	if o.QueryTimeout <= 0 {
+	switch {
+	case o.QueryTimeout < 0:
+		return o, fmt.Errorf("%w: QueryTimeout %v is negative", ErrOptions, o.QueryTimeout)
+	case o.QueryTimeout > maxQueryTimeout:
+		return o, fmt.Errorf("%w: QueryTimeout %v is above %v", ErrOptions, o.QueryTimeout, maxQueryTimeout)
+	case o.PruneBatch < 0:
+		return o, fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, o.PruneBatch)
+	}
+	if o.QueryTimeout == 0 {
 		o.QueryTimeout = DefaultQueryTimeout
 	}
-	if o.PruneBatch <= 0 {
+	if o.PruneBatch == 0 {
 		o.PruneBatch = DefaultPruneBatch
 	}
-	return o
+	return o, nil
 }
+
+// maxQueryTimeout is the longest statement_timeout PostgreSQL takes,
+// 2^31-1 ms; the jar's own waits of twice as long stay far from overflow.
+const maxQueryTimeout = math.MaxInt32 * time.Millisecond
 
 // start returns a Jar on pool, whose Update commits with updateCommit and
 // whose Close closes pool when owned is true, once the schema is current
