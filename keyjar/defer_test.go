@@ -101,9 +101,11 @@ func TestDeferBadInputAndClose(t *testing.T) {
 	if _, _, err := j.Begin(t.Context(), r); err != nil {
 		t.Fatal(err)
 	}
-	if err := j.Defer("op", "", idem.Change{Now: r.Created, State: "bogus"}); !errors.Is(err, keyjar.ErrInvalid) {
+	err = j.Defer("op", "", idem.Change{Now: r.Created, State: "bogus"})
+	if !errors.Is(err, keyjar.ErrInvalid) {
 		t.Errorf("Defer(state bogus) = %v; want ErrInvalid", err)
 	}
+	prefixOnce(t, "Defer(state bogus)", err)
 	if err := j.Defer("op", "", idem.Change{Now: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}); !errors.Is(err, keyjar.ErrInvalid) {
 		t.Errorf("Defer(year 2300) = %v; want ErrInvalid", err)
 	}
@@ -113,9 +115,11 @@ func TestDeferBadInputAndClose(t *testing.T) {
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := j.Defer("op", "", idem.Change{Now: r.Created}); !errors.Is(err, keyjar.ErrClosed) {
+	err = j.Defer("op", "", idem.Change{Now: r.Created})
+	if !errors.Is(err, keyjar.ErrClosed) {
 		t.Errorf("Defer after Close = %v; want ErrClosed", err)
 	}
+	prefixOnce(t, "Defer after Close", err)
 	j, err = keyjar.Open(t.Context(), path, nil)
 	if err != nil {
 		t.Fatal(err)

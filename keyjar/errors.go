@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,6 +51,24 @@ var (
 	// wrapped with the field and its value. Nothing is created.
 	ErrOptions = errors.New("keyjar: invalid options")
 )
+
+// wrapf returns err after "keyjar: " and what format says happened, once:
+// the "keyjar: " that begins err's own message (a sentinel's) is left out.
+// errors.Is and errors.As see err.
+func wrapf(err error, format string, args ...any) error {
+	return &wrapped{what: fmt.Sprintf(format, args...), err: err}
+}
+
+type wrapped struct {
+	what string
+	err  error
+}
+
+func (e *wrapped) Error() string {
+	return "keyjar: " + e.what + ": " + strings.TrimPrefix(e.err.Error(), "keyjar: ")
+}
+
+func (e *wrapped) Unwrap() error { return e.err }
 
 // classify turns a driver error into one of the sentinels above when it is
 // one of them, keeping the original error in the chain.
@@ -131,7 +150,7 @@ func openError(path string, err error) error {
 		return fmt.Errorf("keyjar: open %s: %w: the directory %s cannot be written, and the jar keeps its -wal and -shm files there",
 			path, classify(err), filepath.Dir(path))
 	}
-	return fmt.Errorf("keyjar: open %s: %w", path, classify(err))
+	return wrapf(classify(err), "open %s", path)
 }
 
 // cantOpen finds why SQLite could not open the files beside the database

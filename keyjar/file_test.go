@@ -222,22 +222,28 @@ func TestInvalidInput(t *testing.T) {
 		"lease in 2300":   edit(func(r *idem.Record) { r.LeaseUntil = tooLate }),
 		"existing op":     func() idem.Record { r := newRecord("op"); r.Created = tooLate; return r }(),
 	} {
-		if _, _, err := j.Begin(ctx, r); !errors.Is(err, keyjar.ErrInvalid) {
+		_, _, err := j.Begin(ctx, r)
+		if !errors.Is(err, keyjar.ErrInvalid) {
 			t.Errorf("Begin with %s: err = %v; want ErrInvalid", name, err)
 		}
+		prefixOnce(t, "Begin with "+name, err)
 	}
 	for name, c := range map[string]idem.Change{
 		"unknown state":     {Now: time.Now(), State: "sent"},
 		"now in 2300":       {Now: tooLate},
 		"next attempt 1600": {Now: time.Now(), NextAttempt: tooEarly},
 	} {
-		if _, err := j.Update(ctx, "op", "", c); !errors.Is(err, keyjar.ErrInvalid) {
+		_, err := j.Update(ctx, "op", "", c)
+		if !errors.Is(err, keyjar.ErrInvalid) {
 			t.Errorf("Update with %s: err = %v; want ErrInvalid", name, err)
 		}
+		prefixOnce(t, "Update with "+name, err)
 	}
-	if _, err := j.Acquire(ctx, "op", "a", time.Date(2262, 1, 1, 0, 0, 0, 0, time.UTC), 365*24*time.Hour); !errors.Is(err, keyjar.ErrInvalid) {
+	_, err = j.Acquire(ctx, "op", "a", time.Date(2262, 1, 1, 0, 0, 0, 0, time.UTC), 365*24*time.Hour)
+	if !errors.Is(err, keyjar.ErrInvalid) {
 		t.Errorf("Acquire until past 2262: err = %v; want ErrInvalid", err)
 	}
+	prefixOnce(t, "Acquire until past 2262", err)
 	all, err := j.List(ctx, idem.Filter{})
 	if err != nil || len(all) != 1 {
 		t.Fatalf("List = %d records, %v; want only op", len(all), err)

@@ -2,6 +2,7 @@ package keyjar_test
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/keyjar"
@@ -21,6 +22,15 @@ func openPath(t *testing.T, path string, opts *keyjar.Options) *keyjar.Jar {
 		}
 	})
 	return j
+}
+
+// prefixOnce fails the test unless err's message says "keyjar:" once: a
+// method that wraps a sentinel ("keyjar: jar is closed") does not repeat it.
+func prefixOnce(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil && strings.Count(err.Error(), "keyjar:") != 1 {
+		t.Errorf("%s: %q; want \"keyjar:\" once", what, err)
+	}
 }
 
 // openTemp opens a new jar in a temporary directory.

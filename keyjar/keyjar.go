@@ -245,7 +245,7 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
+		return nil, wrapf(err, "open %s", path)
 	}
 	created, err := createFile(abs, !o.MustExist)
 	if err != nil {
@@ -254,7 +254,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	// SQLite follows symbolic links to the database file and keeps its
 	// -wal and -shm files beside it: so does the jar, which syncs the WAL.
 	if abs, err = filepath.EvalSymlinks(abs); err != nil {
-		return nil, fmt.Errorf("keyjar: open %s: %w", path, err)
+		return nil, wrapf(err, "open %s", path)
 	}
 	if h.checked != nil {
 		h.checked(abs)
@@ -270,7 +270,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		"_pragma", "secure_delete(FAST)",
 	))
 	if err != nil {
-		return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
+		return nil, wrapf(err, "open %s", abs)
 	}
 	writer.SetMaxOpenConns(1)
 	writer.SetMaxIdleConns(1)
@@ -335,7 +335,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		// The new file's directory entry, so that the file itself survives a
 		// power loss; SQLite syncs the directory for its -wal file.
 		if err := syncDir(filepath.Dir(abs)); err != nil {
-			return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
+			return nil, wrapf(err, "open %s", abs)
 		}
 	}
 	j.reader, err = sql.Open("sqlite", sqliteopt.URI(abs,
@@ -344,7 +344,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		"_pragma", "query_only(1)",
 	))
 	if err != nil {
-		return nil, fmt.Errorf("keyjar: open %s: %w", abs, err)
+		return nil, wrapf(err, "open %s", abs)
 	}
 	j.reader.SetMaxOpenConns(readConns)
 	j.reader.SetMaxIdleConns(readConns)
@@ -407,7 +407,7 @@ func createFile(path string, create bool) (created bool, err error) {
 	defer f.Close()
 	// A FIFO or a device is no jar, and reading one may never end.
 	if fi, err := f.Stat(); err != nil {
-		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+		return false, wrapf(err, "open %s", path)
 	} else if !fi.Mode().IsRegular() {
 		return false, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, fi.Mode().Type())
 	}
@@ -417,7 +417,7 @@ func createFile(path string, create bool) (created bool, err error) {
 	case n == 0 && err == io.EOF:
 		return false, nil // empty: a new database
 	case err != nil && err != io.ErrUnexpectedEOF:
-		return false, fmt.Errorf("keyjar: open %s: %w", path, err)
+		return false, wrapf(err, "open %s", path)
 	case !bytes.Equal(head[:n], sqliteMagic):
 		return false, fmt.Errorf("%w: %s is not a SQLite database", ErrCorrupt, path)
 	}
@@ -461,7 +461,7 @@ func (j *Jar) Close() error {
 		err = errors.Join(err, cerr)
 	}
 	if err != nil {
-		return fmt.Errorf("keyjar: close %s: %w", j.path, err)
+		return wrapf(err, "close %s", j.path)
 	}
 	return nil
 }

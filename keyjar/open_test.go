@@ -138,6 +138,7 @@ func TestOpenErrors(t *testing.T) {
 			if !errors.Is(err, c.want) {
 				t.Fatalf("Open: err = %v; want %v", err, c.want)
 			}
+			prefixOnce(t, "Open", err)
 			after, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
@@ -227,9 +228,11 @@ func TestOpenWhileAnotherWrites(t *testing.T) {
 			if recs, err := j.List(ctx, idem.Filter{}); err != nil || len(recs) != 1 || recs[0].Op != "op" {
 				t.Errorf("List = %d records, %v; want op alone", len(recs), err)
 			}
-			if _, _, err := j.Begin(ctx, newRecord("op2")); !errors.Is(err, keyjar.ErrLocked) {
+			_, _, err = j.Begin(ctx, newRecord("op2"))
+			if !errors.Is(err, keyjar.ErrLocked) {
 				t.Errorf("Begin while another writes: %v; want ErrLocked", err)
 			}
+			prefixOnce(t, "Begin while another writes", err)
 			release()
 			if _, created, err := j.Begin(ctx, newRecord("op2")); err != nil || !created {
 				t.Errorf("Begin after the writer is gone = created %v, %v; want created", created, err)

@@ -34,7 +34,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	r.Header = idem.PublicHeader(r.Header)
 	w, err := encode(r)
 	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("keyjar: begin %q: %w", r.Op, err)
+		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 	}
 	var (
 		rec     idem.Record
@@ -56,7 +56,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		return err
 	})
 	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("keyjar: begin %q: %w", r.Op, err)
+		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 	}
 	if created {
 		// What was written, as Get reads it back, without reading it back.
@@ -83,7 +83,7 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 		return idem.Record{}, err
 	}
 	if err := j.settle(ctx); err != nil {
-		return idem.Record{}, fmt.Errorf("keyjar: get %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "get %q", op)
 	}
 	r, err := getRecord(j.reader.QueryRowContext(ctx, "SELECT "+columns+" FROM operations WHERE op = ?", op))
 	if err != nil {
@@ -99,7 +99,7 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
 	until := now.Add(ttl)
 	if _, err := nanos("lease end", until); err != nil {
-		return idem.Record{}, fmt.Errorf("keyjar: acquire %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "acquire %q", op)
 	}
 	return j.modify(ctx, "acquire", op, func(r *idem.Record) error {
 		if !r.CanLease(holder, now) {
@@ -119,7 +119,7 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	args, err := changeArgs(op, holder, c)
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("keyjar: update %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "update %q", op)
 	}
 	var (
 		rec     idem.Record
@@ -143,10 +143,10 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	if err != nil {
 		// rec is not read: when the caller's context ended, the committer
 		// may still be running the job that sets it.
-		return idem.Record{}, fmt.Errorf("keyjar: update %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "update %q", op)
 	}
 	if refusal != nil {
-		return rec, fmt.Errorf("keyjar: update %q: %w", op, refusal)
+		return rec, wrapf(refusal, "update %q", op)
 	}
 	return rec, nil
 }
@@ -169,7 +169,7 @@ func (j *Jar) Defer(op, holder string, c idem.Change) error {
 			}})
 	}
 	if err != nil {
-		return fmt.Errorf("keyjar: defer %q: %w", op, err)
+		return wrapf(err, "defer %q", op)
 	}
 	return nil
 }
@@ -217,10 +217,10 @@ func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.R
 	if err != nil {
 		// rec is not read: when the caller's context ended, the committer
 		// may still be running the job that sets it.
-		return idem.Record{}, fmt.Errorf("keyjar: %s %q: %w", verb, op, err)
+		return idem.Record{}, wrapf(err, "%s %q", verb, op)
 	}
 	if refusal != nil {
-		return rec, fmt.Errorf("keyjar: %s %q: %w", verb, op, refusal)
+		return rec, wrapf(refusal, "%s %q", verb, op)
 	}
 	return rec, nil
 }
@@ -243,7 +243,7 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 		return nil, err
 	}
 	if err := j.settle(ctx); err != nil {
-		return nil, fmt.Errorf("keyjar: list: %w", err)
+		return nil, wrapf(err, "list")
 	}
 	limit := f.Limit
 	if limit <= 0 {
@@ -263,7 +263,7 @@ func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
 		return nil, err
 	}
 	if err := j.settle(ctx); err != nil {
-		return nil, fmt.Errorf("keyjar: by key: %w", err)
+		return nil, wrapf(err, "by key")
 	}
 	return j.records(ctx, "by key", "SELECT "+columns+` FROM operations
 		WHERE key = ? ORDER BY created, op`, key)
@@ -336,7 +336,7 @@ func (j *Jar) forget(ctx context.Context, verb, op string, stmt *sql.Stmt, args 
 		err = refusal
 	}
 	if err != nil {
-		return fmt.Errorf("keyjar: %s %q: %w", verb, op, err)
+		return wrapf(err, "%s %q", verb, op)
 	}
 	return nil
 }
@@ -389,7 +389,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 			return err
 		})
 		if err != nil {
-			return total, fmt.Errorf("keyjar: prune: %w", err)
+			return total, wrapf(err, "prune")
 		}
 		total += int(deleted)
 		if deleted < int64(n) || (limit > 0 && total >= limit) {
@@ -417,7 +417,7 @@ func (j *Jar) readError(verb, op string, err error) error {
 		err = ErrClosed // closed while reading
 	}
 	if op != "" {
-		return fmt.Errorf("keyjar: %s %q: %w", verb, op, j.damaged(err))
+		return wrapf(j.damaged(err), "%s %q", verb, op)
 	}
-	return fmt.Errorf("keyjar: %s: %w", verb, j.damaged(err))
+	return wrapf(j.damaged(err), "%s", verb)
 }

@@ -371,9 +371,9 @@ func printable(spec string) string {
 func explain(path string, lockTimeout time.Duration, err error) error {
 	switch {
 	case errors.Is(err, keyjar.ErrCorrupt):
-		// keyjar says what it found after the sentinel: the server's
-		// database, another program's, not SQLite at all.
-		_, found, _ := strings.Cut(err.Error(), keyjar.ErrCorrupt.Error())
+		// keyjar says what it found after the sentinel's words: the
+		// server's database, another program's, not SQLite at all.
+		_, found, _ := strings.Cut(err.Error(), strings.TrimPrefix(keyjar.ErrCorrupt.Error(), "keyjar: "))
 		return fmt.Errorf("%s is not a key jar or is corrupt%s", path, found)
 	case errors.Is(err, keyjar.ErrLocked):
 		return fmt.Errorf("%s is locked by another process (waited %v); try again later or raise --lock-timeout", path, lockTimeout)
