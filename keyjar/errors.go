@@ -7,9 +7,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/internal/errprefix"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -52,23 +53,11 @@ var (
 	ErrOptions = errors.New("keyjar: invalid options")
 )
 
-// wrapf returns err after "keyjar: " and what format says happened, once:
-// the "keyjar: " that begins err's own message (a sentinel's) is left out.
-// errors.Is and errors.As see err.
+// wrapf returns err after "keyjar: " and what format says happened, with
+// "keyjar: " said once (errprefix.Wrapf).
 func wrapf(err error, format string, args ...any) error {
-	return &wrapped{what: fmt.Sprintf(format, args...), err: err}
+	return errprefix.Wrapf("keyjar", err, format, args...)
 }
-
-type wrapped struct {
-	what string
-	err  error
-}
-
-func (e *wrapped) Error() string {
-	return "keyjar: " + e.what + ": " + strings.TrimPrefix(e.err.Error(), "keyjar: ")
-}
-
-func (e *wrapped) Unwrap() error { return e.err }
 
 // classify turns a driver error into one of the sentinels above when it is
 // one of them, keeping the original error in the chain.

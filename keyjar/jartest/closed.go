@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,9 +22,11 @@ type Closer interface {
 // RunClosed checks a jar's Close, each case on a new, empty jar from open:
 // after Close, every method, Close, a Prune of limit 0 and, when the jar
 // has them, Defer, ForgetKey and ByKey included, returns an error matching
-// errClosed (the jar's ErrClosed); methods called while Close runs return
-// either their usual result or errClosed, never another error; and of two
-// Close calls at once, one returns nil and the other errClosed.
+// errClosed (the jar's ErrClosed), whose message says the package's
+// prefix ("keyjar:", the one errClosed begins with) once; methods called
+// while Close runs return either their usual result or errClosed, never
+// another error; and of two Close calls at once, one returns nil and the
+// other errClosed.
 func RunClosed(t *testing.T, open func(t *testing.T) Closer, errClosed error) {
 	t.Run("AfterClose", func(t *testing.T) { afterClose(t, open(t), errClosed) })
 	t.Run("RacingClose", func(t *testing.T) {
@@ -57,9 +60,14 @@ func afterClose(t *testing.T, j Closer, errClosed error) {
 	if bk, ok := j.(ByKeyer); ok {
 		_, errs["ByKey"] = bk.ByKey(ctx, "key-op")
 	}
+	// The package's prefix, as errClosed begins with it, is said once:
+	// a method wrapping errClosed does not repeat it.
+	prefix, _, _ := strings.Cut(errClosed.Error(), ": ")
 	for name, err := range errs {
 		if !errors.Is(err, errClosed) {
 			t.Errorf("%s after Close: %v; want %v", name, err, errClosed)
+		} else if n := strings.Count(err.Error(), prefix+":"); n != 1 {
+			t.Errorf("%s after Close: %q says %s: %d times; want once", name, err, prefix, n)
 		}
 	}
 }

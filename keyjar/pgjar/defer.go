@@ -3,7 +3,6 @@ package pgjar
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -56,7 +55,7 @@ func (j *Jar) Defer(op, holder string, c idem.Change) error {
 		err = j.enqueue(deferred{op: op, args: args, replayable: replayable(holder, c)})
 	}
 	if err != nil {
-		return fmt.Errorf("pgjar: defer %q: %w", op, err)
+		return wrapf(err, "defer %q", op)
 	}
 	return nil
 }

@@ -121,6 +121,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/errprefix"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
@@ -197,6 +198,12 @@ var (
 	// and its value. Nothing is connected to or created.
 	ErrOptions = errors.New("pgjar: invalid options")
 )
+
+// wrapf returns err after "pgjar: " and what format says happened, with
+// "pgjar: " said once (errprefix.Wrapf).
+func wrapf(err error, format string, args ...any) error {
+	return errprefix.Wrapf("pgjar", err, format, args...)
+}
 
 // Options configure Open and New. A nil *Options means the defaults, and
 // every zero field its documented default; a field out of range makes Open
@@ -520,26 +527,26 @@ func (j *Jar) get(ctx context.Context, until time.Time, op string) (idem.Record,
 // string that PostgreSQL's text cannot hold or a LastStatus outside 32 bits.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
 	if j.closed.Load() {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, ErrClosed)
+		return idem.Record{}, false, wrapf(ErrClosed, "begin %q", r.Op)
 	}
 	if r.Op == "" || r.Key == "" {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: empty Op or Key", r.Op, ErrInvalid)
+		return idem.Record{}, false, wrapf(fmt.Errorf("%w: empty Op or Key", ErrInvalid), "begin %q", r.Op)
 	}
 	if len(r.Op) > MaxOpLen {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %.40q…: %w: Op is %d bytes long; the limit is %d", r.Op, ErrInvalid, len(r.Op), MaxOpLen)
+		return idem.Record{}, false, wrapf(fmt.Errorf("%w: Op is %d bytes long; the limit is %d", ErrInvalid, len(r.Op), MaxOpLen), "begin %.40q…", r.Op)
 	}
 	if err := storable("Op", r.Op, "Key", r.Key, "Fingerprint", r.Fingerprint, "Method", r.Method, "URL", r.URL,
 		"LastError", r.LastError, "Note", r.Note, "Holder", r.Holder); err != nil {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 	}
 	if r.State == "" {
 		r.State = idem.StatePending
 	}
 	if !r.State.Valid() {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: state %q", r.Op, ErrInvalid, r.State)
+		return idem.Record{}, false, wrapf(fmt.Errorf("%w: state %q", ErrInvalid, r.State), "begin %q", r.Op)
 	}
 	if err := storableStatus(r.LastStatus); err != nil {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 	}
 	var times [4]*int64
 	for i, t := range []struct {
@@ -548,15 +555,15 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	}{{"Created", r.Created}, {"Updated", r.Updated}, {"NextAttempt", r.NextAttempt}, {"LeaseUntil", r.LeaseUntil}} {
 		var err error
 		if times[i], err = nanos(t.field, t.t); err != nil {
-			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+			return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 		}
 	}
 	header, err := hdrjson.Marshal(idem.PublicHeader(r.Header))
 	if err != nil {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w: header: %v", r.Op, ErrInvalid, err)
+		return idem.Record{}, false, wrapf(fmt.Errorf("%w: header: %v", ErrInvalid, err), "begin %q", r.Op)
 	}
 	if err := j.settle(ctx, r.Op); err != nil {
-		return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 	}
 	until := j.retryUntil()
 	unsure := false // an INSERT was sent and its answer lost
@@ -584,7 +591,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 			return rec, true, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+			return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 		}
 		// A second statement reads the record that holds the name, as
 		// committed now (the first one's snapshot may predate it).
@@ -595,7 +602,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 			return rec, unsure && began(rec, r), nil
 		}
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: %w", r.Op, err)
+			return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 		}
 		// Forgotten or abandoned in between: claim it again.
 	}
@@ -613,17 +620,17 @@ func began(rec, r idem.Record) bool {
 // Get implements idem.Jar. It returns idem.ErrNotFound for an unknown op.
 func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 	if storable("op", op) != nil && !j.closed.Load() {
-		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
+		return idem.Record{}, wrapf(idem.ErrNotFound, "get %q", op) // Begin refuses such a name
 	}
 	if err := j.settle(ctx, op); err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "get %q", op)
 	}
 	rec, err := j.get(ctx, j.retryUntil(), op)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = idem.ErrNotFound
 	}
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: get %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "get %q", op)
 	}
 	return rec, nil
 }
@@ -636,24 +643,24 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 // (see the package documentation).
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
 	if j.closed.Load() {
-		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, ErrClosed)
+		return idem.Record{}, wrapf(ErrClosed, "acquire %q", op)
 	}
 	if err := storable("op", op, "holder", holder); err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "acquire %q", op)
 	}
 	at, err := nanos("now", now)
 	if err == nil && at == nil {
 		err = fmt.Errorf("%w: zero now", ErrInvalid)
 	}
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "acquire %q", op)
 	}
 	until, err := nanos("lease end", now.Add(ttl))
 	if err == nil {
 		err = j.settle(ctx, op)
 	}
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "acquire %q", op)
 	}
 	var rec idem.Record
 	retryUntil := j.retryUntil()
@@ -667,24 +674,24 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 			return rec, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+			return idem.Record{}, wrapf(err, "acquire %q", op)
 		}
 		rec, err = j.get(ctx, retryUntil, op)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = idem.ErrNotFound
 		}
 		if err != nil {
-			return idem.Record{}, fmt.Errorf("pgjar: acquire %q: %w", op, err)
+			return idem.Record{}, wrapf(err, "acquire %q", op)
 		}
 		if !rec.CanLease(holder, now) {
-			return rec, fmt.Errorf("pgjar: acquire %q: %w", op, idem.ErrLeased)
+			return rec, wrapf(idem.ErrLeased, "acquire %q", op)
 		}
 		// Released between the two statements: try again.
 	}
 	// Every UPDATE found the lease held by another, and every read found it
 	// released since: the lease is busy, and ErrLeased is true of the last
 	// UPDATE's moment.
-	return rec, fmt.Errorf("pgjar: acquire %q: %w", op, idem.ErrLeased)
+	return rec, wrapf(idem.ErrLeased, "acquire %q", op)
 }
 
 // Update implements idem.Jar: it applies c to op, as idem.Change.Apply
@@ -702,7 +709,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		err = j.settle(ctx, op)
 	}
 	if err != nil {
-		return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+		return idem.Record{}, wrapf(err, "update %q", op)
 	}
 	var last idem.Record
 	until := j.retryUntil()
@@ -714,14 +721,14 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 			return rec, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+			return idem.Record{}, wrapf(err, "update %q", op)
 		}
 		rec, err = j.get(ctx, until, op)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = idem.ErrNotFound
 		}
 		if err != nil {
-			return idem.Record{}, fmt.Errorf("pgjar: update %q: %w", op, err)
+			return idem.Record{}, wrapf(err, "update %q", op)
 		}
 		if holder != "" && rec.Holder != holder {
 			if unsure && c.Release && applied(rec, c) {
@@ -729,7 +736,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 				// which fenced off the next.
 				return rec, nil
 			}
-			return rec, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
+			return rec, wrapf(idem.ErrLeaseLost, "update %q", op)
 		}
 		// The lease came back to holder, or the record was created, between
 		// the two statements: try again.
@@ -738,7 +745,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	if holder != "" {
 		// Every UPDATE found the lease held by another: ErrLeaseLost is true
 		// of the last one's moment.
-		return last, fmt.Errorf("pgjar: update %q: %w", op, idem.ErrLeaseLost)
+		return last, wrapf(idem.ErrLeaseLost, "update %q", op)
 	}
 	return idem.Record{}, fmt.Errorf("pgjar: update %q: the record changed under %d attempts", op, raceAttempts)
 }
@@ -824,7 +831,7 @@ func storableStatus(status int) error {
 // time first), then by Op.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.settle(ctx, ""); err != nil {
-		return nil, fmt.Errorf("pgjar: list: %w", err)
+		return nil, wrapf(err, "list")
 	}
 	var limit *int64
 	if f.Limit > 0 {
@@ -846,7 +853,7 @@ func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
 		return nil, nil // Begin refuses such a key
 	}
 	if err := j.settle(ctx, ""); err != nil {
-		return nil, fmt.Errorf("pgjar: by key: %w", err)
+		return nil, wrapf(err, "by key")
 	}
 	return j.records(ctx, "by key", `SELECT `+columns+` FROM idem_operations
 		WHERE key = $1 ORDER BY created NULLS FIRST, op`, key)
@@ -873,7 +880,7 @@ func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]i
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgjar: %s: %w", verb, err)
+		return nil, wrapf(err, "%s", verb)
 	}
 	return out, nil
 }
@@ -884,7 +891,7 @@ func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]i
 // documentation).
 func (j *Jar) Forget(ctx context.Context, op string) error {
 	if storable("op", op) != nil && !j.closed.Load() {
-		return fmt.Errorf("pgjar: forget %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
+		return wrapf(idem.ErrNotFound, "forget %q", op) // Begin refuses such a name
 	}
 	err := j.settle(ctx, op)
 	var (
@@ -900,7 +907,7 @@ func (j *Jar) Forget(ctx context.Context, op string) error {
 		err = idem.ErrNotFound
 	}
 	if err != nil {
-		return fmt.Errorf("pgjar: forget %q: %w", op, err)
+		return wrapf(err, "forget %q", op)
 	}
 	return nil
 }
@@ -915,10 +922,10 @@ func (j *Jar) Forget(ctx context.Context, op string) error {
 // none after a DELETE whose answer was lost.
 func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 	if storable("op", op) != nil && !j.closed.Load() {
-		return fmt.Errorf("pgjar: forget key %q: %w", op, idem.ErrNotFound) // Begin refuses such a name
+		return wrapf(idem.ErrNotFound, "forget key %q", op) // Begin refuses such a name
 	}
 	if err := j.settle(ctx, op); err != nil {
-		return fmt.Errorf("pgjar: forget key %q: %w", op, err)
+		return wrapf(err, "forget key %q", op)
 	}
 	keyOK := storable("key", key) == nil // no record has a key that text cannot hold
 	until := j.retryUntil()
@@ -928,7 +935,7 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 			n, lost, err := j.exec(ctx, until, true, `DELETE FROM idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`, op, key)
 			unsure = unsure || lost != nil
 			if err != nil {
-				return fmt.Errorf("pgjar: forget key %q: %w", op, err)
+				return wrapf(err, "forget key %q", op)
 			}
 			if n == 1 {
 				return nil
@@ -945,7 +952,7 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 			err = idem.ErrNotForgotten
 		}
 		if err != nil {
-			return fmt.Errorf("pgjar: forget key %q: %w", op, err)
+			return wrapf(err, "forget key %q", op)
 		}
 		// It left StatePending under key between the two statements: try
 		// again.
@@ -975,7 +982,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 		err = j.settle(ctx, "")
 	}
 	if err != nil {
-		return 0, fmt.Errorf("pgjar: prune: %w", err)
+		return 0, wrapf(err, "prune")
 	}
 	if before.IsZero() {
 		return 0, nil // nothing is older than the zero time
@@ -989,7 +996,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 			return conn.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
 		})
 		if err != nil {
-			return 0, fmt.Errorf("pgjar: prune: %w", err)
+			return 0, wrapf(err, "prune")
 		}
 		limit = int(due)
 	}
@@ -1001,7 +1008,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 			ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)`, cut, want)
 		total += int(n)
 		if err != nil {
-			return total, fmt.Errorf("pgjar: prune: %w", err)
+			return total, wrapf(err, "prune")
 		}
 		if int(n) < want {
 			break

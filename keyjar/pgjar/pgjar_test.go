@@ -202,8 +202,12 @@ func TestInvalid(t *testing.T) {
 	} {
 		r := record("invalid")
 		edit(&r)
-		if _, _, err := j.Begin(ctx, r); !errors.Is(err, pgjar.ErrInvalid) {
+		_, _, err := j.Begin(ctx, r)
+		if !errors.Is(err, pgjar.ErrInvalid) {
 			t.Errorf("Begin with %s: err = %v; want ErrInvalid", name, err)
+		}
+		if strings.Count(err.Error(), "pgjar:") != 1 {
+			t.Errorf("Begin with %s: %q; want \"pgjar:\" once", name, err)
 		}
 	}
 	if _, err := j.Get(ctx, "invalid"); !errors.Is(err, idem.ErrNotFound) {

@@ -78,7 +78,7 @@ func present(ctx context.Context, pool *pgxpool.Pool) error {
 // one of the package's own errors.
 func schemaError(verb string, err error) error {
 	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) {
-		return fmt.Errorf("pgjar: %s: %w", verb, err)
+		return wrapf(err, "%s", verb)
 	}
 	return err
 }
