@@ -80,6 +80,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -169,7 +170,10 @@ type hooks struct {
 // path is a file name, not a SQLite URI: "file:keys.db?mode=ro" and
 // ":memory:" name files of those names in the working directory. A jar in
 // memory, for tests, is idem.MemoryJar. Open creates the file, not its
-// directory.
+// directory. A path that ends in a separator ("keys.db/") names a
+// directory, as it does for os.Open: Open refuses it, creating nothing,
+// with os.Open's error (syscall.ENOTDIR for a file, one matching
+// fs.ErrNotExist for nothing there), or ErrCorrupt for a directory.
 //
 // Open does not wait for another process's write transaction on a jar
 // whose schema is current: it reads the schema in a read transaction, and
@@ -243,6 +247,9 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 // openFile opens the jar at path; with o.MustExist, only an existing file
 // that holds a jar.
 func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
+	if err := dirPath(path); err != nil {
+		return nil, err
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, wrapf(err, "open %s", path)
@@ -376,6 +383,30 @@ func canWrite(ctx context.Context, conn *sql.Conn, busyMillis string) error {
 		err = rerr
 	}
 	return err
+}
+
+// dirPath refuses a path that ends in a separator ("keys.db/"), which
+// filepath.Abs would clean into the file's name: for the OS it names a
+// directory, and os.Open fails on it with ENOTDIR when it is a file, with
+// ENOENT when it does not exist. dirPath returns the same, nothing
+// created; a directory is refused later, as one.
+func dirPath(path string) error {
+	if !os.IsPathSeparator(path[len(path)-1]) {
+		return nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return nil
+	case err == nil:
+		err = syscall.ENOTDIR // a system that found the file all the same
+	default:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+	}
+	return fmt.Errorf("keyjar: open %s: %w (a path that ends in a separator names a directory; a jar is a file)", path, err)
 }
 
 // sqliteMagic starts every SQLite database file.

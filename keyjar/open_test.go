@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -504,4 +505,43 @@ func dirNames(t *testing.T, dir string) []string {
 		names = append(names, e.Name())
 	}
 	return names
+}
+
+// TestOpenPathWithTrailingSeparator: "keys.db/" names a directory, as it
+// does for os.Open, never the file keys.db, which filepath.Abs would find
+// by cleaning the separator away. Open refuses it as os.Open does (ENOTDIR
+// for the file, fs.ErrNotExist for nothing there), with or without
+// MustExist, and creates nothing.
+func TestOpenPathWithTrailingSeparator(t *testing.T) {
+	dir := t.TempDir()
+	jar := filepath.Join(dir, "keys.db")
+	newJarFile(t, jar)
+	sep := string(filepath.Separator)
+	for _, c := range []struct {
+		path string
+		want error
+	}{
+		{jar + sep, syscall.ENOTDIR},
+		{filepath.Join(dir, "new.db") + sep, fs.ErrNotExist},
+	} {
+		for _, o := range []*keyjar.Options{nil, {MustExist: true}} {
+			j, err := keyjar.Open(t.Context(), c.path, o)
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.path) || !strings.Contains(err.Error(), "ends in a separator") {
+				t.Errorf("Open(%s, %+v) = %v; want %v, naming the path and its separator", c.path, o, err, c.want)
+			}
+			prefixOnce(t, "Open("+c.path+")", err)
+		}
+	}
+	if got := dirNames(t, dir); len(got) != 1 || got[0] != "keys.db" {
+		t.Errorf("after the refused opens, %s holds %q; want keys.db alone", dir, got)
+	}
+	if j, err := keyjar.Open(t.Context(), dir+sep, nil); !errors.Is(err, keyjar.ErrCorrupt) {
+		if err == nil {
+			j.Close()
+		}
+		t.Errorf("Open(%s) = %v; want ErrCorrupt: a directory", dir+sep, err)
+	}
 }
