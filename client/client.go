@@ -167,6 +167,11 @@ type Client struct {
 // New returns a Client over the jar file at path, opened with keyjar.Open
 // (created with mode 0600 if it does not exist), or over opts.Jar, in
 // which case path must be "". opts may be nil.
+//
+// A relative path is relative to the working directory: a program started
+// from another directory opens another jar, empty, and sends its pending
+// operations again under new keys. Give an absolute path, such as one
+// under os.UserConfigDir or the program's state directory.
 func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	var o Options
 	if opts != nil {
