@@ -395,6 +395,17 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 // send (Created), the last error and status, and NextAttempt, the
 // earliest time the server asked to be called again (zero when it did
 // not).
+//
+// Pending lists too the operations a call is sending at that moment, in
+// this process or another sharing the jar: their Holder is set and their
+// LeaseUntil is ahead. Resume of one waits for that lease within the
+// Policy, and then finds it settled or takes it over. A program that
+// resumes on start what a crash left, beside other processes using the
+// same jar, can skip those whose holder is alive:
+//
+//	if r.Holder != "" && time.Now().Before(r.LeaseUntil) && !idem.HolderGone(r.Holder) {
+//		continue // being sent now
+//	}
 func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 	return c.jar.List(ctx, idem.Filter{State: idem.StatePending})
 }
