@@ -368,6 +368,12 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	if err != nil {
 		return nil, err
 	}
+	return c.decodeJSON(resp, out)
+}
+
+// decodeJSON reads resp's body, a 2xx answer, and decodes it into out
+// (unless out is nil or the body is empty), for PostJSON and ResumeJSON.
+func (c *Client) decodeJSON(resp *Response, out any) (*Response, error) {
 	defer func() {
 		body.Drain(resp.Body)
 		resp.Body = http.NoBody
@@ -446,6 +452,19 @@ func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)
 	}
 	return c.resume(ctx, rec, req)
+}
+
+// ResumeJSON is Resume for an operation that PostJSON sent: it decodes a
+// 2xx answer's JSON body into out as PostJSON does (unless out is nil or
+// the body is empty), and returns the Response with its body read and
+// closed. Its errors are Resume's, and PostJSON's for a body that does not
+// decode, returned with the Response: the operation did happen.
+func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response, error) {
+	resp, err := c.Resume(ctx, op)
+	if err != nil {
+		return nil, err
+	}
+	return c.decodeJSON(resp, out)
 }
 
 // ResumeWithBody is Resume for an operation whose body the jar did not

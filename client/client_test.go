@@ -316,6 +316,28 @@ func TestResume(t *testing.T) {
 	}
 }
 
+func TestResumeJSON(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, nil)
+	var out charge
+	resp, err := c.ResumeJSON(ctx, "charge:o1", &out)
+	if err != nil || resp.StatusCode != 201 || s.key(1) != s.key(0) {
+		t.Fatalf("resume: %v after %d sends; want 201 with the same key", err, s.sends())
+	}
+	if out != (charge{ID: "ch_o1", Order: "o1", Amount: 100}) {
+		t.Fatalf("decoded %+v; want the server's charge of o1", out)
+	}
+	if n, err := resp.Body.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("the Response's body after ResumeJSON: read %d, %v; want it read and closed", n, err)
+	}
+	if _, err := c.ResumeJSON(ctx, "charge:o1", &out); !errors.Is(err, client.ErrState) {
+		t.Fatalf("ResumeJSON of a done operation: %v; want Resume's ErrState", err)
+	}
+	if s.sends() != 2 || s.charges("o1") != 1 {
+		t.Fatalf("%d sends, %d charges; want 2 and 1", s.sends(), s.charges("o1"))
+	}
+}
+
 func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 	ctx := context.Background()
 	s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})

@@ -136,17 +136,17 @@ func ExampleClient_Resume() {
 	}
 	for _, rec := range pending {
 		fmt.Printf("%s: %d attempt(s), last status %d\n", rec.Op, rec.Attempts, rec.LastStatus)
-		resp, err := c.Resume(ctx, rec.Op)
+		var out struct{ ID, Status string }
+		resp, err := c.ResumeJSON(ctx, rec.Op, &out) // or Resume, to read the answer yourself
 		if err != nil {
 			log.Fatal(err)
 		}
-		resp.Body.Close()
-		fmt.Println("resumed:", resp.StatusCode, "same key:", resp.Key == rec.Key)
+		fmt.Println("resumed:", resp.StatusCode, out.Status, "same key:", resp.Key == rec.Key)
 	}
 	// Output:
 	// outcome unknown: true
 	// charge:order-7: 1 attempt(s), last status 503
-	// resumed: 201 same key: true
+	// resumed: 201 succeeded same key: true
 }
 
 // Every answer that is not 2xx is a *StatusError with its status and body.
