@@ -216,12 +216,7 @@ func (t *Transport) base() http.RoundTripper {
 	return http.DefaultTransport
 }
 
-func (t *Transport) keyed(method string) bool {
-	if t.Methods == nil {
-		return method == http.MethodPost || method == http.MethodPatch
-	}
-	return slices.ContainsFunc(t.Methods, func(m string) bool { return strings.EqualFold(m, method) })
-}
+func (t *Transport) keyed(method string) bool { return keyhdr.Keyed(t.Methods, method) }
 
 func (t *Transport) maxBuffer() int64 {
 	if t.MaxBuffer > 0 {

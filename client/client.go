@@ -45,6 +45,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
@@ -248,12 +249,7 @@ func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 
 // keyed reports whether the Client's requests of method get a key: those
 // of Options.Methods, as idem.Transport decides it.
-func (c *Client) keyed(method string) bool {
-	if c.tr.Methods == nil {
-		return method == http.MethodPost || method == http.MethodPatch
-	}
-	return slices.ContainsFunc(c.tr.Methods, func(m string) bool { return strings.EqualFold(m, method) })
-}
+func (c *Client) keyed(method string) bool { return keyhdr.Keyed(c.tr.Methods, method) }
 
 // HTTPClient returns the Client's *http.Client, for code that wants the
 // plain net/http API. Its requests of the methods in Options.Methods (POST

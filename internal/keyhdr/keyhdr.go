@@ -1,13 +1,27 @@
 // Package keyhdr is the grammar of an Idempotency-Key header value, shared by
 // the Transport, which refuses a caller's key that a server would refuse,
-// and the reference server, which parses what it receives.
+// and the reference server, which parses what it receives; and the rule
+// that says which requests carry one, shared by the Transport and package
+// client.
 package keyhdr
 
 import (
 	"errors"
 	"fmt"
+	"net/http"
+	"slices"
 	"strings"
 )
+
+// Keyed reports whether a request of method gets a key under methods, a
+// Transport's Methods: nil means POST and PATCH, and names match in any
+// case.
+func Keyed(methods []string, method string) bool {
+	if methods == nil {
+		return method == http.MethodPost || method == http.MethodPatch
+	}
+	return slices.ContainsFunc(methods, func(m string) bool { return strings.EqualFold(m, method) })
+}
 
 // MaxLen is the longest key Parse accepts, in characters.
 const MaxLen = 255
