@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -205,6 +207,38 @@ func TestRelayRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	Connect(t, rdsn)
+}
+
+// TestCallDuringRestartWaitsForItsCall: a refusal still pending from an
+// earlier call (a retry refused after its restart had received the first)
+// does not start the server again: the restart waits for a refusal during
+// the call it runs. Before, the restart began before the call had reached
+// the relay, and the call could run against a server that was back.
+func TestCallDuringRestartWaitsForItsCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &Relay{refused: make(chan struct{}, 1)}
+		r.refuse() // the earlier call's
+		var began atomic.Bool
+		restart := func(_ context.Context, down func()) error {
+			down()
+			began.Store(true)
+			return nil
+		}
+		err := callDuringRestart(t, restart, r, func() error {
+			synctest.Wait() // the restart waits for the refusal, or it began
+			if began.Load() {
+				return errors.New("the restart began before the call was refused")
+			}
+			r.refuse()
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		if !began.Load() {
+			t.Error("the restart never began")
+		}
+	})
 }
 
 func TestCommandHandsDSNToChild(t *testing.T) {

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -68,6 +69,14 @@ func (r *Relay) LoseNext(tag string) <-chan struct{} {
 // as one.
 func (r *Relay) Refused() <-chan struct{} { return r.refused }
 
+// refuse signals a refusal on r.refused, unless one is pending there.
+func (r *Relay) refuse() {
+	select {
+	case r.refused <- struct{}{}:
+	default:
+	}
+}
+
 func (r *Relay) accept() {
 	for {
 		c, err := r.ln.Accept()
@@ -76,10 +85,7 @@ func (r *Relay) accept() {
 		}
 		s, err := net.Dial("tcp", r.target)
 		if err != nil {
-			select { // before the close, which the client sees
-			case r.refused <- struct{}{}:
-			default:
-			}
+			r.refuse() // before the close, which the client sees
 			c.Close()
 			continue
 		}
@@ -167,15 +173,28 @@ func (r *Relay) close() {
 }
 
 // CallDuringRestart restarts c, calls call in a goroutine while the server
-// is down, and starts the server again once r refused a connection, as it
-// does to call's first statement: call runs across the restart. It returns
-// call's error, once call returned, and fails t when the restart failed.
+// is down, and starts the server again once r refused a connection during
+// call, as it does to call's first statement: call runs across the restart.
+// It returns call's error, once call returned, and fails t when the restart
+// failed.
 func CallDuringRestart(t testing.TB, c *Cluster, r *Relay, call func() error) error {
 	t.Helper()
+	return callDuringRestart(t, c.Restart, r, call)
+}
+
+// callDuringRestart is CallDuringRestart with restart for c.Restart.
+func callDuringRestart(t testing.TB, restart func(context.Context, func()) error, r *Relay, call func() error) error {
+	t.Helper()
 	result := make(chan error, 1)
-	err := c.Restart(t.Context(), func() {
+	err := restart(t.Context(), func() {
+		// A refusal still pending is an earlier call's: a retry of it
+		// refused after its restart had received the first.
+		select {
+		case <-r.refused:
+		default:
+		}
 		go func() { result <- call() }()
-		<-r.Refused()
+		<-r.refused
 	})
 	if err != nil {
 		t.Fatal(err)
