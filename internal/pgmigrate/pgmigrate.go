@@ -6,6 +6,7 @@ package pgmigrate
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -13,7 +14,10 @@ import (
 )
 
 // A Schema is a set of tables whose versions are recorded in a table of
-// their own.
+// their own. Migrate creates them in current_schema(), the first schema of
+// the search path that exists, and Migrate and Check look for them there
+// alone: tables of the same names in another schema of the path are not
+// the schema's.
 type Schema struct {
 	// Lock is the key of the transaction-scoped advisory lock that
 	// serialises migrations, so that processes starting together do not
@@ -68,16 +72,9 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		// the table exists: it only runs when the table is not in the
 		// schema it would create it in, so that a role that may only read
 		// and write the tables opens a schema that is current.
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_tables
-			WHERE schemaname = current_schema() AND tablename = $1)`, s.Table).Scan(&exists); err != nil {
+		v, exists, err := s.version(ctx, tx)
+		if err != nil {
 			return err
-		}
-		var v int
-		if exists {
-			if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v); err != nil {
-				return err
-			}
 		}
 		if v == 0 {
 			found, err := s.found(ctx, tx)
@@ -126,15 +123,9 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) err
 	if err != nil {
 		return err
 	}
-	var versions bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.Table).Scan(&versions); err != nil {
+	v, versions, err := s.version(ctx, pool)
+	if err != nil {
 		return err
-	}
-	var v int
-	if versions {
-		if err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.Table}.Sanitize()).Scan(&v); err != nil {
-			return err
-		}
 	}
 	switch {
 	case v == 0 && len(found) > 0:
@@ -147,6 +138,19 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) err
 		return fmt.Errorf("%w (%s records version %d, not %d)", absent, s.Table, v, len(s.Migrations))
 	}
 	return s.whole(ctx, pool)
+}
+
+// version returns the version that s.Table records, and whether the
+// schema the migrations create their tables in (current_schema()) holds
+// s.Table: 0 when it does not, whatever another schema of the search path
+// holds.
+func (s Schema) version(ctx context.Context, q querier) (v int, exists bool, err error) {
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_tables
+		WHERE schemaname = current_schema() AND tablename = $1)`, s.Table).Scan(&exists); err != nil || !exists {
+		return 0, false, err
+	}
+	err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.Table}.Sanitize()).Scan(&v)
+	return v, true, err
 }
 
 // querier is a pool, a connection or a transaction.
@@ -179,14 +183,13 @@ func (s Schema) unrecorded(versions bool, found []string) error {
 }
 
 // whole returns s.Incomplete, wrapped with the names of those missing,
-// unless each of s.Objects exists.
+// unless current_schema() holds each of s.Objects.
 func (s Schema) whole(ctx context.Context, q querier) error {
-	var missing []string
-	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY n), '{}')
-		FROM unnest($1::text[]) WITH ORDINALITY AS o(name, n) WHERE to_regclass(name) IS NULL`,
-		s.Objects).Scan(&missing); err != nil {
+	found, err := s.found(ctx, q)
+	if err != nil {
 		return err
 	}
+	missing := slices.DeleteFunc(slices.Clone(s.Objects), func(o string) bool { return slices.Contains(found, o) })
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: no %s", s.Incomplete, strings.Join(missing, ", "))
 	}

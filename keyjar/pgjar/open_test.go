@@ -3,6 +3,7 @@ package pgjar_test
 import (
 	"errors"
 	"math"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,64 @@ func TestOpenUnrecordedSchema(t *testing.T) {
 				t.Errorf("after %s: %s left %s; want %s, as before", c.sql, what, after, before)
 			}
 		}
+	}
+}
+
+// TestOpenSearchPath: with a search_path whose first schema, other, lacks
+// the jar that public holds, Open and New look for the jar where they
+// create it, in current_schema(). With MustExist they find none
+// (ErrNoJar), as without it they would create one in other; a table of
+// versions in other that records the current version, the tables being
+// public's, is ErrSchema; and the jar created in other opens with
+// MustExist and holds the records. Before, MustExist read the version
+// through the search path and opened public's jar, and the tables were
+// looked for through it too: public's made other's version whole.
+func TestOpenSearchPath(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	open(t, dsn, nil).Close() // in public
+	conn := pgtest.Connect(t, dsn)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA other`); err != nil {
+		t.Fatal(err)
+	}
+	other := dsn + "&search_path=" + url.QueryEscape(`"$user",other,public`)
+	opens := func(want error, ending string, names ...string) {
+		t.Helper()
+		openers := openers(t, other)
+		for _, name := range names {
+			j, err := openers[name]()
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, want) || !strings.HasSuffix(err.Error(), ending) {
+				t.Errorf("%s: %v; want %v ending %q", name, err, want, ending)
+			}
+		}
+	}
+	opens(pgjar.ErrNoJar, "(no table idem_operations_schema)", "Open, MustExist", "New, MustExist")
+
+	if _, err := conn.Exec(ctx, `CREATE TABLE other.idem_operations_schema (LIKE public.idem_operations_schema);
+		INSERT INTO other.idem_operations_schema SELECT * FROM public.idem_operations_schema`); err != nil {
+		t.Fatal(err)
+	}
+	opens(pgjar.ErrSchema, "no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state",
+		"Open", "New", "Open, MustExist", "New, MustExist")
+
+	if _, err := conn.Exec(ctx, `DROP TABLE other.idem_operations_schema`); err != nil {
+		t.Fatal(err)
+	}
+	open(t, other, nil).Close() // in other
+	j := open(t, other, &pgjar.Options{MustExist: true})
+	if _, _, err := j.Begin(ctx, record("op")); err != nil {
+		t.Fatal(err)
+	}
+	var inOther, inPublic int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM other.idem_operations),
+		(SELECT count(*) FROM public.idem_operations)`).Scan(&inOther, &inPublic); err != nil {
+		t.Fatal(err)
+	}
+	if inOther != 1 || inPublic != 0 {
+		t.Errorf("records: %d in other, %d in public; want 1 in other, where the jar opened with MustExist is", inOther, inPublic)
 	}
 }
 

@@ -233,7 +233,8 @@ type Options struct {
 	PruneBatch int
 
 	// MustExist makes Open and New open only a jar that exists at this
-	// package's schema version: they create no table, record no version
+	// package's schema version, in the schema they would create it in
+	// (current_schema()): they create no table, record no version
 	// and run no migration, and need only SELECT on
 	// idem_operations_schema to check it. A database without the jar, or
 	// with a jar of an older schema version, is refused with ErrNoJar
