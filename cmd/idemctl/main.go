@@ -65,6 +65,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -107,7 +108,7 @@ commands:
 flags of every command:
   --jar PATH|URL      the jar file, or a postgres:// URL (default: $IDEM_JAR)
   --lock-timeout D    how long to wait for a jar locked by another process (default 2s);
-                      for PostgreSQL, how long each statement may run
+                      for PostgreSQL, how long each statement may run (at most 596h31m23.647s)
 `
 
 // usageError is a mistake in the command line: exit status 2.
@@ -221,6 +222,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if why := dsn.Refused(*jarPath); why != "" {
 		return usagef("--jar: %s", why)
 	}
+	if dsn.IsURL(*jarPath) && *lockTimeout > maxPgLockTimeout {
+		return usagef("--lock-timeout %v is above %v, the longest a PostgreSQL statement may run", *lockTimeout, maxPgLockTimeout)
+	}
 	jar, closeJar, err := openJarFn(ctx, *jarPath, *lockTimeout)
 	if err != nil {
 		return err
@@ -293,6 +297,11 @@ var openKeyjar = keyjar.Open
 
 // connectTimeout bounds connecting to a PostgreSQL jar and opening it.
 const connectTimeout = 30 * time.Second
+
+// maxPgLockTimeout is the longest --lock-timeout of a PostgreSQL jar:
+// PostgreSQL's longest statement_timeout, 2^31-1 ms, above which pgjar
+// refuses its QueryTimeout.
+const maxPgLockTimeout = math.MaxInt32 * time.Millisecond
 
 // openPostgres opens the pgjar in the database dsn names. The database
 // must already hold a jar (a worker's pgjar.Open creates it): idemctl

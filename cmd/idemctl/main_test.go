@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -570,6 +571,8 @@ func TestLockTimeout(t *testing.T) {
 		{[]string{"--jar", "keys.db", "--lock-timeout", "50ms", "list"}, 50 * time.Millisecond},
 		{[]string{"--jar", pgURL, "list"}, 2 * time.Second},
 		{[]string{"--jar", pgURL, "list", "--lock-timeout", "3s"}, 3 * time.Second},
+		{[]string{"--jar", pgURL, "--lock-timeout", "596h31m23.647s", "list"}, math.MaxInt32 * time.Millisecond},
+		{[]string{"--jar", "keys.db", "--lock-timeout", "600h", "list"}, 600 * time.Hour},
 	} {
 		got = 0
 		code, _, errOut := idemctl(tt.args...)
@@ -577,6 +580,14 @@ func TestLockTimeout(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("idemctl %q opened the jar with a timeout of %v; want %v", tt.args, got, tt.want)
 		}
+	}
+	// Above PostgreSQL's longest statement_timeout: a usage error naming
+	// the flag, not pgjar's QueryTimeout, and nothing opened.
+	got = 0
+	code, _, errOut := idemctl("--jar", pgURL, "--lock-timeout", "596h31m23.648s", "list")
+	wantError(t, code, errOut, 2, "--lock-timeout 596h31m23.648s is above 596h31m23.647s")
+	if got != 0 || strings.Contains(errOut, "QueryTimeout") {
+		t.Errorf("stderr %q, the jar opened with a timeout of %v; want no open, no QueryTimeout", errOut, got)
 	}
 }
 
