@@ -170,10 +170,11 @@ type hooks struct {
 // path is a file name, not a SQLite URI: "file:keys.db?mode=ro" and
 // ":memory:" name files of those names in the working directory. A jar in
 // memory, for tests, is idem.MemoryJar. Open creates the file, not its
-// directory. A path that ends in a separator ("keys.db/") names a
-// directory, as it does for os.Open: Open refuses it, creating nothing,
-// with os.Open's error (syscall.ENOTDIR for a file, one matching
-// fs.ErrNotExist for nothing there), or ErrCorrupt for a directory.
+// directory. As for os.Open, an empty path names no file and one that
+// ends in a separator ("keys.db/") names a directory: Open refuses them,
+// creating nothing, with os.Open's error (one matching fs.ErrNotExist for
+// the empty path or nothing there, syscall.ENOTDIR for a file), or
+// ErrCorrupt for a directory.
 //
 // Open does not wait for another process's write transaction on a jar
 // whose schema is current: it reads the schema in a read transaction, and
@@ -216,7 +217,8 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 		o.MaxBatch = defaultMaxBatch
 	}
 	if path == "" {
-		return nil, errors.New("keyjar: open: empty path")
+		// os.Open("") fails so too: the empty name is no file's.
+		return nil, fmt.Errorf("keyjar: open: empty path: %w", syscall.ENOENT)
 	}
 
 	// SQLite's busy handler does not watch the context, so the opening runs

@@ -370,11 +370,29 @@ func TestOpenBadOptions(t *testing.T) {
 		t.Fatalf("Open with MaxBatch 65536: %v; want it open", err)
 	}
 	j.Close()
-	if _, err := keyjar.Open(t.Context(), "", nil); err == nil {
-		t.Error("Open with an empty path succeeded; want an error")
-	}
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a refused Open created the file: %v", err)
+	}
+}
+
+// TestOpenEmptyPath: an empty path names no file, as for os.Open: Open
+// refuses it with an error matching fs.ErrNotExist, with or without
+// MustExist, and creates nothing in the working directory.
+func TestOpenEmptyPath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, o := range []*keyjar.Options{nil, {MustExist: true}} {
+		j, err := keyjar.Open(t.Context(), "", o)
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "empty path") {
+			t.Errorf("Open(\"\", %+v) = %v; want fs.ErrNotExist, saying the path is empty", o, err)
+		}
+		prefixOnce(t, "Open(\"\")", err)
+	}
+	if got := dirNames(t, dir); len(got) != 0 {
+		t.Errorf("after the refused opens, the working directory holds %q; want nothing", got)
 	}
 }
 
