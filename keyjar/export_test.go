@@ -58,3 +58,13 @@ func SetMaxPageCount(ctx context.Context, j *Jar, pages int) error {
 func PageCount(ctx context.Context, j *Jar, pages *int) error {
 	return j.wconn.QueryRowContext(ctx, "PRAGMA page_count").Scan(pages)
 }
+
+// BusyTimeouts reads PRAGMA busy_timeout, in milliseconds, on the writer's
+// connection and on one of the readers'.
+func BusyTimeouts(ctx context.Context, j *Jar) (writer, reader int, err error) {
+	err = j.wconn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&writer)
+	if err == nil {
+		err = j.reader.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&reader)
+	}
+	return writer, reader, err
+}

@@ -257,6 +257,33 @@ func TestLongBusyTimeoutWaits(t *testing.T) {
 	}
 }
 
+// TestBusyTimeout: every connection of a jar, the writer's and the
+// readers', waits Options.BusyTimeout for another's lock, 5 s when it is
+// zero, in a new file and in an existing one (whose Open briefly sets the
+// writer's to 0 to check that it may write).
+func TestBusyTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	for _, c := range []struct {
+		name string
+		opts *keyjar.Options
+		want int // ms
+	}{
+		{"new file, nil Options", nil, 5000},
+		{"existing file, nil Options", nil, 5000},
+		{"zero BusyTimeout", &keyjar.Options{}, 5000},
+		{"BusyTimeout 250ms", &keyjar.Options{BusyTimeout: 250 * time.Millisecond}, 250},
+	} {
+		j := openPath(t, path, c.opts)
+		writer, reader, err := keyjar.BusyTimeouts(t.Context(), j)
+		if err != nil || writer != c.want || reader != c.want {
+			t.Errorf("%s: busy_timeout %d ms on the writer, %d on a reader, %v; want %d on both", c.name, writer, reader, err, c.want)
+		}
+		if err := j.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func writeFile(b []byte) func(t *testing.T, path string) {
 	return func(t *testing.T, path string) {
 		t.Helper()
