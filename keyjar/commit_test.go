@@ -183,7 +183,7 @@ func TestOnlyKeyCreationsSync(t *testing.T) {
 		if len(commits) != i+1 {
 			t.Fatalf("after %s: %d commits; want %d", s.name, len(commits), i+1)
 		}
-		want := keyjar.Commit{Jobs: 1, Durable: s.durable, Synchronous: 1}
+		want := keyjar.Commit{Jobs: 1, Durable: s.durable, Synchronous: 1, Changes: 1} // one row each
 		if s.durable {
 			want.Synchronous = 2
 		}

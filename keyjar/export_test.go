@@ -11,6 +11,7 @@ type Commit struct {
 	Jobs        int  // writes in the transaction
 	Durable     bool // holds a key creation
 	Synchronous int  // the connection's PRAGMA synchronous: 1 NORMAL, 2 FULL
+	Changes     int  // rows the transaction's last statement changed: SQL changes()
 }
 
 // Hooks are the test seams of OpenHooked.
@@ -38,6 +39,9 @@ func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar,
 	if h.BeforeCommit != nil {
 		in.beforeCommit = func(tx *sql.Tx, jobs int, durable bool) {
 			c := Commit{Jobs: jobs, Durable: durable}
+			if err := tx.QueryRow("SELECT changes()").Scan(&c.Changes); err != nil {
+				panic(err)
+			}
 			if err := tx.QueryRow("PRAGMA synchronous").Scan(&c.Synchronous); err != nil {
 				panic(err)
 			}

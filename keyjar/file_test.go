@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -297,6 +299,58 @@ func TestPruneInBatches(t *testing.T) {
 		if err != nil || n != c.deleted || len(commits) != c.commits {
 			t.Errorf("Prune(limit %d) = %d, %v in %d commits; want %d in %d", c.limit, n, err, len(commits), c.deleted, c.commits)
 		}
+	}
+}
+
+// TestPruneBatchOf1000: without a batch size set, Prune deletes 1000 rows
+// per transaction, as its doc says: 2500 prunable operations go in three
+// commits of 1000, 1000 and 500 rows, and none is left.
+func TestPruneBatchOf1000(t *testing.T) {
+	ctx := t.Context()
+	var mu sync.Mutex
+	var commits []keyjar.Commit
+	j, err := keyjar.OpenHooked(ctx, filepath.Join(t.TempDir(), "keys.db"), nil, keyjar.Hooks{
+		BeforeCommit: func(c keyjar.Commit) {
+			mu.Lock()
+			defer mu.Unlock()
+			commits = append(commits, c)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	// Begun at once, in group commits.
+	const n = 2500
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			r := newRecord(fmt.Sprint("op-", i))
+			r.State = idem.StateDone
+			_, _, err := j.Begin(ctx, r)
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	commits = nil
+	mu.Unlock()
+	deleted, err := j.Prune(ctx, newRecord("op").Updated.Add(time.Second), 0)
+	var rows []int
+	mu.Lock()
+	for _, c := range commits {
+		rows = append(rows, c.Changes)
+	}
+	mu.Unlock()
+	if err != nil || deleted != n || !slices.Equal(rows, []int{1000, 1000, 500}) {
+		t.Errorf("Prune = %d, %v in commits of %v rows; want %d in commits of [1000 1000 500]", deleted, err, rows, n)
+	}
+	if left, err := j.List(ctx, idem.Filter{}); err != nil || len(left) != 0 {
+		t.Errorf("after Prune, List = %d records, %v; want none", len(left), err)
 	}
 }
 
