@@ -508,32 +508,35 @@ func TestOpenDirectory(t *testing.T) {
 // TestOpenPathOfAnyName: the path is a file name, never read as a URI: a
 // directory and a file whose names hold spaces, non-ASCII letters, '?',
 // '#', '%' escapes, '&' and '=' hold the jar under exactly those names, and a
-// second Open finds it there.
+// second Open finds it there. So do ":memory:" and the URIs SQLite reads as
+// a database in memory, which would lose the keys with the process: opened
+// relative to the working directory, as here, each is a file there.
 func TestOpenPathOfAnyName(t *testing.T) {
 	top := t.TempDir()
 	dir := filepath.Join(top, "dir ü?#%20")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"ke ys.db", "clé€.db", "keys.db?mode=ro", "keys#frag.db", "100%25.db", "a&vfs=memdb.db", "file:keys.db"} {
-		path := filepath.Join(dir, name)
-		newJarFile(t, path)
+	t.Chdir(dir)
+	for _, name := range []string{"ke ys.db", "clé€.db", "keys.db?mode=ro", "keys#frag.db", "100%25.db", "a&vfs=memdb.db", "file:keys.db",
+		":memory:", "file::memory:", "file:keys.db?mode=memory&cache=shared"} {
+		newJarFile(t, name)
 		for d, want := range map[string]string{top: filepath.Base(dir), dir: name} {
 			if got := dirNames(t, d); len(got) != 1 || got[0] != want {
 				t.Fatalf("after the jar %q was closed, %s holds %q; want %q alone", name, d, got, want)
 			}
 		}
-		if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+		if fi, err := os.Stat(name); err != nil || fi.Size() == 0 {
 			t.Fatalf("the jar %q is empty or missing after a Begin: %v", name, err)
 		}
-		j := openPath(t, path, nil)
+		j := openPath(t, name, nil)
 		if r, err := j.Get(t.Context(), "op"); err != nil || r.Key != "key-op" {
 			t.Errorf("jar %q reopened: key %q, %v; want key-op", name, r.Key, err)
 		}
 		if err := j.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Remove(path); err != nil {
+		if err := os.Remove(name); err != nil {
 			t.Fatal(err)
 		}
 	}
