@@ -236,7 +236,8 @@ func pooledTransport() *http.Transport {
 // checkRedirect follows redirects that become GET requests (301, 302,
 // 303) and stops at those that would send a keyed request again to
 // another URL (307, 308): that would be another operation, and the
-// redirect comes back as the answer.
+// redirect comes back as the answer. Like http.Client's default, it sends
+// at most 10 requests: the 10th redirect in a row is an error.
 func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	if c.keyed(req.Method) {
 		return http.ErrUseLastResponse

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -454,6 +456,55 @@ func TestKeyedRedirectIsNotFollowed(t *testing.T) {
 	var se *client.StatusError
 	if !errors.As(err, &se) || se.StatusCode != 307 || other != 0 {
 		t.Fatalf("got %v, redirect target hit %d times; want the 307 as a *StatusError, not followed", err, other)
+	}
+}
+
+// TestRedirectLimit: as http.Client does by default, the Client sends at
+// most 10 requests for one call, so it follows 9 redirects in a row: the
+// 10th comes back as an error saying it stopped, and the request it points
+// to is never sent.
+func TestRedirectLimit(t *testing.T) {
+	var sent atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		// /{redirects left}
+		left, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if left > 0 {
+			http.Redirect(w, r, "/"+strconv.Itoa(left-1), http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	c, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tt := range []struct {
+		redirects int
+		wantErr   bool
+		wantSent  int64
+	}{
+		{9, false, 10},
+		{10, true, 10},
+		{12, true, 10},
+	} {
+		sent.Store(0)
+		req, err := http.NewRequest(http.MethodGet, srv.URL+"/"+strconv.Itoa(tt.redirects), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(context.Background(), "", req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		stopped := err != nil && strings.Contains(err.Error(), "client: stopped after 10 redirects")
+		if stopped != tt.wantErr || (!tt.wantErr && err != nil) || sent.Load() != tt.wantSent {
+			t.Errorf("a chain of %d redirects: %v after %d requests; want stopped %v after %d", tt.redirects, err, sent.Load(), tt.wantErr, tt.wantSent)
+		}
 	}
 }
 
