@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -61,12 +62,7 @@ func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
 
 // Unreachable server: each retry after a network error costs ErrorCost.
 func TestBudgetStopsRetriesToAnUnreachableServer(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there any more: connections are refused
+	addr := refusetest.Addr(t) // connections are refused
 
 	var dials atomic.Int64
 	base := http.DefaultTransport.(*http.Transport).Clone()

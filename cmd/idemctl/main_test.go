@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/idemkit/idem/retry"
@@ -756,12 +757,7 @@ func TestBinary(t *testing.T) {
 // TestPasswordNeverPrinted: a PostgreSQL URL's password, in the userinfo or
 // in the query (pgx takes both), is not in idemctl's messages.
 func TestPasswordNeverPrinted(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now: connecting is refused at once
+	addr := refusetest.Addr(t) // connecting is refused at once
 	const pw = "s3cretPW"
 	for _, dsn := range []string{
 		"postgres://ops:" + pw + "@" + addr + "/payments?sslmode=disable&connect_timeout=5",

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5"
 )
@@ -45,7 +46,7 @@ func TestPostgresJarErrors(t *testing.T) {
 	}
 
 	for _, c := range []struct{ jar, want string }{
-		{"postgres://postgres:hunter2@127.0.0.1:1/jars?connect_timeout=5", "connection refused"}, // nothing listens on port 1
+		{"postgres://postgres:hunter2@" + refusetest.Addr(t) + "/jars?connect_timeout=5", "connection refused"},
 		{"postgresql://postgres:hunter2@%zz/jars", "cannot parse"},
 	} {
 		code, _, errOut := idemctl("--jar", c.jar, "list")

@@ -5,6 +5,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -46,12 +47,7 @@ func refusing(t *testing.T, code string) string {
 // take, stay so, and trying again only delays the error. The codes are
 // those PostgreSQL 15 sends for each.
 func TestLostConnect(t *testing.T) {
-	down, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	downDSN := "postgres://u@" + down.Addr().String() + "/db?sslmode=disable&connect_timeout=10"
-	down.Close()
+	downDSN := "postgres://u@" + refusetest.Addr(t) + "/db?sslmode=disable&connect_timeout=10"
 	for _, tc := range []struct {
 		name string
 		dsn  string

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
@@ -443,7 +444,7 @@ func TestFlags(t *testing.T) {
 		{"-on-error", "ignore"},
 		{"-retention", "1h"},
 		{"-fail-after-charge", "2"},
-		{"-db", "postgres://127.0.0.1:1/idem?connect_timeout=5"}, // nothing listens on port 1
+		{"-db", "postgres://" + refusetest.Addr(t) + "/idem?connect_timeout=5"},
 		{"-db", "postgresql://%zz"},
 		{"-addr", "256.0.0.1:0", "-db", db},
 		{"-db", db, "extra"},
