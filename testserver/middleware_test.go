@@ -12,6 +12,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -534,9 +536,18 @@ func TestOnError(t *testing.T) {
 // a stack.
 func explode(http.ResponseWriter, *http.Request) { panic("downstream exploded") }
 
+// panicLogChildEnv, set to 1, makes the test binary a child process that
+// runs TestPanicLogged's "log package" case.
+const panicLogChildEnv = "IDEM_TESTSERVER_PANIC_LOG_CHILD"
+
 // TestPanicLogged: a handler's panic is logged with its value and its
 // stack, as net/http logs one: to the Logger when there is one, otherwise
 // to the server's ErrorLog, or to the log package's standard logger.
+//
+// The standard logger is the process's: rather than swap its output while
+// other tests may log, the last case runs in a child process, where the
+// logger writes to standard error, as it does by default, and the test
+// reads it there.
 func TestPanicLogged(t *testing.T) {
 	wantLogged := func(t *testing.T, where, logged string) {
 		t.Helper()
@@ -551,12 +562,19 @@ func TestPanicLogged(t *testing.T) {
 		wantLogged(t, "Logger", buf.String())
 	})
 	t.Run("log package", func(t *testing.T) {
-		var buf bytes.Buffer
-		defer log.SetOutput(log.Writer())
-		log.SetOutput(&buf)
-		mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-		wantProblem(t, serve(mw.Wrap(http.HandlerFunc(explode)), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 500, testserver.ProblemHandlerFailed)
-		wantLogged(t, "log package", buf.String())
+		if os.Getenv(panicLogChildEnv) == "1" {
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+			wantProblem(t, serve(mw.Wrap(http.HandlerFunc(explode)), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 500, testserver.ProblemHandlerFailed)
+			return
+		}
+		child := exec.Command(os.Args[0], "-test.run=^TestPanicLogged$/^log_package$", "-test.count=1")
+		child.Env = append(os.Environ(), panicLogChildEnv+"=1")
+		var stderr bytes.Buffer
+		child.Stderr = &stderr
+		if out, err := child.Output(); err != nil {
+			t.Fatalf("child process: %v\n%s%s", err, out, &stderr)
+		}
+		wantLogged(t, "log package, in a child process", stderr.String())
 	})
 	t.Run("ErrorLog", func(t *testing.T) {
 		var buf syncBuffer
