@@ -5,6 +5,7 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
 )
@@ -140,6 +142,7 @@ func BenchmarkTransport(b *testing.B) {
 	}{
 		{"plain", func(*testing.B) http.RoundTripper { return base }},
 		{"keyonly", func(*testing.B) http.RoundTripper { return keyOnly{base} }},
+		{"memfloor", func(*testing.B) http.RoundTripper { return newMemFloor(base) }},
 		{"memjar", func(*testing.B) http.RoundTripper {
 			return &idem.Transport{Base: base, Jar: &idem.MemoryJar{}}
 		}},
@@ -201,6 +204,65 @@ func (k keyOnly) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	out.Header[idem.KeyHeader] = []string{"6f1c2b7e-4a5d-4e8f-9b0a-1c2d3e4f5a6b"}
 	return k.base.RoundTrip(out)
+}
+
+// memFloor is the least a RoundTripper that keeps its keys in memory
+// before the first send does, beside keyOnly's copy: it reads the body once
+// (kept for a retry), hashes it with SHA-256, draws a random UUID v4
+// key, records both in a map under a lock before the send, and deletes the
+// record once an answer came (a done operation needs nothing more, and the
+// map stays small). Beside memjar, it is the share of idem's cost that
+// any in-memory persist-before-send transport pays; what it leaves out is
+// what idem does beside (canonical JSON, an operation's name and lease, a
+// record's header without credentials, the retry policy, hooks). It never
+// retries and is not safe to use outside this benchmark.
+type memFloor struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	ops  map[string]floorRecord
+}
+
+type floorRecord struct {
+	fp   [sha256.Size]byte
+	body []byte
+}
+
+func newMemFloor(base http.RoundTripper) *memFloor {
+	return &memFloor{base: base, ops: make(map[string]floorRecord)}
+}
+
+func (f *memFloor) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body []byte
+	var err error
+	if req.ContentLength > 0 {
+		body = make([]byte, req.ContentLength)
+		_, err = io.ReadFull(req.Body, body)
+	} else {
+		body, err = io.ReadAll(req.Body)
+	}
+	req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	key := uuid.NewString()
+	f.mu.Lock()
+	f.ops[key] = floorRecord{fp: sha256.Sum256(body), body: body}
+	f.mu.Unlock()
+
+	out := req.WithContext(req.Context())
+	out.Header = make(http.Header, len(req.Header)+1)
+	for name, v := range req.Header {
+		out.Header[name] = v
+	}
+	out.Header[idem.KeyHeader] = []string{key}
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	resp, err := f.base.RoundTrip(out)
+	if err == nil {
+		f.mu.Lock()
+		delete(f.ops, key) // done: nothing left to retry
+		f.mu.Unlock()
+	}
+	return resp, err
 }
 
 // benchFdatasync appends 100 bytes to a file and fdatasyncs it: the cost of
@@ -354,6 +416,7 @@ func BenchmarkTransportOverhead(b *testing.B) {
 			rt   func() http.RoundTripper
 		}{
 			{"plain", func() http.RoundTripper { return cannedTransport{} }},
+			{"memfloor", func() http.RoundTripper { return newMemFloor(cannedTransport{}) }},
 			{"memjar", func() http.RoundTripper {
 				return &idem.Transport{Base: cannedTransport{}, Jar: &idem.MemoryJar{}}
 			}},
