@@ -205,8 +205,46 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			return usagef("IDEM_HEADER: line %d: %s", i+1, notAHeader)
 		}
 	}
+	// The records are read first, for their methods: the Client keys the
+	// methods of the operations it resumes, whichever Methods the programs
+	// that sent them keyed, and no other. A redirect that turns one into a
+	// GET is followed without a key, as by default, unless a GET is
+	// resumed too.
+	var recs []idem.Record
+	if all {
+		var err error
+		if recs, err = s.jar.List(ctx, idem.Filter{State: idem.StatePending}); err != nil {
+			return err
+		}
+		hosts := map[string]bool{}
+		for _, r := range recs {
+			hosts[urlHost(r.URL)] = true
+		}
+		if len(hf.h) > 0 && len(hosts) > 1 {
+			// Every request gets the same headers: one API's credential
+			// would reach the others.
+			return usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
+				len(hosts), strings.Join(slices.Sorted(maps.Keys(hosts)), ", "))
+		}
+		if len(recs) == 0 {
+			fmt.Fprintln(s.stdout, "nothing pending")
+			return nil
+		}
+	} else {
+		r, err := s.jar.Get(ctx, args[0])
+		if err != nil {
+			return s.unknown(args[0], err)
+		}
+		recs = []idem.Record{r}
+	}
+	var methods []string
+	for _, r := range recs {
+		if !slices.Contains(methods, r.Method) {
+			methods = append(methods, r.Method)
+		}
+	}
 	var warned bool
-	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Header: func(r *http.Request) error {
+	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Methods: methods, Header: func(r *http.Request) error {
 		if len(hf.h) == 0 && !warned {
 			// The jar keeps no credential: a server that scopes keys by
 			// credential takes a request without the first one's for a
@@ -223,30 +261,9 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return err
 	}
 	defer c.Close()
-	ops := args
-	if all {
-		pending, err := c.Pending(ctx)
-		if err != nil {
-			return err
-		}
-		hosts := map[string]bool{}
-		for _, r := range pending {
-			ops = append(ops, r.Op)
-			hosts[urlHost(r.URL)] = true
-		}
-		if len(hf.h) > 0 && len(hosts) > 1 {
-			// Every request gets the same headers: one API's credential
-			// would reach the others.
-			return usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
-				len(hosts), strings.Join(slices.Sorted(maps.Keys(hosts)), ", "))
-		}
-		if len(ops) == 0 {
-			fmt.Fprintln(s.stdout, "nothing pending")
-			return nil
-		}
-	}
 	failed := 0
-	for _, op := range ops {
+	for _, r := range recs {
+		op := r.Op
 		resp, err := c.Resume(ctx, op)
 		if errors.Is(err, client.ErrBodyNotStored) {
 			err = fmt.Errorf("the jar does not hold its request's body (larger than the program's MaxStoredBody): %s; or abandon it once you know it did not happen and is not running", onlyItsProgram)

@@ -38,7 +38,8 @@
 // forgotten, meanwhile is not sent again, and resume says so and fails.
 // Neither is one whose body the jar did not store (larger than the
 // program's MaxStoredBody): only the program that sent it can resume it,
-// by making the same call again.
+// by making the same call again. resume sends an operation of any method:
+// a PUT or a DELETE that a program keyed (its Methods) as a POST.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -363,21 +364,28 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	}
 }
 
-// pendingInFile creates a jar file holding op, a POST to url left pending
-// by a first send whose connection was refused, and returns its path.
-// maxStoredBody is the client's Options.MaxStoredBody.
-func pendingInFile(t *testing.T, op, url string, maxStoredBody int64) string {
+// pendingInFile creates a jar file holding op, a request of method with a
+// JSON body to url, left pending by a first send whose connection was
+// refused, and returns its path. The client that sent it keys method (its
+// Options.Methods); maxStoredBody is its Options.MaxStoredBody.
+func pendingInFile(t *testing.T, method, op, url string, maxStoredBody int64) string {
 	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "keys.db")
 	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	})
-	c, err := client.New(ctx, path, &client.Options{Base: refused, MaxStoredBody: maxStoredBody, Policy: retry.Policy{MaxAttempts: 1}})
+	c, err := client.New(ctx, path, &client.Options{Base: refused, Methods: []string{method}, MaxStoredBody: maxStoredBody,
+		Policy: retry.Policy{MaxAttempts: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PostJSON(ctx, op, url, map[string]int{"amount": 100}, nil); !errors.Is(err, idem.ErrPending) {
+	req, err := http.NewRequest(method, url, strings.NewReader(`{"amount":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if _, err := c.Do(ctx, op, req); !errors.Is(err, idem.ErrPending) {
 		t.Fatalf("seeding %s: %v; want pending", op, err)
 	}
 	if err := c.Close(); err != nil {
@@ -391,7 +399,7 @@ func pendingInFile(t *testing.T, op, url string, maxStoredBody int64) string {
 // it and says so, with what the operator can do: not a Go method to call.
 func TestResumeOfABodyNotStored(t *testing.T) {
 	srv := newServer(t)
-	path := pendingInFile(t, "upload:big", srv.URL+"/v1/uploads", -1)
+	path := pendingInFile(t, http.MethodPost, "upload:big", srv.URL+"/v1/uploads", -1)
 
 	const want = "the program that sent it"
 	code, out, _ := idemctl("--jar", path, "show", "upload:big")
@@ -420,7 +428,7 @@ func TestResumeRefusedWith422(t *testing.T) {
 		testserver.WriteProblem(w, testserver.Problem{Type: "about:blank", Title: "Order already charged", Status: http.StatusUnprocessableEntity}, 0)
 	}))
 	t.Cleanup(srv.Close)
-	path := pendingInFile(t, "charge:o1", srv.URL+"/v1/charges", 0)
+	path := pendingInFile(t, http.MethodPost, "charge:o1", srv.URL+"/v1/charges", 0)
 	code, _, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret)
 	wantError(t, code, errOut, 1, "refused the request with 422")
 	for _, want := range []string{"a request it will not process", "Order already charged"} {
@@ -433,6 +441,54 @@ func TestResumeRefusedWith422(t *testing.T) {
 	}
 	if r, _ := jarState(t, path, "charge:o1"); r.State != idem.StateFailed {
 		t.Fatalf("after resume: %s; want failed", r.State)
+	}
+}
+
+// TestResumeOfAnyMethod: a program whose Methods key PUT and DELETE left
+// one of each pending. resume sends the PUT by name and the DELETE with
+// --all, each with its stored key, and both end done. A GET is not keyed
+// for that: the 303 that answers the PUT is followed by a GET without a
+// key, as the program would have followed it.
+func TestResumeOfAnyMethod(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		sent []string // method, path and key of each request
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sent = append(sent, r.Method+" "+r.URL.Path+" "+r.Header.Get(idem.KeyHeader))
+		mu.Unlock()
+		switch r.Method {
+		case http.MethodPut:
+			http.Redirect(w, r, r.URL.Path, http.StatusSeeOther)
+		case http.MethodDelete:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	putJar := pendingInFile(t, http.MethodPut, "put:a", srv.URL+"/v1/things/a", 0)
+	deleteJar := pendingInFile(t, http.MethodDelete, "delete:b", srv.URL+"/v1/things/b", 0)
+	put, _ := jarState(t, putJar, "put:a")
+	del, _ := jarState(t, deleteJar, "delete:b")
+
+	code, out, errOut := idemctl("--jar", putJar, "resume", "put:a", "--header", "Authorization: "+secret)
+	if code != 0 || out != "put:a: 200 OK, key "+put.Key+"\n" || errOut != "" {
+		t.Fatalf("resume put:a: exit %d, %q, %q; want 200 OK (the redirect followed) with the stored key", code, out, errOut)
+	}
+	code, out, errOut = idemctl("--jar", deleteJar, "resume", "--all", "--header", "Authorization: "+secret)
+	if code != 0 || out != "delete:b: 204 No Content, key "+del.Key+"\n" || errOut != "" {
+		t.Fatalf("resume --all: exit %d, %q, %q; want delete:b sent with the stored key", code, out, errOut)
+	}
+	want := []string{"PUT /v1/things/a " + put.Key, "GET /v1/things/a ", "DELETE /v1/things/b " + del.Key}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(sent, want) {
+		t.Fatalf("the server got %q; want %q", sent, want)
+	}
+	for path, op := range map[string]string{putJar: "put:a", deleteJar: "delete:b"} {
+		if r, err := jarState(t, path, op); err != nil || r.State != idem.StateDone {
+			t.Errorf("after resume, %s is %s (%v); want done", op, r.State, err)
+		}
 	}
 }
 
