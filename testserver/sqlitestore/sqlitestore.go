@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem/internal/hdrjson"
@@ -111,7 +112,8 @@ var (
 // Open opens the database at path, creating it with mode 0600 when it does
 // not exist (an existing file keeps its mode), and creates or checks the
 // schema. A file removed while Open opens it is not created again: Open
-// returns an error matching fs.ErrNotExist. path is a file name, not a SQLite URI: "file:keys.db?mode=ro"
+// returns an error matching fs.ErrNotExist, as for an empty path, which
+// names no file (as for os.Open and keyjar.Open). path is a file name, not a SQLite URI: "file:keys.db?mode=ro"
 // names a file of that name in the working directory, as it does for
 // package keyjar. ":memory:" alone opens a private in-memory database. It
 // fails with ErrNotStore for a file that is not a SQLite database or is
@@ -128,7 +130,8 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 		opts = &Options{}
 	}
 	if path == "" {
-		return nil, errors.New("sqlitestore: open: empty path")
+		// os.Open("") fails so too: the empty name is no file's.
+		return nil, fmt.Errorf("sqlitestore: open: empty path: %w", syscall.ENOENT)
 	}
 	busy := opts.BusyTimeout
 	if busy <= 0 {

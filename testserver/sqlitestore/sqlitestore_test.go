@@ -225,11 +225,27 @@ func TestOpenRefuses(t *testing.T) {
 	if _, err := sqlitestore.Open(context.Background(), newer, nil); !errors.Is(err, sqlitestore.ErrSchemaTooNew) {
 		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew", err)
 	}
-	for _, p := range []string{"", filepath.Join(dir, "missing", "x.db")} {
-		if s, err := sqlitestore.Open(context.Background(), p, nil); err == nil {
-			s.Close()
-			t.Errorf("Open(%q) succeeded; want an error", p)
-		}
+	if s, err := sqlitestore.Open(context.Background(), filepath.Join(dir, "missing", "x.db"), nil); err == nil {
+		s.Close()
+		t.Error("Open in a missing directory succeeded; want an error")
+	}
+}
+
+// TestOpenEmptyPath: an empty path names no file, as for os.Open and
+// keyjar.Open: Open refuses it with an error matching fs.ErrNotExist, and
+// creates nothing in the working directory.
+func TestOpenEmptyPath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	s, err := sqlitestore.Open(context.Background(), "", nil)
+	if err == nil {
+		s.Close()
+	}
+	if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "empty path") {
+		t.Errorf("Open(\"\") = %v; want fs.ErrNotExist, saying the path is empty", err)
+	}
+	if got, err := os.ReadDir(dir); err != nil || len(got) != 0 {
+		t.Errorf("after the refused Open, the working directory holds %v (%v); want nothing", got, err)
 	}
 }
 
