@@ -167,7 +167,8 @@ type Client struct {
 
 // New returns a Client over the jar file at path, opened with keyjar.Open
 // (created with mode 0600 if it does not exist), or over opts.Jar, in
-// which case path must be "". opts may be nil.
+// which case path must be "". opts may be nil. Given neither, or both, New
+// returns ErrOptions.
 //
 // A relative path is relative to the working directory: a program started
 // from another directory opens another jar, empty, and sends its pending
@@ -184,9 +185,9 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	}
 	switch {
 	case o.Jar != nil && path != "":
-		return nil, fmt.Errorf("client: New: both a path (%q) and Options.Jar are given; give one", path)
+		return nil, fmt.Errorf("%w: both a path (%q) and Options.Jar are given; give one", ErrOptions, path)
 	case o.Jar == nil && path == "":
-		return nil, errors.New("client: New: no jar: give a path or Options.Jar")
+		return nil, fmt.Errorf("%w: no jar: give a path or Options.Jar", ErrOptions)
 	case o.Jar == nil:
 		j, err := keyjar.Open(ctx, path, o.JarOptions)
 		if err != nil {

@@ -510,11 +510,13 @@ func TestRedirectLimit(t *testing.T) {
 
 func TestNewChecksItsJar(t *testing.T) {
 	ctx := context.Background()
-	if _, err := client.New(ctx, "", nil); err == nil {
-		t.Fatal("New without a path or a jar: nil error")
+	for _, o := range []*client.Options{nil, {}} {
+		if _, err := client.New(ctx, "", o); !errors.Is(err, client.ErrOptions) {
+			t.Fatalf("New without a path or a jar (options %+v): %v; want ErrOptions", o, err)
+		}
 	}
-	if _, err := client.New(ctx, t.TempDir()+"/j.db", &client.Options{Jar: &idem.MemoryJar{}}); err == nil {
-		t.Fatal("New with both a path and a jar: nil error")
+	if _, err := client.New(ctx, t.TempDir()+"/j.db", &client.Options{Jar: &idem.MemoryJar{}}); !errors.Is(err, client.ErrOptions) {
+		t.Fatalf("New with both a path and a jar: %v; want ErrOptions", err)
 	}
 	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}})
 	if err != nil {

@@ -39,6 +39,10 @@ var (
 	ErrMethod = errors.New("client: the Client does not key this method")
 )
 
+// ErrOptions is returned by New for arguments that name no jar, or two:
+// neither a path nor Options.Jar, or both.
+var ErrOptions = errors.New("client: invalid options")
+
 // StateError is the error of Resume, ResumeWithBody, Abandon and Forget
 // for an operation whose state does not allow the call; nothing was sent,
 // changed or deleted. It matches ErrState.
