@@ -264,6 +264,19 @@ func TestRunRefusesBadFlags(t *testing.T) {
 	}
 }
 
+// TestRunRefusesAttemptTimeoutPastHorizon: an attempt timeout longer than
+// the SDK's horizon (24 h) is refused, by its flag, before anything runs.
+// Past that no timed-out attempt is ever retried, and near the largest
+// duration the hold of a delay, 1.5 times as long, overflowed: delayed
+// requests were then held the proxy's default 1 s and answered in time.
+func TestRunRefusesAttemptTimeoutPastHorizon(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(t.Context(), []string{"-attempt-timeout", "1000000h", "-rows", "idem", "-n", "1", "-drop", "0", "-reset", "0", "-delay", "0"}, &out, &errb)
+	if err == nil || !strings.HasPrefix(err.Error(), "-attempt-timeout 1000000h0m0s:") {
+		t.Errorf("got %v; want -attempt-timeout refused", err)
+	}
+}
+
 // The table explains itself: its columns, each row it shows and what the
 // counts of the idem rows prove, without the README at hand.
 func TestTableLegend(t *testing.T) {

@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/cliflag"
+	"github.com/idemkit/idem/retry"
 )
 
 func main() {
@@ -81,7 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&cfg.rates.DropResponse, "drop", cfg.rates.DropResponse, "share of requests whose answer is dropped after the server committed")
 	fs.Float64Var(&cfg.rates.Reset, "reset", cfg.rates.Reset, "share of requests reset before reaching the server")
 	fs.Float64Var(&cfg.rates.Delay, "delay", cfg.rates.Delay, "share of requests held past the client's attempt timeout, then forwarded")
-	cliflag.DurationVar(fs, &cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt (a `duration`); delayed requests are held 1.5 times as long")
+	cliflag.DurationVar(fs, &cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt (a `duration`, at most 24h: the SDK's horizon); delayed requests are held 1.5 times as long")
 	asJSON := fs.Bool("json", false, "print the rows as JSON lines")
 	only := fs.String("rows", "", "comma-separated strategies to run (default: all)")
 	verbose := fs.Bool("v", false, "log the server's idempotency decisions to stderr")
@@ -94,8 +95,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.orders < 1 || cfg.orders > 99999 {
 		return fmt.Errorf("-n %d: want 1 to 99999 orders", cfg.orders)
 	}
-	if cfg.attemptTimeout <= 0 {
-		return fmt.Errorf("-attempt-timeout %v: want a positive duration", cfg.attemptTimeout)
+	if horizon := (retry.Policy{}).Defaults().Horizon; cfg.attemptTimeout <= 0 || cfg.attemptTimeout > horizon {
+		// Past the horizon no timed-out attempt is retried.
+		return fmt.Errorf("-attempt-timeout %v: want a positive duration of at most %v", cfg.attemptTimeout, horizon)
 	}
 	cfg.hold = cfg.attemptTimeout * 3 / 2
 	if err := cfg.rates.Validate(); err != nil {
