@@ -312,3 +312,31 @@ func TestTableLegend(t *testing.T) {
 		t.Errorf("a table of one row explains the others:\n%s", out.String())
 	}
 }
+
+// TestRowWaitsForHeldRequests: at its end a row waits for the requests the
+// proxy still holds, however long a delay holds them (-attempt-timeout
+// 130s holds them 195 s, longer than a fixed wait of a minute), and
+// counts what they do at the server. Here the first attempt is held past
+// the client's timeout, the retry charges, and the held request reaches
+// the server after the client is done: a replay.
+func TestRowWaitsForHeldRequests(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.orders = 1
+	cfg.rates = faultproxy.Rates{Delay: 0.5}
+	cfg.attemptTimeout = 200 * time.Millisecond
+	cfg.hold = 1500 * time.Millisecond
+	cfg.drain = time.Second // shorter than what remains of the hold when the client is done
+	cfg.dir = t.TempDir()
+	px := faultproxy.Proxy{Rates: cfg.rates}
+	for px.Seed = 1; px.Seed < 1000 && (px.Fault(0) != faultproxy.Delay || px.Fault(1) != faultproxy.Forward); px.Seed++ {
+	}
+	cfg.seed = px.Seed
+	r, err := runRow(t.Context(), cfg, rowIdem)
+	if err != nil {
+		t.Fatalf("seed %d: %v", cfg.seed, err)
+	}
+	if r.Faults.Delayed != 1 || r.Charges != 1 || r.Server.Replays != 1 {
+		t.Errorf("seed %d: delayed %d, charges %d, replays %d; want the held request replayed after the charge",
+			cfg.seed, r.Faults.Delayed, r.Charges, r.Server.Replays)
+	}
+}

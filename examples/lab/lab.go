@@ -40,6 +40,7 @@ type config struct {
 
 	attemptTimeout time.Duration // the clients' per-attempt limit
 	hold           time.Duration // how long the proxy holds a Delay fault; longer than attemptTimeout
+	drain          time.Duration // how long past hold a row waits, at its end, for the requests the proxy still has
 	lockTimeout    time.Duration // the server's lease, for the keyed rows
 	crashLease     time.Duration // the server's lease in idem + server crash: how soon a new instance takes over
 	crashRate      float64       // idem + server crash: share of orders whose charge kills the server
@@ -73,6 +74,7 @@ func defaultConfig() config {
 		concurrency:    16,
 		attemptTimeout: time.Second,
 		hold:           1500 * time.Millisecond,
+		drain:          time.Minute,
 		lockTimeout:    5 * time.Second,
 		crashLease:     time.Second,
 		crashRate:      0.05,
@@ -218,9 +220,10 @@ func runRow(ctx context.Context, cfg config, name string) (row, error) {
 
 	// Let the dead server instances' stuck requests end, then wait for
 	// every request the proxy still holds: a delayed request may charge
-	// after the client is done.
+	// after the client is done, up to a hold later (and its forward takes
+	// up to the proxy's 30 s upstream timeout, within drain).
 	srv.bury()
-	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, cfg.hold+cfg.drain)
 	defer cancel()
 	if err := px.Shutdown(sctx); err != nil {
 		return row{}, fmt.Errorf("%s: waiting for held requests: %w", name, err)
