@@ -277,6 +277,23 @@ func TestRunRefusesAttemptTimeoutPastHorizon(t *testing.T) {
 	}
 }
 
+// TestTableSaysWhyOrdersAreUnresolved: under an attempt timeout that no
+// request can meet, the idem row leaves every order pending in the jar.
+// The table says which timeout it ran with and, below the rows, what the
+// jar recorded as those orders' last error, so that it does not read as a
+// run at the defaults with orders the SDK left unresolved.
+func TestTableSaysWhyOrdersAreUnresolved(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(t.Context(), []string{"-n", "2", "-rows", "idem", "-attempt-timeout", "1ns"}, &out, &errb); err != nil {
+		t.Fatalf("run: %v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"attempt timeout 1ns", "warning: idem: 2 orders got no final answer", "attempt timed out after 1ns"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table without %q:\n%s", want, out.String())
+		}
+	}
+}
+
 // The table explains itself: its columns, each row it shows and what the
 // counts of the idem rows prove, without the README at hand.
 func TestTableLegend(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,6 +102,10 @@ type row struct {
 	// Unresolved are the orders pending or to reconcile in the jar; nil
 	// for the baselines, which have no jar.
 	Unresolved *int `json:"unresolved_orders"`
+	// LastError is the most common last outcome the jar records for the
+	// unresolved orders: an attempt's error, or the status of a retryable
+	// answer.
+	LastError string `json:"unresolved_last_error,omitempty"`
 	// Lost are the orders that PayCo never charged and that the jar does
 	// not report unresolved: silently lost. Baselines, without a jar,
 	// count every uncharged order.
@@ -239,7 +244,7 @@ func runRow(ctx context.Context, cfg config, name string) (row, error) {
 			cfg.logger.Warn("lab: order charged more than once", "row", name, "order", o.ID, "calls", n)
 		}
 	}
-	unresolved := map[string]bool{}
+	unresolved := map[string]string{}
 	if name != rowNoKey && name != rowKeyPerTry {
 		unresolved, err = unresolvedOps(ctx, e.jarPath)
 		if err != nil {
@@ -247,9 +252,10 @@ func runRow(ctx context.Context, cfg config, name string) (row, error) {
 		}
 		n := len(unresolved)
 		r.Unresolved = &n
+		r.LastError = mostCommon(unresolved)
 	}
 	for _, o := range e.orders {
-		if st.PerOrder[o.ID] == 0 && !unresolved[o.op()] {
+		if _, ok := unresolved[o.op()]; !ok && st.PerOrder[o.ID] == 0 {
 			r.Lost++
 		}
 	}
@@ -258,24 +264,44 @@ func runRow(ctx context.Context, cfg config, name string) (row, error) {
 }
 
 // unresolvedOps returns the operations the jar at path holds pending or to
-// reconcile.
-func unresolvedOps(ctx context.Context, path string) (map[string]bool, error) {
+// reconcile, each with its last attempt's outcome: the error, or the
+// status of a retryable answer.
+func unresolvedOps(ctx context.Context, path string) (map[string]string, error) {
 	jar, err := keyjar.Open(ctx, path, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer jar.Close()
-	out := map[string]bool{}
+	out := map[string]string{}
 	for _, s := range []idem.State{idem.StatePending, idem.StateReconcile} {
 		recs, err := jar.List(ctx, idem.Filter{State: s})
 		if err != nil {
 			return nil, err
 		}
 		for _, r := range recs {
-			out[r.Op] = true
+			out[r.Op] = r.LastError
+			if r.LastError == "" && r.LastStatus != 0 {
+				out[r.Op] = "status " + strconv.Itoa(r.LastStatus)
+			}
 		}
 	}
 	return out, nil
+}
+
+// mostCommon returns the value that most keys of m have, the least of
+// them on a tie; "" for an empty m.
+func mostCommon(m map[string]string) string {
+	count := map[string]int{}
+	best := ""
+	for _, v := range m {
+		count[v]++
+	}
+	for v, n := range count {
+		if n > count[best] || (n == count[best] && v < best) {
+			best = v
+		}
+	}
+	return best
 }
 
 // forEach runs f for each item, n at a time, until ctx ends.

@@ -36,7 +36,8 @@
 // taken over was dead or only slow. The counts come from PayCo's ledger,
 // the proxy's counters and the jar, never from the strategy itself. -json
 // adds the details: charge calls before PayCo's dedup, kills, crashes,
-// fault and decision counters.
+// fault and decision counters, and the most common last error the jar
+// recorded for unresolved orders, which the table gives in a warning.
 package main
 
 import (
@@ -172,11 +173,15 @@ func printTable(w io.Writer, cfg config, rows []row) {
 		}
 		fmt.Fprintln(w, line)
 	}
-	fmt.Fprintf(w, "\n%d orders per strategy, seed %d; faults per request: answer dropped %.0f%%, reset %.0f%%, delayed %.0f%%\n",
-		cfg.orders, cfg.seed, 100*cfg.rates.DropResponse, 100*cfg.rates.Reset, 100*cfg.rates.Delay)
+	fmt.Fprintf(w, "\n%d orders per strategy, %d at a time, seed %d, attempt timeout %v; faults per request: answer dropped %.0f%%, reset %.0f%%, delayed %.0f%%\n",
+		cfg.orders, cfg.concurrency, cfg.seed, cfg.attemptTimeout, 100*cfg.rates.DropResponse, 100*cfg.rates.Reset, 100*cfg.rates.Delay)
 	for _, r := range rows {
 		if r.Lost > 0 && r.Unresolved != nil {
 			fmt.Fprintf(w, "warning: %s: %d orders neither charged nor pending in the jar\n", r.Strategy, r.Lost)
+		}
+		if r.Unresolved != nil && *r.Unresolved > 0 {
+			fmt.Fprintf(w, "warning: %s: %d orders got no final answer in any attempt; the jar's most common last error: %q\n",
+				r.Strategy, *r.Unresolved, r.LastError)
 		}
 	}
 	printLegend(w, cfg, rows, width[0])
