@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -355,5 +356,22 @@ func TestRowWaitsForHeldRequests(t *testing.T) {
 	if r.Faults.Delayed != 1 || r.Charges != 1 || r.Server.Replays != 1 {
 		t.Errorf("seed %d: delayed %d, charges %d, replays %d; want the held request replayed after the charge",
 			cfg.seed, r.Faults.Delayed, r.Charges, r.Server.Replays)
+	}
+}
+
+// TestForEachWorkers: forEach starts no more goroutines than it has items,
+// so that a -concurrency far above -n costs nothing (-concurrency 100000
+// on one order took 280 MB, and a larger one all the memory there is).
+func TestForEachWorkers(t *testing.T) {
+	before := runtime.NumGoroutine()
+	var mu sync.Mutex
+	most := 0
+	forEach(t.Context(), 100000, []int{1, 2, 3}, func(int) {
+		mu.Lock()
+		defer mu.Unlock()
+		most = max(most, runtime.NumGoroutine()-before)
+	})
+	if most > 100 {
+		t.Errorf("%d goroutines more while running 3 items; want at most 3 workers", most)
 	}
 }

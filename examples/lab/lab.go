@@ -304,11 +304,12 @@ func mostCommon(m map[string]string) string {
 	return best
 }
 
-// forEach runs f for each item, n at a time, until ctx ends.
+// forEach runs f for each item, n at a time, until ctx ends. It starts no
+// more goroutines than there are items.
 func forEach[T any](ctx context.Context, n int, items []T, f func(T)) {
 	ch := make(chan T)
 	var wg sync.WaitGroup
-	for range max(n, 1) {
+	for range min(max(n, 1), len(items)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
