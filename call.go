@@ -484,7 +484,7 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	r := Record{
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
-		Method: c.req.Method, URL: c.body.url, Header: storedHeader(c.req.Header),
+		Method: c.req.Method, URL: c.body.url, Header: storedHeader(c.req),
 		Body: c.body.saved, BodySize: c.body.size,
 		Created: now, Updated: now, Attempts: 1, // the first send follows at once
 		Holder: c.holder, LeaseUntil: now.Add(c.t.lease(c.policy)),
@@ -531,22 +531,44 @@ func (c *call) begin(ctx context.Context) error {
 }
 
 // storedHeader returns the request header as a record keeps it: without
-// credentials (SecretHeader) or the key. A header that has neither is
-// returned as it is, not copied: a Jar copies what it keeps.
-func storedHeader(h http.Header) http.Header {
-	for name := range h {
-		if SecretHeader(name) || isKeyHeader(name) {
-			h = PublicHeader(h)
-			for name := range h {
-				if isKeyHeader(name) {
-					delete(h, name)
-				}
+// credentials (SecretHeader) or the key, and with a Host entry when the
+// request's Host is not its URL's (Record.NewRequest sets it back). A Host
+// entry of the caller's, which net/http does not send, is not kept. A
+// header that needs none of this is returned as it is, not copied: a Jar
+// copies what it keeps.
+func storedHeader(req *http.Request) http.Header {
+	h, host := req.Header, req.Host
+	if host == req.URL.Host {
+		host = ""
+	}
+	if host == "" {
+		clean := true
+		for name := range h {
+			if SecretHeader(name) || isKeyHeader(name) || name == hostHeader {
+				clean = false
+				break
 			}
+		}
+		if clean {
 			return h
 		}
 	}
+	h = PublicHeader(h)
+	for name := range h {
+		if isKeyHeader(name) {
+			delete(h, name)
+		}
+	}
+	delete(h, hostHeader)
+	if host != "" {
+		h[hostHeader] = []string{host}
+	}
 	return h
 }
+
+// hostHeader is the entry of a record's Header that holds the request's
+// Host, when it is not its URL's.
+const hostHeader = "Host"
 
 // send sends one attempt: a copy of the caller's request with the key and
 // body, a fresh one.

@@ -64,8 +64,11 @@ type Record struct {
 
 	// The request, so that it can be resumed after a restart. URL and
 	// Header never hold credentials: the URL has no userinfo, and the
-	// header none of what SecretHeader names. Body is nil when the body was
-	// larger than the transport's MaxStoredBody; BodySize is its length.
+	// header none of what SecretHeader names. Header holds a "Host" entry
+	// when the request's Host was not its URL's host (a virtual host reached
+	// by address); NewRequest makes it the request's Host again. Body is
+	// nil when the body was larger than the transport's MaxStoredBody;
+	// BodySize is its length.
 	Method   string
 	URL      string
 	Header   http.Header
@@ -99,8 +102,8 @@ func (r Record) BodyStored() bool { return int64(len(r.Body)) == r.BodySize }
 var ErrBodyNotStored = errors.New("idem: the request body is not stored in the jar")
 
 // NewRequest returns the request that r stores, to resume its operation
-// through a Transport over the jar that holds r: its method, URL, header
-// and body, with GetBody and ContentLength set, and a context that is ctx
+// through a Transport over the jar that holds r: its method, URL, Host,
+// header and body, with GetBody and ContentLength set, and a context that is ctx
 // with r.Op as the operation's name (WithOperation). The Transport sends it
 // as it sends any call under that name: under r's key, unless the operation
 // was abandoned or forgotten meanwhile, when the name begins a new
@@ -122,6 +125,10 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 	}
 	if r.Header != nil {
 		req.Header = r.Header.Clone()
+		if h := req.Header[hostHeader]; len(h) > 0 {
+			req.Host = h[0]
+			delete(req.Header, hostHeader)
+		}
 	}
 	return req, nil
 }

@@ -107,3 +107,73 @@ func TestRecordNewRequestWithoutBody(t *testing.T) {
 		t.Fatalf("NewRequest of a record with an empty body: %+v, %v; want a request without a body, with a header", req, err)
 	}
 }
+
+// TestRecordKeepsHost: a request sent with a Host other than its URL's (a
+// virtual host reached by address) is resumed with that Host; a Host entry
+// in the caller's header, which net/http does not send, is not kept.
+func TestRecordKeepsHost(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		hosts []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hosts = append(hosts, r.Host)
+		mu.Unlock()
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1}}
+	for _, tc := range []struct {
+		op, host, headerHost, want string
+	}{
+		{"vhost", "api.example.test", "", "api.example.test"},
+		{"vhost-and-header", "api.example.test", "ignored.example.test", "api.example.test"},
+		{"header-only", "", "ignored.example.test", srv.Listener.Addr().String()},
+		{"url-host", srv.Listener.Addr().String(), "", srv.Listener.Addr().String()},
+	} {
+		mu.Lock()
+		hosts = nil
+		mu.Unlock()
+		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, tc.op), http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = tc.host
+		if tc.headerHost != "" {
+			req.Header["Host"] = []string{tc.headerHost}
+		}
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := req.Header["Host"]; tc.headerHost != "" && (len(got) != 1 || got[0] != tc.headerHost) {
+			t.Errorf("%s: the caller's header now holds Host %q; want it unchanged", tc.op, got)
+		}
+		rec, err := jar.Get(ctx, tc.op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rreq, err := rec.NewRequest(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := rreq.Header["Host"]; ok {
+			t.Errorf("%s: the resumed request's header holds Host %q; want it in Request.Host only", tc.op, rreq.Header["Host"])
+		}
+		resp, err = (&http.Client{Transport: tr}).Do(rreq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		mu.Lock()
+		got := slices.Clone(hosts)
+		mu.Unlock()
+		if len(got) != 2 || got[0] != tc.want || got[1] != tc.want {
+			t.Errorf("%s: the server saw Host %q on the first send and the resume; want %q both times", tc.op, got, tc.want)
+		}
+	}
+}
