@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Connect opens a connection to the database dsn names, for a test's own
@@ -20,4 +21,54 @@ func Connect(t testing.TB, dsn string) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// InSchema creates schema (its name, which InSchema quotes) in the
+// database that admin is connected to, and calls open while the search_path
+// that admin's role gets there names schema alone, so that whatever open
+// opens finds schema as its current_schema(). It then resets the role's
+// search_path and the pool that open returns (pgxpool.Pool.Reset): the
+// pool's connections from then on search "$user", public.
+func InSchema(t testing.TB, admin *pgx.Conn, schema string, open func() *pgxpool.Pool) {
+	t.Helper()
+	if _, err := admin.Exec(t.Context(), `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	setRolePath(t, admin, pgx.Identifier{schema}.Sanitize())
+	pool := open()
+	setRolePath(t, admin, "")
+	pool.Reset()
+}
+
+// setRolePath sets the search_path that the connections to conn's
+// database, as conn's role, get from the role when they connect after it
+// (ALTER ROLE … IN DATABASE … SET: other databases of the cluster keep
+// theirs), or resets it when path is "". path is SQL: a list of
+// identifiers.
+func setRolePath(t testing.TB, conn *pgx.Conn, path string) {
+	t.Helper()
+	cfg := conn.Config()
+	stmt := "ALTER ROLE " + pgx.Identifier{cfg.User}.Sanitize() + " IN DATABASE " +
+		pgx.Identifier{cfg.Database}.Sanitize()
+	if path == "" {
+		stmt += " RESET search_path"
+	} else {
+		stmt += " SET search_path TO " + path
+	}
+	if _, err := conn.Exec(t.Context(), stmt); err != nil {
+		t.Fatalf("%s: %v", stmt, err)
+	}
+}
+
+// Tables returns the tables of the database dsn names outside the
+// system's schemas, as schema.table, comma-separated in order: "" for none.
+func Tables(t testing.TB, dsn string) string {
+	t.Helper()
+	var tables string
+	if err := Connect(t, dsn).QueryRow(t.Context(), `SELECT coalesce(string_agg(schemaname || '.' || tablename, ','
+		ORDER BY schemaname, tablename), '') FROM pg_catalog.pg_tables
+		WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	return tables
 }
