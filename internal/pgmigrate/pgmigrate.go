@@ -15,9 +15,13 @@ import (
 
 // A Schema is a set of tables whose versions are recorded in a table of
 // their own. Migrate creates them in current_schema(), the first schema of
-// the search path that exists, and Migrate and Check look for them there
-// alone: tables of the same names in another schema of the path are not
-// the schema's.
+// the search path that exists, as the connection it runs on reads it, and
+// Migrate and Check look for them there alone: tables of the same names in
+// another schema of the path are not the schema's. Both return that
+// schema's name, which the statements that use the tables qualify them
+// with (see Qualify): a connection whose search path is another, or a
+// temporary table of the same name (pg_temp is searched first), would
+// otherwise lead them to other tables.
 type Schema struct {
 	// Lock is the key of the transaction-scoped advisory lock that
 	// serialises migrations, so that processes starting together do not
@@ -27,7 +31,8 @@ type Schema struct {
 	Table string
 	// Migrations[i] brings the schema from version i to version i+1.
 	// Versions are only ever appended: a released migration is never
-	// edited.
+	// edited. Each statement names the tables it creates or uses as
+	// {schema}.name, and Migrate runs it through Qualify.
 	Migrations [][]string
 	// TooNew is returned, wrapped, for a database at a later version than
 	// len(Migrations).
@@ -43,18 +48,35 @@ type Schema struct {
 	// that records no version (Table dropped or emptied) but holds one of
 	// Objects: what remains is not a schema to create from scratch.
 	Incomplete error
+	// NoSchema is returned, wrapped with the search path, when
+	// current_schema() is null: no schema of the search path exists, and
+	// there is nowhere to look for the tables or to create them.
+	NoSchema error
 }
 
-// Migrate brings the schema to len(s.Migrations) in one transaction. A
-// database that records no version but holds one of s.Objects is left as
-// it is: Migrate returns s.Incomplete.
-func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	table := pgx.Identifier{s.Table}.Sanitize()
+// Placeholder stands, in a statement, for the schema's name; Qualify
+// replaces it.
+const Placeholder = "{schema}"
+
+// Qualify returns stmt with each Placeholder replaced by schema as a
+// quoted identifier, so that {schema}.name names the table name of that
+// schema whatever the schema's name holds (quotes, dots, spaces, upper
+// case) and whatever the search path of the connection that runs stmt.
+func Qualify(stmt, schema string) string {
+	return strings.ReplaceAll(stmt, Placeholder, pgx.Identifier{schema}.Sanitize())
+}
+
+// Migrate brings the schema to len(s.Migrations) in one transaction, in
+// current_schema() as the transaction's connection reads it, and returns
+// that schema's name. A database that records no version but holds one of
+// s.Objects is left as it is: Migrate returns s.Incomplete. A search path
+// that names no schema that exists is s.NoSchema, and nothing is created.
+func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string, err error) {
 	// READ COMMITTED whatever the database's default: under REPEATABLE
 	// READ or SERIALIZABLE the snapshot would be taken before the lock
 	// wait, and a process that waited for another's migration would not
 	// see it.
-	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		// The wait for another's migration is bounded by the deadline,
 		// not by a lock_timeout the database or the role may set to keep
 		// DDL from queueing: under it, of instances starting together all
@@ -68,16 +90,21 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
 			return err
 		}
+		var err error
+		if schema, err = s.current(ctx, tx); err != nil {
+			return err
+		}
+		table := pgx.Identifier{schema, s.Table}.Sanitize()
 		// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when
 		// the table exists: it only runs when the table is not in the
 		// schema it would create it in, so that a role that may only read
 		// and write the tables opens a schema that is current.
-		v, exists, err := s.version(ctx, tx)
+		v, exists, err := s.version(ctx, tx, schema)
 		if err != nil {
 			return err
 		}
 		if v == 0 {
-			found, err := s.found(ctx, tx)
+			found, err := s.found(ctx, tx, schema)
 			if err != nil {
 				return err
 			}
@@ -98,7 +125,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		for ; v < len(s.Migrations); v++ {
 			for _, stmt := range s.Migrations[v] {
-				if _, err := tx.Exec(ctx, stmt); err != nil {
+				if _, err := tx.Exec(ctx, Qualify(stmt, schema)); err != nil {
 					return fmt.Errorf("version %d: %w", v+1, err)
 				}
 			}
@@ -106,50 +133,80 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 				return err
 			}
 		}
-		return s.whole(ctx, tx)
+		return s.whole(ctx, tx, schema)
 	})
+	if err != nil {
+		return "", err
+	}
+	return schema, nil
 }
 
 // Check checks, creating nothing, that the database holds the schema at
-// version len(s.Migrations), whole. It returns absent, wrapped with what is
-// missing in parentheses, for a database without the table of versions or
-// at an earlier version, s.TooNew for a later one and s.Incomplete for one
-// missing one of s.Objects, or recording no version but holding one.
-func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) error {
+// version len(s.Migrations), whole, in current_schema() as one connection
+// of pool reads it, and returns that schema's name. It returns absent,
+// wrapped with what is missing in parentheses, for a database without the
+// table of versions or at an earlier version, s.TooNew for a later one,
+// s.Incomplete for one missing one of s.Objects, or recording no version
+// but holding one, and s.NoSchema for a search path that names no schema
+// that exists.
+func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (string, error) {
+	schema, err := s.current(ctx, pool)
+	if err != nil {
+		return "", err
+	}
 	// Looked for before the version: a migration commits the objects and
 	// the version together, so objects found here and no version read
 	// after are a version lost, not a migration that committed between.
-	found, err := s.found(ctx, pool)
+	found, err := s.found(ctx, pool, schema)
 	if err != nil {
-		return err
+		return "", err
 	}
-	v, versions, err := s.version(ctx, pool)
+	v, versions, err := s.version(ctx, pool, schema)
 	if err != nil {
-		return err
+		return "", err
 	}
 	switch {
 	case v == 0 && len(found) > 0:
-		return s.unrecorded(versions, found)
+		return "", s.unrecorded(versions, found)
 	case !versions:
-		return fmt.Errorf("%w (no table %s)", absent, s.Table)
+		return "", fmt.Errorf("%w (no table %s)", absent, s.Table)
 	case v > len(s.Migrations):
-		return fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
+		return "", fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
 	case v < len(s.Migrations):
-		return fmt.Errorf("%w (%s records version %d, not %d)", absent, s.Table, v, len(s.Migrations))
+		return "", fmt.Errorf("%w (%s records version %d, not %d)", absent, s.Table, v, len(s.Migrations))
 	}
-	return s.whole(ctx, pool)
+	if err := s.whole(ctx, pool, schema); err != nil {
+		return "", err
+	}
+	return schema, nil
 }
 
-// version returns the version that s.Table records, and whether the
-// schema the migrations create their tables in (current_schema()) holds
-// s.Table: 0 when it does not, whatever another schema of the search path
-// holds.
-func (s Schema) version(ctx context.Context, q querier) (v int, exists bool, err error) {
+// current returns current_schema(), the schema that the migrations create
+// their tables in, or s.NoSchema when it is null.
+func (s Schema) current(ctx context.Context, q querier) (string, error) {
+	var (
+		schema *string
+		path   string
+	)
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_schema(), pg_catalog.current_setting('search_path')`).
+		Scan(&schema, &path); err != nil {
+		return "", err
+	}
+	if schema == nil {
+		return "", fmt.Errorf("%w: search_path %q names no schema that exists", s.NoSchema, path)
+	}
+	return *schema, nil
+}
+
+// version returns the version that s.Table records, and whether schema
+// holds s.Table: 0 when it does not, whatever another schema of the search
+// path holds.
+func (s Schema) version(ctx context.Context, q querier, schema string) (v int, exists bool, err error) {
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_tables
-		WHERE schemaname = current_schema() AND tablename = $1)`, s.Table).Scan(&exists); err != nil || !exists {
+		WHERE schemaname = $2 AND tablename = $1)`, s.Table, schema).Scan(&exists); err != nil || !exists {
 		return 0, false, err
 	}
-	err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{s.Table}.Sanitize()).Scan(&v)
+	err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{schema, s.Table}.Sanitize()).Scan(&v)
 	return v, true, err
 }
 
@@ -158,17 +215,16 @@ type querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }
 
-// found returns those of s.Objects that the schema the migrations create
-// them in (current_schema()) holds. It reads pg_class with the statement's
-// snapshot.
-func (s Schema) found(ctx context.Context, q querier) ([]string, error) {
+// found returns those of s.Objects that schema holds. It reads pg_class
+// with the statement's snapshot.
+func (s Schema) found(ctx context.Context, q querier, schema string) ([]string, error) {
 	var found []string
 	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY n), '{}')
 		FROM unnest($1::text[]) WITH ORDINALITY AS o(name, n)
 		WHERE EXISTS (SELECT FROM pg_catalog.pg_class c
 			JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-			WHERE ns.nspname = current_schema() AND c.relname = o.name)`,
-		s.Objects).Scan(&found)
+			WHERE ns.nspname = $2 AND c.relname = o.name)`,
+		s.Objects, schema).Scan(&found)
 	return found, err
 }
 
@@ -183,9 +239,9 @@ func (s Schema) unrecorded(versions bool, found []string) error {
 }
 
 // whole returns s.Incomplete, wrapped with the names of those missing,
-// unless current_schema() holds each of s.Objects.
-func (s Schema) whole(ctx context.Context, q querier) error {
-	found, err := s.found(ctx, q)
+// unless schema holds each of s.Objects.
+func (s Schema) whole(ctx context.Context, q querier, schema string) error {
+	found, err := s.found(ctx, q, schema)
 	if err != nil {
 		return err
 	}

@@ -188,7 +188,7 @@ func (j *Jar) deliver(changes []deferred) error {
 func (j *Jar) send(changes []deferred) (sent, lostConn bool, err error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(changes))}
 	for _, d := range changes {
-		b.Queue(updateSQL, d.args...)
+		b.Queue(j.sql.update, d.args...)
 	}
 	conn, ctx, done, err := j.conn(context.Background())
 	if err != nil {

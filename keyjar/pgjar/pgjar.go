@@ -44,6 +44,18 @@
 // own settings: New checks that they run READ COMMITTED and, unless the
 // pool's config chooses otherwise, synchronous_commit=on (see New).
 //
+// Open and New find the jar's tables, or create them, in current_schema()
+// of the connection that opens the jar: the first schema of its
+// search_path that exists (the DSN's search_path=…, or the role's or the
+// database's setting). A jar in a schema of its own is opened with
+// search_path=jobs in the DSN, or in the pool's RuntimeParams. Every
+// statement then names the tables with that schema, as a quoted
+// identifier, so that the jar stays there whatever the search_path of the
+// connections the pool makes later (a role's setting changed since, an
+// AfterConnect that sets another) and a temporary table of the same name
+// (pg_temp is searched first) neither hides its records nor receives them.
+// A search_path that names no schema that exists is ErrNoSchema.
+//
 // Defer queues such a change for the jar's applier, a goroutine that Open
 // or New starts and Close ends: it sends what is queued, up to 64 changes,
 // in one round trip, each as Update's fenced UPDATE, in the order they were
@@ -176,6 +188,13 @@ var (
 	// parentheses. Nothing is created.
 	ErrNoJar = errors.New("pgjar: database holds no key jar")
 
+	// ErrNoSchema is returned by Open and New, with Options.MustExist or
+	// without, when current_schema() is null on the connection that opens
+	// the jar: no schema of its search_path exists, so there is none to
+	// find the jar in or to create it in. The search_path follows it.
+	// Nothing is created.
+	ErrNoSchema = errors.New("pgjar: no schema to hold the jar")
+
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
 	// created.
@@ -257,6 +276,7 @@ type Jar struct {
 	timeout      time.Duration
 	batch        int
 	updateCommit string // synchronous_commit for Update's transactions
+	sql          statements
 	closed       atomic.Bool
 
 	// The deferred changes (see Defer). queueMu guards sends on queue
@@ -286,14 +306,15 @@ var (
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the jar's schema (tables idem_operations and
-// idem_operations_schema) unless Options.MustExist is set, and returns a Jar that owns its pool. It
-// returns ErrOptions for an option out of range, before it connects,
-// ErrVersion for a schema newer than this package, and ErrSchema
-// for a current one that lacks a table or an index, or for the jar's table
-// without the record of its version. A schema that
-// is current is only read: a role that may not create tables opens it with
-// SELECT on idem_operations_schema and SELECT, INSERT, UPDATE and DELETE
-// on idem_operations.
+// idem_operations_schema) unless Options.MustExist is set, and returns a
+// Jar that owns its pool. It returns ErrOptions for an option out of
+// range, before it connects, ErrVersion for a schema newer than this
+// package, ErrSchema for a current one that lacks a table or an index, or
+// for the jar's table without the record of its version, and ErrNoSchema
+// for a search_path that names no schema that exists (see the package
+// documentation). A schema that is current is only read: a role that may
+// not create tables opens it with SELECT on idem_operations_schema and
+// SELECT, INSERT, UPDATE and DELETE on idem_operations.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	o, err := withDefaults(opts)
 	if err != nil {
@@ -331,8 +352,9 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 
 // New returns a Jar on pool, a pool its caller keeps (Close leaves it
 // open), after creating or upgrading the schema as Open does, under the
-// same lock (or, with Options.MustExist, checking it), or ErrVersion,
-// ErrSchema, ErrNoJar or ErrOptions. A service that runs a pool for its database
+// same lock (or, with Options.MustExist, checking it), in current_schema()
+// of the pool's connection that does it, or ErrVersion, ErrSchema,
+// ErrNoJar, ErrNoSchema or ErrOptions. A service that runs a pool for its database
 // keeps its jar there without a second one.
 //
 // The pool's connections keep their settings, and New reads two of them
@@ -412,10 +434,12 @@ func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit stri
 	if o.MustExist {
 		check = present // a jar that exists, and nothing created
 	}
-	if err := check(mctx, pool); err != nil {
+	name, err := check(mctx, pool)
+	if err != nil {
 		return nil, err
 	}
 	j := &Jar{pool: pool, owned: owned, timeout: o.QueryTimeout, batch: o.PruneBatch, updateCommit: updateCommit,
+		sql:   newStatements(name),
 		queue: make(chan deferred, deferQueue), applied: make(chan struct{}),
 		pending: make(map[string]int), progress: make(chan struct{})}
 	go j.applyLoop()
@@ -512,9 +536,12 @@ func (j *Jar) exec(ctx context.Context, until time.Time, resend bool, query stri
 // get returns op's record, pgx.ErrNoRows when there is none, reading it
 // again while the connection is lost, until until (see record).
 func (j *Jar) get(ctx context.Context, until time.Time, op string) (idem.Record, error) {
-	rec, _, err := j.record(ctx, until, true, `SELECT `+columns+` FROM idem_operations WHERE op = $1`, op)
+	rec, _, err := j.record(ctx, until, true, j.sql.get, op)
 	return rec, err
 }
+
+// getSQL reads one record.
+const getSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations WHERE op = $1`
 
 // Begin implements idem.Jar: it returns op's record, creating it from r
 // (created=true) when the jar holds none or holds one in StateAbandoned. A
@@ -572,19 +599,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 		// One statement claims the name: a new row, or the replacement of an
 		// abandoned one. It returns nothing when another record holds it.
 		// Sent again after a lost answer, it finds the record it wrote.
-		rec, lost, err := j.record(ctx, until, true, `
-			INSERT INTO idem_operations (op, key, fingerprint, state, method, url, header, body, body_size,
-				created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
-			ON CONFLICT (op) DO UPDATE SET key = excluded.key, fingerprint = excluded.fingerprint,
-				state = excluded.state, method = excluded.method, url = excluded.url,
-				header = excluded.header, body = excluded.body, body_size = excluded.body_size,
-				created = excluded.created, updated = excluded.updated, attempts = excluded.attempts,
-				last_status = excluded.last_status, last_error = excluded.last_error,
-				next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
-				lease_until = excluded.lease_until
-			WHERE idem_operations.state = 'abandoned'
-			RETURNING `+columns,
+		rec, lost, err := j.record(ctx, until, true, j.sql.begin,
 			r.Op, r.Key, r.Fingerprint, string(r.State), r.Method, r.URL, string(header), r.Body, r.BodySize,
 			times[0], times[1], r.Attempts, r.LastStatus, r.LastError, times[2], r.Note, r.Holder, times[3])
 		unsure = unsure || lost != nil
@@ -609,6 +624,20 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	}
 	return idem.Record{}, false, fmt.Errorf("pgjar: begin %q: the record changed under %d attempts", r.Op, raceAttempts)
 }
+
+// beginSQL is Begin's claim of a name.
+const beginSQL = `INSERT INTO {schema}.idem_operations (op, key, fingerprint, state, method, url, header, body, body_size,
+		created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+	ON CONFLICT (op) DO UPDATE SET key = excluded.key, fingerprint = excluded.fingerprint,
+		state = excluded.state, method = excluded.method, url = excluded.url,
+		header = excluded.header, body = excluded.body, body_size = excluded.body_size,
+		created = excluded.created, updated = excluded.updated, attempts = excluded.attempts,
+		last_status = excluded.last_status, last_error = excluded.last_error,
+		next_attempt = excluded.next_attempt, note = excluded.note, holder = excluded.holder,
+		lease_until = excluded.lease_until
+	WHERE idem_operations.state = 'abandoned'
+	RETURNING ` + columns
 
 // began reports whether rec is as Begin wrote r: its key, fingerprint,
 // creation time, holder and lease. A caller's holder and creation time,
@@ -668,9 +697,7 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 	for range raceAttempts {
 		// Sent again after a lost answer, it finds the lease its own, and
 		// takes it again.
-		rec, _, err = j.record(ctx, retryUntil, true, `UPDATE idem_operations SET holder = $2, lease_until = $4
-			WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)
-			RETURNING `+columns, op, holder, *at, until)
+		rec, _, err = j.record(ctx, retryUntil, true, j.sql.acquire, op, holder, *at, until)
 		if err == nil {
 			return rec, nil
 		}
@@ -695,6 +722,11 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 	return rec, wrapf(idem.ErrLeased, "acquire %q", op)
 }
 
+// acquireSQL takes a lease that is free, held by the holder or expired.
+const acquireSQL = `UPDATE {schema}.idem_operations SET holder = $2, lease_until = $4
+	WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)
+	RETURNING ` + columns
+
 // Update implements idem.Jar: it applies c to op, as idem.Change.Apply
 // does. When holder is not "" and op's lease is no longer held by holder,
 // nothing changes and Update returns the current record and
@@ -716,7 +748,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	until := j.retryUntil()
 	unsure := false // an UPDATE was sent and its answer lost
 	for range raceAttempts {
-		rec, lost, err := j.record(ctx, until, replayable(holder, c), updateSQL+` RETURNING `+columns, args...)
+		rec, lost, err := j.record(ctx, until, replayable(holder, c), j.sql.updateRecord, args...)
 		unsure = unsure || lost != nil
 		if err == nil {
 			return rec, nil
@@ -764,7 +796,7 @@ func applied(rec idem.Record, c idem.Change) bool {
 // updateSQL is the fenced UPDATE of Update and of the changes Defer queues.
 // Its arguments are changeArgs'; it commits with synchronous_commit set to
 // Jar.updateCommit.
-const updateSQL = `UPDATE idem_operations SET
+const updateSQL = `UPDATE {schema}.idem_operations SET
 		updated = $3,
 		state = CASE WHEN $4::text = '' THEN state ELSE $4::text END,
 		attempts = attempts + $5,
@@ -839,10 +871,13 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 		l := int64(f.Limit)
 		limit = &l
 	}
-	return j.records(ctx, "list", `SELECT `+columns+` FROM idem_operations
-		WHERE $1::text = '' OR state = $1::text
-		ORDER BY created NULLS FIRST, op LIMIT $2`, string(f.State), limit)
+	return j.records(ctx, "list", j.sql.list, string(f.State), limit)
 }
+
+// listSQL reads the records in one state, or all, oldest first.
+const listSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE $1::text = '' OR state = $1::text
+	ORDER BY created NULLS FIRST, op LIMIT $2`
 
 // ByKey returns the records whose Key is key, oldest Created first, then
 // by Op: usually one, more when a caller sent the same Idempotency-Key
@@ -856,9 +891,12 @@ func (j *Jar) ByKey(ctx context.Context, key string) ([]idem.Record, error) {
 	if err := j.settle(ctx, ""); err != nil {
 		return nil, wrapf(err, "by key")
 	}
-	return j.records(ctx, "by key", `SELECT `+columns+` FROM idem_operations
-		WHERE key = $1 ORDER BY created NULLS FIRST, op`, key)
+	return j.records(ctx, "by key", j.sql.byKey, key)
 }
+
+// byKeySQL reads the records of one key, oldest first.
+const byKeySQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE key = $1 ORDER BY created NULLS FIRST, op`
 
 // records runs one query of whole records, under one statement's deadline,
 // and again while the connection is lost (see run).
@@ -900,7 +938,7 @@ func (j *Jar) Forget(ctx context.Context, op string) error {
 		lost error
 	)
 	if err == nil {
-		n, lost, err = j.exec(ctx, j.retryUntil(), true, `DELETE FROM idem_operations WHERE op = $1`, op)
+		n, lost, err = j.exec(ctx, j.retryUntil(), true, j.sql.forget, op)
 	}
 	if err == nil && n == 0 && lost == nil {
 		// Sent again after a lost answer, the DELETE finds nothing when the
@@ -912,6 +950,9 @@ func (j *Jar) Forget(ctx context.Context, op string) error {
 	}
 	return nil
 }
+
+// forgetSQL deletes one record.
+const forgetSQL = `DELETE FROM {schema}.idem_operations WHERE op = $1`
 
 // ForgetKey deletes op only if its record has key and is not pending, in
 // one DELETE whose WHERE clause holds both conditions, so that a record
@@ -933,7 +974,7 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 	unsure := false // a DELETE was sent and its answer lost
 	for range raceAttempts {
 		if keyOK {
-			n, lost, err := j.exec(ctx, until, true, `DELETE FROM idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`, op, key)
+			n, lost, err := j.exec(ctx, until, true, j.sql.forgetKey, op, key)
 			unsure = unsure || lost != nil
 			if err != nil {
 				return wrapf(err, "forget key %q", op)
@@ -961,8 +1002,20 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 	return fmt.Errorf("pgjar: forget key %q: the record changed under %d attempts", op, raceAttempts)
 }
 
+// forgetKeySQL deletes one record of a key that is not pending.
+const forgetKeySQL = `DELETE FROM {schema}.idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`
+
 // prunable is the SQL test for idem.Prunable and "updated before $1".
 const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL OR updated < $1)`
+
+// dueSQL counts the records Prune may delete; pruneSQL deletes a batch of
+// them, least recently updated first.
+const (
+	dueSQL   = `SELECT count(*) FROM {schema}.idem_operations WHERE ` + prunable
+	pruneSQL = `DELETE FROM {schema}.idem_operations WHERE op IN (
+		SELECT op FROM {schema}.idem_operations WHERE ` + prunable + `
+		ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)`
+)
 
 // Prune deletes at most limit records whose state is idem.Prunable and that
 // were last updated before before, and returns how many it deleted. limit
@@ -994,7 +1047,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 		// Bound the batches by what is due now.
 		var due int64
 		_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn *pgxpool.Conn) error {
-			return conn.QueryRow(ctx, `SELECT count(*) FROM idem_operations WHERE `+prunable, cut).Scan(&due)
+			return conn.QueryRow(ctx, j.sql.due, cut).Scan(&due)
 		})
 		if err != nil {
 			return 0, wrapf(err, "prune")
@@ -1004,9 +1057,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	total := 0
 	for total < limit {
 		want := min(j.batch, limit-total)
-		n, _, err := j.exec(ctx, j.retryUntil(), resend, `DELETE FROM idem_operations WHERE op IN (
-			SELECT op FROM idem_operations WHERE `+prunable+`
-			ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)`, cut, want)
+		n, _, err := j.exec(ctx, j.retryUntil(), resend, j.sql.prune, cut, want)
 		total += int(n)
 		if err != nil {
 			return total, wrapf(err, "prune")

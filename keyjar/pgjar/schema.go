@@ -16,14 +16,15 @@ import (
 )
 
 // migrations[i] brings the schema from version i to version i+1. Versions
-// are only ever appended: a released migration is never edited.
+// are only ever appended: a released migration is never edited. Tables
+// are named {schema}.name, in the schema Open found (see pgmigrate.Qualify).
 //
 // Times are Unix nanoseconds in bigint columns, NULL for the zero time:
 // PostgreSQL's timestamps keep only microseconds. op sorts bytewise
 // (COLLATE "C"), as Go compares strings.
 var migrations = [][]string{
 	{ // 1
-		`CREATE TABLE idem_operations (
+		`CREATE TABLE {schema}.idem_operations (
 			op           text COLLATE "C" PRIMARY KEY,
 			key          text    NOT NULL,
 			fingerprint  text    NOT NULL,
@@ -44,8 +45,8 @@ var migrations = [][]string{
 			holder       text    NOT NULL,
 			lease_until  bigint
 		)`,
-		`CREATE INDEX idem_operations_by_created ON idem_operations (created NULLS FIRST, op)`,
-		`CREATE INDEX idem_operations_by_state ON idem_operations (state, updated)`,
+		`CREATE INDEX idem_operations_by_created ON {schema}.idem_operations (created NULLS FIRST, op)`,
+		`CREATE INDEX idem_operations_by_state ON {schema}.idem_operations (state, updated)`,
 	},
 }
 
@@ -58,29 +59,63 @@ var schema = pgmigrate.Schema{
 	Objects: []string{"idem_operations", "idem_operations_pkey",
 		"idem_operations_by_created", "idem_operations_by_state"},
 	Incomplete: ErrSchema,
+	NoSchema:   ErrNoSchema,
 }
 
-// migrate brings the schema to len(migrations) (see pgmigrate).
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	return schemaError("migrate", schema.Migrate(ctx, pool))
+// migrate brings the schema to len(migrations) (see pgmigrate), and
+// returns the name of the schema that holds the jar.
+func migrate(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	name, err := schema.Migrate(ctx, pool)
+	return name, schemaError("migrate", err)
 }
 
 // present checks, creating nothing, that the database holds the jar's
 // tables at this package's schema version: the check of Options.MustExist.
 // It returns ErrNoJar, wrapped, for a database without them or at an older
 // version, ErrVersion for a newer one and ErrSchema for one missing a table
-// or an index, or holding the jar's tables without the record of a version.
-func present(ctx context.Context, pool *pgxpool.Pool) error {
-	return schemaError("open", schema.Check(ctx, pool, ErrNoJar))
+// or an index, or holding the jar's tables without the record of a version,
+// and ErrNoSchema for a search path that names no schema that exists. It
+// returns the name of the schema that holds the jar.
+func present(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	name, err := schema.Check(ctx, pool, ErrNoJar)
+	return name, schemaError("open", err)
 }
 
 // schemaError returns err, prefixed with the package and verb unless it is
 // one of the package's own errors.
 func schemaError(verb string, err error) error {
-	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) {
+	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) &&
+		!errors.Is(err, ErrNoSchema) {
 		return wrapf(err, "%s", verb)
 	}
 	return err
+}
+
+// statements are the jar's SQL, its table qualified with the schema that
+// Open or New found the jar in: a statement that named it unqualified
+// would find it through the search path of the connection it runs on,
+// which may be another schema's, or a temporary table of the same name.
+// They are built once per jar.
+type statements struct {
+	get, begin, acquire, update, updateRecord, list, byKey, forget, forgetKey, due, prune string
+}
+
+// newStatements returns the statements on the jar in schema name.
+func newStatements(name string) statements {
+	q := func(stmt string) string { return pgmigrate.Qualify(stmt, name) }
+	return statements{
+		get:          q(getSQL),
+		begin:        q(beginSQL),
+		acquire:      q(acquireSQL),
+		update:       q(updateSQL),
+		updateRecord: q(updateSQL + ` RETURNING ` + columns),
+		list:         q(listSQL),
+		byKey:        q(byKeySQL),
+		forget:       q(forgetSQL),
+		forgetKey:    q(forgetKeySQL),
+		due:          q(dueSQL),
+		prune:        q(pruneSQL),
+	}
 }
 
 // columns are the columns of idem_operations in the order scanRecord reads

@@ -11,10 +11,11 @@ import (
 )
 
 // migrations[i] brings the schema from version i to version i+1. Versions
-// are only ever appended: a released migration is never edited.
+// are only ever appended: a released migration is never edited. Tables
+// are named {schema}.name, in the schema Open found (see pgmigrate.Qualify).
 var migrations = [][]string{
 	{ // 1
-		`CREATE TABLE idempotency_keys (
+		`CREATE TABLE {schema}.idempotency_keys (
 			scope           text    NOT NULL,
 			key             text    NOT NULL,
 			fingerprint     text    NOT NULL,
@@ -26,7 +27,7 @@ var migrations = [][]string{
 			created         bigint  NOT NULL, -- Unix nanoseconds
 			PRIMARY KEY (scope, key)
 		)`,
-		`CREATE INDEX idempotency_keys_created ON idempotency_keys (created)`,
+		`CREATE INDEX idempotency_keys_created ON {schema}.idempotency_keys (created)`,
 	},
 }
 
@@ -46,6 +47,12 @@ var (
 	// the store's table or an index of it: neither creates, alters or
 	// drops anything there.
 	ErrSchema = errors.New("pgstore: database lacks part of the store's schema")
+
+	// ErrNoSchema is returned by Open and New when current_schema() is
+	// null on the connection that opens the store: no schema of its
+	// search_path exists, so there is none to find the store's table in
+	// or to create it in. The search_path follows it. Nothing is created.
+	ErrNoSchema = errors.New("pgstore: no schema to hold the store")
 )
 
 // schema is pgstore's tables, recorded in idempotency_keys_schema.
@@ -56,15 +63,39 @@ var schema = pgmigrate.Schema{
 	TooNew:     ErrSchemaTooNew,
 	Objects:    []string{"idempotency_keys", "idempotency_keys_pkey", "idempotency_keys_created"},
 	Incomplete: ErrSchema,
+	NoSchema:   ErrNoSchema,
 }
 
-// migrate brings the schema to len(migrations) (see pgmigrate).
-func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+// migrate brings the schema to len(migrations) (see pgmigrate), and
+// returns the name of the schema that holds the store.
+func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
-	err := schema.Migrate(ctx, pool)
-	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) {
-		return fmt.Errorf("pgstore: migrate: %w", err)
+	name, err := schema.Migrate(ctx, pool)
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoSchema) {
+		return "", fmt.Errorf("pgstore: migrate: %w", err)
 	}
-	return err
+	return name, err
+}
+
+// statements are the store's SQL, its table qualified with the schema that
+// Open or New found the store in: a statement that named it unqualified
+// would find it through the search path of the connection it runs on,
+// which may be another schema's, or a temporary table of the same name.
+// They are built once per store.
+type statements struct {
+	claim, takeOver, save, release, exists, prune string
+}
+
+// newStatements returns the statements on the store in schema name.
+func newStatements(name string) statements {
+	q := func(stmt string) string { return pgmigrate.Qualify(stmt, name) }
+	return statements{
+		claim:    q(claimSQL),
+		takeOver: q(takeOverSQL),
+		save:     q(saveSQL),
+		release:  q(releaseSQL),
+		exists:   q(existsSQL),
+		prune:    q(pruneSQL),
+	}
 }

@@ -26,6 +26,18 @@
 // own settings: New checks that they run READ COMMITTED and, unless the
 // pool's config chooses otherwise, synchronous_commit=on (see New).
 //
+// Open and New find the store's table, or create it, in current_schema()
+// of the connection that opens the store: the first schema of its
+// search_path that exists (the DSN's search_path=…, or the role's or the
+// database's setting). A store in a schema of its own is opened with
+// search_path=keys in the DSN, or in the pool's RuntimeParams. Every
+// statement then names the table with that schema, as a quoted
+// identifier, so that the store stays there whatever the search_path of
+// the connections the pool makes later (a role's setting changed since, an
+// AfterConnect that sets another) and a temporary table of the same name
+// (pg_temp is searched first) neither hides its entries nor receives them.
+// A search_path that names no schema that exists is ErrNoSchema.
+//
 // A server that restarts, or ends a session (pg_terminate_backend), closes
 // the connections the pool holds. The pool of Open pings a connection before
 // it hands it out when it was idle for more than a second, as pgxpool does
@@ -122,6 +134,7 @@ type Store struct {
 	owned   bool // Close closes the pool
 	timeout time.Duration
 	batch   int
+	sql     statements
 	closed  atomic.Bool
 }
 
@@ -141,12 +154,13 @@ var (
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the schema, and returns a Store that owns its pool.
-// It returns ErrSchemaTooNew for a schema newer than this package, and
-// ErrSchema for a current one that lacks a table or an index, or for
-// the store's table without the record of its version. A schema
-// that is current is only read: a role that may not create tables opens it
-// with SELECT on idempotency_keys_schema and SELECT, INSERT, UPDATE and
-// DELETE on idempotency_keys.
+// It returns ErrSchemaTooNew for a schema newer than this package,
+// ErrSchema for a current one that lacks a table or an index, or for the
+// store's table without the record of its version, and ErrNoSchema for a
+// search_path that names no schema that exists (see the package
+// documentation). A schema that is current is only read: a role that may
+// not create tables opens it with SELECT on idempotency_keys_schema and
+// SELECT, INSERT, UPDATE and DELETE on idempotency_keys.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -176,8 +190,9 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// New returns a Store on pool after creating or upgrading the schema, or
-// ErrSchemaTooNew or ErrSchema as Open does. The caller keeps the pool:
+// New returns a Store on pool after creating or upgrading the schema, in
+// current_schema() of the pool's connection that does it, or
+// ErrSchemaTooNew, ErrSchema or ErrNoSchema as Open does. The caller keeps the pool:
 // Close leaves it open.
 //
 // The pool's connections keep their settings, and New reads two of them
@@ -219,9 +234,11 @@ func start(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, erro
 	if s.batch <= 0 {
 		s.batch = DefaultPruneBatch
 	}
-	if err := migrate(ctx, pool, s.timeout); err != nil {
+	name, err := migrate(ctx, pool, s.timeout)
+	if err != nil {
 		return nil, err
 	}
+	s.sql = newStatements(name)
 	return s, nil
 }
 
@@ -314,21 +331,23 @@ func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token
 		return testserver.Entry{}, false, err
 	}
 	defer done()
-	row := conn.QueryRow(ctx, `WITH ins AS (
-			INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
-			VALUES ($1, $2, $3, 'in_flight', $4, $5)
-			ON CONFLICT (scope, key) DO NOTHING
-			RETURNING `+entryColumns+`
-		)
-		SELECT true, `+entryColumns+` FROM ins
-		UNION ALL
-		SELECT false, `+entryColumns+` FROM idempotency_keys
-		WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`,
-		scope, key, fingerprint, token, created)
+	row := conn.QueryRow(ctx, s.sql.claim, scope, key, fingerprint, token, created)
 	var claimed bool
 	e, err := scanEntry(row, scope, key, &claimed)
 	return e, claimed, s.closedOr(err)
 }
+
+// claimSQL inserts an entry in flight or, when the key has one, returns it.
+const claimSQL = `WITH ins AS (
+		INSERT INTO {schema}.idempotency_keys (scope, key, fingerprint, status, locked_at, created)
+		VALUES ($1, $2, $3, 'in_flight', $4, $5)
+		ON CONFLICT (scope, key) DO NOTHING
+		RETURNING ` + entryColumns + `
+	)
+	SELECT true, ` + entryColumns + ` FROM ins
+	UNION ALL
+	SELECT false, ` + entryColumns + ` FROM {schema}.idempotency_keys
+	WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`
 
 // conn takes a connection and the context for one statement on it (see
 // reconnect.Acquire and Options.QueryTimeout), or returns ErrClosed.
@@ -381,8 +400,7 @@ func (s *Store) write(ctx context.Context, until time.Time, query string, args .
 // another caller that chose the same new token, which only the lost answer
 // could tell apart. A win reported wrongly would run the operation twice.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	n, lost, err := s.write(ctx, time.Now().Add(2*s.timeout), `UPDATE idempotency_keys SET locked_at = $4
-		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, old, new)
+	n, lost, err := s.write(ctx, time.Now().Add(2*s.timeout), s.sql.takeOver, scope, key, old, new)
 	if err == nil && n == 0 && lost != nil {
 		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost: %w", key, old, lost)
 	}
@@ -392,12 +410,16 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64)
 	return n == 1, nil
 }
 
+// takeOverSQL moves an entry in flight from one token to another.
+const takeOverSQL = `UPDATE {schema}.idempotency_keys SET locked_at = $4
+	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`
+
 // saveSQL marks an entry done with its answer, fenced by its status and
 // token. Its last argument is true when an earlier attempt of the same Save
 // may have been applied (the connection was lost after it was sent): an
 // entry done with this token and this very answer is that attempt's work,
 // and is saved again as it is rather than refused as fenced.
-const saveSQL = `UPDATE idempotency_keys
+const saveSQL = `UPDATE {schema}.idempotency_keys
 	SET status = 'done', response_status = $4, response_header = $5, response_body = $6
 	WHERE scope = $1 AND key = $2 AND locked_at = $3 AND (status = 'in_flight' OR $7::boolean AND
 		status = 'done' AND response_status = $4 AND response_header = $5 AND response_body = $6)`
@@ -417,7 +439,7 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	}
 	var n int64
 	_, err = s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
-		tag, err := conn.Exec(ctx, saveSQL, scope, key, token, resp.Status, string(header), body, unsure)
+		tag, err := conn.Exec(ctx, s.sql.save, scope, key, token, resp.Status, string(header), body, unsure)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -438,13 +460,11 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 // and Release reports it released; one still there is not this call's.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
 	until := time.Now().Add(2 * s.timeout)
-	n, lost, err := s.write(ctx, until, `DELETE FROM idempotency_keys
-		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`, scope, key, token)
+	n, lost, err := s.write(ctx, until, s.sql.release, scope, key, token)
 	if err == nil && n == 0 && lost != nil {
 		var there bool
 		_, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
-			return conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM idempotency_keys WHERE scope = $1 AND key = $2)`,
-				scope, key).Scan(&there)
+			return conn.QueryRow(ctx, s.sql.exists, scope, key).Scan(&there)
 		})
 		if !there {
 			n = 1
@@ -455,6 +475,14 @@ func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bo
 	}
 	return n == 1, nil
 }
+
+// releaseSQL deletes an entry in flight under a token; existsSQL tells
+// whether a key has an entry.
+const (
+	releaseSQL = `DELETE FROM {schema}.idempotency_keys
+		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`
+	existsSQL = `SELECT EXISTS (SELECT FROM {schema}.idempotency_keys WHERE scope = $1 AND key = $2)`
+)
 
 // Prune implements testserver.Store. It deletes the oldest entries first,
 // in statements of at most Options.PruneBatch rows, skipping rows another
@@ -475,9 +503,7 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	total := 0
 	for total < limit {
 		want := min(s.batch, limit-total)
-		n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE (scope, key) IN (
-			SELECT scope, key FROM idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
-			ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, want)
+		n, err := s.exec(ctx, s.sql.prune, cutoff, want)
 		total += int(n)
 		if err != nil {
 			return total, fmt.Errorf("pgstore: prune: %w", err)
@@ -488,3 +514,9 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	}
 	return total, nil
 }
+
+// pruneSQL deletes a batch of the entries done, or in flight under a token
+// older than the cutoff, created before it, oldest first.
+const pruneSQL = `DELETE FROM {schema}.idempotency_keys WHERE (scope, key) IN (
+	SELECT scope, key FROM {schema}.idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
+	ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`

@@ -1,0 +1,139 @@
+package pgjar_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/keyjar/jartest"
+	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// rows returns how many rows the table idem_operations of schema holds.
+func rows(t *testing.T, admin *pgx.Conn, schema string) int {
+	t.Helper()
+	var n int
+	if err := admin.QueryRow(t.Context(), `SELECT count(*) FROM `+
+		pgx.Identifier{schema, "idem_operations"}.Sanitize()).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestTempTableDoesNotShadow: a temporary table named idem_operations on
+// every connection of the pool (pg_temp is searched first) neither hides
+// the jar's records nor receives its writes. Before, the jar's statements
+// named the table without its schema: Get read the empty temporary table
+// (idem.ErrNotFound), and Begin, Update and the applier wrote there.
+func TestTempTableDoesNotShadow(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	if _, _, err := open(t, dsn, nil).Begin(ctx, record("before")); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.ShadowingPool(t, dsn, "idem_operations")
+	j := onPool(t, pool, nil)
+
+	if rec, err := j.Get(ctx, "before"); err != nil || rec.Key != "key-before" {
+		t.Errorf("Get of the record begun before = %+v, %v; want it", rec, err)
+	}
+	if _, created, err := j.Begin(ctx, record("after")); err != nil || !created {
+		t.Fatalf("Begin = %v, %v; want created", created, err)
+	}
+	if _, err := j.Update(ctx, "after", "", idem.Change{Now: t0.Add(time.Second), Note: "updated"}); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+	if err := j.Defer("after", "", idem.Change{Now: t0.Add(2 * time.Second), Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := j.Get(ctx, "after"); err != nil || rec.Note != "updated" || rec.Attempts != 1 {
+		t.Errorf("Get after Update and Defer = %+v, %v; want the note and one attempt", rec, err)
+	}
+
+	admin := pgtest.Connect(t, dsn)
+	var notes string
+	if err := admin.QueryRow(ctx, `SELECT string_agg(op || ':' || note || ':' || attempts, ',' ORDER BY op)
+		FROM public.idem_operations`).Scan(&notes); err != nil {
+		t.Fatal(err)
+	}
+	if want := "after:updated:1,before::0"; notes != want {
+		t.Errorf("the jar's table holds %q; want %q", notes, want)
+	}
+	if n := pgtest.TempRows(t, pool, "idem_operations"); n != 0 {
+		t.Errorf("the temporary tables hold %d records; want none", n)
+	}
+}
+
+// TestQuotedSchemaName: a jar in a schema whose name needs quoting (a
+// double quote, upper case, a space, a dot) is created there by Open and
+// written and read there after the search_path of later connections moved
+// to public, which holds another jar. Before, Begin wrote in public's jar.
+func TestQuotedSchemaName(t *testing.T) {
+	for _, schema := range []string{`Idem "x"`, `a.b c`} {
+		t.Run(schema, func(t *testing.T) {
+			ctx := t.Context()
+			dsn := pgtest.DB(t)
+			admin := pgtest.Connect(t, dsn)
+			open(t, dsn, nil) // public's jar
+			var j *pgjar.Jar
+			pgtest.InSchema(t, admin, schema, func() *pgxpool.Pool {
+				j = open(t, dsn, nil)
+				return pgjar.PoolOf(j)
+			})
+
+			if _, created, err := j.Begin(ctx, record("op")); err != nil || !created {
+				t.Fatalf("Begin = %v, %v; want created", created, err)
+			}
+			if rec, err := j.Get(ctx, "op"); err != nil || rec.Key != "key-op" {
+				t.Fatalf("Get = %+v, %v; want the record begun", rec, err)
+			}
+			if in, public := rows(t, admin, schema), rows(t, admin, "public"); in != 1 || public != 0 {
+				t.Errorf("records: %d in %q, %d in public; want 1 in %q, the jar's schema, and none in public",
+					in, schema, public, schema)
+			}
+		})
+	}
+}
+
+// TestSearchPathChangedAfterOpen runs the conformance suite on jars opened
+// in a schema, first, that the role's search_path named at Open, on
+// connections that the pool made after the role's search_path was reset
+// (public, which holds no jar). Before, every statement ran in public and
+// failed: relation "idem_operations" does not exist.
+func TestSearchPathChangedAfterOpen(t *testing.T) {
+	jartest.Run(t, func(t *testing.T) jartest.Jar {
+		dsn := pgtest.DB(t)
+		var j *pgjar.Jar
+		pgtest.InSchema(t, pgtest.Connect(t, dsn), "first", func() *pgxpool.Pool {
+			j = open(t, dsn, nil)
+			return pgjar.PoolOf(j)
+		})
+		return j
+	})
+}
+
+// TestOpenNoSchema: a search_path that names no schema that exists leaves
+// current_schema() null: Open and New, with MustExist or without, return
+// ErrNoSchema naming the search_path, and create nothing. Before, Open and
+// New failed with PostgreSQL's "no schema has been selected to create in",
+// and with MustExist with ErrNoJar.
+func TestOpenNoSchema(t *testing.T) {
+	dsn := pgtest.DB(t)
+	for name, opened := range openers(t, dsn+"&search_path=nowhere") {
+		j, err := opened()
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrNoSchema) || !strings.Contains(err.Error(), `"nowhere"`) {
+			t.Errorf("%s: %v; want ErrNoSchema naming the search_path", name, err)
+		}
+	}
+	if tables := pgtest.Tables(t, dsn); tables != "" {
+		t.Errorf("tables %s after the opens; want none", tables)
+	}
+}

@@ -1,0 +1,136 @@
+package pgstore_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/testserver"
+	"github.com/idemkit/idem/testserver/pgstore"
+	"github.com/idemkit/idem/testserver/storetest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// keys returns the scope:key:status of each row of the table
+// idempotency_keys of schema, in order, comma-separated.
+func keys(t *testing.T, admin *pgx.Conn, schema string) string {
+	t.Helper()
+	var s string
+	if err := admin.QueryRow(t.Context(), `SELECT coalesce(string_agg(scope || ':' || key || ':' || status, ','
+		ORDER BY scope, key), '') FROM `+pgx.Identifier{schema, "idempotency_keys"}.Sanitize()).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// claimSave claims key in scope s with token 1 and saves an answer.
+func claimSave(t *testing.T, s testserver.Store, key string) {
+	t.Helper()
+	if _, claimed, err := s.Claim(t.Context(), "s", key, "fp", 1, t0); err != nil || !claimed {
+		t.Fatalf("Claim of %s = %v, %v; want claimed", key, claimed, err)
+	}
+	if err := s.Save(t.Context(), "s", key, 1, testserver.Response{Status: 201, Body: []byte("ok")}); err != nil {
+		t.Fatalf("Save of %s: %v", key, err)
+	}
+}
+
+// TestTempTableDoesNotShadow: a temporary table named idempotency_keys on
+// every connection of the pool (pg_temp is searched first) neither hides
+// the store's entries nor receives its writes. Before, the store's
+// statements named the table without its schema: a key claimed and saved
+// by another instance was claimed again, and the claim went to the
+// temporary table.
+func TestTempTableDoesNotShadow(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	claimSave(t, open(t, dsn, nil), "before")
+	pool := pgtest.ShadowingPool(t, dsn, "idempotency_keys")
+	s, err := pgstore.New(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	if e, claimed, err := s.Claim(ctx, "s", "before", "fp", 2, t0); err != nil || claimed || e.Status != testserver.StatusDone {
+		t.Errorf("Claim of the key saved before = %+v, %v, %v; want its entry, done", e, claimed, err)
+	}
+	claimSave(t, s, "after")
+	if _, claimed, err := s.Claim(ctx, "s", "released", "fp", 3, t0); err != nil || !claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", claimed, err)
+	}
+	if ok, err := s.Release(ctx, "s", "released", 3); err != nil || !ok {
+		t.Fatalf("Release = %v, %v; want released", ok, err)
+	}
+	admin := pgtest.Connect(t, dsn)
+	if got, want := keys(t, admin, "public"), "s:after:done,s:before:done"; got != want {
+		t.Errorf("the store's table holds %q; want %q", got, want)
+	}
+	if n := pgtest.TempRows(t, pool, "idempotency_keys"); n != 0 {
+		t.Errorf("the temporary tables hold %d entries; want none", n)
+	}
+}
+
+// TestQuotedSchemaName: a store in a schema whose name needs quoting (a
+// double quote, upper case, a space, a dot) is created there by Open and
+// claims and saves there after the search_path of later connections moved
+// to public, which holds another store. Before, the claim went to public's.
+func TestQuotedSchemaName(t *testing.T) {
+	for _, schema := range []string{`Idem "x"`, `a.b c`} {
+		t.Run(schema, func(t *testing.T) {
+			dsn := pgtest.DB(t)
+			admin := pgtest.Connect(t, dsn)
+			open(t, dsn, nil) // public's store
+			var s *pgstore.Store
+			pgtest.InSchema(t, admin, schema, func() *pgxpool.Pool {
+				s = open(t, dsn, nil)
+				return s.Pool()
+			})
+
+			claimSave(t, s, "k")
+			if in, public := keys(t, admin, schema), keys(t, admin, "public"); in != "s:k:done" || public != "" {
+				t.Errorf("entries: %q in %q, %q in public; want s:k:done in %q, the store's schema, and none in public",
+					in, schema, public, schema)
+			}
+		})
+	}
+}
+
+// TestSearchPathChangedAfterOpen runs the conformance suite on stores
+// opened in a schema, first, that the role's search_path named at Open, on
+// connections that the pool made after the role's search_path was reset
+// (public, which holds no store). Before, every statement ran in public
+// and failed: relation "idempotency_keys" does not exist.
+func TestSearchPathChangedAfterOpen(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) testserver.Store {
+		dsn := pgtest.DB(t)
+		var s *pgstore.Store
+		pgtest.InSchema(t, pgtest.Connect(t, dsn), "first", func() *pgxpool.Pool {
+			s = open(t, dsn, nil)
+			return s.Pool()
+		})
+		return s
+	})
+}
+
+// TestOpenNoSchema: a search_path that names no schema that exists leaves
+// current_schema() null: Open and New return ErrNoSchema naming the
+// search_path, and create nothing. Before, they failed with PostgreSQL's
+// "no schema has been selected to create in".
+func TestOpenNoSchema(t *testing.T) {
+	dsn := pgtest.DB(t)
+	opens, _ := openers(t, dsn+"&search_path=nowhere")
+	for name, opened := range opens {
+		s, err := opened()
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, pgstore.ErrNoSchema) || !strings.Contains(err.Error(), `"nowhere"`) {
+			t.Errorf("%s: %v; want ErrNoSchema naming the search_path", name, err)
+		}
+	}
+	if tables := pgtest.Tables(t, dsn); tables != "" {
+		t.Errorf("tables %s after the opens; want none", tables)
+	}
+}
