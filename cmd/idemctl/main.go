@@ -18,7 +18,9 @@
 //	idemctl --jar 'postgres://ops@db.internal:5432/payments?sslmode=verify-full' list
 //
 // A key=value connection string ("host=db dbname=payments") is refused:
-// give the URL.
+// give the URL. A jar in a schema of its own is named by the URL's
+// search_path, as pgjar.Open takes it (…/payments?search_path=jobs): idemctl
+// looks for the jar in the first schema of the search_path that exists.
 //
 // The jar must exist: idemctl never creates one, neither a file nor the
 // tables in a database.
@@ -339,6 +341,10 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// pgjar says what is missing after the sentinel.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrNoJar.Error())
 		return fmt.Errorf("%s holds no key jar%s; a program using pgjar creates it", where, missing)
+	case errors.Is(err, pgjar.ErrNoSchema):
+		// pgjar gives the search_path after the sentinel.
+		_, path, _ := strings.Cut(err.Error(), pgjar.ErrNoSchema.Error()+": ")
+		return fmt.Errorf("%s holds no key jar: %s; name the jar's schema with search_path=… in the URL", where, path)
 	case errors.Is(err, pgjar.ErrSchema):
 		// pgjar names what is missing after the sentinel (a table, an
 		// index, the record of the version): a table dropped took its

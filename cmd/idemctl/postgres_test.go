@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -131,6 +132,41 @@ func TestPostgresPoolParameters(t *testing.T) {
 	code, out, errOut := idemctl("--jar", dsn+sep+"pool_max_conns=2", "list")
 	if code != 0 || !strings.Contains(out, "charge:reconcile") {
 		t.Fatalf("list with pool_max_conns: exit %d, stdout %q, stderr %q; want the jar listed", code, out, errOut)
+	}
+}
+
+// TestPostgresJarInASchema: a jar in a schema of its own, whose name needs
+// quoting, is operated with the schema as the URL's search_path. A
+// search_path that names no schema that exists is refused with a message
+// that says so and names the database, its password masked; before,
+// idemctl printed pgjar's error without the database, and then said the
+// database held no jar but for its table of versions.
+func TestPostgresJarInASchema(t *testing.T) {
+	dsn := pgtest.DB(t)
+	schema := `Idem "x"`
+	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	// As libpq, pgx reads a + in the URL's query as itself, not a space.
+	inSchema := dsn + "&search_path=" + strings.ReplaceAll(url.QueryEscape(pgx.Identifier{schema}.Sanitize()), "+", "%20")
+	j, err := pgjar.Open(t.Context(), inSchema, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, newServer(t), j)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := idemctl("--jar", inSchema, "list")
+	if code != 0 || !strings.Contains(out, "charge:reconcile") {
+		t.Fatalf("list: exit %d, stdout %q, stderr %q; want the jar listed", code, out, errOut)
+	}
+
+	code, _, errOut = idemctl("--jar", withPassword(t, dsn)+"&search_path=nowhere", "list")
+	wantError(t, code, errOut, 1, `postgres://postgres:xxxxx@`)
+	if want := `: search_path "nowhere" names no schema that exists;`; !strings.Contains(errOut, want) ||
+		strings.Contains(errOut, "hunter2") || strings.Contains(errOut, "pgjar:") {
+		t.Errorf("stderr %q; want idemctl's own words with %q, the password masked", errOut, want)
 	}
 }
 
