@@ -127,6 +127,49 @@ func TestCloseSyncsWALThroughSymlink(t *testing.T) {
 	}
 }
 
+// TestCloseKeepsWALFiles: Close checkpoints the WAL into the jar file and
+// leaves the -wal file, emptied, and the -shm file where they are: SQLite
+// reads a WAL-mode file without writing only when they exist, and a reader
+// that may not write the directory cannot create them. The jar file alone
+// holds every record.
+func TestCloseKeepsWALFiles(t *testing.T) {
+	j, path := openTemp(t, nil)
+	r := newRecord("op")
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Update(t.Context(), "op", "", idem.Change{Now: r.Created, State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatalf("after Close: %v; want the file kept", err)
+		}
+		if m := fi.Mode().Perm(); m&0o077 != 0 {
+			t.Errorf("%s has mode %v after Close; want 0600", filepath.Base(p), m)
+		}
+		if strings.HasSuffix(p, "-wal") && fi.Size() != 0 {
+			t.Errorf("the -wal file holds %d bytes after Close; want it checkpointed and emptied", fi.Size())
+		}
+	}
+	// The jar file without its -wal and -shm files reads as the jar.
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := filepath.Join(t.TempDir(), "alone.db")
+	if err := os.WriteFile(alone, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := openPath(t, alone, nil).Get(t.Context(), "op"); err != nil || got.State != idem.StateDone {
+		t.Fatalf("the jar file alone: %v, %v; want the done record", got.State, err)
+	}
+}
+
 // TestFileModes checks that the jar file and SQLite's -wal and -shm files
 // beside it are readable by their owner only.
 func TestFileModes(t *testing.T) {

@@ -35,7 +35,10 @@
 //
 // The file is created with mode 0600 if it does not exist, unless
 // Options.MustExist is set (an existing file keeps its mode); SQLite gives
-// its -wal and -shm files the database file's mode. A path that is a
+// its -wal and -shm files the database file's mode when it creates them.
+// Close checkpoints the WAL into the file and leaves the -wal file, empty,
+// and the -shm file in place: SQLite can read a WAL-mode file without
+// writing only when they exist. A path that is a
 // symbolic link opens the file it points to, and the -wal and -shm files are
 // beside that file. Each connection sets busy_timeout (Options.BusyTimeout);
 // the writer also uses journal_mode=WAL, synchronous=FULL (NORMAL for
@@ -85,9 +88,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/sqliteopt"
+	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
-
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
 // Options configures Open. A nil *Options means the zero value, and every
@@ -474,7 +476,9 @@ func syncDir(dir string) error {
 
 // Close waits for the writes already accepted, stops the committer and
 // closes the file. Everything committed before is then on stable storage.
-// Close returns ErrClosed when the jar was already closed.
+// The -wal and -shm files stay beside the jar file, the -wal file emptied
+// when no other connection has the file open. Close returns ErrClosed when
+// the jar was already closed.
 func (j *Jar) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -490,6 +494,9 @@ func (j *Jar) Close() error {
 	// closes, with a checkpoint; while another process has the file open,
 	// it does not. The WAL is synced here either way.
 	err := j.syncWAL()
+	if kerr := j.keepWAL(); kerr != nil {
+		err = errors.Join(err, kerr)
+	}
 	if cerr := j.closeDBs(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
@@ -514,6 +521,28 @@ func (j *Jar) syncWAL() error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// keepWAL makes the writer's connection, the last one to close, leave the
+// -wal and -shm files in place when it closes the file: SQLite then still
+// checkpoints the WAL into the jar file, and truncates it to nothing
+// (journal_size_limit 0), but does not delete the two files. A WAL-mode
+// file can be read without writing anything only when they exist, and a
+// reader that may not write the directory cannot create them
+// (Options.ReadOnly).
+func (j *Jar) keepWAL() error {
+	ctx := context.Background()
+	if _, err := j.wconn.ExecContext(ctx, "PRAGMA journal_size_limit = 0"); err != nil {
+		return err
+	}
+	return j.wconn.Raw(func(dc any) error {
+		fc, ok := dc.(sqlite.FileControl)
+		if !ok {
+			return fmt.Errorf("the driver's connection (%T) has no file controls", dc)
+		}
+		_, err := fc.FileControlPersistWAL("main", 1)
+		return err
+	})
 }
 
 // closeDBs closes the readers first, so that the writer is the last

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -521,8 +522,8 @@ func TestOpenPathOfAnyName(t *testing.T) {
 	for _, name := range []string{"ke ys.db", "clé€.db", "keys.db?mode=ro", "keys#frag.db", "100%25.db", "a&vfs=memdb.db", "file:keys.db",
 		":memory:", "file::memory:", "file:keys.db?mode=memory&cache=shared"} {
 		newJarFile(t, name)
-		for d, want := range map[string]string{top: filepath.Base(dir), dir: name} {
-			if got := dirNames(t, d); len(got) != 1 || got[0] != want {
+		for d, want := range map[string][]string{top: {filepath.Base(dir)}, dir: jarFiles(name)} {
+			if got := dirNames(t, d); !slices.Equal(got, want) {
 				t.Fatalf("after the jar %q was closed, %s holds %q; want %q alone", name, d, got, want)
 			}
 		}
@@ -536,10 +537,19 @@ func TestOpenPathOfAnyName(t *testing.T) {
 		if err := j.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Remove(name); err != nil {
-			t.Fatal(err)
+		for _, f := range jarFiles(name) {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+}
+
+// jarFiles returns the names of the files of the jar named name, as
+// os.ReadDir sorts them: the jar file, and the -shm and -wal files that
+// SQLite keeps beside it, which Close leaves in place.
+func jarFiles(name string) []string {
+	return []string{name, name + "-shm", name + "-wal"}
 }
 
 func dirNames(t *testing.T, dir string) []string {
@@ -583,8 +593,8 @@ func TestOpenPathWithTrailingSeparator(t *testing.T) {
 			prefixOnce(t, "Open("+c.path+")", err)
 		}
 	}
-	if got := dirNames(t, dir); len(got) != 1 || got[0] != "keys.db" {
-		t.Errorf("after the refused opens, %s holds %q; want keys.db alone", dir, got)
+	if got, want := dirNames(t, dir), jarFiles("keys.db"); !slices.Equal(got, want) {
+		t.Errorf("after the refused opens, %s holds %q; want %q alone", dir, got, want)
 	}
 	if j, err := keyjar.Open(t.Context(), dir+sep, nil); !errors.Is(err, keyjar.ErrCorrupt) {
 		if err == nil {

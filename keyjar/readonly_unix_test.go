@@ -16,8 +16,8 @@ import (
 )
 
 // TestOpenReadOnlyDir opens jars in a directory the process cannot write:
-// a new one, an existing one, and one open elsewhere whose -wal and -shm
-// files the process cannot open. Each error wraps fs.ErrPermission. Run as
+// a new one, an existing one without its -wal and -shm files, and one open
+// elsewhere whose -wal and -shm files the process cannot open. Each error wraps fs.ErrPermission. Run as
 // root, whom permissions do not stop, the test runs the Opens in a child
 // process as the user nobody.
 func TestOpenReadOnlyDir(t *testing.T) {
@@ -28,6 +28,13 @@ func TestOpenReadOnlyDir(t *testing.T) {
 	}
 	existing, held := filepath.Join(dir, "existing.db"), filepath.Join(dir, "held.db")
 	newJarFile(t, existing)
+	// As a program that removes them at its close leaves it (another SQLite
+	// program, or keyjar before it kept them): SQLite must create them.
+	for _, p := range []string{existing + "-wal", existing + "-shm"} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
 	hj := openPath(t, held, nil)
 	if _, _, err := hj.Begin(t.Context(), newRecord("op")); err != nil {
 		t.Fatal(err)
