@@ -57,6 +57,9 @@ func (j *Jar) enqueue(ctx context.Context, jb *job) error {
 	if j.closed {
 		return ErrClosed
 	}
+	if j.readOnly {
+		return ErrReadOnly
+	}
 	if jb.deferred {
 		j.deferQueued.Add(1)
 	}

@@ -26,8 +26,8 @@ var (
 
 	// ErrCorrupt is returned by Open for a file that is not a key jar (not a
 	// SQLite database, or a database of some other program), and with
-	// Options.MustExist for an empty file, and by any method that finds
-	// the file damaged.
+	// Options.MustExist or Options.ReadOnly for an empty file, and by any
+	// method that finds the file damaged.
 	ErrCorrupt = errors.New("keyjar: file is not a key jar or is corrupt")
 
 	// ErrLocked is returned by Open and by any method when another
@@ -46,6 +46,13 @@ var (
 	// cannot be stored (outside the years 1678 to 2262). Nothing is
 	// written.
 	ErrInvalid = errors.New("keyjar: invalid record")
+
+	// ErrReadOnly is returned by every method of a Jar opened with
+	// Options.ReadOnly that would write (Begin, Acquire, Update, Defer,
+	// Forget, ForgetKey, Prune), which then writes nothing, and by such an
+	// Open for a jar it could read only by writing: one in WAL mode whose
+	// -wal or -shm file is missing, which SQLite would create.
+	ErrReadOnly = errors.New("keyjar: jar is read-only")
 
 	// ErrOptions is returned by Open for an Options field out of range: a
 	// negative BusyTimeout or MaxBatch, or a MaxBatch above 65536. It is
@@ -121,14 +128,14 @@ func permission(err error) error {
 	return err
 }
 
-func openError(path string, err error) error {
+func openError(path string, err error, readOnly bool) error {
 	if isSQLiteCode(err, sqlite3.SQLITE_CANTOPEN) {
 		if _, serr := os.Stat(path); errors.Is(serr, fs.ErrNotExist) {
 			// Removed since Open checked it: SQLite's mode=rw does not
-			// create it again.
+			// create it again, nor does mode=ro.
 			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, serr)
 		}
-		if cause := cantOpen(path); cause != nil {
+		if cause := cantOpen(path, readOnly); cause != nil {
 			return fmt.Errorf("keyjar: open %s: %w: %w", path, err, permission(cause))
 		}
 	}
@@ -144,15 +151,23 @@ func openError(path string, err error) error {
 
 // cantOpen finds why SQLite could not open the files beside the database
 // (the -wal and -shm files, which it creates in the same directory), so that
-// a permission problem is reported as one (fs.ErrPermission).
-func cantOpen(path string) error {
+// a permission problem is reported as one (fs.ErrPermission). For a
+// read-only jar, it opens them for reading, and creates no file.
+func cantOpen(path string, readOnly bool) error {
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
 	for _, p := range []string{path + "-wal", path + "-shm"} {
-		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		f, err := os.OpenFile(p, flag, 0)
 		if err == nil {
 			f.Close()
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
+	}
+	if readOnly {
+		return nil
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), ".keyjar-probe-*")
 	if err != nil {

@@ -59,6 +59,17 @@
 // a program that sends for long calls Prune now and then. Prune only what no
 // call will name again: a name whose record is gone gets a new key.
 //
+// # Reading only
+//
+// Options.ReadOnly opens a jar for a program that only reads it, such as
+// idemctl's list, show and export: it writes nothing, to the file or
+// beside it, and needs read permission alone, on the file and on its -wal
+// and -shm files; none on the directory. It reads what every writer
+// commits, as the others do, and its methods that write return
+// ErrReadOnly. SQLite reads a WAL-mode file without writing only when the
+// -wal and -shm files exist: Close keeps them, and a read-only Open
+// refuses a jar without them with ErrReadOnly.
+//
 // Several processes may open the same file: Begin is an atomic get-or-create
 // across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
 // 'abandoned' RETURNING, and a read back of the existing row when it returned
@@ -73,6 +84,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -81,6 +93,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -116,6 +129,31 @@ type Options struct {
 	// False means Open creates the file and its schema when they do not
 	// exist.
 	MustExist bool
+
+	// ReadOnly makes Open open an existing jar for reading alone, as a
+	// program that only inspects a jar should (idemctl's list, show and
+	// export do). It implies MustExist, with its errors, and Open refuses
+	// a jar of a newer version with ErrVersion, one of another program
+	// with ErrCorrupt. It writes nothing, neither to the file nor beside
+	// it: no schema, no migration, no change of journal mode, no -wal or
+	// -shm file created. So it needs no write permission, neither on the
+	// file, on its -wal and -shm files nor on their directory, only read
+	// permission on all three. Get, List and ByKey read what is committed,
+	// also what another connection or process commits while the jar is
+	// open, without waiting for a write in progress; every method that
+	// writes (Begin, Acquire, Update, Defer, Forget, ForgetKey, Prune)
+	// returns ErrReadOnly. MaxBatch is checked, and not used.
+	//
+	// SQLite reads a file in WAL mode, as every jar is, only when its -wal
+	// and -shm files exist or it may create them: Open refuses one whose
+	// -wal or -shm file is missing with ErrReadOnly. Close leaves them in
+	// place, and a program that has the jar open keeps them, so they are
+	// missing only after a program removed them (another SQLite program,
+	// or this package before it kept them): opening the jar once without
+	// ReadOnly brings them back. A jar of an older schema version would
+	// need a migration, a write: there is none so far (every jar this
+	// package wrote has schema version 1, and a lower one is ErrCorrupt).
+	ReadOnly bool
 }
 
 const (
@@ -129,11 +167,12 @@ const (
 // Jar is an idem.Jar stored in a SQLite file. It is safe for concurrent use
 // by many goroutines, and several processes may open the same file.
 type Jar struct {
-	path   string
-	writer *sql.DB   // exactly one connection
-	wconn  *sql.Conn // that connection, pinned to the committer
-	stmts  stmts     // prepared on it
-	reader *sql.DB   // query_only pool for Get and List
+	path     string
+	readOnly bool      // Options.ReadOnly: no writer, no committer
+	writer   *sql.DB   // exactly one connection; nil when read-only
+	wconn    *sql.Conn // that connection, pinned to the committer
+	stmts    stmts     // prepared on it
+	reader   *sql.DB   // query_only pool for Get and List
 
 	queue    chan *job
 	maxBatch int
@@ -166,7 +205,8 @@ type hooks struct {
 }
 
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
-// it does not exist, unless Options.MustExist is set. opts may be nil. The
+// it does not exist, unless Options.MustExist or Options.ReadOnly is set
+// (ReadOnly: for reading alone). opts may be nil. The
 // context bounds the opening only.
 //
 // path is a file name, not a SQLite URI: "file:keys.db?mode=ro" and
@@ -186,7 +226,8 @@ type hooks struct {
 //
 // Open returns ErrOptions, wrapped, for an option out of range (creating
 // nothing), an error wrapping fs.ErrPermission when the file or its
-// directory cannot be written, ErrCorrupt when the file is not a key jar,
+// directory cannot be written (with Options.ReadOnly: when the file or its
+// -wal or -shm file cannot be read), ErrCorrupt when the file is not a key jar,
 // ErrVersion when it was written by a newer version of this package, and
 // ErrLocked when another process holds a lock it needs (the write lock
 // above, or any lock in locking_mode=EXCLUSIVE) longer than
@@ -258,6 +299,9 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if err != nil {
 		return nil, wrapf(err, "open %s", path)
 	}
+	if o.ReadOnly {
+		return openReadOnly(abs, o, h)
+	}
 	created, err := createFile(abs, !o.MustExist)
 	if err != nil {
 		return nil, err
@@ -307,7 +351,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		if !created && isSQLiteCode(err, sqlite3.SQLITE_ERROR) {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
-		return nil, openError(abs, err)
+		return nil, openError(abs, err, false)
 	}
 	if isNew && o.MustExist {
 		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
@@ -316,7 +360,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	// nothing and takes no lock; switching another file to WAL mode does.
 	mode, err := sqliteopt.SetWAL(bg, j.wconn, o.BusyTimeout)
 	if err != nil {
-		return nil, openError(abs, err)
+		return nil, openError(abs, err, false)
 	}
 	if mode != "wal" {
 		return nil, fmt.Errorf("keyjar: open %s: cannot use WAL mode (journal_mode is %q)", abs, mode)
@@ -327,7 +371,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		err = canWrite(bg, j.wconn, busy)
 	}
 	if err != nil {
-		return nil, openError(abs, err)
+		return nil, openError(abs, err, false)
 	}
 	// The statements are prepared on the writer's one connection: give it
 	// back to the pool, prepare, and pin it again.
@@ -340,7 +384,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		j.wconn, err = writer.Conn(bg)
 	}
 	if err != nil {
-		return nil, openError(abs, err)
+		return nil, openError(abs, err, false)
 	}
 	if created {
 		// The new file's directory entry, so that the file itself survives a
@@ -349,21 +393,121 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 			return nil, wrapf(err, "open %s", abs)
 		}
 	}
-	j.reader, err = sql.Open("sqlite", sqliteopt.URI(abs,
-		"mode", "rw",
-		"_pragma", "busy_timeout("+busy+")",
-		"_pragma", "query_only(1)",
-	))
-	if err != nil {
-		return nil, wrapf(err, "open %s", abs)
+	if j.reader, err = openReaders(abs, "rw", busy); err != nil {
+		return nil, err
 	}
-	j.reader.SetMaxOpenConns(readConns)
-	j.reader.SetMaxIdleConns(readConns)
-
 	j.queue = make(chan *job, o.MaxBatch)
 	j.done = make(chan struct{})
 	go j.commitLoop()
 	return j, nil
+}
+
+// openReaders opens the pool of readConns query_only connections to the
+// file at path, in SQLite's mode ("rw" or "ro"), with busy_timeout busy.
+func openReaders(path, mode, busy string) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", sqliteopt.URI(path,
+		"mode", mode,
+		"_pragma", "busy_timeout("+busy+")",
+		"_pragma", "query_only(1)",
+	))
+	if err != nil {
+		return nil, wrapf(err, "open %s", path)
+	}
+	db.SetMaxOpenConns(readConns)
+	db.SetMaxIdleConns(readConns)
+	return db, nil
+}
+
+// openReadOnly opens the jar at abs for reading alone (Options.ReadOnly):
+// the pool of readers in SQLite's mode=ro, which opens the file, its -wal
+// and -shm files for reading where it may not write them; no writer, no
+// committer. Nothing is written: the schema is only read, and a file that
+// SQLite could read only by creating its -wal or -shm file is refused.
+func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
+	head, err := checkFile(abs, os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	if len(head) == 0 {
+		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
+	}
+	target, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return nil, wrapf(err, "open %s", abs)
+	}
+	abs = target
+	if err := walFiles(abs, head); err != nil {
+		return nil, err
+	}
+	if h.checked != nil {
+		h.checked(abs)
+	}
+	busy := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(o.BusyTimeout), 10)
+	j := &Jar{path: abs, readOnly: true, maxBatch: o.MaxBatch, hooks: h}
+	if j.reader, err = openReaders(abs, "ro", busy); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			j.closeDBs()
+		}
+	}()
+	bg := context.Background()
+	conn, err := j.reader.Conn(bg)
+	var isNew bool
+	if err == nil {
+		isNew, err = look(bg, conn)
+		conn.Close()
+	}
+	if err != nil {
+		if isSQLiteCode(err, sqlite3.SQLITE_ERROR) {
+			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		return nil, openError(abs, err, true)
+	}
+	if isNew {
+		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
+	}
+	return j, nil
+}
+
+// walFiles checks, for a read-only Open, that SQLite can read the file at
+// path, whose first bytes are head, without creating a file beside it: a
+// file in WAL mode (its header's read version, byte 19, is 2), or one with
+// a -wal file, needs its -wal and -shm files. When either is missing, no
+// WAL holds a commit the file lacks, or none that SQLite could read:
+// walFiles then checks the header's application_id and user_version as
+// Open checks the schema's (ErrCorrupt, ErrVersion), and refuses a jar
+// with ErrReadOnly.
+func walFiles(path string, head []byte) error {
+	walMode := len(head) > 19 && head[19] == 2
+	var missing []string
+	for _, suffix := range []string{"-wal", "-shm"} {
+		_, err := os.Stat(path + suffix)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			missing = append(missing, suffix)
+		case err != nil:
+			return wrapf(permission(err), "open %s", path)
+		case suffix == "-wal":
+			walMode = true
+		}
+	}
+	if !walMode || len(missing) == 0 {
+		return nil
+	}
+	if len(head) >= sqliteHeader {
+		app, version := binary.BigEndian.Uint32(head[68:]), binary.BigEndian.Uint32(head[60:])
+		if err := checkIDs(int32(app), int32(version), ""); err != nil {
+			return wrapf(err, "open %s", path)
+		}
+	}
+	files := strings.Join(missing, " and ") + " file is"
+	if len(missing) > 1 {
+		files = strings.Join(missing, " and ") + " files are"
+	}
+	return wrapf(fmt.Errorf("%w: the file is in WAL mode and its %s missing, which SQLite would create to read it (a program that has the jar open keeps them; opening the jar once without ReadOnly creates them, and its Close keeps them)",
+		ErrReadOnly, files), "open %s", path)
 }
 
 // canWrite checks that conn may write to the jar whose schema Open only
@@ -416,6 +560,9 @@ func dirPath(path string) error {
 // sqliteMagic starts every SQLite database file.
 var sqliteMagic = []byte("SQLite format 3\x00")
 
+// sqliteHeader is the size of a SQLite database file's header.
+const sqliteHeader = 100
+
 // createFile creates the jar file with mode 0600 unless it exists or create
 // is false, and checks that an existing, non-empty file is a SQLite
 // database. It reports whether it created the file.
@@ -432,31 +579,44 @@ func createFile(path string, create bool) (created bool, err error) {
 			return false, fmt.Errorf("keyjar: %w", permission(err)) // err names the path
 		}
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	_, err = checkFile(path, os.O_RDWR)
+	return false, err
+}
+
+// checkFile opens the existing file at path with flag (os.O_RDWR or
+// os.O_RDONLY), checks that it is a regular file and, unless it is empty,
+// a SQLite database, and returns its first bytes: its header, or as much
+// of it as the file holds (none when empty).
+func checkFile(path string, flag int) (head []byte, err error) {
+	// O_NONBLOCK: opened for reading alone, a FIFO would wait for a writer.
+	f, err := os.OpenFile(path, flag|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
-			return false, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)
+			return nil, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)
 		}
-		return false, fmt.Errorf("keyjar: %w", permission(err))
+		return nil, fmt.Errorf("keyjar: %w", permission(err))
 	}
 	defer f.Close()
-	// A FIFO or a device is no jar, and reading one may never end.
+	// A FIFO or a device is no jar, and reading one may never end. A
+	// directory opens for reading alone.
 	if fi, err := f.Stat(); err != nil {
-		return false, wrapf(err, "open %s", path)
+		return nil, wrapf(err, "open %s", path)
+	} else if fi.IsDir() {
+		return nil, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)
 	} else if !fi.Mode().IsRegular() {
-		return false, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, fi.Mode().Type())
+		return nil, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, fi.Mode().Type())
 	}
-	head := make([]byte, len(sqliteMagic))
+	head = make([]byte, sqliteHeader)
 	n, err := io.ReadFull(f, head)
 	switch {
 	case n == 0 && err == io.EOF:
-		return false, nil // empty: a new database
+		return nil, nil // empty: a new database
 	case err != nil && err != io.ErrUnexpectedEOF:
-		return false, wrapf(err, "open %s", path)
-	case !bytes.Equal(head[:n], sqliteMagic):
-		return false, fmt.Errorf("%w: %s is not a SQLite database", ErrCorrupt, path)
+		return nil, wrapf(err, "open %s", path)
+	case !bytes.HasPrefix(head[:n], sqliteMagic):
+		return nil, fmt.Errorf("%w: %s is not a SQLite database", ErrCorrupt, path)
 	}
-	return false, nil
+	return head[:n], nil
 }
 
 func syncDir(dir string) error {
@@ -486,6 +646,13 @@ func (j *Jar) Close() error {
 		return ErrClosed
 	}
 	j.closed = true
+	if j.readOnly { // nothing to write, nothing to sync
+		j.mu.Unlock()
+		if err := j.closeDBs(); err != nil {
+			return wrapf(err, "close %s", j.path)
+		}
+		return nil
+	}
 	close(j.queue)
 	j.mu.Unlock()
 	<-j.done
@@ -556,6 +723,8 @@ func (j *Jar) closeDBs() error {
 	if j.wconn != nil {
 		errs = append(errs, j.wconn.Close())
 	}
-	errs = append(errs, j.writer.Close())
+	if j.writer != nil {
+		errs = append(errs, j.writer.Close())
+	}
 	return errors.Join(errs...)
 }

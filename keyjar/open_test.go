@@ -101,14 +101,7 @@ func TestOpenErrors(t *testing.T) {
 			}
 			db.Close()
 		}, nil, keyjar.ErrCorrupt},
-		{"newer schema version", func(t *testing.T, path string) {
-			newJarFile(t, path)
-			db := rawDB(t, path, "")
-			if _, err := db.Exec("PRAGMA user_version = 99"); err != nil {
-				t.Fatal(err)
-			}
-			db.Close()
-		}, nil, keyjar.ErrVersion},
+		{"newer schema version", jarOfVersion(99, false), nil, keyjar.ErrVersion},
 		{"locked new file", func(t *testing.T, path string) {
 			t.Cleanup(lockFile(t, path, false))
 		}, &keyjar.Options{BusyTimeout: 20 * time.Millisecond}, keyjar.ErrLocked},
@@ -487,7 +480,7 @@ func TestOpenServerDatabase(t *testing.T) {
 }
 
 // TestOpenDirectory: a directory is no jar, as a FIFO is not: Open says so
-// with ErrCorrupt, and a symbolic link to it is the same.
+// with ErrCorrupt, read-only too, and a symbolic link to it is the same.
 func TestOpenDirectory(t *testing.T) {
 	dir := t.TempDir()
 	link := filepath.Join(t.TempDir(), "link.db")
@@ -496,12 +489,14 @@ func TestOpenDirectory(t *testing.T) {
 		paths = append(paths, link)
 	}
 	for _, path := range paths {
-		j, err := keyjar.Open(t.Context(), path, nil)
-		if err == nil {
-			j.Close()
-		}
-		if !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "directory") {
-			t.Errorf("Open(%s) = %v; want ErrCorrupt saying it is a directory", path, err)
+		for _, opts := range []*keyjar.Options{nil, {ReadOnly: true}} {
+			j, err := keyjar.Open(t.Context(), path, opts)
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "is a directory") {
+				t.Errorf("Open(%s, %+v) = %v; want ErrCorrupt saying it is a directory", path, opts, err)
+			}
 		}
 	}
 }

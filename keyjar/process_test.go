@@ -24,7 +24,7 @@ import (
 // The test binary re-executes itself as a child process: with helperEnv set,
 // TestMain runs the helper named by it instead of the tests.
 const (
-	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, batch, open or write
+	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, batch, open, read or write
 	pathEnv   = "KEYJAR_TEST_PATH"   // the jar file
 	idEnv     = "KEYJAR_TEST_ID"     // the child's name, part of its keys
 )
@@ -56,6 +56,9 @@ func TestMain(m *testing.M) {
 //	      killed (at most batchOps Begins per goroutine).
 //	open: open (as an unprivileged user), print "permission" when the error
 //	      wraps fs.ErrPermission, else the error or "ok".
+//	read: open with ReadOnly (as an unprivileged user) and print the
+//	      operations, as listing does, then again after each line read,
+//	      until stdin ends.
 //	write: without keyjar, hold a write transaction on the jar as
 //	      writeInProgress does, print "writing", wait for a line, roll back.
 func helper(mode, path, id string) error {
@@ -74,6 +77,8 @@ func helper(mode, path, id string) error {
 			fmt.Println("other:", err)
 		}
 		return nil
+	case "read":
+		return readLines(ctx, path, stdin)
 	case "write":
 		db, err := sql.Open("sqlite", "file:"+path+"?_txlock=immediate&_pragma=busy_timeout(5000)")
 		if err != nil {
@@ -123,6 +128,37 @@ func helper(mode, path, id string) error {
 		fmt.Println(rec.Op, rec.Key, created)
 	}
 	return nil
+}
+
+// readLines is the read helper.
+func readLines(ctx context.Context, path string, stdin *bufio.Reader) error {
+	j, err := keyjar.Open(ctx, path, &keyjar.Options{ReadOnly: true})
+	if err != nil {
+		fmt.Println("error:", err)
+		return nil
+	}
+	defer j.Close()
+	for range 1000 {
+		fmt.Println(listing(ctx, j))
+		if _, err := stdin.ReadString('\n'); err != nil {
+			return nil // stdin ended
+		}
+	}
+	return nil
+}
+
+// listing returns the operations of j as "op=key" words, oldest first, or
+// "error: " and List's error.
+func listing(ctx context.Context, j *keyjar.Jar) string {
+	recs, err := j.List(ctx, idem.Filter{})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	words := make([]string, len(recs))
+	for i, r := range recs {
+		words[i] = r.Op + "=" + r.Key
+	}
+	return strings.Join(words, " ")
 }
 
 // child is a helper process.
@@ -244,19 +280,26 @@ func TestTwoProcessesRace(t *testing.T) {
 // its Begin returned: the next process finds the key.
 func TestKilledProcessKeepsKey(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
-	c := startChild(t, testBinary(t), "hold", path, "the-key", nil)
-	if got := c.line(t); got != "the-key" {
-		t.Fatalf("child says %q; want the-key", got)
-	}
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	c.cmd.Wait()
+	killedHolder(t, path, "the-key")
 	j := openPath(t, path, nil)
 	r, created, err := j.Begin(t.Context(), newRecord("op"))
 	if err != nil || created || r.Key != "the-key" {
 		t.Fatalf("Begin after the kill = key %q, created %v, %v; want the-key, false", r.Key, created, err)
 	}
+}
+
+// killedHolder runs the hold helper on the jar at path, which begins "op"
+// with key, and kills it (SIGKILL) once its Begin returned.
+func killedHolder(t *testing.T, path, key string) {
+	t.Helper()
+	c := startChild(t, testBinary(t), "hold", path, key, nil)
+	if got := c.line(t); got != key {
+		t.Fatalf("child says %q; want %s", got, key)
+	}
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	c.cmd.Wait()
 }
 
 // batchOps bounds the Begins of each goroutine of the batch helper, which

@@ -5,9 +5,12 @@ package keyjar_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -124,7 +127,31 @@ func TestOpenReadOnlyWAL(t *testing.T) {
 // the jar files owned by nobody) and returns an open function that runs
 // keyjar.Open in a child process as nobody.
 func asNobody(t *testing.T, top string, jars ...string) func(path string) (bool, string) {
-	const nobody = 65534
+	bin := binaryForNobody(t, top)
+	for _, jar := range jars {
+		if err := os.Chown(jar, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func(path string) (bool, string) {
+		c := startChild(t, bin, "open", path, "", nobodyAttr())
+		line := c.line(t)
+		return bytes.HasPrefix([]byte(line), []byte("permission:")), line
+	}
+}
+
+// nobody is the user id and group id of the user nobody.
+const nobody = 65534
+
+// nobodyAttr runs a child process as the user nobody.
+func nobodyAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+}
+
+// binaryForNobody copies the test binary into top, where the user nobody
+// may run it, and lets nobody into top.
+func binaryForNobody(t *testing.T, top string) string {
+	t.Helper()
 	self, err := os.ReadFile(testBinary(t))
 	if err != nil {
 		t.Fatal(err)
@@ -138,30 +165,125 @@ func asNobody(t *testing.T, top string, jars ...string) func(path string) (bool,
 			t.Fatal(err)
 		}
 	}
-	for _, jar := range jars {
-		if err := os.Chown(jar, nobody, nobody); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return func(path string) (bool, string) {
-		c := startChild(t, bin, "open", path, "", &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}})
-		line := c.line(t)
-		return bytes.HasPrefix([]byte(line), []byte("permission:")), line
+	return bin
+}
+
+// TestReadOnlyWithoutWriteAccess opens jars with ReadOnly as a user who
+// may write neither the jar file, its -wal and -shm files nor their
+// directory: a jar its program closed, one a program has open and writes
+// to meanwhile (the read-only jar sees what it commits), and one whose
+// program was killed (SIGKILL) after a Begin. Run as root, whom
+// permissions do not stop, the jar is read in a child process as the user
+// nobody; otherwise here, with the write permissions taken away.
+func TestReadOnlyWithoutWriteAccess(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, path string) (write func()) // makes the jar; write, if not nil, commits op2
+		want  string                                         // the operations read
+	}{
+		{"closed", func(t *testing.T, path string) func() {
+			newJarFile(t, path)
+			return nil
+		}, "op=key-op"},
+		{"open in a program that writes", func(t *testing.T, path string) func() {
+			w := openPath(t, path, nil)
+			if _, _, err := w.Begin(t.Context(), newRecord("op")); err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				if _, _, err := w.Begin(t.Context(), newRecord("op2")); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, "op=key-op"},
+		{"its program killed", func(t *testing.T, path string) func() {
+			killedHolder(t, path, "killed-key")
+			return nil
+		}, "op=killed-key"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			top := t.TempDir()
+			dir := filepath.Join(top, "ro")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "keys.db")
+			write := c.setup(t, path)
+			read := unwritable(t, top, path)
+			before := untouched(t, path)
+			if got := read(); got != c.want {
+				t.Fatalf("the read-only jar reads %q; want %q", got, c.want)
+			}
+			if write == nil {
+				if after := untouched(t, path); !maps.Equal(after, before) {
+					t.Errorf("the read-only jar changed the directory or the files: %q, were %q",
+						slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
+				}
+				return
+			}
+			write()
+			if got, want := read(), c.want+" op2=key-op2"; got != want {
+				t.Fatalf("the read-only jar reads %q after the program's write; want %q", got, want)
+			}
+		})
 	}
 }
 
-// TestOpenFIFO: a FIFO is not a jar, and Open says so at once: reading its
-// first bytes would wait for a writer forever.
+// unwritable takes away the write permissions on the jar at path (its
+// file, -wal and -shm files) and its directory, below top, and returns a
+// function that lists the jar, opened once with ReadOnly, as listing does:
+// in a child process as the user nobody when this process runs as root,
+// which permissions do not stop, here otherwise.
+func unwritable(t *testing.T, top, path string) (read func() string) {
+	t.Helper()
+	root := os.Geteuid() == 0
+	fileMode := os.FileMode(0o444)
+	if root {
+		fileMode = 0o644 // root's files, which nobody may read
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, fileMode); err != nil {
+			t.Skipf("cannot take the write permission away (%v): nothing to test", err)
+		}
+		t.Cleanup(func() { os.Chmod(p, 0o600) })
+	}
+	dir := filepath.Dir(path)
+	if err := os.Chmod(dir, 0o555); err != nil {
+		t.Skipf("cannot take the write permission away (%v): nothing to test", err)
+	}
+	t.Cleanup(func() { os.Chmod(dir, 0o755) })
+	if !root {
+		j := openPath(t, path, &keyjar.Options{ReadOnly: true})
+		return func() string { return listing(t.Context(), j) }
+	}
+	c := startChild(t, binaryForNobody(t, top), "read", path, "", nobodyAttr())
+	first := true
+	return func() string {
+		if !first {
+			if _, err := io.WriteString(c.stdin, "again\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first = false
+		return c.line(t)
+	}
+}
+
+// TestOpenFIFO: a FIFO is not a jar, and Open says so at once, read-only
+// too: reading its first bytes, or opening it for reading alone, would wait
+// for a writer forever.
 func TestOpenFIFO(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fifo.db")
 	if err := syscall.Mkfifo(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	j, err := keyjar.Open(t.Context(), path, nil)
-	if err == nil {
-		j.Close()
-	}
-	if !errors.Is(err, keyjar.ErrCorrupt) {
-		t.Fatalf("Open(a FIFO) = %v; want ErrCorrupt", err)
+	for _, opts := range []*keyjar.Options{nil, {ReadOnly: true}} {
+		j, err := keyjar.Open(t.Context(), path, opts)
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, keyjar.ErrCorrupt) {
+			t.Fatalf("Open(a FIFO, %+v) = %v; want ErrCorrupt", opts, err)
+		}
 	}
 }

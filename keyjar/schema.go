@@ -61,17 +61,11 @@ func inspect(ctx context.Context, q querier) (isNew bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	switch {
-	case app == 0 && version == 0 && tables == 0:
+	if app == 0 && version == 0 && tables == 0 {
 		return true, nil
-	case app == serverApplicationID:
-		return false, fmt.Errorf("%w: the reference server's database (idemserver, package testserver/sqlitestore, application_id %#x), not a client's key jar", ErrCorrupt, app)
-	case app != applicationID:
-		return false, fmt.Errorf("%w: a SQLite database of another program (application_id %#x, %d tables)", ErrCorrupt, app, tables)
-	case version > schemaVersion:
-		return false, fmt.Errorf("%w: version %d, this package reads up to %d", ErrVersion, version, schemaVersion)
-	case version < schemaVersion:
-		return false, fmt.Errorf("%w: unknown schema version %d", ErrCorrupt, version)
+	}
+	if err := checkIDs(int32(app), int32(version), fmt.Sprintf(", %d tables", tables)); err != nil {
+		return false, err
 	}
 	// A jar of this version: its table has every column this package reads.
 	var n int
@@ -79,6 +73,28 @@ func inspect(ctx context.Context, q querier) (isNew bool, err error) {
 		return false, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return false, nil
+}
+
+// checkIDs refuses, by its PRAGMA application_id and user_version, a
+// database that is not a jar of this package's schema version: ErrCorrupt
+// for another program's (about says more of it, for the message) and
+// ErrVersion for a jar of a newer version. SQLite stores both as signed
+// 32-bit integers.
+func checkIDs(app, version int32, about string) error {
+	switch {
+	case app == serverApplicationID:
+		return fmt.Errorf("%w: the reference server's database (idemserver, package testserver/sqlitestore, application_id %#x), not a client's key jar", ErrCorrupt, app)
+	case app != applicationID:
+		return fmt.Errorf("%w: a SQLite database of another program (application_id %#x%s)", ErrCorrupt, app, about)
+	case version > schemaVersion:
+		return fmt.Errorf("%w: version %d, this package reads up to %d", ErrVersion, version, schemaVersion)
+	case version < schemaVersion:
+		// No jar of an older version exists: version 1 is the first. A
+		// migration from one would write, which a read-only Open must
+		// refuse (ErrReadOnly) rather than run.
+		return fmt.Errorf("%w: unknown schema version %d (version 1 is the first)", ErrCorrupt, version)
+	}
+	return nil
 }
 
 // look is inspect in a read (deferred) transaction, which takes no write
