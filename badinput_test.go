@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/nobody"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
@@ -709,29 +710,12 @@ func openInReadOnlyDir(t *testing.T) error {
 // in a helper process as nobody. Its error wraps fs.ErrPermission when the
 // helper said its error did.
 func openAsNobody(t *testing.T, top, jar string) func(path string) error {
-	const nobody = 65534
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(top, "idem.test")
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{filepath.Dir(top), top} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chown(jar, nobody, nobody); err != nil {
+	bin := nobody.Binary(t, top, "idem.test")
+	if err := os.Chown(jar, nobody.ID, nobody.ID); err != nil {
 		t.Fatal(err)
 	}
 	return func(path string) error {
-		line, stop := startHelper(t, bin, "open", path, &syscall.Credential{Uid: nobody, Gid: nobody})
+		line, stop := startHelper(t, bin, "open", path, nobody.Attr().Credential)
 		stop()
 		if strings.HasPrefix(line, "permission:") {
 			return fmt.Errorf("as nobody: %s: %w", line, fs.ErrPermission)

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/idemkit/idem/internal/nobody"
 	"github.com/idemkit/idem/keyjar"
 )
 
@@ -127,45 +128,17 @@ func TestOpenReadOnlyWAL(t *testing.T) {
 // the jar files owned by nobody) and returns an open function that runs
 // keyjar.Open in a child process as nobody.
 func asNobody(t *testing.T, top string, jars ...string) func(path string) (bool, string) {
-	bin := binaryForNobody(t, top)
+	bin := nobody.Binary(t, top, "keyjar.test")
 	for _, jar := range jars {
-		if err := os.Chown(jar, nobody, nobody); err != nil {
+		if err := os.Chown(jar, nobody.ID, nobody.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return func(path string) (bool, string) {
-		c := startChild(t, bin, "open", path, "", nobodyAttr())
+		c := startChild(t, bin, "open", path, "", nobody.Attr())
 		line := c.line(t)
 		return bytes.HasPrefix([]byte(line), []byte("permission:")), line
 	}
-}
-
-// nobody is the user id and group id of the user nobody.
-const nobody = 65534
-
-// nobodyAttr runs a child process as the user nobody.
-func nobodyAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-}
-
-// binaryForNobody copies the test binary into top, where the user nobody
-// may run it, and lets nobody into top.
-func binaryForNobody(t *testing.T, top string) string {
-	t.Helper()
-	self, err := os.ReadFile(testBinary(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(top, "keyjar.test")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{filepath.Dir(top), top} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return bin
 }
 
 // TestReadOnlyWithoutWriteAccess opens jars with ReadOnly as a user who
@@ -236,27 +209,11 @@ func TestReadOnlyWithoutWriteAccess(t *testing.T) {
 // which permissions do not stop, here otherwise.
 func unwritable(t *testing.T, top, path string) (read func() string) {
 	t.Helper()
-	root := os.Geteuid() == 0
-	fileMode := os.FileMode(0o444)
-	if root {
-		fileMode = 0o644 // root's files, which nobody may read
-	}
-	for _, p := range []string{path, path + "-wal", path + "-shm"} {
-		if err := os.Chmod(p, fileMode); err != nil {
-			t.Skipf("cannot take the write permission away (%v): nothing to test", err)
-		}
-		t.Cleanup(func() { os.Chmod(p, 0o600) })
-	}
-	dir := filepath.Dir(path)
-	if err := os.Chmod(dir, 0o555); err != nil {
-		t.Skipf("cannot take the write permission away (%v): nothing to test", err)
-	}
-	t.Cleanup(func() { os.Chmod(dir, 0o755) })
-	if !root {
+	if !nobody.WithoutWrite(t, path) {
 		j := openPath(t, path, &keyjar.Options{ReadOnly: true})
 		return func() string { return listing(t.Context(), j) }
 	}
-	c := startChild(t, binaryForNobody(t, top), "read", path, "", nobodyAttr())
+	c := startChild(t, nobody.Binary(t, top, "keyjar.test"), "read", path, "", nobody.Attr())
 	first := true
 	return func() string {
 		if !first {
