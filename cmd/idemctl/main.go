@@ -51,9 +51,12 @@
 // only read it: they do not wait for the program's writes and show what it
 // has committed. resume, abandon, forget and prune write: they wait for
 // the program's write to end, up to --lock-timeout, and then fail.
-// Every command opens the jar file as its program does, for writing (a
-// SQLite file in WAL mode): it needs write access to the file, its -wal
-// and -shm files and its directory, even to list it.
+// list, show and export open a jar file for reading alone
+// (keyjar.Options.ReadOnly) and write nothing there: they need read access
+// to the file and its -wal and -shm files (a SQLite file in WAL mode), and
+// none to their directory. The other commands open it as its program
+// does, for writing: they need write access to the three files and the
+// directory.
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
@@ -137,15 +140,17 @@ type command struct {
 	run func(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error
 	// flags declares the command's own flags on the command's flag set.
 	flags func(fs *flag.FlagSet)
+	// readOnly: the command only reads the jar, which it opens so.
+	readOnly bool
 }
 
 // lookup returns the command called name.
 func lookup(name string) (command, bool) {
 	switch name {
 	case "list":
-		return command{run: list, flags: func(set *flag.FlagSet) { set.String("status", "", "only operations in this state") }}, true
+		return command{run: list, readOnly: true, flags: func(set *flag.FlagSet) { set.String("status", "", "only operations in this state") }}, true
 	case "show":
-		return command{run: show}, true
+		return command{run: show, readOnly: true}, true
 	case "resume":
 		return command{run: resume, flags: resumeFlags}, true
 	case "abandon":
@@ -155,7 +160,7 @@ func lookup(name string) (command, bool) {
 	case "prune":
 		return command{run: prune, flags: func(set *flag.FlagSet) { set.String("older-than", "", "age of the last update, such as 720h or 30d") }}, true
 	case "export":
-		return command{run: export, flags: func(set *flag.FlagSet) { set.Bool("json", true, "JSON (the only format)") }}, true
+		return command{run: export, readOnly: true, flags: func(set *flag.FlagSet) { set.Bool("json", true, "JSON (the only format)") }}, true
 	}
 	return command{}, false
 }
@@ -228,7 +233,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if dsn.IsURL(*jarPath) && *lockTimeout > maxPgLockTimeout {
 		return usagef("--lock-timeout %v is above %v, the longest a PostgreSQL statement may run", *lockTimeout, maxPgLockTimeout)
 	}
-	jar, closeJar, err := openJarFn(ctx, *jarPath, *lockTimeout)
+	jar, closeJar, err := openJarFn(ctx, *jarPath, *lockTimeout, cmd.readOnly)
 	if err != nil {
 		return err
 	}
@@ -276,16 +281,17 @@ func flagError(err error) error {
 // openJar opens the jar that spec names, choosing its kind by spec's form:
 // a PostgreSQL URL (postgres:// or postgresql://) opens a pgjar, anything
 // else is the path of a SQLite key jar file. Either must exist already.
-// openJarFn is openJar; tests replace it.
+// With readOnly, a jar file is opened for reading alone; a PostgreSQL jar
+// is opened as for writing. openJarFn is openJar; tests replace it.
 var openJarFn = openJar
 
-func openJar(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
+func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOnly bool) (client.Jar, func() error, error) {
 	if dsn.IsURL(spec) {
 		return openPostgres(ctx, spec, lockTimeout)
 	}
 	// Nothing is checked before: the open itself refuses a missing file
 	// (which could be removed after any check) and one without a jar.
-	j, err := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true})
+	j, err := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true, ReadOnly: readOnly})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("%s: no such jar file", spec)
 	}
@@ -397,8 +403,10 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
 	case isStatementTimeout(err):
 		return statementTimeout(path, lockTimeout)
+	case errors.Is(err, keyjar.ErrReadOnly):
+		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and list, show and export, which only read, do not create them: a program that has the jar open has them, and keyjar keeps them when it closes the jar", path)
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("%s: permission denied; idemctl opens a jar for writing, even to list it: run it as a user who can write the file, its -wal and -shm files and its directory", path)
+		return fmt.Errorf("%s: permission denied; list, show and export read the file and its -wal and -shm files, the other commands write them and their directory: run idemctl as a user who may", path)
 	}
 	return err
 }

@@ -36,7 +36,16 @@ import (
 
 const secret = "Bearer sk_test_idemctl_SECRET"
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// asIdemctl, set in its environment, makes the test binary idemctl: it
+// runs the command line it was given (TestReadWithoutWriteAccess).
+const asIdemctl = "IDEMCTL_TEST_AS_IDEMCTL"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asIdemctl) != "" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	pgtest.Main(m)
+}
 
 // server is a payments stand-in behind the idempotency middleware that
 // records the credential and key of each request.
@@ -69,6 +78,13 @@ func newServer(t *testing.T) *server {
 func seed(t *testing.T, srv *server) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "keys.db")
+	seedFile(t, srv, path)
+	return path
+}
+
+// seedFile creates the jar file at path holding the operations fill makes.
+func seedFile(t *testing.T, srv *server, path string) {
+	t.Helper()
 	j, err := keyjar.Open(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +93,6 @@ func seed(t *testing.T, srv *server) string {
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return path
 }
 
 // seedPostgres creates a jar in a fresh PostgreSQL database holding the
@@ -174,7 +189,7 @@ func wantError(t *testing.T, code int, stderr string, wantCode int, want string)
 // jarState returns op's record in the jar that spec names.
 func jarState(t *testing.T, spec, op string) (idem.Record, error) {
 	t.Helper()
-	j, closeJar, err := openJar(context.Background(), spec, time.Second)
+	j, closeJar, err := openJar(context.Background(), spec, time.Second, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -648,6 +663,40 @@ func TestLockTimeout(t *testing.T) {
 	}
 }
 
+// TestReadCommandsOpenReadOnly: list, show and export open a jar file for
+// reading alone (keyjar.Options.ReadOnly), and the commands that write open
+// it as before; each with MustExist.
+func TestReadCommandsOpenReadOnly(t *testing.T) {
+	real := openKeyjar
+	t.Cleanup(func() { openKeyjar = real })
+	var got *keyjar.Options
+	stop := errors.New("not opened")
+	openKeyjar = func(_ context.Context, _ string, opts *keyjar.Options) (*keyjar.Jar, error) {
+		got = opts
+		return nil, stop
+	}
+	for _, c := range []struct {
+		args     []string
+		readOnly bool
+	}{
+		{[]string{"list"}, true},
+		{[]string{"show", "charge:p1"}, true},
+		{[]string{"export"}, true},
+		{[]string{"resume", "charge:p1"}, false},
+		{[]string{"resume", "--all"}, false},
+		{[]string{"abandon", "charge:p1", "--reason", "no charge"}, false},
+		{[]string{"forget", "charge:p1"}, false},
+		{[]string{"prune", "--older-than", "720h"}, false},
+	} {
+		got = nil
+		code, _, errOut := idemctl(append([]string{"--jar", "keys.db"}, c.args...)...)
+		wantError(t, code, errOut, 1, "not opened")
+		if got == nil || got.ReadOnly != c.readOnly || !got.MustExist {
+			t.Errorf("%s opened the jar with %+v; want ReadOnly %v and MustExist", c.args[0], got, c.readOnly)
+		}
+	}
+}
+
 // uncommitted is the note lockJar writes and never commits.
 const uncommitted = "uncommitted note"
 
@@ -846,17 +895,55 @@ func TestExplainOpenDeadline(t *testing.T) {
 	}
 }
 
-// A jar idemctl may read but not write is refused as its program would
-// refuse it: the message says that even list needs write access, and to
-// what.
+// A jar file idemctl may not open says what each command needs: list,
+// show and export to read the file and its -wal and -shm files, the others
+// to write them and their directory.
 func TestExplainPermission(t *testing.T) {
 	jarErr := fmt.Errorf("keyjar: open /srv/keys.db: %w", fs.ErrPermission)
 	err := explain("keys.db", time.Second, jarErr)
-	for _, want := range []string{"keys.db: permission denied", "even to list it", "directory"} {
+	for _, want := range []string{"keys.db: permission denied", "list, show and export read", "-wal and -shm", "write", "directory"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("explain = %q; want it to say %q", err, want)
 		}
 	}
+	if strings.Contains(err.Error(), "even to list it") {
+		t.Errorf("explain = %q; list opens the jar for reading alone", err)
+	}
+}
+
+// A jar file without its -wal and -shm files cannot be read without
+// creating them: the message says how they come back.
+func TestExplainReadOnly(t *testing.T) {
+	path := seed(t, newServer(t))
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, _, errOut := idemctl("--jar", path, "list")
+	wantError(t, code, errOut, 1, path+": its -wal and -shm files are missing")
+	for _, want := range []string{"do not create them", "a program that has the jar open has them", "keeps them"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q; want it to say %q", errOut, want)
+		}
+	}
+	if got := dirNames(t, filepath.Dir(path)); !slices.Equal(got, []string{"keys.db"}) {
+		t.Errorf("after list, the directory holds %q; want keys.db alone", got)
+	}
+}
+
+// dirNames returns the names in dir, sorted.
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, len(entries))
+	for i, e := range entries {
+		names[i] = e.Name()
+	}
+	return names
 }
 
 // TestResumeAllKeepsCredentialsToOneHost: the headers given to resume go
@@ -914,8 +1001,8 @@ func TestCloseErrorFailsTheCommand(t *testing.T) {
 	eachJar(t, func(t *testing.T, _ *server, path string) {
 		real := openJarFn
 		t.Cleanup(func() { openJarFn = real })
-		openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration) (client.Jar, func() error, error) {
-			j, closeJar, err := real(ctx, spec, lockTimeout)
+		openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration, readOnly bool) (client.Jar, func() error, error) {
+			j, closeJar, err := real(ctx, spec, lockTimeout, readOnly)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -3,17 +3,22 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/nobody"
 	"github.com/idemkit/idem/keyjar"
 )
 
@@ -71,6 +76,93 @@ func TestShowLeaseThatNoLongerHolds(t *testing.T) {
 		if !strings.HasPrefix(lease, want) {
 			t.Errorf("show %s: lease %q; want %q…", op, lease, want)
 		}
+	}
+}
+
+// TestReadWithoutWriteAccess: list, show and export read a jar whose file,
+// -wal and -shm files and directory the user may not write, and change no
+// byte there; a command that writes is refused, and says what it needs, as
+// does list when the -wal file cannot be read.
+// Run as root, whom permissions do not stop, idemctl (the test binary,
+// made idemctl by asIdemctl) runs as the user nobody; otherwise here, with
+// the write permissions taken away.
+func TestReadWithoutWriteAccess(t *testing.T) {
+	top := t.TempDir()
+	dir := filepath.Join(top, "jars")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "keys.db")
+	seedFile(t, newServer(t), path)
+	run := idemctlWithoutWriteAccess(t, top, path)
+	before := dirFiles(t, dir)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list"}, "charge:p1"},
+		{[]string{"list", "--status", "pending"}, "charge:p2"},
+		{[]string{"show", "charge:p1"}, `{"order_id":"charge:p1","amount":100}`},
+		{[]string{"export"}, `"op": "charge:reconcile"`},
+	} {
+		code, out, errOut := run(append([]string{"--jar", path}, c.args...)...)
+		if code != 0 || errOut != "" || !strings.Contains(out, c.want) {
+			t.Errorf("%q without write access: exit %d, stderr %q, stdout %q; want exit 0 and %q", c.args, code, errOut, out, c.want)
+		}
+	}
+	code, _, errOut := run("--jar", path, "abandon", "charge:p1", "--reason", "no charge")
+	wantError(t, code, errOut, 1, path+": permission denied")
+	if !strings.Contains(errOut, "write") {
+		t.Errorf("abandon without write access: %q; want it to say that it needs to write", errOut)
+	}
+	if after := dirFiles(t, dir); !maps.Equal(after, before) {
+		t.Errorf("the jar's directory changed: %q, was %q", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
+	}
+	// Reading needs read access to the -wal file too, and says so.
+	if err := os.Chmod(path+"-wal", 0); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = run("--jar", path, "list")
+	wantError(t, code, errOut, 1, path+": permission denied; list, show and export read the file and its -wal and -shm files")
+}
+
+// dirFiles returns the name and the bytes of each file in dir.
+func dirFiles(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, name := range dirNames(t, dir) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m[name] = string(b)
+	}
+	return m
+}
+
+// idemctlWithoutWriteAccess takes away the write permissions on the jar at
+// path (its file, -wal and -shm files) and on its directory, below top, and
+// returns a function that runs idemctl as a user who may only read them:
+// the user nobody, in a child process, when this process runs as root, and
+// this process otherwise.
+func idemctlWithoutWriteAccess(t *testing.T, top, path string) func(args ...string) (int, string, string) {
+	t.Helper()
+	if !nobody.WithoutWrite(t, path) {
+		return idemctl
+	}
+	bin := nobody.Binary(t, top, "idemctl")
+	return func(args ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), asIdemctl+"=1")
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		cmd.SysProcAttr = nobody.Attr()
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
 	}
 }
 
