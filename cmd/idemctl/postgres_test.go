@@ -98,7 +98,7 @@ func TestPostgresJarDroppedBeforeItIsOpened(t *testing.T) {
 	if tables := jarTables(t, conn); tables != "" {
 		t.Errorf("idemctl created a jar in the database: %s", tables)
 	}
-	wantError(t, code, errOut, 1, "holds no key jar (no table idem_operations_schema)")
+	wantError(t, code, errOut, 1, `holds no key jar in schema "public" (no table idem_operations_schema)`)
 }
 
 // --lock-timeout bounds each statement: one waiting for a row another
@@ -189,13 +189,13 @@ func TestKeywordValueJar(t *testing.T) {
 
 // TestPostgresDamagedSchema: a jar whose database lost an index, or the
 // record of its schema's version, is refused at open with pgjar.ErrSchema.
-// idemctl says the schema is damaged, names what is missing and what to do,
-// instead of printing pgjar's error as it is, or saying that the database
-// holds no jar.
+// idemctl says the schema is damaged, names what is missing, where, and
+// what to do, instead of printing pgjar's error as it is, or saying that
+// the database holds no jar.
 func TestPostgresDamagedSchema(t *testing.T) {
 	for _, c := range []struct{ sql, want string }{
-		{`DROP INDEX idem_operations_by_state`, "(no idem_operations_by_state)"},
-		{`DROP TABLE idem_operations_schema`, "(no idem_operations_schema, but the database holds idem_operations, "},
+		{`DROP INDEX idem_operations_by_state`, `(in schema "public", no idem_operations_by_state)`},
+		{`DROP TABLE idem_operations_schema`, `(in schema "public", no idem_operations_schema, but the database holds idem_operations, `},
 	} {
 		dsn := seedPostgres(t, newServer(t))
 		if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), c.sql); err != nil {

@@ -34,19 +34,21 @@ type Schema struct {
 	// edited. Each statement names the tables it creates or uses as
 	// {schema}.name, and Migrate runs it through Qualify.
 	Migrations [][]string
-	// TooNew is returned, wrapped, for a database at a later version than
+	// TooNew is returned, wrapped with the schema's name (in schema
+	// "jobs") and its version, for a database at a later version than
 	// len(Migrations).
 	TooNew error
 	// Objects are the tables and indexes (primary keys' included) that the
 	// schema holds at version len(Migrations) and its statements use.
 	Objects []string
-	// Incomplete is returned, wrapped with the names of those missing, for
-	// a database that records version len(Migrations) without one of
-	// Objects: it was dropped, and nothing re-creates it, since a dropped
-	// table took its rows with it and its operator must know. It is
-	// returned too, wrapped with the names of those found, for a database
-	// that records no version (Table dropped or emptied) but holds one of
-	// Objects: what remains is not a schema to create from scratch.
+	// Incomplete is returned, wrapped with the schema's name and the names
+	// of those missing, for a database that records version
+	// len(Migrations) without one of Objects: it was dropped, and nothing
+	// re-creates it, since a dropped table took its rows with it and its
+	// operator must know. It is returned too, wrapped with the schema's
+	// name and the names of those found, for a database that records no
+	// version (Table dropped or emptied) but holds one of Objects: what
+	// remains is not a schema to create from scratch.
 	Incomplete error
 	// NoSchema is returned, wrapped with the search path, when
 	// current_schema() is null: no schema of the search path exists, and
@@ -109,7 +111,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 				return err
 			}
 			if len(found) > 0 {
-				return s.unrecorded(exists, found)
+				return s.unrecorded(schema, exists, found)
 			}
 		}
 		if !exists {
@@ -121,7 +123,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 			}
 		}
 		if v > len(s.Migrations) {
-			return fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
+			return s.tooNew(schema, v)
 		}
 		for ; v < len(s.Migrations); v++ {
 			for _, stmt := range s.Migrations[v] {
@@ -144,7 +146,8 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 // Check checks, creating nothing, that the database holds the schema at
 // version len(s.Migrations), whole, in current_schema() as one connection
 // of pool reads it, and returns that schema's name. It returns absent,
-// wrapped with what is missing in parentheses, for a database without the
+// wrapped with the schema's name (in schema "jobs") and what is missing in
+// parentheses, for a database without the
 // table of versions or at an earlier version, s.TooNew for a later one,
 // s.Incomplete for one missing one of s.Objects, or recording no version
 // but holding one, and s.NoSchema for a search path that names no schema
@@ -167,13 +170,14 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 	}
 	switch {
 	case v == 0 && len(found) > 0:
-		return "", s.unrecorded(versions, found)
+		return "", s.unrecorded(schema, versions, found)
 	case !versions:
-		return "", fmt.Errorf("%w (no table %s)", absent, s.Table)
+		return "", fmt.Errorf("%w in schema %s (no table %s)", absent, quote(schema), s.Table)
 	case v > len(s.Migrations):
-		return "", fmt.Errorf("%w: version %d, this package knows up to %d", s.TooNew, v, len(s.Migrations))
+		return "", s.tooNew(schema, v)
 	case v < len(s.Migrations):
-		return "", fmt.Errorf("%w (%s records version %d, not %d)", absent, s.Table, v, len(s.Migrations))
+		return "", fmt.Errorf("%w in schema %s (%s records version %d, not %d)", absent, quote(schema), s.Table, v,
+			len(s.Migrations))
 	}
 	if err := s.whole(ctx, pool, schema); err != nil {
 		return "", err
@@ -228,14 +232,29 @@ func (s Schema) found(ctx context.Context, q querier, schema string) ([]string, 
 	return found, err
 }
 
-// unrecorded returns s.Incomplete for a database that records no version
+// quote returns schema as a quoted identifier: in double quotes, each
+// double quote in it doubled, as PostgreSQL reads it in a search_path. The
+// errors that say what a schema lacks or holds name it so: an operator
+// whose search path led elsewhere than expected sees where they looked.
+func quote(schema string) string {
+	return pgx.Identifier{schema}.Sanitize()
+}
+
+// tooNew returns s.TooNew for schema, which records version v.
+func (s Schema) tooNew(schema string, v int) error {
+	return fmt.Errorf("%w: in schema %s, version %d, this package knows up to %d", s.TooNew, quote(schema), v,
+		len(s.Migrations))
+}
+
+// unrecorded returns s.Incomplete for a schema that records no version
 // (versions: it has the table of versions, empty) but holds found.
-func (s Schema) unrecorded(versions bool, found []string) error {
+func (s Schema) unrecorded(schema string, versions bool, found []string) error {
 	what := "no " + s.Table
 	if versions {
 		what = s.Table + " records no version"
 	}
-	return fmt.Errorf("%w: %s, but the database holds %s", s.Incomplete, what, strings.Join(found, ", "))
+	return fmt.Errorf("%w: in schema %s, %s, but the database holds %s", s.Incomplete, quote(schema), what,
+		strings.Join(found, ", "))
 }
 
 // whole returns s.Incomplete, wrapped with the names of those missing,
@@ -247,7 +266,7 @@ func (s Schema) whole(ctx context.Context, q querier, schema string) error {
 	}
 	missing := slices.DeleteFunc(slices.Clone(s.Objects), func(o string) bool { return slices.Contains(found, o) })
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: no %s", s.Incomplete, strings.Join(missing, ", "))
+		return fmt.Errorf("%w: in schema %s, no %s", s.Incomplete, quote(schema), strings.Join(missing, ", "))
 	}
 	return nil
 }

@@ -45,7 +45,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 		}
 	}
 
-	refused("an empty database", "(no table idem_operations_schema)")
+	refused("an empty database", `in schema "public" (no table idem_operations_schema)`)
 
 	open(t, dsn, nil).Close() // creates the jar
 	j, err := pgjar.Open(ctx, dsn, mustExist)
@@ -60,8 +60,8 @@ func TestOpenWithoutCreating(t *testing.T) {
 	for _, c := range []struct{ what, sql, missing string }{
 		{"a newer schema", `INSERT INTO idem_operations_schema (version) VALUES (99)`, ""},
 		{"no version recorded, no records' table", `DROP TABLE idem_operations; TRUNCATE idem_operations_schema`,
-			"(idem_operations_schema records version 0, not 1)"},
-		{"no table of versions", `DROP TABLE idem_operations_schema`, "(no table idem_operations_schema)"},
+			`in schema "public" (idem_operations_schema records version 0, not 1)`},
+		{"no table of versions", `DROP TABLE idem_operations_schema`, `in schema "public" (no table idem_operations_schema)`},
 	} {
 		if _, err := conn.Exec(t.Context(), c.sql); err != nil {
 			t.Fatal(err)
@@ -70,8 +70,9 @@ func TestOpenWithoutCreating(t *testing.T) {
 			refused(c.what, c.missing)
 			continue
 		}
-		if _, err := pgjar.Open(ctx, dsn, mustExist); !errors.Is(err, pgjar.ErrVersion) {
-			t.Errorf("%s: Open = %v; want ErrVersion", c.what, err)
+		const want = `pgjar: database has a newer jar schema version: in schema "public", version 99, this package knows up to 1`
+		if _, err := pgjar.Open(ctx, dsn, mustExist); !errors.Is(err, pgjar.ErrVersion) || err.Error() != want {
+			t.Errorf("%s: Open = %v; want ErrVersion: %s", c.what, err, want)
 		}
 		if _, err := conn.Exec(t.Context(), `DELETE FROM idem_operations_schema WHERE version = 99`); err != nil {
 			t.Fatal(err)
@@ -95,7 +96,7 @@ func openers(t *testing.T, dsn string) map[string]func() (*pgjar.Jar, error) {
 // TestOpenIncompleteSchema: a database that records the jar's current
 // schema version but lost its table of records, or one of its indexes, is
 // refused by Open and New, with MustExist or without, with ErrSchema naming
-// what is missing, and nothing is re-created. Before, Open and New opened
+// what is missing and the schema, and nothing is re-created. Before, Open and New opened
 // it, and every call then failed with "relation does not exist".
 func TestOpenIncompleteSchema(t *testing.T) {
 	for _, c := range []struct{ drop, missing string }{
@@ -115,8 +116,9 @@ func TestOpenIncompleteSchema(t *testing.T) {
 			if err == nil {
 				j.Close()
 			}
-			if !errors.Is(err, pgjar.ErrSchema) || !strings.HasSuffix(err.Error(), c.missing) {
-				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.drop, what, err, c.missing)
+			want := `pgjar: database lacks part of the jar's schema: in schema "public", ` + c.missing
+			if !errors.Is(err, pgjar.ErrSchema) || err.Error() != want {
+				t.Errorf("after %s: %s = %v; want ErrSchema: %s", c.drop, what, err, want)
 			}
 		}
 		var missing string
@@ -134,10 +136,10 @@ func TestOpenIncompleteSchema(t *testing.T) {
 
 // TestOpenUnrecordedSchema: a database whose table of versions was dropped
 // or emptied while the jar's table kept its records is refused by Open and
-// New, with MustExist or without, with ErrSchema naming what it found, and
-// left as it was. Before, Open and New ran migration 1 on it and failed with
-// PostgreSQL's own "relation already exists", and MustExist said ErrNoJar of
-// a database that holds a jar.
+// New, with MustExist or without, with ErrSchema naming what it found and
+// the schema, and left as it was. Before, Open and New ran migration 1 on
+// it and failed with PostgreSQL's own "relation already exists", and
+// MustExist said ErrNoJar of a database that holds a jar.
 func TestOpenUnrecordedSchema(t *testing.T) {
 	for _, c := range []struct{ sql, want string }{
 		{`DROP TABLE idem_operations_schema`, "no idem_operations_schema"},
@@ -168,15 +170,15 @@ func TestOpenUnrecordedSchema(t *testing.T) {
 			return "versions " + versions + ", records " + records
 		}
 		before := state()
-		want := c.want + ", but the database holds idem_operations, idem_operations_pkey, " +
-			"idem_operations_by_created, idem_operations_by_state"
+		want := `pgjar: database lacks part of the jar's schema: in schema "public", ` + c.want +
+			", but the database holds idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state"
 		for what, opened := range openers(t, dsn) {
 			j, err := opened()
 			if err == nil {
 				j.Close()
 			}
-			if !errors.Is(err, pgjar.ErrSchema) || !strings.HasSuffix(err.Error(), want) {
-				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.sql, what, err, want)
+			if !errors.Is(err, pgjar.ErrSchema) || err.Error() != want {
+				t.Errorf("after %s: %s = %v; want ErrSchema: %s", c.sql, what, err, want)
 			}
 			if after := state(); after != before {
 				t.Errorf("after %s: %s left %s; want %s, as before", c.sql, what, after, before)
@@ -216,13 +218,13 @@ func TestOpenSearchPath(t *testing.T) {
 			}
 		}
 	}
-	opens(pgjar.ErrNoJar, "(no table idem_operations_schema)", "Open, MustExist", "New, MustExist")
+	opens(pgjar.ErrNoJar, `in schema "other" (no table idem_operations_schema)`, "Open, MustExist", "New, MustExist")
 
 	if _, err := conn.Exec(ctx, `CREATE TABLE other.idem_operations_schema (LIKE public.idem_operations_schema);
 		INSERT INTO other.idem_operations_schema SELECT * FROM public.idem_operations_schema`); err != nil {
 		t.Fatal(err)
 	}
-	opens(pgjar.ErrSchema, "no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state",
+	opens(pgjar.ErrSchema, `in schema "other", no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state`,
 		"Open", "New", "Open, MustExist", "New, MustExist")
 
 	if _, err := conn.Exec(ctx, `DROP TABLE other.idem_operations_schema`); err != nil {

@@ -166,14 +166,16 @@ var (
 	ErrClosed = errors.New("pgjar: jar is closed")
 
 	// ErrVersion is returned by Open and New for a database whose jar
-	// schema was written by a newer version of this package.
+	// schema was written by a newer version of this package. The schema
+	// it is in (in schema "jobs") and its version follow it.
 	ErrVersion = errors.New("pgjar: database has a newer jar schema version")
 
 	// ErrSchema is returned by Open and New for a database that records
 	// the jar's current schema version but lacks one of its tables or
-	// indexes, named after it. Neither re-creates it: a table dropped took
-	// its keys with it, and an operation whose key was lost would be sent
-	// again under a new one. Restore it (from a backup, or as the
+	// indexes, named after it with the schema looked in (in schema
+	// "jobs", no idem_operations). Neither re-creates it: a table dropped
+	// took its keys with it, and an operation whose key was lost would be
+	// sent again under a new one. Restore it (from a backup, or as the
 	// migration in schema.go creates it) knowing what was lost. It is
 	// returned too, naming what remains, for a database whose
 	// idem_operations_schema was dropped or emptied but that holds the
@@ -184,8 +186,10 @@ var (
 	// ErrNoJar is returned by Open and New with Options.MustExist for a
 	// database that holds no jar (no table idem_operations_schema, nor
 	// idem_operations), or a jar at an older schema version, which
-	// MustExist does not upgrade. What is missing follows it, in
-	// parentheses. Nothing is created.
+	// MustExist does not upgrade. The schema looked in follows it (in
+	// schema "jobs", current_schema() of the connection that opened it:
+	// a jar in another schema of the search_path is not found), then what
+	// is missing, in parentheses. Nothing is created.
 	ErrNoJar = errors.New("pgjar: database holds no key jar")
 
 	// ErrNoSchema is returned by Open and New, with Options.MustExist or

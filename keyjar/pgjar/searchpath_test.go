@@ -137,3 +137,26 @@ func TestOpenNoSchema(t *testing.T) {
 		t.Errorf("tables %s after the opens; want none", tables)
 	}
 }
+
+// TestNoJarNamesSchema: MustExist on a database whose jar is in public,
+// with a search_path whose first schema, jobs, holds none, is ErrNoJar
+// naming jobs, the schema it looked in. Before, the error named no schema,
+// and an operator could not tell that it had not looked in public.
+func TestNoJarNamesSchema(t *testing.T) {
+	dsn := pgtest.DB(t)
+	open(t, dsn, nil).Close() // in public
+	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `CREATE SCHEMA jobs`); err != nil {
+		t.Fatal(err)
+	}
+	opens := openers(t, dsn+"&search_path=jobs,public")
+	for _, name := range []string{"Open, MustExist", "New, MustExist"} {
+		j, err := opens[name]()
+		if err == nil {
+			j.Close()
+		}
+		const want = `pgjar: database holds no key jar in schema "jobs" (no table idem_operations_schema)`
+		if !errors.Is(err, pgjar.ErrNoJar) || err.Error() != want {
+			t.Errorf("%s: %v; want ErrNoJar: %s", name, err, want)
+		}
+	}
+}

@@ -33,12 +33,14 @@ var migrations = [][]string{
 
 var (
 	// ErrSchemaTooNew is returned by Open and New when the database's
-	// schema was written by a newer version of this package.
+	// schema was written by a newer version of this package. The schema
+	// it is in (in schema "keys") and its version follow it.
 	ErrSchemaTooNew = errors.New("pgstore: database schema is newer than this program")
 
 	// ErrSchema is returned by Open and New for a database that records
 	// the store's current schema version but lacks its table or one of
-	// its indexes, named after it. Neither re-creates it: a table dropped
+	// its indexes, named after it with the schema looked in (in schema
+	// "keys", no idempotency_keys). Neither re-creates it: a table dropped
 	// took its claims and saved answers with it, and a retry of a request
 	// whose key was lost would run its handler again. Restore it (from a
 	// backup, or as the migration in migrate.go creates it) knowing what

@@ -875,8 +875,9 @@ func TestMigrations(t *testing.T) {
 	if _, err := s.Pool().Exec(t.Context(), `INSERT INTO idempotency_keys_schema (version) VALUES (99)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pgstore.Open(t.Context(), dsn, nil); !errors.Is(err, pgstore.ErrSchemaTooNew) {
-		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew", err)
+	const want = `pgstore: database schema is newer than this program: in schema "public", version 99, this package knows up to 1`
+	if _, err := pgstore.Open(t.Context(), dsn, nil); !errors.Is(err, pgstore.ErrSchemaTooNew) || err.Error() != want {
+		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew: %s", err, want)
 	}
 }
 
@@ -999,9 +1000,9 @@ func openers(t *testing.T, dsn string) (map[string]func() (*pgstore.Store, error
 
 // TestOpenIncompleteSchema: a database that records the current schema
 // version but lost the store's table, or one of its indexes, is refused by
-// Open and New with ErrSchema naming what is missing, and nothing is
-// re-created. Before, both opened it, and every claim then failed with
-// "relation does not exist".
+// Open and New with ErrSchema naming what is missing and the schema it
+// looked in, and nothing is re-created. Before, both opened it, and every
+// claim then failed with "relation does not exist".
 func TestOpenIncompleteSchema(t *testing.T) {
 	for _, c := range []struct{ drop, missing string }{
 		{`DROP TABLE idempotency_keys`, "no idempotency_keys, idempotency_keys_pkey, idempotency_keys_created"},
@@ -1020,8 +1021,9 @@ func TestOpenIncompleteSchema(t *testing.T) {
 			if err == nil {
 				s.Close()
 			}
-			if !errors.Is(err, pgstore.ErrSchema) || !strings.HasSuffix(err.Error(), c.missing) {
-				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.drop, what, err, c.missing)
+			want := `pgstore: database lacks part of the store's schema: in schema "public", ` + c.missing
+			if !errors.Is(err, pgstore.ErrSchema) || err.Error() != want {
+				t.Errorf("after %s: %s = %v; want ErrSchema: %s", c.drop, what, err, want)
 			}
 		}
 		var missing string
@@ -1090,9 +1092,9 @@ func TestNewPoolSettings(t *testing.T) {
 
 // TestOpenUnrecordedSchema: a database whose table of versions was dropped
 // or emptied while the store's table kept its claims is refused by Open and
-// New with ErrSchema naming what it found, and left as it was. Before, both
-// ran migration 1 on it and failed with PostgreSQL's own "relation already
-// exists".
+// New with ErrSchema naming what it found and the schema, and left as it
+// was. Before, both ran migration 1 on it and failed with PostgreSQL's own
+// "relation already exists".
 func TestOpenUnrecordedSchema(t *testing.T) {
 	for _, c := range []struct{ sql, want string }{
 		{`DROP TABLE idempotency_keys_schema`, "no idempotency_keys_schema"},
@@ -1123,14 +1125,15 @@ func TestOpenUnrecordedSchema(t *testing.T) {
 			return "versions " + versions + ", keys " + keys
 		}
 		before := state()
-		want := c.want + ", but the database holds idempotency_keys, idempotency_keys_pkey, idempotency_keys_created"
+		want := `pgstore: database lacks part of the store's schema: in schema "public", ` + c.want +
+			", but the database holds idempotency_keys, idempotency_keys_pkey, idempotency_keys_created"
 		for what, opened := range opens {
 			s, err := opened()
 			if err == nil {
 				s.Close()
 			}
-			if !errors.Is(err, pgstore.ErrSchema) || !strings.HasSuffix(err.Error(), want) {
-				t.Errorf("after %s: %s = %v; want ErrSchema ending %q", c.sql, what, err, want)
+			if !errors.Is(err, pgstore.ErrSchema) || err.Error() != want {
+				t.Errorf("after %s: %s = %v; want ErrSchema: %s", c.sql, what, err, want)
 			}
 			if after := state(); after != before {
 				t.Errorf("after %s: %s left %s; want %s, as before", c.sql, what, after, before)
