@@ -7,7 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/idemkit/idem/internal/pgmigrate"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
 )
 
 // Charge is a charge as PayCo made it and the API returns it.
@@ -38,6 +43,18 @@ var ErrNoCharge = errors.New("payments: no such charge")
 // charged an order with another amount or currency.
 var ErrKeyReused = errors.New("payments: PayCo key already used with other parameters")
 
+// ErrNoSchema is returned by NewPayCo, followed by the search_path, when
+// current_schema() is null on PostgreSQL: no schema of the search_path
+// exists, so there is none to find the ledger's tables in or to create
+// them in. Nothing is created.
+var ErrNoSchema = errors.New("payments: no schema to hold the PayCo ledger")
+
+// ErrDriver is returned by NewPayCo, followed by the driver's type, for a
+// database/sql handle of a driver other than SQLite's (modernc.org/sqlite)
+// and PostgreSQL's (github.com/jackc/pgx/v5/stdlib): NewPayCo would know
+// neither its dialect nor where its tables are. Nothing is run.
+var ErrDriver = errors.New("payments: the PayCo ledger needs modernc.org/sqlite or github.com/jackc/pgx/v5/stdlib")
+
 // PayCo is the downstream payment processor of the reference server: a
 // ledger in a SQL database that dedups charges on the caller's key. It
 // keeps its tables (payco_calls, payco_charges) beside the server's keys,
@@ -49,15 +66,19 @@ type PayCo struct {
 	// default) dedups.
 	NoDedup bool
 
-	db *sql.DB
+	db  *sql.DB
+	sql statements
 }
 
+// paycoSchema creates the ledger's tables. Its statements, as PayCo's,
+// name the tables {schema}.name: on PostgreSQL, the schema NewPayCo found
+// (see pgmigrate.Qualify); on SQLite, none.
 const paycoSchema = `
-CREATE TABLE IF NOT EXISTS payco_calls (
+CREATE TABLE IF NOT EXISTS {schema}.payco_calls (
 	order_id TEXT PRIMARY KEY,
 	calls    INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS payco_charges (
+CREATE TABLE IF NOT EXISTS {schema}.payco_charges (
 	id        TEXT PRIMARY KEY,
 	dedup_key TEXT UNIQUE, -- NULL when charged without dedup
 	order_id  TEXT NOT NULL,
@@ -65,19 +86,103 @@ CREATE TABLE IF NOT EXISTS payco_charges (
 	currency  TEXT NOT NULL,
 	created   BIGINT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS payco_charges_order ON payco_charges (order_id);
+CREATE INDEX IF NOT EXISTS payco_charges_order ON {schema}.payco_charges (order_id);
 `
 
-// NewPayCo creates PayCo's tables in db if they are missing. The SQL is
-// portable between SQLite and PostgreSQL (through github.com/jackc/pgx/v5/stdlib).
-// On PostgreSQL, processes that may start together must not call it at the
-// same time: a CREATE TABLE IF NOT EXISTS that races another fails.
-// idemserver serialises them with an advisory lock.
+// NewPayCo creates PayCo's tables in db if they are missing. db is SQLite
+// through modernc.org/sqlite (sqlitestore's DB) or PostgreSQL through
+// github.com/jackc/pgx/v5/stdlib; another driver, or a nil db, is
+// ErrDriver. The SQL is the same on both.
+//
+// On PostgreSQL, NewPayCo finds the tables, or creates them, in
+// current_schema() of the connection it runs on: the first schema of its
+// search_path that exists (search_path=… in the DSN for a schema of their
+// own; one that names no schema that exists is ErrNoSchema). Every
+// statement then names the tables with that schema, as a quoted
+// identifier, so that the ledger stays there whatever the search_path of
+// db's later connections and a temporary table of the same name (pg_temp
+// is searched first) neither hides its rows nor receives them. Processes
+// that may start together must not call it at the same time: a CREATE
+// TABLE IF NOT EXISTS that races another fails. idemserver serialises them
+// with an advisory lock.
 func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
-	if _, err := db.ExecContext(ctx, paycoSchema); err != nil {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrDriver)
+	}
+	var (
+		q   func(string) string
+		err error
+	)
+	switch d := db.Driver().(type) {
+	case *sqlite.Driver:
+		q = func(stmt string) string { return strings.ReplaceAll(stmt, pgmigrate.Placeholder+".", "") }
+		_, err = db.ExecContext(ctx, q(paycoSchema))
+	case *stdlib.Driver:
+		var schema string
+		schema, err = createIn(ctx, db)
+		q = func(stmt string) string { return pgmigrate.Qualify(stmt, schema) }
+	default:
+		return nil, fmt.Errorf("%w: %T", ErrDriver, d)
+	}
+	switch {
+	case errors.Is(err, ErrNoSchema):
+		return nil, err
+	case err != nil:
 		return nil, fmt.Errorf("payments: creating the PayCo ledger: %w", err)
 	}
-	return &PayCo{db: db}, nil
+	return &PayCo{db: db, sql: newStatements(q)}, nil
+}
+
+// createIn creates PayCo's tables on PostgreSQL, if they are missing, in
+// current_schema() as the transaction's connection reads it, and returns
+// that schema's name, or ErrNoSchema when it is null.
+func createIn(ctx context.Context, db *sql.DB) (string, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback()
+	var (
+		schema sql.NullString
+		path   string
+	)
+	if err := tx.QueryRowContext(ctx, `SELECT pg_catalog.current_schema(), pg_catalog.current_setting('search_path')`).
+		Scan(&schema, &path); err != nil {
+		return "", err
+	}
+	if !schema.Valid {
+		return "", fmt.Errorf("%w: search_path %q names no schema that exists", ErrNoSchema, path)
+	}
+	if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema.String)); err != nil {
+		return "", err
+	}
+	return schema.String, tx.Commit()
+}
+
+// statements are PayCo's SQL, its tables named as NewPayCo found them: on
+// PostgreSQL with their schema, since a statement that named them
+// unqualified would find them through the search path of the connection
+// it runs on, which may be another schema's, or a temporary table of the
+// same name. They are built once per PayCo.
+type statements struct {
+	call, charge, byKey, byID, order, calls, charges string
+}
+
+// newStatements returns PayCo's statements, each passed through q, which
+// names the tables.
+func newStatements(q func(string) string) statements {
+	return statements{
+		call: q(`INSERT INTO {schema}.payco_calls (order_id, calls) VALUES ($1, 1)
+			ON CONFLICT (order_id) DO UPDATE SET calls = payco_calls.calls + 1`),
+		charge: q(`INSERT INTO {schema}.payco_charges (id, dedup_key, order_id, amount, currency, created)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dedup_key) DO NOTHING`),
+		byKey: q(`SELECT id, amount, currency, order_id FROM {schema}.payco_charges WHERE dedup_key = $1`),
+		byID:  q(`SELECT id, amount, currency, order_id FROM {schema}.payco_charges WHERE id = $1`),
+		order: q(`SELECT id, amount, currency, order_id FROM {schema}.payco_charges
+			WHERE order_id = $1 ORDER BY created, id`),
+		calls:   q(`SELECT order_id, calls FROM {schema}.payco_calls`),
+		charges: q(`SELECT order_id, count(*) FROM {schema}.payco_charges GROUP BY order_id`),
+	}
 }
 
 // Charge counts one call for the order, then charges it unless key already
@@ -89,20 +194,16 @@ func (p *PayCo) Charge(ctx context.Context, key, orderID string, amount int64, c
 	c := Charge{ID: "ch_" + hex.EncodeToString(id[:]), Amount: amount, Currency: currency, OrderID: orderID}
 	dedup := sql.NullString{String: key, Valid: !p.NoDedup}
 	err := p.tx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO payco_calls (order_id, calls) VALUES ($1, 1)
-			ON CONFLICT (order_id) DO UPDATE SET calls = payco_calls.calls + 1`, orderID); err != nil {
+		if _, err := tx.ExecContext(ctx, p.sql.call, orderID); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO payco_charges (id, dedup_key, order_id, amount, currency, created)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dedup_key) DO NOTHING`,
-			c.ID, dedup, orderID, amount, currency, time.Now().UnixNano()); err != nil {
+		if _, err := tx.ExecContext(ctx, p.sql.charge, c.ID, dedup, orderID, amount, currency, time.Now().UnixNano()); err != nil {
 			return err
 		}
 		if p.NoDedup {
 			return nil
 		}
-		made, err := scanCharge(tx.QueryRowContext(ctx,
-			`SELECT id, amount, currency, order_id FROM payco_charges WHERE dedup_key = $1`, key))
+		made, err := scanCharge(tx.QueryRowContext(ctx, p.sql.byKey, key))
 		if err != nil {
 			return err
 		}
@@ -144,8 +245,7 @@ func scanCharge(row interface{ Scan(...any) error }) (Charge, error) {
 
 // Get returns the charge with the given id, or ErrNoCharge.
 func (p *PayCo) Get(ctx context.Context, id string) (Charge, error) {
-	c, err := scanCharge(p.db.QueryRowContext(ctx,
-		`SELECT id, amount, currency, order_id FROM payco_charges WHERE id = $1`, id))
+	c, err := scanCharge(p.db.QueryRowContext(ctx, p.sql.byID, id))
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return Charge{}, ErrNoCharge
@@ -158,8 +258,7 @@ func (p *PayCo) Get(ctx context.Context, id string) (Charge, error) {
 // Order returns the charges made for an order, oldest first; none is an
 // empty slice.
 func (p *PayCo) Order(ctx context.Context, orderID string) ([]Charge, error) {
-	rows, err := p.db.QueryContext(ctx, `SELECT id, amount, currency, order_id FROM payco_charges
-		WHERE order_id = $1 ORDER BY created, id`, orderID)
+	rows, err := p.db.QueryContext(ctx, p.sql.order, orderID)
 	if err != nil {
 		return nil, fmt.Errorf("payments: %w", err)
 	}
@@ -182,7 +281,7 @@ func (p *PayCo) Order(ctx context.Context, orderID string) ([]Charge, error) {
 func (p *PayCo) Stats(ctx context.Context) (Stats, error) {
 	s := Stats{PerOrder: map[string]int{}}
 	err := p.tx(ctx, func(tx *sql.Tx) error {
-		if err := eachCount(ctx, tx, `SELECT order_id, calls FROM payco_calls`, func(order string, n int) {
+		if err := eachCount(ctx, tx, p.sql.calls, func(order string, n int) {
 			s.PerOrder[order] = n
 			s.Charges += n
 			if n > 1 {
@@ -191,7 +290,7 @@ func (p *PayCo) Stats(ctx context.Context) (Stats, error) {
 		}); err != nil {
 			return err
 		}
-		return eachCount(ctx, tx, `SELECT order_id, count(*) FROM payco_charges GROUP BY order_id`, func(_ string, n int) {
+		return eachCount(ctx, tx, p.sql.charges, func(_ string, n int) {
 			s.Settled += n
 			if n > 1 {
 				s.SettledDoubleCharged++
