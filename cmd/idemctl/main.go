@@ -54,9 +54,11 @@
 // list, show and export open a jar file for reading alone
 // (keyjar.Options.ReadOnly) and write nothing there: they need read access
 // to the file and its -wal and -shm files (a SQLite file in WAL mode), and
-// none to their directory. The other commands open it as its program
-// does, for writing: they need write access to the three files and the
-// directory.
+// none to their directory. (A jar last closed by a version of keyjar that
+// removed its -wal and -shm files is opened for writing once, which
+// creates them, when the user may.) The other commands open it as its
+// program does, for writing: they need write access to the three files
+// and the directory.
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
@@ -292,6 +294,15 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 	// Nothing is checked before: the open itself refuses a missing file
 	// (which could be removed after any check) and one without a jar.
 	j, err := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true, ReadOnly: readOnly})
+	if readOnly && errors.Is(err, keyjar.ErrReadOnly) {
+		// Its -wal and -shm files are missing (a version of keyjar that
+		// removed them at Close was the last to close it): opened for
+		// writing, as every command did before, which creates them, when
+		// this user may; otherwise the read-only open's error says why.
+		if jw, werr := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true}); werr == nil {
+			return jw, jw.Close, nil
+		}
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("%s: no such jar file", spec)
 	}
@@ -404,7 +415,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 	case isStatementTimeout(err):
 		return statementTimeout(path, lockTimeout)
 	case errors.Is(err, keyjar.ErrReadOnly):
-		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and list, show and export, which only read, do not create them: a program that has the jar open has them, and keyjar keeps them when it closes the jar", path)
+		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%s: permission denied; list, show and export read the file and its -wal and -shm files, the other commands write them and their directory: run idemctl as a user who may", path)
 	}

@@ -115,15 +115,52 @@ func TestReadWithoutWriteAccess(t *testing.T) {
 	if !strings.Contains(errOut, "write") {
 		t.Errorf("abandon without write access: %q; want it to say that it needs to write", errOut)
 	}
-	if after := dirFiles(t, dir); !maps.Equal(after, before) {
-		t.Errorf("the jar's directory changed: %q, was %q", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
+	wantUnchanged(t, dir, before)
+	// A jar without its -wal and -shm files cannot be read without
+	// creating them, which this user may not: said, and nothing changes.
+	moveWALFiles(t, path, "", ".away")
+	before = dirFiles(t, dir)
+	code, _, errOut = run("--jar", path, "list")
+	wantError(t, code, errOut, 1, path+": its -wal and -shm files are missing")
+	if !strings.Contains(errOut, "as a user who may write the jar's directory") {
+		t.Errorf("list of a jar without its -wal and -shm files: %q; want it to say who may create them", errOut)
 	}
+	wantUnchanged(t, dir, before)
+	moveWALFiles(t, path, ".away", "")
 	// Reading needs read access to the -wal file too, and says so.
 	if err := os.Chmod(path+"-wal", 0); err != nil {
 		t.Fatal(err)
 	}
 	code, _, errOut = run("--jar", path, "list")
 	wantError(t, code, errOut, 1, path+": permission denied; list, show and export read the file and its -wal and -shm files")
+}
+
+// wantUnchanged fails the test unless dir holds what dirFiles found there
+// before.
+func wantUnchanged(t *testing.T, dir string, before map[string]string) {
+	t.Helper()
+	if after := dirFiles(t, dir); !maps.Equal(after, before) {
+		t.Errorf("the jar's directory changed: %q, was %q", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
+	}
+}
+
+// moveWALFiles renames the -wal and -shm files of the jar at path, from
+// their names with suffix from to those with suffix to, in a directory
+// whose write permission was taken away: given back for the renames.
+func moveWALFiles(t *testing.T, path, from, to string) {
+	t.Helper()
+	dir := filepath.Dir(path)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Rename(p+from, p+to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o555); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // dirFiles returns the name and the bytes of each file in dir.
