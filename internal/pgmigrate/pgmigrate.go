@@ -188,16 +188,26 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 // current returns current_schema(), the schema that the migrations create
 // their tables in, or s.NoSchema when it is null.
 func (s Schema) current(ctx context.Context, q querier) (string, error) {
+	return Current(q.QueryRow(ctx, CurrentQuery).Scan, s.NoSchema)
+}
+
+// CurrentQuery reads current_schema() and the search_path, for Current.
+const CurrentQuery = `SELECT pg_catalog.current_schema(), pg_catalog.current_setting('search_path')`
+
+// Current returns the schema that scan, the Scan method of CurrentQuery's
+// row (pgx's or database/sql's), reads: current_schema(), the first schema
+// of the search_path that exists. When none exists, it returns noSchema,
+// wrapped with the search_path.
+func Current(scan func(dest ...any) error, noSchema error) (string, error) {
 	var (
 		schema *string
 		path   string
 	)
-	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_schema(), pg_catalog.current_setting('search_path')`).
-		Scan(&schema, &path); err != nil {
+	if err := scan(&schema, &path); err != nil {
 		return "", err
 	}
 	if schema == nil {
-		return "", fmt.Errorf("%w: search_path %q names no schema that exists", s.NoSchema, path)
+		return "", fmt.Errorf("%w: search_path %q names no schema that exists", noSchema, path)
 	}
 	return *schema, nil
 }

@@ -142,21 +142,14 @@ func createIn(ctx context.Context, db *sql.DB) (string, error) {
 		return "", err
 	}
 	defer tx.Rollback()
-	var (
-		schema sql.NullString
-		path   string
-	)
-	if err := tx.QueryRowContext(ctx, `SELECT pg_catalog.current_schema(), pg_catalog.current_setting('search_path')`).
-		Scan(&schema, &path); err != nil {
+	schema, err := pgmigrate.Current(tx.QueryRowContext(ctx, pgmigrate.CurrentQuery).Scan, ErrNoSchema)
+	if err != nil {
 		return "", err
 	}
-	if !schema.Valid {
-		return "", fmt.Errorf("%w: search_path %q names no schema that exists", ErrNoSchema, path)
-	}
-	if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema.String)); err != nil {
+	if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema)); err != nil {
 		return "", err
 	}
-	return schema.String, tx.Commit()
+	return schema, tx.Commit()
 }
 
 // statements are PayCo's SQL, its tables named as NewPayCo found them: on
