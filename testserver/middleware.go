@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"runtime"
@@ -371,7 +372,9 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 		return nil, nil
 	}
 	defer r.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	// One byte past the limit tells a body over it; a limit of
+	// math.MaxInt64 has no byte past it, and limit+1 would be negative.
+	b, err := io.ReadAll(io.LimitReader(r.Body, min(limit, math.MaxInt64-1)+1))
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe): // an http.MaxBytesReader set before the Middleware

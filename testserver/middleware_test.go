@@ -315,6 +315,25 @@ func TestBodyOfMaxBody(t *testing.T) {
 	}
 }
 
+// TestBodyOfLargestMaxBody: a MaxBody of math.MaxInt64, no limit in
+// effect, reads the body whole: the handler gets it, and another body
+// under the same key is a mismatch, not a replay.
+func TestBodyOfLargestMaxBody(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore), MaxBody: math.MaxInt64}).Wrap(h)
+	for _, length := range []int64{int64(len(chargeBody)), -1} {
+		r := request("POST", "/", chargeBody, "Idempotency-Key", fmt.Sprint("k", length))
+		r.ContentLength = length
+		w := serve(srv, r)
+		var got struct{ Request string }
+		if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Request != chargeBody {
+			t.Fatalf("MaxBody math.MaxInt64, Content-Length %d: %d %s; want the handler's 201 with the body it read, %s", length, w.Code, w.Body, chargeBody)
+		}
+	}
+	other := request("POST", "/", `{"amount": 5}`, "Idempotency-Key", fmt.Sprint("k", -1))
+	wantProblem(t, serve(srv, other), http.StatusUnprocessableEntity, testserver.ProblemMismatch)
+}
+
 // TestZeroValues: a Middleware with only its Store set reads request
 // bodies of up to 1 MiB (DefaultMaxBody), saves answers of up to 1 MiB
 // (DefaultMaxSavedResponse) for replay, and replays the headers that
