@@ -102,7 +102,7 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, ErrKeyReused):
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "order-charged", Title: "Order already charged", Status: http.StatusUnprocessableEntity,
-			Detail: fmt.Sprintf("Order %q was already charged with another amount or currency; look it up at /v1/orders/%s.", orderID, url.PathEscape(orderID))}, 0)
+			Detail: fmt.Sprintf("Order %q was already charged with another amount or currency; look it up at %s.", orderID, orderPath(orderID))}, 0)
 		return
 	case err != nil:
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "payco-failed", Title: "Payment processor failed", Status: http.StatusBadGateway,
@@ -200,6 +200,16 @@ func validOrderID(id string) bool {
 		}
 	}
 	return true
+}
+
+// orderPath returns the path of GET /v1/orders/{order_id} for id. An id of
+// "." or ".." is escaped whole: as it is, it would be a dot segment, which
+// the router cleans away (and a client's URL parser with it).
+func orderPath(id string) string {
+	if id == "." || id == ".." {
+		return "/v1/orders/" + strings.ReplaceAll(id, ".", "%2E")
+	}
+	return "/v1/orders/" + url.PathEscape(id)
 }
 
 func (a *App) getCharge(w http.ResponseWriter, r *http.Request) {

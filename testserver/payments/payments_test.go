@@ -190,6 +190,38 @@ func TestDownstreamDedup(t *testing.T) {
 	}
 }
 
+// The order-charged problem names the order's path, and a GET of that
+// path finds the order, whatever its id: "." and ".." too, which a path
+// cleaned of dot segments would lose.
+func TestOrderChargedNamesTheOrder(t *testing.T) {
+	h := tempApp(t).Handler()
+	for i, id := range []string{"o-1", "a/b", "a%2F..", ".", "..", "x/.."} {
+		body := func(amount int) string {
+			return fmt.Sprintf(`{"amount": %d, "currency": "usd", "order_id": %q}`, amount, id)
+		}
+		first := decode(t, post(h, fmt.Sprint("first-", i), "application/json", body(1000)))
+		w := post(h, fmt.Sprint("second-", i), "application/json", body(999))
+		var p testserver.Problem
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != 422 || !strings.HasSuffix(p.Type, "#order-charged") {
+			t.Fatalf("order %q charged again with another amount: %d %q; want 422 order-charged", id, w.Code, w.Body)
+		}
+		_, path, ok := strings.Cut(p.Detail, "look it up at ")
+		path = strings.TrimSuffix(path, ".")
+		if !ok || !strings.HasPrefix(path, "/v1/orders/") {
+			t.Fatalf("order %q: detail %q names no path of the order", id, p.Detail)
+		}
+		var order struct {
+			OrderID string            `json:"order_id"`
+			Charges []payments.Charge `json:"charges"`
+		}
+		w = httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+		if err := json.Unmarshal(w.Body.Bytes(), &order); err != nil || w.Code != 200 || order.OrderID != id || len(order.Charges) != 1 || order.Charges[0] != first {
+			t.Errorf("order %q: GET %s: %d %q; want the order with its charge %v", id, path, w.Code, w.Body, first)
+		}
+	}
+}
+
 func TestUnprotected(t *testing.T) {
 	app := tempApp(t)
 	app.Idempotency = nil
