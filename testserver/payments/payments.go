@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -62,6 +63,12 @@ type App struct {
 	// Faults are the failures the API injects, for tests and the lab.
 	// The zero value injects none.
 	Faults Faults
+
+	// Logger receives, at level ERROR, the ledger's error behind each
+	// 502 payco-failed and 503 ledger-unavailable answer. The answer's
+	// detail does not name it: a driver's error may name the database's
+	// file, host, user or schema. Nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Handler returns the API's routes.
@@ -105,6 +112,7 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("Order %q was already charged with another amount or currency; look it up at %s.", orderID, orderPath(orderID))}, 0)
 		return
 	case err != nil:
+		a.logError(r, "payments: charge failed", err)
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "payco-failed", Title: "Payment processor failed", Status: http.StatusBadGateway,
 			Detail: "The payment processor did not answer; retry the request with the same Idempotency-Key."}, 0)
 		return
@@ -219,7 +227,7 @@ func (a *App) getCharge(w http.ResponseWriter, r *http.Request) {
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "no-charge", Title: "No such charge", Status: http.StatusNotFound,
 			Detail: fmt.Sprintf("There is no charge %q. To find an order's charges, GET /v1/orders/{order_id}.", r.PathValue("id"))}, 0)
 	case err != nil:
-		ledgerFailed(w, err)
+		a.ledgerFailed(w, r, err)
 	default:
 		writeJSON(w, http.StatusOK, c)
 	}
@@ -229,7 +237,7 @@ func (a *App) getOrder(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("order_id")
 	cs, err := a.PayCo.Order(r.Context(), id)
 	if err != nil {
-		ledgerFailed(w, err)
+		a.ledgerFailed(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
@@ -241,15 +249,22 @@ func (a *App) getOrder(w http.ResponseWriter, r *http.Request) {
 func (a *App) stats(w http.ResponseWriter, r *http.Request) {
 	s, err := a.PayCo.Stats(r.Context())
 	if err != nil {
-		ledgerFailed(w, err)
+		a.ledgerFailed(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, s)
 }
 
-func ledgerFailed(w http.ResponseWriter, err error) {
+func (a *App) ledgerFailed(w http.ResponseWriter, r *http.Request, err error) {
+	a.logError(r, "payments: ledger read failed", err)
 	testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "ledger-unavailable", Title: "Ledger unavailable", Status: http.StatusServiceUnavailable,
-		Detail: "The ledger could not be read (" + err.Error() + "); retry later."}, 1)
+		Detail: "The ledger could not be read; retry later."}, 1)
+}
+
+func (a *App) logError(r *http.Request, msg string, err error) {
+	if a.Logger != nil {
+		a.Logger.ErrorContext(r.Context(), msg, "method", r.Method, "path", r.URL.Path, "err", err)
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -313,5 +314,58 @@ func TestSharedDatabase(t *testing.T) {
 	three := newApp(t, path).Handler() // a restart
 	if s := stats(t, three); s.Charges != 1 {
 		t.Fatalf("after a restart: %+v; want the ledger kept", s)
+	}
+}
+
+// TestLedgerErrorsAreLoggedNotSent checks that a failing ledger's error goes
+// to App.Logger, and not to the client: a driver's error may name the
+// database's file, host, user or schema.
+func TestLedgerErrorsAreLoggedNotSent(t *testing.T) {
+	ctx := context.Background()
+	store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "server.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payco, err := payments.NewPayCo(ctx, store.DB())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	app := &payments.App{PayCo: payco, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+	h := app.Handler()
+	store.Close() // the ledger's database with it
+	const closed = "database is closed"
+
+	for _, tc := range []struct {
+		name    string
+		do      func() *httptest.ResponseRecorder
+		status  int
+		problem string
+	}{
+		{"charge", func() *httptest.ResponseRecorder {
+			return post(h, "", "application/json", `{"amount":100,"currency":"eur","order_id":"o-1"}`)
+		}, http.StatusBadGateway, "payco-failed"},
+		{"stats", func() *httptest.ResponseRecorder {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/v1/stats", nil))
+			return w
+		}, http.StatusServiceUnavailable, "ledger-unavailable"},
+		{"order", func() *httptest.ResponseRecorder {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", "/v1/orders/o-1", nil))
+			return w
+		}, http.StatusServiceUnavailable, "ledger-unavailable"},
+	} {
+		logged.Reset()
+		w := tc.do()
+		if w.Code != tc.status || !strings.Contains(w.Body.String(), tc.problem) {
+			t.Errorf("%s: %d %s; want %d %s", tc.name, w.Code, w.Body, tc.status, tc.problem)
+		}
+		if strings.Contains(w.Body.String(), closed) {
+			t.Errorf("%s: the answer names the ledger's error: %s", tc.name, w.Body)
+		}
+		if !strings.Contains(logged.String(), closed) || !strings.Contains(logged.String(), "level=ERROR") {
+			t.Errorf("%s: logged %q; want the ledger's error (%q) at level ERROR", tc.name, logged.String(), closed)
+		}
 	}
 }

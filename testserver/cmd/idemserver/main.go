@@ -264,7 +264,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		mw.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	d := &dice{rnd: rand.New(rand.NewPCG(*seed, 0))}
-	app := &payments.App{PayCo: payco, Idempotency: mw, Faults: payments.Faults{Delay: *delay}}
+	app := &payments.App{PayCo: payco, Idempotency: mw, Faults: payments.Faults{Delay: *delay},
+		Logger: slog.New(slog.NewTextHandler(stderr, nil))} // the ledger's errors, which answers do not name
 	if fail := d.roll(*failAfter); fail != nil {
 		app.Faults.FailAfterCharge = func(string) bool { return fail() }
 	}
