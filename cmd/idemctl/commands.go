@@ -218,7 +218,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		}
 		hosts := map[string]bool{}
 		for _, r := range recs {
-			hosts[urlHost(r.URL)] = true
+			hosts[opHost(r)] = true
 		}
 		if len(hf.h) > 0 && len(hosts) > 1 {
 			// Every request gets the same headers: one API's credential
@@ -484,6 +484,16 @@ func (s *session) unknown(op string, err error) error {
 		return fmt.Errorf("no operation named %q in %s", op, s.path)
 	}
 	return err
+}
+
+// opHost returns the host a stored request goes to: its Host, kept in its
+// header when it was not its URL's (a virtual host reached by address),
+// else its URL's.
+func opHost(r idem.Record) string {
+	if h := r.Header.Get("Host"); h != "" {
+		return h
+	}
+	return urlHost(r.URL)
 }
 
 // urlHost returns the host (and port) of a stored request's URL; for one

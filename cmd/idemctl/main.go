@@ -34,7 +34,8 @@
 // one's request for a new operation. A resume that sends without any
 // header given says so on stderr. The headers go with every request sent:
 // resume --all with headers is refused when the pending operations go to
-// more than one host; resume those by name. resume waits for the lease of a
+// more than one host (a request's Host, when it was sent to an address
+// under another); resume those by name. resume waits for the lease of a
 // program still sending an operation, and sends it only if it is still
 // pending then: one that the program finished, or that was abandoned or
 // forgotten, meanwhile is not sent again, and resume says so and fails.

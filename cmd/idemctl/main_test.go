@@ -954,26 +954,11 @@ func TestResumeAllKeepsCredentialsToOneHost(t *testing.T) {
 	srv := newServer(t)
 	path := seed(t, srv)
 	other := newServer(t)
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	sendUnanswered(t, path, func(c *client.Client) {
+		if _, err := c.PostJSON(context.Background(), "hook:h1", other.URL+"/v1/hooks", map[string]int{"n": 1}, nil); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("seeding hook:h1: %v; want pending", err)
+		}
 	})
-	c, err := client.New(context.Background(), "", &client.Options{Jar: j, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.PostJSON(context.Background(), "hook:h1", other.URL+"/v1/hooks", map[string]int{"n": 1}, nil); !errors.Is(err, idem.ErrPending) {
-		t.Fatalf("seeding hook:h1: %v; want pending", err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
 
 	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
 	wantError(t, code, errOut, 2, "2 hosts")
@@ -991,6 +976,58 @@ func TestResumeAllKeepsCredentialsToOneHost(t *testing.T) {
 	code, out, errOut = idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
 	if code != 0 || strings.Count(out, "201 Created") != 2 || len(srv.auths) != 2 || srv.auths[1] != secret {
 		t.Fatalf("resume --all once one host is left: exit %d, %q, %q, auths %q", code, out, errOut, srv.auths)
+	}
+}
+
+// TestResumeAllKeepsCredentialsToOneVirtualHost: two operations sent to
+// one address under two Hosts (virtual hosts reached by address) go to two
+// hosts, each with its own credential: resume --all with headers refuses
+// them, as it refuses two addresses, and sends nothing.
+func TestResumeAllKeepsCredentialsToOneVirtualHost(t *testing.T) {
+	srv := newServer(t)
+	path := filepath.Join(t.TempDir(), "keys.db")
+	sendUnanswered(t, path, func(c *client.Client) {
+		for _, host := range []string{"payments.example", "hooks.example"} {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"n":1}`))
+			req.Host = host
+			if _, err := c.Do(context.Background(), "op:"+host, req); !errors.Is(err, idem.ErrPending) {
+				t.Fatalf("seeding op:%s: %v; want pending", host, err)
+			}
+		}
+	})
+
+	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	wantError(t, code, errOut, 2, "2 hosts")
+	if !strings.Contains(errOut, "hooks.example") || !strings.Contains(errOut, "payments.example") {
+		t.Errorf("the error does not name both hosts: %q", errOut)
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("sent %d requests; want none", len(srv.keys))
+	}
+}
+
+// sendUnanswered opens the jar file at path (created if missing) and calls
+// send with a Client over it whose every attempt fails to connect, once:
+// the calls send makes stay pending.
+func sendUnanswered(t *testing.T, path string, send func(*client.Client)) {
+	t.Helper()
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(context.Background(), "", &client.Options{Jar: j, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(c)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
