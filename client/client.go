@@ -106,8 +106,10 @@ type Options struct {
 	// add what the jar does not keep: credentials (Authorization, API
 	// keys, cookies). The jar never sees what Header adds. It is not called
 	// for a redirect to another host, to which net/http does not forward
-	// credentials either. An error stops the attempt before it is sent; the
-	// operation stays pending.
+	// credentials either. It cannot change a keyed request's
+	// Idempotency-Key: the operation's key is sent whatever Header sets or
+	// removes. An error stops the attempt before it is sent; the operation
+	// stays pending.
 	Header func(*http.Request) error
 
 	// Policy is the retry policy of each call; the zero value is the
@@ -640,9 +642,10 @@ type sender struct {
 }
 
 func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
-	if key := r.Header.Get(idem.KeyHeader); key != "" {
+	key := r.Header.Values(idem.KeyHeader)
+	if len(key) > 0 {
 		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
-			t.sent(idem.Operation(r.Context()), key)
+			t.sent(idem.Operation(r.Context()), key[0])
 		}
 	}
 	// r.Response is set on a request that a redirect made: credentials do
@@ -654,6 +657,16 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 				r.Body.Close()
 			}
 			return nil, fmt.Errorf("client: Options.Header: %w", err)
+		}
+		if len(key) > 0 {
+			// The operation's key, not one Header set or removed, in any
+			// case of its name: another key is another operation.
+			for name := range r.Header {
+				if strings.EqualFold(name, idem.KeyHeader) {
+					delete(r.Header, name)
+				}
+			}
+			r.Header[idem.KeyHeader] = slices.Clone(key)
 		}
 	}
 	return s.base.RoundTrip(r)

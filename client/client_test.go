@@ -438,6 +438,50 @@ func TestHeaderErrorSendsNothing(t *testing.T) {
 	}
 }
 
+// TestHeaderCannotChangeTheKey: Options.Header adds credentials to each
+// attempt; an Idempotency-Key it sets (a new one per attempt, as code
+// written before the Client did) or removes is not what is sent: every
+// attempt carries the operation's key from the jar, the one Response.Key
+// reports.
+func TestHeaderCannotChangeTheKey(t *testing.T) {
+	var n atomic.Int64
+	newKey := func() string { return "per-attempt-" + strconv.FormatInt(n.Add(1), 10) }
+	for name, header := range map[string]func(*http.Request) error{
+		"set": func(r *http.Request) error {
+			r.Header.Set(idem.KeyHeader, newKey())
+			return withAuth(r)
+		},
+		"set in lower case": func(r *http.Request) error {
+			r.Header["idempotency-key"] = []string{newKey()}
+			return withAuth(r)
+		},
+		"removed": func(r *http.Request) error {
+			r.Header.Del(idem.KeyHeader)
+			return withAuth(r)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newShop()
+			s.failNext(http.StatusServiceUnavailable)
+			srv := httptest.NewServer(s) // on the wire: a header in lower case is sent too
+			defer srv.Close()
+			jar := &idem.MemoryJar{}
+			c := newClient(t, s, &client.Options{Jar: jar, Header: header, Base: srv.Client().Transport})
+			resp, err := c.PostJSON(context.Background(), "charge:o1", srv.URL+"/charges", chargeReq{Order: "o1", Amount: 100}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, err := jar.Get(context.Background(), "charge:o1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.sends() != 2 || s.key(0) != rec.Key || s.key(1) != rec.Key || resp.Key != rec.Key {
+				t.Fatalf("sent keys %q, Response.Key %q; want the jar's key %q on both attempts", s.keys, resp.Key, rec.Key)
+			}
+		})
+	}
+}
+
 func TestKeyedRedirectIsNotFollowed(t *testing.T) {
 	var other int
 	mux := http.NewServeMux()

@@ -32,7 +32,8 @@
 // per line). Give the credential of the first send: a server that scopes
 // keys by credential (as the reference server does) would take another
 // one's request for a new operation. A resume that sends without any
-// header given says so on stderr. The headers go with every request sent:
+// header given says so on stderr. The headers go with every request sent,
+// but an Idempotency-Key, which is always the operation's own:
 // resume --all with headers is refused when the pending operations go to
 // more than one host (a request's Host, when it was sent to an address
 // under another); resume those by name. resume waits for the lease of a

@@ -272,11 +272,16 @@ func testResume(t *testing.T, srv *server, path string) {
 		t.Fatalf("after resume: %s; want done", r.State)
 	}
 
-	// The credential from the environment; --all resumes what is left.
-	t.Setenv("IDEM_HEADER", "Authorization: "+secret+"\nX-Trace: 1\n")
+	// The credential from the environment; --all resumes what is left,
+	// with its own key whatever the headers say.
+	p2, _ := jarState(t, path, "charge:p2")
+	t.Setenv("IDEM_HEADER", "Authorization: "+secret+"\nX-Trace: 1\nIdempotency-Key: not-the-operations\n")
 	code, out, errOut = idemctl("--jar", path, "resume", "--all")
 	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "charge:p2: 201 Created") || srv.auths[1] != secret {
 		t.Fatalf("resume --all: exit %d, %q, %q, auth %q; want charge:p2 sent with the credential", code, out, errOut, srv.auths)
+	}
+	if srv.keys[1] != p2.Key {
+		t.Fatalf("resume --all sent charge:p2 with key %q; want its stored key %q", srv.keys[1], p2.Key)
 	}
 	code, out, _ = idemctl("--jar", path, "resume", "--all")
 	if code != 0 || out != "nothing pending\n" {
