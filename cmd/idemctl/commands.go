@@ -108,7 +108,7 @@ func showRecord(s *session, r idem.Record) error {
 	field("op", cell(r.Op, 0))
 	field("key", r.Key)
 	field("state", string(r.State))
-	field("request", r.Method+" "+r.URL)
+	field("request", cell(r.Method+" "+r.URL, 0))
 	for _, name := range sortedKeys(r.Header) {
 		for _, v := range r.Header[name] {
 			field("header", cell(name+": "+v, 0))
@@ -278,7 +278,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if resp.Replayed {
 			replayed = " (replayed)"
 		}
-		fmt.Fprintf(s.stdout, "%s: %s%s, key %s\n", cell(op, 0), resp.Status, replayed, resp.Key)
+		fmt.Fprintf(s.stdout, "%s: %s%s, key %s\n", cell(op, 0), cell(resp.Status, 0), replayed, resp.Key)
 	}
 	if failed > 0 {
 		return errFailed

@@ -65,7 +65,9 @@
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
 // record of its version) or an operation fails, 2 for a usage error.
-// Every error is one line on stderr.
+// Every error is one line on stderr. What idemctl prints of a jar's
+// records and of a server's answers (a status, an error's body) has its
+// control characters escaped (\x1b), never sent to the terminal as they are.
 package main
 
 import (
@@ -79,9 +81,12 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
@@ -444,4 +449,27 @@ func isStatementTimeout(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "57014" // query_canceled
 }
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+// oneLine makes s one line fit to print: its runs of white space are one
+// space each, and its other control characters and bytes that are not
+// UTF-8 are escaped (\x1b, \a), as they may come from a server's answer
+// or a jar, and a terminal would run them.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case unicode.IsControl(r):
+			b.WriteString(strings.Trim(strconv.QuoteRuneToGraphic(r), "'"))
+		default:
+			b.WriteString(s[:size])
+		}
+		s = s[size:]
+	}
+	return b.String()
+}

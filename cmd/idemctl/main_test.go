@@ -22,6 +22,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
@@ -1056,4 +1058,76 @@ func TestCloseErrorFailsTheCommand(t *testing.T) {
 		code, _, errOut = idemctl("--jar", path, "abandon", "charge:nope", "--reason", "x")
 		wantError(t, code, errOut, 1, `no operation named "charge:nope" in `)
 	})
+}
+
+// controls returns the control characters of s but newlines, and its
+// bytes that are not UTF-8 (which a terminal may take for C1 controls).
+func controls(s string) []string {
+	var found []string
+	for i, r := range s {
+		if _, size := utf8.DecodeRuneInString(s[i:]); r != '\n' && (unicode.IsControl(r) || r == utf8.RuneError && size == 1) {
+			found = append(found, fmt.Sprintf("%q", s[i:i+size]))
+		}
+	}
+	return found
+}
+
+// TestTerminalEscapesNotPrinted: what a server answers and what a program
+// stored reach the operator's terminal with their control characters
+// escaped, never as they are: an answer's status and body that resume
+// prints, and a stored URL (a query the program built by hand) that show
+// prints. A terminal would run them as escape sequences (clear the screen,
+// set its title or clipboard, hide the lines before).
+func TestTerminalEscapesNotPrinted(t *testing.T) {
+	const esc = "\x1b]0;owned\a\x1b[2J\u009b31m\xff"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/refused" {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, "refused "+esc)
+			return
+		}
+		// A status line of the server's own words.
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(buf, "HTTP/1.1 201 Created "+esc+"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		buf.Flush()
+	}))
+	t.Cleanup(srv.Close)
+
+	for _, c := range []struct{ path, stream string }{{"/v1/refused", "stderr"}, {"/v1/created", "stdout"}} {
+		path := pendingInFile(t, http.MethodPost, "charge:o1", srv.URL+c.path, 0)
+		_, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret)
+		printed := map[string]string{"stdout": out, "stderr": errOut}[c.stream]
+		if !strings.Contains(printed, `\x1b[2J`) {
+			t.Errorf("resume of %s: %s %q; want the server's words, escaped", c.path, c.stream, printed)
+		}
+		if found := controls(out + errOut); len(found) > 0 {
+			t.Errorf("resume of %s printed control characters %v: stdout %q, stderr %q", c.path, found, out, errOut)
+		}
+	}
+
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if _, _, err := j.Begin(context.Background(), idem.Record{Op: "search:1", Key: "key-1", Fingerprint: "fp", State: idem.StatePending,
+		Method: "POST", URL: srv.URL + "/v1/search?q=" + esc, Created: now, Updated: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := idemctl("--jar", path, "show", "search:1")
+	if code != 0 || !strings.Contains(out, `/v1/search?q=\x1b]0;owned\a`) {
+		t.Fatalf("show: exit %d, stderr %q, stdout:\n%s\nwant the URL, escaped", code, errOut, out)
+	}
+	if found := controls(out + errOut); len(found) > 0 {
+		t.Errorf("show printed control characters %v:\n%s", found, out)
+	}
 }
