@@ -242,8 +242,9 @@ type Middleware struct {
 	// lease ages and retention are measured with it.
 	Now func() time.Time
 
-	// Logger receives one record per decision, and a handler's panic
-	// with its stack. Nil means silent but for a panic, which is logged
+	// Logger receives one record per decision, the error of a request
+	// body that could not be read (the body-unreadable answer does not
+	// name it), and a handler's panic with its stack. Nil means silent but for a panic, which is logged
 	// with its stack as net/http logs one: to the ErrorLog of the request's
 	// http.Server, or to the log package's standard logger.
 	Logger *slog.Logger
@@ -382,8 +383,11 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 	case int64(len(b)) > limit:
 		return nil, tooLarge(limit)
 	case err != nil:
+		// The error goes to the Logger alone: net/http's names the
+		// server's own address (an internal one behind a load balancer).
+		m.log(r.Context(), slog.LevelInfo, "idempotency: request body unreadable", "err", err)
 		return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
-			Detail: "The request body could not be read (" + err.Error() + "); send the request again with the same Idempotency-Key."}
+			Detail: "The request body could not be read; send the request again with the same Idempotency-Key."}
 	}
 	return b, nil
 }

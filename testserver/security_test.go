@@ -1,7 +1,10 @@
 package testserver_test
 
 import (
+	"log/slog"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -62,5 +65,42 @@ func TestMiddlewareReadsAreBounded(t *testing.T) {
 					w.Code, body.n.Load(), runs.Load(), c.status, c.maxRead, c.handlers)
 			}
 		})
+	}
+}
+
+// failingBody fails every read with err.
+type failingBody struct{ err error }
+
+func (b failingBody) Read([]byte) (int, error) { return 0, b.err }
+func (b failingBody) Close() error             { return nil }
+
+// readTimeout is the error net/http gives a handler reading a body past
+// the server's ReadTimeout: it names the server's own address, which
+// behind a load balancer is an internal one.
+var readTimeout = &net.OpError{Op: "read", Net: "tcp",
+	Source: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 8080},
+	Addr:   &net.TCPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 51234}, Err: os.ErrDeadlineExceeded}
+
+// TestBodyErrorLoggedNotSent: a request body that cannot be read is
+// answered 400 body-unreadable without the read's error, which goes to
+// the Logger: it may name the server's internal address, a file or
+// another layer's message.
+func TestBodyErrorLoggedNotSent(t *testing.T) {
+	var logged strings.Builder
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+	srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("the handler ran")
+	}))
+	r := request("POST", "/v1/charges", "", "Idempotency-Key", "k-1")
+	r.Body = failingBody{readTimeout}
+	w := serve(srv, r)
+	p := wantProblem(t, w, http.StatusBadRequest, testserver.ProblemBodyUnreadable)
+	for _, leak := range []string{"10.1.2.3", "10.9.8.7", "i/o timeout"} {
+		if strings.Contains(w.Body.String(), leak) {
+			t.Errorf("the answer names %q: %s", leak, p.Detail)
+		}
+	}
+	if !strings.Contains(logged.String(), readTimeout.Error()) {
+		t.Errorf("logged %q; want the read's error, %q", logged.String(), readTimeout.Error())
 	}
 }

@@ -65,9 +65,11 @@ type App struct {
 	Faults Faults
 
 	// Logger receives, at level ERROR, the ledger's error behind each
-	// 502 payco-failed and 503 ledger-unavailable answer. The answer's
-	// detail does not name it: a driver's error may name the database's
-	// file, host, user or schema. Nil logs nothing.
+	// 502 payco-failed and 503 ledger-unavailable answer, and the error
+	// of a charge's body that could not be read (400 invalid-charge). The
+	// answer's detail does not name it: a driver's error may name the
+	// database's file, host, user or schema, and net/http's the server's
+	// own address. Nil logs nothing.
 	Logger *slog.Logger
 }
 
@@ -94,7 +96,7 @@ type chargeRequest struct {
 }
 
 func (a *App) charge(w http.ResponseWriter, r *http.Request) {
-	req, p := parseCharge(w, r)
+	req, p := a.parseCharge(w, r)
 	if p != nil {
 		testserver.WriteProblem(w, *p, 0)
 		return
@@ -138,14 +140,21 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 }
 
 // parseCharge decodes a JSON or form body.
-func parseCharge(w http.ResponseWriter, r *http.Request) (chargeRequest, *testserver.Problem) {
+func (a *App) parseCharge(w http.ResponseWriter, r *http.Request) (chargeRequest, *testserver.Problem) {
 	var req chargeRequest
 	invalid := func(detail string) (chargeRequest, *testserver.Problem) {
 		return req, &testserver.Problem{Type: problemBase + "invalid-charge", Title: "Invalid charge request", Status: http.StatusBadRequest, Detail: detail}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		return invalid("The body could not be read: " + err.Error() + ".")
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return invalid(fmt.Sprintf("The body is larger than %d bytes.", mbe.Limit))
+	case err != nil:
+		// Not named in the answer: net/http's error names the server's
+		// own address.
+		a.logError(r, "payments: reading the body failed", err)
+		return invalid("The body could not be read; send it again.")
 	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -367,5 +369,47 @@ func TestLedgerErrorsAreLoggedNotSent(t *testing.T) {
 		if !strings.Contains(logged.String(), closed) || !strings.Contains(logged.String(), "level=ERROR") {
 			t.Errorf("%s: logged %q; want the ledger's error (%q) at level ERROR", tc.name, logged.String(), closed)
 		}
+	}
+}
+
+// failingBody fails every read with err.
+type failingBody struct{ err error }
+
+func (b failingBody) Read([]byte) (int, error) { return 0, b.err }
+func (b failingBody) Close() error             { return nil }
+
+// TestBodyErrorsAreLoggedNotSent: a charge whose body cannot be read, on
+// an App that reads it itself (no Middleware), is answered 400 without the
+// read's error, which goes to App.Logger: net/http's names the server's
+// own address. A body over the limit is still said to be too large.
+func TestBodyErrorsAreLoggedNotSent(t *testing.T) {
+	app := tempApp(t)
+	app.Idempotency = nil
+	var logged strings.Builder
+	app.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+	h := app.Handler()
+
+	readErr := &net.OpError{Op: "read", Net: "tcp", Source: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 8080},
+		Addr: &net.TCPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 51234}, Err: os.ErrDeadlineExceeded}
+	r := httptest.NewRequest("POST", "/v1/charges", nil)
+	r.Header.Set("Content-Type", "application/json")
+	r.Body = failingBody{readErr}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "invalid-charge") {
+		t.Fatalf("%d %s; want 400 invalid-charge", w.Code, w.Body)
+	}
+	for _, leak := range []string{"10.1.2.3", "10.9.8.7", "i/o timeout"} {
+		if strings.Contains(w.Body.String(), leak) {
+			t.Errorf("the answer names %q: %s", leak, w.Body)
+		}
+	}
+	if !strings.Contains(logged.String(), readErr.Error()) || !strings.Contains(logged.String(), "level=ERROR") {
+		t.Errorf("logged %q; want the read's error, %q, at level ERROR", logged.String(), readErr.Error())
+	}
+
+	w = post(h, "", "application/json", `{"amount":100,"currency":"eur","order_id":"`+strings.Repeat("x", 1<<20)+`"}`)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "larger than 1048576 bytes") {
+		t.Errorf("a body over the limit: %d %s; want 400 saying it is larger than 1048576 bytes", w.Code, w.Body)
 	}
 }
