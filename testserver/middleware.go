@@ -244,9 +244,10 @@ type Middleware struct {
 
 	// Logger receives one record per decision, the error of a request
 	// body that could not be read (the body-unreadable answer does not
-	// name it), and a handler's panic with its stack. Nil means silent but for a panic, which is logged
-	// with its stack as net/http logs one: to the ErrorLog of the request's
-	// http.Server, or to the log package's standard logger.
+	// name it), and a handler's panic with its stack. Nil means silent
+	// but for a panic, which is logged with its stack as net/http logs
+	// one: to the ErrorLog of the request's http.Server, or to the log
+	// package's standard logger.
 	Logger *slog.Logger
 
 	stats counters
