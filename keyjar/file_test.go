@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -124,6 +125,49 @@ func TestCloseSyncsWALThroughSymlink(t *testing.T) {
 	}
 	if len(synced) != 1 || synced[0] != target+"-wal" {
 		t.Fatalf("Close synced %q; want the WAL beside the link's target, %s", synced, target+"-wal")
+	}
+}
+
+// TestOpenCreatesThroughDanglingSymlink: a symbolic link to a file that
+// does not exist yet (a jar kept on a volume, linked from the program's
+// directory) is a path to that file: Open creates it there, mode 0600, as
+// it creates a missing file, and the -wal and -shm files beside it. With
+// MustExist, the same link is a missing jar.
+func TestOpenCreatesThroughDanglingSymlink(t *testing.T) {
+	target := filepath.Join(t.TempDir(), "keys.db")
+	link := filepath.Join(t.TempDir(), "link.db")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := keyjar.Open(t.Context(), link, &keyjar.Options{MustExist: true}); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Open with MustExist through a link to nothing: %v; want fs.ErrNotExist", err)
+	}
+	j, err := keyjar.Open(t.Context(), link, nil)
+	if err != nil {
+		t.Fatalf("Open through a link to a file not yet created: %v", err)
+	}
+	if _, _, err := j.Begin(t.Context(), newRecord("op")); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(target)
+	if err != nil {
+		t.Fatalf("no jar file at the link's target: %v", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the link's target is %v; want a regular file of mode 0600", fi.Mode())
+	}
+	if _, err := os.Stat(target + "-wal"); err != nil {
+		t.Fatalf("no WAL beside the link's target: %v", err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		t.Fatalf("the link became %v, %v; want it left a symbolic link", fi, err)
+	}
+	again := openPath(t, link, &keyjar.Options{MustExist: true})
+	if _, err := again.Get(t.Context(), "op"); err != nil {
+		t.Fatalf("the jar reopened through the link: %v", err)
 	}
 }
 

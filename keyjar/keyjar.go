@@ -39,7 +39,8 @@
 // Close checkpoints the WAL into the file and leaves the -wal file, empty,
 // and the -shm file in place: SQLite can read a WAL-mode file without
 // writing only when they exist. A path that is a
-// symbolic link opens the file it points to, and the -wal and -shm files are
+// symbolic link opens the file it points to, or creates it there when
+// nothing is there yet, and the -wal and -shm files are
 // beside that file. Each connection sets busy_timeout (Options.BusyTimeout);
 // the writer also uses journal_mode=WAL, synchronous=FULL (NORMAL for
 // batches without a key creation), secure_delete=FAST and BEGIN IMMEDIATE
@@ -565,10 +566,11 @@ const sqliteHeader = 100
 
 // createFile creates the jar file with mode 0600 unless it exists or create
 // is false, and checks that an existing, non-empty file is a SQLite
-// database. It reports whether it created the file.
+// database. It reports whether it created the file. A symbolic link to a
+// file that does not exist yet names that file, which it creates.
 func createFile(path string, create bool) (created bool, err error) {
-	if create {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	for name, i := path, 0; create && i < maxLinks; i++ {
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err == nil {
 			return true, f.Close()
 		}
@@ -578,9 +580,35 @@ func createFile(path string, create bool) (created bool, err error) {
 		if !errors.Is(err, os.ErrExist) {
 			return false, fmt.Errorf("keyjar: %w", permission(err)) // err names the path
 		}
+		// O_EXCL does not follow a symbolic link: one that points to
+		// nothing yet is created through, as SQLite would open it.
+		var dangling bool
+		if name, dangling = danglingLink(name); !dangling {
+			break
+		}
 	}
 	_, err = checkFile(path, os.O_RDWR)
 	return false, err
+}
+
+// maxLinks bounds the symbolic links createFile follows, as Linux's
+// MAXSYMLINKS does a path's.
+const maxLinks = 40
+
+// danglingLink returns the path that the symbolic link name points to, and
+// true, when nothing is there.
+func danglingLink(name string) (string, bool) {
+	if _, err := os.Stat(name); !errors.Is(err, fs.ErrNotExist) {
+		return "", false
+	}
+	target, err := os.Readlink(name)
+	if err != nil {
+		return "", false
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(name), target)
+	}
+	return target, true
 }
 
 // checkFile opens the existing file at path with flag (os.O_RDWR or
