@@ -15,6 +15,8 @@ func TestSecretHeader(t *testing.T) {
 		// Credentials under other names than the standard ones.
 		"X-Authorization": true, "X-Auth-Key": true, "Proxy_Authorization": true, "Authorization ": true,
 		"X-Api_Key": true, "api_key": true,
+		// Names that contain an API key's name without ending in "key".
+		"X-Api-Key-Id": true, "X-Apikey-Id": true, "X-Api_Key_Id": true,
 		// API keys and sessions named otherwise: Azure API Management,
 		// Azure Functions, Datadog.
 		"Ocp-Apim-Subscription-Key": true, "X-Functions-Key": true, "DD-APPLICATION-KEY": true,
