@@ -1341,6 +1341,49 @@ func TestSecretHeadersNotStored(t *testing.T) {
 	}
 }
 
+// headerJar is a Jar that keeps what Begin is given, as the Jar contract
+// allows: only its caller strips credentials. It records each header Begin
+// got.
+type headerJar struct {
+	*idem.MemoryJar
+	got []http.Header
+}
+
+func (j *headerJar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	j.got = append(j.got, r.Header.Clone())
+	return j.MemoryJar.Begin(ctx, r)
+}
+
+// The Transport strips credentials itself before Begin: a jar that keeps
+// the header it is given, which the Jar contract allows, gets none of what
+// SecretHeader names.
+func TestSecretHeadersNeverGivenToTheJar(t *testing.T) {
+	jar := &headerJar{MemoryJar: &idem.MemoryJar{}}
+	tr, _, _ := newTransport(t, status(201))
+	tr.Jar = jar
+	req, _ := http.NewRequest(http.MethodPost, chargeURL, strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer sk_live_secret")
+	req.Header.Set("Cookie", "session=abc")
+	req.Header.Set("X-Api-Key", "k")
+	req.Header.Set("X-Request-Source", "test")
+	resp, err := tr.RoundTrip(req.WithContext(idem.WithOperation(req.Context(), "op")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(jar.got) != 1 {
+		t.Fatalf("Begin called %d times; want 1", len(jar.got))
+	}
+	for name := range jar.got[0] {
+		if idem.SecretHeader(name) {
+			t.Errorf("Begin got the header %s; want no credential given to the jar", name)
+		}
+	}
+	if jar.got[0].Get("X-Request-Source") != "test" {
+		t.Errorf("Begin got the header %v; want the non-secret header kept", jar.got[0])
+	}
+}
+
 // TestURLCredentialsNotStored: the userinfo of a URL, which net/http sends
 // as Basic credentials, is sent but neither stored nor fingerprinted.
 func TestURLCredentialsNotStored(t *testing.T) {
