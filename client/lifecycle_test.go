@@ -500,6 +500,39 @@ func TestAbandonRacingAnotherAbandon(t *testing.T) {
 	}
 }
 
+// TestAbandonRacingTheOperationsEnd: an Abandon that reads the operation
+// pending, and takes its lease after another process resumed it to its
+// end, leaves it done under its key and returns a *StateError: the name
+// keeps its key, and a new call with it is not sent under a new one.
+func TestAbandonRacingTheOperationsEnd(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, nil)
+	rec, err := c.Jar().Get(ctx, "charge:o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newClient(t, s, &client.Options{Jar: c.Jar()}) // the shop answers it
+	hj := &hookJar{Jar: c.Jar()}
+	hj.onAcquire = func() {
+		if _, err := other.Resume(ctx, "charge:o1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mine, err := client.New(ctx, "", &client.Options{Jar: hj})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	var se *client.StateError
+	if err := mine.Abandon(ctx, "charge:o1", "checked by the operator"); !errors.As(err, &se) || se.State != idem.StateDone {
+		t.Fatalf("abandon of an operation resumed to its end meanwhile: %v; want a *StateError in state done", err)
+	}
+	got, err := c.Jar().Get(ctx, "charge:o1")
+	if err != nil || got.State != idem.StateDone || got.Key != rec.Key {
+		t.Errorf("after the Abandon: %+v, %v; want the operation done under its key %q", got, err, rec.Key)
+	}
+}
+
 // keyHookJar is a hookJar that stays a client.KeyForgetter: its ForgetKey
 // is its jar's.
 type keyHookJar struct {
