@@ -64,10 +64,11 @@ type App struct {
 	// The zero value injects none.
 	Faults Faults
 
-	// Logger receives, at level ERROR, the ledger's error behind each
-	// 502 payco-failed and 503 ledger-unavailable answer, and the error
-	// of a charge's body that could not be read (400 invalid-charge). The
-	// answer's detail does not name it: a driver's error may name the
+	// Logger receives the ledger's error behind each 502 payco-failed and
+	// 503 ledger-unavailable answer, at level ERROR, and the error of a
+	// charge's body that could not be read (400 invalid-charge), at level
+	// INFO: the client's fault, not the server's. The answer's detail does
+	// not name it: a driver's error may name the
 	// database's file, host, user or schema, and net/http's the server's
 	// own address. Nil logs nothing.
 	Logger *slog.Logger
@@ -114,7 +115,7 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("Order %q was already charged with another amount or currency; look it up at %s.", orderID, orderPath(orderID))}, 0)
 		return
 	case err != nil:
-		a.logError(r, "payments: charge failed", err)
+		a.log(r, slog.LevelError, "payments: charge failed", err)
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "payco-failed", Title: "Payment processor failed", Status: http.StatusBadGateway,
 			Detail: "The payment processor did not answer; retry the request with the same Idempotency-Key."}, 0)
 		return
@@ -153,7 +154,7 @@ func (a *App) parseCharge(w http.ResponseWriter, r *http.Request) (chargeRequest
 	case err != nil:
 		// Not named in the answer: net/http's error names the server's
 		// own address.
-		a.logError(r, "payments: reading the body failed", err)
+		a.log(r, slog.LevelInfo, "payments: reading the body failed", err)
 		return invalid("The body could not be read; send it again.")
 	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
@@ -265,14 +266,14 @@ func (a *App) stats(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *App) ledgerFailed(w http.ResponseWriter, r *http.Request, err error) {
-	a.logError(r, "payments: ledger read failed", err)
+	a.log(r, slog.LevelError, "payments: ledger read failed", err)
 	testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "ledger-unavailable", Title: "Ledger unavailable", Status: http.StatusServiceUnavailable,
 		Detail: "The ledger could not be read; retry later."}, 1)
 }
 
-func (a *App) logError(r *http.Request, msg string, err error) {
+func (a *App) log(r *http.Request, level slog.Level, msg string, err error) {
 	if a.Logger != nil {
-		a.Logger.ErrorContext(r.Context(), msg, "method", r.Method, "path", r.URL.Path, "err", err)
+		a.Logger.Log(r.Context(), level, msg, "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 }
 
