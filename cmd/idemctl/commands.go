@@ -460,13 +460,21 @@ func cell(s string, n int) string {
 	if s == "" {
 		return "-"
 	}
-	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) >= 0 {
-		s = strings.Trim(strconv.QuoteToGraphic(s), `"`)
-	}
+	s = escape(s)
 	if n > 0 && utf8.RuneCountInString(s) > n {
 		s = string([]rune(s)[:n]) + "…"
 	}
 	return s
+}
+
+// escape returns s with its control characters and bytes that are not
+// UTF-8 escaped as in a Go string literal (\x1b, \a, \xff), for a
+// terminal would run them; a string with none is returned as it is.
+func escape(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) < 0 {
+		return s
+	}
+	return strings.Trim(strconv.QuoteToGraphic(s), `"`)
 }
 
 func sortedKeys(h http.Header) []string {

@@ -81,12 +81,9 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
@@ -451,25 +448,6 @@ func isStatementTimeout(err error) bool {
 
 // oneLine makes s one line fit to print: its runs of white space are one
 // space each, and its other control characters and bytes that are not
-// UTF-8 are escaped (\x1b, \a), as they may come from a server's answer
-// or a jar, and a terminal would run them.
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
-		return s
-	}
-	var b strings.Builder
-	for len(s) > 0 {
-		r, size := utf8.DecodeRuneInString(s)
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[0])
-		case unicode.IsControl(r):
-			b.WriteString(strings.Trim(strconv.QuoteRuneToGraphic(r), "'"))
-		default:
-			b.WriteString(s[:size])
-		}
-		s = s[size:]
-	}
-	return b.String()
-}
+// UTF-8 are escaped (\x1b, \a) by escape, as they may come from a
+// server's answer or a jar, and a terminal would run them.
+func oneLine(s string) string { return escape(strings.Join(strings.Fields(s), " ")) }
