@@ -474,7 +474,8 @@ func escape(s string) string {
 	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) < 0 {
 		return s
 	}
-	return strings.Trim(strconv.QuoteToGraphic(s), `"`)
+	q := strconv.QuoteToGraphic(s)
+	return q[1 : len(q)-1] // the quotes QuoteToGraphic adds, not an escaped one of s
 }
 
 func sortedKeys(h http.Header) []string {
