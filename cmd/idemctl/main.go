@@ -302,9 +302,14 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 		// Its -wal and -shm files are missing (a version of keyjar that
 		// removed them at Close was the last to close it): opened for
 		// writing, as every command did before, which creates them, when
-		// this user may; otherwise the read-only open's error says why.
-		if jw, werr := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true}); werr == nil {
+		// this user may; when it may not, the read-only open's error says
+		// why, and any other failure (a damaged file) is the open's.
+		jw, werr := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true})
+		if werr == nil {
 			return jw, jw.Close, nil
+		}
+		if !errors.Is(werr, fs.ErrPermission) {
+			err = werr
 		}
 	}
 	if errors.Is(err, fs.ErrNotExist) {

@@ -939,6 +939,39 @@ func TestListCreatesMissingWALFiles(t *testing.T) {
 	}
 }
 
+// TestReadOfADamagedJarWithoutWALFiles: a jar without its -wal and -shm
+// files whose first page is damaged (as in a copy taken while the file was
+// written) is said to be damaged by list, show and export, as by the
+// commands that write: the open for writing that would create the two
+// files fails on the damage, not on a permission that this user lacks.
+func TestReadOfADamagedJarWithoutWALFiles(t *testing.T) {
+	path := seed(t, newServer(t))
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first page's b-tree header follows the 100-byte file header,
+	// which stays intact: 0 is no page type.
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0}, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list"}, {"show", "charge:p1"}, {"export"}, {"forget", "charge:done"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", path}, args...)...)
+		wantError(t, code, errOut, 1, path+" is not a key jar or is corrupt")
+		if strings.Contains(errOut, "may not create them") {
+			t.Errorf("%s of a damaged jar: %q; want the damage, not a permission", args[0], errOut)
+		}
+	}
+}
+
 // dirNames returns the names in dir, sorted.
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()
