@@ -165,23 +165,34 @@ func (f *headerFlag) Set(v string) error {
 	return nil
 }
 
-// add adds the header line v, and reports whether it is 'Name: value'.
+// add adds the header line v, and reports whether it is 'Name: value'
+// that net/http sends: a name that is a token, a value without control
+// characters but tabs. net/http refuses another only once the resume has
+// counted the attempt in the jar.
 func (f *headerFlag) add(v string) bool {
 	name, value, ok := strings.Cut(v, ":")
-	name = strings.TrimSpace(name)
-	if !ok || name == "" || strings.ContainsAny(name, " \t") {
+	name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+	if !ok || name == "" || strings.IndexFunc(name, notTokenChar) >= 0 ||
+		strings.IndexFunc(value, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {
 		return false
 	}
 	if f.h == nil {
 		f.h = make(http.Header)
 	}
-	f.h.Add(textproto.CanonicalMIMEHeaderKey(name), strings.TrimSpace(value))
+	f.h.Add(textproto.CanonicalMIMEHeaderKey(name), value)
 	return true
 }
 
-// notAHeader is the error for a header line that is not 'Name: value'. It
-// does not quote the line, which may hold a credential.
-const notAHeader = "a header is not 'Name: value' (not shown: it may hold a credential)"
+// notTokenChar reports whether r may not be in a header's name, a token
+// (RFC 9110, section 5.6.2).
+func notTokenChar(r rune) bool {
+	return r <= ' ' || r >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
+}
+
+// notAHeader is the error for a header line that is not 'Name: value', or
+// not one that can be sent. It does not quote the line, which may hold a
+// credential.
+const notAHeader = "a header is not 'Name: value', with no space or separator in its name and no control character in its value (not shown: it may hold a credential)"
 
 func resumeFlags(fs *flag.FlagSet) {
 	fs.Bool("all", false, "resume every pending operation, oldest first")

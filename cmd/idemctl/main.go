@@ -29,9 +29,11 @@
 // with the same Idempotency-Key. The jar never holds credentials: give them
 // with --header 'Name: value' (repeatable), or, to keep them out of the
 // process list, in the environment variable IDEM_HEADER (one "Name: value"
-// per line). Give the credential of the first send: a server that scopes
-// keys by credential (as the reference server does) would take another
-// one's request for a new operation. A resume that sends without any
+// per line); a line that is not one net/http sends (a space or a separator
+// in the name, a control character in the value) is a usage error, and
+// nothing is sent. Give the credential of the first send: a server that
+// scopes keys by credential (as the reference server does) would take
+// another one's request for a new operation. A resume that sends without any
 // header given says so on stderr. The headers go with every request sent,
 // but an Idempotency-Key, which is always the operation's own:
 // resume --all with headers is refused when the pending operations go to

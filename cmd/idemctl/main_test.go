@@ -317,6 +317,36 @@ func testResume(t *testing.T, srv *server, path string) {
 	}
 }
 
+// TestResumeOfAHeaderThatCannotBeSent: a header whose name is not a token
+// or whose value holds a control character, which net/http refuses to
+// send, is a usage error, as one without its colon: the credential not
+// shown, nothing sent, and the operation's attempts and last outcome in
+// the jar as they were, not an attempt that never left.
+func TestResumeOfAHeaderThatCannotBeSent(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	before, _ := jarState(t, path, "charge:p1")
+	for _, line := range []string{"Authorization(1): " + secret, "Authorization: " + secret + "\x01", "Authorization: " + secret + "\rX: y", "X-Trace\x7f: 1"} {
+		code, _, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", line)
+		wantError(t, code, errOut, 2, "--header")
+		t.Setenv("IDEM_HEADER", line)
+		code, _, errOut2 := idemctl("--jar", path, "resume", "--all")
+		wantError(t, code, errOut2, 2, "IDEM_HEADER")
+		t.Setenv("IDEM_HEADER", "")
+		if strings.Contains(errOut+errOut2, "sk_test") {
+			t.Errorf("the errors show the credential: %q, %q", errOut, errOut2)
+		}
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("server got %d requests; want none", len(srv.keys))
+	}
+	after, _ := jarState(t, path, "charge:p1")
+	if after.Attempts != before.Attempts || after.LastError != before.LastError {
+		t.Errorf("after the refused resumes, charge:p1 has %d attempts, last error %q; want %d and %q, as before",
+			after.Attempts, after.LastError, before.Attempts, before.LastError)
+	}
+}
+
 // TestResumeWithoutCredentials: a resume that sends without --header or
 // IDEM_HEADER says so on stderr, since the jar keeps no credential; one
 // that sends nothing (a done operation) does not.
