@@ -147,7 +147,7 @@ func (p ErrorPolicy) String() string {
 // answers 503.
 type Middleware struct {
 	// Store holds the keys. Nil makes every protected request fail closed
-	// with 503.
+	// with 503, and Prune return ErrNoStore.
 	Store Store
 
 	// Methods are the request methods that carry a key. Nil means POST and
@@ -440,7 +440,7 @@ func (m *Middleware) lockTimeout() time.Duration {
 func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handler, scope, key, fp string, body []byte) {
 	ctx := r.Context()
 	if m.Store == nil {
-		m.storeFailed(w, r, key, errors.New("testserver: Middleware.Store is nil"))
+		m.storeFailed(w, r, key, ErrNoStore)
 		return
 	}
 	for range maxDecisions {
@@ -770,10 +770,11 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 // PruneBatch (one store statement each, so no writer waits long), until a
 // batch comes back short, ctx is done, or 10 000 batches ran; an entry
 // still in flight is kept while its claim was taken within Retention (see
-// Store.Prune). It returns how many it deleted. Run it periodically.
+// Store.Prune). It returns how many it deleted. Run it periodically. With a
+// nil Store it deletes nothing and returns ErrNoStore.
 func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if m.Store == nil {
-		return 0, errors.New("testserver: Middleware.Store is nil")
+		return 0, ErrNoStore
 	}
 	retention := m.Retention
 	if retention == 0 {

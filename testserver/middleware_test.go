@@ -1079,6 +1079,14 @@ func TestPrune(t *testing.T) {
 	})
 }
 
+// Prune without a Store fails closed with ErrNoStore, deleting nothing.
+func TestPruneNilStore(t *testing.T) {
+	n, err := (&testserver.Middleware{}).Prune(context.Background())
+	if n != 0 || !errors.Is(err, testserver.ErrNoStore) {
+		t.Fatalf("Prune with a nil Store = %d, %v; want 0, ErrNoStore", n, err)
+	}
+}
+
 // TestPruneAtRetention: a key exactly Retention old is kept, so that a
 // client that retries until its horizon, as long as the server's
 // retention, still gets the replay at its last instant; a nanosecond

@@ -91,3 +91,8 @@ type Store interface {
 // ErrFenced is returned by Store.Save when the caller's token no longer
 // holds the claim: another worker took over, and the late write was refused.
 var ErrFenced = errors.New("testserver: write fenced: the claim was taken over")
+
+// ErrNoStore is the error of Middleware.Prune when the Middleware's Store
+// is nil, and the one logged when a protected request is refused for that
+// reason (503 ProblemStoreUnavailable).
+var ErrNoStore = errors.New("testserver: Middleware.Store is nil")
