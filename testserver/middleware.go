@@ -263,7 +263,7 @@ type Stats struct {
 	Fenced      int64 // late saves or releases refused because another worker took over
 	Released    int64 // claims released after a handler error (ReleaseClaim)
 	TooLarge    int64 // answers larger than MaxSavedResponse, saved as a marker
-	StoreErrors int64 // store calls that failed (503 before the handler, logged after)
+	StoreErrors int64 // store calls that failed (503 before the handler, logged after), releases included
 	Rejected    int64 // 400 and 413: missing, invalid or repeated key, unreadable or large body
 }
 
@@ -519,6 +519,7 @@ func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, token int6
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancel()
 	if _, err := m.Store.Release(ctx, scope, key, token); err != nil {
+		m.stats.storeErrors.Add(1)
 		m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
 	}
 }

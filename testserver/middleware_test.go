@@ -1482,3 +1482,63 @@ func TestCallerHangingUpDuringClaim(t *testing.T) {
 		}
 	})
 }
+
+// failingRelease is a Store whose Release fails.
+type failingRelease struct{ testserver.Store }
+
+func (failingRelease) Release(context.Context, string, string, int64) (bool, error) {
+	return false, errDown
+}
+
+// TestReleaseErrors: a Release that fails is a store error, counted in
+// Stats.StoreErrors, whichever release it is: the one after a handler's
+// error answer or panic (ReleaseClaim), or that of a claim whose handler
+// never runs, made too late for its lease or while its caller hung up.
+func TestReleaseErrors(t *testing.T) {
+	fail := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	})
+	panics := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") })
+	for _, tc := range []struct {
+		name string
+		h    http.Handler
+		want int
+	}{
+		{"error answer", fail, http.StatusServiceUnavailable},
+		{"panic", panics, http.StatusInternalServerError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mw := &testserver.Middleware{Store: failingRelease{new(testserver.MemoryStore)}, Logger: slog.New(slog.DiscardHandler)}
+			if w := serve(mw.Wrap(tc.h), request("POST", "/", chargeBody, "Idempotency-Key", "k")); w.Code != tc.want {
+				t.Fatalf("status %d (%s); want the handler's %d", w.Code, w.Body, tc.want)
+			}
+			if st := mw.Stats(); st.StoreErrors != 1 || st.Released != 0 {
+				t.Fatalf("%+v; want one store error, nothing released", st)
+			}
+		})
+	}
+	t.Run("claim slower than the lease", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			const lt = time.Minute
+			h := &charges{}
+			store := failingRelease{&slowClaimStore{MemoryStore: new(testserver.MemoryStore), delay: lt + time.Second}}
+			mw := &testserver.Middleware{Store: store, LockTimeout: lt}
+			wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 503, testserver.ProblemStoreUnavailable)
+			// The claim that came too late, and its release.
+			if st := mw.Stats(); h.runs.Load() != 0 || st.StoreErrors != 2 {
+				t.Fatalf("runs %d, %+v; want no run, two store errors", h.runs.Load(), st)
+			}
+		})
+	})
+	t.Run("caller hung up during the claim", func(t *testing.T) {
+		h := &charges{}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		mw := &testserver.Middleware{Store: hangUpInClaim{failingRelease{new(testserver.MemoryStore)}, cancel}}
+		serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx))
+		// The caller hanging up is not a store error; the release's failure is.
+		if st := mw.Stats(); h.runs.Load() != 0 || st.StoreErrors != 1 {
+			t.Fatalf("runs %d, %+v; want no run, one store error", h.runs.Load(), st)
+		}
+	})
+}

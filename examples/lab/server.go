@@ -243,7 +243,7 @@ type decisions struct {
 	Fenced    int64 `json:"fenced"`
 	Released  int64 `json:"released"`
 	// StoreErrors are failed store calls: 503 before the handler, or a
-	// save or release that did not happen after it.
+	// save or release that did not happen.
 	StoreErrors int64 `json:"store_errors"`
 	// SlowestMillis is the longest honest charge the server answered,
 	// from the moment it had a worker: what the lease must outlast.
