@@ -165,6 +165,11 @@ func (a *App) parseCharge(w http.ResponseWriter, r *http.Request) (chargeRequest
 		if err := dec.Decode(&req); err != nil {
 			return invalid("The body is not a valid JSON charge: " + err.Error() + ".")
 		}
+		// One object, and nothing after it but white space: what follows
+		// would otherwise be ignored, a second charge among it.
+		if _, err := dec.Token(); err != io.EOF {
+			return invalid("The body is not a valid JSON charge: data follows its JSON object.")
+		}
 	case mt == "application/x-www-form-urlencoded":
 		form, err := url.ParseQuery(string(body))
 		if err != nil {

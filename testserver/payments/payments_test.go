@@ -83,6 +83,8 @@ func stats(t *testing.T, h http.Handler) payments.Stats {
 	return s
 }
 
+const invalidCharge = "https://github.com/idemkit/idem/blob/main/testserver/README.md#invalid-charge"
+
 const jsonBody = `{"amount": 1000, "currency": "USD", "order_id": "o-1"}`
 
 func TestChargeForms(t *testing.T) {
@@ -92,6 +94,7 @@ func TestChargeForms(t *testing.T) {
 		{"application/json; charset=utf-8", `{"amount": 1000, "currency": "USD", "metadata": {"order_id": "o-1"}}`},
 		{"application/x-www-form-urlencoded", "amount=1000&currency=usd&order_id=o-2"},
 		{"application/x-www-form-urlencoded", "amount=1000&currency=usd&metadata%5Border_id%5D=o-3"},
+		{"application/json", "{\"amount\": 1000, \"currency\": \"usd\", \"order_id\": \"o-4\"}\r\n \t"}, // white space after the object
 	} {
 		w := post(h, fmt.Sprint("k", i), c.ct, c.body)
 		ch := decode(t, w)
@@ -136,13 +139,16 @@ func TestValidation(t *testing.T) {
 		{"no order", "application/x-www-form-urlencoded", "amount=1&currency=usd", 400, "order_id"},
 		{"order with space", "application/json", `{"amount": 1, "currency": "usd", "order_id": "o 1"}`, 400, "order_id"},
 		{"malformed JSON", "application/json", `{"amount": 1,`, 400, "JSON"},
+		{"text after the JSON", "application/json", `{"amount": 1, "currency": "usd", "order_id": "o"}x`, 400, "JSON"},
+		{"two JSON objects", "application/json", `{"amount": 1, "currency": "usd", "order_id": "o"}{"amount": 2}`, 400, "JSON"},
 		{"malformed form", "application/x-www-form-urlencoded", "amount=%zz", 400, "form"},
 		{"text", "text/plain", "amount=1", 415, "application/json"},
 	} {
 		w := post(h, "key-"+c.name, c.ct, c.body)
 		var p testserver.Problem
 		json.Unmarshal(w.Body.Bytes(), &p)
-		if w.Code != c.status || w.Header().Get("Content-Type") != "application/problem+json" || p.Status != c.status || !strings.Contains(p.Detail, c.detail) {
+		if w.Code != c.status || w.Header().Get("Content-Type") != "application/problem+json" || p.Status != c.status || !strings.Contains(p.Detail, c.detail) ||
+			c.status == 400 && p.Type != invalidCharge {
 			t.Errorf("%s: %d %q; want a %d problem about %s", c.name, w.Code, w.Body, c.status, c.detail)
 		}
 	}
