@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -69,6 +70,10 @@ const crashStatus = 3
 // 10 s). A stop waits for requests in flight up to the lock timeout, which
 // ends a protected handler, and this.
 const saveTimeout = 10 * time.Second
+
+// maxLockTimeout is the largest -lock-timeout: one more and the wait of a
+// stop, the lock timeout and saveTimeout, overflows time.Duration.
+const maxLockTimeout = math.MaxInt64 - saveTimeout
 
 func main() {
 	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -237,6 +242,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *lockTimeout <= 0 {
 		return usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
+	}
+	if *lockTimeout > maxLockTimeout {
+		return usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, saveTimeout)
 	}
 	if *delay < 0 {
 		return usagef("-delay %v: want a positive duration, or 0 for none", *delay)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -470,13 +471,25 @@ func TestFlagValues(t *testing.T) {
 		{"-prune-every", "-1h"},
 		{"-delay", "-1s"},
 		{"-lock-timeout", "5"}, // the reason, a missing unit, is checked below
+		// The wait of a stop, -lock-timeout and saveTimeout, would overflow.
+		{"-lock-timeout", (math.MaxInt64 - saveTimeout + 1).String()},
+		{"-lock-timeout", time.Duration(math.MaxInt64).String()},
 	} {
 		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), flag[0]) {
-			t.Errorf("run(%s %s): %v; want an error naming %s", flag[0], flag[1], err, flag[0])
+		var ue *usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), flag[0]) {
+			t.Errorf("run(%s %s): %v; want a usage error naming %s", flag[0], flag[1], err, flag[0])
 		}
 	}
-	err := run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
+	// The longest lock timeout whose wait can be told is taken: run goes on
+	// to the address, which it cannot listen on.
+	longest := (math.MaxInt64 - saveTimeout).String()
+	err := run(context.Background(), []string{"-lock-timeout", longest, "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
+	var ue *usageError
+	if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "256.0.0.1") {
+		t.Errorf("run(-lock-timeout %s): %v; want the address refused, not the flag", longest, err)
+	}
+	err = run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), `missing unit in duration "5"`) {
 		t.Errorf("run(-lock-timeout 5): %v; want it to say the unit is missing", err)
 	}
