@@ -14,7 +14,8 @@
 // time a request with an Idempotency-Key may take: -lock-timeout, which
 // ends its handler, and 10 s to save its answer. A request without a key
 // (-optional-key) that -delay holds longer is cut off. A second SIGINT or
-// SIGTERM ends the process at once. Several processes may serve the same
+// SIGTERM ends the process at once, also when it was started with SIGINT
+// ignored, as a non-interactive shell starts a background job. Several processes may serve the same
 // -db at once: on one machine a SQLite file, across machines a PostgreSQL
 // database, where they share the keys and the ledger.
 //
@@ -31,7 +32,9 @@
 // the wait (their connections are closed); 2 for a usage error: an unknown
 // flag, a flag value that does not parse or is out of range, an argument
 // besides the flags; 3 for -crash-after-charge. A second signal ends the
-// process by that signal.
+// process by that signal, but for a SIGINT that the process was started
+// ignoring, which it cannot die by: that one exits with status 130, as a
+// shell tells a process ended by SIGINT.
 package main
 
 import (
@@ -76,14 +79,9 @@ const saveTimeout = 10 * time.Second
 const maxLockTimeout = math.MaxInt64 - saveTimeout
 
 func main() {
-	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// The first signal stops the server gracefully. The default behaviour
-	// of both signals is back before run sees it, so that a second one
-	// ends the process at once.
 	ctx, cancel := context.WithCancel(context.Background())
-	context.AfterFunc(sig, func() { stop(); cancel() })
+	onSignals(cancel)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
 	cancel()
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return
@@ -94,6 +92,41 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// onSignals calls cancel on the first SIGINT or SIGTERM, which stops the
+// server gracefully, and makes a second one end the process at once.
+func onSignals(cancel context.CancelFunc) {
+	// A process started with SIGINT ignored (a background job of a
+	// non-interactive shell) gets it once Notify asks for it, and would
+	// ignore it again once Notify no longer does. Read before Notify.
+	intIgnored := signal.Ignored(os.Interrupt)
+	c := make(chan os.Signal, 2)
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-c
+		// The default behaviour of the signals is back before run sees the
+		// first, so that a second one ends the process by that signal,
+		// whatever it is doing; but for a SIGINT ignored at start, which
+		// Reset would ignore again: c keeps it.
+		signal.Reset(syscall.SIGTERM)
+		if !intIgnored {
+			signal.Reset(os.Interrupt)
+		}
+		cancel()
+		// A SIGINT ignored at start, or a signal that came before the
+		// Reset: it ends the process by that signal, raised again, or,
+		// when it cannot (SIGINT ignored), with the status a shell gives a
+		// process ended by it.
+		s := <-c
+		if s != os.Interrupt || !intIgnored {
+			if p, err := os.FindProcess(os.Getpid()); err == nil {
+				p.Signal(s)
+			}
+		}
+		n, _ := s.(syscall.Signal)
+		os.Exit(128 + int(n))
+	}()
 }
 
 // usageError is a mistake in the command line: exit status 2.

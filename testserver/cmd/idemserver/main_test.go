@@ -306,7 +306,19 @@ func testExitStatus(t *testing.T, bin string) {
 // the channel.
 func chargeInFlight(t *testing.T, bin string, args ...string) (*exec.Cmd, *bufio.Reader, <-chan answer) {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-v", "-delay", "1h"}, args...)...)
+	return startChargeInFlight(t, exec.Command(bin, inFlightArgs(args...)...))
+}
+
+// inFlightArgs are the arguments of chargeInFlight's server: args after
+// its own.
+func inFlightArgs(args ...string) []string {
+	return append([]string{"-addr", "127.0.0.1:0", "-v", "-delay", "1h"}, args...)
+}
+
+// startChargeInFlight is chargeInFlight with the command to start, which
+// runs the server with inFlightArgs.
+func startChargeInFlight(t *testing.T, cmd *exec.Cmd) (*exec.Cmd, *bufio.Reader, <-chan answer) {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -385,29 +397,60 @@ func testStopWaits(t *testing.T, bin string) {
 	}
 }
 
-// testSecondSignal: a second SIGTERM, while the first waits for a charge
-// in flight, ends the process at once, by the signal.
+// testSecondSignal: a second SIGINT or SIGTERM, while the first waits for
+// a charge in flight, ends the process at once, by the signal. A process
+// started with SIGINT ignored, as a non-interactive shell starts a
+// background job, cannot die by SIGINT: a second SIGINT ends it with exit
+// status 130, as a shell tells a process ended by SIGINT.
 func testSecondSignal(t *testing.T, bin string) {
-	db := filepath.Join(t.TempDir(), "idem.db")
-	cmd, stdout, got := chargeInFlight(t, bin, "-db", db) // the default lock timeout, a minute
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	// The line comes once the default behaviour of the signals is back.
-	line, err := stdout.ReadString('\n')
-	want := fmt.Sprintf("waiting up to %v for requests in flight", testserver.DefaultLockTimeout+saveTimeout)
-	if err != nil || !strings.Contains(line, want) {
-		t.Fatalf("after SIGTERM: %q, %v; want a line saying %q", line, err, want)
-	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Wait()
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
-		t.Fatalf("after a second SIGTERM: %v; want killed by SIGTERM", cmd.ProcessState)
-	}
-	if a := <-got; a.err == nil {
-		t.Fatalf("the charge in flight: %d %q; want the connection dropped", a.status, a.body)
+	for _, tc := range []struct {
+		name          string
+		ignoreINT     bool // started with SIGINT ignored
+		first, second syscall.Signal
+		wantSignal    syscall.Signal // the signal that ends the process, or 0
+		wantCode      int            // its exit status, when no signal ends it
+	}{
+		{"SIGTERM twice", false, syscall.SIGTERM, syscall.SIGTERM, syscall.SIGTERM, 0},
+		{"SIGINT twice", false, syscall.SIGINT, syscall.SIGINT, syscall.SIGINT, 0},
+		{"SIGINT twice, SIGINT ignored at start", true, syscall.SIGINT, syscall.SIGINT, 0, 130},
+		{"SIGTERM then SIGINT, SIGINT ignored at start", true, syscall.SIGTERM, syscall.SIGINT, 0, 130},
+		{"SIGINT then SIGTERM, SIGINT ignored at start", true, syscall.SIGINT, syscall.SIGTERM, syscall.SIGTERM, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := inFlightArgs("-db", filepath.Join(t.TempDir(), "idem.db")) // the default lock timeout, a minute
+			cmd := exec.Command(bin, args...)
+			if tc.ignoreINT {
+				// The shell ignores SIGINT, and the server it becomes
+				// (exec) inherits the ignore.
+				cmd = exec.Command("sh", append([]string{"-c", `trap '' INT; exec "$0" "$@"`, bin}, args...)...)
+			}
+			cmd, stdout, got := startChargeInFlight(t, cmd)
+			if err := cmd.Process.Signal(tc.first); err != nil {
+				t.Fatal(err)
+			}
+			// The line comes once a second signal stops the process.
+			line, err := stdout.ReadString('\n')
+			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)", testserver.DefaultLockTimeout+saveTimeout)
+			if err != nil || !strings.Contains(line, want) {
+				t.Fatalf("after %v: %q, %v; want a line saying %q", tc.first, line, err, want)
+			}
+			if err := cmd.Process.Signal(tc.second); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Wait()
+			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			switch {
+			case !ok:
+				t.Fatalf("after %v and %v: %v; want a wait status", tc.first, tc.second, cmd.ProcessState)
+			case tc.wantSignal != 0 && (!ws.Signaled() || ws.Signal() != tc.wantSignal):
+				t.Fatalf("after %v and %v: %v; want killed by %v", tc.first, tc.second, cmd.ProcessState, tc.wantSignal)
+			case tc.wantSignal == 0 && (!ws.Exited() || ws.ExitStatus() != tc.wantCode):
+				t.Fatalf("after %v and %v: %v; want exit status %d", tc.first, tc.second, cmd.ProcessState, tc.wantCode)
+			}
+			if a := <-got; a.err == nil {
+				t.Fatalf("the charge in flight: %d %q; want the connection dropped", a.status, a.body)
+			}
+		})
 	}
 }
 
