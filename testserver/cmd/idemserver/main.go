@@ -15,9 +15,10 @@
 // ends its handler, and 10 s to save its answer. A request without a key
 // (-optional-key) that -delay holds longer is cut off. A second SIGINT or
 // SIGTERM ends the process at once, also when it was started with SIGINT
-// ignored, as a non-interactive shell starts a background job. Several processes may serve the same
-// -db at once: on one machine a SQLite file, across machines a PostgreSQL
-// database, where they share the keys and the ledger.
+// ignored, as a non-interactive shell starts a background job. Several
+// processes may serve the same -db at once: on one machine a SQLite file,
+// across machines a PostgreSQL database, where they share the keys and the
+// ledger.
 //
 // Fault switches, for demos and labs: -fail-after-charge P answers 500 after
 // PayCo charged, with probability P; -crash-after-charge P exits the process
