@@ -21,6 +21,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/cliflag"
+	"github.com/idemkit/idem/retry"
 )
 
 func flagString(fs *flag.FlagSet, name string) string { return fs.Lookup(name).Value.String() }
@@ -197,12 +199,38 @@ const notAHeader = "a header is not 'Name: value', with no space or separator in
 func resumeFlags(fs *flag.FlagSet) {
 	fs.Bool("all", false, "resume every pending operation, oldest first")
 	fs.Var(&headerFlag{}, "header", "a header to send, 'Name: value' (repeatable); also $IDEM_HEADER, one per line")
+	// The default is the retry policy's MaxElapsed, a minute: an attempt
+	// that hangs that long spends the call's budget, so that a resume ends
+	// after about a minute an operation whose server never answers.
+	cliflag.Duration(fs, "attempt-timeout", (retry.Policy{}).Defaults().MaxElapsed,
+		"how long one attempt waits for the server's answer (a `duration`, at most the retry horizon, 24h); "+
+			"the default, 1m, is the retry policy's MaxElapsed: a hung attempt spends it and the resume ends")
 }
+
+// attemptTimeout returns resume's --attempt-timeout, or a usage error when
+// it is not a positive duration of at most the retry horizon: past the
+// horizon no timed-out attempt is retried, and 0 would be no limit, the
+// hang the flag is there to end.
+func attemptTimeout(fs *flag.FlagSet) (time.Duration, error) {
+	d := fs.Lookup("attempt-timeout").Value.(flag.Getter).Get().(time.Duration)
+	if horizon := (retry.Policy{}).Defaults().Horizon; d <= 0 || d > horizon {
+		return 0, usagef("--attempt-timeout %v: want a positive duration of at most %v, the retry horizon", d, horizon)
+	}
+	return d, nil
+}
+
+// resumeBase is the client.Options.Base that resume sends through: nil,
+// the Client's own. Tests replace it.
+var resumeBase http.RoundTripper
 
 func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	all := flagString(fs, "all") == "true"
 	if all == (len(args) > 0) || len(args) > 1 {
 		return usagef("resume needs one operation name or --all")
+	}
+	timeout, err := attemptTimeout(fs)
+	if err != nil {
+		return err
 	}
 	hf := fs.Lookup("header").Value.(*headerFlag)
 	if hf.bad {
@@ -223,7 +251,6 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	// resumed too.
 	var recs []idem.Record
 	if all {
-		var err error
 		if recs, err = s.jar.List(ctx, idem.Filter{State: idem.StatePending}); err != nil {
 			return err
 		}
@@ -255,7 +282,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		}
 	}
 	var warned bool
-	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Methods: methods, Header: func(r *http.Request) error {
+	header := func(r *http.Request) error {
 		if len(hf.h) == 0 && !warned {
 			// The jar keeps no credential: a server that scopes keys by
 			// credential takes a request without the first one's for a
@@ -267,7 +294,9 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			r.Header[name] = append([]string(nil), vs...)
 		}
 		return nil
-	}})
+	}
+	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Base: resumeBase, Methods: methods, Header: header,
+		Policy: retry.Policy{AttemptTimeout: timeout}})
 	if err != nil {
 		return err
 	}

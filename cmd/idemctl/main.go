@@ -47,6 +47,21 @@
 // by making the same call again. resume sends an operation of any method:
 // a PUT or a DELETE that a program keyed (its Methods) as a POST.
 //
+// resume gives up an attempt that has no answer (its response headers)
+// after --attempt-timeout, 1m by default, and sends it again with the same
+// key within the retry policy's defaults: at most 5 attempts, and no wait
+// for a retry that would end more than a minute (MaxElapsed) after it
+// began to resume the operation. The default is that minute, so that one
+// hung attempt spends it: a resume ends on its own, within about a minute
+// plus --attempt-timeout per operation, even when the server accepts the
+// connection and never answers, as a command run from a shell or by cron
+// must. A positive duration of at most 24h (the retry horizon) is taken;
+// 0, a negative one or a longer one is a usage error. An operation whose
+// attempts all timed out may have happened: resume says that its outcome
+// is unknown, keeps it pending under its key, and exits with status 1; a
+// later resume sends the same key, and the server replays its answer if
+// the request got through.
+//
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then
 // abandon it (it did not happen: a new call gets a new key) or resume it.
@@ -113,7 +128,8 @@ const usage = `usage: idemctl [--jar PATH|URL] COMMAND [ARGS]
 commands:
   list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned)
   show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
-  resume (OP | --all) [--header 'N: V']  send pending operations again with their keys
+  resume (OP | --all) [--header 'N: V']  send pending operations again with their keys, giving up an
+         [--attempt-timeout D]           attempt without an answer after D (default 1m, at most 24h)
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"net"
@@ -367,6 +368,28 @@ func testResumeWithoutCredentials(t *testing.T, srv *server, path string) {
 	}
 }
 
+// pendingInMemory returns a memory jar holding charge:p1, a POST of a JSON
+// body to url left pending by a first send whose connection was refused.
+func pendingInMemory(t *testing.T, url string) *idem.MemoryJar {
+	t.Helper()
+	ctx := context.Background()
+	jar := &idem.MemoryJar{}
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PostJSON(ctx, "charge:p1", url, map[string]int{"amount": 100}, nil); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("seeding charge:p1: %v; want pending", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return jar
+}
+
 // TestResumeOfAnOperationFinishedMeanwhile: resume waits for the lease of
 // another process still sending the operation, which finishes it
 // meanwhile. Nothing is sent (without --header, the server would take it
@@ -376,18 +399,7 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	srv := newServer(t)
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		jar := &idem.MemoryJar{}
-		refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
-			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
-		})
-		c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.PostJSON(ctx, "charge:p1", srv.URL+"/v1/charges", map[string]int{"amount": 100}, nil); !errors.Is(err, idem.ErrPending) {
-			t.Fatalf("seeding charge:p1: %v; want pending", err)
-		}
-		c.Close()
+		jar := pendingInMemory(t, srv.URL+"/v1/charges")
 		// Another process sends it, and gets its answer two seconds later.
 		if _, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Hour); err != nil {
 			t.Fatal(err)
@@ -403,7 +415,7 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 		s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
 		set := flag.NewFlagSet("resume", flag.ContinueOnError)
 		resumeFlags(set)
-		err = resume(ctx, s, set, []string{"charge:p1"})
+		err := resume(ctx, s, set, []string{"charge:p1"})
 		t.Logf("stderr: %s", stderr.String())
 		line := stderr.String()
 		if !errors.Is(err, errFailed) || stdout.Len() != 0 || strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "idemctl: charge:p1: ") ||
@@ -870,10 +882,7 @@ func testJarFromEnvironment(t *testing.T, _ *server, path string) {
 
 // The built program: errors are one line and exit status 1, never a stack trace.
 func TestBinary(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "idemctl")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildIdemctl(t)
 	path := seed(t, newServer(t))
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(bin, "--jar", path, "list", "--status", "pending")
@@ -893,6 +902,203 @@ func TestBinary(t *testing.T) {
 			t.Fatalf("%s: %v; want exit status 1", p, err)
 		}
 		wantError(t, ee.ExitCode(), stderr.String(), 1, "idemctl: "+p)
+	}
+}
+
+// buildIdemctl builds idemctl in a temporary directory and returns the
+// binary's path.
+func buildIdemctl(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "idemctl")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestResumeAttemptTimeout: the built idemctl resumes an operation on a
+// server that reads the request and never answers. With --attempt-timeout
+// 200ms it ends on its own, with exit status 1 and one line saying that
+// the outcome is unknown. Every attempt carried the stored key, and was
+// given up with its connection closed: the server's handlers all return.
+// The operation is still pending under its key, and a later resume, once
+// the server answers, sends that key and settles it.
+func TestResumeAttemptTimeout(t *testing.T) {
+	bin := buildIdemctl(t)
+	var (
+		mu     sync.Mutex
+		keys   []string // the key of each request
+		answer bool     // the server answers: 201
+	)
+	ended := make(chan struct{}, 16) // a handler that did not answer returned
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.Header.Get(idem.KeyHeader))
+		answering := answer
+		mu.Unlock()
+		if answering {
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		select {
+		case <-r.Context().Done(): // the client closed the connection
+		case <-stop:
+		}
+		select {
+		case ended <- struct{}{}:
+		default: // more requests than idemctl sends: the test fails on their count
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) }) // before srv.Close, which waits for the handlers
+	path := pendingInFile(t, http.MethodPost, "charge:o1", srv.URL+"/v1/charges", 0)
+	before, _ := jarState(t, path, "charge:o1")
+
+	// A bound on the test alone: idemctl is killed if it still runs then.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, "--jar", path, "resume", "charge:o1", "--attempt-timeout", "200ms", "--header", "Authorization: "+secret)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("resume --attempt-timeout 200ms still ran after a minute; stderr %q", stderr.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("resume: %v, stdout %q, stderr %q; want exit status 1", err, stdout.String(), stderr.String())
+	}
+	wantError(t, ee.ExitCode(), stderr.String(), 1, "outcome unknown")
+	for _, want := range []string{"idemctl: charge:o1: ", before.Key, "timed out after 200ms"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr %q; want it to say %q", stderr.String(), want)
+		}
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout %q; want nothing", stdout.String())
+	}
+
+	mu.Lock()
+	sent := slices.Clone(keys)
+	mu.Unlock()
+	maxAttempts := (retry.Policy{}).Defaults().MaxAttempts
+	if len(sent) == 0 || len(sent) > maxAttempts {
+		t.Fatalf("the server got %d requests; want 1 to %d", len(sent), maxAttempts)
+	}
+	for i, k := range sent {
+		if k != before.Key {
+			t.Fatalf("attempt %d carried key %q; want the stored key %q", i+1, k, before.Key)
+		}
+	}
+	for range sent {
+		select {
+		case <-ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a handler still waits for its answer to be read: idemctl left its connection open")
+		}
+	}
+	r, err := jarState(t, path, "charge:o1")
+	if err != nil || r.State != idem.StatePending || r.Key != before.Key || r.Attempts != before.Attempts+len(sent) {
+		t.Fatalf("after the timeouts: %s, key %q, %d attempts (%v); want pending under key %q with %d attempts",
+			r.State, r.Key, r.Attempts, err, before.Key, before.Attempts+len(sent))
+	}
+
+	mu.Lock()
+	answer = true
+	mu.Unlock()
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--attempt-timeout", "200ms", "--header", "Authorization: "+secret)
+	if code != 0 || out != "charge:o1: 201 Created, key "+before.Key+"\n" || errOut != "" {
+		t.Fatalf("resume once the server answers: exit %d, %q, %q; want 201 Created with the stored key", code, out, errOut)
+	}
+	mu.Lock()
+	last := keys[len(keys)-1]
+	mu.Unlock()
+	if last != before.Key {
+		t.Fatalf("the later resume sent key %q; want the stored key %q", last, before.Key)
+	}
+	if r, err := jarState(t, path, "charge:o1"); err != nil || r.State != idem.StateDone {
+		t.Fatalf("after the later resume: %s (%v); want done", r.State, err)
+	}
+}
+
+// TestResumeAttemptTimeoutDefault: without --attempt-timeout, an attempt
+// that the server never answers is given up after a minute, the default.
+// resume then fails, saying the outcome is unknown, after that one
+// attempt (the retry policy's MaxElapsed, a minute too, starts no wait
+// after it), with the operation pending under its key and nothing left
+// running.
+func TestResumeAttemptTimeoutDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		jar := pendingInMemory(t, "http://payments.example/v1/charges")
+		before, _ := jar.Get(ctx, "charge:p1")
+
+		real := resumeBase
+		defer func() { resumeBase = real }()
+		var keys []string // one attempt at a time: no lock
+		resumeBase = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			keys = append(keys, r.Header.Get(idem.KeyHeader))
+			<-r.Context().Done() // no answer, ever
+			return nil, r.Context().Err()
+		})
+		var stdout, stderr bytes.Buffer
+		s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
+		set := flag.NewFlagSet("resume", flag.ContinueOnError)
+		resumeFlags(set)
+		if err := set.Parse([]string{"--header", "Authorization: " + secret}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err := resume(ctx, s, set, []string{"charge:p1"})
+		took := time.Since(start)
+		line := stderr.String()
+		if !errors.Is(err, errFailed) || strings.Count(line, "\n") != 1 || !strings.Contains(line, "outcome unknown") ||
+			!strings.Contains(line, "timed out after 1m0s") {
+			t.Fatalf("resume: %v, stderr %q; want it failed, one line saying the attempt timed out after 1m0s and the outcome is unknown", err, line)
+		}
+		if took < time.Minute || took >= 2*time.Minute {
+			t.Fatalf("resume took %v; want a minute, one attempt's default timeout", took)
+		}
+		if len(keys) != 1 || keys[0] != before.Key {
+			t.Fatalf("sent keys %q; want one attempt with the stored key %q", keys, before.Key)
+		}
+		if r, err := jar.Get(ctx, "charge:p1"); err != nil || r.State != idem.StatePending || r.Key != before.Key {
+			t.Fatalf("after resume: %s, key %q (%v); want pending under key %q", r.State, r.Key, err, before.Key)
+		}
+	})
+}
+
+// TestResumeAttemptTimeoutRefused: an --attempt-timeout that is not a
+// positive duration of at most the retry horizon is a usage error, and
+// nothing is sent: the operation's attempts are as they were.
+func TestResumeAttemptTimeoutRefused(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	before, _ := jarState(t, path, "charge:p1")
+	const outOfRange = ": want a positive duration of at most 24h0m0s"
+	for v, want := range map[string]string{
+		"0":        "--attempt-timeout 0s" + outOfRange,
+		"-1s":      "--attempt-timeout -1s" + outOfRange,
+		"24h0m1s":  "--attempt-timeout 24h0m1s" + outOfRange,
+		"9000h":    "--attempt-timeout 9000h0m0s" + outOfRange,
+		"5":        `invalid value "5" for flag -attempt-timeout: missing unit`,
+		"1 minute": `invalid value "1 minute" for flag -attempt-timeout`,
+	} {
+		code, _, errOut := idemctl("--jar", path, "resume", "charge:p1", "--attempt-timeout", v, "--header", "Authorization: "+secret)
+		wantError(t, code, errOut, 2, want)
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("the server got %d requests; want none", len(srv.keys))
+	}
+	if r, _ := jarState(t, path, "charge:p1"); r.State != idem.StatePending || r.Attempts != before.Attempts {
+		t.Fatalf("after the refusals: %s with %d attempts; want pending with %d", r.State, r.Attempts, before.Attempts)
+	}
+	// The longest is taken.
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--attempt-timeout", "24h", "--header", "Authorization: "+secret)
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+before.Key) {
+		t.Fatalf("resume --attempt-timeout 24h: exit %d, %q, %q; want 201 Created", code, out, errOut)
 	}
 }
 
