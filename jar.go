@@ -110,8 +110,12 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 // operation under a new key (client.Resume sends only a pending one). The
 // header has no credentials (see SecretHeader): add them before sending.
 // NewRequest returns an error wrapping ErrBodyNotStored when r does not
-// hold the whole body.
+// hold the whole body, and an error, as http.NewRequestWithContext does,
+// for a nil ctx.
 func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("idem: operation %q: nil Context", r.Op)
+	}
 	if !r.BodyStored() {
 		return nil, fmt.Errorf("idem: operation %q: %w (%d bytes)", r.Op, ErrBodyNotStored, r.BodySize)
 	}

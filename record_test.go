@@ -108,6 +108,18 @@ func TestRecordNewRequestWithoutBody(t *testing.T) {
 	}
 }
 
+// TestRecordNewRequestNilContext: NewRequest with a nil context returns an
+// error naming the operation, as http.NewRequestWithContext does, where
+// it panicked in context.WithValue.
+func TestRecordNewRequestNilContext(t *testing.T) {
+	rec := idem.Record{Op: "charge:o1", Key: "k", Method: http.MethodPost, URL: chargeURL}
+	var ctx context.Context // nil
+	req, err := rec.NewRequest(ctx)
+	if req != nil || err == nil || !strings.Contains(err.Error(), "nil Context") || !strings.Contains(err.Error(), "charge:o1") {
+		t.Fatalf("NewRequest(nil): %v, %v; want no request and an error naming the operation and the nil Context", req, err)
+	}
+}
+
 // TestRecordKeepsHost: a request sent with a Host other than its URL's (a
 // virtual host reached by address) is resumed with that Host; a Host entry
 // in the caller's header, which net/http does not send, is not kept.
