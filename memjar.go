@@ -424,8 +424,11 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	i, m := j.insert(r.Op, j.place(b))
 	j.setTail(i, m, &r)
 	j.compact()
-	if dropped {
+	switch {
+	case dropped:
 		r.Header = PublicHeader(r.Header) // the record as kept
+	case r.Header == nil:
+		r.Header = http.Header{} // as Get returns it
 	}
 	return r, true, nil // its Header and Body are the caller's, as given
 }
