@@ -8,10 +8,13 @@ import (
 
 // SecretHeader reports whether a request header carries a credential and so
 // must never be written to a jar: Authorization, Proxy-Authorization,
-// Cookie, Set-Cookie, any header whose name contains "auth", "token",
-// "secret", "password", "api-key", "api_key", "apikey", "session" or
-// "credential" (such as X-Authorization, X-Auth-Key, X-Api-Key,
-// X-Auth-Token or X-Session-Id), and any whose name ends in "key" (such as
+// Cookie, Set-Cookie, Signature (an RFC 9421 message signature, which a
+// server accepts again while it is valid; not Signature-Input, which lists
+// the fields it covers), any header whose name contains "auth", "token",
+// "secret", "password", "api-key", "api_key", "apikey", "session",
+// "credential", "jwt" or "assertion" (such as X-Authorization, X-Auth-Key,
+// X-Api-Key, X-Auth-Token, X-Amz-Security-Token, X-Session-Id or
+// X-Goog-Iap-Jwt-Assertion), and any whose name ends in "key" (such as
 // Ocp-Apim-Subscription-Key or DD-Application-Key), but Idempotency-Key,
 // whatever its case. It errs towards secret: such a header is not stored,
 // so a resume after a restart sends the request without it.

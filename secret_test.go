@@ -22,6 +22,14 @@ func TestSecretHeader(t *testing.T) {
 		"Ocp-Apim-Subscription-Key": true, "X-Functions-Key": true, "DD-APPLICATION-KEY": true,
 		"X-Masterkey": true, "X-Session-Id": true, "X-Client-Credential": true,
 		"X-Key-Id": false, "Keyword": false,
+		// Bearer assertions and RFC 9421 message signatures, credentials
+		// while they are valid: Google IAP's signed header, a JWT or
+		// assertion by any name, and Signature, but not Signature-Input,
+		// which lists the fields it covers. AWS's security token is one;
+		// its content hash is not.
+		"X-Goog-Iap-Jwt-Assertion": true, "X-Jwt": true, "X-Client-Assertion": true,
+		"Signature": true, "signature": true, "Signature-Input": false,
+		"X-Amz-Security-Token": true, "X-Amz-Content-Sha256": false, "X-Amz-Date": false,
 	} {
 		if got := idem.SecretHeader(name); got != want {
 			t.Errorf("SecretHeader(%q) = %v; want %v", name, got, want)

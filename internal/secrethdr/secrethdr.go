@@ -6,19 +6,22 @@ package secrethdr
 import "net/textproto"
 
 // Is reports whether a header carries a credential: Authorization,
-// Proxy-Authorization, Cookie, Set-Cookie, any header whose name contains
-// "auth", "token", "secret", "password", "api-key", "api_key", "apikey",
-// "session" or "credential", and any whose name ends in "key" (an API key
-// by another name, as Ocp-Apim-Subscription-Key), but Idempotency-Key,
-// whatever its case.
+// Proxy-Authorization, Cookie, Set-Cookie, Signature (RFC 9421's, which
+// a server accepts again while it is valid; not Signature-Input, which
+// lists what it covers), any header whose name contains "auth", "token",
+// "secret", "password", "api-key", "api_key", "apikey", "session",
+// "credential", "jwt" or "assertion" (as X-Goog-Iap-Jwt-Assertion), and
+// any whose name ends in "key" (an API key by another name, as
+// Ocp-Apim-Subscription-Key), but Idempotency-Key, whatever its case.
 func Is(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
-	case "Cookie", "Set-Cookie": // Authorization and Proxy-Authorization hold "auth"
+	case "Cookie", "Set-Cookie", "Signature": // Authorization and Proxy-Authorization hold "auth"
 		return true
 	case "Idempotency-Key":
 		return false
 	}
-	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey", "session", "credential"} {
+	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey", "session",
+		"credential", "jwt", "assertion"} {
 		if containsFold(name, s) {
 			return true
 		}
