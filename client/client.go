@@ -540,6 +540,9 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // or process is sending it (a process on this host that is gone is not,
 // see idem.HolderGone), and a *StateError (ErrState) when its outcome is
 // known (done or failed). Abandoning an abandoned operation changes nothing.
+// When ctx ends, or the jar fails, after Abandon took the operation's
+// lease, the operation stays as it was and Abandon gives the lease back,
+// without ctx, before it returns the error.
 func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
@@ -580,19 +583,25 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}
-	ch := idem.Change{Now: now, State: idem.StateAbandoned, Note: reason, Release: true,
-		LastStatus: rec.LastStatus, LastError: rec.LastError}
+	// release gives the lease back and leaves the record as it is. It runs
+	// whatever ended ctx: this process is alive, and nothing should wait
+	// out its lease.
+	release := idem.Change{Now: now, Release: true, LastStatus: rec.LastStatus, LastError: rec.LastError,
+		NextAttempt: rec.NextAttempt}
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
 		// It finished, or was abandoned, between the two reads: leave it
 		// as it is.
-		ch.State, ch.Note, ch.NextAttempt = "", "", rec.NextAttempt
-		_, _ = c.jar.Update(context.WithoutCancel(ctx), op, holder, ch)
+		_, _ = c.jar.Update(context.WithoutCancel(ctx), op, holder, release)
 		if rec.State == idem.StateAbandoned {
 			return nil
 		}
 		return &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "abandon", detail: ", its outcome is known"}
 	}
+	ch := release
+	ch.State, ch.Note, ch.NextAttempt = idem.StateAbandoned, reason, time.Time{}
 	if _, err := c.jar.Update(ctx, op, holder, ch); err != nil {
+		// ctx ended, or the jar failed: the operation stays as it was.
+		_, _ = c.jar.Update(context.WithoutCancel(ctx), op, holder, release)
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}
 	return nil

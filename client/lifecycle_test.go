@@ -533,6 +533,46 @@ func TestAbandonRacingTheOperationsEnd(t *testing.T) {
 	}
 }
 
+// cancelAfterAcquireJar is a client.Jar that calls cancel once Acquire
+// has taken a lease: the caller's context ends while it holds it.
+type cancelAfterAcquireJar struct {
+	client.Jar
+	cancel context.CancelFunc
+}
+
+func (j cancelAfterAcquireJar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	r, err := j.Jar.Acquire(ctx, op, holder, now, ttl)
+	j.cancel()
+	return r, err
+}
+
+// TestAbandonCancelledHoldingTheLeaseReleasesIt: an Abandon whose context
+// ends after it took the operation's lease returns the context's error,
+// leaves the operation pending and gives the lease back, although its
+// context has ended: another Abandon succeeds at once, rather than wait
+// out the lease of a process that is alive.
+func TestAbandonCancelledHoldingTheLeaseReleasesIt(t *testing.T) {
+	ctx := context.Background()
+	_, c := pendingCharge(t, nil)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	mine, err := client.New(ctx, "", &client.Options{Jar: cancelAfterAcquireJar{Jar: c.Jar(), cancel: cancel}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	if err := mine.Abandon(cctx, "charge:o1", "the ledger shows no charge"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Abandon cancelled after it took the lease: %v; want context.Canceled", err)
+	}
+	rec, err := c.Jar().Get(ctx, "charge:o1")
+	if err != nil || rec.State != idem.StatePending || rec.Holder != "" {
+		t.Fatalf("after the cancelled Abandon: state %s, holder %q, %v; want pending, with no holder", rec.State, rec.Holder, err)
+	}
+	if err := c.Abandon(ctx, "charge:o1", "the ledger shows no charge"); err != nil {
+		t.Fatalf("a second Abandon: %v; want nil", err)
+	}
+}
+
 // keyHookJar is a hookJar that stays a client.KeyForgetter: its ForgetKey
 // is its jar's.
 type keyHookJar struct {
