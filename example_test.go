@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,11 +24,16 @@ import (
 // A server that is busy once (409), then answers. The Transport retries
 // with the same key; the caller sees one response.
 func ExampleTransport() {
-	var calls atomic.Int32
-	keys := make(chan string, 2)
+	var (
+		mu   sync.Mutex
+		keys []string // the Idempotency-Key of each attempt
+	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		keys <- r.Header.Get("Idempotency-Key")
-		if calls.Add(1) == 1 {
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		n := len(keys)
+		mu.Unlock()
+		if n == 1 {
 			w.Header().Set("Retry-After", "0")
 			w.WriteHeader(http.StatusConflict)
 			return
@@ -47,8 +53,9 @@ func ExampleTransport() {
 		log.Fatal(err)
 	}
 	resp.Body.Close()
-	first, second := <-keys, <-keys
-	fmt.Println(resp.StatusCode, calls.Load(), "attempts, same key:", first == second)
+	mu.Lock() // each attempt's key was kept before its answer was sent
+	defer mu.Unlock()
+	fmt.Println(resp.StatusCode, len(keys), "attempts, same key:", len(keys) == 2 && keys[0] == keys[1])
 	// Output: 201 2 attempts, same key: true
 }
 
