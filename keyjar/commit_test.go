@@ -98,10 +98,27 @@ func TestBeginWaitsForDurableCommit(t *testing.T) {
 			t.Errorf("key creation committed with %+v; want durable with synchronous=FULL (2)", c)
 		}
 		gate.release <- struct{}{}
-		if err := <-returned; err != nil {
+		if err := answer(t, returned, "Begin"); err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
 	})
+}
+
+// answer returns the answer ch holds once every goroutine of the bubble is
+// blocked, after a commit the test released. When ch holds none, the
+// committer did not answer its waiter: the test fails at once, rather than
+// wait on ch until the bubble deadlocks, which panics and ends the
+// package's other tests with it.
+func answer(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+	synctest.Wait()
+	select {
+	case err := <-ch:
+		return err
+	default:
+		t.Fatalf("%s was not answered after its transaction committed", what)
+		return nil
+	}
 }
 
 // TestGroupCommit holds one commit while more Begins arrive: they must all
@@ -139,12 +156,12 @@ func TestGroupCommit(t *testing.T) {
 			}
 		}
 		gate.release <- struct{}{}
-		returned.Wait()
 		for i := range n {
-			if err := <-done[i]; err != nil {
+			if err := answer(t, done[i], fmt.Sprint("Begin ", i)); err != nil {
 				t.Error(err)
 			}
 		}
+		returned.Wait()
 		commits := gate.log()
 		if len(commits) != 2 || commits[0].Jobs != 1 || commits[1].Jobs != n-1 {
 			t.Errorf("%d Begins committed as %+v; want 2 commits of 1 and %d", n, commits, n-1)
