@@ -177,9 +177,14 @@ func ExampleRecord_NewRequest() {
 // jar file) gets the server's saved answer instead of a second charge. A
 // name called with another request is refused before anything is sent.
 func ExampleWithOperation() {
-	keys := make(chan string, 4)
+	var (
+		mu   sync.Mutex
+		keys []string // the keys of the requests the server got since the last call
+	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		keys <- r.Header.Get(idem.KeyHeader)
+		mu.Lock()
+		keys = append(keys, r.Header.Get(idem.KeyHeader))
+		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
@@ -206,11 +211,16 @@ func ExampleWithOperation() {
 			log.Fatal(err)
 		}
 		resp.Body.Close()
-		key := <-keys
-		if seen[key] == 0 {
-			seen[key] = len(seen) + 1
+		mu.Lock() // each request's key was kept before its answer was sent
+		sent := keys
+		keys = nil
+		mu.Unlock()
+		for _, key := range sent {
+			if seen[key] == 0 {
+				seen[key] = len(seen) + 1
+			}
+			fmt.Println(c.op, c.body, "sent with key", seen[key])
 		}
-		fmt.Println(c.op, c.body, "sent with key", seen[key])
 	}
 	// Output:
 	// charge:order-42 {"amount":4200} sent with key 1
