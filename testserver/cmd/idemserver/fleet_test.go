@@ -354,3 +354,35 @@ func TestPostgresPoolParameters(t *testing.T) {
 		t.Fatalf("charge through the ledger: %v", err)
 	}
 }
+
+// A server starts while another holds the lock under which it creates
+// PayCo's tables, in a database whose lock_timeout (set there, or on the
+// role, to keep DDL from queueing behind long transactions) is shorter
+// than that wait: it must wait for the lock, within its deadline, as
+// pgstore's migration does, rather than fail with 55P03
+// lock_not_available, which leaves servers that start together but one
+// unable to start.
+func TestPostgresLedgerLockDespiteLockTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	conn := pgtest.Connect(t, dsn)
+	if _, err := conn.Exec(t.Context(), "ALTER DATABASE "+pgx.Identifier{conn.Config().Database}.Sanitize()+
+		" SET lock_timeout = '10ms'"); err != nil {
+		t.Fatal(err)
+	}
+	var lockTimeout string
+	err := pgtest.HoldLock(t, dsn, paycoLock, 50*time.Millisecond, func() error {
+		b, err := openBackend(t.Context(), dsn)
+		if err != nil {
+			return err
+		}
+		defer b.close()
+		// The store's sessions keep the database's lock_timeout.
+		return b.store.(*pgstore.Store).Pool().QueryRow(t.Context(), `SHOW lock_timeout`).Scan(&lockTimeout)
+	})
+	if err != nil {
+		t.Fatalf("openBackend while another server created the ledger: %v", err)
+	}
+	if lockTimeout != "10ms" {
+		t.Errorf("lock_timeout of the store's sessions after openBackend = %q; want the database's 10ms", lockTimeout)
+	}
+}

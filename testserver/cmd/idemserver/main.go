@@ -202,8 +202,15 @@ func openPostgres(ctx context.Context, dsn string) (_ *backend, err error) {
 	var payco *payments.PayCo
 	// The lock is held by a transaction on the store's pool while PayCo
 	// creates its tables through its own connections: it ends with the
-	// transaction, whatever happens.
+	// transaction, whatever happens. The wait for another server's lock is
+	// bounded by ctx and the store's statement_timeout, not by a
+	// lock_timeout the database or the role may set to keep DDL from
+	// queueing: under it, of servers starting together all but one would
+	// fail (as pgstore's migration waits, see pgmigrate).
 	err = pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
+			return fmt.Errorf("locking the ledger's schema: %w", err)
+		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(paycoLock)); err != nil {
 			return fmt.Errorf("locking the ledger's schema: %w", err)
 		}
