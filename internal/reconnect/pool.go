@@ -3,6 +3,7 @@ package reconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -22,9 +23,19 @@ func ShouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
 // as long again, both within ctx. The wait for the pool is not taken from
 // the statement's: the server's statement_timeout (half of bound) must
 // remain the first to end a statement. done releases the connection.
+//
+// When bound passes before a connection came (the server did not answer
+// a new connection, or the ping of an idle one, or every connection of
+// the pool was busy), the error says so, and wraps
+// context.DeadlineExceeded. When ctx ends first, its error is returned as
+// it is.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, bound time.Duration) (_ *pgxpool.Conn, _ context.Context, done func(), _ error) {
 	wait, cancel := context.WithTimeout(ctx, bound)
 	conn, err := pool.Acquire(wait)
+	if err != nil && wait.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("no connection to the database within %v: the server did not answer, or every connection of the pool (pool_max_conns=%d) was busy: %w",
+			bound, pool.Config().MaxConns, err)
+	}
 	cancel()
 	if err != nil {
 		return nil, nil, nil, err

@@ -245,9 +245,10 @@ type Options struct {
 	// it to QueryTimeout in the pool's RuntimeParams (or its DSN), or the
 	// jar may be the first to give up on a statement the server applies.
 	// Before the statement, the jar waits at most twice QueryTimeout, too,
-	// for a connection from a pool that has none free, and returns an
-	// error wrapping context.DeadlineExceeded when none came. Zero means
-	// DefaultQueryTimeout; at most 2^31-1 ms (about 24.8 days).
+	// for a connection (from a pool that has none free, or a server that
+	// does not answer a new one), and returns an error that says no
+	// connection came, wrapping context.DeadlineExceeded, when none came.
+	// Zero means DefaultQueryTimeout; at most 2^31-1 ms (about 24.8 days).
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most records one DELETE of Prune removes; Prune runs

@@ -115,8 +115,9 @@ type Options struct {
 	// pool passed to New should set statement_timeout likewise (New checks
 	// its isolation and synchronous_commit, not this). Before
 	// the statement, the store waits at most twice QueryTimeout, too, for
-	// a connection from a pool that has none free, and returns an error
-	// wrapping context.DeadlineExceeded when none came. Zero means
+	// a connection (from a pool that has none free, or a server that does
+	// not answer a new one), and returns an error that says no connection
+	// came, wrapping context.DeadlineExceeded, when none came. Zero means
 	// DefaultQueryTimeout.
 	QueryTimeout time.Duration
 
