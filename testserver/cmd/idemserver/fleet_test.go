@@ -386,3 +386,61 @@ func TestPostgresLedgerLockDespiteLockTimeout(t *testing.T) {
 		t.Errorf("lock_timeout of the store's sessions after openBackend = %q; want the database's 10ms", lockTimeout)
 	}
 }
+
+// A server creates PayCo's tables on its own connection while a
+// transaction of the store's pool holds the lock that serialises their
+// creation, idle meanwhile. In a database whose
+// idle_in_transaction_session_timeout (set there, on the role or in the
+// DSN) is shorter than that creation, the server ended that session: the
+// lock went with it, and the server failed to start with 25P03. Here
+// another session keeps PayCo's index creation waiting for 500 ms, past
+// a timeout of 200 ms: openBackend must wait and open.
+func TestPostgresLedgerLockDespiteIdleTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	b, err := openBackend(t.Context(), dsn) // PayCo's tables exist
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.close()
+	ctx := t.Context()
+	blocker := pgtest.Connect(t, dsn)
+	if _, err := blocker.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{blocker.Config().Database}.Sanitize()+
+		" SET idle_in_transaction_session_timeout = '200ms'"); err != nil {
+		t.Fatal(err)
+	}
+	// The blocker's transaction (its session began before the timeout was
+	// set) holds a lock that CREATE INDEX IF NOT EXISTS waits for, even
+	// when the index exists.
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `LOCK TABLE payco_charges IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan error, 1)
+	go func() {
+		b, err := openBackend(ctx, dsn)
+		if err == nil {
+			err = b.close()
+		}
+		opened <- err
+	}()
+	watcher := pgtest.Connect(t, dsn)
+	poll(t, 30*time.Second, "PayCo's index creation waiting 500ms for the lock", func() bool {
+		var n int
+		if err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%CREATE INDEX%'
+			AND clock_timestamp() - query_start > interval '500 ms'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; err != nil {
+		t.Fatalf("openBackend while PayCo's table creation waited past idle_in_transaction_session_timeout: %v", err)
+	}
+}

@@ -206,9 +206,12 @@ func openPostgres(ctx context.Context, dsn string) (_ *backend, err error) {
 	// bounded by ctx and the store's statement_timeout, not by a
 	// lock_timeout the database or the role may set to keep DDL from
 	// queueing: under it, of servers starting together all but one would
-	// fail (as pgstore's migration waits, see pgmigrate).
+	// fail (as pgstore's migration waits, see pgmigrate). The transaction
+	// is idle while PayCo works: an idle_in_transaction_session_timeout
+	// shorter than that would end its session, and the lock with it.
 	err = pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '0', true),
+			set_config('idle_in_transaction_session_timeout', '0', true)`); err != nil {
 			return fmt.Errorf("locking the ledger's schema: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(paycoLock)); err != nil {
