@@ -1014,12 +1014,17 @@ const forgetKeySQL = `DELETE FROM {schema}.idem_operations WHERE op = $1 AND key
 const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL OR updated < $1)`
 
 // dueSQL counts the records Prune may delete; pruneSQL deletes a batch of
-// them, least recently updated first.
+// them, least recently updated first. The batch is picked once, in a
+// materialized CTE: as a subquery of the DELETE, the planner may run it
+// again for every row it scans (a nested-loop semi-join, when the table's
+// statistics take it for one row), and each run locks, and picks, rows the
+// last did not, so that one DELETE went past its LIMIT.
 const (
 	dueSQL   = `SELECT count(*) FROM {schema}.idem_operations WHERE ` + prunable
-	pruneSQL = `DELETE FROM {schema}.idem_operations WHERE op IN (
+	pruneSQL = `WITH batch AS MATERIALIZED (
 		SELECT op FROM {schema}.idem_operations WHERE ` + prunable + `
-		ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)`
+		ORDER BY updated NULLS FIRST LIMIT $2 FOR UPDATE SKIP LOCKED)
+		DELETE FROM {schema}.idem_operations WHERE op IN (SELECT op FROM batch)`
 )
 
 // Prune deletes at most limit records whose state is idem.Prunable and that

@@ -883,6 +883,39 @@ func TestPruneInBatches(t *testing.T) {
 	}
 }
 
+// TestPruneLimitWithStaleStatistics: Prune deletes at most its limit when
+// the table's statistics are out of date, as they are in a jar that grew
+// since autovacuum last analysed it. The planner then takes the table for
+// one row and runs the subquery that picks the batch again for each row it
+// scans, each run locking, and picking, a row the last one did not.
+func TestPruneLimitWithStaleStatistics(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	done := func(op string) {
+		t.Helper()
+		if _, _, err := j.Begin(ctx, record(op)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.Update(ctx, op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done("done-0")
+	if _, err := pgtest.Connect(t, dsn).Exec(ctx, "ANALYZE"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < 4; i++ {
+		done(fmt.Sprint("done-", i))
+	}
+	if n, err := j.Prune(ctx, t0.Add(time.Hour), 1); n != 1 || err != nil {
+		t.Errorf("Prune(limit 1) = %d, %v; want 1", n, err)
+	}
+	if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 3 {
+		t.Errorf("left after Prune(limit 1): %d records, %v; want 3", len(all), err)
+	}
+}
+
 func TestMigrations(t *testing.T) {
 	dsn := pgtest.DB(t)
 	var wg sync.WaitGroup
