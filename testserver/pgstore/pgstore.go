@@ -517,7 +517,13 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 }
 
 // pruneSQL deletes a batch of the entries done, or in flight under a token
-// older than the cutoff, created before it, oldest first.
-const pruneSQL = `DELETE FROM {schema}.idempotency_keys WHERE (scope, key) IN (
+// older than the cutoff, created before it, oldest first. The batch is
+// picked once, in a materialized CTE: as a subquery of the DELETE, the
+// planner may run it again for every row it scans (a nested-loop
+// semi-join, when the table's statistics take it for one row), and each
+// run locks, and picks, rows the last did not, so that one DELETE went
+// past its LIMIT.
+const pruneSQL = `WITH batch AS MATERIALIZED (
 	SELECT scope, key FROM {schema}.idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
-	ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)`
+	ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)
+	DELETE FROM {schema}.idempotency_keys WHERE (scope, key) IN (SELECT scope, key FROM batch)`

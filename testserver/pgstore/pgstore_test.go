@@ -838,6 +838,39 @@ func TestPruneInBatches(t *testing.T) {
 	}
 }
 
+// TestPruneLimitWithStaleStatistics: Prune deletes at most its limit when
+// the table's statistics are out of date, as they are in a store that grew
+// since autovacuum last analysed it. The planner then takes the table for
+// one row and runs the subquery that picks the batch again for each row it
+// scans, each run locking, and picking, a row the last one did not.
+func TestPruneLimitWithStaleStatistics(t *testing.T) {
+	dsn := pgtest.DB(t)
+	s := open(t, dsn, nil)
+	ctx := t.Context()
+	done := func(key string) {
+		t.Helper()
+		if _, _, err := s.Claim(ctx, "s", key, "fp", 1, t0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Save(ctx, "s", key, 1, testserver.Response{Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done("k0")
+	if _, err := pgtest.Connect(t, dsn).Exec(ctx, "ANALYZE"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < 4; i++ {
+		done(fmt.Sprint("k", i))
+	}
+	if n, err := s.Prune(ctx, t0.Add(time.Hour), 1); n != 1 || err != nil {
+		t.Errorf("Prune(limit 1) = %d, %v; want 1", n, err)
+	}
+	if n, err := s.Prune(ctx, t0.Add(time.Hour), 100); n != 3 || err != nil {
+		t.Errorf("Prune(limit 100) after Prune(limit 1) = %d, %v; want the 3 left", n, err)
+	}
+}
+
 func TestMigrations(t *testing.T) {
 	dsn := pgtest.DB(t)
 	// Instances starting together migrate once, without error.
