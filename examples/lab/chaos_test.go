@@ -182,34 +182,42 @@ func TestChaosCatchesBrokenVariants(t *testing.T) {
 	n := size(100)
 	cases := []struct {
 		name, row string
-		rates     faultproxy.Rates
-		break_    func(*ablation)
+		// broken is the row of the broken variant, when it is a row of the
+		// lab's own; "" means row with break_.
+		broken string
+		rates  faultproxy.Rates
+		break_ func(*ablation)
 	}{
 		// The Transport mints a new key per attempt: each retry is a new
 		// operation for the server.
-		{"new key per attempt", rowIdem, faultproxy.Rates{DropResponse: 0.3}, func(a *ablation) { a.newKeyPerAttempt = true }},
+		{"new key per attempt", rowIdem, "", faultproxy.Rates{DropResponse: 0.3}, func(a *ablation) { a.newKeyPerAttempt = true }},
 		// The jar is not consulted after a restart: the new process sends
 		// the orders left pending with new keys.
-		{"fresh jar after restart", rowRestarts, faultproxy.Rates{DropResponse: 0.3}, func(a *ablation) { a.freshJar = true }},
+		{"fresh jar after restart", rowRestarts, "", faultproxy.Rates{DropResponse: 0.3}, func(a *ablation) { a.freshJar = true }},
 		// The store's writes are unfenced: a zombie's release deletes the
-		// claim of the worker that took over.
-		{"unfenced store", rowUnfenced, faultproxy.Rates{DropResponse: 0.1}, func(a *ablation) { a.fenced = false }},
+		// claim of the worker that took over. The lab shows both rows.
+		{"unfenced store", rowStalled, rowUnfenced, faultproxy.Rates{DropResponse: 0.1}, nil},
 		// No downstream key: the worker that takes over from a dead server
 		// charges again.
-		{"no downstream key", rowCrash, faultproxy.Rates{DropResponse: 0.1}, func(a *ablation) { a.noDownstreamKey = true }},
+		{"no downstream key", rowCrash, "", faultproxy.Rates{DropResponse: 0.1}, func(a *ablation) { a.noDownstreamKey = true }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			real := chaosConfig(t, n, c.rates)
-			if c.row == rowUnfenced {
-				real.ablate.fenced = true // the lab's row is the broken one; its control is fenced
-			}
 			broken := chaosConfig(t, n, c.rates)
-			c.break_(&broken.ablate)
-			rows := runRows(t, job{real, c.row}, job{broken, c.row})
+			brokenRow := c.row
+			if c.broken != "" {
+				brokenRow = c.broken
+			} else {
+				c.break_(&broken.ablate)
+			}
+			rows := runRows(t, job{real, c.row}, job{broken, brokenRow})
 			chargedOnce(t, rows[0], n)
 			doubleCharges(t, rows[1])
+			if c.row == rowStalled && rows[0].Server.Takeovers == 0 {
+				t.Errorf("%s: no claim taken over: the stalled workers were not staged", rows[0].Strategy)
+			}
 		})
 	}
 }
@@ -239,7 +247,7 @@ func TestLabCommand(t *testing.T) {
 	if got, want := strings.Join(names, ","), strings.Join(allRows, ","); got != want {
 		t.Fatalf("rows: got %s; want %s", got, want)
 	}
-	if !strings.Contains(errb.String(), "lab [6/6] unfenced store") {
+	if !strings.Contains(errb.String(), "lab [7/7] unfenced store") {
 		t.Errorf("progress on stderr: got %q", errb.String())
 	}
 

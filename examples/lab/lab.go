@@ -27,10 +27,11 @@ const (
 	rowIdem      = "idem"
 	rowRestarts  = "idem + client restarts"
 	rowCrash     = "idem + server crash"
+	rowStalled   = "idem + stalled worker"
 	rowUnfenced  = "unfenced store"
 )
 
-var allRows = []string{rowNoKey, rowKeyPerTry, rowIdem, rowRestarts, rowCrash, rowUnfenced}
+var allRows = []string{rowNoKey, rowKeyPerTry, rowIdem, rowRestarts, rowCrash, rowStalled, rowUnfenced}
 
 // config is one run of the lab.
 type config struct {
@@ -45,7 +46,7 @@ type config struct {
 	lockTimeout    time.Duration // the server's lease, for the keyed rows
 	crashLease     time.Duration // the server's lease in idem + server crash: how soon a new instance takes over
 	crashRate      float64       // idem + server crash: share of orders whose charge kills the server
-	zombieRate     float64       // unfenced store: share of orders with a zombie first run
+	zombieRate     float64       // stalled worker, unfenced store: share of orders with a zombie first run
 	maxKills       int           // idem + client restarts: most SIGKILLs, at most one per 10 orders
 
 	dir string // parent of each row's temporary directory
@@ -63,7 +64,6 @@ type config struct {
 type ablation struct {
 	newKeyPerAttempt bool // idem: every attempt carries a fresh key, as if the Transport minted one per attempt
 	freshJar         bool // idem + client restarts: each client process starts with an empty jar
-	fenced           bool // unfenced store: keep the real, fenced store (the control)
 	noDownstreamKey  bool // idem + server crash: PayCo ignores charge:<order_id>
 }
 
@@ -193,9 +193,14 @@ func runRow(ctx context.Context, cfg config, name string) (row, error) {
 		sc.workers = 0
 		sc.noDedup = cfg.ablate.noDownstreamKey
 		sc.crash = pick(cfg.seed, name, cfg.crashRate, all)
-	case rowUnfenced:
-		sc.zombie = pick(cfg.seed, name, cfg.zombieRate, all)
-		sc.unfenced = !cfg.ablate.fenced
+	case rowStalled, rowUnfenced:
+		// The same orders stall in both rows: they differ by the fencing
+		// of the store's writes alone.
+		sc.zombie = pick(cfg.seed, rowUnfenced, cfg.zombieRate, all)
+		sc.unfenced = name == rowUnfenced
+	case rowIdem, rowRestarts:
+	default:
+		return row{}, fmt.Errorf("lab: unknown row %q", name)
 	}
 	srv, err := startServer(ctx, sc)
 	if err != nil {

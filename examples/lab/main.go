@@ -23,8 +23,11 @@
 //	idem + server crash     the server dies right after charging; a new one
 //	                        takes the stale claim over after the lease, and
 //	                        PayCo's key charge:<order_id> stops a second charge
-//	unfenced store          the store without the locked_at condition on its
-//	                        writes, and a worker that stalls past its lease
+//	idem + stalled worker   a server worker stalls past its lease; the client's
+//	                        retry takes its claim over and charges, and the
+//	                        stale worker's release, fenced, leaves that claim
+//	unfenced store          the same, with a store without the locked_at
+//	                        condition on its writes: the release deletes it
 //
 // PayCo ignores its own key (charges on every call) in every row but the
 // server crash, so that only the strategy under test stands between a
@@ -194,7 +197,8 @@ var rowMeaning = map[string]string{
 	rowIdem:      "this SDK: one key per order, in its jar before the first send, on every retry",
 	rowRestarts:  "the same, in client processes killed with SIGKILL; each restart resumes its jar",
 	rowCrash:     "the server dies after charging; a new one takes the claim over; PayCo's key stops a 2nd charge",
-	rowUnfenced:  "ablation: a store without fenced writes and a worker past its lease: why writes are fenced",
+	rowStalled:   "a server worker stalls past its lease and is taken over; its fenced release leaves the new claim",
+	rowUnfenced:  "ablation: the same without fenced writes: the stale release deletes the new claim, a retry recharges",
 }
 
 // printLegend explains the table below it: the columns, the rows shown
@@ -208,7 +212,7 @@ func printLegend(w io.Writer, cfg config, rows []row, nameWidth int) {
 	sdk := false
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-*s  %s\n", nameWidth, r.Strategy, rowMeaning[r.Strategy])
-		sdk = sdk || r.Strategy == rowIdem || r.Strategy == rowRestarts || r.Strategy == rowCrash
+		sdk = sdk || r.Strategy == rowIdem || r.Strategy == rowRestarts || r.Strategy == rowCrash || r.Strategy == rowStalled
 	}
 	fmt.Fprintln(w, "\nPayCo's own dedup is off in every row but the server crash, so only the strategy stands")
 	fmt.Fprintln(w, "between a retry and a second charge.")
