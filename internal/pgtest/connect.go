@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
@@ -71,4 +72,31 @@ func Tables(t testing.TB, dsn string) string {
 		t.Fatal(err)
 	}
 	return tables
+}
+
+// AppRole creates, in the database dsn names (as a superuser), a role
+// named after the database that may log in but create nothing in the
+// schema public (CREATE on it is revoked from PUBLIC, as PostgreSQL 15
+// does), runs each of grants, a GRANT statement up to its "TO", for that
+// role, and returns a DSN that logs in as it: an application's role on
+// tables that another role created.
+func AppRole(t testing.TB, dsn string, grants ...string) string {
+	t.Helper()
+	admin := Connect(t, dsn)
+	role := pgx.Identifier{admin.Config().Database + "_app"}.Sanitize()
+	stmts := []string{`REVOKE CREATE ON SCHEMA public FROM PUBLIC`, `CREATE ROLE ` + role + ` LOGIN`}
+	for _, g := range grants {
+		stmts = append(stmts, g+` TO `+role)
+	}
+	for _, q := range stmts {
+		if _, err := admin.Exec(t.Context(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(admin.Config().Database + "_app")
+	return u.String()
 }

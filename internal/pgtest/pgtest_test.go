@@ -51,6 +51,27 @@ func TestDBServerSettings(t *testing.T) {
 	}
 }
 
+// AppRole's role logs in, uses what it was granted and nothing else, and
+// may not create a table in public.
+func TestAppRole(t *testing.T) {
+	dsn := DB(t)
+	if _, err := Connect(t, dsn).Exec(t.Context(), `CREATE TABLE granted (n int); CREATE TABLE kept (n int)`); err != nil {
+		t.Fatal(err)
+	}
+	app := Connect(t, AppRole(t, dsn, `GRANT SELECT, INSERT ON granted`))
+	if user := app.Config().User; user == "postgres" {
+		t.Fatalf("AppRole's DSN logs in as %s", user)
+	}
+	if _, err := app.Exec(t.Context(), `INSERT INTO granted VALUES (1)`); err != nil {
+		t.Errorf("INSERT into a table granted: %v", err)
+	}
+	for _, q := range []string{`SELECT * FROM kept`, `CREATE TABLE made (n int)`} {
+		if _, err := app.Exec(t.Context(), q); err == nil || !strings.Contains(err.Error(), "42501") {
+			t.Errorf("%s as the role = %v; want SQLSTATE 42501", q, err)
+		}
+	}
+}
+
 func TestDBIsFreshAndIsolated(t *testing.T) {
 	dsn1, dsn2 := DB(t), DB(t)
 	if dsn1 == dsn2 {

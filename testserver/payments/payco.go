@@ -89,10 +89,15 @@ CREATE TABLE IF NOT EXISTS {schema}.payco_charges (
 CREATE INDEX IF NOT EXISTS payco_charges_order ON {schema}.payco_charges (order_id);
 `
 
+// paycoObjects are the relations paycoSchema creates.
+var paycoObjects = []string{"payco_calls", "payco_charges", "payco_charges_order"}
+
 // NewPayCo creates PayCo's tables in db if they are missing. db is SQLite
 // through modernc.org/sqlite (sqlitestore's DB) or PostgreSQL through
 // github.com/jackc/pgx/v5/stdlib; another driver, or a nil db, is
-// ErrDriver. The SQL is the same on both.
+// ErrDriver. The SQL is the same on both. On PostgreSQL, tables that exist
+// are only used: a role that may not create tables opens them with SELECT,
+// INSERT, UPDATE and DELETE on payco_calls and payco_charges.
 //
 // On PostgreSQL, NewPayCo finds the tables, or creates them, in
 // current_schema() of the connection it runs on: the first schema of its
@@ -135,7 +140,10 @@ func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 
 // createIn creates PayCo's tables on PostgreSQL, if they are missing, in
 // current_schema() as the transaction's connection reads it, and returns
-// that schema's name, or ErrNoSchema when it is null.
+// that schema's name, or ErrNoSchema when it is null. CREATE TABLE IF NOT
+// EXISTS needs the CREATE privilege on the schema even when the table
+// exists: it only runs when one of paycoObjects is not in the schema, so
+// that a role that may only read and write the tables opens the ledger.
 func createIn(ctx context.Context, db *sql.DB) (string, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -146,8 +154,16 @@ func createIn(ctx context.Context, db *sql.DB) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema)); err != nil {
+	var found int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+		WHERE ns.nspname = $1 AND c.relname = ANY($2)`, schema, paycoObjects).Scan(&found); err != nil {
 		return "", err
+	}
+	if found < len(paycoObjects) {
+		if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema)); err != nil {
+			return "", err
+		}
 	}
 	return schema, tx.Commit()
 }

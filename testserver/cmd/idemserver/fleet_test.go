@@ -355,6 +355,42 @@ func TestPostgresPoolParameters(t *testing.T) {
 	}
 }
 
+// An operator creates the tables by starting a server once as their
+// owner, then runs the servers as a role that may read and write them but
+// create nothing (PostgreSQL 15 grants no one CREATE on public; revoked
+// here for earlier versions). Such a server starts, claims a key, charges
+// and replays. Before, PayCo's CREATE TABLE IF NOT EXISTS, which needs
+// CREATE on the schema even when the tables exist, kept it from starting
+// with SQLSTATE 42501.
+func TestPostgresWithoutCreatePrivilege(t *testing.T) {
+	dsn := pgtest.DB(t)
+	b, err := openBackend(t.Context(), dsn) // as the owner: creates the tables
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.close(); err != nil {
+		t.Fatal(err)
+	}
+	appDSN := pgtest.AppRole(t, dsn, `GRANT SELECT ON idempotency_keys_schema`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys, payco_calls, payco_charges`)
+	b, err = openBackend(t.Context(), appDSN)
+	if err != nil {
+		t.Fatalf("openBackend as a role that may not create tables: %v", err)
+	}
+	defer b.close()
+	now := time.Now()
+	if _, claimed, err := b.store.Claim(t.Context(), "s", "k", "fp", now.UnixNano(), now); err != nil || !claimed {
+		t.Fatalf("Claim as that role = %v, %v; want claimed", claimed, err)
+	}
+	c, err := b.payco.Charge(t.Context(), "charge:o-1", "o-1", 1000, "usd")
+	if err != nil {
+		t.Fatalf("Charge as that role: %v", err)
+	}
+	if again, err := b.payco.Charge(t.Context(), "charge:o-1", "o-1", 1000, "usd"); err != nil || again != c {
+		t.Fatalf("Charge again with the same key = %+v, %v; want %+v", again, err, c)
+	}
+}
+
 // A server starts while another holds the lock under which it creates
 // PayCo's tables, in a database whose lock_timeout (set there, or on the
 // role, to keep DDL from queueing behind long transactions) is shorter
@@ -404,13 +440,18 @@ func TestPostgresLedgerLockDespiteIdleTimeout(t *testing.T) {
 	b.close()
 	ctx := t.Context()
 	blocker := pgtest.Connect(t, dsn)
+	// Without its index, PayCo's ledger is created again: PayCo only
+	// runs its CREATE statements when one of its tables or its index is
+	// missing.
+	if _, err := blocker.Exec(ctx, `DROP INDEX payco_charges_order`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := blocker.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{blocker.Config().Database}.Sanitize()+
 		" SET idle_in_transaction_session_timeout = '200ms'"); err != nil {
 		t.Fatal(err)
 	}
 	// The blocker's transaction (its session began before the timeout was
-	// set) holds a lock that CREATE INDEX IF NOT EXISTS waits for, even
-	// when the index exists.
+	// set) holds a lock that CREATE INDEX waits for.
 	tx, err := blocker.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,33 @@
+package payments_test
+
+import (
+	"testing"
+
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+// TestNewPayCoWithoutCreatePrivilege opens, as a role that may read and
+// write the ledger's tables but create nothing (an application role, the
+// tables created by their owner), a database that holds the ledger: NewPayCo
+// must create nothing, and the ledger works. Before, its CREATE TABLE IF NOT
+// EXISTS, which needs CREATE on the schema even when the table exists,
+// failed with SQLSTATE 42501, and idemserver could not start as that role.
+func TestNewPayCoWithoutCreatePrivilege(t *testing.T) {
+	dsn := pgtest.DB(t)
+	first := charge(t, ledger(t, dsn), "charge:o-1", "o-1") // creates the tables, as the superuser
+	p := ledger(t, pgtest.AppRole(t, dsn, `GRANT SELECT, INSERT, UPDATE, DELETE ON payco_calls, payco_charges`))
+	if again := charge(t, p, "charge:o-1", "o-1"); again != first {
+		t.Errorf("charge with the same key as that role = %+v; want the first, %+v", again, first)
+	}
+	charge(t, p, "charge:o-2", "o-2")
+	st, err := p.Stats(t.Context())
+	if err != nil || st.Charges != 3 || st.Settled != 2 || st.DoubleCharged != 1 {
+		t.Errorf("Stats = %+v, %v; want 3 calls, 2 charges, 1 order called twice", st, err)
+	}
+	if c, err := p.Get(t.Context(), first.ID); err != nil || c != first {
+		t.Errorf("Get = %+v, %v; want %+v", c, err, first)
+	}
+	if cs, err := p.Order(t.Context(), "o-1"); err != nil || len(cs) != 1 || cs[0] != first {
+		t.Errorf("Order = %+v, %v; want [%+v]", cs, err, first)
+	}
+}
