@@ -5,11 +5,13 @@ package pgmigrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -54,6 +56,10 @@ type Schema struct {
 	// current_schema() is null: no schema of the search path exists, and
 	// there is nowhere to look for the tables or to create them.
 	NoSchema error
+	// Privilege is returned by Migrate, wrapped (see Denied), when the
+	// role may not create or upgrade the schema: the creation of Table or
+	// a migration failed with SQLSTATE 42501.
+	Privilege error
 }
 
 // Placeholder stands, in a statement, for the schema's name; Qualify
@@ -119,7 +125,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 				version    integer     PRIMARY KEY,
 				applied_at timestamptz NOT NULL DEFAULT now()
 			)`); err != nil {
-				return err
+				return Denied(err, s.Privilege, schema)
 			}
 		}
 		if v > len(s.Migrations) {
@@ -128,6 +134,9 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 		for ; v < len(s.Migrations); v++ {
 			for _, stmt := range s.Migrations[v] {
 				if _, err := tx.Exec(ctx, Qualify(stmt, schema)); err != nil {
+					if denied := Denied(err, s.Privilege, schema); denied != err {
+						return denied
+					}
 					return fmt.Errorf("version %d: %w", v+1, err)
 				}
 			}
@@ -141,6 +150,19 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 		return "", err
 	}
 	return schema, nil
+}
+
+// Denied returns privilege, wrapped with schema, what to do and err, when
+// err is the server's refusal of a statement that creates tables in schema
+// for want of a privilege (SQLSTATE 42501, insufficient_privilege: CREATE
+// on the schema, or the ownership of a table to alter), and err otherwise.
+func Denied(err, privilege error, schema string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		return err
+	}
+	return fmt.Errorf("%w in schema %s; open it once as a role that may, such as the schema's owner: %w",
+		privilege, quote(schema), err)
 }
 
 // Check checks, creating nothing, that the database holds the schema at

@@ -2,11 +2,14 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -99,4 +102,22 @@ func AppRole(t testing.TB, dsn string, grants ...string) string {
 	}
 	u.User = url.User(admin.Config().Database + "_app")
 	return u.String()
+}
+
+// RefusedCreate fails t unless err, what opening the tables of a package
+// in schema as an AppRole that may not create them returned, is privilege
+// (errors.Is), names schema (in schema "public"), says to open it once as
+// a role that may, and wraps the server's refusal (SQLSTATE 42501); and
+// unless the database dsn names holds no table.
+func RefusedCreate(t testing.TB, dsn string, err, privilege error, schema string) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, privilege) || !strings.Contains(err.Error(), "in schema "+pgx.Identifier{schema}.Sanitize()) ||
+		!strings.Contains(err.Error(), "once as a role that may") || !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("opened as a role that may not create the tables: %v; "+
+			"want %v naming the schema and what to do, wrapping SQLSTATE 42501", err, privilege)
+	}
+	if tables := Tables(t, dsn); tables != "" {
+		t.Errorf("tables %s after that; want none", tables)
+	}
 }

@@ -199,6 +199,17 @@ var (
 	// Nothing is created.
 	ErrNoSchema = errors.New("pgjar: no schema to hold the jar")
 
+	// ErrPrivilege is returned by Open and New, without
+	// Options.MustExist, when the role they connect as may not create the
+	// jar's tables (or upgrade them, for a database at an older schema
+	// version): the statement failed with SQLSTATE 42501,
+	// insufficient_privilege. The schema, what to do and the server's
+	// error (a *pgconn.PgError) follow it. Open the jar once as a role
+	// that may create tables in that schema, such as its owner; a jar that
+	// exists at this package's version needs only the privileges that
+	// Open lists. Nothing is created.
+	ErrPrivilege = errors.New("pgjar: this role may not create the jar's tables")
+
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
 	// created.
@@ -319,7 +330,9 @@ var (
 // for a search_path that names no schema that exists (see the package
 // documentation). A schema that is current is only read: a role that may
 // not create tables opens it with SELECT on idem_operations_schema and
-// SELECT, INSERT, UPDATE and DELETE on idem_operations.
+// SELECT, INSERT, UPDATE and DELETE on idem_operations. Such a role is
+// refused with ErrPrivilege where the schema is missing or older (with
+// MustExist, ErrNoJar).
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	o, err := withDefaults(opts)
 	if err != nil {
@@ -359,7 +372,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // open), after creating or upgrading the schema as Open does, under the
 // same lock (or, with Options.MustExist, checking it), in current_schema()
 // of the pool's connection that does it, or ErrVersion, ErrSchema,
-// ErrNoJar, ErrNoSchema or ErrOptions. A service that runs a pool for its database
+// ErrNoJar, ErrNoSchema, ErrPrivilege or ErrOptions. A service that runs a pool for its database
 // keeps its jar there without a second one.
 //
 // The pool's connections keep their settings, and New reads two of them

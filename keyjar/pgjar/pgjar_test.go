@@ -1002,6 +1002,22 @@ func TestOpenWithoutCreatePrivilege(t *testing.T) {
 	}
 }
 
+// TestOpenWithoutCreatePrivilegeNoJar opens, as a role that may use a
+// schema owned by another but not create anything in it, a database that
+// does not hold the jar yet: Open returns ErrPrivilege, naming the schema
+// and saying to open the jar once as a role that may, with the server's
+// error (42501) still in it, and creates nothing. Before, it was a bare
+// "pgjar: migrate: ERROR: permission denied for schema jobs (SQLSTATE
+// 42501)".
+func TestOpenWithoutCreatePrivilegeNoJar(t *testing.T) {
+	dsn := pgtest.DB(t)
+	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `CREATE SCHEMA jobs`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pgjar.Open(t.Context(), pgtest.AppRole(t, dsn, `GRANT USAGE ON SCHEMA jobs`)+"&search_path=jobs", nil)
+	pgtest.RefusedCreate(t, dsn, err, pgjar.ErrPrivilege, "jobs")
+}
+
 // TestMigrationsStartingTogether: processes whose migrations wait for one
 // another migrate once, also when the database's default isolation is
 // REPEATABLE READ.

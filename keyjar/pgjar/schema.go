@@ -60,6 +60,7 @@ var schema = pgmigrate.Schema{
 		"idem_operations_by_created", "idem_operations_by_state"},
 	Incomplete: ErrSchema,
 	NoSchema:   ErrNoSchema,
+	Privilege:  ErrPrivilege,
 }
 
 // migrate brings the schema to len(migrations) (see pgmigrate), and
@@ -85,7 +86,7 @@ func present(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 // one of the package's own errors.
 func schemaError(verb string, err error) error {
 	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) &&
-		!errors.Is(err, ErrNoSchema) {
+		!errors.Is(err, ErrNoSchema) && !errors.Is(err, ErrPrivilege) {
 		return wrapf(err, "%s", verb)
 	}
 	return err

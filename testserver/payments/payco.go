@@ -49,6 +49,14 @@ var ErrKeyReused = errors.New("payments: PayCo key already used with other param
 // them in. Nothing is created.
 var ErrNoSchema = errors.New("payments: no schema to hold the PayCo ledger")
 
+// ErrPrivilege is returned by NewPayCo on PostgreSQL when the ledger's
+// tables are missing and the role it connects as may not create them
+// (SQLSTATE 42501, insufficient_privilege). The schema, what to do and
+// the server's error (a *pgconn.PgError) follow it. Create the ledger
+// once as a role that may create tables in that schema, such as its owner
+// (by starting idemserver once as that role). Nothing is created.
+var ErrPrivilege = errors.New("payments: this role may not create the PayCo ledger")
+
 // ErrDriver is returned by NewPayCo, followed by the driver's type, for a
 // database/sql handle of a driver other than SQLite's (modernc.org/sqlite)
 // and PostgreSQL's (github.com/jackc/pgx/v5/stdlib): NewPayCo would know
@@ -130,7 +138,7 @@ func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 		return nil, fmt.Errorf("%w: %T", ErrDriver, d)
 	}
 	switch {
-	case errors.Is(err, ErrNoSchema):
+	case errors.Is(err, ErrNoSchema), errors.Is(err, ErrPrivilege):
 		return nil, err
 	case err != nil:
 		return nil, fmt.Errorf("payments: creating the PayCo ledger: %w", err)
@@ -162,7 +170,7 @@ func createIn(ctx context.Context, db *sql.DB) (string, error) {
 	}
 	if found < len(paycoObjects) {
 		if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema)); err != nil {
-			return "", err
+			return "", pgmigrate.Denied(err, ErrPrivilege, schema)
 		}
 	}
 	return schema, tx.Commit()

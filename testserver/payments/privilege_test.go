@@ -4,6 +4,9 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/testserver/payments"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // TestNewPayCoWithoutCreatePrivilege opens, as a role that may read and
@@ -30,4 +33,22 @@ func TestNewPayCoWithoutCreatePrivilege(t *testing.T) {
 	if cs, err := p.Order(t.Context(), "o-1"); err != nil || len(cs) != 1 || cs[0] != first {
 		t.Errorf("Order = %+v, %v; want [%+v]", cs, err, first)
 	}
+}
+
+// TestNewPayCoWithoutCreatePrivilegeNoLedger opens, as a role that may not
+// create tables, a database without the ledger: NewPayCo returns
+// ErrPrivilege, naming the schema and saying to create the ledger once as a
+// role that may, with the server's error (42501) still in it, and creates
+// nothing. Before, it was a bare "payments: creating the PayCo ledger:
+// ERROR: permission denied for schema public (SQLSTATE 42501)".
+func TestNewPayCoWithoutCreatePrivilegeNoLedger(t *testing.T) {
+	dsn := pgtest.DB(t)
+	cfg, err := pgx.ParseConfig(pgtest.AppRole(t, dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	_, err = payments.NewPayCo(t.Context(), db)
+	pgtest.RefusedCreate(t, dsn, err, payments.ErrPrivilege, "public")
 }

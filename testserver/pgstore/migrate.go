@@ -55,6 +55,16 @@ var (
 	// search_path exists, so there is none to find the store's table in
 	// or to create it in. The search_path follows it. Nothing is created.
 	ErrNoSchema = errors.New("pgstore: no schema to hold the store")
+
+	// ErrPrivilege is returned by Open and New when the role they connect
+	// as may not create the store's tables (or upgrade them, for a
+	// database at an older schema version): the statement failed with
+	// SQLSTATE 42501, insufficient_privilege. The schema, what to do and
+	// the server's error (a *pgconn.PgError) follow it. Open the store
+	// once as a role that may create tables in that schema, such as its
+	// owner; a store that exists at this package's version needs only the
+	// privileges that Open lists. Nothing is created.
+	ErrPrivilege = errors.New("pgstore: this role may not create the store's tables")
 )
 
 // schema is pgstore's tables, recorded in idempotency_keys_schema.
@@ -66,6 +76,7 @@ var schema = pgmigrate.Schema{
 	Objects:    []string{"idempotency_keys", "idempotency_keys_pkey", "idempotency_keys_created"},
 	Incomplete: ErrSchema,
 	NoSchema:   ErrNoSchema,
+	Privilege:  ErrPrivilege,
 }
 
 // migrate brings the schema to len(migrations) (see pgmigrate), and
@@ -74,7 +85,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (st
 	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
 	name, err := schema.Migrate(ctx, pool)
-	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoSchema) {
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoSchema) &&
+		!errors.Is(err, ErrPrivilege) {
 		return "", fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	return name, err

@@ -161,7 +161,8 @@ var (
 // search_path that names no schema that exists (see the package
 // documentation). A schema that is current is only read: a role that may
 // not create tables opens it with SELECT on idempotency_keys_schema and
-// SELECT, INSERT, UPDATE and DELETE on idempotency_keys.
+// SELECT, INSERT, UPDATE and DELETE on idempotency_keys. Such a role is
+// refused with ErrPrivilege where the schema is missing or older.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -193,7 +194,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 
 // New returns a Store on pool after creating or upgrading the schema, in
 // current_schema() of the pool's connection that does it, or
-// ErrSchemaTooNew, ErrSchema or ErrNoSchema as Open does. The caller keeps the pool:
+// ErrSchemaTooNew, ErrSchema, ErrNoSchema or ErrPrivilege as Open does. The caller keeps the pool:
 // Close leaves it open.
 //
 // The pool's connections keep their settings, and New reads two of them

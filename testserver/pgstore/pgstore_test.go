@@ -952,6 +952,18 @@ func TestOpenWithoutCreatePrivilege(t *testing.T) {
 	}
 }
 
+// TestOpenWithoutCreatePrivilegeNoStore opens, as a role that may not
+// create tables, a database that does not hold the store yet: Open
+// returns ErrPrivilege, naming the schema and saying to open the store
+// once as a role that may, with the server's error (42501) still in it,
+// and creates nothing. Before, it was a bare "pgstore: migrate: ERROR:
+// permission denied for schema public (SQLSTATE 42501)".
+func TestOpenWithoutCreatePrivilegeNoStore(t *testing.T) {
+	dsn := pgtest.DB(t)
+	_, err := pgstore.Open(t.Context(), pgtest.AppRole(t, dsn), nil)
+	pgtest.RefusedCreate(t, dsn, err, pgstore.ErrPrivilege, "public")
+}
+
 // TestMigrationsStartingTogether: instances whose migrations wait for one
 // another migrate once, also when the database's default isolation is
 // REPEATABLE READ.
