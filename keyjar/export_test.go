@@ -11,6 +11,7 @@ type Commit struct {
 	Jobs        int  // writes in the transaction
 	Durable     bool // holds a key creation
 	Synchronous int  // the connection's PRAGMA synchronous: 1 NORMAL, 2 FULL
+	FullFsync   int  // the connection's PRAGMA fullfsync and checkpoint_fullfsync: 2 when both are on
 	Changes     int  // rows the transaction's last statement changed: SQL changes()
 }
 
@@ -45,6 +46,14 @@ func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar,
 			if err := tx.QueryRow("PRAGMA synchronous").Scan(&c.Synchronous); err != nil {
 				panic(err)
 			}
+			var full, checkpoint int
+			if err := tx.QueryRow("PRAGMA fullfsync").Scan(&full); err != nil {
+				panic(err)
+			}
+			if err := tx.QueryRow("PRAGMA checkpoint_fullfsync").Scan(&checkpoint); err != nil {
+				panic(err)
+			}
+			c.FullFsync = full + checkpoint
 			h.BeforeCommit(c)
 		}
 	}
