@@ -3,10 +3,12 @@
 // processes on one machine may share the file; for many machines use
 // testserver/pgstore.
 //
-// The database runs in WAL mode with synchronous=FULL, so a saved answer
-// survives power loss; every transaction begins IMMEDIATE (it takes the
-// write lock at once, so two writers never deadlock upgrading), waits up to
-// BusyTimeout for another process's lock, and goes through one connection.
+// The database runs in WAL mode with synchronous=FULL, and fullfsync and
+// checkpoint_fullfsync (which on macOS sync with F_FULLFSYNC: its fsync
+// leaves the write in the disk's cache), so a saved answer survives power
+// loss; every transaction begins IMMEDIATE (it takes the write lock at
+// once, so two writers never deadlock upgrading), waits up to BusyTimeout
+// for another process's lock, and goes through one connection.
 //
 // The file is marked with PRAGMA application_id (ApplicationID) and its
 // schema versioned with PRAGMA user_version. Open refuses a file that is
@@ -139,7 +141,7 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	}
 	// journal_mode(WAL) waits until migrate has checked the file: it would
 	// rewrite the header of another program's database.
-	query := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_txlock=immediate",
+	query := fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=synchronous(FULL)&_pragma=fullfsync(1)&_pragma=checkpoint_fullfsync(1)&_txlock=immediate",
 		sqliteopt.BusyTimeoutMillis(busy))
 	dsn := ":memory:?" + query
 	if path != ":memory:" {

@@ -60,7 +60,7 @@ func TestFileModeAndPragmas(t *testing.T) {
 		t.Errorf("file mode %o; want 600", mode)
 	}
 	pragmas := map[string]string{"journal_mode": "wal", "synchronous": "2", "user_version": "1", "busy_timeout": "5000",
-		"application_id": fmt.Sprint(sqlitestore.ApplicationID)}
+		"application_id": fmt.Sprint(sqlitestore.ApplicationID), "fullfsync": "1", "checkpoint_fullfsync": "1"}
 	for pragma, want := range pragmas {
 		var got string
 		if err := s.DB().QueryRow("PRAGMA " + pragma).Scan(&got); err != nil {
