@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -136,6 +138,38 @@ func TestConcurrentChargesOneOrder(t *testing.T) {
 			}
 			if s := stats(t, hs[0]); s.Charges != calls || s.Settled != 1 {
 				t.Fatalf("stats %+v; want %d calls, 1 charge", s, calls)
+			}
+		})
+	}
+}
+
+// TestIDsTextCannotHold: a charge or order id that PostgreSQL's text
+// cannot hold (a NUL byte, bytes that are not UTF-8), as a path's escapes
+// can spell it, names no charge: 404 and no charges, on both databases,
+// rather than a 503 that asks the client to retry what will never succeed,
+// logged as the ledger failing.
+func TestIDsTextCannotHold(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			app, _ := b.open(t)
+			var logged strings.Builder
+			app.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+			h := app.Handler()
+			decode(t, post(h, "k", "application/json", jsonBody))
+			for _, id := range []string{"%00", "ch_%00", "%FF", "caf%E9"} {
+				var p testserver.Problem
+				if code := get(t, h, "/v1/charges/"+id, &p); code != http.StatusNotFound || !strings.HasSuffix(p.Type, "#no-charge") {
+					t.Errorf("GET /v1/charges/%s: %d %+v; want 404 no-charge", id, code, p)
+				}
+				var order struct {
+					Charges []payments.Charge `json:"charges"`
+				}
+				if code := get(t, h, "/v1/orders/"+id, &order); code != http.StatusOK || order.Charges == nil || len(order.Charges) != 0 {
+					t.Errorf("GET /v1/orders/%s: %d %+v; want 200 and no charges", id, code, order)
+				}
+			}
+			if logged.Len() > 0 {
+				t.Errorf("logged %q; want nothing: the ledger did not fail", logged.String())
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -76,6 +77,7 @@ type PayCo struct {
 
 	db  *sql.DB
 	sql statements
+	pg  bool // on PostgreSQL, whose text holds no NUL byte and only UTF-8
 }
 
 // paycoSchema creates the ledger's tables. Its statements, as PayCo's,
@@ -124,6 +126,7 @@ func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 	}
 	var (
 		q   func(string) string
+		pg  bool
 		err error
 	)
 	switch d := db.Driver().(type) {
@@ -131,6 +134,7 @@ func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 		q = func(stmt string) string { return strings.ReplaceAll(stmt, pgmigrate.Placeholder+".", "") }
 		_, err = db.ExecContext(ctx, q(paycoSchema))
 	case *stdlib.Driver:
+		pg = true
 		var schema string
 		schema, err = createIn(ctx, db)
 		q = func(stmt string) string { return pgmigrate.Qualify(stmt, schema) }
@@ -143,7 +147,7 @@ func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 	case err != nil:
 		return nil, fmt.Errorf("payments: creating the PayCo ledger: %w", err)
 	}
-	return &PayCo{db: db, sql: newStatements(q)}, nil
+	return &PayCo{db: db, sql: newStatements(q), pg: pg}, nil
 }
 
 // createIn creates PayCo's tables on PostgreSQL, if they are missing, in
@@ -260,8 +264,13 @@ func scanCharge(row interface{ Scan(...any) error }) (Charge, error) {
 	return c, err
 }
 
-// Get returns the charge with the given id, or ErrNoCharge.
+// Get returns the charge with the given id, or ErrNoCharge: also for an id
+// that the database cannot hold (on PostgreSQL, one with a NUL byte or
+// bytes that are not UTF-8), which names no charge.
 func (p *PayCo) Get(ctx context.Context, id string) (Charge, error) {
+	if !p.holds(id) {
+		return Charge{}, ErrNoCharge
+	}
 	c, err := scanCharge(p.db.QueryRowContext(ctx, p.sql.byID, id))
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -273,8 +282,11 @@ func (p *PayCo) Get(ctx context.Context, id string) (Charge, error) {
 }
 
 // Order returns the charges made for an order, oldest first; none is an
-// empty slice.
+// empty slice, as for an order id that the database cannot hold (see Get).
 func (p *PayCo) Order(ctx context.Context, orderID string) ([]Charge, error) {
+	if !p.holds(orderID) {
+		return []Charge{}, nil
+	}
 	rows, err := p.db.QueryContext(ctx, p.sql.order, orderID)
 	if err != nil {
 		return nil, fmt.Errorf("payments: %w", err)
@@ -292,6 +304,13 @@ func (p *PayCo) Order(ctx context.Context, orderID string) ([]Charge, error) {
 		return nil, fmt.Errorf("payments: %w", err)
 	}
 	return cs, nil
+}
+
+// holds reports whether the ledger's text columns can hold s. PostgreSQL's
+// text refuses a NUL byte and bytes that are not UTF-8: a read of such an
+// id would fail as if the ledger did, where it can only find nothing.
+func (p *PayCo) holds(s string) bool {
+	return !p.pg || (utf8.ValidString(s) && strings.IndexByte(s, 0) < 0)
 }
 
 // Stats returns the ledger's counts.
