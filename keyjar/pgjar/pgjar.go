@@ -879,8 +879,12 @@ func storableStatus(status int) error {
 }
 
 // List returns the records that pass f, oldest Created first (the zero
-// time first), then by Op.
+// time first), then by Op: none for a State that text cannot hold, which
+// no record is in.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
+	if storable("state", string(f.State)) != nil && !j.closed.Load() {
+		return nil, nil // Begin and Update refuse such a state
+	}
 	if err := j.settle(ctx, ""); err != nil {
 		return nil, wrapf(err, "list")
 	}
