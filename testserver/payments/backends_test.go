@@ -174,3 +174,60 @@ func TestIDsTextCannotHold(t *testing.T) {
 		})
 	}
 }
+
+// TestStatsReadOneMoment: Stats counts the calls and the charges as of one
+// moment. Here a charge commits after Stats read the calls and before it
+// reads the charges (which it waits for, behind a lock the charge holds):
+// read under READ COMMITTED, each with its own snapshot, the counts said
+// one charge made of no call.
+func TestStatsReadOneMoment(t *testing.T) {
+	dsn := pgtest.DB(t)
+	app := pgApp(t, dsn)
+	ctx := t.Context()
+	charger, watcher := pgtest.Connect(t, dsn), pgtest.Connect(t, dsn)
+	tx, err := charger.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `LOCK TABLE payco_charges IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		s   payments.Stats
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := app.PayCo.Stats(ctx)
+		done <- result{s, err}
+	}()
+	// Each poll a round trip: seconds at most, not forever.
+	for i := 0; ; i++ {
+		if i == 100_000 {
+			t.Fatal("Stats never waited for the lock on payco_charges")
+		}
+		var waiting bool
+		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%payco_charges%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+	}
+	for _, stmt := range []string{`INSERT INTO payco_calls (order_id, calls) VALUES ('o-late', 1)`,
+		`INSERT INTO payco_charges (id, dedup_key, order_id, amount, currency, created)
+			VALUES ('ch_late', 'charge:o-late', 'o-late', 100, 'usd', 1)`} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.s.Charges != r.s.Settled {
+		t.Errorf("Stats = %+v, %v; want as many calls as charges (both 0, or both 1)", r.s, r.err)
+	}
+}

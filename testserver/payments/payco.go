@@ -77,7 +77,7 @@ type PayCo struct {
 
 	db  *sql.DB
 	sql statements
-	pg  bool // on PostgreSQL, whose text holds no NUL byte and only UTF-8
+	pg  bool // on PostgreSQL (see holds and Stats)
 }
 
 // paycoSchema creates the ledger's tables. Its statements, as PayCo's,
@@ -214,7 +214,7 @@ func (p *PayCo) Charge(ctx context.Context, key, orderID string, amount int64, c
 	rand.Read(id[:])
 	c := Charge{ID: "ch_" + hex.EncodeToString(id[:]), Amount: amount, Currency: currency, OrderID: orderID}
 	dedup := sql.NullString{String: key, Valid: !p.NoDedup}
-	err := p.tx(ctx, func(tx *sql.Tx) error {
+	err := p.tx(ctx, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, p.sql.call, orderID); err != nil {
 			return err
 		}
@@ -240,8 +240,10 @@ func (p *PayCo) Charge(ctx context.Context, key, orderID string, amount int64, c
 	return c, nil
 }
 
-func (p *PayCo) tx(ctx context.Context, f func(*sql.Tx) error) error {
-	tx, err := p.db.BeginTx(ctx, nil)
+// tx runs f in one transaction, begun with opts, and commits it when f
+// returns nil.
+func (p *PayCo) tx(ctx context.Context, opts *sql.TxOptions, f func(*sql.Tx) error) error {
+	tx, err := p.db.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("payments: %w", err)
 	}
@@ -313,10 +315,18 @@ func (p *PayCo) holds(s string) bool {
 	return !p.pg || (utf8.ValidString(s) && strings.IndexByte(s, 0) < 0)
 }
 
-// Stats returns the ledger's counts.
+// Stats returns the ledger's counts, as of one moment: its two queries
+// read one snapshot (on SQLite, a transaction that holds the write lock;
+// on PostgreSQL, a REPEATABLE READ one, where READ COMMITTED would give
+// each query its own, and count a charge that committed between them
+// among the charges made but not among the calls).
 func (p *PayCo) Stats(ctx context.Context) (Stats, error) {
 	s := Stats{PerOrder: map[string]int{}}
-	err := p.tx(ctx, func(tx *sql.Tx) error {
+	var opts *sql.TxOptions
+	if p.pg {
+		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	}
+	err := p.tx(ctx, opts, func(tx *sql.Tx) error {
 		if err := eachCount(ctx, tx, p.sql.calls, func(order string, n int) {
 			s.PerOrder[order] = n
 			s.Charges += n
