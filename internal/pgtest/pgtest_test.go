@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -469,5 +470,26 @@ func TestUnavailable(t *testing.T) {
 				t.Errorf("failed = %v; want %v", got, !tc.skip)
 			}
 		})
+	}
+}
+
+// Layout names each column's type, collation and nullability, and each
+// index's definition and collations, in the order of the tables given.
+func TestLayout(t *testing.T) {
+	conn := Connect(t, DB(t))
+	if _, err := conn.Exec(t.Context(), `CREATE TABLE b (k text COLLATE "C" PRIMARY KEY, n bigint);
+		CREATE TABLE a (s text NOT NULL, t text); CREATE INDEX a_s_t ON a (s, t COLLATE "C")`); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"b.k text collate C not null",
+		"b.n bigint collate -",
+		"a.s text collate default not null",
+		"a.t text collate default",
+		`index CREATE INDEX a_s_t ON public.a USING btree (s, t COLLATE "C") collate default,C`,
+		"index CREATE UNIQUE INDEX b_pkey ON public.b USING btree (k) collate C",
+	}
+	if got := Layout(t, conn, "b", "a"); !slices.Equal(got, want) {
+		t.Errorf("Layout = %q; want %q", got, want)
 	}
 }

@@ -13,6 +13,22 @@ import (
 // migrations[i] brings the schema from version i to version i+1. Versions
 // are only ever appended: a released migration is never edited. Tables
 // are named {schema}.name, in the schema Open found (see pgmigrate.Qualify).
+//
+// The primary key's columns, scope and key, are in the "C" collation: they
+// compare and sort bytewise, whatever the database's default collation.
+// A libc collation (en_US.UTF-8, as initdb takes it from the environment)
+// orders text as the operating system's C library does, and that order
+// changes with it: glibc 2.28 changed where hyphens and spaces sort, and
+// keys are strings the clients choose, UUIDs with hyphens among them. A
+// B-tree index built under the old order and searched under the new one
+// misses keys it holds, so a retry's claim of a key that has an entry
+// would insert a second one and run the handler again: the one thing the
+// store exists to prevent. Version 1 created them in the default
+// collation; version 2 alters them, which rebuilds the primary key's
+// index in the new order (a database whose index already lost its order
+// may hold duplicate keys, and the rebuild then fails, and with it the
+// migration, rather than keep them), and a database created now gets
+// them through the same two versions.
 var migrations = [][]string{
 	{ // 1
 		`CREATE TABLE {schema}.idempotency_keys (
@@ -28,6 +44,11 @@ var migrations = [][]string{
 			PRIMARY KEY (scope, key)
 		)`,
 		`CREATE INDEX idempotency_keys_created ON {schema}.idempotency_keys (created)`,
+	},
+	{ // 2
+		`ALTER TABLE {schema}.idempotency_keys
+			ALTER COLUMN scope TYPE text COLLATE "C",
+			ALTER COLUMN key TYPE text COLLATE "C"`,
 	},
 }
 

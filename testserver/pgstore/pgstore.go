@@ -38,6 +38,27 @@
 // (pg_temp is searched first) neither hides its entries nor receives them.
 // A search_path that names no schema that exists is ErrNoSchema.
 //
+// The table's primary key, (scope, key), is in the "C" collation: keys
+// compare bytewise, whatever the database's default collation. A libc
+// collation orders text as the operating system's C library does, and an
+// upgrade of it can change that order (glibc 2.28 moved hyphens and
+// spaces; keys are the clients' strings, UUIDs among them): the index,
+// built in the old order, would then miss keys it holds, and a retry's
+// claim of a key that has an entry would succeed, its handler run twice.
+// The schema's version 2 makes the columns "C"; Open and New apply it to
+// a database at version 1 as any migration, under the lock, in one
+// transaction. It rebuilds the primary key's index, the table locked
+// against every statement of the store while it runs, and must finish
+// within Options.QueryTimeout (Open's statement_timeout): for a large
+// table, open the store once with a QueryTimeout long enough. It needs
+// the table's owner (another role gets ErrPrivilege, and the database
+// stays at version 1), and it fails with the server's unique_violation
+// (a *pgconn.PgError, SQLSTATE 23505), changing nothing, if the old index
+// already let a key in twice: which entry to keep is the operator's call.
+// A store of an earlier version of this package refuses a database at
+// version 2 with ErrSchemaTooNew; one that was running keeps working, its
+// statements unchanged.
+//
 // A server that restarts, or ends a session (pg_terminate_backend), closes
 // the connections the pool holds. The pool of Open pings a connection before
 // it hands it out when it was idle for more than a second, as pgxpool does

@@ -491,36 +491,49 @@ func TestSaveAcrossRestart(t *testing.T) {
 		fmt.Fprintf(w, "charge %d", runs.Load())
 	})))
 	defer srv.Close()
-	post := func() (status int, body, replayed string) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":1}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Idempotency-Key", "k")
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
-	}
-	if status, body, _ := post(); status != http.StatusCreated || body != "charge 1" {
-		t.Errorf("first request = %d %q; want 201 charge 1", status, body)
+	if a := post(t, srv, "k", "", `{"amount":1}`); a.status != http.StatusCreated || a.body != "charge 1" {
+		t.Errorf("first request = %d %q; want 201 charge 1", a.status, a.body)
 	}
 	if err := <-restarted; err != nil {
 		t.Fatal(err)
 	}
 	now.Add(int64(2 * time.Minute)) // the retry comes after LockTimeout
-	if status, body, replayed := post(); status != http.StatusCreated || body != "charge 1" || replayed != "true" {
-		t.Errorf("retry = %d %q, replayed %q; want the replay of 201 charge 1", status, body, replayed)
+	if a := post(t, srv, "k", "", `{"amount":1}`); a.status != http.StatusCreated || a.body != "charge 1" || a.replayed != "true" {
+		t.Errorf("retry = %d %q, replayed %q; want the replay of 201 charge 1", a.status, a.body, a.replayed)
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times; want 1", n)
 	}
+}
+
+// answer is what post got back.
+type answer struct {
+	status         int
+	body, replayed string // replayed: the Idempotent-Replayed header
+}
+
+// post sends a POST of body to srv with the Idempotency-Key key and, unless
+// account is "", the header Account, and returns the answer.
+func post(t *testing.T, srv *httptest.Server, key, account, body string) answer {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	if account != "" {
+		req.Header.Set("Account", account)
+	}
+	resp, err := srv.Client().Do(req)
+	var b []byte
+	if err == nil {
+		b, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")}
 }
 
 // TestWritesAcrossRestart restarts PostgreSQL between a claim and the
@@ -887,28 +900,13 @@ func TestMigrations(t *testing.T) {
 	}
 	wg.Wait()
 	s := open(t, dsn, nil)
-	var versions []int32
-	rows, err := s.Pool().Query(t.Context(), `SELECT version FROM idempotency_keys_schema ORDER BY version`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var v int32
-		if err := rows.Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		versions = append(versions, v)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(versions, []int32{1}) {
-		t.Errorf("schema versions = %v; want [1]", versions)
+	if v := versions(t, s.Pool()); !slices.Equal(v, []int32{1, 2}) {
+		t.Errorf("schema versions = %v; want [1 2]", v)
 	}
 	if _, err := s.Pool().Exec(t.Context(), `INSERT INTO idempotency_keys_schema (version) VALUES (99)`); err != nil {
 		t.Fatal(err)
 	}
-	const want = `pgstore: database schema is newer than this program: in schema "public", version 99, this package knows up to 1`
+	const want = `pgstore: database schema is newer than this program: in schema "public", version 99, this package knows up to 2`
 	if _, err := pgstore.Open(t.Context(), dsn, nil); !errors.Is(err, pgstore.ErrSchemaTooNew) || err.Error() != want {
 		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew: %s", err, want)
 	}
