@@ -83,15 +83,35 @@ type PayCo struct {
 // paycoSchema creates the ledger's tables. Its statements, as PayCo's,
 // name the tables {schema}.name: on PostgreSQL, the schema NewPayCo found
 // (see pgmigrate.Qualify); on SQLite, none.
+//
+// The ids that the ledger's unique and ordinary indexes hold (a charge's
+// id, its dedup key, the order's id) are {bytewise}: on PostgreSQL, in
+// the "C" collation, which compares bytes, rather than the database's
+// default, often a libc collation whose order changes when the operating
+// system's C library does (glibc 2.28 moved hyphens and spaces, and the
+// dedup keys and order ids are the clients', "charge:<uuid>"): an index
+// built in the old order misses rows it holds, and PayCo would charge a
+// key it had charged. On SQLite, nothing: its default collation, BINARY,
+// compares bytes already.
+//
+// The ledger records no version of its schema, and NewPayCo alters no
+// table: a ledger created before its ids were "C" is used as it is, its
+// ids in the default collation and its indexes in that collation's order,
+// which serve until the order changes under them. Its owner converts it
+// with ALTER TABLE payco_calls ALTER COLUMN order_id TYPE text COLLATE "C"
+// and ALTER TABLE payco_charges ALTER COLUMN id TYPE text COLLATE "C",
+// ALTER COLUMN dedup_key TYPE text COLLATE "C", ALTER COLUMN order_id TYPE
+// text COLLATE "C", which rebuild the indexes, or drops the ledger, which
+// holds only the reference server's demonstration charges and counts.
 const paycoSchema = `
 CREATE TABLE IF NOT EXISTS {schema}.payco_calls (
-	order_id TEXT PRIMARY KEY,
+	order_id TEXT {bytewise} PRIMARY KEY,
 	calls    INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS {schema}.payco_charges (
-	id        TEXT PRIMARY KEY,
-	dedup_key TEXT UNIQUE, -- NULL when charged without dedup
-	order_id  TEXT NOT NULL,
+	id        TEXT {bytewise} PRIMARY KEY,
+	dedup_key TEXT {bytewise} UNIQUE, -- NULL when charged without dedup
+	order_id  TEXT {bytewise} NOT NULL,
 	amount    BIGINT NOT NULL, -- PostgreSQL's INTEGER has 32 bits
 	currency  TEXT NOT NULL,
 	created   BIGINT NOT NULL
@@ -99,15 +119,26 @@ CREATE TABLE IF NOT EXISTS {schema}.payco_charges (
 CREATE INDEX IF NOT EXISTS payco_charges_order ON {schema}.payco_charges (order_id);
 `
 
+// ledgerSchema returns paycoSchema for PostgreSQL (pg) or SQLite, its ids
+// collated bytewise, its tables still named {schema}.name.
+func ledgerSchema(pg bool) string {
+	collate := ""
+	if pg {
+		collate = `COLLATE "C"`
+	}
+	return strings.ReplaceAll(paycoSchema, "{bytewise}", collate)
+}
+
 // paycoObjects are the relations paycoSchema creates.
 var paycoObjects = []string{"payco_calls", "payco_charges", "payco_charges_order"}
 
 // NewPayCo creates PayCo's tables in db if they are missing. db is SQLite
 // through modernc.org/sqlite (sqlitestore's DB) or PostgreSQL through
 // github.com/jackc/pgx/v5/stdlib; another driver, or a nil db, is
-// ErrDriver. The SQL is the same on both. On PostgreSQL, tables that exist
-// are only used: a role that may not create tables opens them with SELECT,
-// INSERT, UPDATE and DELETE on payco_calls and payco_charges.
+// ErrDriver. The SQL is the same on both, but for the collation of the
+// ids (see paycoSchema). On PostgreSQL, tables that exist are only used,
+// never altered: a role that may not create tables opens them with
+// SELECT, INSERT, UPDATE and DELETE on payco_calls and payco_charges.
 //
 // On PostgreSQL, NewPayCo finds the tables, or creates them, in
 // current_schema() of the connection it runs on: the first schema of its
@@ -132,7 +163,7 @@ func NewPayCo(ctx context.Context, db *sql.DB) (*PayCo, error) {
 	switch d := db.Driver().(type) {
 	case *sqlite.Driver:
 		q = func(stmt string) string { return strings.ReplaceAll(stmt, pgmigrate.Placeholder+".", "") }
-		_, err = db.ExecContext(ctx, q(paycoSchema))
+		_, err = db.ExecContext(ctx, q(ledgerSchema(false)))
 	case *stdlib.Driver:
 		pg = true
 		var schema string
@@ -173,7 +204,7 @@ func createIn(ctx context.Context, db *sql.DB) (string, error) {
 		return "", err
 	}
 	if found < len(paycoObjects) {
-		if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(paycoSchema, schema)); err != nil {
+		if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(ledgerSchema(true), schema)); err != nil {
 			return "", pgmigrate.Denied(err, ErrPrivilege, schema)
 		}
 	}
