@@ -64,11 +64,13 @@ func (d Decision) String() string {
 // that saves errors): every retry with the key would get it again, so it is
 // Final whatever its status, but 422, which still stops.
 //
-// Errors are classified by type, never by message: context.Canceled stops;
-// a net.Error (timeouts included, so an attempt's own deadline retries),
-// io.EOF, io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED,
-// EPIPE and an HTTP/2 stream reset (RST_STREAM) retry; any other error (a
-// bad URL, a TLS certificate) stops. The
+// Errors are classified by type: context.Canceled stops; a net.Error
+// (timeouts included, so an attempt's own deadline retries), io.EOF,
+// io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, an
+// HTTP/2 stream reset (RST_STREAM) and an HTTP/2 connection lost or closed
+// under the request retry; any other error (a bad URL, a TLS certificate)
+// stops. net/http gives the lost HTTP/2 connection no type, only a fixed
+// text: that error alone is matched by its whole message. The
 // caller must check its own context first: a caller's expired deadline is a
 // net.Error too.
 func Classify(resp *http.Response, err error) Decision {
@@ -132,7 +134,26 @@ func classifyError(err error) Decision {
 			return Retry
 		}
 	}
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if _, ok := http2ConnErrors[e.Error()]; ok {
+			return Retry
+		}
+	}
 	return Stop
+}
+
+// http2ConnErrors are the messages of the errors that net/http's HTTP/2
+// transport (and golang.org/x/net/http2's) fails a request with when its
+// connection is lost or closed under it. Each is an errors.New of its own,
+// unexported, with no type to match, so the whole message is compared: the
+// same fault over HTTP/1.1 is a reset or an EOF, which retries.
+var http2ConnErrors = map[string]struct{}{
+	// A health check (HTTP2Config.SendPingTimeout) went unanswered.
+	"http2: client connection lost": {},
+	// The connection closed before its first request was written.
+	"http2: client conn could not be established": {},
+	// The connection closed while the request's body was being written.
+	"http2: client conn is closed": {},
 }
 
 // http2StreamError has the fields of net/http's (unexported) HTTP/2

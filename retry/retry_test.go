@@ -68,6 +68,12 @@ func TestClassify(t *testing.T) {
 		{"url.Error around a non-network error", nil, &url.Error{Op: "Post", URL: "http://x", Err: errors.New("x509: bad certificate")}, retry.Stop},
 		{"other error", nil, errors.New("x509: certificate signed by unknown authority"), retry.Stop},
 		{"error with 'connection reset' text only", nil, errors.New("connection reset by peer"), retry.Stop},
+		// net/http's HTTP/2 connection errors, untyped: matched by their whole text.
+		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
+		{"HTTP/2 connection closed before its first request", nil, errors.New("http2: client conn could not be established"), retry.Retry},
+		{"HTTP/2 connection closed under the body", nil, fmt.Errorf("send: %w", errors.New("http2: client conn is closed")), retry.Retry},
+		{"HTTP/2 connection text inside another message", nil, errors.New("proxy said: http2: client connection lost"), retry.Stop},
+		{"HTTP/2 connection closed by the program", nil, errors.New("http2: client connection force closed via ClientConn.Close"), retry.Stop},
 	}
 	for _, tt := range tests {
 		if got := retry.Classify(tt.resp, tt.err); got != tt.want {
