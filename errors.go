@@ -132,7 +132,8 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // ended (even after a retryable response), another holder is sending the
 // operation, an earlier answer's Retry-After (the stored NextAttempt) is
 // beyond the call's budget, an attempt failed with an error that is not
-// retried (retry.Classify: a TLS certificate, say), or after the first send
+// retried (retry.Classify: a TLS certificate, or a TLS alert from the
+// server refusing the client's), or after the first send
 // the body could not be produced again or the jar failed. The outcome is
 // unknown and the operation stays pending in the jar: a later call with the
 // same operation name resumes it with the same key.

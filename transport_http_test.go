@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -552,5 +555,67 @@ func TestHTTP2LostConnectionIsRetried(t *testing.T) {
 		len(keys) != 2 || keys[1] != rec.Key || proxy.accepted.Load() != 2 {
 		t.Fatalf("%s, %s after %d attempts, server saw keys %q over %d connections; want 201, done after 2 attempts, the second with key %q on a second connection",
 			resp.Status, rec.State, rec.Attempts, keys, proxy.accepted.Load(), rec.Key)
+	}
+}
+
+// TestTLSAlertFromTheServerIsNotRetried: a server that ends the TLS
+// handshake with an alert (it requires a client certificate, or speaks no
+// version the client offers) refuses every connection alike, and it
+// processed nothing. crypto/tls reports the alert as a *net.OpError
+// ("remote error"), a net.Error: it is not taken for a network fault and
+// retried. The call stops after one handshake, with a *PendingError that
+// holds the alert, and the operation stays pending with one attempt, as
+// for a certificate the client refuses. (Over TLS 1.3 a refused client
+// certificate is told after the client's side of the handshake, and the
+// client may meet the closed connection, a reset, before the alert: that
+// is retried, as any reset is; TLS 1.2 is used here.)
+func TestTLSAlertFromTheServerIsNotRetried(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		server, cli func(*tls.Config)
+	}{
+		{"client certificate required", func(c *tls.Config) {
+			c.ClientAuth, c.MaxVersion = tls.RequireAnyClientCert, tls.VersionTLS12
+		}, nil},
+		{"no common version", func(c *tls.Config) { c.MinVersion = tls.VersionTLS13 }, func(c *tls.Config) { c.MaxVersion = tls.VersionTLS12 }},
+		{"server certificate refused by the client", nil, func(c *tls.Config) { c.RootCAs = x509.NewCertPool() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var hellos, handled atomic.Int32
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				handled.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			}))
+			srv.EnableHTTP2 = true
+			srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+			srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+				hellos.Add(1)
+				return nil, nil
+			}}
+			if tt.server != nil {
+				tt.server(srv.TLS)
+			}
+			srv.StartTLS()
+			t.Cleanup(srv.Close)
+			base := srv.Client().Transport.(*http.Transport).Clone()
+			base.ForceAttemptHTTP2 = true
+			if tt.cli != nil {
+				tt.cli(base.TLSClientConfig)
+			}
+			jar := &idem.MemoryJar{}
+			tr := &idem.Transport{Base: base, Jar: jar, Policy: fastPolicy}
+			req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, srv.URL, strings.NewReader(`{"amount":100}`))
+			resp, err := tr.RoundTrip(req)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			var pe *idem.PendingError
+			if !errors.As(err, &pe) || pe.Attempts != 1 || pe.Err == nil || hellos.Load() != 1 || handled.Load() != 0 {
+				t.Fatalf("got %v after %d handshakes, %d requests handled; want a *PendingError after 1 attempt, 1 handshake, nothing handled", err, hellos.Load(), handled.Load())
+			}
+			if rec, err := jar.Get(t.Context(), "charge"); err != nil || rec.State != idem.StatePending || rec.Attempts != 1 || rec.LastError == "" {
+				t.Fatalf("jar holds %+v, %v; want the operation pending after 1 attempt, with its error", rec, err)
+			}
+		})
 	}
 }

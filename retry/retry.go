@@ -11,7 +11,7 @@
 //	any of those four replayed (Idempotent-Replayed)      Final: the server's saved outcome
 //	422 Unprocessable (key reused, or request refused)    Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
-//	context cancelled, other errors                       Stop
+//	context cancelled, TLS alert (server), other errors   Stop
 package retry
 
 import (
@@ -69,7 +69,8 @@ func (d Decision) String() string {
 // io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, an
 // HTTP/2 stream reset (RST_STREAM) and an HTTP/2 connection lost or closed
 // under the request retry; any other error (a bad URL, a TLS certificate)
-// stops. net/http gives the lost HTTP/2 connection no type, only a fixed
+// stops, and so does a TLS alert from the server (a client certificate or
+// a TLS version refused), although crypto/tls makes it a net.Error. net/http gives the lost HTTP/2 connection no type, only a fixed
 // text: that error alone is matched by its whole message. The
 // caller must check its own context first: a caller's expired deadline is a
 // net.Error too.
@@ -118,6 +119,12 @@ func classifyError(err error) Decision {
 	if errors.Is(err, context.Canceled) {
 		return Stop
 	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == tlsAlert {
+		// The server ended TLS with an alert: it refused the client's
+		// certificate or version, and would refuse every retry alike.
+		return Stop
+	}
 	var ne net.Error
 	if errors.As(err, &ne) {
 		return Retry
@@ -141,6 +148,10 @@ func classifyError(err error) Decision {
 	}
 	return Stop
 }
+
+// tlsAlert is the Op of the *net.OpError in which crypto/tls reports an
+// alert the peer sent.
+const tlsAlert = "remote error"
 
 // http2ConnErrors are the messages of the errors that net/http's HTTP/2
 // transport (and golang.org/x/net/http2's) fails a request with when its

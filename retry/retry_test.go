@@ -68,6 +68,7 @@ func TestClassify(t *testing.T) {
 		{"url.Error around a non-network error", nil, &url.Error{Op: "Post", URL: "http://x", Err: errors.New("x509: bad certificate")}, retry.Stop},
 		{"other error", nil, errors.New("x509: certificate signed by unknown authority"), retry.Stop},
 		{"error with 'connection reset' text only", nil, errors.New("connection reset by peer"), retry.Stop},
+		{"TLS alert from the server", nil, &url.Error{Op: "Post", URL: "https://x", Err: &net.OpError{Op: "remote error", Err: errors.New("tls: bad certificate")}}, retry.Stop},
 		// net/http's HTTP/2 connection errors, untyped: matched by their whole text.
 		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
 		{"HTTP/2 connection closed before its first request", nil, errors.New("http2: client conn could not be established"), retry.Retry},
