@@ -70,10 +70,10 @@ func (d Decision) String() string {
 // HTTP/2 stream reset (RST_STREAM) and an HTTP/2 connection lost or closed
 // under the request retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
-// a TLS version refused), although crypto/tls makes it a net.Error. net/http gives the lost HTTP/2 connection no type, only a fixed
-// text: that error alone is matched by its whole message. The
-// caller must check its own context first: a caller's expired deadline is a
-// net.Error too.
+// a TLS version refused), although crypto/tls makes it a net.Error.
+// net/http gives the lost HTTP/2 connection no type, only a fixed text:
+// that error alone is matched by its whole message. The caller must check
+// its own context first: a caller's expired deadline is a net.Error too.
 func Classify(resp *http.Response, err error) Decision {
 	if err != nil {
 		return classifyError(err)
