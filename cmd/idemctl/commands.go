@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/textproto"
@@ -50,9 +52,12 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		fmt.Fprintln(s.stdout, "no operations")
 		return nil
 	}
-	tw := tabwriter.NewWriter(s.stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(interruptible{ctx, s.stdout}, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tKEY STORED\tLAST\tNEXT ATTEMPT\tNOTE")
 	for _, r := range recs {
+		if err := ctx.Err(); err != nil {
+			return interrupted(err)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), r.State, r.Attempts,
 			stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
 	}
@@ -443,8 +448,17 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	if err != nil {
 		return err
 	}
-	out := make([]exported, 0, len(recs))
-	for _, r := range recs {
+	// One record at a time, each checked against ctx: a Ctrl-C stops the
+	// printing of a large jar. The output is what a json.Encoder indenting
+	// by two spaces writes for the whole array.
+	w := bufio.NewWriter(interruptible{ctx, s.stdout})
+	if len(recs) == 0 {
+		w.WriteString("[]")
+	}
+	for i, r := range recs {
+		if err := ctx.Err(); err != nil {
+			return interrupted(err)
+		}
 		e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: r.URL,
 			Header: r.Header, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
 			Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, Note: r.Note, Holder: r.Holder,
@@ -460,12 +474,40 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				e.BodyBase64 = r.Body
 			}
 		}
-		out = append(out, e)
+		b, err := json.MarshalIndent(e, "  ", "  ")
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			w.WriteString("[\n  ")
+		} else {
+			w.WriteString(",\n  ")
+		}
+		w.Write(b)
+		if i == len(recs)-1 {
+			w.WriteString("\n]")
+		}
 	}
-	enc := json.NewEncoder(s.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	w.WriteString("\n")
+	return w.Flush() // the first error of a write, which bufio keeps
 }
+
+// interruptible is a command's stdout that refuses to write once ctx is
+// done (SIGINT or SIGTERM): a command printing a large jar stops at its
+// next write instead of printing all of it first.
+type interruptible struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (w interruptible) Write(p []byte) (int, error) {
+	if err := w.ctx.Err(); err != nil {
+		return 0, interrupted(err)
+	}
+	return w.w.Write(p)
+}
+
+func interrupted(err error) error { return fmt.Errorf("interrupted: %w", err) }
 
 func optTime(t time.Time) *time.Time {
 	if t.IsZero() {

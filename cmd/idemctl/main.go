@@ -79,6 +79,11 @@
 // program does, for writing: they need write access to the three files
 // and the directory.
 //
+// list and export read every operation they print before printing the
+// first, and hold them in memory (about 2 GB for a million operations).
+// SIGINT (Ctrl-C) or SIGTERM stops them, while they read or print, with
+// exit status 1.
+//
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
 // record of its version) or an operation fails, 2 for a usage error.

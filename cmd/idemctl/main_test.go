@@ -1400,3 +1400,52 @@ func TestTerminalEscapesNotPrinted(t *testing.T) {
 		t.Errorf("show printed control characters %v:\n%s", found, out)
 	}
 }
+
+// cancelOnWrite is a stdout that cancels its context on the first write, as
+// a Ctrl-C while a command prints does, and keeps what it was given.
+type cancelOnWrite struct {
+	cancel context.CancelFunc
+	bytes.Buffer
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.cancel()
+	return w.Buffer.Write(p)
+}
+
+// TestInterruptedWhilePrinting: a list or an export interrupted while it
+// prints (its context cancelled, as SIGINT does) stops printing the
+// records and fails, rather than printing the whole jar first.
+func TestInterruptedWhilePrinting(t *testing.T) {
+	const n = 200
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i := range n {
+		r := idem.Record{Op: fmt.Sprintf("charge:%03d", i), Key: fmt.Sprintf("key-%03d", i), Fingerprint: "fp", State: idem.StateDone,
+			Method: "POST", URL: "http://127.0.0.1/v1/charges", Created: now, Updated: now, Attempts: 1, LastStatus: 201}
+		if _, _, err := j.Begin(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list"}, {"list", "--status", "done"}, {"export", "--json"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			stdout := &cancelOnWrite{cancel: cancel}
+			var stderr bytes.Buffer
+			code := runContext(ctx, append([]string{"--jar", path}, args...), stdout, &stderr)
+			printed := strings.Count(stdout.String(), "charge:")
+			if code != 1 || !strings.Contains(stderr.String(), "interrupted") || printed >= n/2 {
+				t.Fatalf("interrupted at its first write: exit %d, stderr %q, %d of %d operations printed; want exit 1, interrupted, and the printing stopped",
+					code, stderr.String(), printed, n)
+			}
+		})
+	}
+}
