@@ -307,7 +307,12 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	}
 	defer c.Close()
 	failed := 0
-	for _, r := range recs {
+	for i, r := range recs {
+		if ctx.Err() != nil {
+			// Interrupted: the rest would each fail on the context.
+			fmt.Fprintf(s.stderr, "idemctl: interrupted: %d operation(s) not resumed, still pending\n", len(recs)-i)
+			return errFailed
+		}
 		op := r.Op
 		resp, err := c.Resume(ctx, op)
 		if errors.Is(err, client.ErrBodyNotStored) {

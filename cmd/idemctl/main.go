@@ -60,7 +60,9 @@
 // attempts all timed out may have happened: resume says that its outcome
 // is unknown, keeps it pending under its key, and exits with status 1; a
 // later resume sends the same key, and the server replays its answer if
-// the request got through.
+// the request got through. SIGINT (Ctrl-C) or SIGTERM stops resume --all
+// before its next operation: one line says how many it did not resume,
+// which stay pending, and it exits with status 1.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then

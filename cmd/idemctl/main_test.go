@@ -1449,3 +1449,28 @@ func TestInterruptedWhilePrinting(t *testing.T) {
 		})
 	}
 }
+
+// TestResumeAllInterrupted: resume --all interrupted (its context
+// cancelled, as SIGINT does) after it resumed one operation stops there:
+// one line says how many it did not resume, which stay pending under their
+// keys, instead of an error for each.
+func TestResumeAllInterrupted(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	before, err := jarState(t, path, "charge:p2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout := &cancelOnWrite{cancel: cancel} // at the line of the first operation resumed
+	var stderr bytes.Buffer
+	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret}, stdout, &stderr)
+	if code != 1 || !strings.HasPrefix(stdout.String(), "charge:p1: 201") || stderr.String() != "idemctl: interrupted: 1 operation(s) not resumed, still pending\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, charge:p1 resumed and one line saying 1 was not", code, stdout.String(), stderr.String())
+	}
+	after, err := jarState(t, path, "charge:p2")
+	if err != nil || after.State != idem.StatePending || after.Key != before.Key || after.Attempts != before.Attempts {
+		t.Fatalf("charge:p2 after the interrupted resume: %+v, %v; want it pending, untouched, under key %s", after, err, before.Key)
+	}
+}
