@@ -11,9 +11,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/retry"
 )
@@ -102,7 +102,7 @@ func (c *call) fill(ch *Change) {
 // base transport's error may quote any bytes.
 func errorText(err error) string {
 	s := err.Error()
-	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+	if pgtext.Holds(s) {
 		return s
 	}
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")

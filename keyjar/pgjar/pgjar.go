@@ -126,16 +126,15 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/errprefix"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
+	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -861,7 +860,7 @@ func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 // byte and bytes that are not UTF-8.
 func storable(fields ...string) error {
 	for i := 0; i+1 < len(fields); i += 2 {
-		if v := fields[i+1]; !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+		if v := fields[i+1]; !pgtext.Holds(v) {
 			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], v)
 		}
 	}

@@ -9,9 +9,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/pgmigrate"
+	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
 )
@@ -343,7 +343,7 @@ func (p *PayCo) Order(ctx context.Context, orderID string) ([]Charge, error) {
 // text refuses a NUL byte and bytes that are not UTF-8: a read of such an
 // id would fail as if the ledger did, where it can only find nothing.
 func (p *PayCo) holds(s string) bool {
-	return !p.pg || (utf8.ValidString(s) && strings.IndexByte(s, 0) < 0)
+	return !p.pg || pgtext.Holds(s)
 }
 
 // Stats returns the ledger's counts, as of one moment: its two queries
