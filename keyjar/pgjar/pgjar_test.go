@@ -629,17 +629,8 @@ func TestDeleteAnswerLost(t *testing.T) {
 	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
 	j := open(t, dsn, &pgjar.Options{PruneBatch: 2})
 	ctx := t.Context()
-	settled := func(op string) {
-		t.Helper()
-		if _, _, err := j.Begin(ctx, record(op)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := j.Update(ctx, op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	settled("forgotten")
-	settled("forgotten-by-key")
+	beginDone(t, j, "forgotten")
+	beginDone(t, j, "forgotten-by-key")
 	answerLost(t, relay, "DELETE", func() {
 		if err := j.Forget(ctx, "forgotten"); err != nil {
 			t.Errorf("Forget whose answer was lost: %v", err)
@@ -657,7 +648,7 @@ func TestDeleteAnswerLost(t *testing.T) {
 	}
 
 	for i := range 5 {
-		settled(fmt.Sprint("pruned-", i))
+		beginDone(t, j, fmt.Sprint("pruned-", i))
 	}
 	answerLost(t, relay, "DELETE", func() {
 		// Batches of 2: the first one's answer is lost, 2 and then 1 are
@@ -671,7 +662,7 @@ func TestDeleteAnswerLost(t *testing.T) {
 	}
 
 	for i := range 3 {
-		settled(fmt.Sprint("limited-", i))
+		beginDone(t, j, fmt.Sprint("limited-", i))
 	}
 	answerLost(t, relay, "DELETE", func() {
 		if n, err := j.Prune(ctx, t0.Add(time.Hour), 1); n != 0 || err == nil {
@@ -883,6 +874,17 @@ func TestPruneInBatches(t *testing.T) {
 	}
 }
 
+// beginDone begins op in j and marks it done at t0.
+func beginDone(t *testing.T, j *pgjar.Jar, op string) {
+	t.Helper()
+	if _, _, err := j.Begin(t.Context(), record(op)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestPruneLimitWithStaleStatistics: Prune deletes at most its limit when
 // the table's statistics are out of date, as they are in a jar that grew
 // since autovacuum last analysed it. The planner then takes the table for
@@ -892,21 +894,12 @@ func TestPruneLimitWithStaleStatistics(t *testing.T) {
 	dsn := pgtest.DB(t)
 	j := open(t, dsn, nil)
 	ctx := t.Context()
-	done := func(op string) {
-		t.Helper()
-		if _, _, err := j.Begin(ctx, record(op)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := j.Update(ctx, op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	done("done-0")
+	beginDone(t, j, "done-0")
 	if _, err := pgtest.Connect(t, dsn).Exec(ctx, "ANALYZE"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i < 4; i++ {
-		done(fmt.Sprint("done-", i))
+		beginDone(t, j, fmt.Sprint("done-", i))
 	}
 	if n, err := j.Prune(ctx, t0.Add(time.Hour), 1); n != 1 || err != nil {
 		t.Errorf("Prune(limit 1) = %d, %v; want 1", n, err)
