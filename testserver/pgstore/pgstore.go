@@ -116,6 +116,11 @@ const (
 	DefaultPruneBatch   = 1000
 )
 
+// MaxQueryTimeout is the longest Options.QueryTimeout: 2^31-1 ms (about
+// 24.8 days), the longest statement_timeout PostgreSQL takes. Open of a
+// longer one fails: the server refuses the connections' setting.
+const MaxQueryTimeout = math.MaxInt32 * time.Millisecond
+
 // claimAttempts bounds Claim's retries when the row it conflicted with
 // disappeared (released or pruned) before it could be read. Each retry
 // means another writer made progress, so two are the most an honest race
@@ -139,7 +144,7 @@ type Options struct {
 	// a connection (from a pool that has none free, or a server that does
 	// not answer a new one), and returns an error that says no connection
 	// came, wrapping context.DeadlineExceeded, when none came. Zero means
-	// DefaultQueryTimeout.
+	// DefaultQueryTimeout; at most MaxQueryTimeout.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // -db postgres://… and postgresql://… select pgstore, with PayCo's ledger in
@@ -38,7 +39,7 @@ func TestPostgresBackend(t *testing.T) {
 			if i%2 == 1 {
 				spec = "postgresql://" + strings.TrimPrefix(dsn, "postgres://")
 			}
-			bs[i], errs[i] = openBackend(ctx, spec)
+			bs[i], errs[i] = openBackend(ctx, spec, nil)
 		})
 	}
 	wg.Wait()
@@ -333,6 +334,41 @@ func chargeUntilAnswered(t *testing.T, s *server, key, order string, timeout tim
 	return nil, nil, 0
 }
 
+// -query-timeout (pgstore's QueryTimeout) is the statement_timeout of the
+// store's sessions and of the ledger's: a ledger statement that waits
+// longer for a lock is canceled by the server (57014), rather than left
+// waiting, its connection held, for as long as its request's context
+// lasts.
+func TestPostgresQueryTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	ctx := t.Context()
+	b, err := openBackend(ctx, dsn, &pgstore.Options{QueryTimeout: 250 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	var timeout string
+	if err := b.store.(*pgstore.Store).Pool().QueryRow(ctx, `SHOW statement_timeout`).Scan(&timeout); err != nil || timeout != "250ms" {
+		t.Fatalf("statement_timeout of the store's sessions = %q, %v; want 250ms", timeout, err)
+	}
+	tx, err := pgtest.Connect(t, dsn).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `LOCK TABLE payco_calls IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	// Without a statement_timeout, the charge waits for the lock until
+	// this context ends.
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	_, err = b.payco.Charge(cctx, "charge:o-1", "o-1", 1000, "usd")
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		t.Fatalf("charge while another session locks the ledger: %v; want the server's statement timeout (57014)", err)
+	}
+}
+
 // A URL with pgxpool's own parameters (pool_max_conns, …), which pgstore
 // reads, opens the ledger too: they are not sent to the server as
 // settings, which it would refuse.
@@ -342,7 +378,7 @@ func TestPostgresPoolParameters(t *testing.T) {
 	if strings.Contains(dsn, "?") {
 		sep = "&"
 	}
-	b, err := openBackend(t.Context(), dsn+sep+"pool_max_conns=3&pool_min_conns=0")
+	b, err := openBackend(t.Context(), dsn+sep+"pool_max_conns=3&pool_min_conns=0", nil)
 	if err != nil {
 		t.Fatalf("openBackend with pool_max_conns: %v", err)
 	}
@@ -364,7 +400,7 @@ func TestPostgresPoolParameters(t *testing.T) {
 // with SQLSTATE 42501.
 func TestPostgresWithoutCreatePrivilege(t *testing.T) {
 	dsn := pgtest.DB(t)
-	b, err := openBackend(t.Context(), dsn) // as the owner: creates the tables
+	b, err := openBackend(t.Context(), dsn, nil) // as the owner: creates the tables
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +409,7 @@ func TestPostgresWithoutCreatePrivilege(t *testing.T) {
 	}
 	appDSN := pgtest.AppRole(t, dsn, `GRANT SELECT ON idempotency_keys_schema`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys, payco_calls, payco_charges`)
-	b, err = openBackend(t.Context(), appDSN)
+	b, err = openBackend(t.Context(), appDSN, nil)
 	if err != nil {
 		t.Fatalf("openBackend as a role that may not create tables: %v", err)
 	}
@@ -407,7 +443,7 @@ func TestPostgresLedgerLockDespiteLockTimeout(t *testing.T) {
 	}
 	var lockTimeout string
 	err := pgtest.HoldLock(t, dsn, paycoLock, 50*time.Millisecond, func() error {
-		b, err := openBackend(t.Context(), dsn)
+		b, err := openBackend(t.Context(), dsn, nil)
 		if err != nil {
 			return err
 		}
@@ -433,7 +469,7 @@ func TestPostgresLedgerLockDespiteLockTimeout(t *testing.T) {
 // a timeout of 200 ms: openBackend must wait and open.
 func TestPostgresLedgerLockDespiteIdleTimeout(t *testing.T) {
 	dsn := pgtest.DB(t)
-	b, err := openBackend(t.Context(), dsn) // PayCo's tables exist
+	b, err := openBackend(t.Context(), dsn, nil) // PayCo's tables exist
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +498,7 @@ func TestPostgresLedgerLockDespiteIdleTimeout(t *testing.T) {
 	}
 	opened := make(chan error, 1)
 	go func() {
-		b, err := openBackend(ctx, dsn)
+		b, err := openBackend(ctx, dsn, nil)
 		if err == nil {
 			err = b.close()
 		}

@@ -20,6 +20,15 @@
 // across machines a PostgreSQL database, where they share the keys and the
 // ledger.
 //
+// On PostgreSQL, -query-timeout (pgstore's QueryTimeout, 5 s by default, at
+// most 2^31-1 ms) is the statement_timeout of the keys' sessions and of the
+// ledger's, unless the URL sets statement_timeout: the server cancels a
+// statement that runs longer, and the request that ran it fails. It bounds
+// too the migration of the keys' schema that a server runs at start on a
+// database an earlier version created: version 2 rewrites the key table and
+// rebuilds its primary key, in one statement. For a large table, start one
+// server once with a -query-timeout long enough.
+//
 // Fault switches, for demos and labs: -fail-after-charge P answers 500 after
 // PayCo charged, with probability P; -crash-after-charge P exits the process
 // (status 3) right after PayCo charged; -delay D holds each answer; -no-dedup
@@ -147,9 +156,9 @@ type backend struct {
 
 // openBackend opens the database named by dsn: a PostgreSQL URL or a SQLite
 // file path. Every choice of backend goes through here.
-func openBackend(ctx context.Context, dsn string) (*backend, error) {
+func openBackend(ctx context.Context, dsn string, opts *pgstore.Options) (*backend, error) {
 	if dsnpkg.IsURL(dsn) {
-		return openPostgres(ctx, dsn)
+		return openPostgres(ctx, dsn, opts)
 	}
 	s, err := sqlitestore.Open(ctx, dsn, nil)
 	if err != nil {
@@ -178,8 +187,8 @@ const paycoLock = 0x6964656d70617963 // "idempayc"
 
 // openPostgres opens the keys (pgstore, its own pool) and the ledger (its own
 // database/sql handle) in the PostgreSQL database dsn names.
-func openPostgres(ctx context.Context, dsn string) (_ *backend, err error) {
-	s, err := pgstore.Open(ctx, dsn, nil)
+func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *backend, err error) {
+	s, err := pgstore.Open(ctx, dsn, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -191,6 +200,9 @@ func openPostgres(ctx context.Context, dsn string) (_ *backend, err error) {
 		s.Close()
 		return nil, fmt.Errorf("-db: %w", err)
 	}
+	// The ledger's statements run under the store's statement_timeout
+	// (-query-timeout, or the URL's), which pgstore.Open set in its config.
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = s.Pool().Config().ConnConfig.RuntimeParams["statement_timeout"]
 	db := stdlib.OpenDB(*cfg.ConnConfig)
 	db.SetMaxOpenConns(int(s.Pool().Config().MaxConns))
 	defer func() {
@@ -256,6 +268,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		lockTimeout = cliflag.Duration(fs, "lock-timeout", testserver.DefaultLockTimeout, "how long (a `duration`) a claim is honoured before a retry may take it over")
 		retention   = cliflag.Duration(fs, "retention", testserver.DefaultRetention, "how long (a `duration`, at least 24h) keys are kept")
 		pruneEvery  = cliflag.Duration(fs, "prune-every", time.Hour, "how often (a `duration`; 0: never) keys older than -retention are deleted")
+		stmtTimeout = cliflag.Duration(fs, "query-timeout", pgstore.DefaultQueryTimeout, "with a postgres:// -db, how long (a `duration`) each statement may run, the schema's migration at start included")
 		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
 		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
 		noDedup     = fs.Bool("no-dedup", false, "fault: PayCo charges on every call, ignoring the server's key")
@@ -290,6 +303,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *lockTimeout > maxLockTimeout {
 		return usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, saveTimeout)
 	}
+	if *stmtTimeout <= 0 || *stmtTimeout > pgstore.MaxQueryTimeout {
+		return usagef("-query-timeout %v: want a positive duration of at most %v (PostgreSQL's longest statement_timeout)", *stmtTimeout, pgstore.MaxQueryTimeout)
+	}
 	if *delay < 0 {
 		return usagef("-delay %v: want a positive duration, or 0 for none", *delay)
 	}
@@ -303,7 +319,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usagef("-db: %s", why)
 	}
 
-	b, err := openBackend(ctx, *db)
+	b, err := openBackend(ctx, *db, &pgstore.Options{QueryTimeout: *stmtTimeout})
 	if err != nil {
 		return err
 	}

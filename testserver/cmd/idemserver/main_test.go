@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
+	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
 
@@ -517,6 +518,11 @@ func TestFlagValues(t *testing.T) {
 		// The wait of a stop, -lock-timeout and saveTimeout, would overflow.
 		{"-lock-timeout", (math.MaxInt64 - saveTimeout + 1).String()},
 		{"-lock-timeout", time.Duration(math.MaxInt64).String()},
+		{"-query-timeout", "0"},
+		{"-query-timeout", "-1s"},
+		// PostgreSQL refuses a longer statement_timeout when pgstore connects.
+		{"-query-timeout", (pgstore.MaxQueryTimeout + time.Millisecond).String()},
+		{"-query-timeout", time.Duration(math.MaxInt64).String()},
 	} {
 		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
 		var ue *usageError
@@ -524,15 +530,20 @@ func TestFlagValues(t *testing.T) {
 			t.Errorf("run(%s %s): %v; want a usage error naming %s", flag[0], flag[1], err, flag[0])
 		}
 	}
-	// The longest lock timeout whose wait can be told is taken: run goes on
-	// to the address, which it cannot listen on.
-	longest := (math.MaxInt64 - saveTimeout).String()
-	err := run(context.Background(), []string{"-lock-timeout", longest, "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
-	var ue *usageError
-	if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "256.0.0.1") {
-		t.Errorf("run(-lock-timeout %s): %v; want the address refused, not the flag", longest, err)
+	// The longest lock timeout whose wait can be told, and the longest
+	// query timeout, are taken: run goes on to the address, which it cannot
+	// listen on.
+	for _, flag := range [][2]string{
+		{"-lock-timeout", (math.MaxInt64 - saveTimeout).String()},
+		{"-query-timeout", pgstore.MaxQueryTimeout.String()},
+	} {
+		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
+		var ue *usageError
+		if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "256.0.0.1") {
+			t.Errorf("run(%s %s): %v; want the address refused, not the flag", flag[0], flag[1], err)
+		}
 	}
-	err = run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
+	err := run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), `missing unit in duration "5"`) {
 		t.Errorf("run(-lock-timeout 5): %v; want it to say the unit is missing", err)
 	}
