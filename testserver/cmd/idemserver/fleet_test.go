@@ -369,6 +369,72 @@ func TestPostgresQueryTimeout(t *testing.T) {
 	}
 }
 
+// A server started on a database at the keys' schema version 1 migrates it
+// to version 2 within -query-timeout, or within the URL's statement_timeout
+// when it sets one; here another session's lock on the key table keeps the
+// migration waiting past it. run fails (status 1, not a usage error) with
+// the server's 57014 and says which to raise, and the database stays at
+// version 1.
+func TestPostgresMigrationTimeout(t *testing.T) {
+	dsn := pgtest.DB(t)
+	ctx := t.Context()
+	b, err := openBackend(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.close(); err != nil {
+		t.Fatal(err)
+	}
+	conn := pgtest.Connect(t, dsn)
+	// Back to version 1, as an earlier version of the server left it.
+	for _, stmt := range []string{
+		`ALTER TABLE idempotency_keys ALTER COLUMN scope TYPE text COLLATE "default", ALTER COLUMN key TYPE text COLLATE "default"`,
+		`DELETE FROM idempotency_keys_schema WHERE version = 2`,
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	for _, c := range []struct{ dsn, timeout, want string }{
+		{dsn, "100ms", "raise -query-timeout"},
+		{dsn + sep + "statement_timeout=100", "1m", "drop statement_timeout from the URL"},
+	} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE idempotency_keys IN ACCESS SHARE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		// Shorter than pgstore's default QueryTimeout: a server that did
+		// not take the timeout would still be waiting when this ends.
+		rctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+		err = run(rctx, []string{"-db", c.dsn, "-query-timeout", c.timeout, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
+		cancel()
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+			t.Fatalf("run -query-timeout %s -db %s while the migration waited: %v; want the server's statement timeout (57014)",
+				c.timeout, c.dsn, err)
+		}
+		var ue *usageError
+		if errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("run -query-timeout %s -db %s while the migration waited: %v; want an error (not a usage error) that says to %s",
+				c.timeout, c.dsn, err, c.want)
+		}
+		var v int
+		if err := conn.QueryRow(ctx, `SELECT max(version) FROM idempotency_keys_schema`).Scan(&v); err != nil || v != 1 {
+			t.Fatalf("schema version after the failed migration = %d, %v; want 1", v, err)
+		}
+	}
+}
+
 // A URL with pgxpool's own parameters (pool_max_conns, …), which pgstore
 // reads, opens the ledger too: they are not sent to the server as
 // settings, which it would refuse.

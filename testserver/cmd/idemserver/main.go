@@ -27,7 +27,10 @@
 // too the migration of the keys' schema that a server runs at start on a
 // database an earlier version created: version 2 rewrites the key table and
 // rebuilds its primary key, in one statement. For a large table, start one
-// server once with a -query-timeout long enough.
+// server once with a -query-timeout long enough. A server whose migration,
+// or whose wait for another server's, ran out of it exits with status 1,
+// the database left at its version, and says to raise -query-timeout (or,
+// when the URL sets statement_timeout, to drop it from the URL).
 //
 // Fault switches, for demos and labs: -fail-after-charge P answers 500 after
 // PayCo charged, with probability P; -crash-after-charge P exits the process
@@ -71,6 +74,7 @@ import (
 	"github.com/idemkit/idem/testserver/pgstore"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 )
@@ -190,7 +194,7 @@ const paycoLock = 0x6964656d70617963 // "idempayc"
 func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *backend, err error) {
 	s, err := pgstore.Open(ctx, dsn, opts)
 	if err != nil {
-		return nil, err
+		return nil, timedOut(err, dsn, opts)
 	}
 	// Parsed as pgstore.Open parsed it (so it cannot fail), by pgxpool,
 	// which takes its own parameters (pool_max_conns, …) out of the URL:
@@ -237,6 +241,32 @@ func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *ba
 		return nil, err
 	}
 	return &backend{store: s, payco: payco, close: func() error { return errors.Join(db.Close(), s.Close()) }}, nil
+}
+
+// timedOut returns err, pgstore.Open's, with what to raise when the server
+// canceled one of its statements (SQLSTATE 57014, as statement_timeout
+// does): the migration of the keys' schema, which rewrites the key table
+// (version 2), or the wait for another server's, ran past -query-timeout,
+// or past the URL's statement_timeout, which pgstore leaves in its place.
+func timedOut(err error, dsn string, opts *pgstore.Options) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		return err
+	}
+	// Open parsed it: this cannot fail.
+	if cfg, perr := pgxpool.ParseConfig(dsn); perr == nil {
+		if v, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; set {
+			return fmt.Errorf("%w; the keys' schema migration, or its wait for another server's, ran past the URL's "+
+				"statement_timeout=%s, which stands for -query-timeout's on the server: for a large key table, "+
+				"drop statement_timeout from the URL and raise -query-timeout", err, v)
+		}
+	}
+	timeout := pgstore.DefaultQueryTimeout
+	if opts != nil && opts.QueryTimeout > 0 {
+		timeout = opts.QueryTimeout
+	}
+	return fmt.Errorf("%w; the keys' schema migration, or its wait for another server's, ran past -query-timeout %v: "+
+		"for a large key table, raise -query-timeout", err, timeout)
 }
 
 // dice draws seeded random numbers for the fault switches, safely from
