@@ -33,6 +33,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if point := os.Getenv(envCrashAt); point != "" {
+		os.Exit(crashProcess(point, os.Getenv(envJar), os.Getenv(envCrashURL)))
+	}
 	if path := os.Getenv(envJar); path != "" {
 		os.Exit(resumeProcess(path, os.Getenv(envOp), os.Getenv(envNotify)))
 	}
