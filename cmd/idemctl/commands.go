@@ -384,6 +384,13 @@ func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) err
 		return err
 	}
 	n, err := s.jar.Prune(ctx, time.Now().Add(-age), 0)
+	if err != nil && ctx.Err() != nil {
+		// Interrupted: the jar deletes in batches, and n counts those it
+		// finished. The one it was deleting may have been committed as
+		// the context ended, unanswered.
+		fmt.Fprintf(s.stderr, "idemctl: interrupted: pruned %d operation(s) before it stopped, and perhaps the batch it was deleting then; prune again for the rest\n", n)
+		return errFailed
+	}
 	if err != nil {
 		return err
 	}

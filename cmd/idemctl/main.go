@@ -68,6 +68,11 @@
 // must be kept. Reconcile first (ask the server what happened), then
 // abandon it (it did not happen: a new call gets a new key) or resume it.
 //
+// prune deletes in batches of up to 1000 operations, each whole or not at
+// all. SIGINT (Ctrl-C) or SIGTERM stops it: one line says how many it had
+// deleted (the batch it was deleting then may be gone too, uncounted), and
+// it exits with status 1.
+//
 // A jar file may be in use by a running program. list, show and export
 // only read it: they do not wait for the program's writes and show what it
 // has committed. resume, abandon, forget and prune write: they wait for

@@ -1307,20 +1307,29 @@ func sendUnanswered(t *testing.T, path string, send func(*client.Client)) {
 	}
 }
 
+// wrapOpenedJar makes the jar idemctl works with, until t ends, what wrap
+// makes of the jar it opens and of its close.
+func wrapOpenedJar(t *testing.T, wrap func(j client.Jar, closeJar func() error) (client.Jar, func() error)) {
+	real := openJarFn
+	t.Cleanup(func() { openJarFn = real })
+	openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration, readOnly bool) (client.Jar, func() error, error) {
+		j, closeJar, err := real(ctx, spec, lockTimeout, readOnly)
+		if err != nil {
+			return nil, nil, err
+		}
+		j, closeJar = wrap(j, closeJar)
+		return j, closeJar, nil
+	}
+}
+
 // TestCloseErrorFailsTheCommand: closing the jar writes what a command left
 // deferred and syncs it; when that fails, the command fails, with the
 // close's error, rather than exit 0 on changes that may not be kept.
 func TestCloseErrorFailsTheCommand(t *testing.T) {
 	eachJar(t, func(t *testing.T, _ *server, path string) {
-		real := openJarFn
-		t.Cleanup(func() { openJarFn = real })
-		openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration, readOnly bool) (client.Jar, func() error, error) {
-			j, closeJar, err := real(ctx, spec, lockTimeout, readOnly)
-			if err != nil {
-				return nil, nil, err
-			}
-			return j, func() error { return errors.Join(closeJar(), errors.New("sync of the jar failed")) }, nil
-		}
+		wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+			return j, func() error { return errors.Join(closeJar(), errors.New("sync of the jar failed")) }
+		})
 		code, _, errOut := idemctl("--jar", path, "abandon", "charge:reconcile", "--reason", "ledger shows no charge")
 		wantError(t, code, errOut, 1, "sync of the jar failed")
 		// A command that failed first reports its own error.
@@ -1473,4 +1482,55 @@ func TestResumeAllInterrupted(t *testing.T) {
 	if err != nil || after.State != idem.StatePending || after.Key != before.Key || after.Attempts != before.Attempts {
 		t.Fatalf("charge:p2 after the interrupted resume: %+v, %v; want it pending, untouched, under key %s", after, err, before.Key)
 	}
+}
+
+// prunedPerBatch is a jar whose Prune deletes one record per batch, as
+// keyjar and pgjar delete up to a thousand, and whose first batch is
+// followed by a Ctrl-C: it cancels the command's context, and the next
+// batch, on the jar itself, fails on it.
+type prunedPerBatch struct {
+	client.Jar
+	cancel context.CancelFunc
+}
+
+func (j prunedPerBatch) Prune(ctx context.Context, before time.Time, _ int) (int, error) {
+	total := 0
+	for range 10 { // fill makes three prunable operations
+		n, err := j.Jar.Prune(ctx, before, 1)
+		total += n
+		j.cancel()
+		if err != nil || n == 0 {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// TestPruneInterrupted: a prune interrupted (its context cancelled, as
+// SIGINT does) after its first batch fails, with one line that says how
+// many operations it had deleted, and the jar keeps the others.
+func TestPruneInterrupted(t *testing.T) {
+	eachJar(t, func(t *testing.T, _ *server, path string) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+			return prunedPerBatch{Jar: j, cancel: cancel}, closeJar
+		})
+		var stdout, stderr bytes.Buffer
+		code := runContext(ctx, []string{"--jar", path, "prune", "--older-than", "24h"}, &stdout, &stderr)
+		wantError(t, code, stderr.String(), 1, "interrupted: pruned 1 operation(s)")
+		if stdout.Len() != 0 {
+			t.Fatalf("stdout %q; want nothing: the prune did not end", stdout.String())
+		}
+		_, out, _ := idemctl("--jar", path, "list")
+		left := 0
+		for _, op := range []string{"charge:done", "charge:failed", "charge:abandoned"} {
+			if strings.Contains(out, op) {
+				left++
+			}
+		}
+		if left != 2 || !strings.Contains(out, "charge:p1") || !strings.Contains(out, "charge:reconcile") {
+			t.Fatalf("after the interrupted prune, the jar holds:\n%s\nwant 2 of the 3 prunable operations, and the others", out)
+		}
+	})
 }
