@@ -88,6 +88,8 @@
 //
 // list and export read every operation they print before printing the
 // first, and hold them in memory (about 2 GB for a million operations).
+// On a PostgreSQL jar that read is one statement, which --lock-timeout
+// bounds: a large jar's may need a longer one (or list --status).
 // SIGINT (Ctrl-C) or SIGTERM stops them, while they read or print, with
 // exit status 1.
 //
@@ -427,7 +429,7 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 }
 
 func statementTimeout(where string, lockTimeout time.Duration) error {
-	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout", where, lockTimeout)
+	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout: reading a large jar (list, export, show by key) may need a longer one, or list --status to read less", where, lockTimeout)
 }
 
 // printable returns the jar's name fit to print: a PostgreSQL URL without

@@ -119,6 +119,35 @@ func TestPostgresLockTimeout(t *testing.T) {
 	if r, err := jarState(t, dsn, "charge:reconcile"); err != nil || r.State != "reconcile" {
 		t.Fatalf("after the timed-out abandon: %s, %v; want it still to reconcile", r.State, err)
 	}
+
+	// A read whose statement runs past --lock-timeout (here behind a lock
+	// on the whole table, taken once the jar is open, as a large jar's
+	// full list runs long) says that such a read may need a longer one.
+	locker, err := pgtest.Connect(t, dsn).Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(context.Background())
+	real := openPgjar
+	t.Cleanup(func() { openPgjar = real })
+	openPgjar = func(ctx context.Context, dsn string, opts *pgjar.Options) (*pgjar.Jar, error) {
+		j, err := real(ctx, dsn, opts)
+		if err == nil {
+			if _, err := locker.Exec(t.Context(), `LOCK TABLE idem_operations IN ACCESS EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return j, err
+	}
+	for _, args := range [][]string{{"list"}, {"export", "--json"}, {"show", "charge:done"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", dsn, "--lock-timeout", "100ms"}, args...)...)
+		wantError(t, code, errOut, 1, "ran out of --lock-timeout (100ms)")
+		for _, want := range []string{"a large jar", "a longer one", "list --status"} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%s: stderr %q; want it to say %q", args[0], errOut, want)
+			}
+		}
+	}
 }
 
 // The URL a worker gives pgjar.Open, pgxpool's parameters included, opens
