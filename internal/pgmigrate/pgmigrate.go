@@ -1,6 +1,7 @@
 // Package pgmigrate brings a PostgreSQL schema up to date, once among the
 // processes that open it together, and checks that a schema is whole: the
-// schemas of pgstore and pgjar.
+// schemas of pgstore and pgjar. It also checks the options those two
+// share (Limits) and a caller's pool (CheckPool).
 package pgmigrate
 
 import (

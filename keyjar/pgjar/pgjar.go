@@ -420,26 +420,11 @@ func withDefaults(opts *Options) (Options, error) {
 	if opts != nil {
 		o = *opts
 	}
-	switch {
-	case o.QueryTimeout < 0:
-		return o, fmt.Errorf("%w: QueryTimeout %v is negative", ErrOptions, o.QueryTimeout)
-	case o.QueryTimeout > maxQueryTimeout:
-		return o, fmt.Errorf("%w: QueryTimeout %v is above %v", ErrOptions, o.QueryTimeout, maxQueryTimeout)
-	case o.PruneBatch < 0:
-		return o, fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, o.PruneBatch)
-	}
-	if o.QueryTimeout == 0 {
-		o.QueryTimeout = DefaultQueryTimeout
-	}
-	if o.PruneBatch == 0 {
-		o.PruneBatch = DefaultPruneBatch
-	}
-	return o, nil
+	l, err := pgmigrate.Limits{QueryTimeout: o.QueryTimeout, PruneBatch: o.PruneBatch}.WithDefaults(
+		pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch}, ErrOptions)
+	o.QueryTimeout, o.PruneBatch = l.QueryTimeout, l.PruneBatch
+	return o, err
 }
-
-// maxQueryTimeout is the longest statement_timeout PostgreSQL takes,
-// 2^31-1 ms; the jar's own waits of twice as long stay far from overflow.
-const maxQueryTimeout = math.MaxInt32 * time.Millisecond
 
 // start returns a Jar on pool, whose Update commits with updateCommit and
 // whose Close closes pool when owned is true, once the schema is current
