@@ -121,3 +121,13 @@ func RefusedCreate(t testing.TB, dsn string, err, privilege error, schema string
 		t.Errorf("tables %s after that; want none", tables)
 	}
 }
+
+// RefusedOptions fails t unless err, what Open or New of package pkg
+// (pgjar, pgstore) returned for what, options out of range, is errOptions
+// (errors.Is), names field, and says "pkg:" once.
+func RefusedOptions(t testing.TB, what string, err, errOptions error, field, pkg string) {
+	t.Helper()
+	if !errors.Is(err, errOptions) || !strings.Contains(err.Error(), field) || strings.Count(err.Error(), pkg+":") != 1 {
+		t.Errorf("%s: %v; want %v naming %s, with %s: once", what, err, errOptions, field, pkg)
+	}
+}
