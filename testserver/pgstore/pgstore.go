@@ -7,7 +7,10 @@
 // status and locked_at in its WHERE clause. Each statement runs under its
 // own deadline (Options.QueryTimeout), on the server and on the client,
 // inside the caller's context. Any error, a timeout included, is returned
-// as an error: the store never reports a claim it did not make.
+// as an error: the store never reports a claim it did not make. Open and
+// New refuse, with ErrOptions and before they connect, a QueryTimeout
+// above MaxQueryTimeout (the longest statement_timeout PostgreSQL takes)
+// and a negative QueryTimeout or PruneBatch; a zero one is the default.
 //
 // The statements run under READ COMMITTED isolation, which Open sets on the
 // store's connections whatever the database's, the role's or the DSN's
@@ -117,9 +120,9 @@ const (
 )
 
 // MaxQueryTimeout is the longest Options.QueryTimeout: 2^31-1 ms (about
-// 24.8 days), the longest statement_timeout PostgreSQL takes. Open of a
-// longer one fails: the server refuses the connections' setting.
-const MaxQueryTimeout = math.MaxInt32 * time.Millisecond
+// 24.8 days), the longest statement_timeout PostgreSQL takes: Open and
+// New refuse a longer one with ErrOptions.
+const MaxQueryTimeout = pgmigrate.MaxQueryTimeout
 
 // claimAttempts bounds Claim's retries when the row it conflicted with
 // disappeared (released or pruned) before it could be read. Each retry
@@ -127,7 +130,9 @@ const MaxQueryTimeout = math.MaxInt32 * time.Millisecond
 // needs.
 const claimAttempts = 10
 
-// Options configure Open and New. A nil *Options means the defaults.
+// Options configure Open and New. A nil *Options means the defaults, and
+// every zero field its documented default; a field out of range makes Open
+// and New fail with ErrOptions, before they connect.
 type Options struct {
 	// QueryTimeout bounds each statement the store runs. Open makes it
 	// the server's statement_timeout on the store's connections (unless
@@ -144,12 +149,12 @@ type Options struct {
 	// a connection (from a pool that has none free, or a server that does
 	// not answer a new one), and returns an error that says no connection
 	// came, wrapping context.DeadlineExceeded, when none came. Zero means
-	// DefaultQueryTimeout; at most MaxQueryTimeout.
+	// DefaultQueryTimeout; at most MaxQueryTimeout; never negative.
 	QueryTimeout time.Duration
 
 	// PruneBatch is the most rows one DELETE of Prune removes; Prune runs
 	// as many as its limit needs, so no statement holds many row locks or
-	// runs for long. Zero means DefaultPruneBatch.
+	// runs for long. Zero means DefaultPruneBatch; never negative.
 	PruneBatch int
 }
 
@@ -176,12 +181,19 @@ var (
 	// connections do not run as the store needs (see New). Nothing is
 	// created.
 	ErrPool = errors.New("pgstore: the pool's connections do not suit the store")
+
+	// ErrOptions is returned by Open and New for an Options field out of
+	// range: a negative QueryTimeout or PruneBatch, or a QueryTimeout above
+	// MaxQueryTimeout. It is wrapped with the field and its value. Nothing
+	// is connected to or created.
+	ErrOptions = errors.New("pgstore: invalid options")
 )
 
 // Open connects to the database dsn names (a postgres:// URL or key=value
 // string, as pgxpool.ParseConfig reads it, pool_max_conns included),
 // creates or upgrades the schema, and returns a Store that owns its pool.
-// It returns ErrSchemaTooNew for a schema newer than this package,
+// It returns ErrOptions for an option out of range, before it connects,
+// ErrSchemaTooNew for a schema newer than this package,
 // ErrSchema for a current one that lacks a table or an index, or for the
 // store's table without the record of its version, and ErrNoSchema for a
 // search_path that names no schema that exists (see the package
@@ -190,14 +202,17 @@ var (
 // SELECT, INSERT, UPDATE and DELETE on idempotency_keys. Such a role is
 // refused with ErrPrivilege where the schema is missing or older.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
+	o, err := withDefaults(opts)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	timeout := queryTimeout(opts)
 	for name, value := range map[string]string{
 		"synchronous_commit": "on",
-		"statement_timeout":  strconv.FormatInt(max(1, timeout.Milliseconds()), 10),
+		"statement_timeout":  strconv.FormatInt(max(1, o.QueryTimeout.Milliseconds()), 10),
 	} {
 		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
 			cfg.ConnConfig.RuntimeParams[name] = value
@@ -209,7 +224,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}
-	s, err := start(ctx, pool, opts)
+	s, err := start(ctx, pool, o)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -220,7 +235,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 
 // New returns a Store on pool after creating or upgrading the schema, in
 // current_schema() of the pool's connection that does it, or
-// ErrSchemaTooNew, ErrSchema, ErrNoSchema or ErrPrivilege as Open does. The caller keeps the pool:
+// ErrOptions (before it takes a connection), ErrSchemaTooNew, ErrSchema,
+// ErrNoSchema or ErrPrivilege as Open does. The caller keeps the pool:
 // Close leaves it open.
 //
 // The pool's connections keep their settings, and New reads two of them
@@ -234,7 +250,11 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 // RuntimeParams or its DSN, never with SET on a connection the caller
 // gives back to the pool.
 func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
-	cctx, cancel := context.WithTimeout(ctx, queryTimeout(opts))
+	o, err := withDefaults(opts)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
 	defer cancel()
 	if _, err := pgmigrate.CheckPool(cctx, pool, ErrPool); err != nil {
 		if !errors.Is(err, ErrPool) {
@@ -242,26 +262,24 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error)
 		}
 		return nil, err
 	}
-	return start(ctx, pool, opts)
+	return start(ctx, pool, o)
 }
 
-// queryTimeout returns opts' QueryTimeout, or its default.
-func queryTimeout(opts *Options) time.Duration {
-	if opts == nil || opts.QueryTimeout <= 0 {
-		return DefaultQueryTimeout
+// withDefaults returns *opts, or the zero Options for nil, with its zero
+// fields set to their defaults, or ErrOptions for a field out of range.
+func withDefaults(opts *Options) (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
 	}
-	return opts.QueryTimeout
+	l, err := pgmigrate.Limits(o).WithDefaults(pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch}, ErrOptions)
+	return Options(l), err
 }
 
-// start returns a Store on pool once the schema is current (see migrate).
-func start(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Store, error) {
-	if opts == nil {
-		opts = &Options{}
-	}
-	s := &Store{pool: pool, timeout: queryTimeout(opts), batch: opts.PruneBatch}
-	if s.batch <= 0 {
-		s.batch = DefaultPruneBatch
-	}
+// start returns a Store on pool, with o's fields set (see withDefaults),
+// once the schema is current (see migrate).
+func start(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
+	s := &Store{pool: pool, timeout: o.QueryTimeout, batch: o.PruneBatch}
 	name, err := migrate(ctx, pool, s.timeout)
 	if err != nil {
 		return nil, err

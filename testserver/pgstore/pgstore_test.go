@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -984,6 +985,52 @@ func TestMigrationsStartingTogether(t *testing.T) {
 func TestOpenBadDSN(t *testing.T) {
 	if _, err := pgstore.Open(t.Context(), "postgres://%zz", nil); err == nil {
 		t.Error("Open with a malformed DSN: no error")
+	}
+}
+
+// TestOpenBadOptions: each option pgstore cannot honour is ErrOptions from
+// Open and New, naming the field, with "pgstore:" once, and nothing is
+// created: New takes no connection of its pool. A negative QueryTimeout or
+// PruneBatch was taken for the default, and a QueryTimeout above
+// PostgreSQL's longest statement_timeout failed Open's first connection
+// with the server's error or, past 146 years, made New's waits of twice it
+// overflow into none.
+func TestOpenBadOptions(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	_, pool := openers(t, dsn)
+	for _, c := range []struct {
+		o     pgstore.Options
+		field string
+	}{
+		{pgstore.Options{QueryTimeout: -time.Second}, "QueryTimeout"},
+		{pgstore.Options{QueryTimeout: -1}, "QueryTimeout"},
+		{pgstore.Options{QueryTimeout: pgstore.MaxQueryTimeout + time.Millisecond}, "QueryTimeout"},
+		{pgstore.Options{QueryTimeout: math.MaxInt64}, "QueryTimeout"},
+		{pgstore.Options{PruneBatch: -1}, "PruneBatch"},
+		{pgstore.Options{QueryTimeout: time.Second, PruneBatch: math.MinInt}, "PruneBatch"},
+	} {
+		for name, open := range map[string]func() (*pgstore.Store, error){
+			"Open": func() (*pgstore.Store, error) { return pgstore.Open(ctx, dsn, &c.o) },
+			"New":  func() (*pgstore.Store, error) { return pgstore.New(ctx, pool, &c.o) },
+		} {
+			acquired := pool.Stat().AcquireCount()
+			s, err := open()
+			if err == nil {
+				s.Close()
+			}
+			pgtest.RefusedOptions(t, fmt.Sprintf("%s with %+v", name, c.o), err, pgstore.ErrOptions, c.field, "pgstore")
+			if n := pool.Stat().AcquireCount() - acquired; name == "New" && n != 0 {
+				t.Errorf("New with %+v took %d connections of its pool; want none", c.o, n)
+			}
+		}
+	}
+	if tables := pgtest.Tables(t, dsn); tables != "" {
+		t.Errorf("tables after the refused opens: %s; want none", tables)
+	}
+	s := open(t, dsn, &pgstore.Options{QueryTimeout: pgstore.MaxQueryTimeout})
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err != nil || !claimed {
+		t.Fatalf("Claim on a store with the longest QueryTimeout = %v, %v; want claimed", claimed, err)
 	}
 }
 
