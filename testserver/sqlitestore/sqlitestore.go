@@ -8,7 +8,9 @@
 // leaves the write in the disk's cache), so a saved answer survives power
 // loss; every transaction begins IMMEDIATE (it takes the write lock at
 // once, so two writers never deadlock upgrading), waits up to BusyTimeout
-// for another process's lock, and goes through one connection.
+// for another process's lock, and goes through one connection. Open refuses
+// a negative BusyTimeout with ErrOptions, creating nothing; zero is the
+// default.
 //
 // The file is marked with PRAGMA application_id (ApplicationID) and its
 // schema versioned with PRAGMA user_version. Open refuses a file that is
@@ -71,12 +73,14 @@ CREATE INDEX idempotency_keys_created ON idempotency_keys (created);
 // connection's write lock when Options.BusyTimeout is zero.
 const DefaultBusyTimeout = 5 * time.Second
 
-// Options configure Open. A nil *Options means the defaults.
+// Options configure Open. A nil *Options means the defaults, and every
+// zero field its documented default; a field out of range makes Open fail
+// with ErrOptions, creating nothing.
 type Options struct {
 	// BusyTimeout is how long a statement waits for another process's
-	// write lock before failing. Zero means DefaultBusyTimeout. SQLite
-	// waits at most 2^31-1 ms (about 24.8 days) and at least 1 ms: a
-	// longer or shorter BusyTimeout is that. The caller's context does not
+	// write lock before failing. Zero means DefaultBusyTimeout; a negative
+	// one is ErrOptions. SQLite waits at most 2^31-1 ms (about 24.8 days)
+	// and at least 1 ms: a longer or shorter BusyTimeout is that. The caller's context does not
 	// cut this wait short: a method that waits for the lock returns once
 	// the lock is free or BusyTimeout has passed, even if its context
 	// ended before.
@@ -109,18 +113,24 @@ var (
 	// ErrClosed is returned by every method of a Store after Close, Close
 	// included, and by a call that Close cut short.
 	ErrClosed = errors.New("sqlitestore: store is closed")
+
+	// ErrOptions is returned by Open for an Options field out of range: a
+	// negative BusyTimeout. It is wrapped with the field and its value.
+	// Nothing is created.
+	ErrOptions = errors.New("sqlitestore: invalid options")
 )
 
 // Open opens the database at path, creating it with mode 0600 when it does
 // not exist (an existing file keeps its mode), and creates or checks the
 // schema. A file removed while Open opens it is not created again: Open
 // returns an error matching fs.ErrNotExist, as for an empty path, which
-// names no file (as for os.Open and keyjar.Open). path is a file name, not a SQLite URI: "file:keys.db?mode=ro"
-// names a file of that name in the working directory, as it does for
-// package keyjar. ":memory:" alone opens a private in-memory database. It
-// fails with ErrNotStore for a file that is not a SQLite database or is
-// another program's database, and with ErrSchemaTooNew for one of a newer
-// version of this package.
+// names no file (as for os.Open and keyjar.Open). path is a file name, not
+// a SQLite URI: "file:keys.db?mode=ro" names a file of that name in the
+// working directory, as it does for package keyjar. ":memory:" alone opens
+// a private in-memory database. It fails with ErrOptions for an option out
+// of range, creating nothing, with ErrNotStore for a file that is not a
+// SQLite database or is another program's database, and with
+// ErrSchemaTooNew for one of a newer version of this package.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	return open(ctx, path, opts, nil)
 }
@@ -131,12 +141,15 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	if opts == nil {
 		opts = &Options{}
 	}
+	if opts.BusyTimeout < 0 {
+		return nil, fmt.Errorf("%w: BusyTimeout %v is negative", ErrOptions, opts.BusyTimeout)
+	}
 	if path == "" {
 		// os.Open("") fails so too: the empty name is no file's.
 		return nil, fmt.Errorf("sqlitestore: open: empty path: %w", syscall.ENOENT)
 	}
 	busy := opts.BusyTimeout
-	if busy <= 0 {
+	if busy == 0 {
 		busy = DefaultBusyTimeout
 	}
 	// journal_mode(WAL) waits until migrate has checked the file: it would

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -246,6 +247,28 @@ func TestOpenEmptyPath(t *testing.T) {
 	}
 	if got, err := os.ReadDir(dir); err != nil || len(got) != 0 {
 		t.Errorf("after the refused Open, the working directory holds %v (%v); want nothing", got, err)
+	}
+}
+
+// TestOpenBadOptions: a negative BusyTimeout is ErrOptions, naming the
+// field, with "sqlitestore:" once, and no file is created, for a path or
+// ":memory:"; zero is the default. It was taken for the default, as zero
+// is, where keyjar.Open refuses it.
+func TestOpenBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	for _, busy := range []time.Duration{-1, -time.Second, math.MinInt64} {
+		for _, path := range []string{filepath.Join(dir, "keys.db"), ":memory:"} {
+			s, err := sqlitestore.Open(t.Context(), path, &sqlitestore.Options{BusyTimeout: busy})
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, sqlitestore.ErrOptions) || !strings.Contains(err.Error(), "BusyTimeout") || strings.Count(err.Error(), "sqlitestore:") != 1 {
+				t.Errorf("Open(%q) with BusyTimeout %v: %v; want ErrOptions naming BusyTimeout, with sqlitestore: once", path, busy, err)
+			}
+		}
+	}
+	if got, err := os.ReadDir(dir); err != nil || len(got) != 0 {
+		t.Errorf("after the refused opens, the directory holds %v (%v); want nothing", got, err)
 	}
 }
 
