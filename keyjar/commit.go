@@ -3,6 +3,7 @@ package keyjar
 import (
 	"context"
 	"database/sql"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/internal/chanbatch"
@@ -21,13 +22,45 @@ type job struct {
 	deferred bool                                        // queued by Defer: nobody waits for it
 	run      func(ctx context.Context, tx *sql.Tx) error // nil for a barrier
 	err      error
-	done     chan error // buffered: the committer never blocks on it; nil when deferred
+	done     chan error   // buffered: the committer never blocks on it; nil when deferred
+	state    atomic.Int32 // queued, taken or withdrawn: who decided the job's fate
+}
+
+// A job's states. A queued job is either taken by the committer, which then
+// runs it and answers, or withdrawn, by its caller or by the committer,
+// when the caller's context ended first: it is then never run.
+const (
+	queued int32 = iota
+	taken
+	withdrawn
+)
+
+// take reports whether the committer may run jb: it was taken already (a
+// batch run again after a failed job), or its context is alive and its
+// caller has not withdrawn it.
+func (jb *job) take() bool {
+	switch jb.state.Load() {
+	case taken:
+		return true
+	case withdrawn:
+		return false
+	}
+	if jb.ctx.Err() != nil {
+		jb.state.CompareAndSwap(queued, withdrawn)
+		return false
+	}
+	return jb.state.CompareAndSwap(queued, taken)
 }
 
 // write queues run for the committer and waits until the transaction it
-// ran in has committed (for a durable job, with synchronous=FULL). The
-// caller's context only bounds the wait: a job whose context ended before
-// the committer reached it is skipped, one already written stays written.
+// ran in has committed (for a durable job, with synchronous=FULL). When the
+// caller's context ends first, a job the committer has not taken yet is
+// withdrawn, never to run, and write returns the context's error; one it
+// has taken is waited for, and write returns its result: what the caller is
+// told is what the jar holds. That wait is for the batch's statements and
+// its COMMIT, not for another process's lock, which the committer takes
+// before it takes the jobs (but waits for again, up to Options.BusyTimeout,
+// when a failed job makes it run the rest of the batch again).
 func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Context, tx *sql.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -40,12 +73,10 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 	case err := <-jb.done:
 		return err
 	case <-ctx.Done():
-		select {
-		case err := <-jb.done: // answered at the same moment: the answer wins
-			return err
-		default:
-			return ctx.Err()
+		if jb.state.CompareAndSwap(queued, withdrawn) || jb.state.Load() == withdrawn {
+			return ctx.Err() // withdrawn, by this call or by the committer
 		}
+		return <-jb.done // taken: its answer
 	}
 }
 
@@ -175,9 +206,10 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 		failed := -1
 		for i, jb := range live {
 			if jb.err != nil {
-				continue // its caller's context ended: skipped
+				continue // withdrawn, or failed in an earlier round
 			}
-			if jb.err = jb.ctx.Err(); jb.err != nil {
+			if !jb.take() {
+				jb.err = jb.ctx.Err() // its caller's context ended: skipped
 				continue
 			}
 			if err := j.runJob(ctx, tx, jb); err != nil {

@@ -81,7 +81,10 @@
 // the same kind of transaction, and Update is one UPDATE fenced by its WHERE
 // clause. A caller's
 // context bounds its own wait for the committer, never the statements of a
-// batch that other callers share.
+// batch that other callers share: when it ends before the committer takes
+// the caller's write, the write is withdrawn and the method returns the
+// context's error; once taken, the method waits for that batch's commit and
+// returns what it wrote.
 package keyjar
 
 import (

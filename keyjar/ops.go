@@ -19,8 +19,9 @@ import (
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an invalid
 // State or with a time that cannot be stored. When ctx ends before the
-// commit, Begin returns ctx's error at once; the record may still be created,
-// and a later Begin then returns it with created=false.
+// jar's committer takes the write, Begin returns ctx's error and creates
+// nothing; once it has taken it, Begin waits for its commit and returns its
+// result, as Acquire, Update, Forget, ForgetKey and Prune do.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
 	if r.Op == "" || r.Key == "" {
 		return idem.Record{}, false, fmt.Errorf("%w: empty Op or Key (op %q)", ErrInvalid, r.Op)
@@ -141,8 +142,8 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		return err
 	})
 	if err != nil {
-		// rec is not read: when the caller's context ended, the committer
-		// may still be running the job that sets it.
+		// rec is not read: it may hold what a job whose transaction
+		// failed read.
 		return idem.Record{}, wrapf(err, "update %q", op)
 	}
 	if refusal != nil {
@@ -215,8 +216,8 @@ func (j *Jar) modify(ctx context.Context, verb, op string, change func(r *idem.R
 		return save(ctx, tx.StmtContext(ctx, j.stmts.save), rec)
 	})
 	if err != nil {
-		// rec is not read: when the caller's context ended, the committer
-		// may still be running the job that sets it.
+		// rec is not read: it may hold what a job whose transaction
+		// failed read.
 		return idem.Record{}, wrapf(err, "%s %q", verb, op)
 	}
 	if refusal != nil {
