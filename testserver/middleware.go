@@ -143,7 +143,8 @@ func (p ErrorPolicy) String() string {
 //
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
-// Store set is ready to use; with a nil Store every protected request
+// Store set is ready to use; with a nil Store, or a field out of range (a
+// negative LockTimeout or PruneBatch: ErrOptions), every protected request
 // answers 503.
 type Middleware struct {
 	// Store holds the keys. Nil makes every protected request fail closed
@@ -181,7 +182,8 @@ type Middleware struct {
 	// are taken over by design; servers that share a Store also need
 	// clocks that agree to well within it, since a claim's age is read
 	// against the clock of the server that took it (one running D ahead
-	// takes claims over D early). Zero means DefaultLockTimeout (60 s). The
+	// takes claims over D early). Zero means DefaultLockTimeout (60 s); a
+	// negative one is refused as Store nil is, with ErrOptions. The
 	// handler's context ends with the claim's lease, which is the only
 	// bound the reference server puts on its handler.
 	LockTimeout time.Duration
@@ -196,7 +198,8 @@ type Middleware struct {
 	Retention time.Duration
 
 	// PruneBatch is the most entries one statement of Prune deletes.
-	// Zero means DefaultPruneBatch.
+	// Zero means DefaultPruneBatch; a negative one is refused as Store nil
+	// is, with ErrOptions.
 	PruneBatch int
 
 	// MaxBody is the largest request body read, in bytes; a larger one is
@@ -429,6 +432,21 @@ func (m *Middleware) now() time.Time {
 	return time.Now()
 }
 
+// usable returns ErrNoStore for a nil Store and ErrOptions, naming the
+// field, for a field out of range: the Middleware then refuses every
+// protected request and Prune.
+func (m *Middleware) usable() error {
+	switch {
+	case m.Store == nil:
+		return ErrNoStore
+	case m.LockTimeout < 0:
+		return fmt.Errorf("%w: LockTimeout %v is negative", ErrOptions, m.LockTimeout)
+	case m.PruneBatch < 0:
+		return fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, m.PruneBatch)
+	}
+	return nil
+}
+
 func (m *Middleware) lockTimeout() time.Duration {
 	if m.LockTimeout > 0 {
 		return m.LockTimeout
@@ -439,8 +457,8 @@ func (m *Middleware) lockTimeout() time.Duration {
 // decide runs the decision table for one request.
 func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handler, scope, key, fp string, body []byte) {
 	ctx := r.Context()
-	if m.Store == nil {
-		m.storeFailed(w, r, key, ErrNoStore)
+	if err := m.usable(); err != nil {
+		m.storeFailed(w, r, key, err)
 		return
 	}
 	for range maxDecisions {
@@ -772,10 +790,11 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 // batch comes back short, ctx is done, or 10 000 batches ran; an entry
 // still in flight is kept while its claim was taken within Retention (see
 // Store.Prune). It returns how many it deleted. Run it periodically. With a
-// nil Store it deletes nothing and returns ErrNoStore.
+// nil Store it deletes nothing and returns ErrNoStore; with a negative
+// LockTimeout or PruneBatch, ErrOptions.
 func (m *Middleware) Prune(ctx context.Context) (int, error) {
-	if m.Store == nil {
-		return 0, ErrNoStore
+	if err := m.usable(); err != nil {
+		return 0, err
 	}
 	retention := m.Retention
 	if retention == 0 {

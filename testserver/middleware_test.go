@@ -1087,6 +1087,48 @@ func TestPruneNilStore(t *testing.T) {
 	}
 }
 
+// TestBadOptions: a negative LockTimeout or PruneBatch is refused as a nil
+// Store is, not taken for the default: Prune returns ErrOptions naming the
+// field and deletes nothing, and a protected request is answered 503
+// without running the handler, the error logged once.
+func TestBadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		set   func(*testserver.Middleware)
+	}{
+		{"LockTimeout", func(mw *testserver.Middleware) { mw.LockTimeout = -time.Second }},
+		{"PruneBatch", func(mw *testserver.Middleware) { mw.PruneBatch = -1 }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			clk := newClock()
+			store := new(testserver.MemoryStore)
+			if _, _, err := store.Claim(t.Context(), "", "old", "fp", clk.Now().UnixNano(), clk.Now()); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(1000 * time.Hour) // "old" is due
+			var logged bytes.Buffer
+			mw := &testserver.Middleware{Store: store, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+			tc.set(mw)
+			n, err := mw.Prune(t.Context())
+			if n != 0 || !errors.Is(err, testserver.ErrOptions) || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("Prune = %d, %v; want 0 and ErrOptions naming %s", n, err, tc.field)
+			}
+			if _, claimed, err := store.Claim(t.Context(), "", "old", "fp", clk.Now().UnixNano(), clk.Now()); err != nil || claimed {
+				t.Errorf("after Prune, Claim of the due key: claimed %v, %v; want it still there", claimed, err)
+			}
+			h := &charges{}
+			w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			wantProblem(t, w, 503, testserver.ProblemStoreUnavailable)
+			if h.runs.Load() != 0 || mw.Stats().StoreErrors != 1 {
+				t.Errorf("runs %d, %+v; want no run, one store error", h.runs.Load(), mw.Stats())
+			}
+			if c := strings.Count(logged.String(), tc.field); c != 1 || !strings.Contains(logged.String(), testserver.ErrOptions.Error()) {
+				t.Errorf("log %q: want ErrOptions naming %s once", logged.String(), tc.field)
+			}
+		})
+	}
+}
+
 // TestPruneAtRetention: a key exactly Retention old is kept, so that a
 // client that retries until its horizon, as long as the server's
 // retention, still gets the replay at its last instant; a nanosecond
