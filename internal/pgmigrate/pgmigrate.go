@@ -59,7 +59,9 @@ type Schema struct {
 	NoSchema error
 	// Privilege is returned by Migrate, wrapped (see Denied), when the
 	// role may not create or upgrade the schema: the creation of Table or
-	// a migration failed with SQLSTATE 42501.
+	// a migration failed with SQLSTATE 42501; and when it may not take
+	// Lock: EXECUTE on pg_advisory_xact_lock(bigint), which PUBLIC has by
+	// default, was revoked from it.
 	Privilege error
 }
 
@@ -94,7 +96,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.Lock); err != nil {
-			return err
+			return s.lockDenied(err)
 		}
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
 			return err
@@ -158,12 +160,32 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 // for want of a privilege (SQLSTATE 42501, insufficient_privilege: CREATE
 // on the schema, or the ownership of a table to alter), and err otherwise.
 func Denied(err, privilege error, schema string) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+	if !insufficient(err) {
 		return err
 	}
 	return fmt.Errorf("%w in schema %s; open it once as a role that may, such as the schema's owner: %w",
 		privilege, quote(schema), err)
+}
+
+// lockDenied returns s.Privilege, wrapped with the function, what to do
+// and err, when err is the server's refusal to let the role take s.Lock
+// (SQLSTATE 42501: EXECUTE on pg_advisory_xact_lock revoked from PUBLIC),
+// and err otherwise. Migrate takes the lock whether or not the schema is
+// current, so the role needs it on every Open.
+func (s Schema) lockDenied(err error) error {
+	if !insufficient(err) {
+		return err
+	}
+	return fmt.Errorf("%w: it may not execute pg_catalog.pg_advisory_xact_lock(bigint), the lock under which "+
+		"the processes that open the database together migrate it once; GRANT EXECUTE ON FUNCTION "+
+		"pg_catalog.pg_advisory_xact_lock(bigint) to the role: %w", s.Privilege, err)
+}
+
+// insufficient reports whether err is the server's SQLSTATE 42501,
+// insufficient_privilege.
+func insufficient(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
 
 // Check checks, creating nothing, that the database holds the schema at

@@ -131,3 +131,24 @@ func RefusedOptions(t testing.TB, what string, err, errOptions error, field, pkg
 		t.Errorf("%s: %v; want %v naming %s, with %s: once", what, err, errOptions, field, pkg)
 	}
 }
+
+// RefusedLock revokes EXECUTE on pg_advisory_xact_lock(bigint) from
+// PUBLIC in the database dsn names (as a superuser: a superuser keeps
+// it), calls open, as a role that may use the tables of a package but
+// has no other grant of that function, and fails t unless open's error
+// is privilege (errors.Is), names the function, and wraps the server's
+// refusal (SQLSTATE 42501).
+func RefusedLock(t testing.TB, dsn string, privilege error, open func() error) {
+	t.Helper()
+	const revoke = `REVOKE EXECUTE ON FUNCTION pg_catalog.pg_advisory_xact_lock(bigint) FROM PUBLIC`
+	if _, err := Connect(t, dsn).Exec(t.Context(), revoke); err != nil {
+		t.Fatalf("%s: %v", revoke, err)
+	}
+	err := open()
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, privilege) || !strings.Contains(err.Error(), "pg_advisory_xact_lock(bigint)") ||
+		!errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("opened as a role that may not execute pg_advisory_xact_lock: %v; "+
+			"want %v naming the function, wrapping SQLSTATE 42501", err, privilege)
+	}
+}

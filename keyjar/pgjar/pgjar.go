@@ -206,7 +206,10 @@ var (
 	// error (a *pgconn.PgError) follow it. Open the jar once as a role
 	// that may create tables in that schema, such as its owner; a jar that
 	// exists at this package's version needs only the privileges that
-	// Open lists. Nothing is created.
+	// Open lists. It is returned too, naming the function, when the role
+	// may not execute pg_advisory_xact_lock(bigint) (EXECUTE revoked from
+	// PUBLIC), the lock the migration takes even when the schema is
+	// current. Nothing is created.
 	ErrPrivilege = errors.New("pgjar: this role may not create the jar's tables")
 
 	// ErrPool is returned by New for a nil pool, and for a pool whose
@@ -329,9 +332,11 @@ var (
 // for a search_path that names no schema that exists (see the package
 // documentation). A schema that is current is only read: a role that may
 // not create tables opens it with SELECT on idem_operations_schema and
-// SELECT, INSERT, UPDATE and DELETE on idem_operations. Such a role is
-// refused with ErrPrivilege where the schema is missing or older (with
-// MustExist, ErrNoJar).
+// SELECT, INSERT, UPDATE and DELETE on idem_operations, and, unless
+// MustExist is set, EXECUTE on pg_advisory_xact_lock(bigint), which PUBLIC
+// has by default. Such a role is refused with ErrPrivilege where the
+// schema is missing or older (with MustExist, ErrNoJar), or where it may
+// not execute that function.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	o, err := withDefaults(opts)
 	if err != nil {

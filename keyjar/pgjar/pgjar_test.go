@@ -1011,6 +1011,25 @@ func TestOpenWithoutCreatePrivilegeNoJar(t *testing.T) {
 	pgtest.RefusedCreate(t, dsn, err, pgjar.ErrPrivilege, "jobs")
 }
 
+// TestOpenWithoutAdvisoryLock opens an existing jar as a role that may use
+// its tables but not execute pg_advisory_xact_lock, which the migration
+// takes: Open returns ErrPrivilege naming the function, not a bare
+// SQLSTATE 42501; with MustExist, which takes no lock, it opens.
+func TestOpenWithoutAdvisoryLock(t *testing.T) {
+	dsn := pgtest.DB(t)
+	open(t, dsn, nil) // creates the schema, as the owner
+	app := pgtest.AppRole(t, dsn, `GRANT SELECT ON idem_operations_schema`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idem_operations`)
+	pgtest.RefusedLock(t, dsn, pgjar.ErrPrivilege, func() error {
+		j, err := pgjar.Open(t.Context(), app, nil)
+		if err == nil {
+			j.Close()
+		}
+		return err
+	})
+	open(t, app, &pgjar.Options{MustExist: true})
+}
+
 // TestMigrationsStartingTogether: processes whose migrations wait for one
 // another migrate once, also when the database's default isolation is
 // REPEATABLE READ.

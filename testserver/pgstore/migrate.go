@@ -84,7 +84,10 @@ var (
 	// the server's error (a *pgconn.PgError) follow it. Open the store
 	// once as a role that may create tables in that schema, such as its
 	// owner; a store that exists at this package's version needs only the
-	// privileges that Open lists. Nothing is created.
+	// privileges that Open lists. It is returned too, naming the function,
+	// when the role may not execute pg_advisory_xact_lock(bigint) (EXECUTE
+	// revoked from PUBLIC), the lock the migration takes even when the
+	// schema is current. Nothing is created.
 	ErrPrivilege = errors.New("pgstore: this role may not create the store's tables")
 )
 

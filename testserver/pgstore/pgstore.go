@@ -198,9 +198,11 @@ var (
 // store's table without the record of its version, and ErrNoSchema for a
 // search_path that names no schema that exists (see the package
 // documentation). A schema that is current is only read: a role that may
-// not create tables opens it with SELECT on idempotency_keys_schema and
-// SELECT, INSERT, UPDATE and DELETE on idempotency_keys. Such a role is
-// refused with ErrPrivilege where the schema is missing or older.
+// not create tables opens it with SELECT on idempotency_keys_schema,
+// SELECT, INSERT, UPDATE and DELETE on idempotency_keys, and EXECUTE on
+// pg_advisory_xact_lock(bigint), which PUBLIC has by default. Such a role
+// is refused with ErrPrivilege where the schema is missing or older, or
+// where it may not execute that function.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	o, err := withDefaults(opts)
 	if err != nil {

@@ -963,6 +963,21 @@ func TestOpenWithoutCreatePrivilegeNoStore(t *testing.T) {
 	pgtest.RefusedCreate(t, dsn, err, pgstore.ErrPrivilege, "public")
 }
 
+// TestOpenWithoutAdvisoryLock opens an existing store as a role that may
+// use its tables but not execute pg_advisory_xact_lock, which the
+// migration takes: Open returns ErrPrivilege naming the function, not a
+// bare SQLSTATE 42501.
+func TestOpenWithoutAdvisoryLock(t *testing.T) {
+	owner, _, dsn := appRole(t)
+	pgtest.RefusedLock(t, owner.Config().ConnString(), pgstore.ErrPrivilege, func() error {
+		s, err := pgstore.Open(t.Context(), dsn, nil)
+		if err == nil {
+			s.Close()
+		}
+		return err
+	})
+}
+
 // TestMigrationsStartingTogether: instances whose migrations wait for one
 // another migrate once, also when the database's default isolation is
 // REPEATABLE READ.
