@@ -76,8 +76,8 @@
 //
 // Several processes may open the same file: Begin is an atomic get-or-create
 // across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
-// 'abandoned' RETURNING, and a read back of the existing row when it returned
-// nothing, in one IMMEDIATE transaction), Acquire is a read-check-write in
+// 'abandoned', and a read back of the existing row when it changed none, in
+// one IMMEDIATE transaction), Acquire is a read-check-write in
 // the same kind of transaction, and Update is one UPDATE fenced by its WHERE
 // clause. A caller's
 // context bounds its own wait for the committer, never the statements of a
