@@ -45,7 +45,8 @@ func (e Entry) LockedAt() time.Time { return time.Unix(0, e.Token) }
 
 // Store persists keys for the Middleware. Every method must be safe for
 // concurrent use by many goroutines and, for shared storage, by many server
-// processes; each is one atomic statement (no SELECT-then-INSERT).
+// processes; each is atomic: one statement, or one transaction (sqlitestore's
+// Claim reads back the entry its INSERT met), never a SELECT-then-INSERT.
 //
 // Conformance: testserver/storetest runs the same cases against every Store.
 type Store interface {
