@@ -150,7 +150,7 @@ type Transport struct {
 	// Base sends each attempt. Nil means http.DefaultTransport, whose pool
 	// keeps 2 idle connections per host (MaxIdleConnsPerHost): with many
 	// concurrent calls to one host, most connections are closed and dialed
-	// again, which costs 40 % of the throughput at 32 callers (see
+	// again, which costs 32–42 % of the throughput at 32 callers (see
 	// BENCHMARKS.md). For such callers, set Base to an *http.Transport with
 	// MaxIdleConnsPerHost at least their concurrency.
 	Base http.RoundTripper

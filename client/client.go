@@ -97,7 +97,7 @@ type Options struct {
 
 	// Base sends each attempt. Nil means a clone of http.DefaultTransport
 	// that keeps up to 64 idle connections per host (http.Transport's
-	// default of 2 loses about 40 % of the throughput at 32 concurrent
+	// default of 2 loses a third of the throughput or more at 32 concurrent
 	// callers).
 	Base http.RoundTripper
 
