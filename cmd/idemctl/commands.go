@@ -36,14 +36,26 @@ func oneArg(name string, args []string) (string, error) {
 	return args[0], nil
 }
 
-func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+// checkOneArg returns the check of a command that takes one operation name.
+func checkOneArg(name string) func(fs *flag.FlagSet, args []string) error {
+	return func(_ *flag.FlagSet, args []string) error {
+		_, err := oneArg(name, args)
+		return err
+	}
+}
+
+func checkList(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
 		return usagef("list takes no arguments, got %q", args)
 	}
-	st := idem.State(flagString(fs, "status"))
-	if st != "" && !st.Valid() {
+	if st := idem.State(flagString(fs, "status")); st != "" && !st.Valid() {
 		return usagef("unknown --status %q: pending, done, failed, reconcile or abandoned", st)
 	}
+	return nil
+}
+
+func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	st := idem.State(flagString(fs, "status"))
 	recs, err := s.jar.List(ctx, idem.Filter{State: st})
 	if err != nil {
 		return err
@@ -228,13 +240,14 @@ func attemptTimeout(fs *flag.FlagSet) (time.Duration, error) {
 // the Client's own. Tests replace it.
 var resumeBase http.RoundTripper
 
-func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+// checkResume checks resume's arguments and flags, and adds the headers of
+// IDEM_HEADER to those of --header.
+func checkResume(fs *flag.FlagSet, args []string) error {
 	all := flagString(fs, "all") == "true"
 	if all == (len(args) > 0) || len(args) > 1 {
 		return usagef("resume needs one operation name or --all")
 	}
-	timeout, err := attemptTimeout(fs)
-	if err != nil {
+	if _, err := attemptTimeout(fs); err != nil {
 		return err
 	}
 	hf := fs.Lookup("header").Value.(*headerFlag)
@@ -249,6 +262,16 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			return usagef("IDEM_HEADER: line %d: %s", i+1, notAHeader)
 		}
 	}
+	return nil
+}
+
+func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+	all := flagString(fs, "all") == "true"
+	timeout, err := attemptTimeout(fs)
+	if err != nil {
+		return err
+	}
+	hf := fs.Lookup("header").Value.(*headerFlag)
 	// The records are read first, for their methods: the Client keys the
 	// methods of the operations it resumes, whichever Methods the programs
 	// that sent them keyed, and no other. A redirect that turns one into a
@@ -336,15 +359,23 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	return nil
 }
 
+func checkAbandon(fs *flag.FlagSet, args []string) error {
+	op, err := oneArg("abandon", args)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(flagString(fs, "reason")) == "" {
+		return usagef("abandon needs --reason: how you established that %q did not happen and is not running", op)
+	}
+	return nil
+}
+
 func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	op, err := oneArg("abandon", args)
 	if err != nil {
 		return err
 	}
 	reason := flagString(fs, "reason")
-	if strings.TrimSpace(reason) == "" {
-		return usagef("abandon needs --reason: how you established that %q did not happen and is not running", op)
-	}
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar})
 	if err != nil {
 		return err
@@ -374,10 +405,15 @@ func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	return nil
 }
 
-func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+func checkPrune(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
 		return usagef("prune takes no arguments, got %q", args)
 	}
+	_, err := parseAge(flagString(fs, "older-than"))
+	return err
+}
+
+func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	v := flagString(fs, "older-than")
 	age, err := parseAge(v)
 	if err != nil {
@@ -449,13 +485,17 @@ type exported struct {
 	LeaseUntil  *time.Time  `json:"lease_until,omitempty"`
 }
 
-func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
+func checkExport(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
 		return usagef("export takes no arguments, got %q", args)
 	}
 	if flagString(fs, "json") != "true" {
 		return usagef("export writes JSON only (--json)")
 	}
+	return nil
+}
+
+func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	recs, err := s.jar.List(ctx, idem.Filter{})
 	if err != nil {
 		return err

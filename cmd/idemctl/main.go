@@ -95,7 +95,10 @@
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
-// record of its version) or an operation fails, 2 for a usage error.
+// record of its version) or an operation fails, 2 for a usage error: one
+// that the command line shows is found before the jar is opened, whatever
+// the jar's state (resume --all's refusal of headers for more than one
+// host, which reads the jar, comes after).
 // Every error is one line on stderr. What idemctl prints of a jar's
 // records and of a server's answers (a status, an error's body) has its
 // control characters escaped (\x1b), never sent to the terminal as they are.
@@ -178,6 +181,10 @@ type command struct {
 	run func(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error
 	// flags declares the command's own flags on the command's flag set.
 	flags func(fs *flag.FlagSet)
+	// check refuses the arguments and flags that the command cannot take,
+	// with a usage error, before the jar is opened: a usage error is one
+	// whatever the jar's state. run takes what check let through.
+	check func(fs *flag.FlagSet, args []string) error
 	// readOnly: the command only reads the jar, which it opens so.
 	readOnly bool
 }
@@ -186,19 +193,19 @@ type command struct {
 func lookup(name string) (command, bool) {
 	switch name {
 	case "list":
-		return command{run: list, readOnly: true, flags: func(set *flag.FlagSet) { set.String("status", "", "only operations in this state") }}, true
+		return command{run: list, check: checkList, readOnly: true, flags: func(set *flag.FlagSet) { set.String("status", "", "only operations in this state") }}, true
 	case "show":
-		return command{run: show, readOnly: true}, true
+		return command{run: show, check: checkOneArg("show"), readOnly: true}, true
 	case "resume":
-		return command{run: resume, flags: resumeFlags}, true
+		return command{run: resume, check: checkResume, flags: resumeFlags}, true
 	case "abandon":
-		return command{run: abandon, flags: func(set *flag.FlagSet) { set.String("reason", "", "how you established that it did not happen") }}, true
+		return command{run: abandon, check: checkAbandon, flags: func(set *flag.FlagSet) { set.String("reason", "", "how you established that it did not happen") }}, true
 	case "forget":
-		return command{run: forget}, true
+		return command{run: forget, check: checkOneArg("forget")}, true
 	case "prune":
-		return command{run: prune, flags: func(set *flag.FlagSet) { set.String("older-than", "", "age of the last update, such as 720h or 30d") }}, true
+		return command{run: prune, check: checkPrune, flags: func(set *flag.FlagSet) { set.String("older-than", "", "age of the last update, such as 720h or 30d") }}, true
 	case "export":
-		return command{run: export, readOnly: true, flags: func(set *flag.FlagSet) { set.Bool("json", true, "JSON (the only format)") }}, true
+		return command{run: export, check: checkExport, readOnly: true, flags: func(set *flag.FlagSet) { set.Bool("json", true, "JSON (the only format)") }}, true
 	}
 	return command{}, false
 }
@@ -270,6 +277,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	if dsn.IsURL(*jarPath) && *lockTimeout > maxPgLockTimeout {
 		return usagef("--lock-timeout %v is above %v, the longest a PostgreSQL statement may run", *lockTimeout, maxPgLockTimeout)
+	}
+	if err := cmd.check(set, pos); err != nil {
+		return err
 	}
 	jar, closeJar, err := openJarFn(ctx, *jarPath, *lockTimeout, cmd.readOnly)
 	if err != nil {

@@ -832,6 +832,52 @@ func TestJarErrors(t *testing.T) {
 	}
 }
 
+// TestUsageErrorBeforeTheJar: a command line that a command cannot take is
+// a usage error, exit status 2, whatever the jar's state: it is refused
+// before the jar is opened, so that a jar that is missing (exit status 1)
+// does not hide it, and nothing is opened.
+func TestUsageErrorBeforeTheJar(t *testing.T) {
+	real := openJarFn
+	t.Cleanup(func() { openJarFn = real })
+	opened := false
+	openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration, readOnly bool) (client.Jar, func() error, error) {
+		opened = true
+		return real(ctx, spec, lockTimeout, readOnly)
+	}
+	missing := filepath.Join(t.TempDir(), "missing.db")
+	for _, c := range []struct {
+		args       []string
+		idemHeader string
+		want       string
+	}{
+		{[]string{"list", "extra"}, "", "list takes no arguments"},
+		{[]string{"list", "--status", "bogus"}, "", `unknown --status "bogus"`},
+		{[]string{"show"}, "", "show needs exactly one operation name"},
+		{[]string{"show", "a", "b"}, "", "show needs exactly one operation name"},
+		{[]string{"resume"}, "", "resume needs one operation name or --all"},
+		{[]string{"resume", "a", "--all"}, "", "resume needs one operation name or --all"},
+		{[]string{"resume", "a", "--attempt-timeout", "0s"}, "", "--attempt-timeout 0s"},
+		{[]string{"resume", "a", "--header", "no colon"}, "", "--header"},
+		{[]string{"resume", "--all"}, "garbage", "IDEM_HEADER: line 1"},
+		{[]string{"abandon"}, "", "abandon needs exactly one operation name"},
+		{[]string{"abandon", "a"}, "", "abandon needs --reason"},
+		{[]string{"forget", "a", "b"}, "", "forget needs exactly one operation name"},
+		{[]string{"prune"}, "", "prune needs --older-than"},
+		{[]string{"prune", "--older-than", "soon"}, "", `--older-than "soon"`},
+		{[]string{"prune", "extra", "--older-than", "1h"}, "", "prune takes no arguments"},
+		{[]string{"export", "extra"}, "", "export takes no arguments"},
+		{[]string{"export", "--json=false"}, "", "JSON only"},
+	} {
+		t.Setenv("IDEM_HEADER", c.idemHeader)
+		opened = false
+		code, _, errOut := idemctl(append([]string{"--jar", missing}, c.args...)...)
+		wantError(t, code, errOut, 2, c.want)
+		if opened {
+			t.Errorf("%q: the jar was opened before the usage error", c.args)
+		}
+	}
+}
+
 func TestLockedJar(t *testing.T) {
 	srv := newServer(t)
 	t.Run("exclusive lock: nothing can be read", func(t *testing.T) {
