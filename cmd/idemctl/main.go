@@ -71,7 +71,9 @@
 // prune deletes in batches of up to 1000 operations, each whole or not at
 // all. SIGINT (Ctrl-C) or SIGTERM stops it: one line says how many it had
 // deleted (the batch it was deleting then may be gone too, uncounted), and
-// it exits with status 1.
+// it exits with status 1. A prune that fails (a jar locked past
+// --lock-timeout, a database error) says so in the same way, on the line
+// of its error: the jar holds every other operation as it was.
 //
 // A jar file may be in use by a running program. list, show and export
 // only read it: they do not wait for the program's writes and show what it

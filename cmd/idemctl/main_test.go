@@ -1531,12 +1531,12 @@ func TestResumeAllInterrupted(t *testing.T) {
 }
 
 // prunedPerBatch is a jar whose Prune deletes one record per batch, as
-// keyjar and pgjar delete up to a thousand, and whose first batch is
-// followed by a Ctrl-C: it cancels the command's context, and the next
-// batch, on the jar itself, fails on it.
+// keyjar and pgjar delete up to a thousand, and runs between after each
+// batch: a Ctrl-C, or another process's lock, on which the next batch, on
+// the jar itself, fails.
 type prunedPerBatch struct {
 	client.Jar
-	cancel context.CancelFunc
+	between func()
 }
 
 func (j prunedPerBatch) Prune(ctx context.Context, before time.Time, _ int) (int, error) {
@@ -1544,7 +1544,7 @@ func (j prunedPerBatch) Prune(ctx context.Context, before time.Time, _ int) (int
 	for range 10 { // fill makes three prunable operations
 		n, err := j.Jar.Prune(ctx, before, 1)
 		total += n
-		j.cancel()
+		j.between()
 		if err != nil || n == 0 {
 			return total, err
 		}
@@ -1560,7 +1560,7 @@ func TestPruneInterrupted(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
-			return prunedPerBatch{Jar: j, cancel: cancel}, closeJar
+			return prunedPerBatch{Jar: j, between: cancel}, closeJar
 		})
 		var stdout, stderr bytes.Buffer
 		code := runContext(ctx, []string{"--jar", path, "prune", "--older-than", "24h"}, &stdout, &stderr)
@@ -1568,15 +1568,69 @@ func TestPruneInterrupted(t *testing.T) {
 		if stdout.Len() != 0 {
 			t.Fatalf("stdout %q; want nothing: the prune did not end", stdout.String())
 		}
-		_, out, _ := idemctl("--jar", path, "list")
-		left := 0
-		for _, op := range []string{"charge:done", "charge:failed", "charge:abandoned"} {
-			if strings.Contains(out, op) {
-				left++
+		wantOnePruned(t, path)
+	})
+}
+
+// wantOnePruned checks that the jar at path holds 2 of the 3 operations
+// that fill makes prunable, and the others: a prune deleted its first
+// batch of one (prunedPerBatch), and no other.
+func wantOnePruned(t *testing.T, path string) {
+	t.Helper()
+	_, out, _ := idemctl("--jar", path, "list")
+	left := 0
+	for _, op := range []string{"charge:done", "charge:failed", "charge:abandoned"} {
+		if strings.Contains(out, op) {
+			left++
+		}
+	}
+	if left != 2 || !strings.Contains(out, "charge:p1") || !strings.Contains(out, "charge:reconcile") {
+		t.Fatalf("after the prune, the jar holds:\n%s\nwant 2 of the 3 prunable operations, and the others", out)
+	}
+}
+
+// TestPruneFailsPartWay: a prune that fails after its first batch, on a
+// lock that another process took meanwhile (a write transaction on a jar
+// file; a lock on a PostgreSQL jar's table, until --lock-timeout), fails
+// with one line that gives the error and how many operations it had
+// deleted, and the jar keeps the others.
+func TestPruneFailsPartWay(t *testing.T) {
+	eachJar(t, func(t *testing.T, _ *server, path string) {
+		pg := strings.HasPrefix(path, "postgres")
+		locked, release := false, func() {}
+		lock := func() {
+			if locked {
+				return
 			}
+			locked = true
+			if !pg {
+				lockJar(t, path, false) // released as the test ends: list reads what is committed
+				return
+			}
+			tx, err := pgtest.Connect(t, path).Begin(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(t.Context(), `LOCK TABLE idem_operations IN ACCESS EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			release = func() { tx.Rollback(context.Background()) }
 		}
-		if left != 2 || !strings.Contains(out, "charge:p1") || !strings.Contains(out, "charge:reconcile") {
-			t.Fatalf("after the interrupted prune, the jar holds:\n%s\nwant 2 of the 3 prunable operations, and the others", out)
+		wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+			return prunedPerBatch{Jar: j, between: lock}, closeJar
+		})
+		// Long enough for the statements that open a PostgreSQL jar, on a
+		// loaded machine.
+		code, out, errOut := idemctl("--jar", path, "--lock-timeout", "1s", "prune", "--older-than", "24h")
+		release()
+		want := map[bool]string{false: "is locked by another process", true: "ran out of --lock-timeout (1s)"}[pg]
+		wantError(t, code, errOut, 1, want)
+		if !strings.Contains(errOut, "deleted 1 operation(s) before it failed") {
+			t.Errorf("stderr %q; want it to say that 1 operation was deleted before the prune failed", errOut)
 		}
+		if out != "" {
+			t.Errorf("stdout %q; want nothing: the prune did not end", out)
+		}
+		wantOnePruned(t, path)
 	})
 }
