@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -467,28 +468,72 @@ func parseAge(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// exported is one operation in export's JSON.
+// exported is one operation in export's JSON. JSON holds only UTF-8, and
+// a jar file any bytes: a string that is not UTF-8, which encoding/json
+// writes with U+FFFD for its bad bytes, has them all in the field named
+// as its own with _base64 (in header_base64, each name and value of the
+// header), absent for a string that is UTF-8.
 type exported struct {
-	Op          string      `json:"op"`
-	Key         string      `json:"key"`
-	State       idem.State  `json:"state"`
-	Fingerprint string      `json:"fingerprint"`
-	Method      string      `json:"method"`
-	URL         string      `json:"url"`
-	Header      http.Header `json:"header,omitempty"`
-	Body        *string     `json:"body,omitempty"`        // the stored body, when it is UTF-8
-	BodyBase64  []byte      `json:"body_base64,omitempty"` // the stored body, when it is not
-	BodySize    int64       `json:"body_size"`
-	BodyStored  bool        `json:"body_stored"`
-	Created     time.Time   `json:"created"`
-	Updated     time.Time   `json:"updated"`
-	Attempts    int         `json:"attempts"`
-	LastStatus  int         `json:"last_status,omitempty"`
-	LastError   string      `json:"last_error,omitempty"`
-	NextAttempt *time.Time  `json:"next_attempt,omitempty"`
-	Note        string      `json:"note,omitempty"`
-	Holder      string      `json:"holder,omitempty"`
-	LeaseUntil  *time.Time  `json:"lease_until,omitempty"`
+	Op                string              `json:"op"`
+	OpBase64          []byte              `json:"op_base64,omitempty"`
+	Key               string              `json:"key"`
+	KeyBase64         []byte              `json:"key_base64,omitempty"`
+	State             idem.State          `json:"state"`
+	Fingerprint       string              `json:"fingerprint"`
+	FingerprintBase64 []byte              `json:"fingerprint_base64,omitempty"`
+	Method            string              `json:"method"`
+	MethodBase64      []byte              `json:"method_base64,omitempty"`
+	URL               string              `json:"url"`
+	URLBase64         []byte              `json:"url_base64,omitempty"`
+	Header            http.Header         `json:"header,omitempty"`
+	HeaderBase64      map[string][]string `json:"header_base64,omitempty"`
+	Body              *string             `json:"body,omitempty"`        // the stored body, when it is UTF-8
+	BodyBase64        []byte              `json:"body_base64,omitempty"` // the stored body, when it is not
+	BodySize          int64               `json:"body_size"`
+	BodyStored        bool                `json:"body_stored"`
+	Created           time.Time           `json:"created"`
+	Updated           time.Time           `json:"updated"`
+	Attempts          int                 `json:"attempts"`
+	LastStatus        int                 `json:"last_status,omitempty"`
+	LastError         string              `json:"last_error,omitempty"`
+	LastErrorBase64   []byte              `json:"last_error_base64,omitempty"`
+	NextAttempt       *time.Time          `json:"next_attempt,omitempty"`
+	Note              string              `json:"note,omitempty"`
+	NoteBase64        []byte              `json:"note_base64,omitempty"`
+	Holder            string              `json:"holder,omitempty"`
+	HolderBase64      []byte              `json:"holder_base64,omitempty"`
+	LeaseUntil        *time.Time          `json:"lease_until,omitempty"`
+}
+
+// notUTF8 returns s's bytes when they are not UTF-8, for its _base64
+// field, and nil when JSON holds s as it is.
+func notUTF8(s string) []byte {
+	if utf8.ValidString(s) {
+		return nil
+	}
+	return []byte(s)
+}
+
+// headerBase64 returns h with each name and value in base64 when one of
+// them is not UTF-8, and nil when JSON holds h as it is.
+func headerBase64(h http.Header) map[string][]string {
+	valid := true
+	for name, vs := range h {
+		valid = valid && notUTF8(name) == nil && !slices.ContainsFunc(vs, func(v string) bool { return notUTF8(v) != nil })
+	}
+	if valid {
+		return nil
+	}
+	enc := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	out := make(map[string][]string, len(h))
+	for name, vs := range h {
+		ws := make([]string, len(vs))
+		for i, v := range vs {
+			ws[i] = enc(v)
+		}
+		out[enc(name)] = ws
+	}
+	return out
 }
 
 func checkExport(fs *flag.FlagSet, args []string) error {
@@ -524,6 +569,9 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if len(r.Header) == 0 {
 			e.Header = nil
 		}
+		e.OpBase64, e.KeyBase64, e.FingerprintBase64, e.MethodBase64 = notUTF8(r.Op), notUTF8(r.Key), notUTF8(r.Fingerprint), notUTF8(r.Method)
+		e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(r.URL), headerBase64(r.Header), notUTF8(r.LastError)
+		e.NoteBase64, e.HolderBase64 = notUTF8(r.Note), notUTF8(r.Holder)
 		if r.BodyStored() && r.BodySize > 0 {
 			if utf8.Valid(r.Body) {
 				b := string(r.Body)

@@ -88,6 +88,14 @@
 // program does, for writing: they need write access to the three files
 // and the directory.
 //
+// export writes JSON, which holds only UTF-8, where a jar file holds any
+// bytes: a string of a record that is not UTF-8 (an operation's name, its
+// URL, a header's name or value, a note) is written with U+FFFD for its
+// bad bytes, and has them all in base64 beside it, in the field named as
+// its own with _base64: op_base64, url_base64, note_base64, and so on;
+// header_base64 is the whole header, each name and value in base64. A
+// stored body that is not UTF-8 is in body_base64 alone.
+//
 // list and export read every operation they print before printing the
 // first, and hold them in memory (about 2 GB for a million operations).
 // On a PostgreSQL jar that read is one statement, which --lock-timeout
@@ -152,7 +160,8 @@ commands:
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)
-  export --json                          every operation as a JSON array
+  export --json                          every operation as a JSON array; a string that is not UTF-8 has
+                                         its bytes in base64 beside it (op_base64, url_base64, header_base64…)
 
 flags of every command:
   --jar PATH|URL      the jar file, or a postgres:// URL (default: $IDEM_JAR)
