@@ -129,6 +129,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/dsn"
@@ -474,7 +475,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s is locked by another process (waited %v); try again later or raise --lock-timeout", path, lockTimeout)
 	case errors.Is(err, keyjar.ErrVersion), errors.Is(err, pgjar.ErrVersion):
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
-	case isStatementTimeout(err):
+	case isStatementTimeout(err), isJarDeadline(err):
 		return statementTimeout(path, lockTimeout)
 	case errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
@@ -502,6 +503,16 @@ func (s *session) describe(err error) error {
 func isStatementTimeout(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "57014" // query_canceled
+}
+
+// isJarDeadline reports whether err is a jar's that wraps
+// context.DeadlineExceeded: pgjar waits for a statement at most twice its
+// QueryTimeout (--lock-timeout), as explainOpen says, and the command's own
+// context has no deadline. A request's error that wraps one (resume's
+// *idem.PendingError) is not the jar's.
+func isJarDeadline(err error) bool {
+	var pe *idem.PendingError
+	return errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &pe)
 }
 
 // oneLine makes s one line fit to print: its runs of white space are one

@@ -1184,6 +1184,21 @@ func TestExplainOpenDeadline(t *testing.T) {
 	}
 }
 
+// Once the jar is open, a jar's error that wraps context.DeadlineExceeded
+// (pgjar gave a statement up after twice --lock-timeout) says that it ran
+// out of --lock-timeout, as while it opens; a resumed request's error that
+// wraps one (a *idem.PendingError) is the request's, given as it is.
+func TestExplainDeadline(t *testing.T) {
+	err := explain("keys", 100*time.Millisecond, fmt.Errorf("pgjar: list: timeout: %w", context.DeadlineExceeded))
+	if want := "keys: a statement ran out of --lock-timeout (100ms)"; !strings.Contains(err.Error(), want) {
+		t.Errorf("explain = %q; want it to say %q", err, want)
+	}
+	pending := &idem.PendingError{Op: "charge:p1", Key: "key-1", Attempts: 1, Err: fmt.Errorf("proxy: %w", context.DeadlineExceeded)}
+	if err := explain("keys", 100*time.Millisecond, pending); err != pending {
+		t.Errorf("explain of a request's error = %q; want it as it is", err)
+	}
+}
+
 // A jar file idemctl may not open says what each command needs: list,
 // show and export to read the file and its -wal and -shm files, the others
 // to write them and their directory.

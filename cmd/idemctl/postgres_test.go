@@ -123,22 +123,7 @@ func TestPostgresLockTimeout(t *testing.T) {
 	// A read whose statement runs past --lock-timeout (here behind a lock
 	// on the whole table, taken once the jar is open, as a large jar's
 	// full list runs long) says that such a read may need a longer one.
-	locker, err := pgtest.Connect(t, dsn).Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(context.Background())
-	real := openPgjar
-	t.Cleanup(func() { openPgjar = real })
-	openPgjar = func(ctx context.Context, dsn string, opts *pgjar.Options) (*pgjar.Jar, error) {
-		j, err := real(ctx, dsn, opts)
-		if err == nil {
-			if _, err := locker.Exec(t.Context(), `LOCK TABLE idem_operations IN ACCESS EXCLUSIVE MODE`); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return j, err
-	}
+	lockTableOnceOpen(t, dsn)
 	for _, args := range [][]string{{"list"}, {"export", "--json"}, {"show", "charge:done"}} {
 		code, _, errOut := idemctl(append([]string{"--jar", dsn, "--lock-timeout", "100ms"}, args...)...)
 		wantError(t, code, errOut, 1, "ran out of --lock-timeout (100ms)")
@@ -148,6 +133,56 @@ func TestPostgresLockTimeout(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestPostgresClientDeadline: a statement that the server lets run (the URL
+// sets statement_timeout=0, which pgjar leaves as it is) is given up by the
+// jar itself after twice --lock-timeout, with an error that wraps
+// context.DeadlineExceeded. Once the jar is open, as while it opens, the
+// line says that it ran out of --lock-timeout, not that a context's
+// deadline passed.
+func TestPostgresClientDeadline(t *testing.T) {
+	dsn := seedPostgres(t, newServer(t))
+	opened := lockTableOnceOpen(t, dsn)
+	// Long enough for the statements that open the jar, on a loaded
+	// machine: the server does not end them either.
+	for _, args := range [][]string{{"list"}, {"abandon", "charge:reconcile", "--reason", "x"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", dsn + "&statement_timeout=0", "--lock-timeout", "1s"}, args...)...)
+		if !*opened {
+			t.Fatalf("%s: the jar did not open: %q", args[0], errOut)
+		}
+		wantError(t, code, errOut, 1, "ran out of --lock-timeout (1s)")
+		if strings.Contains(errOut, "context deadline exceeded") {
+			t.Errorf("%s: stderr %q; want the hint alone", args[0], errOut)
+		}
+	}
+}
+
+// lockTableOnceOpen makes another connection lock the jar's table in the
+// database dsn names, until t ends, once idemctl has opened the jar (as a
+// long statement of another process would hold it): every statement of a
+// command on it then waits. opened says whether idemctl opened the jar.
+func lockTableOnceOpen(t *testing.T, dsn string) (opened *bool) {
+	t.Helper()
+	locker, err := pgtest.Connect(t, dsn).Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Rollback(context.Background()) })
+	real := openPgjar
+	t.Cleanup(func() { openPgjar = real })
+	opened = new(bool)
+	openPgjar = func(ctx context.Context, dsn string, opts *pgjar.Options) (*pgjar.Jar, error) {
+		j, err := real(ctx, dsn, opts)
+		if err == nil {
+			*opened = true
+			if _, err := locker.Exec(t.Context(), `LOCK TABLE idem_operations IN ACCESS EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return j, err
+	}
+	return opened
 }
 
 // The URL a worker gives pgjar.Open, pgxpool's parameters included, opens
