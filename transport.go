@@ -135,7 +135,11 @@ func Operation(ctx context.Context) string {
 //     twice it).
 //   - http.Transport may itself re-send one attempt on a dead reused
 //     connection, because the key header makes the request replayable: the
-//     server can see more attempts than the SDK counts. That is safe.
+//     server can see more attempts than the SDK counts. That is safe. Over
+//     HTTP/2 it sends a request again, whatever its headers, when the
+//     server refused its stream or the connection could take no new one:
+//     up to 7 times, with waits of up to 32 s between them, within the
+//     attempt's context.
 //   - A 307 or 308 answer is final: the operation is done. An http.Client
 //     that follows it sends the request again, to the new URL, through
 //     the Transport, which takes it for a new request: unnamed, it is an

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -615,6 +616,115 @@ func TestTLSAlertFromTheServerIsNotRetried(t *testing.T) {
 			}
 			if rec, err := jar.Get(t.Context(), "charge"); err != nil || rec.State != idem.StatePending || rec.Attempts != 1 || rec.LastError == "" {
 				t.Fatalf("jar holds %+v, %v; want the operation pending after 1 attempt, with its error", rec, err)
+			}
+		})
+	}
+}
+
+// h2Refusing is the server side of an HTTP/2 connection with prior
+// knowledge (no TLS), framed by hand: it refuses the first refuse streams
+// with RST_STREAM REFUSED_STREAM, as a server that processed nothing of
+// them, and answers every later one 200. It returns, with the number of
+// requests (HEADERS frames) it got, when the connection is closed.
+func h2Refusing(conn net.Conn, refuse int) (requests int) {
+	// Frames are written by a goroutine of their own, as the client's are
+	// read by one: a net.Pipe holds no byte that its other end does not
+	// read at once.
+	out, written := make(chan []byte, 16), make(chan struct{})
+	go func() {
+		defer close(written)
+		for b := range out {
+			conn.Write(b) // an error: the connection ended, and so does the read
+		}
+	}()
+	defer func() { conn.Close(); close(out); <-written }()
+	frame := func(typ, flags byte, stream uint32, payload ...byte) {
+		n := len(payload)
+		out <- append([]byte{byte(n >> 16), byte(n >> 8), byte(n), typ, flags, byte(stream >> 24), byte(stream >> 16), byte(stream >> 8), byte(stream)}, payload...)
+	}
+	const (
+		typeHeaders, typeRSTStream, typeSettings = 0x1, 0x3, 0x4
+		flagAck, flagEndStream, flagEndHeaders   = 0x1, 0x1, 0x4
+		refusedStream, status200                 = 0x7, 0x88 // an error code; HPACK's static entry 8, ":status: 200"
+	)
+	if _, err := io.ReadFull(conn, make([]byte, len(http2Preface))); err != nil {
+		return requests
+	}
+	frame(typeSettings, 0, 0)
+	for { // until the client closes the connection
+		var h [9]byte
+		if _, err := io.ReadFull(conn, h[:]); err != nil {
+			return requests
+		}
+		payload := make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+		if _, err := io.ReadFull(conn, payload); err != nil {
+			return requests
+		}
+		stream := (uint32(h[5])<<24 | uint32(h[6])<<16 | uint32(h[7])<<8 | uint32(h[8])) & 0x7fffffff
+		switch {
+		case h[3] == typeSettings && h[4]&flagAck == 0:
+			frame(typeSettings, flagAck, 0)
+		case h[3] == typeHeaders:
+			requests++
+			if requests <= refuse {
+				frame(typeRSTStream, 0, stream, 0, 0, 0, refusedStream)
+			} else {
+				frame(typeHeaders, flagEndHeaders|flagEndStream, stream, status200)
+			}
+		}
+	}
+}
+
+// http2Preface is what an HTTP/2 client sends first (RFC 9113, 3.4).
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// TestHTTP2SendsAnAttemptAgain: net/http's HTTP/2 transport sends a request
+// again by itself, with the same key, when the server refuses its stream
+// (REFUSED_STREAM: nothing processed), up to 7 times, the second at once
+// and the others after 1 s, 2 s, … 32 s (a tenth more at most): the
+// server gets up to 8 requests for one attempt that the jar counts, as
+// README says. (The clock is synctest's.)
+func TestHTTP2SendsAnAttemptAgain(t *testing.T) {
+	for _, tt := range []struct {
+		refuse, requests int
+		status           int
+		waits            time.Duration // net/http's, between the requests
+	}{
+		{refuse: 2, requests: 3, status: http.StatusOK, waits: time.Second},
+		{refuse: 100, requests: 8, waits: 63 * time.Second},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			var servers []net.Conn // one dial at a time: no lock
+			served := make(chan int, 16)
+			base := &http.Transport{Protocols: new(http.Protocols), DialContext: func(context.Context, string, string) (net.Conn, error) {
+				client, server := net.Pipe()
+				servers = append(servers, server)
+				go func() { served <- h2Refusing(server, tt.refuse) }()
+				return client, nil
+			}}
+			base.Protocols.SetUnencryptedHTTP2(true)
+			jar := &idem.MemoryJar{}
+			tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 1}}
+			req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, "http://payments.test/v1/charges", strings.NewReader(`{"amount":100}`))
+			start := time.Now()
+			resp, err := tr.RoundTrip(req)
+			took := time.Since(start)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			requests := 0
+			for _, c := range servers {
+				c.Close()
+				requests += <-served
+			}
+			tr.CloseIdleConnections()
+			rec, _ := jar.Get(context.Background(), "charge")
+			if tt.status != 0 && (err != nil || resp.StatusCode != tt.status) || tt.status == 0 && !errors.Is(err, idem.ErrPending) {
+				t.Fatalf("refusing %d streams: %v, %v; want status %d (0: the operation pending)", tt.refuse, resp, err, tt.status)
+			}
+			if requests != tt.requests || rec.Attempts != 1 || took < tt.waits || took > tt.waits*11/10 {
+				t.Fatalf("refusing %d streams: %d requests in %v, %d attempts in the jar; want %d requests for 1 attempt, in %v to %v",
+					tt.refuse, requests, took, rec.Attempts, tt.requests, tt.waits, tt.waits*11/10)
 			}
 		})
 	}
