@@ -144,7 +144,8 @@ func (p ErrorPolicy) String() string {
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
 // Store set is ready to use; with a nil Store, or a field out of range (a
-// negative LockTimeout or PruneBatch: ErrOptions), every protected request
+// negative LockTimeout or PruneBatch, an OnError that is neither policy:
+// ErrOptions), every protected request
 // answers 503.
 type Middleware struct {
 	// Store holds the keys. Nil makes every protected request fail closed
@@ -229,9 +230,10 @@ type Middleware struct {
 
 	// OnError is what happens to the claim when the handler answers 500 or
 	// more or 429, panics, or sends a body shorter than the Content-Length
-	// it set. The zero value is ReleaseClaim. A panic is recovered, logged
-	// with its stack as Logger says, and answered with a 500
-	// ProblemHandlerFailed, which SaveError saves. A panic with
+	// it set. The zero value is ReleaseClaim; a value that is neither
+	// policy is refused as Store nil is, with ErrOptions. A panic is
+	// recovered, logged with its stack as Logger says, and answered with a
+	// 500 ProblemHandlerFailed, which SaveError saves. A panic with
 	// http.ErrAbortHandler (logged at Info: net/http does not log it) and a
 	// short body (which net/http breaks off) abort the connection instead,
 	// and the claim is released, or that 500 saved, all the same: a retry
@@ -433,7 +435,8 @@ func (m *Middleware) now() time.Time {
 }
 
 // usable returns ErrNoStore for a nil Store and ErrOptions, naming the
-// field, for a field out of range: the Middleware then refuses every
+// field, for a field out of range (an OnError other than the two policies
+// included): the Middleware then refuses every
 // protected request and Prune.
 func (m *Middleware) usable() error {
 	switch {
@@ -443,6 +446,8 @@ func (m *Middleware) usable() error {
 		return fmt.Errorf("%w: LockTimeout %v is negative", ErrOptions, m.LockTimeout)
 	case m.PruneBatch < 0:
 		return fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, m.PruneBatch)
+	case m.OnError != ReleaseClaim && m.OnError != SaveError:
+		return fmt.Errorf("%w: OnError %v is neither ReleaseClaim nor SaveError", ErrOptions, m.OnError)
 	}
 	return nil
 }
@@ -791,7 +796,8 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 // still in flight is kept while its claim was taken within Retention (see
 // Store.Prune). It returns how many it deleted. Run it periodically. With a
 // nil Store it deletes nothing and returns ErrNoStore; with a negative
-// LockTimeout or PruneBatch, ErrOptions.
+// LockTimeout or PruneBatch, or an OnError that is neither policy,
+// ErrOptions.
 func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err

@@ -1098,6 +1098,7 @@ func TestBadOptions(t *testing.T) {
 	}{
 		{"LockTimeout", func(mw *testserver.Middleware) { mw.LockTimeout = -time.Second }},
 		{"PruneBatch", func(mw *testserver.Middleware) { mw.PruneBatch = -1 }},
+		{"OnError", func(mw *testserver.Middleware) { mw.OnError = testserver.SaveError + 1 }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			clk := newClock()
