@@ -280,3 +280,42 @@ func ExampleTransport_errors() {
 	// another request under a name in use: nothing sent
 	// charge:order-42: past the horizon after 2 attempt(s): reconcile with the server
 }
+
+// ExampleFilter walks a jar's pending operations in pages of two, each
+// page after the last record of the one before: operations created at the
+// same time are each listed once, and one forgotten between two pages, the
+// one the next page starts after included, changes nothing else.
+func ExampleFilter() {
+	ctx := context.Background()
+	jar := &idem.MemoryJar{}
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i, op := range []string{"charge:e", "charge:d", "charge:c", "charge:b", "charge:a"} {
+		created := at.Add(time.Duration(i/2) * time.Second) // two by two at the same time
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: op, Key: "key-" + op, Method: "POST", URL: "https://api.example.com/charges", Created: created}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	f := idem.Filter{State: idem.StatePending, Limit: 2}
+	for {
+		page, err := jar.List(ctx, f)
+		if err != nil {
+			log.Fatal(err)
+		}
+		for _, r := range page {
+			fmt.Println(r.Created.Format(time.TimeOnly), r.Op)
+		}
+		if len(page) < f.Limit {
+			break
+		}
+		f.After = page[len(page)-1].Cursor()
+		if err := jar.Forget(ctx, page[len(page)-1].Op); err != nil { // deleted meanwhile
+			log.Fatal(err)
+		}
+	}
+	// Output:
+	// 12:00:00 charge:d
+	// 12:00:00 charge:e
+	// 12:00:01 charge:b
+	// 12:00:01 charge:c
+	// 12:00:02 charge:a
+}

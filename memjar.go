@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -14,14 +15,74 @@ import (
 	"unsafe"
 )
 
-// Filter selects records for a jar's List method.
+// Filter selects records for a jar's List method, which returns them in
+// List's order: oldest Created first (the zero time first), then by Op,
+// bytewise.
+//
+// List pages through a jar with After, as a database's seek method does: a
+// page ends with a record, and the next page begins after its position.
+//
+//	f := idem.Filter{State: idem.StatePending, Limit: 1000}
+//	for {
+//		page, err := jar.List(ctx, f)
+//		if err != nil {
+//			return err
+//		}
+//		for _, r := range page {
+//			// …
+//		}
+//		if len(page) < f.Limit {
+//			break
+//		}
+//		f.After = page[len(page)-1].Cursor()
+//	}
+//
+// A position is not a record: a record that is deleted (forgotten, pruned)
+// between two pages, the one the cursor was taken from included, leaves the
+// walk as it is, and one created meanwhile is listed when its position is
+// after the cursor. A record whose state changes between two pages is
+// listed, or not, as it is when its page is read.
 type Filter struct {
 	State State // only this state; "" means every state
 	Limit int   // at most this many; 0 means no limit
+	// After keeps only the records strictly after this position in
+	// List's order; the zero Cursor keeps them all. Record.Cursor gives a
+	// record's position, and a Cursor with a Created and no Op (which no
+	// record has) begins at that time: it keeps the records created then
+	// or later.
+	After Cursor
 }
 
-// Match reports whether r passes the filter's state test.
-func (f Filter) Match(r Record) bool { return f.State == "" || r.State == f.State }
+// Match reports whether r passes the filter's state test and comes after
+// its After. Limit is not a test of one record.
+func (f Filter) Match(r Record) bool {
+	return (f.State == "" || r.State == f.State) && (f.After.IsZero() || f.After.Compare(r.Cursor()) < 0)
+}
+
+// A Cursor is a position in List's order (see Filter): a record's Created
+// and Op. A record returned by any jar's List is exactly at its Cursor in
+// that jar, which keeps Created to the nanosecond.
+type Cursor struct {
+	Created time.Time
+	Op      string
+}
+
+// Cursor returns r's position in List's order, for Filter.After.
+func (r Record) Cursor() Cursor { return Cursor{Created: r.Created, Op: r.Op} }
+
+// IsZero reports whether c is the zero Cursor, before every record.
+func (c Cursor) IsZero() bool { return c.Created.IsZero() && c.Op == "" }
+
+// Compare compares c and d in List's order: -1 when c comes first, +1 when
+// d does, 0 when they are the same position. Times are compared as
+// instants (time.Time.Compare: the zero time, in the year 1, comes before
+// every later one), names bytewise (strings.Compare).
+func (c Cursor) Compare(d Cursor) int {
+	if n := c.Created.Compare(d.Created); n != 0 {
+		return n
+	}
+	return strings.Compare(c.Op, d.Op)
+}
 
 // Prunable reports whether a record in state s may be deleted by Prune:
 // only operations whose outcome is known or given up (done, failed,
@@ -251,6 +312,18 @@ func (j *MemoryJar) keyAt(p place) string {
 	d.bytes() // the op
 	b := d.bytes()
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// createdAt returns the Created of the record whose head is at p, without
+// decoding its other fields (see decoder.head).
+func (j *MemoryJar) createdAt(p place) stamp {
+	d := decoder{b: j.bytes(p)}
+	for range 5 { // Op, Key, Fingerprint, Method, URL
+		d.bytes()
+	}
+	d.varint() // BodySize
+	sec := d.varint()
+	return stamp{sec, int32(d.uvarint())}
 }
 
 // place copies b, a record's fields that Begin sets once, into chunks.
@@ -524,17 +597,14 @@ func (j *MemoryJar) update(i uint32, m *memRecord, holder string, c Change) erro
 	return nil
 }
 
-// List returns the records that pass f, oldest Created first.
+// List returns the records that pass f, oldest Created first, then by Op.
+// It has no index: each call reads the state, Created and Op of every
+// record and sorts those that pass, under the jar's lock, but it decodes
+// only the records it returns, the first f.Limit.
 func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
-	out, err := j.collect(ctx, func(i uint32, m *memRecord) bool {
-		var r Record
-		j.tail(i, m, &r)
-		return f.Match(r)
+	return j.collect(ctx, f.After, f.Limit, func(_ uint32, m *memRecord) bool {
+		return f.State == "" || states[m.state] == f.State
 	})
-	if f.Limit > 0 && len(out) > f.Limit {
-		out = out[:f.Limit]
-	}
-	return out, err
 }
 
 // ByKey returns the records whose Key is key, oldest Created first, then
@@ -542,30 +612,57 @@ func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
 // under several names. It reads every record: it is for tools that look up
 // the key a server logged, not for a request's path.
 func (j *MemoryJar) ByKey(ctx context.Context, key string) ([]Record, error) {
-	return j.collect(ctx, func(_ uint32, m *memRecord) bool { return j.keyAt(m.head) == key })
+	return j.collect(ctx, Cursor{}, 0, func(_ uint32, m *memRecord) bool { return j.keyAt(m.head) == key })
 }
 
-// collect returns the records that keep accepts, oldest Created first,
-// then by Op. keep sees a record before it is decoded, under the lock.
-func (j *MemoryJar) collect(ctx context.Context, keep func(i uint32, m *memRecord) bool) ([]Record, error) {
+// position is a record's place in List's order, and its slot: what
+// collect sorts before it decodes any record. op shares the memory of
+// chunks, as opAt's result does.
+type position struct {
+	created stamp
+	op      string
+	i       uint32
+}
+
+func (p position) compare(q position) int {
+	if c := cmp.Compare(p.created.sec, q.created.sec); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(p.created.nsec, q.created.nsec); c != 0 {
+		return c
+	}
+	return strings.Compare(p.op, q.op)
+}
+
+// collect returns the records that keep accepts and that come after
+// after, oldest Created first, then by Op; at most limit of them when limit
+// > 0. keep sees a record before it is decoded, under the lock, and only
+// the records returned are decoded.
+func (j *MemoryJar) collect(ctx context.Context, after Cursor, limit int, keep func(i uint32, m *memRecord) bool) ([]Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	from := position{created: stampOf(after.Created), op: after.Op}
 	j.lock()
-	var out []Record
-	j.each(func(_ string, i uint32, m *memRecord) bool {
+	defer j.mu.Unlock()
+	var found []position
+	j.each(func(op string, i uint32, m *memRecord) bool {
 		if keep(i, m) {
-			out = append(out, j.record(i, m))
+			p := position{created: j.createdAt(m.head), op: op, i: i}
+			if after.IsZero() || from.compare(p) < 0 {
+				found = append(found, p)
+			}
 		}
 		return true
 	})
-	j.mu.Unlock()
-	slices.SortFunc(out, func(a, b Record) int {
-		if c := a.Created.Compare(b.Created); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Op, b.Op)
-	})
+	slices.SortFunc(found, position.compare)
+	if limit > 0 && len(found) > limit {
+		found = found[:limit]
+	}
+	var out []Record
+	for _, p := range found {
+		out = append(out, j.record(p.i, j.slot(p.i)))
+	}
 	return out, nil
 }
 

@@ -56,7 +56,8 @@ import (
 // *idem.MemoryJar implement it.
 type Jar interface {
 	idem.Jar
-	// List returns the records that pass f, oldest Created first.
+	// List returns the records that pass f (its State, After and Limit:
+	// see idem.Filter), oldest Created first, then by Op.
 	List(ctx context.Context, f idem.Filter) ([]idem.Record, error)
 	// Forget deletes op whatever its state, or returns idem.ErrNotFound.
 	Forget(ctx context.Context, op string) error

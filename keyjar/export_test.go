@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+
+	"github.com/idemkit/idem"
 )
 
 // Commit describes one group commit, as the committer is about to COMMIT.
@@ -80,4 +82,28 @@ func BusyTimeouts(ctx context.Context, j *Jar) (writer, reader int, err error) {
 		err = j.reader.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&reader)
 	}
 	return writer, reader, err
+}
+
+// ListPlan returns SQLite's plan of the statement List runs for f (EXPLAIN
+// QUERY PLAN), one line per step, or nil when List runs none.
+func ListPlan(ctx context.Context, j *Jar, f idem.Filter) ([]string, error) {
+	query, args, none := listQuery(f)
+	if none {
+		return nil, nil
+	}
+	rows, err := j.reader.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			return nil, err
+		}
+		plan = append(plan, detail)
+	}
+	return plan, rows.Err()
 }

@@ -238,7 +238,12 @@ func save(ctx context.Context, stmt *sql.Stmt, r idem.Record) error {
 	return err
 }
 
-// List returns the records that pass f, oldest Created first, then by Op.
+// List returns the records that pass f, oldest Created first (the zero
+// time first), then by Op, bytewise. A page after f.After reads from the
+// index on (created, op) where the cursor lies, and stops at f.Limit: its
+// cost is the page's, not the jar's, but a State filter also reads the
+// records of other states between the cursor and the page's end, and a
+// cursor at the zero time those created at the zero time before it.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.readable(ctx); err != nil {
 		return nil, err
@@ -246,12 +251,48 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.settle(ctx); err != nil {
 		return nil, wrapf(err, "list")
 	}
+	query, args, none := listQuery(f)
+	if none {
+		return nil, nil
+	}
+	return j.records(ctx, "list", query, args...)
+}
+
+// The statements of List: every record, the records after a position
+// (?3 nanoseconds, ?4 name), and those after a position at the zero time,
+// which is NULL and sorts first. ?1 is the state ("": all), ?2 the limit.
+const (
+	listSQL = "SELECT " + columns + ` FROM operations
+		WHERE ?1 = '' OR state = ?1 ORDER BY created, op LIMIT ?2`
+	listAfterSQL = "SELECT " + columns + ` FROM operations
+		WHERE (created, op) > (?3, ?4) AND (?1 = '' OR state = ?1) ORDER BY created, op LIMIT ?2`
+	listAfterZeroSQL = "SELECT " + columns + ` FROM operations
+		WHERE (created IS NOT NULL OR op > ?4) AND (?1 = '' OR state = ?1) ORDER BY created, op LIMIT ?2`
+)
+
+// listQuery returns List's statement for f and its arguments, or none when
+// no record can be after f.After: one past the last time the jar stores.
+// A cursor before the first time it stores (1677) is the same as one at
+// that time without a name; one before the zero time (the year 1), which
+// nothing is, the same as none.
+func listQuery(f idem.Filter) (query string, args []any, none bool) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = -1 // SQLite: no limit
 	}
-	return j.records(ctx, "list", "SELECT "+columns+` FROM operations
-		WHERE ?1 = '' OR state = ?1 ORDER BY created, op LIMIT ?2`, string(f.State), limit)
+	args = []any{string(f.State), limit}
+	after := f.After
+	switch {
+	case after.IsZero() || after.Created.Before(time.Time{}):
+		return listSQL, args, false
+	case after.Created.IsZero():
+		return listAfterZeroSQL, append(args, nil, after.Op), false
+	case after.Created.After(time.Unix(0, math.MaxInt64)):
+		return "", nil, true
+	case after.Created.Before(time.Unix(0, math.MinInt64)):
+		return listAfterSQL, append(args, int64(math.MinInt64), ""), false
+	}
+	return listAfterSQL, append(args, after.Created.UnixNano(), after.Op), false
 }
 
 // ByKey returns the records whose Key is key, oldest Created first, then

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -34,7 +35,8 @@ import (
 // uses to inspect and clean it, with the semantics of idem.MemoryJar.
 type Jar interface {
 	idem.Jar
-	// List returns the records that pass f, oldest Created first, then by Op.
+	// List returns the records that pass f (its State, After and Limit),
+	// oldest Created first, then by Op.
 	List(ctx context.Context, f idem.Filter) ([]idem.Record, error)
 	// Forget deletes op whatever its state, or returns idem.ErrNotFound.
 	Forget(ctx context.Context, op string) error
@@ -68,6 +70,10 @@ var cases = []struct {
 	{"UpdateUnfenced", testUpdateUnfenced},
 	{"NotFound", testNotFound},
 	{"List", testList},
+	{"ListPages", testListPages},
+	{"ListPagesDeleted", testListPagesDeleted},
+	{"ListAfter", testListAfter},
+	{"ListAfterFarTimes", testListAfterFarTimes},
 	{"ByKey", testByKey},
 	{"Forget", testForget},
 	{"ForgetKey", testForgetKey},
@@ -562,6 +568,189 @@ func testList(t *testing.T, j Jar) {
 	want := record("e")
 	want.Created, want.State = t0.Add(time.Nanosecond), idem.StateFailed
 	expect(t, "listed record", all[0], want)
+}
+
+// pageSet begins records of which several share a Created time, in two
+// states, with one created at the zero time, and returns their names in
+// List's order.
+func pageSet(t *testing.T, j Jar) []string {
+	for _, c := range []struct {
+		op      string
+		created time.Time
+		state   idem.State
+	}{
+		{"c", t0, idem.StatePending},
+		{"a", t0, idem.StateDone},
+		{"d", t0, idem.StatePending},
+		{"b", t0, idem.StatePending},
+		{"e", t0.Add(time.Nanosecond), idem.StateDone},
+		{"aa", t0.Add(time.Nanosecond), idem.StatePending},
+		{"f", t0.Add(-time.Nanosecond), idem.StatePending},
+		{"z", time.Time{}, idem.StatePending},
+		{"g", t0.Add(time.Hour), idem.StateDone},
+	} {
+		r := record(c.op)
+		r.Created, r.State = c.created, c.state
+		begin(t, j, r)
+	}
+	return []string{"z", "f", "a", "b", "c", "d", "aa", "e", "g"}
+}
+
+// walk lists the records that pass f in pages of f.Limit, each page after
+// the last record of the one before, and returns their names. It calls
+// between, if not nil, after each page but the last, and fails t when a
+// page is longer than the limit or repeats a position.
+func walk(t *testing.T, j Jar, f idem.Filter, between func(page []idem.Record)) []string {
+	t.Helper()
+	var got []string
+	for range 100 { // the sets are far smaller
+		page, err := j.List(t.Context(), f)
+		if err != nil {
+			t.Fatalf("List(%+v): %v", f, err)
+		}
+		if len(page) > f.Limit {
+			t.Fatalf("List(%+v) = %v: more than the limit", f, ops(page))
+		}
+		for _, r := range page {
+			if !f.After.IsZero() && f.After.Compare(r.Cursor()) >= 0 {
+				t.Fatalf("List(%+v) = %v: %q is not after the cursor", f, ops(page), r.Op)
+			}
+		}
+		got = append(got, ops(page)...)
+		if len(page) < f.Limit {
+			return got
+		}
+		if between != nil {
+			between(page)
+		}
+		f.After = page[len(page)-1].Cursor()
+	}
+	t.Fatalf("List(%+v): no end after 100 pages: %v", f, got)
+	return nil
+}
+
+// testListPages: a walk in pages of 1, 2 and 3, each after the record that
+// ended the one before as List returned it, lists every record once in
+// List's order, with several records of the same Created at a page's end,
+// with and without a State filter.
+func testListPages(t *testing.T, j Jar) {
+	all := pageSet(t, j)
+	pending := []string{"z", "f", "b", "c", "d", "aa"}
+	for _, state := range []idem.State{"", idem.StatePending} {
+		want := all
+		if state != "" {
+			want = pending
+		}
+		if got, err := j.List(t.Context(), idem.Filter{State: state}); err != nil || !slices.Equal(ops(got), want) {
+			t.Fatalf("List(%q) = %v, %v; want %v", state, ops(got), err, want)
+		}
+		for size := 1; size <= 3; size++ {
+			if got := walk(t, j, idem.Filter{State: state, Limit: size}, nil); !slices.Equal(got, want) {
+				t.Errorf("state %q, pages of %d: %v; want %v", state, size, got, want)
+			}
+		}
+	}
+}
+
+// testListPagesDeleted: a record deleted between two pages, the one whose
+// position the next page starts after included, neither ends nor repeats
+// the walk; a record created meanwhile after the cursor is listed, one
+// created before it is not.
+func testListPagesDeleted(t *testing.T, j Jar) {
+	pageSet(t, j)
+	ctx := t.Context()
+	pages := 0
+	got := walk(t, j, idem.Filter{Limit: 2}, func(page []idem.Record) {
+		pages++
+		switch pages {
+		case 1: // [z f]: forget f, the cursor's record, and c, ahead
+			for _, op := range []string{"f", "c"} {
+				if err := j.Forget(ctx, op); err != nil {
+					t.Fatalf("Forget(%q): %v", op, err)
+				}
+			}
+			early, late := record("early"), record("ab")
+			early.Created = t0.Add(-time.Hour)
+			begin(t, j, early)
+			begin(t, j, late) // at t0, between a and b
+		case 2: // [a ab]: prune ab, the cursor's record, and a
+			if err := j.Forget(ctx, "a"); err != nil {
+				t.Fatal(err)
+			}
+			update(t, j, "ab", "", idem.Change{Now: t0.Add(-2 * time.Hour), State: idem.StateDone})
+			if n, err := j.Prune(ctx, t0.Add(-time.Hour), 0); err != nil || n != 1 {
+				t.Fatalf("Prune = %d, %v; want 1 (ab)", n, err)
+			}
+		}
+	})
+	if want := []string{"z", "f", "a", "ab", "b", "d", "aa", "e", "g"}; !slices.Equal(got, want) {
+		t.Errorf("walk with deletions = %v; want %v", got, want)
+	}
+}
+
+// testListAfter: After keeps the records strictly after a position, which
+// need not be a record's: past the end there are none; a Cursor with a
+// time and no Op begins at that time; one at the zero time keeps the
+// records created then that sort after its Op.
+func testListAfter(t *testing.T, j Jar) {
+	pageSet(t, j)
+	for _, c := range []struct {
+		f    idem.Filter
+		want []string
+	}{
+		{idem.Filter{After: idem.Cursor{Created: t0.Add(time.Hour), Op: "g"}}, []string{}},
+		{idem.Filter{After: idem.Cursor{Created: t0.Add(time.Hour), Op: "zz"}}, []string{}},
+		{idem.Filter{After: idem.Cursor{Created: t0.Add(2 * time.Hour)}, Limit: 5}, []string{}},
+		{idem.Filter{After: idem.Cursor{Created: t0}}, []string{"a", "b", "c", "d", "aa", "e", "g"}},
+		{idem.Filter{After: idem.Cursor{Created: t0, Op: "bb"}}, []string{"c", "d", "aa", "e", "g"}},
+		{idem.Filter{After: idem.Cursor{Created: t0, Op: "d"}, State: idem.StateDone}, []string{"e", "g"}},
+		{idem.Filter{After: idem.Cursor{Created: t0.Add(time.Nanosecond)}, Limit: 1}, []string{"aa"}},
+		{idem.Filter{After: idem.Cursor{Op: "y"}, Limit: 2}, []string{"z", "f"}},
+		{idem.Filter{After: idem.Cursor{Op: "z"}, Limit: 2}, []string{"f", "a"}},
+		{idem.Filter{After: idem.Cursor{Created: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)}}, []string{"f", "a", "b", "c", "d", "aa", "e", "g"}},
+	} {
+		got, err := j.List(t.Context(), c.f)
+		if err != nil {
+			t.Fatalf("List(%+v): %v", c.f, err)
+		}
+		if !slices.Equal(ops(got), c.want) {
+			t.Errorf("List(%+v) = %v; want %v", c.f, ops(got), c.want)
+		}
+	}
+}
+
+// testListAfterFarTimes: a cursor at a time that a durable jar cannot
+// store, before 1678 or after 2262 (Unix nanoseconds), is a position all
+// the same: every record is after one before the first time stored but
+// those at the zero time (the year 1), none after one past the last, and
+// every record after one before the zero time.
+func testListAfterFarTimes(t *testing.T, j Jar) {
+	first, last := time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+	for _, c := range []struct {
+		op      string
+		created time.Time
+	}{{"zero", time.Time{}}, {"first", first}, {"now", t0}, {"last", last}} {
+		r := record(c.op)
+		r.Created = c.created
+		begin(t, j, r)
+	}
+	for _, c := range []struct {
+		after idem.Cursor
+		want  []string
+	}{
+		{idem.Cursor{Created: time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), Op: "zz"}, []string{"first", "now", "last"}},
+		{idem.Cursor{Created: first.Add(-time.Nanosecond), Op: "zz"}, []string{"first", "now", "last"}},
+		{idem.Cursor{Created: first, Op: "first"}, []string{"now", "last"}},
+		{idem.Cursor{Created: last, Op: "lass"}, []string{"last"}},
+		{idem.Cursor{Created: last.Add(time.Nanosecond)}, []string{}},
+		{idem.Cursor{Created: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), Op: "a"}, []string{}},
+		{idem.Cursor{Created: time.Time{}.Add(-time.Hour), Op: "zz"}, []string{"zero", "first", "now", "last"}},
+	} {
+		got, err := j.List(t.Context(), idem.Filter{After: c.after})
+		if err != nil || !slices.Equal(ops(got), c.want) {
+			t.Errorf("List after %v %q = %v, %v; want %v", c.after.Created, c.after.Op, ops(got), err, c.want)
+		}
+	}
 }
 
 // ByKeyer is a Jar that finds records by their key; every jar of this

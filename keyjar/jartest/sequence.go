@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -44,9 +43,9 @@ func testSequences(t *testing.T, j Jar) {
 // of records (the Jar contract at its simplest), and fails t at the first
 // answer that differs: Begin, Acquire, Update, Defer (when j is an
 // idem.Deferrer; Update otherwise), Forget, ForgetKey (when j is a
-// KeyForgetter; Forget otherwise), Prune, Get and List, on six names of
-// different lengths, with bodies of up to 60 KiB. j must be empty.
-// A fuzz target can hand it its input.
+// KeyForgetter; Forget otherwise), Prune, Get and List (by state, after a
+// position, with a limit), on six names of different lengths, with bodies
+// of up to 60 KiB. j must be empty. A fuzz target can hand it its input.
 func Sequence(t *testing.T, j Jar, steps []byte) { sequence(t, j, steps, "") }
 
 func sequence(t *testing.T, j Jar, steps []byte, prefix string) {
@@ -188,15 +187,23 @@ func sequence(t *testing.T, j Jar, steps []byte, prefix string) {
 					delete(m, name)
 				}
 			}
-		case 7: // Get, and List by state, at most c>>6 records
+		case 7: // Get, and List by state, at most c>>6 records, after op's position or a step's time
 			got, err := j.Get(ctx, op)
-			if r, ok := m[op]; ok {
+			r, ok := m[op]
+			if ok {
 				wantErr(t, what+": Get", err, nil)
 				expectSame(t, what+": Get", got, r)
 			} else {
 				wantErr(t, what+": Get", err, idem.ErrNotFound)
 			}
 			f := idem.Filter{State: []idem.State{"", idem.StatePending, idem.StateDone}[int(c>>3)%3], Limit: int(c >> 6)}
+			switch {
+			case c&0x20 == 0:
+			case ok:
+				f.After = r.Cursor()
+			default:
+				f.After = idem.Cursor{Created: base.Add(time.Duration(step/2) * time.Second), Op: op}
+			}
 			list, err := j.List(ctx, f)
 			var want []idem.Record
 			for _, r := range m {
@@ -204,12 +211,7 @@ func sequence(t *testing.T, j Jar, steps []byte, prefix string) {
 					want = append(want, r)
 				}
 			}
-			slices.SortFunc(want, func(a, b idem.Record) int {
-				if c := a.Created.Compare(b.Created); c != 0 {
-					return c
-				}
-				return strings.Compare(a.Op, b.Op)
-			})
+			slices.SortFunc(want, func(a, b idem.Record) int { return a.Cursor().Compare(b.Cursor()) })
 			if f.Limit > 0 && len(want) > f.Limit {
 				want = want[:f.Limit]
 			}

@@ -868,11 +868,20 @@ func storableStatus(status int) error {
 }
 
 // List returns the records that pass f, oldest Created first (the zero
-// time first), then by Op: none for a State that text cannot hold, which
-// no record is in.
+// time first), then by Op, bytewise: none for a State that text cannot
+// hold, which no record is in. A page after f.After reads from the index
+// on (created, op) where the cursor lies, and stops at f.Limit: its cost is
+// the page's, not the table's, but a State filter also reads the records
+// of other states between the cursor and the page's end, and a cursor at
+// the zero time those created at the zero time before it. A cursor whose
+// Op text cannot hold (a NUL byte, bytes that are not UTF-8), which no
+// record has, is ErrInvalid.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if storable("state", string(f.State)) != nil && !j.closed.Load() {
 		return nil, nil // Begin and Update refuse such a state
+	}
+	if err := storable("After.Op", f.After.Op); err != nil {
+		return nil, wrapf(err, "list")
 	}
 	if err := j.settle(ctx, ""); err != nil {
 		return nil, wrapf(err, "list")
@@ -882,13 +891,36 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 		l := int64(f.Limit)
 		limit = &l
 	}
-	return j.records(ctx, "list", j.sql.list, string(f.State), limit)
+	args := []any{string(f.State), limit}
+	after := f.After
+	switch {
+	case after.IsZero() || after.Created.Before(time.Time{}):
+		return j.records(ctx, "list", j.sql.list, args...)
+	case after.Created.IsZero():
+		return j.records(ctx, "list", j.sql.listAfterZero, append(args, after.Op)...)
+	case after.Created.After(time.Unix(0, math.MaxInt64)):
+		return nil, nil // past every time the jar stores
+	case after.Created.Before(time.Unix(0, math.MinInt64)):
+		// Before every time the jar stores but the zero time's.
+		return j.records(ctx, "list", j.sql.listAfter, append(args, int64(math.MinInt64), "")...)
+	}
+	return j.records(ctx, "list", j.sql.listAfter, append(args, after.Created.UnixNano(), after.Op)...)
 }
 
-// listSQL reads the records in one state, or all, oldest first.
-const listSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+// The statements of List: every record in one state, or all; those after
+// a position ($3 nanoseconds, $4 name); and those after a position at the
+// zero time ($3 name), which is NULL and sorts first. $2 is the limit.
+const (
+	listSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
 	WHERE $1::text = '' OR state = $1::text
 	ORDER BY created NULLS FIRST, op LIMIT $2`
+	listAfterSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE (created, op) > ($3::bigint, $4::text) AND ($1::text = '' OR state = $1::text)
+	ORDER BY created NULLS FIRST, op LIMIT $2`
+	listAfterZeroSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE (created IS NOT NULL OR op > $3::text) AND ($1::text = '' OR state = $1::text)
+	ORDER BY created NULLS FIRST, op LIMIT $2`
+)
 
 // ByKey returns the records whose Key is key, oldest Created first, then
 // by Op: usually one, more when a caller sent the same Idempotency-Key

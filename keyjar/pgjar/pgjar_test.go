@@ -2,6 +2,7 @@ package pgjar_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -1052,5 +1053,88 @@ func TestMigrationsStartingTogether(t *testing.T) {
 func TestOpenBadDSN(t *testing.T) {
 	if _, err := pgjar.Open(t.Context(), "postgres://%zz", nil); err == nil {
 		t.Error("Open with a malformed DSN: no error")
+	}
+}
+
+// plan is the part of EXPLAIN (ANALYZE, FORMAT JSON) that TestListPagePlan
+// reads.
+type plan struct {
+	NodeType    string `json:"Node Type"`
+	IndexName   string `json:"Index Name"`
+	IndexCond   string `json:"Index Cond"`
+	ActualRows  int    `json:"Actual Rows"`
+	RowsRemoved int    `json:"Rows Removed by Filter"`
+	Plans       []plan `json:"Plans"`
+}
+
+// TestListPagePlan: on a table of 100,000 operations, a page of List of
+// 1000, from the start or after a cursor, with or without a State, is a
+// Limit over an index scan of idem_operations_by_created that begins at
+// the cursor (its Index Cond) and reads the page and, with a State, the
+// records of other states among it: no sequential scan, no sort.
+func TestListPagePlan(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	// In the order of their times, as a jar's records are written; three
+	// share each Created; one in ten pending.
+	if _, err := pgjar.PoolOf(j).Exec(ctx, `INSERT INTO idem_operations
+		(op, key, fingerprint, state, method, url, body_size, created, updated, attempts, last_status, last_error, note, holder)
+		SELECT 'op-' || lpad(i::text, 6, '0'), 'k' || i, 'fp', CASE WHEN i % 10 = 0 THEN 'pending' ELSE 'done' END,
+			'POST', 'http://127.0.0.1/', 0, $1::bigint + (i::bigint / 3) * 1000000, $1::bigint, 1, 201, '', '', ''
+		FROM generate_series(1, 100000) AS i`, time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgjar.PoolOf(j).Exec(ctx, "ANALYZE idem_operations"); err != nil {
+		t.Fatal(err)
+	}
+	list, after, afterZero := pgjar.ListStatements(j)
+	cursor, err := j.Get(ctx, "op-050001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const page = 1000
+	for _, c := range []struct {
+		name, query string
+		args        []any
+		cond        string // in the scan's Index Cond
+		filtered    int    // at most this many rows of other states read
+	}{
+		{"first page", list, []any{"", page}, "", 0},
+		{"first page pending", list, []any{"pending", page}, "", 9 * page},
+		{"after a cursor", after, []any{"", page, cursor.Created.UnixNano(), cursor.Op}, "ROW(created, op) > ROW(", 0},
+		{"after a cursor pending", after, []any{"pending", page, cursor.Created.UnixNano(), cursor.Op}, "ROW(created, op) > ROW(", 9*page + 10},
+		{"after a cursor at the zero time", afterZero, []any{"", page, "op-1"}, "", 0},
+	} {
+		var out []byte
+		if err := pgjar.PoolOf(j).QueryRow(ctx, "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) "+c.query, c.args...).Scan(&out); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var plans []struct{ Plan plan }
+		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("%s: %v: %s", c.name, err, out)
+		}
+		top := plans[0].Plan
+		if top.NodeType != "Limit" || top.ActualRows != page || len(top.Plans) != 1 {
+			t.Fatalf("%s: plan %s; want a Limit of %d rows over one scan", c.name, out, page)
+		}
+		scan := top.Plans[0]
+		if scan.NodeType != "Index Scan" || scan.IndexName != "idem_operations_by_created" ||
+			!strings.Contains(scan.IndexCond, c.cond) || scan.ActualRows != page || scan.RowsRemoved > c.filtered {
+			t.Errorf("%s: plan %s; want an index scan of idem_operations_by_created (Index Cond %q) that reads %d rows and at most %d others",
+				c.name, out, c.cond, page, c.filtered)
+		}
+	}
+}
+
+// TestListAfterAnOpTextCannotHold: a cursor whose Op PostgreSQL's text
+// cannot hold, which no record's has, is ErrInvalid; nothing is sent.
+func TestListAfterAnOpTextCannotHold(t *testing.T) {
+	j := open(t, pgtest.DB(t), nil)
+	for _, op := range []string{"a\x00b", "\xff"} {
+		_, err := j.List(t.Context(), idem.Filter{After: idem.Cursor{Created: t0, Op: op}})
+		if !errors.Is(err, pgjar.ErrInvalid) || strings.Count(err.Error(), "pgjar:") != 1 {
+			t.Errorf("List after %q: %v; want ErrInvalid, with one pgjar: prefix", op, err)
+		}
 	}
 }

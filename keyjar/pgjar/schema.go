@@ -98,24 +98,26 @@ func schemaError(verb string, err error) error {
 // which may be another schema's, or a temporary table of the same name.
 // They are built once per jar.
 type statements struct {
-	get, begin, acquire, update, updateRecord, list, byKey, forget, forgetKey, due, prune string
+	get, begin, acquire, update, updateRecord, list, listAfter, listAfterZero, byKey, forget, forgetKey, due, prune string
 }
 
 // newStatements returns the statements on the jar in schema name.
 func newStatements(name string) statements {
 	q := func(stmt string) string { return pgmigrate.Qualify(stmt, name) }
 	return statements{
-		get:          q(getSQL),
-		begin:        q(beginSQL),
-		acquire:      q(acquireSQL),
-		update:       q(updateSQL),
-		updateRecord: q(updateSQL + ` RETURNING ` + columns),
-		list:         q(listSQL),
-		byKey:        q(byKeySQL),
-		forget:       q(forgetSQL),
-		forgetKey:    q(forgetKeySQL),
-		due:          q(dueSQL),
-		prune:        q(pruneSQL),
+		get:           q(getSQL),
+		begin:         q(beginSQL),
+		acquire:       q(acquireSQL),
+		update:        q(updateSQL),
+		updateRecord:  q(updateSQL + ` RETURNING ` + columns),
+		list:          q(listSQL),
+		listAfter:     q(listAfterSQL),
+		listAfterZero: q(listAfterZeroSQL),
+		byKey:         q(byKeySQL),
+		forget:        q(forgetSQL),
+		forgetKey:     q(forgetKeySQL),
+		due:           q(dueSQL),
+		prune:         q(pruneSQL),
 	}
 }
 

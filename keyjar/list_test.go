@@ -1,0 +1,50 @@
+package keyjar_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/keyjar"
+)
+
+// TestListPagePlan: a page of List, after a cursor or from the start,
+// with or without a State, is read from the index on (created, op) in its
+// order, from the cursor on, and stops at the limit: no step sorts the
+// matching records (a temporary B-tree) or reads the whole table.
+func TestListPagePlan(t *testing.T) {
+	j, _ := openTemp(t, nil)
+	ctx := t.Context()
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for i := range 200 {
+		r := idem.Record{Op: fmt.Sprintf("op-%03d", i), Key: fmt.Sprint("k", i), State: idem.StatePending, Method: "POST",
+			URL: "http://127.0.0.1/", Created: t0.Add(time.Duration(i%7) * time.Second), Updated: t0}
+		if _, _, err := j.Begin(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := j.Update(ctx, "op-100", "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+		t.Fatal(err)
+	}
+	cursor := idem.Cursor{Created: t0.Add(3 * time.Second), Op: "op-100"}
+	for _, c := range []struct {
+		f    idem.Filter
+		want string // in the plan's only step
+	}{
+		{idem.Filter{Limit: 1000}, "SCAN operations USING INDEX operations_by_created"},
+		{idem.Filter{Limit: 1000, State: idem.StateDone}, "SCAN operations USING INDEX operations_by_created"},
+		{idem.Filter{Limit: 1000, After: cursor}, "SEARCH operations USING INDEX operations_by_created ((created,op)>(?,?))"},
+		{idem.Filter{Limit: 1000, After: cursor, State: idem.StateDone}, "SEARCH operations USING INDEX operations_by_created ((created,op)>(?,?))"},
+		{idem.Filter{Limit: 1000, After: idem.Cursor{Op: "op-1"}}, "SCAN operations USING INDEX operations_by_created"},
+	} {
+		plan, err := keyjar.ListPlan(ctx, j, c.f)
+		if err != nil {
+			t.Fatalf("plan of List(%+v): %v", c.f, err)
+		}
+		if len(plan) != 1 || plan[0] != c.want {
+			t.Errorf("plan of List(%+v):\n\t%s\nwant one step: %s", c.f, strings.Join(plan, "\n\t"), c.want)
+		}
+	}
+}
