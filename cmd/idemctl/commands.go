@@ -57,24 +57,83 @@ func checkList(fs *flag.FlagSet, args []string) error {
 
 func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	st := idem.State(flagString(fs, "status"))
-	recs, err := s.jar.List(ctx, idem.Filter{State: st})
+	// Each page is aligned on its own, and printed before the next is
+	// read: the table's columns are as wide as the widest cell of their
+	// page.
+	tw := tabwriter.NewWriter(interruptible{ctx, s.stdout}, 0, 4, 2, ' ', 0)
+	n := 0
+	err := eachPage(ctx, s.jar, idem.Filter{State: st}, func(page []idem.Record) error {
+		if n == 0 && len(page) > 0 {
+			fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tKEY STORED\tLAST\tNEXT ATTEMPT\tNOTE")
+		}
+		for _, r := range page {
+			if err := ctx.Err(); err != nil {
+				return interrupted(err)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), r.State, r.Attempts,
+				stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
+		}
+		n += len(page)
+		return tw.Flush()
+	})
 	if err != nil {
 		return err
 	}
-	if len(recs) == 0 {
+	if n == 0 {
 		fmt.Fprintln(s.stdout, "no operations")
-		return nil
 	}
-	tw := tabwriter.NewWriter(interruptible{ctx, s.stdout}, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tKEY STORED\tLAST\tNEXT ATTEMPT\tNOTE")
-	for _, r := range recs {
+	return nil
+}
+
+// pageSize is how many operations list, export and resume --all read from
+// the jar at a time, each page its own read (one statement): they hold a
+// page in memory, not the jar, and a long walk keeps no read transaction
+// open on a jar file, whose checkpoints it would hold back. Tests change
+// it.
+var pageSize = 1000
+
+// errNotPaged is eachPage's error for a jar whose List does not honour
+// idem.Filter's After and Limit (a jar of one's own, written before them):
+// a walk would read its first page again and again.
+var errNotPaged = errors.New("it cannot be read in pages: its List does not keep to idem.Filter's After and Limit")
+
+// eachPage calls fn with the operations of jar that pass f, in List's
+// order (oldest first), a page of at most pageSize at a time, each page
+// read after the last operation of the one before: an operation deleted
+// meanwhile changes nothing else, and one created meanwhile is read if it
+// comes after the page being read. It returns fn's first error, or the
+// jar's, and an interrupted error once ctx is done.
+func eachPage(ctx context.Context, jar client.Jar, f idem.Filter, fn func(page []idem.Record) error) error {
+	f.Limit = pageSize
+	for {
 		if err := ctx.Err(); err != nil {
 			return interrupted(err)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), r.State, r.Attempts,
-			stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
+		page, err := jar.List(ctx, f)
+		if err != nil {
+			return err
+		}
+		if len(page) > f.Limit {
+			return fmt.Errorf("this jar (%T): %w", jar, errNotPaged)
+		}
+		for i, r := range page {
+			if prev := f.After; i > 0 || !prev.IsZero() {
+				if i > 0 {
+					prev = page[i-1].Cursor()
+				}
+				if prev.Compare(r.Cursor()) >= 0 {
+					return fmt.Errorf("this jar (%T): %w", jar, errNotPaged)
+				}
+			}
+		}
+		if err := fn(page); err != nil {
+			return err
+		}
+		if len(page) < f.Limit {
+			return nil
+		}
+		f.After = page[len(page)-1].Cursor()
 	}
-	return tw.Flush()
 }
 
 func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
@@ -277,15 +336,32 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	// methods of the operations it resumes, whichever Methods the programs
 	// that sent them keyed, and no other. A redirect that turns one into a
 	// GET is followed without a key, as by default, unless a GET is
-	// resumed too.
-	var recs []idem.Record
-	if all {
-		if recs, err = s.jar.List(ctx, idem.Filter{State: idem.StatePending}); err != nil {
-			return err
+	// resumed too. --all reads them in pages, twice: for their methods and
+	// hosts, then to resume them, up to the last one the first walk read.
+	var (
+		methods []string
+		hosts   = map[string]bool{}
+		last    idem.Cursor // --all: the last operation the first walk read
+		total   int
+		one     idem.Record // not --all: the operation
+	)
+	note := func(r idem.Record) {
+		hosts[opHost(r)] = true
+		if !slices.Contains(methods, r.Method) {
+			methods = append(methods, r.Method)
 		}
-		hosts := map[string]bool{}
-		for _, r := range recs {
-			hosts[opHost(r)] = true
+		last = r.Cursor()
+		total++
+	}
+	if all {
+		err := eachPage(ctx, s.jar, idem.Filter{State: idem.StatePending}, func(page []idem.Record) error {
+			for _, r := range page {
+				note(r)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if len(hf.h) > 0 && len(hosts) > 1 {
 			// Every request gets the same headers: one API's credential
@@ -293,7 +369,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			return usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
 				len(hosts), strings.Join(slices.Sorted(maps.Keys(hosts)), ", "))
 		}
-		if len(recs) == 0 {
+		if total == 0 {
 			fmt.Fprintln(s.stdout, "nothing pending")
 			return nil
 		}
@@ -302,13 +378,8 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if err != nil {
 			return s.unknown(args[0], err)
 		}
-		recs = []idem.Record{r}
-	}
-	var methods []string
-	for _, r := range recs {
-		if !slices.Contains(methods, r.Method) {
-			methods = append(methods, r.Method)
-		}
+		one = r
+		note(r)
 	}
 	var warned bool
 	header := func(r *http.Request) error {
@@ -331,13 +402,15 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	}
 	defer c.Close()
 	failed := 0
-	for i, r := range recs {
-		if ctx.Err() != nil {
-			// Interrupted: the rest would each fail on the context.
-			fmt.Fprintf(s.stderr, "idemctl: interrupted: %d operation(s) not resumed, still pending\n", len(recs)-i)
-			return errFailed
-		}
+	send := func(r idem.Record) {
 		op := r.Op
+		if len(hf.h) > 0 && !hosts[opHost(r)] {
+			// Pending since the first walk read the hosts, and bound
+			// elsewhere: the headers are not for it.
+			failed++
+			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to the host the headers are for; resume it by name with its own\n", cell(op, 0), cell(opHost(r), 0))
+			return
+		}
 		resp, err := c.Resume(ctx, op)
 		if errors.Is(err, client.ErrBodyNotStored) {
 			err = fmt.Errorf("the jar does not hold its request's body (larger than the program's MaxStoredBody): %s; or abandon it once you know it did not happen and is not running", onlyItsProgram)
@@ -345,7 +418,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if err != nil {
 			failed++
 			fmt.Fprintf(s.stderr, "idemctl: %s: %s\n", cell(op, 0), oneLine(s.describe(s.unknown(op, err)).Error()))
-			continue
+			return
 		}
 		resp.Body.Close()
 		replayed := ""
@@ -354,11 +427,47 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		}
 		fmt.Fprintf(s.stdout, "%s: %s%s, key %s\n", cell(op, 0), cell(resp.Status, 0), replayed, resp.Key)
 	}
+	done := 0
+	resumeNext := func(r idem.Record) error {
+		if err := ctx.Err(); err != nil {
+			return interrupted(err)
+		}
+		send(r)
+		done++
+		return nil
+	}
+	if all {
+		err = eachPage(ctx, s.jar, idem.Filter{State: idem.StatePending}, func(page []idem.Record) error {
+			for _, r := range page {
+				if last.Compare(r.Cursor()) < 0 {
+					return errWalked // pending since the first walk ended
+				}
+				if err := resumeNext(r); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	} else {
+		err = resumeNext(one)
+	}
+	if err != nil && ctx.Err() != nil {
+		// Interrupted: the rest would each fail on the context.
+		fmt.Fprintf(s.stderr, "idemctl: interrupted: %d operation(s) not resumed, still pending\n", max(total-done, 0))
+		return errFailed
+	}
+	if err != nil && !errors.Is(err, errWalked) {
+		return err
+	}
 	if failed > 0 {
 		return errFailed
 	}
 	return nil
 }
+
+// errWalked ends resume --all's second walk at the last operation its
+// first walk read.
+var errWalked = errors.New("walked")
 
 func checkAbandon(fs *flag.FlagSet, args []string) error {
 	op, err := oneArg("abandon", args)
@@ -547,52 +656,52 @@ func checkExport(fs *flag.FlagSet, args []string) error {
 }
 
 func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
-	recs, err := s.jar.List(ctx, idem.Filter{})
+	// One record at a time, each checked against ctx: a Ctrl-C stops the
+	// printing of a large jar. The output is what a json.Encoder indenting
+	// by two spaces writes for the whole array, read in pages.
+	w := bufio.NewWriter(interruptible{ctx, s.stdout})
+	n, sep := 0, "[\n  "
+	err := eachPage(ctx, s.jar, idem.Filter{}, func(page []idem.Record) error {
+		for _, r := range page {
+			if err := ctx.Err(); err != nil {
+				return interrupted(err)
+			}
+			e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: r.URL,
+				Header: r.Header, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
+				Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, Note: r.Note, Holder: r.Holder,
+				NextAttempt: optTime(r.NextAttempt), LeaseUntil: optTime(r.LeaseUntil)}
+			if len(r.Header) == 0 {
+				e.Header = nil
+			}
+			e.OpBase64, e.KeyBase64, e.FingerprintBase64, e.MethodBase64 = notUTF8(r.Op), notUTF8(r.Key), notUTF8(r.Fingerprint), notUTF8(r.Method)
+			e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(r.URL), headerBase64(r.Header), notUTF8(r.LastError)
+			e.NoteBase64, e.HolderBase64 = notUTF8(r.Note), notUTF8(r.Holder)
+			if r.BodyStored() && r.BodySize > 0 {
+				if utf8.Valid(r.Body) {
+					b := string(r.Body)
+					e.Body = &b
+				} else {
+					e.BodyBase64 = r.Body
+				}
+			}
+			b, err := json.MarshalIndent(e, "  ", "  ")
+			if err != nil {
+				return err
+			}
+			w.WriteString(sep)
+			w.Write(b)
+			sep = ",\n  "
+			n++
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	// One record at a time, each checked against ctx: a Ctrl-C stops the
-	// printing of a large jar. The output is what a json.Encoder indenting
-	// by two spaces writes for the whole array.
-	w := bufio.NewWriter(interruptible{ctx, s.stdout})
-	if len(recs) == 0 {
+	if n == 0 {
 		w.WriteString("[]")
-	}
-	for i, r := range recs {
-		if err := ctx.Err(); err != nil {
-			return interrupted(err)
-		}
-		e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: r.URL,
-			Header: r.Header, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
-			Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, Note: r.Note, Holder: r.Holder,
-			NextAttempt: optTime(r.NextAttempt), LeaseUntil: optTime(r.LeaseUntil)}
-		if len(r.Header) == 0 {
-			e.Header = nil
-		}
-		e.OpBase64, e.KeyBase64, e.FingerprintBase64, e.MethodBase64 = notUTF8(r.Op), notUTF8(r.Key), notUTF8(r.Fingerprint), notUTF8(r.Method)
-		e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(r.URL), headerBase64(r.Header), notUTF8(r.LastError)
-		e.NoteBase64, e.HolderBase64 = notUTF8(r.Note), notUTF8(r.Holder)
-		if r.BodyStored() && r.BodySize > 0 {
-			if utf8.Valid(r.Body) {
-				b := string(r.Body)
-				e.Body = &b
-			} else {
-				e.BodyBase64 = r.Body
-			}
-		}
-		b, err := json.MarshalIndent(e, "  ", "  ")
-		if err != nil {
-			return err
-		}
-		if i == 0 {
-			w.WriteString("[\n  ")
-		} else {
-			w.WriteString(",\n  ")
-		}
-		w.Write(b)
-		if i == len(recs)-1 {
-			w.WriteString("\n]")
-		}
+	} else {
+		w.WriteString("\n]")
 	}
 	w.WriteString("\n")
 	return w.Flush() // the first error of a write, which bufio keeps

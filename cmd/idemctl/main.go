@@ -96,12 +96,21 @@
 // header_base64 is the whole header, each name and value in base64. A
 // stored body that is not UTF-8 is in body_base64 alone.
 //
-// list and export read every operation they print before printing the
-// first, and hold them in memory (about 2 GB for a million operations).
-// On a PostgreSQL jar that read is one statement, which --lock-timeout
-// bounds: a large jar's may need a longer one (or list --status).
-// SIGINT (Ctrl-C) or SIGTERM stops them, while they read or print, with
-// exit status 1.
+// list, export and resume --all read the jar in pages of 1000 operations,
+// oldest first, each page one statement (which, on a PostgreSQL jar,
+// --lock-timeout bounds) that begins after the last operation of the page
+// before, and print a page before they read the next: they hold one page
+// in memory whatever the jar's size, and keep no read open on a jar file
+// between pages. An operation created while they run is listed if it
+// comes after the page being read, and one deleted is not; an error
+// reading a later page ends the output there, with exit status 1. list
+// aligns the columns of each page on its own: past 1000 operations, the
+// columns of one page may be wider than those of another. resume --all
+// reads the pending operations twice: for their hosts and methods (the
+// check of --header above), then to resume them, up to the last one its
+// first walk read; one pending since that is after it is left for the
+// next resume. SIGINT (Ctrl-C) or SIGTERM stops list and export, while
+// they read or print, with exit status 1.
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
@@ -154,7 +163,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 const usage = `usage: idemctl [--jar PATH|URL] COMMAND [ARGS]
 
 commands:
-  list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned)
+  list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned),
+                                         in pages of 1000, each with its columns aligned on its own
   show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
   resume (OP | --all) [--header 'N: V']  send pending operations again with their keys, giving up an
          [--attempt-timeout D]           attempt without an answer after D (default 1m, at most 24h)
@@ -451,7 +461,7 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 }
 
 func statementTimeout(where string, lockTimeout time.Duration) error {
-	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout: reading a large jar (list, export, show by key) may need a longer one, or list --status to read less", where, lockTimeout)
+	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout: a large jar may need a longer one for show by key, which reads all of it, or for list --status, whose page reads the operations of other states among those it lists", where, lockTimeout)
 }
 
 // printable returns the jar's name fit to print: a PostgreSQL URL without

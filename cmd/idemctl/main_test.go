@@ -1649,3 +1649,268 @@ func TestPruneFailsPartWay(t *testing.T) {
 		wantOnePruned(t, path)
 	})
 }
+
+// refused is a base transport whose every attempt fails to connect: a call
+// through it stays pending.
+var refused = roundTripFunc(func(*http.Request) (*http.Response, error) {
+	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+})
+
+// listRecorder is a jar that records the Filter of each List, and calls
+// before, if set, with the number of the List (from 0) before it runs.
+type listRecorder struct {
+	client.Jar
+	mu      sync.Mutex
+	filters []idem.Filter
+	before  func(n int)
+}
+
+func (j *listRecorder) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
+	j.mu.Lock()
+	n := len(j.filters)
+	j.filters = append(j.filters, f)
+	j.mu.Unlock()
+	if j.before != nil {
+		j.before(n)
+	}
+	return j.Jar.List(ctx, f)
+}
+
+// lists returns the Filters of the Lists so far, and forgets them.
+func (j *listRecorder) lists() []idem.Filter {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	f := j.filters
+	j.filters = nil
+	return f
+}
+
+// recordLists makes every jar idemctl opens until t ends a listRecorder,
+// which it returns.
+func recordLists(t *testing.T) *listRecorder {
+	rec := &listRecorder{}
+	wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+		rec.Jar = j
+		return rec, closeJar
+	})
+	return rec
+}
+
+// setPageSize makes pageSize n until t ends.
+func setPageSize(t *testing.T, n int) {
+	real := pageSize
+	t.Cleanup(func() { pageSize = real })
+	pageSize = n
+}
+
+// wantPages fails t unless each List of filters read one page of limit
+// operations after the one before: the first from the start, the next after
+// the last operation of the one before (want, the names in List's order,
+// where a page began), and there were pages of them.
+func wantPages(t *testing.T, what string, filters []idem.Filter, limit, pages int, want []string) {
+	t.Helper()
+	if len(filters) != pages {
+		t.Errorf("%s: %d Lists; want %d, pages of %d", what, len(filters), pages, limit)
+	}
+	for i, f := range filters {
+		if f.Limit != limit || (i == 0) != f.After.IsZero() || (i > 0 && i*limit <= len(want) && f.After.Op != want[i*limit-1]) {
+			t.Fatalf("%s: List %d of %d: %+v; want a page of %d after the last of the page before", what, i, len(filters), f, limit)
+		}
+	}
+}
+
+// TestListAndExportInPages: list and export of a jar of 2500 operations
+// read it in pages of 1000, each after the last operation of the one
+// before, never the whole jar at once; they print every operation once,
+// in List's order, although three share each Created time; export prints
+// what a json.Encoder indenting by two spaces writes for the whole array.
+func TestListAndExportInPages(t *testing.T) {
+	const n = 2500
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().Add(-time.Hour)
+	recs := make([]idem.Record, n)
+	for i := range recs {
+		op := fmt.Sprintf("charge:%d", i*7919%n) // names in another order than times
+		recs[i] = idem.Record{Op: op, Key: "key-" + op, Fingerprint: "fp", State: idem.StateDone, Method: "POST",
+			URL: "http://127.0.0.1/v1/charges", Header: map[string][]string{"Content-Type": {"application/json"}},
+			Body: []byte(`{"amount":1}`), BodySize: 12, Created: base.Add(time.Duration(i/3) * time.Millisecond), Updated: base,
+			Attempts: 1, LastStatus: 201}
+		switch i % 4 {
+		case 0:
+			recs[i].State, recs[i].LastStatus, recs[i].LastError = idem.StatePending, 0, "connection refused"
+		case 1:
+			recs[i].Body, recs[i].Header = []byte{0xff, 0xfe}, nil
+			recs[i].BodySize = 2
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 8 { // concurrent, for the jar's group commit
+		wg.Go(func() {
+			for i := g; i < n; i += 8 {
+				if _, _, err := j.Begin(ctx, recs[i]); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(recs, func(a, b idem.Record) int { return a.Cursor().Compare(b.Cursor()) })
+	var all, pending []string
+	for _, r := range recs {
+		all = append(all, r.Op)
+		if r.State == idem.StatePending {
+			pending = append(pending, r.Op)
+		}
+	}
+	rec := recordLists(t)
+
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{{[]string{"list"}, all}, {[]string{"list", "--status", "pending"}, pending}} {
+		code, out, errOut := idemctl(append([]string{"--jar", path}, c.args...)...)
+		if code != 0 || errOut != "" {
+			t.Fatalf("%s: exit %d, %s", c.args, code, errOut)
+		}
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		var ops []string
+		for _, line := range lines[1:] {
+			ops = append(ops, strings.Fields(line)[0])
+		}
+		if !strings.HasPrefix(lines[0], "OP ") || !slices.Equal(ops, c.want) {
+			t.Fatalf("%s printed %d lines, %d operations; want a header and %d operations, in List's order", c.args, len(lines), len(ops), len(c.want))
+		}
+		wantPages(t, strings.Join(c.args, " "), rec.lists(), pageSize, len(c.want)/pageSize+1, c.want)
+	}
+
+	code, out, errOut := idemctl("--jar", path, "export", "--json")
+	if code != 0 || errOut != "" {
+		t.Fatalf("export: exit %d, %s", code, errOut)
+	}
+	wantPages(t, "export", rec.lists(), pageSize, n/pageSize+1, all)
+	var exp []exported
+	if err := json.Unmarshal([]byte(out), &exp); err != nil {
+		t.Fatal(err)
+	}
+	var ops []string
+	for _, e := range exp {
+		ops = append(ops, e.Op)
+	}
+	if !slices.Equal(ops, all) {
+		t.Fatalf("export holds %d operations; want the %d in List's order", len(ops), n)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(exp); err != nil {
+		t.Fatal(err)
+	}
+	if buf.String() != out {
+		t.Fatalf("export is not what json.Encoder writes for the array; it begins:\n%.300s", out)
+	}
+}
+
+// TestResumeAllInPages: resume --all reads the pending operations in pages
+// (of 2 here), twice: first their hosts and methods, then to resume them,
+// up to the last the first walk read. An operation pending since, after
+// that one, is left for the next resume; one before it, to another host
+// than the one the headers were checked for, is not sent.
+func TestResumeAllInPages(t *testing.T) {
+	eachJar(t, func(t *testing.T, srv *server, spec string) {
+		ctx := context.Background()
+		setPageSize(t, 2)
+		j, closeJar, err := openJar(ctx, spec, time.Second, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		begin := func(op, url string, created time.Time) { // never sent: its fingerprint is not its request's
+			t.Helper()
+			r := idem.Record{Op: op, Key: "key-" + op, Fingerprint: "fp", State: idem.StatePending, Method: "POST", URL: url,
+				Created: created, Updated: created, Attempts: 1}
+			if _, _, err := j.Begin(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// After fill's charge:p1 and charge:p2, sent as they were.
+		c, err := client.New(ctx, "", &client.Options{Jar: j, Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []string{"charge:q1", "charge:q2", "charge:q3"} {
+			if _, err := c.PostJSON(ctx, op, srv.URL+"/v1/charges", map[string]int{"amount": 1}, nil); !errors.Is(err, idem.ErrPending) {
+				t.Fatalf("seeding %s: %v; want pending", op, err)
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		rec := recordLists(t)
+		rec.before = func(n int) {
+			if n == 3 { // the second walk's first List, after pages of 2, 2 and 1
+				begin("charge:late", srv.URL+"/v1/charges", time.Now().Add(time.Minute))
+				begin("hook:early", "http://hooks.example/v1/hooks", now.Add(-time.Hour))
+			}
+		}
+		code, out, errOut := idemctl("--jar", spec, "resume", "--all", "--header", "Authorization: "+secret)
+		var resumed []string
+		for line := range strings.Lines(out) {
+			if op, _, ok := strings.Cut(line, ": 201 Created"); ok {
+				resumed = append(resumed, op)
+			}
+		}
+		want := []string{"charge:p1", "charge:p2", "charge:q1", "charge:q2", "charge:q3"}
+		if code != 1 || !slices.Equal(resumed, want) || len(srv.keys) != len(want) ||
+			errOut != "idemctl: hook:early: not sent: it goes to hooks.example, not to the host the headers are for; resume it by name with its own\n" {
+			t.Fatalf("resume --all: exit %d, resumed %v, %d requests, stderr %q; want exit 1, %v resumed, and hook:early not sent",
+				code, resumed, len(srv.keys), errOut, want)
+		}
+		filters := rec.lists()
+		wantPages(t, "the first walk", filters[:3], 2, 3, want)
+		wantPages(t, "the second walk", filters[3:], 2, 4, append([]string{"hook:early"}, want...))
+		for _, op := range []string{"charge:late", "hook:early"} {
+			if r, err := j.Get(ctx, op); err != nil || r.State != idem.StatePending || r.Attempts != 1 {
+				t.Errorf("%s after resume --all: %+v, %v; want it pending, not sent", op, r, err)
+			}
+		}
+		if err := closeJar(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestJarThatDoesNotPage: a jar whose List ignores After (one of a
+// program's own, written before it) would give list, export and resume
+// --all its first page for ever: they stop at the second, and say why.
+func TestJarThatDoesNotPage(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	setPageSize(t, 2)
+	wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+		return pageIgnored{j}, closeJar
+	})
+	for _, args := range [][]string{{"list"}, {"export"}, {"resume", "--all"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", path}, args...)...)
+		wantError(t, code, errOut, 1, "idemctl: this jar (main.pageIgnored): it cannot be read in pages")
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("resume --all sent %d requests; want none", len(srv.keys))
+	}
+}
+
+// pageIgnored is a jar whose List ignores Filter.After.
+type pageIgnored struct{ client.Jar }
+
+func (j pageIgnored) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
+	f.After = idem.Cursor{}
+	return j.Jar.List(ctx, f)
+}
