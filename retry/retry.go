@@ -184,14 +184,21 @@ func (e http2StreamError) Error() string {
 
 // ParseRetryAfter parses a Retry-After value, in delay-seconds or
 // HTTP-date form, relative to now. It reports false for an empty, negative
-// or malformed value. A date in the past is a zero wait; a wait longer than
-// the largest time.Duration is the largest.
+// or malformed value: delay-seconds are digits alone, so a value with
+// anything after its digits is malformed, however many digits it has. A
+// date in the past is a zero wait; a wait longer than the largest
+// time.Duration is the largest.
 func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, false
 	}
 	if v[0] >= '0' && v[0] <= '9' {
+		// Every byte a digit: ParseUint reports a range error as soon as
+		// the digits overflow, before it looks at what follows them.
+		if strings.TrimLeft(v, "0123456789") != "" {
+			return 0, false
+		}
 		secs, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			if errors.Is(err, strconv.ErrRange) {

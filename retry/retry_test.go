@@ -120,6 +120,10 @@ func TestParseRetryAfter(t *testing.T) {
 		{"1.5", 0, false},
 		{"abc", 0, false},
 		{"99999999999999999999999", time.Duration(1<<63 - 1), true},
+		// Malformed however long its digits run before the fault.
+		{"99999999999999999999999x", 0, false},
+		{"99999999999999999999, 5", 0, false},
+		{"18446744073709551616.5", 0, false},
 		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
 		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
 		{"Sun, 06 Nov 1994 08:49:37 GMT", 0, true},
