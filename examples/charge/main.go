@@ -15,6 +15,10 @@
 // reference server's: as long as the first attempt has run, at most its
 // lease left), waits for it, asks again, and then gets the answer.
 //
+// Ctrl-C (SIGINT) or SIGTERM stops the run: the charge in flight stays
+// pending, for the next run to resume, and no other order is sent; stderr
+// says how many were not, and the exit status is 1.
+//
 // A run killed mid-charge leaves that charge leased in the jar: a restart
 // on the same host sees that the holder process is gone and resumes at
 // once; another host waits for the lease (-lease, one minute) to end.
@@ -128,9 +132,14 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	defer c.Close()
 
 	resumed, failed := resumePending(ctx, c, stdout)
+	notSent := 0
 	for _, id := range ids {
 		op := opPrefix + id
 		if resumed[op] {
+			continue
+		}
+		if ctx.Err() != nil {
+			notSent++ // interrupted (SIGINT, SIGTERM): nothing more is sent
 			continue
 		}
 		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State != idem.StateAbandoned {
@@ -156,6 +165,10 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 			failed++
 		}
 	}
+	if notSent > 0 {
+		fmt.Fprintf(stderr, "charge: stopped: %v; %d order(s) not sent\n", context.Cause(ctx), notSent)
+		failed += notSent
+	}
 	if failed > 0 {
 		fmt.Fprintf(stdout, "%d order(s) not charged; run again to resume those left pending\n", failed)
 		return 1
@@ -179,6 +192,10 @@ func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (res
 			continue
 		}
 		resumed[rec.Op] = true
+		if ctx.Err() != nil {
+			failed++ // interrupted: left pending for the next run
+			continue
+		}
 		fmt.Fprintf(stdout, "%s: resuming (key %s, stored %s, %d attempt(s))\n",
 			id, rec.Key, rec.Created.UTC().Format(time.RFC3339), rec.Attempts)
 		resp, err := c.Resume(ctx, rec.Op)

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -281,4 +283,88 @@ func newServer(t *testing.T, dir string) (*payments.PayCo, *testserver.Middlewar
 		t.Fatal(err)
 	}
 	return payco, &testserver.Middleware{Store: store}
+}
+
+// buildCharge builds the program into dir and returns its path.
+func buildCharge(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "charge")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// orderOf returns the order_id of a charge request, leaving its body
+// readable again.
+func orderOf(r *http.Request) string {
+	b, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	var in struct {
+		OrderID string `json:"order_id"`
+	}
+	json.Unmarshal(b, &in)
+	return in.OrderID
+}
+
+// Ctrl-C (SIGINT) while a charge is in flight stops the run: the charge
+// in flight stays pending, and no other order is sent, nor said to be
+// charging. The exit status is 1, some orders not charged.
+func TestInterruptStopsTheRun(t *testing.T) {
+	dir := t.TempDir()
+	bin := buildCharge(t, dir)
+	payco, mw := newServer(t, dir)
+	api := (&payments.App{PayCo: payco, Idempotency: mw}).Handler()
+
+	started := make(chan *os.Process, 1)
+	var (
+		mu   sync.Mutex
+		seen []string
+		once sync.Once
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		order := orderOf(r)
+		mu.Lock()
+		seen = append(seen, order)
+		mu.Unlock()
+		if order != "order-1" {
+			api.ServeHTTP(w, r)
+			return
+		}
+		// A long request, interrupted: held until the client gives up on it.
+		once.Do(func() { (<-started).Signal(os.Interrupt) })
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, "-server", srv.URL, "-jar", filepath.Join(dir, "charge.db"), "-orders", "3")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	started <- cmd.Process
+	err := cmd.Wait()
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit: %v; want status 1", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 {
+		t.Errorf("the server got charges for %q; want order-1's alone, the run interrupted during it", seen)
+	}
+	for _, o := range []string{"order-2", "order-3"} {
+		if strings.Contains(stdout.String(), o) {
+			t.Errorf("after the interrupt the run went on to %s:\n%s", o, stdout.String())
+		}
+	}
+	if !strings.Contains(stdout.String(), "order-1: outcome unknown, still pending") {
+		t.Errorf("order-1 is not reported pending:\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "interrupt") {
+		t.Errorf("stderr %q; want it to say the run was interrupted", stderr.String())
+	}
 }
