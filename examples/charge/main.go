@@ -23,6 +23,12 @@
 // on the same host sees that the holder process is gone and resumes at
 // once; another host waits for the lease (-lease, one minute) to end.
 //
+// Two runs may share the jar at once: a charge that one finds pending
+// while the other sends it, whether listed to resume or met in its own
+// orders, is waited for, then reported charged by the other run or
+// replayed by the server; it is charged once, and neither run reports it
+// failed.
+//
 // The credential for the server, if it needs one, is read from the
 // environment variable CHARGE_TOKEN (sent as "Authorization: Bearer …") and
 // is never written to the jar. Exit status: 0 when every order is charged,
@@ -152,6 +158,10 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 				// again with the same key, and report what the server
 				// says now, its saved answer or, if it released the
 				// claim of a failed request, a new one.
+			case rec.State == idem.StatePending:
+				// Being sent by another run, or begun since the
+				// listing: the call waits for its lease and sends it
+				// with its key, for the server's answer.
 			default:
 				failed++
 				fmt.Fprintf(stdout, "%s: %s in an earlier run (key %s): %s\n", id, rec.State, rec.Key, rec.Note)
@@ -199,6 +209,9 @@ func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (res
 		fmt.Fprintf(stdout, "%s: resuming (key %s, stored %s, %d attempt(s))\n",
 			id, rec.Key, rec.Created.UTC().Format(time.RFC3339), rec.Attempts)
 		resp, err := c.Resume(ctx, rec.Op)
+		if errors.Is(err, client.ErrState) && chargedElsewhere(ctx, c, rec, stdout) {
+			continue
+		}
 		var ch charge
 		if err == nil {
 			err = decode(resp, &ch)
@@ -208,6 +221,19 @@ func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (res
 		}
 	}
 	return resumed, failed
+}
+
+// chargedElsewhere reports, and prints, that rec's charge, which Resume
+// did not send because it was no longer pending, was charged meanwhile
+// under rec's key: by another run sharing the jar, which was sending it.
+func chargedElsewhere(ctx context.Context, c *client.Client, rec idem.Record, stdout io.Writer) bool {
+	now, err := c.Jar().Get(ctx, rec.Op)
+	if err != nil || now.Key != rec.Key || now.State != idem.StateDone || now.LastStatus < 200 || now.LastStatus > 299 {
+		return false
+	}
+	id := strings.TrimPrefix(rec.Op, opPrefix)
+	fmt.Fprintf(stdout, "%s: charged by another run meanwhile (key %s)\n", id, now.Key)
+	return true
 }
 
 func decode(resp *client.Response, ch *charge) error {

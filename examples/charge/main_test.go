@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -366,5 +367,96 @@ func TestInterruptStopsTheRun(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "interrupt") {
 		t.Errorf("stderr %q; want it to say the run was interrupted", stderr.String())
+	}
+}
+
+// Two copies started at once with the same jar. The second finds pending
+// the charges the first is sending: b1, which it resumes, and x, begun
+// after its listing, which it charges too. It waits for the first copy
+// rather than report either failed: both copies exit 0, each order
+// reported charged, and PayCo charged each once.
+func TestTwoCopiesAtOnce(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	bin := buildCharge(t, dir)
+	payco, mw := newServer(t, dir)
+	api := (&payments.App{PayCo: payco, Idempotency: mw}).Handler()
+
+	// The first request of each order is held until the second copy
+	// says what it does with that order.
+	held := map[string]chan struct{}{"b1": make(chan struct{}), "x": make(chan struct{})}
+	release := map[string]chan struct{}{"b1": make(chan struct{}), "x": make(chan struct{})}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		order := orderOf(r)
+		mu.Lock()
+		first := !seen[order] && held[order] != nil
+		seen[order] = true
+		mu.Unlock()
+		if first {
+			close(held[order])
+			select {
+			case <-release[order]:
+			case <-time.After(bound):
+			}
+		}
+		api.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	jar := filepath.Join(dir, "charge.db")
+	ctx1, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	var out1 bytes.Buffer
+	first := exec.CommandContext(ctx1, bin, "-server", srv.URL, "-jar", jar, "-orders", "b1,x")
+	first.Stdout, first.Stderr = &out1, &out1
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held["b1"]:
+	case <-time.After(bound):
+		t.Fatal("the first copy never sent b1")
+	}
+
+	second := exec.CommandContext(ctx1, bin, "-server", srv.URL, "-jar", jar, "-orders", "x")
+	pipe, err := second.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out2, err2 bytes.Buffer
+	second.Stderr = &err2
+	if err := second.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(pipe)
+	for sc.Scan() {
+		out2.WriteString(sc.Text() + "\n")
+		for order, ch := range release {
+			if strings.HasPrefix(sc.Text(), order+":") {
+				select {
+				case <-ch:
+				default:
+					close(ch)
+				}
+			}
+		}
+	}
+	exit2 := second.Wait()
+	exit1 := first.Wait()
+	t.Logf("first copy:\n%s\nsecond copy:\n%s%s", out1.String(), out2.String(), err2.String())
+	if exit1 != nil || exit2 != nil {
+		t.Fatalf("exit: first %v, second %v; want both 0, every order charged", exit1, exit2)
+	}
+	for _, want := range []string{"b1: charged", "x: charged"} {
+		if !strings.Contains(out1.String(), want) || !strings.Contains(out2.String(), want) {
+			t.Errorf("a copy does not report %q", want)
+		}
+	}
+	for _, o := range []string{"b1", "x"} {
+		if cs, err := payco.Order(ctx, o); err != nil || len(cs) != 1 {
+			t.Errorf("PayCo charged %s %d times (%v); want 1", o, len(cs), err)
+		}
 	}
 }
