@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -81,6 +82,10 @@ type chargeRequest struct {
 
 const opPrefix = "charge:"
 
+// maxLease is the longest -lease: the time a lease ends at must stay
+// within the years a jar stores (1678 to 2262).
+const maxLease = 100 * 365 * 24 * time.Hour
+
 func run(ctx context.Context, args []string, token string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("charge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -111,8 +116,10 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		bad = fmt.Sprintf("-orders %q: %v; want a count from 1 to 1000000 or a comma-separated list of order ids", *orders, err)
 	case *amount <= 0:
 		bad = fmt.Sprintf("-amount %d: want a positive amount, in the currency's minor unit", *amount)
-	case *lease <= 0:
-		bad = fmt.Sprintf("-lease %v: want a positive duration", *lease)
+	case *lease <= 0 || *lease > maxLease:
+		bad = fmt.Sprintf("-lease %v: want a positive duration of at most %v (a century)", *lease, maxLease)
+	case !sendable(*server):
+		bad = fmt.Sprintf("-server %q: want an http:// or https:// URL with a host, such as http://127.0.0.1:8080", *server)
 	case fs.NArg() > 0:
 		bad = fmt.Sprintf("unexpected argument %q: give the orders with -orders", fs.Arg(0))
 	}
@@ -288,6 +295,13 @@ func orderIDs(s string) ([]string, error) {
 		return nil, errors.New("no order ids")
 	}
 	return ids, nil
+}
+
+// sendable reports whether server is a URL that charges can be sent to:
+// the jar stores each charge's URL, and a resume sends it there again.
+func sendable(server string) bool {
+	u, err := url.Parse(server)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // bearer returns an Options.Header that sends token, or nil without one.

@@ -201,7 +201,10 @@ func TestOrderIDsAndBadFlags(t *testing.T) {
 	if ids, err := orderIDs(" a, b ,,c"); err != nil || strings.Join(ids, ",") != "a,b,c" {
 		t.Fatalf("orderIDs(list) = %q, %v", ids, err)
 	}
-	// Each usage error names what is wrong, in one line.
+	// Each usage error names what is wrong, in one line. A server URL no
+	// request can be sent to, and a lease no jar can store, are usage
+	// errors too, found before any order: not a failure of each order.
+	jar := filepath.Join(t.TempDir(), "charge.db")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -212,6 +215,10 @@ func TestOrderIDsAndBadFlags(t *testing.T) {
 		{[]string{"-lease", "0s"}, "-lease 0s"},
 		{[]string{"extra"}, `"extra"`},
 		{[]string{"-nope"}, "-nope"},
+		{[]string{"-server", "localhost:8080", "-jar", jar}, `-server "localhost:8080"`},
+		{[]string{"-server", "127.0.0.1:8080", "-jar", jar}, `-server "127.0.0.1:8080"`},
+		{[]string{"-server", "ftp://127.0.0.1", "-jar", jar}, `-server "ftp://127.0.0.1"`},
+		{[]string{"-server", "http://127.0.0.1:0", "-lease", "1000000h", "-jar", jar}, "-lease 1000000h0m0s"},
 	} {
 		var out bytes.Buffer
 		if code := run(context.Background(), tc.args, "", &out, &out); code != 2 {
