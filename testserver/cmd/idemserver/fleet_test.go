@@ -587,3 +587,63 @@ func TestPostgresLedgerLockDespiteIdleTimeout(t *testing.T) {
 		t.Fatalf("openBackend while PayCo's table creation waited past idle_in_transaction_session_timeout: %v", err)
 	}
 }
+
+// serve runs the server in this process with args, on 127.0.0.1 at a port
+// the OS chooses, until t ends, and returns it once it listens.
+func serve(t *testing.T, args ...string) *server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), pw, io.Discard)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	go io.Copy(io.Discard, pr)
+	const prefix = "idemserver: listening on "
+	if err != nil || !strings.HasPrefix(line, prefix) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	url, _, _ := strings.Cut(strings.TrimPrefix(line, prefix), " ")
+	return &server{url: url}
+}
+
+// Once PostgreSQL ended the server's sessions, as a restart or
+// pg_terminate_backend does, the next charge is served: PayCo's ledger,
+// like the keys' store, hands no statement a connection the server
+// closed. Before, database/sql handed out the ledger's connection used
+// last (it pings only those idle for a second), the charge failed with
+// 502 payco-failed, and -on-error save saved that answer: the key
+// answered 502 for good, though nothing was charged and nothing was
+// wrong any more.
+func TestPostgresLedgerAfterSessionsEnded(t *testing.T) {
+	dsn := pgtest.DB(t)
+	s := serve(t, "-db", dsn, "-on-error", "save")
+	if resp, body, err := s.charge("before", "o-before"); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("charge before: %v %q, %v; want 201", resp, body, err)
+	}
+	// Ends the database's other sessions, the server's, each waited for
+	// (up to 10 s) until it exits.
+	var ended int
+	if err := pgtest.Connect(t, dsn).QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&ended); err != nil || ended == 0 {
+		t.Fatalf("sessions ended: %d, %v; want the server's", ended, err)
+	}
+	for i, replayed := range []string{"", "true"} { // the charge, then its retry
+		resp, body, err := s.charge("after", "o-after")
+		if err != nil {
+			t.Fatalf("charge %d after the sessions ended: %v", i+1, err)
+		}
+		if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != replayed {
+			t.Errorf("charge %d after the sessions ended: %d %q, replayed %q; want 201, replayed %q",
+				i+1, resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"), replayed)
+		}
+	}
+}

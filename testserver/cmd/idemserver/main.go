@@ -30,7 +30,10 @@
 // server once with a -query-timeout long enough. A server whose migration,
 // or whose wait for another server's, ran out of it exits with status 1,
 // the database left at its version, and says to raise -query-timeout (or,
-// when the URL sets statement_timeout, to drop it from the URL).
+// when the URL sets statement_timeout, to drop it from the URL). After a
+// restart of PostgreSQL, or a pg_terminate_backend of its sessions, the
+// server works from its first request: neither the keys' pool nor the
+// ledger's hands a statement a connection the server closed.
 //
 // Fault switches, for demos and labs: -fail-after-charge P answers 500 after
 // PayCo charged, with probability P; -crash-after-charge P exits the process
@@ -69,6 +72,7 @@ import (
 
 	"github.com/idemkit/idem/internal/cliflag"
 	dsnpkg "github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/pgstore"
@@ -207,7 +211,14 @@ func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *ba
 	// The ledger's statements run under the store's statement_timeout
 	// (-query-timeout, or the URL's), which pgstore.Open set in its config.
 	cfg.ConnConfig.RuntimeParams["statement_timeout"] = s.Pool().Config().ConnConfig.RuntimeParams["statement_timeout"]
-	db := stdlib.OpenDB(*cfg.ConnConfig)
+	// A connection that the server closed (a restart, pg_terminate_backend)
+	// is pinged, and so dropped, before database/sql hands it out again, as
+	// the store's pool does: database/sql pings only those idle for a
+	// second, and the charge that got one would fail with 502, which
+	// -on-error save would replay for good.
+	db := stdlib.OpenDB(*cfg.ConnConfig, stdlib.OptionShouldPing(func(_ context.Context, p stdlib.ShouldPingParams) bool {
+		return p.IdleDuration > time.Second || reconnect.Stale(p.Conn.PgConn().Conn())
+	}))
 	db.SetMaxOpenConns(int(s.Pool().Config().MaxConns))
 	defer func() {
 		if err != nil {
