@@ -647,3 +647,85 @@ func TestPostgresLedgerAfterSessionsEnded(t *testing.T) {
 		}
 	}
 }
+
+// PayCo's ledger runs as the keys' store does, whatever the database's or
+// the role's defaults: with synchronous_commit on, so that a charge the
+// ledger reported made, and an answer saved that names it, are not lost
+// in a crash of PostgreSQL, and READ COMMITTED, so that a charge of an
+// order that another server is charging under the same PayCo key (the
+// worker it took over, still running) waits for that charge and returns
+// it. Before, the ledger kept the database's defaults: here
+// synchronous_commit=off, and under REPEATABLE READ the second charge
+// failed with a serialization error (40001), answered 502 payco-failed.
+func TestPostgresLedgerSessionSettings(t *testing.T) {
+	dsn := pgtest.DB(t)
+	ctx := t.Context()
+	admin := pgtest.Connect(t, dsn)
+	db := pgx.Identifier{admin.Config().Database}.Sanitize()
+	for _, stmt := range []string{
+		"ALTER DATABASE " + db + " SET default_transaction_isolation = 'repeatable read'",
+		"ALTER DATABASE " + db + " SET synchronous_commit = off",
+	} {
+		if _, err := admin.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := openBackend(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+
+	// A trigger records synchronous_commit as the ledger's session has it.
+	if _, err := admin.Exec(ctx, `CREATE TABLE seen (setting text);
+		CREATE FUNCTION seen() RETURNS trigger LANGUAGE plpgsql AS
+			$$BEGIN INSERT INTO seen VALUES (current_setting('synchronous_commit')); RETURN NEW; END$$;
+		CREATE TRIGGER seen BEFORE INSERT ON payco_charges FOR EACH ROW EXECUTE FUNCTION seen()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.payco.Charge(ctx, "charge:o-1", "o-1", 1000, "usd"); err != nil {
+		t.Fatal(err)
+	}
+	var setting string
+	if err := admin.QueryRow(ctx, `SELECT setting FROM seen`).Scan(&setting); err != nil || setting != "on" {
+		t.Errorf("synchronous_commit of the ledger's session = %q, %v; want on", setting, err)
+	}
+
+	// Another server charges order o-2 and has yet to commit.
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `INSERT INTO payco_calls (order_id, calls) VALUES ('o-2', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO payco_charges (id, dedup_key, order_id, amount, currency, created)
+		VALUES ('ch_other', 'charge:o-2', 'o-2', 1000, 'usd', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		c   payments.Charge
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		c, err := b.payco.Charge(ctx, "charge:o-2", "o-2", 1000, "usd")
+		got <- result{c, err}
+	}()
+	watcher := pgtest.Connect(t, dsn)
+	poll(t, 10*time.Second, "the charge to wait for the other server's", func() bool {
+		var n int
+		if err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil || r.c.ID != "ch_other" {
+		t.Errorf("charge of an order another server charged meanwhile = %+v, %v; want its charge, ch_other", r.c, r.err)
+	}
+}

@@ -23,7 +23,10 @@
 // On PostgreSQL, -query-timeout (pgstore's QueryTimeout, 5 s by default, at
 // most 2^31-1 ms) is the statement_timeout of the keys' sessions and of the
 // ledger's, unless the URL sets statement_timeout: the server cancels a
-// statement that runs longer, and the request that ran it fails. It bounds
+// statement that runs longer, and the request that ran it fails. The
+// ledger's sessions run, as the keys' do, under READ COMMITTED and with
+// synchronous_commit on (unless the URL sets it), whatever the database's
+// or the role's defaults (see pgstore). -query-timeout bounds
 // too the migration of the keys' schema that a server runs at start on a
 // database an earlier version created: version 2 rewrites the key table and
 // rebuilds its primary key, in one statement. For a large table, start one
@@ -208,9 +211,19 @@ func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *ba
 		s.Close()
 		return nil, fmt.Errorf("-db: %w", err)
 	}
-	// The ledger's statements run under the store's statement_timeout
-	// (-query-timeout, or the URL's), which pgstore.Open set in its config.
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = s.Pool().Config().ConnConfig.RuntimeParams["statement_timeout"]
+	// The ledger's sessions run as the store's, with the settings
+	// pgstore.Open set in its config, whatever the database's or the
+	// role's defaults: the store's statement_timeout (-query-timeout, or
+	// the URL's); synchronous_commit on (unless the URL sets it), so that
+	// a charge reported made, which a saved answer names, survives a crash
+	// of the server; and READ COMMITTED, under which a charge of an order
+	// that another server charges under the same PayCo key (the worker it
+	// took over, still running) waits for that charge and returns it,
+	// where REPEATABLE READ would fail it with a serialization error.
+	store := s.Pool().Config().ConnConfig.RuntimeParams
+	for _, name := range []string{"statement_timeout", "synchronous_commit", "default_transaction_isolation"} {
+		cfg.ConnConfig.RuntimeParams[name] = store[name]
+	}
 	// A connection that the server closed (a restart, pg_terminate_backend)
 	// is pinged, and so dropped, before database/sql hands it out again, as
 	// the store's pool does: database/sql pings only those idle for a
