@@ -144,8 +144,8 @@ func (p ErrorPolicy) String() string {
 // A Middleware is safe for concurrent use. Set its fields before the first
 // request and do not change or copy it afterwards. The zero value with a
 // Store set is ready to use; with a nil Store, or a field out of range (a
-// negative LockTimeout or PruneBatch, an OnError that is neither policy:
-// ErrOptions), every protected request
+// negative LockTimeout or PruneBatch, a LockTimeout not below Retention,
+// an OnError that is neither policy: ErrOptions), every protected request
 // answers 503.
 type Middleware struct {
 	// Store holds the keys. Nil makes every protected request fail closed
@@ -184,7 +184,9 @@ type Middleware struct {
 	// clocks that agree to well within it, since a claim's age is read
 	// against the clock of the server that took it (one running D ahead
 	// takes claims over D early). Zero means DefaultLockTimeout (60 s); a
-	// negative one is refused as Store nil is, with ErrOptions. The
+	// negative one, or one not below Retention (Prune would delete the
+	// claim of a handler still running), is refused as Store nil is, with
+	// ErrOptions. The
 	// handler's context ends with the claim's lease, which is the only
 	// bound the reference server puts on its handler.
 	LockTimeout time.Duration
@@ -448,8 +450,20 @@ func (m *Middleware) usable() error {
 		return fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, m.PruneBatch)
 	case m.OnError != ReleaseClaim && m.OnError != SaveError:
 		return fmt.Errorf("%w: OnError %v is neither ReleaseClaim nor SaveError", ErrOptions, m.OnError)
+	case m.lockTimeout() >= m.retention():
+		return fmt.Errorf("%w: LockTimeout %v is not below Retention %v: Prune would delete the claim of a handler still running, "+
+			"and a retry would run it again", ErrOptions, m.lockTimeout(), m.retention())
 	}
 	return nil
+}
+
+// retention returns Retention, DefaultRetention for zero, at least
+// MinRetention.
+func (m *Middleware) retention() time.Duration {
+	if m.Retention == 0 {
+		return DefaultRetention
+	}
+	return max(m.Retention, MinRetention)
 }
 
 func (m *Middleware) lockTimeout() time.Duration {
@@ -796,17 +810,13 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 // still in flight is kept while its claim was taken within Retention (see
 // Store.Prune). It returns how many it deleted. Run it periodically. With a
 // nil Store it deletes nothing and returns ErrNoStore; with a negative
-// LockTimeout or PruneBatch, or an OnError that is neither policy,
-// ErrOptions.
+// LockTimeout or PruneBatch, a LockTimeout not below Retention, or an
+// OnError that is neither policy, ErrOptions.
 func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
 	}
-	retention := m.Retention
-	if retention == 0 {
-		retention = DefaultRetention
-	}
-	retention = max(retention, MinRetention)
+	retention := m.retention()
 	batch := m.PruneBatch
 	if batch <= 0 {
 		batch = DefaultPruneBatch

@@ -1099,6 +1099,8 @@ func TestBadOptions(t *testing.T) {
 		{"LockTimeout", func(mw *testserver.Middleware) { mw.LockTimeout = -time.Second }},
 		{"PruneBatch", func(mw *testserver.Middleware) { mw.PruneBatch = -1 }},
 		{"OnError", func(mw *testserver.Middleware) { mw.OnError = testserver.SaveError + 1 }},
+		// Prune would delete the claim of a handler still running.
+		{"Retention", func(mw *testserver.Middleware) { mw.LockTimeout = testserver.DefaultRetention }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			clk := newClock()

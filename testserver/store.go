@@ -99,8 +99,8 @@ var ErrFenced = errors.New("testserver: write fenced: the claim was taken over")
 var ErrNoStore = errors.New("testserver: Middleware.Store is nil")
 
 // ErrOptions is the error of Middleware.Prune when a Middleware field is
-// out of range (a negative LockTimeout or PruneBatch, an OnError that is
-// neither ReleaseClaim nor SaveError), and the one logged
-// when a protected request is refused for that reason (503
-// ProblemStoreUnavailable), as for ErrNoStore.
+// out of range (a negative LockTimeout or PruneBatch, a LockTimeout not
+// below Retention, an OnError that is neither ReleaseClaim nor SaveError),
+// and the one logged when a protected request is refused for that reason
+// (503 ProblemStoreUnavailable), as for ErrNoStore.
 var ErrOptions = errors.New("testserver: invalid Middleware options")

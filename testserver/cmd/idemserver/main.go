@@ -369,6 +369,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *retention < testserver.MinRetention {
 		return usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
 	}
+	if *lockTimeout >= *retention {
+		return usagef("-lock-timeout %v: want less than -retention (%v): a prune would delete the claim of a request still running, and its retry would run it again", *lockTimeout, *retention)
+	}
 	if why := dsnpkg.Refused(*db); why != "" {
 		return usagef("-db: %s", why)
 	}

@@ -518,6 +518,9 @@ func TestFlagValues(t *testing.T) {
 		// The wait of a stop, -lock-timeout and saveTimeout, would overflow.
 		{"-lock-timeout", (math.MaxInt64 - saveTimeout + 1).String()},
 		{"-lock-timeout", time.Duration(math.MaxInt64).String()},
+		// Not below -retention (25h by default): a prune would delete the
+		// claim of a request still running.
+		{"-lock-timeout", testserver.DefaultRetention.String()},
 		{"-query-timeout", "0"},
 		{"-query-timeout", "-1s"},
 		// PostgreSQL refuses a longer statement_timeout when pgstore connects.
@@ -535,9 +538,14 @@ func TestFlagValues(t *testing.T) {
 	// listen on.
 	for _, flag := range [][2]string{
 		{"-lock-timeout", (math.MaxInt64 - saveTimeout).String()},
+		{"-lock-timeout", (testserver.DefaultRetention - time.Nanosecond).String()},
 		{"-query-timeout", pgstore.MaxQueryTimeout.String()},
 	} {
-		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
+		args := []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}
+		if flag[1] == (math.MaxInt64 - saveTimeout).String() { // below -retention, as long as it may be
+			args = append(args, "-retention", time.Duration(math.MaxInt64).String())
+		}
+		err := run(context.Background(), args, io.Discard, io.Discard)
 		var ue *usageError
 		if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "256.0.0.1") {
 			t.Errorf("run(%s %s): %v; want the address refused, not the flag", flag[0], flag[1], err)
