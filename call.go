@@ -636,6 +636,14 @@ func (c *call) openBody() (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
 	}
+	if n, ok := body.Len(rc); ok && n != c.body.size {
+		// A reader GetBody gave before, read in part or whole: over HTTP/2
+		// net/http would send what is left of it, under the key, as the
+		// body of the declared length.
+		rc.Close()
+		return nil, fmt.Errorf("%w: GetBody gave a body with %d bytes left to read, the request's has %d; it must return a new reader on each call",
+			ErrRequestBody, n, c.body.size)
+	}
 	return rc, nil
 }
 

@@ -21,9 +21,11 @@ var (
 	// ErrRequestBody is returned by Transport.RoundTrip, wrapped with the
 	// cause, when the request's body cannot be read or produced again:
 	// its reader or GetBody fails, its length is not the request's
-	// ContentLength (when that is positive), or the caller's context ends
-	// while it is read. Before the first send nothing is stored or sent; for a
-	// later attempt it is the Err of a *PendingError.
+	// ContentLength (when that is positive), GetBody gives a reader of
+	// memory that holds another length (one it gave before, read), or the
+	// caller's context ends while it is read. Before the first send
+	// nothing is stored or sent; for a later attempt it is the Err of a
+	// *PendingError.
 	ErrRequestBody = errors.New("idem: request body")
 	// ErrInvalidKey is returned by Transport.RoundTrip, before anything is
 	// stored or sent, for a request that carries its own Idempotency-Key

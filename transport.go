@@ -76,7 +76,10 @@ func Operation(ctx context.Context) string {
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
 //     is sent with ErrBodyNotRewindable. Each attempt declares the body's
 //     length (ContentLength), and a request whose positive ContentLength
-//     is not that length is refused with ErrRequestBody. A request with
+//     is not that length is refused with ErrRequestBody, as is a body of
+//     memory (bytes.Reader, strings.Reader, bytes.Buffer) from GetBody
+//     with another number of bytes left to read: a reader it gave before,
+//     read, which HTTP/2 would send short, under the key. A request with
 //     Trailer is sent chunked, as net/http sends trailers; the jar does
 //     not store them, and a resume sends none.
 //   - A key the caller set in the Idempotency-Key header (under any

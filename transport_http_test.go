@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -200,6 +201,60 @@ func TestHTTPSemanticsOfAttempts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGetBodyGivingBackAReadBody: a GetBody that gives back the reader it
+// gave before (for the fingerprint), already read, would make an attempt
+// declare the body's length and hold none of it: over HTTP/2, net/http
+// sends it all the same, an empty body under the key, which a server
+// refuses with a 400 that settles the operation. It is ErrRequestBody,
+// before anything is stored or sent, over HTTP/1.1 as over HTTP/2; so is
+// one read part way. A fresh body, the usual GetBody's, is sent.
+func TestGetBodyGivingBackAReadBody(t *testing.T) {
+	const body = `{"amount":100}`
+	for _, h2 := range []bool{false, true} {
+		for _, tc := range []struct {
+			name    string
+			getBody func() func() (io.ReadCloser, error)
+		}{
+			{"the same reader", func() func() (io.ReadCloser, error) {
+				r := io.NopCloser(strings.NewReader(body))
+				return func() (io.ReadCloser, error) { return r, nil }
+			}},
+			{"read part way", func() func() (io.ReadCloser, error) {
+				calls := 0
+				return func() (io.ReadCloser, error) {
+					calls++
+					r := strings.NewReader(body)
+					if calls > 2 { // past the caller's Body and the fingerprint's
+						r.Seek(3, io.SeekStart)
+					}
+					return io.NopCloser(r), nil
+				}
+			}},
+		} {
+			t.Run(fmt.Sprintf("%s, HTTP/2 %v", tc.name, h2), func(t *testing.T) {
+				srv, got := scripted(t, h2, http.StatusCreated)
+				jar := &idem.MemoryJar{}
+				tr := &idem.Transport{Base: srv.Client().Transport, Jar: jar, Policy: fastPolicy}
+				req, err := http.NewRequest(http.MethodPost, srv.URL, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.GetBody = tc.getBody()
+				req.Body, _ = req.GetBody()
+				req.ContentLength = int64(len(body))
+				resp, err := tr.RoundTrip(req)
+				if resp != nil {
+					resp.Body.Close()
+				}
+				recs, _ := jar.List(context.Background(), idem.Filter{})
+				if !errors.Is(err, idem.ErrRequestBody) || len(got()) != 0 || len(recs) != 0 {
+					t.Fatalf("got %v, %v; the server got %+v, the jar holds %d records; want ErrRequestBody, nothing sent or stored", resp, err, got(), len(recs))
+				}
+			})
+		}
 	}
 }
 

@@ -470,7 +470,8 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 
 // ResumeWithBody is Resume for an operation whose body the jar did not
 // store: getBody returns the body afresh for each attempt, like
-// http.Request.GetBody. The body is checked against the stored
+// http.Request.GetBody (a reader of memory given back once read is
+// idem.ErrRequestBody, and nothing is sent). The body is checked against the stored
 // fingerprint before anything is sent: a different body is an
 // *idem.MismatchError. Like Resume, it sends only an operation still
 // pending when it has the lease (a *StateError otherwise).

@@ -364,6 +364,35 @@ func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 	resp.Body.Close()
 }
 
+// TestResumeWithBodyGivingBackAReadBody: a getBody that gives back one
+// reader, which the fingerprint read, sends nothing over HTTP/2 either
+// (net/http would send it empty under the key, and the server's 400 would
+// settle the operation): idem.ErrRequestBody, the operation still pending.
+func TestResumeWithBodyGivingBackAReadBody(t *testing.T) {
+	ctx := context.Background()
+	s := newShop()
+	s.failNext(http.StatusServiceUnavailable)
+	srv := httptest.NewUnstartedServer(s)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c := newClient(t, s, &client.Options{Base: srv.Client().Transport, MaxStoredBody: -1, Policy: retry.Policy{MaxAttempts: 1}})
+	body := `{"order":"o1","amount":100}`
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(ctx, "charge:o1", req); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("first call: %v; want the 503 as a pending error", err)
+	}
+	r := io.NopCloser(strings.NewReader(body))
+	_, err = c.ResumeWithBody(ctx, "charge:o1", func() (io.ReadCloser, error) { return r, nil })
+	if !errors.Is(err, idem.ErrRequestBody) || s.sends() != 1 || state(t, c.Jar(), "charge:o1") != idem.StatePending {
+		t.Fatalf("resume: %v after %d sends, the operation %s; want idem.ErrRequestBody, nothing sent, still pending",
+			err, s.sends(), state(t, c.Jar(), "charge:o1"))
+	}
+}
+
 func TestAbandonThenNewKey(t *testing.T) {
 	ctx := context.Background()
 	s, c := pendingCharge(t, nil)

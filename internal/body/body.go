@@ -179,22 +179,37 @@ func closedErr(ctx context.Context, err error) error {
 // http.NewRequest give for those three. Watching the context while such a
 // body is read (context.AfterFunc) would cost a call five allocations and
 // about a microsecond for nothing.
-func InMemory(r io.Reader) bool {
+func InMemory(r io.Reader) bool { return inMemory(r) != nil }
+
+// Len returns how many bytes are left to read in r when it reads from
+// memory (InMemory), and false for any other reader.
+func Len(r io.Reader) (int64, bool) {
+	switch m := inMemory(r).(type) {
+	case nil:
+		return 0, false
+	case interface{ Len() int }:
+		return int64(m.Len()), true
+	}
+	return 0, true // http.NoBody
+}
+
+// inMemory returns the reader of memory that r is or wraps, or nil.
+func inMemory(r io.Reader) io.Reader {
 	for range 2 { // r, then the reader io.NopCloser wraps
 		switch r.(type) {
 		case *bytes.Reader, *bytes.Buffer, *strings.Reader:
-			return true
+			return r
 		}
 		if r == http.NoBody {
-			return true
+			return r
 		}
 		t := reflect.TypeOf(r)
 		if t == nil || t != nopCloser && t != nopCloserWriterTo {
-			return false
+			return nil
 		}
 		r, _ = reflect.ValueOf(r).Field(0).Interface().(io.Reader)
 	}
-	return false
+	return nil
 }
 
 // nopCloser and nopCloserWriterTo are the types io.NopCloser returns:

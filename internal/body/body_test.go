@@ -167,6 +167,33 @@ func TestInMemory(t *testing.T) {
 	}
 }
 
+// TestLen: the bytes left in a reader of memory, as io.NopCloser gives
+// it, read in part or not; none for any other reader.
+func TestLen(t *testing.T) {
+	part := strings.NewReader("hello")
+	part.Read(make([]byte, 2))
+	for _, tc := range []struct {
+		r    io.Reader
+		want int64
+	}{
+		{io.NopCloser(bytes.NewReader([]byte("hello"))), 5},
+		{io.NopCloser(part), 3},
+		{bytes.NewBufferString("hi"), 2},
+		{http.NoBody, 0},
+	} {
+		if n, ok := Len(tc.r); !ok || n != tc.want {
+			t.Errorf("Len(%T) = %d, %v; want %d, true", tc.r, n, ok, tc.want)
+		}
+	}
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	for _, r := range []io.Reader{nil, pr, io.NopCloser(iotest.HalfReader(strings.NewReader("x")))} {
+		if n, ok := Len(r); ok {
+			t.Errorf("Len(%T) = %d, true; want false", r, n)
+		}
+	}
+}
+
 // TestReadAtMostContextWatchesOnlyWhatMayBlock: a body of memory is read
 // under a context that can end at the cost of one under one that cannot:
 // no watch on the context, whose registration allocates.
