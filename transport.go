@@ -187,7 +187,12 @@ type Transport struct {
 
 	// MaxBuffer bounds the body read into memory: to buffer a body without
 	// GetBody, and to canonicalise a JSON body (a larger body with GetBody
-	// is fingerprinted byte for byte, streamed). Zero means 8 MiB.
+	// is fingerprinted byte for byte, streamed). Zero means 8 MiB. The
+	// bytes of a streamed body, sent again under its operation's name
+	// through a Transport whose MaxBuffer holds them (client's, or this
+	// one's after a restart with a larger MaxBuffer), are the same request.
+	// A canonicalised body streamed by a Transport with a smaller MaxBuffer
+	// is not, unless it is in canonical form: a *MismatchError.
 	MaxBuffer int64
 
 	// MaxStoredBody is the largest body stored in the jar with the request,
@@ -345,13 +350,37 @@ type reqBody struct {
 	// oldFP is the fingerprint with the URL's userinfo, as versions that
 	// kept it wrote it; "" for a URL without userinfo.
 	oldFP string
-	saved []byte // the body, when it is small enough to store in the jar
-	url   string // the request's URL
+	// rawFP is the fingerprint of a canonicalised body's bytes as they
+	// are, as a Transport with a smaller MaxBuffer streams it; "" when
+	// they are their canonical form, or were streamed. For a body the
+	// jar stores, it is only made when a stored fingerprint is not fp
+	// (matches), from raw: a call pays no second hash to meet a record
+	// that a smaller MaxBuffer wrote, which is rare.
+	rawFP  string
+	raw    []byte // the body whose rawFP is yet to be made, or nil
+	method string // the request's method, when raw is set
+	saved  []byte // the body, when it is small enough to store in the jar
+	url    string // the request's URL
 }
 
 // matches reports whether a stored fingerprint is this request's.
 func (rb *reqBody) matches(fp string) bool {
-	return fp == rb.fp || (rb.oldFP != "" && fp == rb.oldFP)
+	if fp == rb.fp || (rb.oldFP != "" && fp == rb.oldFP) {
+		return true
+	}
+	if rb.raw != nil {
+		rb.rawFP, rb.raw = fingerprint(rb.method, rb.url, rb.raw), nil
+	}
+	return rb.rawFP != "" && fp == rb.rawFP
+}
+
+// fingerprint returns the fingerprint of a request whose body is hashed
+// as body is, as prepareBody makes it of a body it does not canonicalise.
+func fingerprint(method, url string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(method + "\n" + url + "\n"))
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // prepareBody fingerprints the body into rb and arranges to produce it
@@ -383,10 +412,22 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 			if old != nil {
 				old.Write(c)
 			}
+			stored := rb.size <= t.maxStoredBody()
+			if !bytes.Equal(c, buf) {
+				// A Transport whose MaxBuffer this body exceeds hashed its
+				// bytes as they are: that fingerprint is this request's too.
+				// A body the jar stores is kept anyway: its fingerprint is
+				// made if a record needs it (matches).
+				if stored {
+					rb.raw, rb.method = buf, req.Method
+				} else {
+					rb.rawFP = fingerprint(req.Method, rb.url, buf)
+				}
+			}
 			if cb.Cap() <= maxPooledCanon {
 				canonBuffers.Put(cb)
 			}
-			if rb.size <= t.maxStoredBody() {
+			if stored {
 				rb.saved = slices.Clip(buf)
 			}
 		} else {

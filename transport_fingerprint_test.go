@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retry"
 )
 
 // The fingerprints stored for a request are pinned: a jar holds them
@@ -116,3 +117,45 @@ type closeCounter struct {
 }
 
 func (c *closeCounter) Close() error { *c.n++; return nil }
+
+// A body larger than MaxBuffer is fingerprinted byte for byte. Sent again
+// under its name through a Transport whose MaxBuffer holds it (a program
+// restarted with a larger one, client's), which canonicalises it, it is
+// the same request: sent under the operation's key, not refused.
+func TestStreamedFingerprintUnderALargerMaxBuffer(t *testing.T) {
+	jar := &idem.MemoryJar{}
+	var keys, bodies []string
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		b, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		keys, bodies = append(keys, r.Header.Get(idem.KeyHeader)), append(bodies, string(b))
+		code := http.StatusCreated
+		if len(keys) == 1 {
+			code = http.StatusServiceUnavailable
+		}
+		return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	})
+	body := `{"b": 2, "a": "` + strings.Repeat("x", 64) + `"}` // not canonical, longer than 32 bytes
+	send := func(maxBuffer int64) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), "op"),
+			http.MethodPost, "https://api.example.com/v1/charges", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &idem.Transport{Base: base, Jar: jar, MaxBuffer: maxBuffer, Policy: retry.Policy{MaxAttempts: 1}}
+		return tr.RoundTrip(req)
+	}
+	if resp, err := send(32); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %v, %v; want the 503, the operation pending", resp, err)
+	}
+	resp, err := send(0)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("the same call with MaxBuffer 8 MiB: %v, %v; want it sent, 201", resp, err)
+	}
+	if len(keys) != 2 || keys[1] != keys[0] || bodies[1] != body || bodies[0] != body {
+		t.Fatalf("sent %q with bodies %q; want the body twice under one key", keys, bodies)
+	}
+}

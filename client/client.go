@@ -473,8 +473,13 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 // http.Request.GetBody (a reader of memory given back once read is
 // idem.ErrRequestBody, and nothing is sent). The body is checked against the stored
 // fingerprint before anything is sent: a different body is an
-// *idem.MismatchError. Like Resume, it sends only an operation still
-// pending when it has the lease (a *StateError otherwise).
+// *idem.MismatchError. So is a JSON body larger than 8 MiB (the
+// Transport's MaxBuffer: it is fingerprinted byte for byte) that an
+// idem.Transport with a larger MaxBuffer fingerprinted canonicalised,
+// unless its bytes are its canonical form; a body that a Transport with a
+// smaller MaxBuffer streamed matches (see idem.Transport.MaxBuffer). Like
+// Resume, it sends only an operation still pending when it has the lease
+// (a *StateError otherwise).
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
 	if getBody == nil {
 		return nil, fmt.Errorf("client: resume %q: nil getBody", op)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -362,6 +363,90 @@ func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 		t.Fatalf("resume with the body: %v; want 201 with the same key", err)
 	}
 	resp.Body.Close()
+}
+
+// arrival is what a server got of one request: its key and the bytes of
+// its body.
+type arrival struct{ key, body string }
+
+// bodyServer is a server on 127.0.0.1 that records the key and body of
+// every request, and answers each with the next status of its script (201
+// once the script is spent).
+func bodyServer(t *testing.T, script ...int) (*httptest.Server, func() []arrival) {
+	t.Helper()
+	var (
+		mu  sync.Mutex
+		got []arrival
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		got = append(got, arrival{r.Header.Get(idem.KeyHeader), string(b)})
+		code := http.StatusCreated
+		if len(script) > 0 {
+			code, script = script[0], script[1:]
+		}
+		mu.Unlock()
+		w.WriteHeader(code)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() []arrival {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]arrival(nil), got...)
+	}
+}
+
+// TestResumeWithBodyOfAStreamedBody: an idem.Transport with a MaxBuffer
+// smaller than a JSON body fingerprints its bytes as they are, streamed,
+// and stores no body. ResumeWithBody, whose Transport buffers it whole,
+// sends those same bytes under the operation's key, and still refuses
+// another body before it is sent.
+func TestResumeWithBodyOfAStreamedBody(t *testing.T) {
+	ctx := context.Background()
+	srv, got := bodyServer(t, http.StatusServiceUnavailable)
+	jar := &idem.MemoryJar{}
+	body := `{"order":"o1","amount":100,"note":"` + strings.Repeat("x", 100) + `"}` // not in canonical key order
+	tr := &idem.Transport{Base: srv.Client().Transport, Jar: jar, MaxBuffer: 64, Policy: retry.Policy{MaxAttempts: 1}}
+	req, err := http.NewRequestWithContext(idem.WithOperation(ctx, "charge:o1"), http.MethodPost, srv.URL, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call: %v, %v; want the 503, the operation pending", resp, err)
+	}
+	resp.Body.Close()
+
+	c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: srv.Client().Transport, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrBodyNotStored) {
+		t.Fatalf("Resume: %v; want ErrBodyNotStored", err)
+	}
+	bodyOf := func(s string) func() (io.ReadCloser, error) {
+		return func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(s)), nil }
+	}
+	other := strings.Replace(body, "100", "999", 1)
+	if _, err := c.ResumeWithBody(ctx, "charge:o1", bodyOf(other)); !errors.Is(err, idem.ErrMismatch) || len(got()) != 1 {
+		t.Fatalf("ResumeWithBody with another body: %v after %d sends; want *idem.MismatchError, nothing sent", err, len(got()))
+	}
+	r, err := c.ResumeWithBody(ctx, "charge:o1", bodyOf(body))
+	if err != nil {
+		t.Fatalf("ResumeWithBody with the body first sent: %v; want it sent under its key", err)
+	}
+	r.Body.Close()
+	g := got()
+	if len(g) != 2 || g[1] != g[0] || g[0].body != body || r.Key != g[0].key {
+		t.Fatalf("the server got %+v; want the same body twice under one key", g)
+	}
 }
 
 // TestResumeWithBodyGivingBackAReadBody: a getBody that gives back one
