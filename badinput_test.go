@@ -531,6 +531,32 @@ func TestBadInput(t *testing.T) {
 			},
 		},
 		{
+			// SQLite writes on to the file it opened, where no restart
+			// finds the key: fail closed.
+			name: "jar file removed while open: RoundTrip",
+			run: func(t *testing.T, s *stack) (*http.Response, error) {
+				path := filepath.Join(t.TempDir(), "keys.db")
+				j, err := keyjar.Open(context.Background(), path, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer j.Close()
+				if err := os.Remove(path); err != nil {
+					t.Fatal(err)
+				}
+				tr := &idem.Transport{Base: s.srv.Client().Transport, Jar: j}
+				req, _ := http.NewRequestWithContext(idem.WithOperation(context.Background(), "charge:order-2"), http.MethodPost, s.srv.URL+"/v1/charges", strings.NewReader("{}"))
+				return tr.RoundTrip(req)
+			},
+			want: keyjar.ErrMoved,
+			check: func(t *testing.T, _ *stack, _ *http.Response, err error) {
+				var je *idem.JarError
+				if !errors.As(err, &je) || je.Op != "charge:order-2" {
+					t.Errorf("got %v; want a *idem.JarError for the operation", err)
+				}
+			},
+		},
+		{
 			name: "corrupt jar",
 			run: func(t *testing.T, s *stack) (*http.Response, error) {
 				b, err := os.ReadFile(s.jarPath)

@@ -234,6 +234,12 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 		}
 		if err := tx.Commit(); err != nil {
 			fail(err)
+		} else if durable {
+			// A key is durable only in the file at the jar's path:
+			// one that moved went where no restart finds it.
+			if err := j.moved(); err != nil {
+				fail(err)
+			}
 		}
 		return syncMode
 	}

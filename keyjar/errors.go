@@ -58,6 +58,15 @@ var (
 	// negative BusyTimeout or MaxBatch, or a MaxBatch above 65536. It is
 	// wrapped with the field and its value. Nothing is created.
 	ErrOptions = errors.New("keyjar: invalid options")
+
+	// ErrMoved is returned by Begin and by Close when the jar's path no
+	// longer names the file Open opened: the file was removed, renamed or
+	// replaced by another while the jar had it open. SQLite writes on to
+	// the file it opened, where no program that opens the path finds what
+	// it wrote. A Begin that returns it committed its record to that file
+	// all the same. It is wrapped with the path, and with the error that
+	// found it missing (fs.ErrNotExist) when nothing is there.
+	ErrMoved = errors.New("keyjar: jar file was removed, renamed or replaced while open")
 )
 
 // wrapf returns err after "keyjar: " and what format says happened, with

@@ -55,6 +55,18 @@
 // lie between the years 1678 and 2262 (or be zero); headers are stored as
 // JSON, byte for byte: a name or value that is not UTF-8 is kept in base64.
 //
+// The jar writes to the file Open opened. Removed, renamed or replaced by
+// another file while the jar is open, that file is no longer at the jar's
+// path, and SQLite writes on to it without a word: a key committed there
+// is lost to the next program that opens the path. So each commit that
+// creates a key then checks, with one stat of the path (shared by the
+// Begins of a group commit), that the path still names the file, and
+// Begin otherwise fails with ErrMoved, as Close does. The writes that
+// create no key (Acquire, Update, Defer, Forget, Prune) are not checked.
+// Damage that leaves the file in place (truncated, overwritten) is found
+// only when SQLite reads what was damaged, which its writer, holding the
+// pages it wrote in its cache, may not do before Close.
+//
 // Credentials never reach the file: Begin drops every header that
 // idem.SecretHeader names, even when the caller forgot to.
 //
@@ -180,6 +192,8 @@ type Jar struct {
 	wconn    *sql.Conn // that connection, pinned to the committer
 	stmts    stmts     // prepared on it
 	reader   *sql.DB   // query_only pool for Get and List
+
+	file os.FileInfo // the file at path once SQLite opened it (see moved)
 
 	queue    chan *job
 	maxBatch int
@@ -361,6 +375,11 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 			err = fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		return nil, openError(abs, err, false)
+	}
+	// The file SQLite now has open, which a key-creating commit checks is
+	// still the jar's path.
+	if j.file, err = os.Stat(abs); err != nil {
+		return nil, wrapf(err, "open %s", abs)
 	}
 	if isNew && o.MustExist {
 		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
@@ -674,7 +693,9 @@ func syncDir(dir string) error {
 // closes the file. Everything committed before is then on stable storage.
 // The -wal and -shm files stay beside the jar file, the -wal file emptied
 // when no other connection has the file open. Close returns ErrClosed when
-// the jar was already closed.
+// the jar was already closed, and ErrMoved when the jar's path no longer
+// names its file (see File in the package doc): what was committed is not
+// there.
 func (j *Jar) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -697,6 +718,9 @@ func (j *Jar) Close() error {
 	// closes, with a checkpoint; while another process has the file open,
 	// it does not. The WAL is synced here either way.
 	err := j.syncWAL()
+	if merr := j.moved(); merr != nil {
+		err = errors.Join(err, merr)
+	}
 	if kerr := j.keepWAL(); kerr != nil {
 		err = errors.Join(err, kerr)
 	}
@@ -705,6 +729,23 @@ func (j *Jar) Close() error {
 	}
 	if err != nil {
 		return wrapf(err, "close %s", j.path)
+	}
+	return nil
+}
+
+// moved returns ErrMoved when the jar's path no longer names the file
+// that SQLite opened: it was removed, renamed or replaced by another file.
+// SQLite writes on to the file it has open, and in WAL mode reports none
+// of this. It costs one stat of the path.
+func (j *Jar) moved() error {
+	fi, err := os.Stat(j.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %w", ErrMoved, err)
+	case err != nil:
+		return permission(err)
+	case !os.SameFile(fi, j.file):
+		return fmt.Errorf("%w: %s is another file now", ErrMoved, j.path)
 	}
 	return nil
 }

@@ -1,0 +1,86 @@
+//go:build unix
+
+package keyjar_test
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/idemkit/idem/keyjar"
+)
+
+// TestFileMovedWhileOpen removes, renames or replaces the jar file while
+// the jar is open. SQLite keeps writing to the file it opened, which is no
+// longer at the jar's path: a key committed there is lost to every program
+// that opens the path. Begin then fails with ErrMoved, so that nothing is
+// sent under a key no restart would find, and so does Close; a Begin that
+// returned before the file moved is still in the file it went to.
+func TestFileMovedWhileOpen(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		move     func(t *testing.T, path string) (kept string) // where the earlier records are, "" for nowhere
+		notExist bool                                          // the error also matches fs.ErrNotExist
+	}{
+		{"removed", func(t *testing.T, path string) string {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			return ""
+		}, true},
+		{"renamed", func(t *testing.T, path string) string {
+			if err := os.Rename(path, path+".old"); err != nil {
+				t.Fatal(err)
+			}
+			return path + ".old"
+		}, true},
+		{"replaced", func(t *testing.T, path string) string {
+			other := filepath.Join(filepath.Dir(path), "other.db")
+			newJarFile(t, other)
+			if err := os.Rename(path, path+".old"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(other, path); err != nil {
+				t.Fatal(err)
+			}
+			return path + ".old"
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := t.Context()
+			path := filepath.Join(t.TempDir(), "keys.db")
+			j := openPath(t, path, nil)
+			if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
+				t.Fatal(err)
+			}
+			kept := c.move(t, path)
+
+			_, created, err := j.Begin(ctx, newRecord("after"))
+			if !errors.Is(err, keyjar.ErrMoved) || created {
+				t.Fatalf("Begin once the jar file was %s: created %v, %v; want ErrMoved", c.name, created, err)
+			}
+			if errors.Is(err, fs.ErrNotExist) != c.notExist {
+				t.Errorf("Begin: %v; matches fs.ErrNotExist: %v, want %v", err, !c.notExist, c.notExist)
+			}
+			prefixOnce(t, "Begin", err)
+			if _, _, err := j.Begin(ctx, newRecord("again")); !errors.Is(err, keyjar.ErrMoved) {
+				t.Fatalf("a second Begin: %v; want ErrMoved", err)
+			}
+			if err := j.Close(); !errors.Is(err, keyjar.ErrMoved) {
+				t.Fatalf("Close: %v; want ErrMoved", err)
+			}
+			if kept == "" {
+				return
+			}
+			if err := os.Rename(kept, path); err != nil { // put back, with the -wal file
+				t.Fatal(err)
+			}
+			j = openPath(t, path, nil)
+			if r, err := j.Get(ctx, "before"); err != nil || r.Key != "key-before" {
+				t.Fatalf("the record begun before the file moved: key %q, %v; want key-before", r.Key, err)
+			}
+		})
+	}
+}
