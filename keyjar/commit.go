@@ -235,9 +235,9 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 		if err := tx.Commit(); err != nil {
 			fail(err)
 		} else if durable {
-			// A key is durable only in the file at the jar's path:
+			// A key is durable only in the files at the jar's path:
 			// one that moved went where no restart finds it.
-			if err := j.moved(); err != nil {
+			if err := j.moved(true); err != nil {
 				fail(err)
 			}
 		}

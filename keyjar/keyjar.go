@@ -58,11 +58,17 @@
 // The jar writes to the file Open opened. Removed, renamed or replaced by
 // another file while the jar is open, that file is no longer at the jar's
 // path, and SQLite writes on to it without a word: a key committed there
-// is lost to the next program that opens the path. So each commit that
-// creates a key then checks, with one stat of the path (shared by the
-// Begins of a group commit), that the path still names the file, and
-// Begin otherwise fails with ErrMoved, as Close does. The writes that
-// create no key (Acquire, Update, Defer, Forget, Prune) are not checked.
+// is lost to the next program that opens the path. So is one committed to
+// a -wal file that was removed, until Close writes it into the jar file:
+// a crash before loses it. So each commit that creates a key then checks,
+// with one stat of the path and one of its -wal file (shared by the Begins
+// of a group commit), that they still name the files SQLite writes, and
+// Begin otherwise fails with ErrMoved; Close does too when the jar file
+// moved. The writes that create no key (Acquire, Update, Defer, Forget,
+// Prune) are not checked. A -shm file removed while the jar is open is
+// not found: SQLite keeps its locks there, and a program that opens the
+// jar afterwards shares none with this one, so that a commit of one may
+// overwrite the other's.
 // Damage that leaves the file in place (truncated, overwritten) is found
 // only when SQLite reads what was damaged, which its writer, holding the
 // pages it wrote in its cache, may not do before Close.
@@ -194,6 +200,7 @@ type Jar struct {
 	reader   *sql.DB   // query_only pool for Get and List
 
 	file os.FileInfo // the file at path once SQLite opened it (see moved)
+	wal  os.FileInfo // and its -wal file
 
 	queue    chan *job
 	maxBatch int
@@ -400,6 +407,10 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	if err != nil {
 		return nil, openError(abs, err, false)
+	}
+	// The -wal file the writer now has open, which it keeps until Close.
+	if j.wal, err = os.Stat(abs + "-wal"); err != nil {
+		return nil, wrapf(err, "open %s", abs)
 	}
 	// The statements are prepared on the writer's one connection: give it
 	// back to the pool, prepare, and pin it again.
@@ -718,7 +729,7 @@ func (j *Jar) Close() error {
 	// closes, with a checkpoint; while another process has the file open,
 	// it does not. The WAL is synced here either way.
 	err := j.syncWAL()
-	if merr := j.moved(); merr != nil {
+	if merr := j.moved(false); merr != nil {
 		err = errors.Join(err, merr)
 	}
 	if kerr := j.keepWAL(); kerr != nil {
@@ -734,18 +745,30 @@ func (j *Jar) Close() error {
 }
 
 // moved returns ErrMoved when the jar's path no longer names the file
-// that SQLite opened: it was removed, renamed or replaced by another file.
-// SQLite writes on to the file it has open, and in WAL mode reports none
-// of this. It costs one stat of the path.
-func (j *Jar) moved() error {
-	fi, err := os.Stat(j.path)
+// that SQLite opened: it was removed, renamed or replaced by another file;
+// and, with wal, when the path's -wal file is not the one SQLite writes.
+// SQLite writes on to the files it has open, and in WAL mode reports none
+// of this. It costs one stat of each path.
+func (j *Jar) moved(wal bool) error {
+	err := sameFile(j.path, j.file)
+	if err == nil && wal {
+		if err = sameFile(j.path+"-wal", j.wal); err != nil {
+			err = fmt.Errorf("%w (Close writes what the jar committed into the jar file)", err)
+		}
+	}
+	return err
+}
+
+// sameFile returns ErrMoved when path no longer names the file was.
+func sameFile(path string, was os.FileInfo) error {
+	fi, err := os.Stat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("%w: %w", ErrMoved, err)
 	case err != nil:
 		return permission(err)
-	case !os.SameFile(fi, j.file):
-		return fmt.Errorf("%w: %s is another file now", ErrMoved, j.path)
+	case !os.SameFile(fi, was):
+		return fmt.Errorf("%w: %s is another file now", ErrMoved, path)
 	}
 	return nil
 }

@@ -84,3 +84,33 @@ func TestFileMovedWhileOpen(t *testing.T) {
 		})
 	}
 }
+
+// TestWALFileRemovedWhileOpen removes the jar's -wal file while the jar is
+// open. SQLite appends its commits to the file it opened, which no program
+// that opens the jar reads: until Close writes them into the jar file, a
+// crash loses them. Begin then fails with ErrMoved, so that nothing is sent
+// under a key only that file holds; Close writes what was committed into
+// the jar file, where the next Open finds it.
+func TestWALFileRemovedWhileOpen(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j := openPath(t, path, nil)
+	if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path + "-wal"); err != nil {
+		t.Fatal(err)
+	}
+	_, created, err := j.Begin(ctx, newRecord("after"))
+	if !errors.Is(err, keyjar.ErrMoved) || !errors.Is(err, fs.ErrNotExist) || created {
+		t.Fatalf("Begin once the -wal file was removed: created %v, %v; want ErrMoved matching fs.ErrNotExist", created, err)
+	}
+	prefixOnce(t, "Begin", err)
+	if err := j.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	j = openPath(t, path, nil)
+	if r, err := j.Get(ctx, "before"); err != nil || r.Key != "key-before" {
+		t.Fatalf("the record begun before the -wal file was removed: key %q, %v; want key-before", r.Key, err)
+	}
+}

@@ -19,10 +19,11 @@ import (
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an invalid
 // State or with a time that cannot be stored, and ErrMoved, after its
-// commit, when the jar's file is no longer at its path. When ctx ends before the
-// jar's committer takes the write, Begin returns ctx's error and creates
-// nothing; once it has taken it, Begin waits for its commit and returns its
-// result, as Acquire, Update, Forget, ForgetKey and Prune do.
+// commit, when the jar's file or its -wal file is no longer at its path.
+// When ctx ends before the jar's committer takes the write, Begin returns
+// ctx's error and creates nothing; once it has taken it, Begin waits for
+// its commit and returns its result, as Acquire, Update, Forget, ForgetKey
+// and Prune do.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
 	if r.Op == "" || r.Key == "" {
 		return idem.Record{}, false, fmt.Errorf("%w: empty Op or Key (op %q)", ErrInvalid, r.Op)
