@@ -57,18 +57,20 @@
 //
 // The jar writes to the file Open opened. Removed, renamed or replaced by
 // another file while the jar is open, that file is no longer at the jar's
-// path, and SQLite writes on to it without a word: a key committed there
-// is lost to the next program that opens the path. So is one committed to
-// a -wal file that was removed, until Close writes it into the jar file:
-// a crash before loses it. So each commit that creates a key then checks,
+// path, and SQLite writes on to it without a word: a key committed there is
+// lost to the next program that opens the path. So is one committed to a
+// -wal file that was removed, until Close writes it into the jar file: a
+// crash before loses it. So each commit that creates a key then checks,
 // with one stat of the path and one of its -wal file (shared by the Begins
 // of a group commit), that they still name the files SQLite writes, and
 // Begin otherwise fails with ErrMoved; Close does too when the jar file
-// moved. The writes that create no key (Acquire, Update, Defer, Forget,
-// Prune) are not checked. A -shm file removed while the jar is open is
-// not found: SQLite keeps its locks there, and a program that opens the
-// jar afterwards shares none with this one, so that a commit of one may
-// overwrite the other's.
+// moved, once it has written what the jar committed into the file it opened
+// and emptied the -wal file at the path. The writes that create no key
+// (Acquire, Update, Defer, Forget, Prune) are not checked. A -shm file
+// removed while the jar is open is not found: SQLite keeps its locks there,
+// and a program that opens the jar afterwards shares none with this one, so
+// that a commit of one may overwrite the other's.
+//
 // Damage that leaves the file in place (truncated, overwritten) is found
 // only when SQLite reads what was damaged, which its writer, holding the
 // pages it wrote in its cache, may not do before Close.
@@ -706,7 +708,9 @@ func syncDir(dir string) error {
 // when no other connection has the file open. Close returns ErrClosed when
 // the jar was already closed, and ErrMoved when the jar's path no longer
 // names its file (see File in the package doc): what was committed is not
-// there.
+// there. It is in the file the jar opened, wherever that went, and the
+// -wal file at the path is emptied, so that a file put in the jar's place
+// is not read with the jar's pages.
 func (j *Jar) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -730,7 +734,7 @@ func (j *Jar) Close() error {
 	// it does not. The WAL is synced here either way.
 	err := j.syncWAL()
 	if merr := j.moved(false); merr != nil {
-		err = errors.Join(err, merr)
+		err = errors.Join(err, merr, j.checkpointMoved(merr))
 	}
 	if kerr := j.keepWAL(); kerr != nil {
 		err = errors.Join(err, kerr)
@@ -771,6 +775,23 @@ func sameFile(path string, was os.FileInfo) error {
 		return fmt.Errorf("%w: %s is another file now", ErrMoved, path)
 	}
 	return nil
+}
+
+// checkpointMoved writes the WAL into the file the jar opened and empties
+// it, when moved, the error of moved, is ErrMoved. SQLite does not do so as
+// it closes a file that moved, and would leave its WAL at the jar's path,
+// where the next program that opens a file there takes it for that file's
+// own and reads the jar's pages in place of its.
+func (j *Jar) checkpointMoved(moved error) error {
+	if !errors.Is(moved, ErrMoved) {
+		return nil
+	}
+	var busy, frames, done int
+	err := j.wconn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
+	if err == nil && busy != 0 {
+		err = fmt.Errorf("%w: the -wal file could not be emptied (%d of its %d frames written into the jar file)", ErrLocked, done, frames)
+	}
+	return classify(err)
 }
 
 // syncWAL fsyncs the jar's WAL file, when it has one.
