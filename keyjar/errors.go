@@ -65,9 +65,9 @@ var (
 	// the file it opened, where no program that opens the path finds what
 	// it wrote. Begin returns it too when the jar's -wal file was removed
 	// or replaced, whose commits only Close writes into the jar file. A
-	// Begin that returns it committed its record to those files all the
-	// same. It is wrapped with the path, and with the error that found it
-	// missing (fs.ErrNotExist) when nothing is there.
+	// Begin that returns it committed nothing: the check comes before the
+	// commit. It is wrapped with the path, and with the error that found
+	// it missing (fs.ErrNotExist) when nothing is there.
 	ErrMoved = errors.New("keyjar: jar file was removed, renamed or replaced while open")
 )
 

@@ -60,10 +60,10 @@
 // path, and SQLite writes on to it without a word: a key committed there is
 // lost to the next program that opens the path. So is one committed to a
 // -wal file that was removed, until Close writes it into the jar file: a
-// crash before loses it. So each commit that creates a key then checks,
+// crash before loses it. So each commit that creates a key first checks,
 // with one stat of the path and one of its -wal file (shared by the Begins
 // of a group commit), that they still name the files SQLite writes, and
-// Begin otherwise fails with ErrMoved; Close does too when the jar file
+// otherwise commits nothing: Begin fails with ErrMoved; Close does too when the jar file
 // moved, once it has written what the jar committed into the file it opened
 // and emptied the -wal file at the path. The writes that create no key
 // (Acquire, Update, Defer, Forget, Prune) are not checked. A -shm file

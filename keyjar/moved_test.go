@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
 )
 
@@ -83,8 +84,13 @@ func TestFileMovedWhileOpen(t *testing.T) {
 			if kept == "" {
 				return
 			}
-			if r, err := openPath(t, kept, nil).Get(ctx, "before"); err != nil || r.Key != "key-before" {
+			moved := openPath(t, kept, nil)
+			if r, err := moved.Get(ctx, "before"); err != nil || r.Key != "key-before" {
 				t.Fatalf("the record begun before the file moved, in the file where it went: key %q, %v; want key-before", r.Key, err)
+			}
+			// A Begin that returned ErrMoved committed nothing.
+			if r, err := moved.Get(ctx, "after"); !errors.Is(err, idem.ErrNotFound) {
+				t.Errorf("the record whose Begin returned ErrMoved, in the file where the jar went: key %q, %v; want ErrNotFound", r.Key, err)
 			}
 		})
 	}

@@ -18,8 +18,8 @@ import (
 // idem.SecretHeader names are dropped; an empty State means StatePending.
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an invalid
-// State or with a time that cannot be stored, and ErrMoved, after its
-// commit, when the jar's file or its -wal file is no longer at its path.
+// State or with a time that cannot be stored, and ErrMoved, committing
+// nothing, when the jar's file or its -wal file is no longer at its path.
 // When ctx ends before the jar's committer takes the write, Begin returns
 // ctx's error and creates nothing; once it has taken it, Begin waits for
 // its commit and returns its result, as Acquire, Update, Forget, ForgetKey
