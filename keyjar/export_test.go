@@ -8,6 +8,10 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// MovedEvery is how often at most a key creation checks that the jar's
+// files are still at its path.
+const MovedEvery = movedEvery
+
 // Commit describes one group commit, as the committer is about to COMMIT.
 type Commit struct {
 	Jobs        int  // writes in the transaction

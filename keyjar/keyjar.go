@@ -60,16 +60,20 @@
 // path, and SQLite writes on to it without a word: a key committed there is
 // lost to the next program that opens the path. So is one committed to a
 // -wal file that was removed, until Close writes it into the jar file: a
-// crash before loses it. So each commit that creates a key first checks,
-// with one stat of the path and one of its -wal file (shared by the Begins
-// of a group commit), that they still name the files SQLite writes, and
-// otherwise commits nothing: Begin fails with ErrMoved; Close does too when the jar file
-// moved, once it has written what the jar committed into the file it opened
-// and emptied the -wal file at the path. The writes that create no key
-// (Acquire, Update, Defer, Forget, Prune) are not checked. A -shm file
-// removed while the jar is open is not found: SQLite keeps its locks there,
-// and a program that opens the jar afterwards shares none with this one, so
-// that a commit of one may overwrite the other's.
+// crash before loses it. So before it commits a key creation, the jar
+// checks, with one stat of the path and one of its -wal file, that they
+// still name the files SQLite writes, and otherwise commits nothing: Begin
+// fails with ErrMoved, and so does every Begin after it. It checks on its
+// first key creation and then at most every tenth of a second, as two
+// stats on every Begin cost it 15 %: a key begun in the tenth of a second
+// after a move may still be committed to the file that moved, and sent.
+// Close returns ErrMoved too when the jar file moved, once it has written
+// what the jar committed into the file it opened and emptied the -wal file
+// at the path. The writes that create no key (Acquire, Update, Defer,
+// Forget, Prune) are not checked. A -shm file removed while the jar is
+// open is not found: SQLite keeps its locks there, and a program that
+// opens the jar afterwards shares none with this one, so that a commit of
+// one may overwrite the other's.
 //
 // Damage that leaves the file in place (truncated, overwritten) is found
 // only when SQLite reads what was damaged, which its writer, holding the
@@ -201,8 +205,10 @@ type Jar struct {
 	stmts    stmts     // prepared on it
 	reader   *sql.DB   // query_only pool for Get and List
 
-	file os.FileInfo // the file at path once SQLite opened it (see moved)
-	wal  os.FileInfo // and its -wal file
+	file      os.FileInfo // the file at path once SQLite opened it (see moved)
+	wal       os.FileInfo // and its -wal file
+	checkedAt time.Time   // when the committer last checked them (checkMoved)
+	movedErr  error       // what it found: ErrMoved, from then on
 
 	queue    chan *job
 	maxBatch int

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/keyjar"
@@ -52,46 +54,49 @@ func TestFileMovedWhileOpen(t *testing.T) {
 		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := t.Context()
-			path := filepath.Join(t.TempDir(), "keys.db")
-			j := openPath(t, path, nil)
-			if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
-				t.Fatal(err)
-			}
-			kept := c.move(t, path)
-
-			_, created, err := j.Begin(ctx, newRecord("after"))
-			if !errors.Is(err, keyjar.ErrMoved) || created {
-				t.Fatalf("Begin once the jar file was %s: created %v, %v; want ErrMoved", c.name, created, err)
-			}
-			if errors.Is(err, fs.ErrNotExist) != c.notExist {
-				t.Errorf("Begin: %v; matches fs.ErrNotExist: %v, want %v", err, !c.notExist, c.notExist)
-			}
-			prefixOnce(t, "Begin", err)
-			if _, _, err := j.Begin(ctx, newRecord("again")); !errors.Is(err, keyjar.ErrMoved) {
-				t.Fatalf("a second Begin: %v; want ErrMoved", err)
-			}
-			if err := j.Close(); !errors.Is(err, keyjar.ErrMoved) {
-				t.Fatalf("Close: %v; want ErrMoved", err)
-			}
-			if c.name == "replaced" {
-				// The jar's -wal file, left at the path, is not taken
-				// for the new file's.
-				if r, err := openPath(t, path, nil).Get(ctx, "op"); err != nil || r.Key != "key-op" {
-					t.Errorf("the file now at the path lost its own record: key %q, %v; want key-op", r.Key, err)
+			synctest.Test(t, func(t *testing.T) {
+				ctx := t.Context()
+				path := filepath.Join(t.TempDir(), "keys.db")
+				j := openPath(t, path, nil)
+				if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if kept == "" {
-				return
-			}
-			moved := openPath(t, kept, nil)
-			if r, err := moved.Get(ctx, "before"); err != nil || r.Key != "key-before" {
-				t.Fatalf("the record begun before the file moved, in the file where it went: key %q, %v; want key-before", r.Key, err)
-			}
-			// A Begin that returned ErrMoved committed nothing.
-			if r, err := moved.Get(ctx, "after"); !errors.Is(err, idem.ErrNotFound) {
-				t.Errorf("the record whose Begin returned ErrMoved, in the file where the jar went: key %q, %v; want ErrNotFound", r.Key, err)
-			}
+				kept := c.move(t, path)
+				time.Sleep(keyjar.MovedEvery) // the jar checks at most this often
+
+				_, created, err := j.Begin(ctx, newRecord("after"))
+				if !errors.Is(err, keyjar.ErrMoved) || created {
+					t.Fatalf("Begin once the jar file was %s: created %v, %v; want ErrMoved", c.name, created, err)
+				}
+				if errors.Is(err, fs.ErrNotExist) != c.notExist {
+					t.Errorf("Begin: %v; matches fs.ErrNotExist: %v, want %v", err, !c.notExist, c.notExist)
+				}
+				prefixOnce(t, "Begin", err)
+				if _, _, err := j.Begin(ctx, newRecord("again")); !errors.Is(err, keyjar.ErrMoved) {
+					t.Fatalf("a second Begin: %v; want ErrMoved", err)
+				}
+				if err := j.Close(); !errors.Is(err, keyjar.ErrMoved) {
+					t.Fatalf("Close: %v; want ErrMoved", err)
+				}
+				if c.name == "replaced" {
+					// The jar's -wal file, left at the path, is not taken
+					// for the new file's.
+					if r, err := openPath(t, path, nil).Get(ctx, "op"); err != nil || r.Key != "key-op" {
+						t.Errorf("the file now at the path lost its own record: key %q, %v; want key-op", r.Key, err)
+					}
+				}
+				if kept == "" {
+					return
+				}
+				moved := openPath(t, kept, nil)
+				if r, err := moved.Get(ctx, "before"); err != nil || r.Key != "key-before" {
+					t.Fatalf("the record begun before the file moved, in the file where it went: key %q, %v; want key-before", r.Key, err)
+				}
+				// A Begin that returned ErrMoved committed nothing.
+				if r, err := moved.Get(ctx, "after"); !errors.Is(err, idem.ErrNotFound) {
+					t.Errorf("the record whose Begin returned ErrMoved, in the file where the jar went: key %q, %v; want ErrNotFound", r.Key, err)
+				}
+			})
 		})
 	}
 }
@@ -103,25 +108,28 @@ func TestFileMovedWhileOpen(t *testing.T) {
 // under a key only that file holds; Close writes what was committed into
 // the jar file, where the next Open finds it.
 func TestWALFileRemovedWhileOpen(t *testing.T) {
-	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j := openPath(t, path, nil)
-	if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(path + "-wal"); err != nil {
-		t.Fatal(err)
-	}
-	_, created, err := j.Begin(ctx, newRecord("after"))
-	if !errors.Is(err, keyjar.ErrMoved) || !errors.Is(err, fs.ErrNotExist) || created {
-		t.Fatalf("Begin once the -wal file was removed: created %v, %v; want ErrMoved matching fs.ErrNotExist", created, err)
-	}
-	prefixOnce(t, "Begin", err)
-	if err := j.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	j = openPath(t, path, nil)
-	if r, err := j.Get(ctx, "before"); err != nil || r.Key != "key-before" {
-		t.Fatalf("the record begun before the -wal file was removed: key %q, %v; want key-before", r.Key, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		path := filepath.Join(t.TempDir(), "keys.db")
+		j := openPath(t, path, nil)
+		if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(path + "-wal"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(keyjar.MovedEvery) // the jar checks at most this often
+		_, created, err := j.Begin(ctx, newRecord("after"))
+		if !errors.Is(err, keyjar.ErrMoved) || !errors.Is(err, fs.ErrNotExist) || created {
+			t.Fatalf("Begin once the -wal file was removed: created %v, %v; want ErrMoved matching fs.ErrNotExist", created, err)
+		}
+		prefixOnce(t, "Begin", err)
+		if err := j.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		j = openPath(t, path, nil)
+		if r, err := j.Get(ctx, "before"); err != nil || r.Key != "key-before" {
+			t.Fatalf("the record begun before the -wal file was removed: key %q, %v; want key-before", r.Key, err)
+		}
+	})
 }

@@ -19,7 +19,8 @@ import (
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an invalid
 // State or with a time that cannot be stored, and ErrMoved, committing
-// nothing, when the jar's file or its -wal file is no longer at its path.
+// nothing, when the jar's file or its -wal file is no longer at its path
+// (checked at most every tenth of a second: see File in the package doc).
 // When ctx ends before the jar's committer takes the write, Begin returns
 // ctx's error and creates nothing; once it has taken it, Begin waits for
 // its commit and returns its result, as Acquire, Update, Forget, ForgetKey
