@@ -12,14 +12,16 @@
 //
 // Tests use one cluster per test binary: TestMain calls Main, and each test
 // calls DB for a fresh database of its own. A test that restarts the server
-// (Cluster.Restart) calls Own for a cluster of its own instead. When the
-// binaries are absent, DB and Own skip the test, unless
-// IDEM_REQUIRE_POSTGRES=1 (CI sets it), when they fail it. A Relay in
-// front of a cluster loses the answer to a statement the server applied,
-// and tells when the server refused a connection.
+// (Cluster.Restart, or Cluster.Crash, an immediate shutdown, which loses
+// the commits HoldWALWriter kept from being written) calls Own for a
+// cluster of its own instead. When the binaries are absent, DB and Own
+// skip the test, unless IDEM_REQUIRE_POSTGRES=1 (CI sets it), when they
+// fail it. A Relay in front of a cluster loses the answer to a statement
+// the server applied, and tells when the server refused a connection.
 //
 // The package runs the PostgreSQL binaries (initdb, postgres, createdb); of
-// its functions only StartTogether and HoldLock speak SQL, through pgx.
+// its functions only StartTogether, HoldLock and HoldWALWriter speak SQL,
+// through pgx.
 package pgtest
 
 import (
@@ -40,6 +42,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -140,9 +143,10 @@ type Cluster struct {
 	port int
 	cred *credential // nil when not running as root
 
-	mu     sync.Mutex // guards pid and exited, which Restart replaces
+	mu     sync.Mutex // guards pid and exited, which Restart replaces, and held
 	pid    int
 	exited chan struct{} // closed when the server process has exited
+	held   []int         // the walwriters HoldWALWriter stopped
 	seq    atomic.Int64  // names databases uniquely
 
 	stopOnce sync.Once
@@ -392,11 +396,39 @@ func dbName(s string) string {
 // calls down, if not nil, while the server is down, and starts the server
 // again on the same port and data, waiting until it accepts connections.
 func (c *Cluster) Restart(ctx context.Context, down func()) error {
+	return c.restart(ctx, syscall.SIGINT, down)
+}
+
+// Crash stops the server as pg_ctl stop -m immediate does (SIGQUIT: every
+// process exits at once, writing nothing more, without a checkpoint),
+// calls down, if not nil, while it is down, and starts it again on the
+// same port and data, waiting until it accepts connections, after crash
+// recovery. A commit that was flushed is recovered; one whose WAL was
+// still in the server's buffers (synchronous_commit=off, see
+// HoldWALWriter) is lost.
+func (c *Cluster) Crash(ctx context.Context, down func()) error {
+	return c.restart(ctx, syscall.SIGQUIT, down)
+}
+
+// restart stops the server with sig, SIGINT or SIGQUIT, calls down while
+// it is down and starts it again. After a SIGQUIT it kills the walwriters
+// HoldWALWriter stopped: stopped, they would not act on it; killed, they
+// write nothing.
+func (c *Cluster) restart(ctx context.Context, sig syscall.Signal, down func()) error {
 	c.mu.Lock()
 	pid, exited := c.pid, c.exited
+	var held []int
+	if sig == syscall.SIGQUIT {
+		held, c.held = c.held, nil
+	}
 	c.mu.Unlock()
-	if err := kill(pid, syscall.SIGINT); err != nil {
+	if err := kill(pid, sig); err != nil {
 		return fmt.Errorf("pgtest: restart postgres: %w", err)
+	}
+	for _, p := range held {
+		if err := kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("pgtest: restart postgres: killing the walwriter: %w", err)
+		}
 	}
 	select {
 	case <-exited:
@@ -407,6 +439,36 @@ func (c *Cluster) Restart(ctx context.Context, down func()) error {
 		down()
 	}
 	return c.startServer(ctx, c.port)
+}
+
+// HoldWALWriter stops the server's walwriter process (SIGSTOP) until t
+// ends or Crash kills it: a commit made with synchronous_commit=off then
+// stays in the server's WAL buffers, which Crash loses, instead of being
+// written within wal_writer_delay. A commit with synchronous_commit=on
+// still writes and flushes the WAL, that of earlier commits included. dsn
+// names one of c's databases.
+func (c *Cluster) HoldWALWriter(t testing.TB, dsn string) {
+	t.Helper()
+	var pid int
+	err := Connect(t, dsn).QueryRow(t.Context(),
+		`SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid)
+	if err != nil {
+		t.Fatalf("pgtest: the walwriter's pid: %v", err)
+	}
+	if err := stop(pid); err != nil {
+		t.Fatalf("pgtest: stopping the walwriter: %v", err)
+	}
+	c.mu.Lock()
+	c.held = append(c.held, pid)
+	c.mu.Unlock()
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if i := slices.Index(c.held, pid); i >= 0 { // not killed by Crash
+			_ = resume(pid)
+			c.held = slices.Delete(c.held, i, i+1)
+		}
+	})
 }
 
 // Stop shuts the server down immediately (SIGQUIT, as pg_ctl stop -m

@@ -183,6 +183,41 @@ func TestRestart(t *testing.T) {
 	}
 }
 
+// TestCrash kills a cluster of the test's own while its walwriter is held:
+// it comes back on the same port, after crash recovery, with the commits
+// that were flushed (synchronous_commit=on) and without the one whose WAL
+// was still in its buffers (off).
+func TestCrash(t *testing.T) {
+	c, dsn := Own(t)
+	conn := Connect(t, dsn)
+	ctx := t.Context()
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	c.HoldWALWriter(t, dsn)
+	if _, err := conn.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = off; INSERT INTO t VALUES (3)"); err != nil {
+		t.Fatal(err)
+	}
+	port := c.Port()
+	if err := c.Crash(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.Port() != port {
+		t.Errorf("port after the crash = %d; want %d", c.Port(), port)
+	}
+	rows, err := Connect(t, dsn).Query(ctx, "SELECT x FROM t ORDER BY x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil || !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("after the crash: %v, %v; want [1 2], the flushed commits alone", got, err)
+	}
+}
+
 // TestRelayLosesAnswer: through a Relay, an UPDATE whose answer it loses
 // fails on the client although the server applied it; the statements
 // before and after it pass.

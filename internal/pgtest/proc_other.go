@@ -3,6 +3,7 @@
 package pgtest
 
 import (
+	"errors"
 	"os"
 	"syscall"
 )
@@ -24,3 +25,7 @@ func kill(pid int, _ syscall.Signal) error {
 	}
 	return p.Kill()
 }
+
+// stop and resume are not supported: no signal but a kill can be sent.
+func stop(int) error   { return errors.ErrUnsupported }
+func resume(int) error { return errors.ErrUnsupported }

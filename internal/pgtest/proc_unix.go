@@ -21,3 +21,7 @@ func serverProcAttr(a *syscall.SysProcAttr) {
 }
 
 func kill(pid int, sig syscall.Signal) error { return syscall.Kill(pid, sig) }
+
+// stop and resume stop the process pid and let it run again.
+func stop(pid int) error   { return syscall.Kill(pid, syscall.SIGSTOP) }
+func resume(pid int) error { return syscall.Kill(pid, syscall.SIGCONT) }

@@ -40,7 +40,11 @@ type deferred struct {
 // unknown, or that a database error or timeout loses, is dropped: the record
 // stays as it was. One whose connection to the server was lost is sent
 // again first, for a bounded time (see the package documentation). Defer
-// waits only when 1024 changes are already queued.
+// waits only when 1024 changes are already queued. Every batch commits as
+// Update commits its changes, with synchronous_commit=off unless the DSN
+// sets it, a change to StateAbandoned included: abandon with Update, which
+// commits it as Begin does, what a crash of the server must not take back
+// to pending.
 //
 // Begin, Get, Acquire, Update, Forget and ForgetKey on op, and List and
 // Prune, first wait (within their context) for the changes deferred on the

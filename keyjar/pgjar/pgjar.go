@@ -38,7 +38,10 @@
 // is visible to every worker when it returns and reaches the disk a moment
 // later, without a WAL flush of its own; as the idem.Jar contract allows, a
 // crash of the server may lose the last of them, which only leaves an
-// operation pending, or its lease held until it expires.
+// operation pending, or its lease held until it expires. An Update to
+// StateAbandoned (client.Abandon) commits as Begin does: lost, it would
+// leave pending an operation that its caller established did not happen,
+// and a resume would send it.
 //
 // A jar from New runs on its caller's pool, whose connections keep their
 // own settings: New checks that they run READ COMMITTED and, unless the
@@ -740,7 +743,9 @@ const acquireSQL = `UPDATE {schema}.idem_operations SET holder = $2, lease_until
 // idem.ErrLeaseLost. It returns idem.ErrNotFound for an unknown op, and
 // ErrInvalid for an invalid c.State, a time that cannot be stored, a
 // string that text cannot hold or a LastStatus outside 32 bits. It does
-// not wait for the change to reach stable storage. When the connection to
+// not wait for the change to reach stable storage, but for a change to
+// StateAbandoned, which it commits as Begin commits a key (see the package
+// documentation). When the connection to
 // the server is lost, Update runs its statements again, its change only
 // when that is safe (see the package documentation).
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
@@ -750,6 +755,9 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	}
 	if err != nil {
 		return idem.Record{}, wrapf(err, "update %q", op)
+	}
+	if c.State == idem.StateAbandoned {
+		args[len(args)-1] = "" // the session's synchronous_commit, Begin's
 	}
 	var last idem.Record
 	until := j.retryUntil()
@@ -802,7 +810,8 @@ func applied(rec idem.Record, c idem.Change) bool {
 
 // updateSQL is the fenced UPDATE of Update and of the changes Defer queues.
 // Its arguments are changeArgs'; it commits with synchronous_commit set to
-// Jar.updateCommit.
+// Jar.updateCommit, or to the session's setting when its last argument is
+// "".
 const updateSQL = `UPDATE {schema}.idem_operations SET
 		updated = $3,
 		state = CASE WHEN $4::text = '' THEN state ELSE $4::text END,
@@ -813,7 +822,7 @@ const updateSQL = `UPDATE {schema}.idem_operations SET
 		note = CASE WHEN $9::text = '' THEN note ELSE $9::text END,
 		holder = CASE WHEN $10::boolean THEN '' ELSE holder END,
 		lease_until = CASE WHEN $10::boolean THEN NULL ELSE lease_until END
-	FROM (SELECT set_config('synchronous_commit', $11::text, true)) AS commit_mode
+	FROM (SELECT CASE WHEN $11::text <> '' THEN set_config('synchronous_commit', $11::text, true) END) AS commit_mode
 	WHERE op = $1 AND ($2::text = '' OR holder = $2::text)`
 
 // changeArgs checks c and returns the arguments of updateSQL, which applies

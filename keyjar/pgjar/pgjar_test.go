@@ -124,8 +124,9 @@ func TestSessionSettings(t *testing.T) {
 // TestCommitModes logs, from a trigger inside each write's transaction,
 // the synchronous_commit it commits with: a key creation waits for the WAL
 // flush, an Update or a deferred change does not (the idem.Jar contract
-// allows losing them), and a DSN's explicit choice applies to all, also
-// on a pool passed to New.
+// allows losing them), but for an Update to StateAbandoned, which does as
+// a key creation does, and a DSN's explicit choice applies to all, also on
+// a pool passed to New.
 func TestCommitModes(t *testing.T) {
 	dsn := pgtest.DB(t)
 	open(t, dsn, nil) // creates the schema
@@ -175,6 +176,9 @@ func TestCommitModes(t *testing.T) {
 		if _, err := j.Get(t.Context(), op); err != nil { // waits for the deferred change
 			t.Fatal(err)
 		}
+		if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateAbandoned}); err != nil {
+			t.Fatal(err)
+		}
 		rows, err := conn.Query(t.Context(), `SELECT verb || ' ' || setting FROM commit_log ORDER BY n`)
 		if err != nil {
 			t.Fatal(err)
@@ -183,7 +187,7 @@ func TestCommitModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"INSERT " + c.begin, "UPDATE " + c.write, "UPDATE " + c.write}
+		want := []string{"INSERT " + c.begin, "UPDATE " + c.write, "UPDATE " + c.write, "UPDATE " + c.begin}
 		if !slices.Equal(got, want) {
 			t.Errorf("DSN %q (New %v): commits %q; want %q", c.dsn, c.viaNew, got, want)
 		}
