@@ -165,7 +165,10 @@ type Change struct {
 //   - Update applies c to op. When holder is not "", the change is fenced:
 //     if op's lease is no longer held by holder, nothing changes and Update
 //     returns ErrLeaseLost. Update need not be durable at return: losing it
-//     on power loss only causes a re-send that the server replays.
+//     on power loss only causes a re-send that the server replays. A change
+//     to StateAbandoned is the exception, durable before Update returns as
+//     a created record is: lost, it would leave pending an operation that
+//     the caller established did not happen, and a resume would send it.
 //   - Get, Acquire and Update return ErrNotFound for an unknown op.
 //   - Begin reads an empty State as StatePending. It refuses a record
 //     without Op or Key or with a State that is not Valid, and Update a

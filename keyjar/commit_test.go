@@ -172,8 +172,8 @@ func TestGroupCommit(t *testing.T) {
 }
 
 // TestOnlyKeyCreationsSync checks that only transactions holding a key
-// creation commit with synchronous=FULL: Acquire, Update, Forget and Prune
-// are written without an fsync of their own.
+// creation and an abandon commit with synchronous=FULL: Acquire, the other
+// Updates, Forget and Prune are written without an fsync of their own.
 func TestOnlyKeyCreationsSync(t *testing.T) {
 	j, gate := openGated(t, keyjar.Hooks{})
 	gate.open()
@@ -193,6 +193,13 @@ func TestOnlyKeyCreationsSync(t *testing.T) {
 		{"Begin again", true, func() error { _, _, err := j.Begin(ctx, newRecord("op2")); return err }},
 		{"Prune", false, func() error { _, err := j.Prune(ctx, now.Add(time.Hour), 0); return err }},
 		{"Forget", false, func() error { return j.Forget(ctx, "op2") }},
+		{"Begin a third", true, func() error { _, _, err := j.Begin(ctx, newRecord("op3")); return err }},
+		// Lost, an abandon would leave pending an operation that its
+		// caller established did not happen, which a resume would send.
+		{"Update to abandoned", true, func() error {
+			_, err := j.Update(ctx, "op3", "", idem.Change{Now: now, State: idem.StateAbandoned, Note: "refunded by hand"})
+			return err
+		}},
 	}
 	for i, s := range steps {
 		if err := s.run(); err != nil {

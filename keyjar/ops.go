@@ -119,7 +119,11 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // the current record and idem.ErrLeaseLost. It returns idem.ErrNotFound for
 // an unknown op, and ErrInvalid for an invalid c.State or a time that
 // cannot be stored. The change is visible to every reader when Update
-// returns, and durable at the next key creation, checkpoint or Close.
+// returns, and durable at the next key creation, checkpoint or Close; a
+// change to StateAbandoned is durable when Update returns, as a key
+// creation is: lost in a crash of the machine, it would leave pending an
+// operation that its caller established did not happen, which a resume
+// would send.
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	args, err := changeArgs(op, holder, c)
 	if err != nil {
@@ -129,7 +133,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 		rec     idem.Record
 		refusal error
 	)
-	err = j.write(ctx, false, func(ctx context.Context, tx *sql.Tx) (err error) {
+	err = j.write(ctx, c.State == idem.StateAbandoned, func(ctx context.Context, tx *sql.Tx) (err error) {
 		refusal = nil
 		rec, err = scanRecord(tx.StmtContext(ctx, j.stmts.update).QueryRowContext(ctx, args...))
 		if err != sql.ErrNoRows {
@@ -162,7 +166,8 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 // it reads back. A change that is fenced off, whose op is unknown, or whose
 // transaction fails is dropped. Defer returns ErrInvalid for an invalid
 // change and ErrClosed after Close; Close writes every change deferred
-// before it.
+// before it. A deferred change is not synced of its own, a change to
+// StateAbandoned included: abandon with Update, which syncs it.
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
 	args, err := changeArgs(op, holder, c)
 	if err == nil {
