@@ -144,8 +144,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	}
 	defer c.Close()
 
-	resumed, failed := resumePending(ctx, c, stdout)
-	notSent := 0
+	resumed, failed, notSent := resumePending(ctx, c, stdout)
 	for _, id := range ids {
 		op := opPrefix + id
 		if resumed[op] {
@@ -194,14 +193,15 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 }
 
 // resumePending resends, with their keys, the charges a previous run left
-// pending, oldest first. It returns the operations it resumed and how
-// many of them are still not charged.
-func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (resumed map[string]bool, failed int) {
+// pending, oldest first. It returns the operations it resumed or, once
+// ctx is done, left pending, how many of those it resumed are still not
+// charged, and how many it left pending without sending them.
+func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (resumed map[string]bool, failed, notSent int) {
 	resumed = make(map[string]bool)
 	pending, err := c.Pending(ctx)
 	if err != nil {
 		fmt.Fprintln(stdout, "listing pending charges:", err)
-		return resumed, 1
+		return resumed, 1, 0
 	}
 	for _, rec := range pending {
 		id, ok := strings.CutPrefix(rec.Op, opPrefix)
@@ -210,7 +210,7 @@ func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (res
 		}
 		resumed[rec.Op] = true
 		if ctx.Err() != nil {
-			failed++ // interrupted: left pending for the next run
+			notSent++ // interrupted: left pending for the next run
 			continue
 		}
 		fmt.Fprintf(stdout, "%s: resuming (key %s, stored %s, %d attempt(s))\n",
@@ -227,7 +227,7 @@ func resumePending(ctx context.Context, c *client.Client, stdout io.Writer) (res
 			failed++
 		}
 	}
-	return resumed, failed
+	return resumed, failed, notSent
 }
 
 // chargedElsewhere reports, and prints, that rec's charge, which Resume

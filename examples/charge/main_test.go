@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,10 +15,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/sqlitestore"
@@ -467,3 +471,65 @@ func TestTwoCopiesAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// Ctrl-C (SIGINT) while the run resumes the charges an earlier run left
+// pending stops it there: the charges it did not resume are not sent, and
+// stderr counts them among the orders not sent, with the new orders.
+func TestInterruptWhileResuming(t *testing.T) {
+	dir := t.TempDir()
+	jar := filepath.Join(dir, "charge.db")
+	payco, mw := newServer(t, dir)
+	api := (&payments.App{PayCo: payco, Idempotency: mw}).Handler()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		if orderOf(r) == "p1" { // the first charge resumed: interrupted during it
+			cancel()
+			<-r.Context().Done()
+			return
+		}
+		api.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	// An earlier run left p1 and p2 pending: their first sends were refused.
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(context.Background(), jar, &client.Options{Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"p1", "p2"} {
+		body := chargeRequest{Amount: 1000, Currency: "eur", OrderID: id}
+		if _, err := c.PostJSON(context.Background(), opPrefix+id, srv.URL+"/v1/charges", body, nil); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("seeding %s: %v; want it pending", id, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-server", srv.URL, "-jar", jar, "-orders", "p1,p2,n1"}, "", &stdout, &stderr)
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	if code != 1 {
+		t.Errorf("exit %d; want 1", code)
+	}
+	if n := requests.Load(); n != 1 {
+		t.Errorf("the server got %d charge requests; want p1's alone, the run interrupted during it", n)
+	}
+	if !strings.Contains(stdout.String(), "3 order(s) not charged") {
+		t.Errorf("stdout does not count the 3 orders not charged:\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "2 order(s) not sent") {
+		t.Errorf("stderr %q; want it to count p2, not resumed, and n1 as the 2 orders not sent", stderr.String())
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
