@@ -69,8 +69,10 @@
 // after a move may still be committed to the file that moved, and sent.
 // Close returns ErrMoved too when the jar file moved, once it has written
 // what the jar committed into the file it opened and emptied the -wal file
-// at the path. The writes that create no key (Acquire, Update, Defer,
-// Forget, Prune) are not checked. A -shm file removed while the jar is
+// at the path. An abandon (an Update to StateAbandoned), synced as a key
+// creation is, is checked as one; the other writes (Acquire, Update,
+// Defer, Forget, Prune) are not, but fail with the commit they share with
+// one that is. A -shm file removed while the jar is
 // open is not found: SQLite keeps its locks there, and a program that
 // opens the jar afterwards shares none with this one, so that a commit of
 // one may overwrite the other's.

@@ -103,7 +103,8 @@
 // in memory whatever the jar's size, and keep no read open on a jar file
 // between pages. An operation created while they run is listed if it
 // comes after the page being read, and one deleted is not; an error
-// reading a later page ends the output there, with exit status 1. list
+// reading a later page ends the output there, with exit status 1 (and
+// export's JSON unfinished). list
 // aligns the columns of each page on its own: past 1000 operations, the
 // columns of one page may be wider than those of another. resume --all
 // reads the pending operations twice: for their hosts and methods (the
