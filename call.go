@@ -352,7 +352,7 @@ func releasing(rec Record, now time.Time) Change {
 // reconcileError is the error of a call that finds rec in StateReconcile.
 func (c *call) reconcileError(rec Record) error {
 	return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
-		Attempts: rec.Attempts, LastStatus: rec.LastStatus}
+		Attempts: rec.Attempts, LastStatus: rec.LastStatus, State: rec.State}
 }
 
 // wait sleeps before trying to take a lease again, at most until the lease
@@ -441,16 +441,17 @@ func reason(resp *http.Response, err error) string {
 }
 
 func (c *call) reconcile(ctx context.Context) error {
-	ch := Change{Release: true}
-	if c.rec.State == StatePending { // an outcome that is known stays known
+	ch, state := Change{Release: true}, c.rec.State
+	if state == StatePending { // an outcome that is known stays known
 		ch.State, ch.Note = StateReconcile, "first send older than the horizon: ask the server what happened, then abandon or forget"
+		state = StateReconcile
 	}
 	c.update(ctx, ch)
 	e := c.event(c.lastCode, nil)
 	fire(c.t.Hooks.OnReconcile, e)
 	c.log(ctx, slog.LevelWarn, "idem: past the horizon; reconcile", e)
 	return &ReconcileError{Op: c.op, Key: c.key, Created: c.rec.Created, Horizon: c.policy.Horizon,
-		Attempts: c.rec.Attempts, LastStatus: c.lastCode}
+		Attempts: c.rec.Attempts, LastStatus: c.lastCode, State: state}
 }
 
 // begin finds or creates the operation in the jar, durably, before the

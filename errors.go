@@ -119,11 +119,19 @@ type ReconcileError struct {
 	Horizon    time.Duration // the policy's horizon
 	Attempts   int           // the record's Attempts
 	LastStatus int           // last answer's status, 0 when none
+	// State is the record's: StateReconcile, or the known outcome that a
+	// done or failed operation keeps (StateDone, StateFailed).
+	State State
 }
 
 func (e *ReconcileError) Error() string {
-	return fmt.Sprintf("idem: operation %q (key %q) was first sent at %s, more than %v ago: not retried; reconcile with the server, then abandon or forget it",
+	msg := fmt.Sprintf("idem: operation %q (key %q) was first sent at %s, more than %v ago: not retried; ",
 		e.Op, e.Key, e.Created.UTC().Format(time.RFC3339), e.Horizon)
+	if e.State == StateDone || e.State == StateFailed {
+		// Abandon refuses an operation whose outcome is known.
+		return msg + fmt.Sprintf("its outcome is known (%s, status %d): forget it to begin it again under a new key", e.State, e.LastStatus)
+	}
+	return msg + "reconcile with the server, then abandon or forget it"
 }
 
 // Is reports whether target is ErrReconcile.

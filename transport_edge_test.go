@@ -158,6 +158,10 @@ func TestReconcileAfterWaitKeepsKnownStatus(t *testing.T) {
 			t.Fatalf("record %s with LastStatus %d, ReconcileError.LastStatus %d; want done with 201 kept (its known outcome)",
 				r.State, r.LastStatus, re.LastStatus)
 		}
+		// Abandon refuses a done operation: the error does not advise it.
+		if re.State != idem.StateDone || strings.Contains(re.Error(), "abandon") || !strings.Contains(re.Error(), "forget") {
+			t.Errorf("ReconcileError of state %q: %q; want done, advising forget and not abandon", re.State, re.Error())
+		}
 	})
 }
 

@@ -815,11 +815,11 @@ func TestHorizonFromStoredFirstSend(t *testing.T) {
 		if !errors.As(err, &re) || !errors.Is(err, idem.ErrReconcile) || rec.attempts() != 0 || re.Key != r.Key {
 			t.Fatalf("%v old: got %v after %d attempts; want *ReconcileError, nothing sent", tt.age, err, rec.attempts())
 		}
-		if got, _ := jar.Get(ctx, "op"); got.State != idem.StateReconcile {
-			t.Fatalf("state %q; want reconcile", got.State)
+		if got, _ := jar.Get(ctx, "op"); got.State != idem.StateReconcile || re.State != idem.StateReconcile {
+			t.Fatalf("state %q, ReconcileError's %q; want reconcile", got.State, re.State)
 		}
-		if _, err := post(t, ctx, tr, `{}`); !errors.As(err, &re) || rec.attempts() != 0 {
-			t.Fatalf("again: got %v; want *ReconcileError, nothing sent", err)
+		if _, err := post(t, ctx, tr, `{}`); !errors.As(err, &re) || rec.attempts() != 0 || re.State != idem.StateReconcile {
+			t.Fatalf("again: got %v (state %q); want *ReconcileError of a reconcile operation, nothing sent", err, re.State)
 		}
 	}
 }
