@@ -438,14 +438,20 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // also when it is forgotten after Resume read it, a *StateError (ErrState)
 // with the state for an operation that is not pending (done, failed or abandoned)
 // when Resume reads it or once it has its lease, ErrMethod for one whose
-// method the Client does not key, and ErrBodyNotStored when the body was
-// too large to store: use ResumeWithBody.
+// method the Client does not key, an *idem.ReconcileError for one past its
+// horizon (StateReconcile), and ErrBodyNotStored when the body was too
+// large to store: use ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
 		return nil, err
 	}
 	req, err := rec.NewRequest(ctx)
+	if errors.Is(err, idem.ErrBodyNotStored) && rec.State == idem.StateReconcile {
+		// Past its horizon: not sent again, whatever the body.
+		return nil, &idem.ReconcileError{Op: rec.Op, Key: rec.Key, Created: rec.Created, Horizon: c.tr.Policy.Defaults().Horizon,
+			Attempts: rec.Attempts, LastStatus: rec.LastStatus, State: rec.State}
+	}
 	if errors.Is(err, idem.ErrBodyNotStored) {
 		return nil, fmt.Errorf("client: resume %q: %w (%d bytes): use ResumeWithBody", op, ErrBodyNotStored, rec.BodySize)
 	}

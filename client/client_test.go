@@ -341,6 +341,22 @@ func TestResumeJSON(t *testing.T) {
 	}
 }
 
+// TestResumeOfAReconcileOperationWithoutItsBody: an operation past its
+// horizon is not sent again, whatever its body: Resume says so
+// (*idem.ReconcileError), not that it needs the body.
+func TestResumeOfAReconcileOperationWithoutItsBody(t *testing.T) {
+	ctx := context.Background()
+	s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})
+	if _, err := c.Jar().Update(ctx, "charge:o1", "", idem.Change{Now: time.Now(), State: idem.StateReconcile}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Resume(ctx, "charge:o1")
+	var re *idem.ReconcileError
+	if !errors.As(err, &re) || re.State != idem.StateReconcile || errors.Is(err, idem.ErrBodyNotStored) || s.sends() != 1 {
+		t.Fatalf("resume of a reconcile operation without its body: %v after %d sends; want *idem.ReconcileError, nothing sent", err, s.sends())
+	}
+}
+
 func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 	ctx := context.Background()
 	s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})
