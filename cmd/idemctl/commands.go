@@ -282,18 +282,30 @@ func resumeFlags(fs *flag.FlagSet) {
 	cliflag.Duration(fs, "attempt-timeout", (retry.Policy{}).Defaults().MaxElapsed,
 		"how long one attempt waits for the server's answer (a `duration`, at most the retry horizon, 24h); "+
 			"the default, 1m, is the retry policy's MaxElapsed: a hung attempt spends it and the resume ends")
+	// The jar does not record the horizon of the program that sent an
+	// operation. Its server keeps keys for a while; past that, a send
+	// under the key runs the request again: the program's shorter horizon
+	// must not be stretched to the default, nor a longer one cut.
+	cliflag.Duration(fs, "horizon", (retry.Policy{}).Defaults().Horizon,
+		"the retry horizon of the program that sent the operations (a `duration`; its retry.Policy.Horizon, 24h by default): "+
+			"an operation first sent longer ago is not sent again but marked for reconciliation")
 }
 
-// attemptTimeout returns resume's --attempt-timeout, or a usage error when
-// it is not a positive duration of at most the retry horizon: past the
-// horizon no timed-out attempt is retried, and 0 would be no limit, the
-// hang the flag is there to end.
-func attemptTimeout(fs *flag.FlagSet) (time.Duration, error) {
-	d := fs.Lookup("attempt-timeout").Value.(flag.Getter).Get().(time.Duration)
-	if horizon := (retry.Policy{}).Defaults().Horizon; d <= 0 || d > horizon {
-		return 0, usagef("--attempt-timeout %v: want a positive duration of at most %v, the retry horizon", d, horizon)
+// resumePolicy returns the retry policy of resume's --attempt-timeout and
+// --horizon, or a usage error when the horizon is not positive (0 would be
+// the default, not what was asked) or the attempt timeout is not a positive
+// duration of at most the horizon: past the horizon no timed-out attempt is
+// retried, and 0 would be no limit, the hang the flag is there to end.
+func resumePolicy(fs *flag.FlagSet) (retry.Policy, error) {
+	get := func(name string) time.Duration { return fs.Lookup(name).Value.(flag.Getter).Get().(time.Duration) }
+	p := retry.Policy{AttemptTimeout: get("attempt-timeout"), Horizon: get("horizon")}
+	if p.Horizon <= 0 {
+		return p, usagef("--horizon %v: want a positive duration", p.Horizon)
 	}
-	return d, nil
+	if p.AttemptTimeout <= 0 || p.AttemptTimeout > p.Horizon {
+		return p, usagef("--attempt-timeout %v: want a positive duration of at most %v, the retry horizon (--horizon)", p.AttemptTimeout, p.Horizon)
+	}
+	return p, nil
 }
 
 // resumeBase is the client.Options.Base that resume sends through: nil,
@@ -307,7 +319,7 @@ func checkResume(fs *flag.FlagSet, args []string) error {
 	if all == (len(args) > 0) || len(args) > 1 {
 		return usagef("resume needs one operation name or --all")
 	}
-	if _, err := attemptTimeout(fs); err != nil {
+	if _, err := resumePolicy(fs); err != nil {
 		return err
 	}
 	hf := fs.Lookup("header").Value.(*headerFlag)
@@ -327,7 +339,7 @@ func checkResume(fs *flag.FlagSet, args []string) error {
 
 func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	all := flagString(fs, "all") == "true"
-	timeout, err := attemptTimeout(fs)
+	policy, err := resumePolicy(fs)
 	if err != nil {
 		return err
 	}
@@ -396,7 +408,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return nil
 	}
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Base: resumeBase, Methods: methods, Header: header,
-		Policy: retry.Policy{AttemptTimeout: timeout}})
+		Policy: policy})
 	if err != nil {
 		return err
 	}

@@ -55,14 +55,22 @@
 // hung attempt spends it: a resume ends on its own, within about a minute
 // plus --attempt-timeout per operation, even when the server accepts the
 // connection and never answers, as a command run from a shell or by cron
-// must. A positive duration of at most 24h (the retry horizon) is taken;
-// 0, a negative one or a longer one is a usage error. An operation whose
+// must. A positive duration of at most --horizon (the retry horizon) is
+// taken; 0, a negative one or a longer one is a usage error. An operation whose
 // attempts all timed out may have happened: resume says that its outcome
 // is unknown, keeps it pending under its key, and exits with status 1; a
 // later resume sends the same key, and the server replays its answer if
 // the request got through. SIGINT (Ctrl-C) or SIGTERM stops resume --all
 // before its next operation: one line says how many it did not resume,
 // which stay pending, and it exits with status 1.
+//
+// resume does not send an operation first sent longer ago than --horizon,
+// 24h by default: it marks it for reconciliation, as the program that sent
+// it would. The jar does not record that program's retry horizon
+// (retry.Policy.Horizon); give it when the program set one, so that
+// resume neither sends what the server may have forgotten the key of nor
+// gives up what the program would still retry. --attempt-timeout is at
+// most --horizon.
 //
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then
@@ -168,7 +176,8 @@ commands:
                                          in pages of 1000, each with its columns aligned on its own
   show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
   resume (OP | --all) [--header 'N: V']  send pending operations again with their keys, giving up an
-         [--attempt-timeout D]           attempt without an answer after D (default 1m, at most 24h)
+         [--attempt-timeout D]           attempt without an answer after D (default 1m, at most H);
+         [--horizon H]                   one first sent more than H ago (default 24h) is marked reconcile
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)

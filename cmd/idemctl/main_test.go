@@ -1148,6 +1148,63 @@ func TestResumeAttemptTimeoutRefused(t *testing.T) {
 	}
 }
 
+// TestResumeHorizon: --horizon is the retry horizon of the program that
+// sent the operations. Under the default, 24 h, an operation first sent 30
+// hours ago is not sent but marked for reconciliation; under --horizon 48h,
+// the horizon of a program whose server keeps keys longer, it is sent
+// with its stored key. A horizon that is not positive, or shorter than
+// --attempt-timeout, is a usage error, and nothing is sent.
+func TestResumeHorizon(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	ctx := context.Background()
+	j, err := keyjar.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]idem.Record{}
+	for _, op := range []string{"charge:p1", "charge:p2"} {
+		r, err := j.Get(ctx, op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Forget(ctx, op); err != nil {
+			t.Fatal(err)
+		}
+		r.Created = time.Now().Add(-30 * time.Hour)
+		if _, _, err := j.Begin(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		old[op] = r
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, args := range [][]string{
+		{"--horizon", "0s"}, {"--horizon", "-1h"}, {"--horizon", "1h", "--attempt-timeout", "2h"},
+	} {
+		code, _, errOut := idemctl(append([]string{"--jar", path, "resume", "charge:p1", "--header", "Authorization: " + secret}, args...)...)
+		wantError(t, code, errOut, 2, args[len(args)-1])
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("the server got %d requests after usage errors; want none", len(srv.keys))
+	}
+
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--horizon", "48h", "--header", "Authorization: "+secret)
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+old["charge:p1"].Key) {
+		t.Fatalf("resume --horizon 48h of an operation first sent 30h ago: exit %d, %q, %q; want 201 with its key", code, out, errOut)
+	}
+	code, out, errOut = idemctl("--jar", path, "resume", "charge:p2", "--header", "Authorization: "+secret)
+	wantError(t, code, errOut, 1, "more than 24h0m0s ago: not retried")
+	if len(srv.keys) != 1 {
+		t.Fatalf("the server got %d requests; want 1, charge:p1's (stdout %q)", len(srv.keys), out)
+	}
+	if r, _ := jarState(t, path, "charge:p2"); r.State != idem.StateReconcile {
+		t.Fatalf("charge:p2 past the default horizon: %s; want reconcile", r.State)
+	}
+}
+
 // TestPasswordNeverPrinted: a PostgreSQL URL's password, in the userinfo or
 // in the query (pgx takes both), is not in idemctl's messages.
 func TestPasswordNeverPrinted(t *testing.T) {
