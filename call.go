@@ -29,6 +29,7 @@ type call struct {
 
 	callerKey string // the key the caller set in the header, or ""
 	resuming  bool   // a resume (internal/resume): sends only the operation it found
+	bodyless  bool   // a resume without the body (resume.WithoutBody): sends nothing
 
 	key      string
 	holder   string // this call's lease holder id
@@ -193,6 +194,12 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		if c.policy.Expired(c.rec.Created, now) {
 			return nil, c.reconcile(ctx)
 		}
+		if c.bodyless {
+			// Under the horizon a resume sends the body, which its caller
+			// must give.
+			c.release(ctx)
+			return nil, fmt.Errorf("idem: operation %q: %w (%d bytes)", c.op, ErrBodyNotStored, c.rec.BodySize)
+		}
 		if !c.rec.NextAttempt.IsZero() && now.Before(c.rec.NextAttempt) {
 			wait := c.rec.NextAttempt.Sub(now)
 			if wait > c.policy.MaxRetryAfter || c.sched.Elapsed()+wait > c.policy.MaxElapsed {
@@ -331,7 +338,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 // each case nothing may be sent.
 func (c *call) notOurs() error {
 	switch rec := c.rec; {
-	case rec.Key != c.key || !c.body.matches(rec.Fingerprint):
+	case rec.Key != c.key || (!c.bodyless && !c.body.matches(rec.Fingerprint)):
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey, State: rec.State}
 	case rec.State == StateReconcile:
 		return c.reconcileError(rec)
@@ -463,6 +470,7 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	c.holder = holder
 	if c.key, c.resuming = resume.Key(ctx); c.resuming {
+		c.bodyless = resume.BodyMissing(ctx)
 		// A resume takes up the operation it found, under its key, and
 		// never begins one: Begin would create a name forgotten since, or
 		// replace one abandoned since, and send it under a new key. The

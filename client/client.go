@@ -439,8 +439,10 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // with the state for an operation that is not pending (done, failed or abandoned)
 // when Resume reads it or once it has its lease, ErrMethod for one whose
 // method the Client does not key, an *idem.ReconcileError for one past its
-// horizon (StateReconcile), and ErrBodyNotStored when the body was too
-// large to store: use ResumeWithBody.
+// horizon (StateReconcile, or pending and first sent longer ago than
+// Policy.Horizon, which Resume marks StateReconcile as the Transport does,
+// whether or not the jar stored its body), and ErrBodyNotStored when the
+// body was too large to store: use ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
@@ -451,6 +453,16 @@ func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 		// Past its horizon: not sent again, whatever the body.
 		return nil, &idem.ReconcileError{Op: rec.Op, Key: rec.Key, Created: rec.Created, Horizon: c.tr.Policy.Defaults().Horizon,
 			Attempts: rec.Attempts, LastStatus: rec.LastStatus, State: rec.State}
+	}
+	if errors.Is(err, idem.ErrBodyNotStored) && c.tr.Policy.Expired(rec.Created, time.Now()) {
+		// Past its horizon, whatever the body: the Transport marks it for
+		// reconciliation under its lease, as it does when the body is
+		// stored, and sends nothing.
+		bare := rec
+		bare.Body, bare.BodySize = nil, 0
+		if req, err := bare.NewRequest(ctx); err == nil {
+			return c.resume(resume.WithoutBody(ctx), rec, req)
+		}
 	}
 	if errors.Is(err, idem.ErrBodyNotStored) {
 		return nil, fmt.Errorf("client: resume %q: %w (%d bytes): use ResumeWithBody", op, ErrBodyNotStored, rec.BodySize)

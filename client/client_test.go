@@ -357,6 +357,31 @@ func TestResumeOfAReconcileOperationWithoutItsBody(t *testing.T) {
 	}
 }
 
+// TestResumeOfAPendingOperationPastItsHorizonWithoutItsBody: a pending
+// operation whose first send is older than the horizon is not sent again,
+// whatever its body: Resume marks it for reconciliation and says so
+// (*idem.ReconcileError), as it does when the jar holds the body, not that
+// it needs the body. Under the horizon it still needs the body.
+func TestResumeOfAPendingOperationPastItsHorizonWithoutItsBody(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range horizonCases {
+		s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})
+		backdate(t, c.Jar(), "charge:o1", time.Now().Add(-tt.age))
+		_, err := c.Resume(ctx, "charge:o1")
+		got := state(t, c.Jar(), "charge:o1")
+		if tt.sent {
+			if !errors.Is(err, client.ErrBodyNotStored) || errors.Is(err, idem.ErrReconcile) || got != idem.StatePending || s.sends() != 1 {
+				t.Fatalf("%v old: %v, state %s, after %d sends; want ErrBodyNotStored, still pending, nothing sent", tt.age, err, got, s.sends())
+			}
+			continue
+		}
+		var re *idem.ReconcileError
+		if !errors.As(err, &re) || re.State != idem.StateReconcile || errors.Is(err, idem.ErrBodyNotStored) || got != idem.StateReconcile || s.sends() != 1 {
+			t.Fatalf("%v old: %v, state %s, after %d sends; want *idem.ReconcileError, the operation marked reconcile, nothing sent", tt.age, err, got, s.sends())
+		}
+	}
+}
+
 func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 	ctx := context.Background()
 	s, c := pendingCharge(t, &client.Options{MaxStoredBody: 8})

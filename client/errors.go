@@ -26,7 +26,8 @@ var (
 	ErrState = errors.New("client: the operation's state does not allow this")
 	// ErrBodyNotStored is returned by Resume when the jar did not store the
 	// operation's body (it was larger than Options.MaxStoredBody): resume
-	// it with ResumeWithBody. It is idem.ErrBodyNotStored, which
+	// it with ResumeWithBody. Past the operation's horizon, Resume returns
+	// an *idem.ReconcileError instead. It is idem.ErrBodyNotStored, which
 	// idem.Record.NewRequest returns.
 	ErrBodyNotStored = idem.ErrBodyNotStored
 	// ErrNoReason is returned by Abandon for an empty reason.

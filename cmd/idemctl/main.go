@@ -44,7 +44,8 @@
 // forgotten, meanwhile is not sent again, and resume says so and fails.
 // Neither is one whose body the jar did not store (larger than the
 // program's MaxStoredBody): only the program that sent it can resume it,
-// by making the same call again. resume sends an operation of any method:
+// by making the same call again; past its horizon, it is marked for
+// reconciliation, whatever its body. resume sends an operation of any method:
 // a PUT or a DELETE that a program keyed (its Methods) as a POST.
 //
 // resume gives up an attempt that has no answer (its response headers)

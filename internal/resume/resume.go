@@ -33,6 +33,24 @@ func Key(ctx context.Context) (key string, ok bool) {
 	return key, ok
 }
 
+type withoutBody struct{}
+
+// WithoutBody returns a copy of ctx that marks a resume (Mark) whose
+// caller does not have the operation's body, which the jar did not store:
+// the call takes up the operation as any resume does, but whatever its
+// fingerprint, and sends nothing. Past its horizon, the operation is marked
+// for reconciliation; before, the call returns idem.ErrBodyNotStored.
+func WithoutBody(ctx context.Context) context.Context {
+	return context.WithValue(ctx, withoutBody{}, true)
+}
+
+// BodyMissing reports whether ctx marks a resume without its body
+// (WithoutBody).
+func BodyMissing(ctx context.Context) bool {
+	missing, _ := ctx.Value(withoutBody{}).(bool)
+	return missing
+}
+
 // StateError is the error of a resume that finds its operation no longer
 // pending, or no longer in the jar, when it takes it up or once it has the
 // operation's lease (another holder settled it while the resume waited).
