@@ -270,7 +270,7 @@ type Stats struct {
 	Fenced      int64 // late saves or releases refused because another worker took over
 	Released    int64 // claims released after a handler error (ReleaseClaim)
 	TooLarge    int64 // answers larger than MaxSavedResponse, saved as a marker
-	StoreErrors int64 // store calls that failed (503 before the handler, logged after), releases included
+	StoreErrors int64 // store calls that failed (503 before the handler, logged after), releases included, and requests refused for a nil Store (ErrNoStore) or bad options (ErrOptions)
 	Rejected    int64 // 400 and 413: missing, invalid or repeated key, unreadable or large body
 }
 
