@@ -108,7 +108,8 @@ func Operation(ctx context.Context) string {
 //     Retry-After, when it has one, is recorded as the operation's
 //     NextAttempt. A 401 or 407 (the credentials refused, the request not
 //     applied) is returned at once and leaves the operation in the state
-//     it had.
+//     it had. A 101 Switching Protocols answer is final, and its Body is
+//     the upgraded connection, an io.ReadWriteCloser, as net/http gives it.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey, ErrInvalidURL,

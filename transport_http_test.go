@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -370,6 +371,65 @@ func TestTransparentGzip(t *testing.T) {
 	}
 	if rec, err := jar.Get(ctx, "charge"); err != nil || rec.State != idem.StateDone || runs.Load() != 1 {
 		t.Fatalf("record %+v, %v after %d runs; want done after one", rec, err, runs.Load())
+	}
+}
+
+// TestSwitchingProtocols: a 101 Switching Protocols answer to a keyed
+// request (an upgrade sent as a POST, as some APIs attach a stream) comes
+// back as net/http gives it, with a Body that is an io.ReadWriteCloser of
+// the upgraded connection, also when Policy.AttemptTimeout wraps the body
+// to end the attempt's context with it. The operation is done.
+func TestSwitchingProtocols(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if b, err := io.ReadAll(r.Body); err != nil || string(b) != `{"amount":100}` {
+			http.Error(w, "body", http.StatusBadRequest)
+			return
+		}
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		rw.Flush()
+		line, _ := rw.ReadString('\n')
+		rw.WriteString("echo " + line)
+		rw.Flush()
+	}))
+	defer srv.Close()
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		t.Run(fmt.Sprint("AttemptTimeout ", timeout), func(t *testing.T) {
+			p := fastPolicy
+			p.AttemptTimeout = timeout
+			jar := &idem.MemoryJar{}
+			tr := &idem.Transport{Jar: jar, Policy: p}
+			ctx := idem.WithOperation(context.Background(), "attach")
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":100}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "echo")
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			rw, ok := resp.Body.(io.ReadWriteCloser)
+			if resp.StatusCode != http.StatusSwitchingProtocols || !ok {
+				t.Fatalf("%s with a Body of type %T; want 101 with an io.ReadWriteCloser, as net/http gives it", resp.Status, resp.Body)
+			}
+			if _, err := io.WriteString(rw, "ping\n"); err != nil {
+				t.Fatal(err)
+			}
+			if line, err := bufio.NewReader(rw).ReadString('\n'); line != "echo ping\n" {
+				t.Fatalf("read %q, %v from the upgraded connection; want \"echo ping\\n\"", line, err)
+			}
+			if rec, err := jar.Get(ctx, "attach"); err != nil || rec.State != idem.StateDone {
+				t.Fatalf("record %+v, %v; want done", rec, err)
+			}
+		})
 	}
 }
 

@@ -95,10 +95,23 @@ func readAtMost(ctx context.Context, r io.Reader, limit, size int64) ([]byte, er
 }
 
 // OnClose wraps rc so that fn runs once, after rc is closed. It is used to
-// release an attempt's context with its response body.
+// release an attempt's context with its response body. An rc that is also
+// an io.Writer (the Body of a 101 Switching Protocols answer, the upgraded
+// connection) is wrapped in an io.ReadWriteCloser that writes to it.
 func OnClose(rc io.ReadCloser, fn func()) io.ReadCloser {
-	return &onClose{ReadCloser: rc, fn: fn}
+	c := &onClose{ReadCloser: rc, fn: fn}
+	if w, ok := rc.(io.Writer); ok {
+		return &onCloseWriter{onClose: c, w: w}
+	}
+	return c
 }
+
+type onCloseWriter struct {
+	*onClose
+	w io.Writer
+}
+
+func (c *onCloseWriter) Write(p []byte) (int, error) { return c.w.Write(p) }
 
 type onClose struct {
 	io.ReadCloser
