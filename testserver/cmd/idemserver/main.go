@@ -44,6 +44,12 @@
 // makes PayCo ignore its key; -optional-key lets requests without a key
 // through unprotected. -seed fixes the random draws.
 //
+// Errors go to stderr: the ledger's behind a payco-failed or
+// ledger-unavailable answer, and the key store's behind a store-unavailable
+// answer or a save that failed, with the Middleware's other records at
+// INFO and above (take-overs, fenced writes, a key reused, a panic). No
+// answer names them. -v adds every decision.
+//
 // Exit status: 0 after a graceful stop, every request in flight answered,
 // and for -h or -help; 1 when the server cannot start (the database cannot
 // be opened or is another program's, the address cannot be listened on) or
@@ -330,7 +336,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		crashAfter  = fs.Float64("crash-after-charge", 0, "fault: probability of exiting (status 3) right after PayCo charged")
 		delay       = cliflag.Duration(fs, "delay", 0, "fault: hold each charge's answer this long (a `duration`) after PayCo charged")
 		seed        = fs.Uint64("seed", 1, "seed of the fault switches' random draws")
-		verbose     = fs.Bool("v", false, "log every idempotency decision to stderr")
+		verbose     = fs.Bool("v", false, "log every idempotency decision to stderr; without it, those at level INFO and above: the store's errors, take-overs, a key reused")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -384,13 +390,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	payco := b.payco
 	payco.NoDedup = *noDedup
 
-	mw := &testserver.Middleware{Store: b.store, LockTimeout: *lockTimeout, Retention: *retention, OnError: onErr, Optional: *optional}
+	// The key store's errors, as the ledger's, go to stderr whatever -v
+	// says: a store-unavailable answer does not name them. -v adds every
+	// decision.
+	level := slog.LevelInfo
 	if *verbose {
-		mw.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		level = slog.LevelDebug
 	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	mw := &testserver.Middleware{Store: b.store, LockTimeout: *lockTimeout, Retention: *retention, OnError: onErr, Optional: *optional, Logger: logger}
 	d := &dice{rnd: rand.New(rand.NewPCG(*seed, 0))}
 	app := &payments.App{PayCo: payco, Idempotency: mw, Faults: payments.Faults{Delay: *delay},
-		Logger: slog.New(slog.NewTextHandler(stderr, nil))} // the ledger's errors, which answers do not name
+		Logger: logger} // the ledger's errors, which answers do not name
 	if fail := d.roll(*failAfter); fail != nil {
 		app.Faults.FailAfterCharge = func(string) bool { return fail() }
 	}

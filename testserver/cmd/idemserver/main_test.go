@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -668,5 +669,77 @@ func TestKeywordValueDSN(t *testing.T) {
 		if files, _ := os.ReadDir(dir); len(files) > 0 {
 			t.Fatalf("run -db %q left %v in its directory", spec, files)
 		}
+	}
+}
+
+// A key store that fails once the server runs is logged to stderr without
+// -v: the 503 store-unavailable answer does not say why (the error may name
+// the database), so stderr must, and an operator who did not ask for every
+// decision still learns why every charge is refused. The log names neither
+// the credential nor the body.
+func TestStoreErrorLogged(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "x.db")
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	s, stop := runInProcess(t, stderr, "-db", db)
+
+	// The key table goes away under the running server.
+	sdb, err := sql.Open("sqlite", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = sdb.Exec(`ALTER TABLE idempotency_keys RENAME TO gone`)
+	sdb.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body, err := s.charge("key-1", "o-1")
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "store-unavailable") {
+		t.Fatalf("charge with the key table gone: %v %v %s; want 503 store-unavailable", resp, err, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	b, err := os.ReadFile(stderr.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(b)
+	if !strings.Contains(out, "store failed") || !strings.Contains(out, "no such table: idempotency_keys") {
+		t.Fatalf("stderr %q; want the store's error logged", out)
+	}
+	if strings.Contains(out, "sk_test") || strings.Contains(out, "amount=1000") {
+		t.Fatalf("stderr %q names the credential or the body", out)
+	}
+}
+
+// runInProcess calls run with args, on 127.0.0.1 at a port the OS
+// chooses, and returns once it listens. stop ends its context and returns
+// what run returned.
+func runInProcess(t *testing.T, stderr io.Writer, args ...string) (s *server, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	pr, pw := io.Pipe()
+	result := make(chan error, 1)
+	go func() {
+		result <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), pw, stderr)
+		pw.Close()
+	}()
+	r := bufio.NewReader(pr)
+	line, err := r.ReadString('\n')
+	const prefix = "idemserver: listening on "
+	if !strings.HasPrefix(line, prefix) {
+		t.Fatalf("first line %q, %v; run returned %v", line, err, <-result)
+	}
+	go io.Copy(io.Discard, r)
+	s = &server{}
+	s.url, _, _ = strings.Cut(strings.TrimPrefix(line, prefix), " ")
+	return s, func() error {
+		cancel()
+		return <-result
 	}
 }
