@@ -743,3 +743,21 @@ func runInProcess(t *testing.T, stderr io.Writer, args ...string) (s *server, st
 		return <-result
 	}
 }
+
+// An empty -addr (an unset variable in "-addr $ADDR") is a usage error,
+// before the database is opened: net.Listen would take it for every
+// interface at a port of its choosing, not the loopback of the default.
+func TestEmptyAddr(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "x.db")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // if it listened, run would stop at once
+	var stdout bytes.Buffer
+	err := run(ctx, []string{"-addr", "", "-db", db}, &stdout, io.Discard)
+	var ue *usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "-addr") {
+		t.Fatalf("run -addr '': %v, stdout %q; want a usage error naming -addr", err, stdout.String())
+	}
+	if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("run -addr '' created its database: %v", err)
+	}
+}
