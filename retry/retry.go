@@ -70,7 +70,11 @@ func (d Decision) String() string {
 // HTTP/2 stream reset (RST_STREAM) and an HTTP/2 connection lost or closed
 // under the request retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
-// a TLS version refused), although crypto/tls makes it a net.Error.
+// a TLS version refused), although crypto/tls makes it a net.Error. The
+// same holds on the way to an https proxy: net/http wraps what failed there
+// in a *net.OpError "proxyconnect", a net.Error, which is judged by what it
+// wraps (a proxy's certificate refused, or its alert, stops; a proxy that
+// refuses the connection is retried).
 // net/http gives the lost HTTP/2 connection no type, only a fixed text:
 // that error alone is matched by its whole message. The caller must check
 // its own context first: a caller's expired deadline is a net.Error too.
@@ -111,10 +115,20 @@ func Replayed(resp *http.Response) bool {
 }
 
 func classifyError(err error) Decision {
-	// *url.Error is itself a net.Error whatever it wraps: judge what it wraps.
-	var ue *url.Error
-	for errors.As(err, &ue) && ue.Err != nil {
-		err = ue.Err
+	// *url.Error is itself a net.Error whatever it wraps, and so is the
+	// *net.OpError "proxyconnect" in which net/http wraps whatever failed
+	// on the way to a proxy (a refused certificate too): judge what they
+	// wrap.
+	for {
+		var ue *url.Error
+		var pe *net.OpError
+		if errors.As(err, &ue) && ue.Err != nil {
+			err = ue.Err
+		} else if errors.As(err, &pe) && pe.Op == proxyConnect && pe.Err != nil {
+			err = pe.Err
+		} else {
+			break
+		}
 	}
 	if errors.Is(err, context.Canceled) {
 		return Stop
@@ -152,6 +166,10 @@ func classifyError(err error) Decision {
 // tlsAlert is the Op of the *net.OpError in which crypto/tls reports an
 // alert the peer sent.
 const tlsAlert = "remote error"
+
+// proxyConnect is the Op of the *net.OpError in which net/http reports a
+// failure to reach a proxy: to dial it, or to set up TLS with it.
+const proxyConnect = "proxyconnect"
 
 // http2ConnErrors are the messages of the errors that net/http's HTTP/2
 // transport (and golang.org/x/net/http2's) fails a request with when its

@@ -2,9 +2,12 @@ package retry_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math"
 	"net"
 	"net/http"
@@ -17,6 +20,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -312,5 +316,49 @@ func TestClassifyHTTP2StreamReset(t *testing.T) {
 	}
 	if got := retry.Classify(nil, err); got != retry.Retry {
 		t.Errorf("Classify(%v) = %v; want %v", err, got, retry.Retry)
+	}
+}
+
+// TestClassifyProxyConnect: net/http wraps whatever fails on the way to a
+// proxy in a *net.OpError "proxyconnect", itself a net.Error. It is judged
+// by what it wraps, as a *url.Error is: a proxy's certificate the client
+// refuses, or the proxy's TLS alert refusing the client's, stops as the same
+// failure with the server does; a proxy that refuses the connection is
+// retried.
+func TestClassifyProxyConnect(t *testing.T) {
+	quiet := log.New(io.Discard, "", 0) // the proxies' handshake errors
+	untrusted := httptest.NewUnstartedServer(http.NotFoundHandler())
+	untrusted.Config.ErrorLog = quiet
+	untrusted.StartTLS()
+	defer untrusted.Close()
+	demanding := httptest.NewUnstartedServer(http.NotFoundHandler())
+	demanding.Config.ErrorLog = quiet
+	demanding.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert, MaxVersion: tls.VersionTLS12}
+	demanding.StartTLS()
+	defer demanding.Close()
+	for _, tt := range []struct {
+		name  string
+		proxy string
+		roots *x509.CertPool
+		want  retry.Decision
+	}{
+		{"proxy certificate refused", untrusted.URL, nil, retry.Stop},
+		{"proxy refuses the client certificate", demanding.URL, demanding.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs, retry.Stop},
+		{"proxy refuses the connection", "https://" + refusetest.Addr(t), nil, retry.Retry},
+	} {
+		proxy, err := url.Parse(tt.proxy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: &tls.Config{RootCAs: tt.roots}}
+		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodPost, "https://api.example.test/v1/charges", strings.NewReader(`{}`)))
+		tr.CloseIdleConnections()
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: got %s; want an error", tt.name, resp.Status)
+		}
+		if got := retry.Classify(nil, err); got != tt.want {
+			t.Errorf("%s: Classify(%v) = %v; want %v", tt.name, err, got, tt.want)
+		}
 	}
 }
