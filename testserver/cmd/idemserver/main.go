@@ -11,8 +11,9 @@
 //
 // It prints the address it listens on. On SIGINT or SIGTERM it stops
 // listening and waits for the requests in flight to be answered, up to the
-// time a request with an Idempotency-Key may take: -lock-timeout, which
-// ends its handler, and 10 s to save its answer. A request without a key
+// time a request with an Idempotency-Key may take: 30 s for its body to
+// arrive, -lock-timeout, which ends its handler, and 10 s to save its
+// answer. A request without a key
 // (-optional-key) that -delay holds longer is cut off. A second SIGINT or
 // SIGTERM ends the process at once, also when it was started with SIGINT
 // ignored, as a non-interactive shell starts a background job. Several
@@ -97,13 +98,22 @@ const crashStatus = 3
 
 // saveTimeout is how long the Middleware may take, after its handler
 // returned, to save the answer or release the claim (testserver documents
-// 10 s). A stop waits for requests in flight up to the lock timeout, which
-// ends a protected handler, and this.
+// 10 s).
 const saveTimeout = 10 * time.Second
 
+// readTimeout is the server's ReadTimeout: how long a request, its body
+// included, may take to arrive. A keyed request is claimed once its body
+// is read.
+const readTimeout = 30 * time.Second
+
+// stopWait is what a stop waits for requests in flight beyond the lock
+// timeout, which ends a protected handler: a request whose body was still
+// arriving (readTimeout), and the save of its answer (saveTimeout).
+const stopWait = readTimeout + saveTimeout
+
 // maxLockTimeout is the largest -lock-timeout: one more and the wait of a
-// stop, the lock timeout and saveTimeout, overflows time.Duration.
-const maxLockTimeout = math.MaxInt64 - saveTimeout
+// stop, the lock timeout and stopWait, overflows time.Duration.
+const maxLockTimeout = math.MaxInt64 - stopWait
 
 func main() {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -366,7 +376,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
 	}
 	if *lockTimeout > maxLockTimeout {
-		return usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, saveTimeout)
+		return usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, stopWait)
 	}
 	if *stmtTimeout <= 0 || *stmtTimeout > pgstore.MaxQueryTimeout {
 		return usagef("-query-timeout %v: want a positive duration of at most %v (PostgreSQL's longest statement_timeout)", *stmtTimeout, pgstore.MaxQueryTimeout)
@@ -423,7 +433,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: app.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: app.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: readTimeout, IdleTimeout: 2 * time.Minute}
 	fmt.Fprintf(stdout, "idemserver: listening on http://%s (db %s, lock timeout %v, on error %s)\n", ln.Addr(), redact(*db), mw.LockTimeout, onErr)
 
 	serveErr := make(chan error, 1)
@@ -444,7 +454,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	case <-ctx.Done():
 	}
-	grace := mw.LockTimeout + saveTimeout
+	grace := mw.LockTimeout + stopWait
 	fmt.Fprintf(stdout, "idemserver: stopping: waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)\n", grace)
 	if err := shutdown(srv, grace); err != nil {
 		return err

@@ -387,7 +387,7 @@ func testStopWaits(t *testing.T, bin string) {
 	}
 	rest, _ := io.ReadAll(stdout)
 	cmd.Wait()
-	want := fmt.Sprintf("waiting up to %v for requests in flight", lockTimeout+saveTimeout)
+	want := fmt.Sprintf("waiting up to %v for requests in flight", lockTimeout+stopWait)
 	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(string(rest), want) || !strings.Contains(string(rest), "idemserver: stopped") {
 		t.Fatalf("after SIGTERM: exit %d, stdout %q; want 0, saying %q, and stopped", code, rest, want)
 	}
@@ -432,7 +432,7 @@ func testSecondSignal(t *testing.T, bin string) {
 			}
 			// The line comes once a second signal stops the process.
 			line, err := stdout.ReadString('\n')
-			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)", testserver.DefaultLockTimeout+saveTimeout)
+			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)", testserver.DefaultLockTimeout+stopWait)
 			if err != nil || !strings.Contains(line, want) {
 				t.Fatalf("after %v: %q, %v; want a line saying %q", tc.first, line, err, want)
 			}
@@ -516,8 +516,8 @@ func TestFlagValues(t *testing.T) {
 		{"-prune-every", "-1h"},
 		{"-delay", "-1s"},
 		{"-lock-timeout", "5"}, // the reason, a missing unit, is checked below
-		// The wait of a stop, -lock-timeout and saveTimeout, would overflow.
-		{"-lock-timeout", (math.MaxInt64 - saveTimeout + 1).String()},
+		// The wait of a stop, -lock-timeout and stopWait, would overflow.
+		{"-lock-timeout", (math.MaxInt64 - stopWait + 1).String()},
 		{"-lock-timeout", time.Duration(math.MaxInt64).String()},
 		// Not below -retention (25h by default): a prune would delete the
 		// claim of a request still running.
@@ -538,12 +538,12 @@ func TestFlagValues(t *testing.T) {
 	// query timeout, are taken: run goes on to the address, which it cannot
 	// listen on.
 	for _, flag := range [][2]string{
-		{"-lock-timeout", (math.MaxInt64 - saveTimeout).String()},
+		{"-lock-timeout", (math.MaxInt64 - stopWait).String()},
 		{"-lock-timeout", (testserver.DefaultRetention - time.Nanosecond).String()},
 		{"-query-timeout", pgstore.MaxQueryTimeout.String()},
 	} {
 		args := []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}
-		if flag[1] == (math.MaxInt64 - saveTimeout).String() { // below -retention, as long as it may be
+		if flag[1] == (math.MaxInt64 - stopWait).String() { // below -retention, as long as it may be
 			args = append(args, "-retention", time.Duration(math.MaxInt64).String())
 		}
 		err := run(context.Background(), args, io.Discard, io.Discard)
@@ -609,7 +609,7 @@ func TestRunWaitsForRequestInFlight(t *testing.T) {
 	if a := <-got; a.err != nil || a.status != http.StatusCreated {
 		t.Fatalf("the charge in flight: %d %q, %v; want its 201", a.status, a.body, a.err)
 	}
-	want := fmt.Sprintf("waiting up to %v for requests in flight", lockTimeout+saveTimeout)
+	want := fmt.Sprintf("waiting up to %v for requests in flight", lockTimeout+stopWait)
 	if out := <-rest; !strings.Contains(out, want) || !strings.Contains(out, "idemserver: stopped") {
 		t.Fatalf("stdout after the listening line: %q; want it saying %q, then stopped", out, want)
 	}
