@@ -3,6 +3,7 @@ package keyjar
 import (
 	"context"
 	"database/sql"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -263,10 +264,39 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 		}
 		if err := tx.Commit(); err != nil {
 			fail(err)
+			j.overwriteFailed(ctx)
 		}
 		return syncMode
 	}
 	return syncMode
+}
+
+// overwriteFailed commits one page after a COMMIT that failed. SQLite may
+// have written that transaction's frames to the -wal file, its commit
+// frame included, before failing to index them in the -shm file (which
+// must grow, on a full disk) or to sync them. It then rolls back in
+// memory, but the frames stay, after the last frame committed: the next
+// program to open the jar after a crash, or after a Close that cannot
+// empty the WAL (a full disk), recovers them whole, and would hold keys
+// whose Begin failed, which a resume would send. The next commit writes
+// its frames over them, and so breaks the chain of checksums that a
+// recovery follows: overwriteFailed commits at once, under the write lock,
+// the user_version it reads. Its error is of no use: where it failed,
+// the WAL's next commit overwrites them.
+func (j *Jar) overwriteFailed(ctx context.Context) {
+	tx, err := j.wconn.BeginTx(ctx, nil)
+	if err != nil {
+		return
+	}
+	defer tx.Rollback()
+	var version int64
+	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return
+	}
+	if _, err := tx.ExecContext(ctx, "PRAGMA user_version = "+strconv.FormatInt(version, 10)); err != nil {
+		return
+	}
+	tx.Commit()
 }
 
 func (j *Jar) runJob(ctx context.Context, tx *sql.Tx, jb *job) error {

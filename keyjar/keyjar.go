@@ -16,6 +16,13 @@
 // writes into one IMMEDIATE transaction, commits, and only then answers each
 // caller.
 //
+// A batch whose COMMIT fails fails every caller in it, and the jar holds
+// none of its writes, then or after a crash: SQLite may have written the
+// batch's frames to the -wal file before it failed (to grow the -shm file
+// on a full disk, or to sync), where a recovery of the WAL would find them
+// whole, so the committer then commits one page over them (the
+// user_version it reads) before it answers.
+//
 // Acquire, Update, Forget, ForgetKey and Prune go through the same queue but
 // do not ask for an fsync of their own: a transaction that holds no key
 // creation commits with synchronous=NORMAL. They are visible to every reader
@@ -270,7 +277,10 @@ type hooks struct {
 // ErrLocked when another process holds a lock it needs (the write lock
 // above, or any lock in locking_mode=EXCLUSIVE) longer than
 // Options.BusyTimeout. Open and the Jar's methods return an error wrapping
-// syscall.ENOSPC when the disk is full; what the jar held before stays.
+// syscall.ENOSPC when the disk is full (or a disk I/O error, when SQLite
+// could write the -wal file but not grow the -shm file); what the jar held
+// before stays, and a write that failed is not found in it later (see
+// Durability in the package doc).
 func Open(ctx context.Context, path string, opts *Options) (*Jar, error) {
 	return open(ctx, path, opts, hooks{})
 }
