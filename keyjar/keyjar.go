@@ -45,7 +45,9 @@
 // its -wal and -shm files the database file's mode when it creates them.
 // Close checkpoints the WAL into the file and leaves the -wal file, empty,
 // and the -shm file in place: SQLite can read a WAL-mode file without
-// writing only when they exist. A path that is a
+// writing only when they exist. On a full disk the checkpoint may not
+// complete, and Close still returns nil: the -wal file then keeps what it
+// holds, synced, and the next Open reads it. A path that is a
 // symbolic link opens the file it points to, or creates it there when
 // nothing is there yet, and the -wal and -shm files are
 // beside that file. Each connection sets busy_timeout (Options.BusyTimeout);
