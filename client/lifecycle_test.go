@@ -722,14 +722,7 @@ func TestHeaderNotSentToAnotherHost(t *testing.T) {
 		http.Redirect(w, r, "http://localhost:"+port+"/receipt", http.StatusSeeOther)
 	}))
 	defer srv.Close()
-	c, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Header: withAuth, Policy: fastPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.PostJSON(context.Background(), "charge:o1", srv.URL+"/charges", chargeReq{Order: "o1"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	postWithAuth(t, srv.URL+"/charges")
 	if here.Load() != authValue || elsewhere.Load() != "" {
 		t.Fatalf("Authorization %q on the keyed request, %q on the redirect to another host; want it on the first only", here.Load(), elsewhere.Load())
 	}
@@ -909,5 +902,66 @@ func TestAbandonLeaseNamesItsProcess(t *testing.T) {
 	}
 	if want := fmt.Sprintf("%s/%d/", holderHost(t), os.Getpid()); !strings.HasPrefix(rec.Holder, want) {
 		t.Fatalf("Abandon left the lease of holder %q; want one of this process, %s…", rec.Holder, want)
+	}
+}
+
+// TestHeaderNotSentAfterARedirectToAnotherHost: once a redirect left the
+// request's host, Options.Header is not called for the rest of the chain,
+// a further redirect within the other host included (net/http drops
+// Authorization for the rest of a chain once it left the host).
+func TestHeaderNotSentAfterARedirectToAnotherHost(t *testing.T) {
+	var mu sync.Mutex
+	auths := map[string]string{}
+	seen := func(r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		auths[r.Host+r.URL.Path] = r.Header.Get("Authorization")
+	}
+	var home string // srv's host, set once it listens
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen(r)
+		switch r.URL.Path {
+		case "/hop":
+			http.Redirect(w, r, "/receipt", http.StatusFound) // within the other host
+		case "/receipt":
+			http.Redirect(w, r, "http://"+home+"/back", http.StatusFound) // back home
+		}
+	}))
+	defer other.Close()
+	_, port, _ := net.SplitHostPort(other.Listener.Addr().String())
+	elsewhere := "localhost:" + port
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen(r)
+		if r.URL.Path == "/charges" {
+			http.Redirect(w, r, "http://"+elsewhere+"/hop", http.StatusSeeOther)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+	}))
+	defer srv.Close()
+	home = srv.Listener.Addr().String()
+	postWithAuth(t, srv.URL+"/charges")
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]string{home + "/charges": authValue, elsewhere + "/hop": "", elsewhere + "/receipt": "", home + "/back": ""}
+	for where, auth := range want {
+		if got, ok := auths[where]; !ok || got != auth {
+			t.Errorf("Authorization at %s: %q (reached: %v); want %q", where, got, ok, auth)
+		}
+	}
+}
+
+// postWithAuth charges order o1 at url through a Client over the network
+// whose Options.Header adds the test credential.
+func postWithAuth(t *testing.T, url string) {
+	t.Helper()
+	c, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Header: withAuth, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.PostJSON(context.Background(), "charge:o1", url, chargeReq{Order: "o1"}, nil); err != nil {
+		t.Fatal(err)
 	}
 }
