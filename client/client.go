@@ -25,8 +25,9 @@
 //
 // Close the Client before the program exits (not os.Exit or log.Fatal
 // with Close deferred): the jar writes the outcome of a call after the call
-// returned, and Close waits for it. An exit without Close can leave the
-// last operations pending; a resume then gets the server's replay.
+// returned, and Close waits for it, and for the calls still in progress.
+// An exit without Close can leave the last operations pending; a resume
+// then gets the server's replay.
 package client
 
 import (
@@ -167,6 +168,10 @@ type Client struct {
 	hc           *http.Client
 	maxErrorBody int64
 	maxJSONBody  int64
+
+	mu     sync.Mutex     // guards closed and the calls' Add
+	closed bool           // Close began: no call may start
+	calls  sync.WaitGroup // the calls in progress, which Close waits for
 }
 
 // New returns a Client over the jar file at path, opened with keyjar.Open
@@ -221,9 +226,42 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		Hooks:         o.Hooks,
 		Logger:        o.Logger,
 	}
-	c.hc = &http.Client{Transport: c.tr, CheckRedirect: c.checkRedirect}
+	c.hc = &http.Client{Transport: &tracked{c: c}, CheckRedirect: c.checkRedirect}
 	return c, nil
 }
+
+// enter counts a call in progress, which Close waits for, or returns
+// ErrClosed once Close began. The caller calls c.calls.Done when enter
+// returned nil.
+func (c *Client) enter() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.calls.Add(1)
+	return nil
+}
+
+// tracked is the HTTPClient's Transport: the Client's idem.Transport,
+// whose requests Close waits for and refuses once it began. Those of the
+// Client's own methods are counted once, by the method.
+type tracked struct{ c *Client }
+
+func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Context().Value(trackerKey{}) == nil {
+		if err := t.c.enter(); err != nil {
+			if r.Body != nil {
+				r.Body.Close()
+			}
+			return nil, err
+		}
+		defer t.c.calls.Done()
+	}
+	return t.c.tr.RoundTrip(r)
+}
+
+func (t *tracked) CloseIdleConnections() { t.c.tr.CloseIdleConnections() }
 
 // pooledTransport is http.DefaultTransport with a pool sized for many
 // concurrent callers to one host.
@@ -260,16 +298,35 @@ func (c *Client) keyed(method string) bool { return keyhdr.Keyed(c.tr.Methods, m
 // HTTPClient returns the Client's *http.Client, for code that wants the
 // plain net/http API. Its requests of the methods in Options.Methods (POST
 // and PATCH by default) get keys and retries (name the operation with
-// idem.WithOperation); statuses are not turned into errors.
+// idem.WithOperation); statuses are not turned into errors. Close waits
+// for its requests as for the Client's calls, and once Close began they
+// return an error (a *url.Error) matching ErrClosed, nothing sent.
 func (c *Client) HTTPClient() *http.Client { return c.hc }
 
 // Jar returns the Client's jar.
 func (c *Client) Jar() Jar { return c.jar }
 
-// Close closes idle connections and the jar New opened, which first writes
-// the outcomes it was still to write. A jar given in Options.Jar is left
-// open: close it too.
+// Close waits for the calls in progress (Do, PostJSON, the resumes,
+// Pending, Abandon, Forget and the HTTPClient's requests), which end
+// within their contexts and the Policy, so that their outcomes are in the
+// jar; then it closes idle connections and the jar New opened, which
+// first writes the outcomes it was still to write. A jar given in
+// Options.Jar is left open: close it too, after Close. As database/sql's
+// DB.Close does, Close refuses the calls that would begin once it began:
+// they, and Close called again, return an error matching ErrClosed,
+// nothing sent. Cancel the contexts of the calls in progress to have Close
+// return sooner; each leaves its operation pending, to resume. Close must
+// not be called from Options.Header, a hook or the Logger, which a call
+// in progress runs: it would wait for itself.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.calls.Wait()
 	c.tr.CloseIdleConnections()
 	if c.closeJar != nil {
 		return c.closeJar()
@@ -317,6 +374,8 @@ type Response struct {
 //     the server saved for the key, such as a handler's own 409): final,
 //     Err is nil and the operation is done.
 //
+// After Close, Do sends nothing and returns an error matching ErrClosed.
+//
 // errors.Is(err, idem.ErrPending) reports every outcome that stays
 // unknown and resumable, but for a ctx already done when Do is called,
 // whose error Do returns having sent nothing (an operation left pending by
@@ -326,6 +385,21 @@ type Response struct {
 // *idem.MismatchError (op reused with another request: nothing sent),
 // *idem.JarError.
 func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Response, error) {
+	if err := c.enter(); err != nil {
+		if req.Body != nil {
+			req.Body.Close() // as http.Client.Do does, even on error
+		}
+		if op == "" {
+			return nil, fmt.Errorf("client: %s: %w", req.Method, err)
+		}
+		return nil, fmt.Errorf("client: operation %q: %w", op, err)
+	}
+	defer c.calls.Done()
+	return c.do(ctx, op, req)
+}
+
+// do is Do within a call that enter counted.
+func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Response, error) {
 	tr := &tracker{}
 	ctx = context.WithValue(ctx, trackerKey{}, tr)
 	if op != "" {
@@ -415,6 +489,10 @@ func (c *Client) decodeJSON(resp *Response, out any) (*Response, error) {
 //		continue // being sent now
 //	}
 func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
+	if err := c.enter(); err != nil {
+		return nil, fmt.Errorf("client: pending: %w", err)
+	}
+	defer c.calls.Done()
 	return c.jar.List(ctx, idem.Filter{State: idem.StatePending})
 }
 
@@ -445,6 +523,10 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // whether or not the jar stored its body), and ErrBodyNotStored when the
 // body was too large to store: use ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
+	if err := c.enter(); err != nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, err)
+	}
+	defer c.calls.Done()
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
 		return nil, err
@@ -503,6 +585,10 @@ func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (
 	if getBody == nil {
 		return nil, fmt.Errorf("client: resume %q: nil getBody", op)
 	}
+	if err := c.enter(); err != nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, err)
+	}
+	defer c.calls.Done()
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
 		return nil, err
@@ -543,7 +629,7 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 // resume sends req, the request rec stores, as the resume of rec's
 // operation.
 func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request) (*Response, error) {
-	resp, err := c.Do(resume.Mark(ctx, rec.Key), rec.Op, req)
+	resp, err := c.do(resume.Mark(ctx, rec.Key), rec.Op, req)
 	if se := (*resume.StateError)(nil); errors.As(err, &se) {
 		if se.State == "" {
 			return nil, fmt.Errorf("client: resume %q: the operation was forgotten by another call or process after Resume found it pending; nothing was sent: %w",
@@ -573,6 +659,10 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
 	}
+	if err := c.enter(); err != nil {
+		return fmt.Errorf("client: abandon %q: %w", op, err)
+	}
+	defer c.calls.Done()
 	rec, err := c.jar.Get(ctx, op)
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
@@ -648,6 +738,10 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 // lose its key: forget abandoned operations there only when nothing uses
 // their names.
 func (c *Client) Forget(ctx context.Context, op string) error {
+	if err := c.enter(); err != nil {
+		return fmt.Errorf("client: forget %q: %w", op, err)
+	}
+	defer c.calls.Done()
 	rec, err := c.jar.Get(ctx, op)
 	if err != nil {
 		return fmt.Errorf("client: forget %q: %w", op, err)
