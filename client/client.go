@@ -145,7 +145,8 @@ type Options struct {
 	MaxErrorBody int64
 
 	// MaxJSONBody is the largest 2xx body PostJSON decodes; a larger one is
-	// an error (the operation did happen). Zero means 16 MiB.
+	// an error matching ErrTooLarge (the operation did happen). Zero means
+	// 16 MiB.
 	MaxJSONBody int64
 
 	// Lease is how long one call holds an operation before another
@@ -427,8 +428,9 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // PostJSON sends in, encoded as JSON, in a POST to url as the operation
 // named op, and decodes a 2xx answer's JSON body into out (unless out is
 // nil or the body is empty). The returned Response's body is already read
-// and closed. Errors are those of Do; a body that does not decode is an
-// error returned with the Response: the operation did happen.
+// and closed. Errors are those of Do; a body that does not decode, or is
+// larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
+// the Response: the operation did happen.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
 	b, err := json.Marshal(in)
 	if err != nil {
@@ -457,7 +459,7 @@ func (c *Client) decodeJSON(resp *Response, out any) (*Response, error) {
 	if out != nil {
 		b, err := body.ReadAtMost(resp.Body, c.maxJSONBody, resp.ContentLength)
 		if errors.Is(err, body.ErrTooLarge) {
-			return resp, fmt.Errorf("client: the answer to %q (status %d) is larger than MaxJSONBody (%d bytes)", resp.Op, resp.StatusCode, c.maxJSONBody)
+			return resp, fmt.Errorf("%w: the answer to %q (status %d) has more than %d bytes", ErrTooLarge, resp.Op, resp.StatusCode, c.maxJSONBody)
 		}
 		if err != nil {
 			return resp, fmt.Errorf("client: reading the answer to %q (status %d): %w", resp.Op, resp.StatusCode, err)

@@ -223,8 +223,8 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 			switch {
 			case tt.decoded && (err != nil || len(out.ID) != len(answer)-len(`{"id":""}`)):
 				t.Fatalf("MaxJSONBody %d, an answer of %d bytes: %v, %d bytes decoded; want it decoded", tt.max, tt.size, err, len(out.ID))
-			case !tt.decoded && (err == nil || !strings.Contains(err.Error(), "MaxJSONBody") || resp == nil || resp.StatusCode != 201 || out.ID != ""):
-				t.Fatalf("MaxJSONBody %d, an answer of %d bytes: %v, %v, %d bytes decoded; want the 201 with a MaxJSONBody error and nothing decoded",
+			case !tt.decoded && (!errors.Is(err, client.ErrTooLarge) || !strings.Contains(err.Error(), "MaxJSONBody") || resp == nil || resp.StatusCode != 201 || out.ID != ""):
+				t.Fatalf("MaxJSONBody %d, an answer of %d bytes: %v, %v, %d bytes decoded; want the 201 with an ErrTooLarge error and nothing decoded",
 					tt.max, tt.size, resp, err, len(out.ID))
 			}
 		}

@@ -38,6 +38,11 @@ var (
 	// idem.Transport or a Client with other Methods: resume it through a
 	// Client whose Options.Methods include it.
 	ErrMethod = errors.New("client: the Client does not key this method")
+	// ErrTooLarge is returned by PostJSON and ResumeJSON, with the
+	// Response, for a 2xx answer whose body is larger than
+	// Options.MaxJSONBody: nothing is decoded, and the operation did
+	// happen.
+	ErrTooLarge = errors.New("client: the answer is larger than MaxJSONBody")
 )
 
 // ErrOptions is returned by New for arguments that name no jar, or two:
