@@ -444,7 +444,13 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if err := ctx.Err(); err != nil {
 			return interrupted(err)
 		}
+		sent := failed
 		send(r)
+		if err := ctx.Err(); err != nil && all && failed > sent {
+			// Cut off by the interruption: still pending, counted with
+			// the operations --all did not reach.
+			return interrupted(err)
+		}
 		done++
 		return nil
 	}

@@ -61,9 +61,10 @@
 // attempts all timed out may have happened: resume says that its outcome
 // is unknown, keeps it pending under its key, and exits with status 1; a
 // later resume sends the same key, and the server replays its answer if
-// the request got through. SIGINT (Ctrl-C) or SIGTERM stops resume --all
-// before its next operation: one line says how many it did not resume,
-// which stay pending, and it exits with status 1.
+// the request got through. SIGINT (Ctrl-C) or SIGTERM stops resume --all,
+// cutting off the operation it is sending, which stays pending under its
+// key: one line says how many it did not resume, that one included, which
+// stay pending, and it exits with status 1.
 //
 // resume does not send an operation first sent longer ago than --horizon,
 // 24h by default: it marks it for reconciliation, as the program that sent

@@ -1602,6 +1602,46 @@ func TestResumeAllInterrupted(t *testing.T) {
 	}
 }
 
+// TestResumeAllInterruptedWhileSending: resume --all interrupted while the
+// server holds its first operation's request cuts that attempt off: the
+// operation stays pending under its key, and the line that says how many
+// stay pending counts it with those not reached.
+func TestResumeAllInterruptedWhileSending(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := &server{}
+	srv.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // so that the server sees the client go
+		cancel()                    // SIGINT while this request is in flight
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	path := seed(t, srv)
+	var keys []string
+	for _, op := range []string{"charge:p1", "charge:p2"} {
+		r, err := jarState(t, path, op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, r.Key)
+	}
+	var stdout, stderr bytes.Buffer
+	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret}, &stdout, &stderr)
+	if code != 1 || stdout.Len() != 0 || !strings.HasSuffix(stderr.String(), "idemctl: interrupted: 2 operation(s) not resumed, still pending\n") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and a last line saying that both stay pending", code, stdout.String(), stderr.String())
+	}
+	for i, op := range []string{"charge:p1", "charge:p2"} {
+		r, err := jarState(t, path, op)
+		if err != nil || r.State != idem.StatePending || r.Key != keys[i] {
+			t.Fatalf("%s after the interrupted resume: %+v, %v; want it pending under key %s", op, r, err, keys[i])
+		}
+	}
+}
+
 // prunedPerBatch is a jar whose Prune deletes one record per batch, as
 // keyjar and pgjar delete up to a thousand, and runs between after each
 // batch: a Ctrl-C, or another process's lock, on which the next batch, on
