@@ -316,7 +316,10 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.rec.NextAttempt = decided.Add(ra)
 		}
 		c.update(ctx, Change{NextAttempt: c.rec.NextAttempt})
-		e = c.event(c.lastCode, err)
+		e = c.event(0, err) // the attempt's own status: none after a network error
+		if resp != nil {
+			e.Status = resp.StatusCode
+		}
 		e.Wait, e.Reason = wait, reason(resp, err)
 		fire(c.t.Hooks.OnRetry, e)
 		c.log(ctx, slog.LevelInfo, "idem: retrying", e)

@@ -11,7 +11,7 @@ type Event struct {
 	Op      string        // the operation's name (see WithOperation)
 	Key     string        // its Idempotency-Key
 	Attempt int           // 1-based number of the attempt within this call; 0 before the first
-	Status  int           // the attempt's status (OnGiveUp, OnReconcile: the last one known); 0 when none
+	Status  int           // the attempt's status, 0 when it got no answer (OnGiveUp, OnReconcile: the last one known, 0 when none)
 	Err     error         // the attempt's error, or why the call stopped
 	Wait    time.Duration // OnRetry: the wait before the next attempt
 	Reason  string        // OnRetry and OnGiveUp: why, in a few words

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -284,3 +285,49 @@ func TestPanickingHook(t *testing.T) {
 }
 
 func steps(s ...func() (*http.Response, error)) []func() (*http.Response, error) { return s }
+
+// TestRetryEventOfANetworkError: the OnRetry event and the log record of
+// an attempt that got no answer carry no status, although an earlier
+// attempt of the call got one: Event.Status is the attempt's own.
+func TestRetryEventOfANetworkError(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch n.Add(1) {
+		case 1:
+			w.Header().Set("Connection", "close") // the next attempt dials anew: net/http does not send it again
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case 2:
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.Close() // no answer
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	defer srv.Close()
+	var logs bytes.Buffer
+	var retries []idem.Event
+	tr := &idem.Transport{Jar: &idem.MemoryJar{}, Policy: fastPolicy,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Hooks:  idem.Hooks{OnRetry: func(e idem.Event) { retries = append(retries, e) }}}
+	resp, _, _ := postRead(t, idem.WithOperation(context.Background(), "op"), tr, srv.URL)
+	if resp.StatusCode != http.StatusCreated || n.Load() != 3 {
+		t.Fatalf("got %d after %d requests; want 201 after 3", resp.StatusCode, n.Load())
+	}
+	if len(retries) != 2 {
+		t.Fatalf("OnRetry events %+v; want 2", retries)
+	}
+	if e := retries[0]; e.Attempt != 1 || e.Status != http.StatusServiceUnavailable || e.Err != nil || e.Reason != "status 503" {
+		t.Errorf("first OnRetry event %+v; want attempt 1, status 503, no error", e)
+	}
+	if e := retries[1]; e.Attempt != 2 || e.Status != 0 || e.Err == nil || e.Reason != "network error" {
+		t.Errorf("second OnRetry event %+v; want attempt 2, no status (the server did not answer), its error", e)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "status=503") || strings.Contains(lines[1], "status=") || !strings.Contains(lines[1], `reason="network error"`) {
+		t.Errorf("log records:\n%s\nwant two retries, the second without a status", logs.String())
+	}
+}
