@@ -252,6 +252,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				c.t.Budget.Deposit(c.cost)
 			}
 			c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
+			if c.rec.State == StatePending {
+				c.giveUp(ctx, nil, "credentials refused: "+reason(resp, nil))
+			}
 			return resp, nil
 		}
 		switch retry.Classify(resp, err) {

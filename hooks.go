@@ -35,7 +35,8 @@ type Hooks struct {
 	// OnRetry runs after an attempt that will be retried, before the wait.
 	OnRetry func(Event)
 	// OnGiveUp runs when a call stops without a final answer: the
-	// operation stays pending.
+	// operation stays pending. A 401 or 407 that leaves a pending
+	// operation pending is such a stop.
 	OnGiveUp func(Event)
 	// OnReplay runs when the server answered with Idempotent-Replayed: true.
 	OnReplay func(Event)

@@ -331,3 +331,62 @@ func TestRetryEventOfANetworkError(t *testing.T) {
 		t.Errorf("log records:\n%s\nwant two retries, the second without a status", logs.String())
 	}
 }
+
+// TestGiveUpOnRefusedCredentials: a 401 answer leaves a pending operation
+// pending, a call that stops without a final answer: OnGiveUp runs once and
+// the Logger warns, as for any other. It does not for an operation whose
+// outcome is known, which the 401 leaves done.
+func TestGiveUpOnRefusedCredentials(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer good" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	var logs bytes.Buffer
+	var giveUps []idem.Event
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: fastPolicy, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Hooks: idem.Hooks{OnGiveUp: func(e idem.Event) { giveUps = append(giveUps, e) }}}
+	ctx := idem.WithOperation(context.Background(), "op")
+	for _, c := range []struct {
+		token   string
+		status  int
+		state   idem.State
+		giveUps int
+	}{
+		{"bad", http.StatusUnauthorized, idem.StatePending, 1},
+		{"good", http.StatusCreated, idem.StateDone, 1},
+		{"bad", http.StatusUnauthorized, idem.StateDone, 1},
+	} {
+		tr.Base = authBase{http.DefaultTransport, "Bearer " + c.token}
+		resp, _, _ := postRead(t, ctx, tr, srv.URL)
+		r, err := jar.Get(ctx, "op")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != c.status || r.State != c.state || len(giveUps) != c.giveUps {
+			t.Fatalf("%s token: %d, operation %s, %d give-ups; want %d, %s, %d", c.token, resp.StatusCode, r.State, len(giveUps), c.status, c.state, c.giveUps)
+		}
+	}
+	if e := giveUps[0]; e.Op != "op" || e.Attempt != 1 || e.Status != http.StatusUnauthorized || e.Reason != "credentials refused: status 401" {
+		t.Errorf("OnGiveUp event %+v; want attempt 1, status 401, the credentials refused", e)
+	}
+	if n := strings.Count(logs.String(), `level=WARN msg="idem: giving up; operation stays pending" op=op`); n != 1 {
+		t.Errorf("%d give-up records; want 1:\n%s", n, logs.String())
+	}
+}
+
+// authBase sends each request with its Authorization header set to auth.
+type authBase struct {
+	rt   http.RoundTripper
+	auth string
+}
+
+func (b authBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("Authorization", b.auth)
+	return b.rt.RoundTrip(req)
+}
