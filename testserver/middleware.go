@@ -533,6 +533,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		// Another request took it over, saved or released it first: look again.
 	}
 	m.stats.conflicts.Add(1)
+	m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", 1)
 	m.inFlight(w, key, 1)
 }
 

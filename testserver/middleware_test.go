@@ -1587,3 +1587,47 @@ func TestReleaseErrors(t *testing.T) {
 		}
 	})
 }
+
+// losingTakeOver is a store whose every take-over is lost to another
+// request: the claim it finds stays stale.
+type losingTakeOver struct{ *testserver.MemoryStore }
+
+func (losingTakeOver) TakeOver(context.Context, string, string, int64, int64) (bool, error) {
+	return false, nil
+}
+
+// TestLostTakeOversLogged: a request that loses every take-over race it
+// runs answers 409, counts a conflict and, as every decision, logs it.
+func TestLostTakeOversLogged(t *testing.T) {
+	clk := newClock()
+	store := losingTakeOver{new(testserver.MemoryStore)}
+	r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")
+	fp := testserver.Fingerprint(r, "", []byte(chargeBody))
+	if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(testserver.DefaultLockTimeout)
+	var buf bytes.Buffer
+	mw := &testserver.Middleware{Store: store, Now: clk.Now,
+		Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	h := &charges{}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	req, err := http.NewRequest("POST", srv.URL+"/v1/charges", strings.NewReader(chargeBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if s := mw.Stats(); resp.StatusCode != http.StatusConflict || h.runs.Load() != 0 || s.Conflicts != 1 || s.Takeovers != 0 {
+		t.Fatalf("%d, runs %d, %+v; want 409, no run, one conflict", resp.StatusCode, h.runs.Load(), s)
+	}
+	if want := `msg="idempotency: in flight" key=k retry_after=1`; !strings.Contains(buf.String(), want) {
+		t.Errorf("log lacks %q:\n%s", want, buf.String())
+	}
+}
