@@ -231,7 +231,7 @@ func leave(t *testing.T, dir, filler string, pages int64) {
 	if fi, err := os.Stat(filler); err == nil {
 		size = fi.Size()
 	}
-	want := max(0, size+int64(st.Bavail)*st.Bsize-pages*4096)
+	want := max(0, size+int64(st.Bavail)*int64(st.Bsize)-pages*4096)
 	f, err := os.OpenFile(filler, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		t.Fatal(err)
