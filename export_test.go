@@ -14,6 +14,18 @@ func MemoryJarBytes(j *MemoryJar) (data, dead int) {
 	return j.live + j.dead, j.dead
 }
 
+// MemoryJarChunkBytes returns the capacity of j's chunks: the memory that
+// the bytes MemoryJarBytes counts take.
+func MemoryJarChunkBytes(j *MemoryJar) int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := 0
+	for _, c := range j.chunks {
+		n += cap(c)
+	}
+	return n
+}
+
 // HolderHost is the host part of this process's lease holder ids.
 func HolderHost() string {
 	h, _, _ := strings.Cut(processPrefix(), "/")

@@ -115,6 +115,7 @@ type MemoryJar struct {
 	free   []uint32               // slots of deleted records, to use again
 	extra  map[uint32]memStrings  // the changeable strings of the slots that have any
 	chunks [][]byte               // the records' fixed fields; bytes once written never change
+	open   int                    // the chunk that short records are added to while it has room; none when past the end
 	live   int                    // bytes in chunks that belong to a record
 	dead   int                    // bytes in chunks that belong to no record
 }
@@ -168,7 +169,7 @@ var states = [...]State{StatePending, StateDone, StateFailed, StateReconcile, St
 
 const (
 	// chunkSize is the size of each slice of MemoryJar.chunks; a record
-	// longer than it gets one of its own.
+	// longer than half of it gets one of its own, of its size.
 	chunkSize = 256 << 10
 	// blockSize is the number of slots in each slice of MemoryJar.slots.
 	blockSize = 1024
@@ -326,16 +327,25 @@ func (j *MemoryJar) createdAt(p place) stamp {
 	return stamp{sec, int32(d.uvarint())}
 }
 
-// place copies b, a record's fields that Begin sets once, into chunks.
+// place copies b, a record's fields that Begin sets once, into chunks. A
+// record longer than half a chunk gets a chunk of its own, and the chunk
+// that the shorter ones fill stays open: had the long record ended it,
+// what the chunk had left would be lost, up to as much again as the jar
+// holds.
 func (j *MemoryJar) place(b []byte) place {
 	n := len(b)
-	last := len(j.chunks) - 1
-	if last < 0 || cap(j.chunks[last])-len(j.chunks[last]) < n {
-		j.chunks = append(j.chunks, make([]byte, 0, max(chunkSize, n)))
-		last++
+	at := j.open
+	switch {
+	case n > chunkSize/2:
+		j.chunks = append(j.chunks, make([]byte, 0, n))
+		at = len(j.chunks) - 1
+	case at >= len(j.chunks) || cap(j.chunks[at])-len(j.chunks[at]) < n:
+		j.chunks = append(j.chunks, make([]byte, 0, chunkSize))
+		at = len(j.chunks) - 1
+		j.open = at
 	}
-	p := place{chunk: last, off: len(j.chunks[last]), n: n}
-	j.chunks[last] = append(j.chunks[last], b...)
+	p := place{chunk: at, off: len(j.chunks[at]), n: n}
+	j.chunks[at] = append(j.chunks[at], b...)
 	j.live += n
 	return p
 }
@@ -349,7 +359,7 @@ func (j *MemoryJar) compact() {
 		return
 	}
 	old := j.chunks
-	j.chunks, j.live, j.dead = nil, 0, 0
+	j.chunks, j.open, j.live, j.dead = nil, 0, 0, 0
 	for b := range j.slots {
 		for k := range j.slots[b] {
 			if m := &j.slots[b][k]; m.head.n > 0 {

@@ -214,6 +214,41 @@ func TestMemoryJarCompacts(t *testing.T) {
 	}
 }
 
+// TestMemoryJarLongRecordsKeepTheChunkOpen: records longer than half a
+// chunk (256 KiB), each followed by a short one, take the memory of their
+// bytes and of one chunk that the short ones share, not a chunk each that
+// a short one begins.
+func TestMemoryJarLongRecordsKeepTheChunkOpen(t *testing.T) {
+	ctx := context.Background()
+	for _, size := range []int{129 << 10, 300 << 10} {
+		j := new(idem.MemoryJar)
+		for i := range 20 {
+			long := memRecord(2 * i)
+			long.Body = make([]byte, size)
+			long.BodySize = int64(size)
+			for _, r := range []idem.Record{long, memRecord(2*i + 1)} {
+				if _, _, err := j.Begin(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		data, _ := idem.MemoryJarBytes(j)
+		if taken := idem.MemoryJarChunkBytes(j); taken > data+256<<10 {
+			t.Errorf("20 records of %d KiB and 20 short ones: %d KiB of chunks for %d KiB of data; want at most one chunk more",
+				size>>10, taken>>10, data>>10)
+		}
+		for i := range 40 {
+			want := memRecord(i)
+			if i%2 == 0 {
+				want.Body = make([]byte, size)
+			}
+			if got, err := j.Get(ctx, want.Op); err != nil || got.Key != want.Key || string(got.Body) != string(want.Body) {
+				t.Errorf("Get(%s) = key %q, %d bytes of body, %v; want %q, %d bytes", want.Op, got.Key, len(got.Body), err, want.Key, len(want.Body))
+			}
+		}
+	}
+}
+
 // TestMemoryJarHoldsNoObjectPerRecord: the records do not add objects for
 // the garbage collector to mark, so a large jar does not slow every
 // collection of the program that holds it.
