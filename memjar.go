@@ -393,8 +393,10 @@ func (j *MemoryJar) each(fn func(op string, i uint32, m *memRecord) bool) {
 // The encoding of the fields Begin sets once: a string or byte slice is its
 // length as a uvarint and its bytes; a nil body is length 0 and a body of n
 // bytes n+1. A time is its Unix seconds as a varint and its nanoseconds as
-// a uvarint. A header is its number of values (4 bytes, little-endian),
-// then a name and a value for each.
+// a uvarint. A header is its number of names (4 bytes, little-endian), then
+// each name, its number of values as a uvarint and its values: a name
+// without values is kept, as the other jars keep it (net/http sends no
+// User-Agent for one, where it sends its own for no name).
 
 func encodeHead(b []byte, r *Record) (_ []byte, dropped bool) {
 	b = appendString(b, r.Op)
@@ -412,17 +414,18 @@ func encodeHead(b []byte, r *Record) (_ []byte, dropped bool) {
 		b = append(b, r.Body...)
 	}
 	at := len(b)
-	b = binary.LittleEndian.AppendUint32(b, 0) // the number of values, set below
+	b = binary.LittleEndian.AppendUint32(b, 0) // the number of names, set below
 	n := 0
 	for name, vs := range r.Header {
 		if SecretHeader(name) {
 			dropped = true
 			continue
 		}
+		b = binary.AppendUvarint(appendString(b, name), uint64(len(vs)))
 		for _, v := range vs {
-			b = appendString(appendString(b, name), v)
+			b = appendString(b, v)
 		}
-		n += len(vs)
+		n++
 	}
 	binary.LittleEndian.PutUint32(b[at:], uint32(n))
 	return b, dropped
@@ -470,10 +473,17 @@ func (d *decoder) head(r *Record) {
 	}
 	n := int(binary.LittleEndian.Uint32(d.b))
 	d.b = d.b[4:]
-	r.Header = make(http.Header, min(n, 8))
+	r.Header = make(http.Header, n)
 	for range n {
 		name := d.string()
-		r.Header[name] = append(r.Header[name], d.string())
+		var vs []string
+		if k := int(d.uvarint()); k > 0 {
+			vs = make([]string, k)
+			for i := range vs {
+				vs[i] = d.string()
+			}
+		}
+		r.Header[name] = vs
 	}
 }
 
