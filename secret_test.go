@@ -30,6 +30,11 @@ func TestSecretHeader(t *testing.T) {
 		"X-Goog-Iap-Jwt-Assertion": true, "X-Jwt": true, "X-Client-Assertion": true,
 		"Signature": true, "signature": true, "Signature-Input": false,
 		"X-Amz-Security-Token": true, "X-Amz-Content-Sha256": false, "X-Amz-Date": false,
+		// Webhook signatures, an HMAC of the body that the receiver
+		// accepts with that body, which the jar keeps: GitHub's, Stripe's,
+		// Slack's, Twilio's, Shopify's.
+		"X-Hub-Signature": true, "X-Hub-Signature-256": true, "Stripe-Signature": true,
+		"X-Slack-Signature": true, "X-Twilio-Signature": true, "X-Shopify-Hmac-Sha256": true,
 	} {
 		if got := idem.SecretHeader(name); got != want {
 			t.Errorf("SecretHeader(%q) = %v; want %v", name, got, want)

@@ -6,22 +6,24 @@ package secrethdr
 import "net/textproto"
 
 // Is reports whether a header carries a credential: Authorization,
-// Proxy-Authorization, Cookie, Set-Cookie, Signature (RFC 9421's, which
-// a server accepts again while it is valid; not Signature-Input, which
-// lists what it covers), any header whose name contains "auth", "token",
-// "secret", "password", "api-key", "api_key", "apikey", "session",
-// "credential", "jwt" or "assertion" (as X-Goog-Iap-Jwt-Assertion), and
-// any whose name ends in "key" (an API key by another name, as
-// Ocp-Apim-Subscription-Key), but Idempotency-Key, whatever its case.
+// Proxy-Authorization, Cookie, Set-Cookie, any header whose name contains
+// "auth", "token", "secret", "password", "api-key", "api_key", "apikey",
+// "session", "credential", "jwt", "assertion" (as
+// X-Goog-Iap-Jwt-Assertion), "signature" or "hmac" (RFC 9421's Signature,
+// a webhook's X-Hub-Signature-256 or Stripe-Signature: a signature that a
+// server accepts again with what it signs; not Signature-Input, which
+// lists what it covers), and any whose name ends in "key" (an API key by
+// another name, as Ocp-Apim-Subscription-Key), but Idempotency-Key,
+// whatever its case.
 func Is(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
-	case "Cookie", "Set-Cookie", "Signature": // Authorization and Proxy-Authorization hold "auth"
+	case "Cookie", "Set-Cookie": // Authorization and Proxy-Authorization hold "auth"
 		return true
-	case "Idempotency-Key":
+	case "Idempotency-Key", "Signature-Input":
 		return false
 	}
 	for _, s := range []string{"auth", "token", "secret", "password", "api-key", "api_key", "apikey", "session",
-		"credential", "jwt", "assertion"} {
+		"credential", "jwt", "assertion", "signature", "hmac"} {
 		if containsFold(name, s) {
 			return true
 		}
