@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
@@ -141,5 +143,37 @@ func TestStatusErrorHidesUserinfo(t *testing.T) {
 	}
 	if !strings.Contains(se.URL, "shop.test/charges") {
 		t.Errorf("StatusError.URL = %q; want the URL without its password", se.URL)
+	}
+}
+
+// A server's status line and body reach a *StatusError's message, which a
+// program prints or logs to a terminal: their control characters are
+// escaped (\x1b), so that a hostile server cannot clear the screen, set
+// the window's title or write the clipboard; the fields keep them as sent.
+func TestStatusErrorEscapesTheServersControlCharacters(t *testing.T) {
+	const status = "400 Bad\x1b]0;title\x07"
+	const body = "no\x1b[2J such\x1b]52;c;ZXZpbA==\x07 order\u009b31m"
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r.Body.Close()
+		return &http.Response{StatusCode: 400, Status: status, Header: http.Header{},
+			Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
+	})
+	c := newClient(t, nil, &client.Options{Base: base})
+	_, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+	var se *client.StatusError
+	if !errors.As(err, &se) || se.StatusCode != 400 {
+		t.Fatalf("got %v; want a *StatusError 400", err)
+	}
+	msg := err.Error()
+	if i := strings.IndexFunc(msg, unicode.IsControl); i >= 0 {
+		t.Errorf("the message holds the control character %U: %q", []rune(msg[i:])[0], msg)
+	}
+	for _, want := range []string{`400 Bad\x1b]0;title\x07`, `no\x1b[2J such\x1b]52;c;ZXZpbA==\x07 order\u009b31m`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the message %q lacks %s", msg, want)
+		}
+	}
+	if se.Status != status || string(se.Body) != body {
+		t.Errorf("Status %q, Body %q; want them as the server sent them", se.Status, se.Body)
 	}
 }

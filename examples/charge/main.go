@@ -35,6 +35,8 @@
 // 1 when some are not (those left pending stay in the jar for the next run;
 // one the server refused, with a 400 say, is asked again with its key and
 // gets the same answer), 2 for bad flags; -h prints the usage and exits 0.
+// What the server answers is printed with its control characters escaped
+// (\x1b): a terminal does not run them.
 package main
 
 import (
@@ -52,6 +54,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
@@ -269,8 +272,18 @@ func report(w io.Writer, id string, resp *client.Response, ch charge, err error)
 	if resp.Replayed {
 		how = "charged (replayed: the server had already charged it)"
 	}
-	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, ch.ID, ch.Amount, ch.Currency, resp.Key)
+	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, shown(ch.ID), ch.Amount, shown(ch.Currency), resp.Key)
 	return true
+}
+
+// shown returns s, a field of the server's answer, as it is, or quoted
+// with its control characters escaped (\x1b) when it holds any: a
+// terminal would run them.
+func shown(s string) string {
+	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	return strconv.QuoteToGraphic(s)
 }
 
 // orderIDs reads -orders: a count N (order-1 … order-N) or a list.

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
@@ -278,6 +279,41 @@ func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
 	}
 	if cs, err := payco.Order(ctx, "x1"); err != nil || len(cs) != 0 {
 		t.Fatalf("PayCo charged x1 %d times (%v); want 0", len(cs), err)
+	}
+}
+
+// What a hostile server answers reaches the terminal escaped: neither the
+// body of a refusal nor the fields of a charge run their control
+// characters (clear the screen, write the clipboard) there.
+func TestServersControlCharactersAreEscaped(t *testing.T) {
+	const esc = "\x1b]52;c;ZXZpbA==\a\x1b[2J"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req chargeRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if req.OrderID == "refused" {
+			http.Error(w, "refused"+esc, http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(charge{ID: "ch_1" + esc, Amount: req.Amount, Currency: req.Currency + esc, OrderID: req.OrderID})
+	}))
+	defer srv.Close()
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"-server", srv.URL, "-jar", filepath.Join(t.TempDir(), "charge.db"), "-orders", "refused,taken"}, "", &out, &out)
+	if code != 1 {
+		t.Errorf("run = %d; want 1, one order refused\n%s", code, out.String())
+	}
+	if i := strings.IndexFunc(out.String(), func(r rune) bool { return unicode.IsControl(r) && r != '\n' }); i >= 0 {
+		t.Errorf("the output holds a control character at byte %d: %q", i, out.String())
+	}
+	for _, want := range []string{`refused\x1b]52;c;`, `ch_1\x1b]52;c;`, `usd\x1b]52;c;`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output lacks %s: %q", want, out.String())
+		}
 	}
 }
 
