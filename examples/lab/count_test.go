@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/internal/faultproxy"
+)
+
+// TestDoubleChargeWarningsMatchTheLedger: with a logger (-v), a row warns of
+// each order charged more than once, and of no other. In the server crash
+// row PayCo dedups on charge:<order_id>, so the second call of an order
+// taken over from a dead instance charges nothing: that order was once
+// reported charged twice while the ledger, and the table, held one charge.
+// The unfenced store row, where PayCo charges on every call, must still
+// warn of each order it double-charged.
+func TestDoubleChargeWarningsMatchTheLedger(t *testing.T) {
+	for _, name := range []string{rowCrash, rowUnfenced} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := chaosConfig(t, 40, faultproxy.Rates{DropResponse: 0.1})
+			var logs bytes.Buffer
+			cfg.logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			r, err := runRow(t.Context(), cfg, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			warned := strings.Count(logs.String(), "order charged more than once")
+			if warned != r.DoubleCharged {
+				t.Errorf("%s: %d orders warned of as charged more than once; the ledger has %d (charge calls %d, charges %d)",
+					name, warned, r.DoubleCharged, r.ChargeCalls, r.Charges)
+			}
+			if name == rowCrash && r.ChargeCalls <= r.Charges {
+				t.Errorf("%s: charge calls %d, charges %d: want an order called twice, which the check above is for", name, r.ChargeCalls, r.Charges)
+			}
+			if name == rowUnfenced && r.DoubleCharged == 0 {
+				t.Errorf("%s: no double-charged order: the check above saw no warning to keep", name)
+			}
+		})
+	}
+}
