@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -39,5 +41,20 @@ func TestDoubleChargeWarningsMatchTheLedger(t *testing.T) {
 				t.Errorf("%s: no double-charged order: the check above saw no warning to keep", name)
 			}
 		})
+	}
+}
+
+// TestRestartsInterrupted: a run interrupted (Ctrl-C) while a client
+// process of idem + client restarts is running ends with the context's
+// error, as the other rows do, not as a client process that failed on its
+// own: the process was killed by the interrupt.
+func TestRestartsInterrupted(t *testing.T) {
+	cfg := chaosConfig(t, 200, faultproxy.Rates{})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	cfg.progress = func(string, int, int) { cancel() }
+	_, err := runRow(ctx, cfg, rowRestarts)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, errChild) {
+		t.Errorf("interrupted: %v; want context.Canceled, not %v", err, errChild)
 	}
 }

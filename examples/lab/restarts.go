@@ -100,6 +100,9 @@ func runRestarts(ctx context.Context, e *env) error {
 			e.restarts++
 			continue
 		}
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err() // killed by exec.CommandContext: the run was interrupted
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %v: %s", errChild, err, bytes.TrimSpace(stderr.Bytes()))
 		}
