@@ -350,6 +350,35 @@ func TestHeadAndOptionsUnderAKey(t *testing.T) {
 	}
 }
 
+// TestHeadLargerThanMaxSavedResponse: the body a HEAD's handler writes is
+// never sent (net/http drops it), so however long, it is not too large to
+// save: the replay is the first answer, status and headers, not the
+// response-too-large marker, and no marker is counted.
+func TestHeadLargerThanMaxSavedResponse(t *testing.T) {
+	var runs atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/v1/reports/1")
+		w.WriteHeader(http.StatusCreated)
+		runs.Add(1)
+		for range 10 {
+			io.WriteString(w, "<html>0123456789</html>") // past MaxSavedResponse mid-way
+		}
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Methods: []string{"HEAD"}, MaxSavedResponse: 50}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for i := range 2 {
+		a := send(t, srv, http.MethodHead, "/", "", "Idempotency-Key", "k")
+		if a.err != nil || a.resp.StatusCode != http.StatusCreated || a.body != "" || a.resp.Header.Get("Location") != "/v1/reports/1" || a.resp.Header.Get("Content-Length") != "" ||
+			a.resp.Header.Get("Content-Type") != "text/html; charset=utf-8" || (a.resp.Header.Get("Idempotent-Replayed") == "true") != (i == 1) {
+			t.Fatalf("answer %d: %s %v %q, %v; want the handler's 201 with its Location and sniffed type, no body nor length", i+1, a.resp.Status, a.resp.Header, a.body, a.err)
+		}
+	}
+	if st := mw.Stats(); runs.Load() != 1 || st.TooLarge != 0 || st.Replays != 1 {
+		t.Fatalf("%d runs, %+v; want one run, one replay, nothing too large", runs.Load(), st)
+	}
+}
+
 // TestEncodedAnswerReplayed: an answer the handler compressed itself, with
 // its Content-Encoding and Content-Length, is replayed as it was sent: an
 // http.Transport that asked for gzip decompresses both.

@@ -217,7 +217,10 @@ type Middleware struct {
 	// bounded), and the key is saved done with a 500 ProblemResponseTooLarge
 	// marker that names the original status and Location. Retries get the
 	// marker: the operation never runs twice, and the caller is told to
-	// look the result up instead.
+	// look the result up instead. The answer to a HEAD (with HEAD in
+	// Methods) is never too large: net/http sends none of its body, so a
+	// body past the limit is dropped, and the status and header are saved
+	// and replayed.
 	MaxSavedResponse int64
 
 	// ReplayHeaders are the response headers saved and replayed. Nil means
@@ -638,7 +641,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		limit = DefaultMaxSavedResponse
 	}
 	limit = min(limit, MaxSavedResponseLimit)
-	rec := &recorder{w: w, header: w.Header().Clone(), limit: limit}
+	rec := &recorder{w: w, header: w.Header().Clone(), limit: limit, head: r.Method == http.MethodHead}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
@@ -848,6 +851,8 @@ type recorder struct {
 	size     int64 // body bytes the handler wrote
 	declared int64 // the Content-Length set when the status was, or -1
 	streamed bool
+	head     bool // the request is a HEAD, whose answer has no body on the wire
+	dropped  bool // a HEAD's body outgrew limit: it is counted, not kept
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
@@ -881,8 +886,22 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.streamed {
 		return rec.w.Write(p)
 	}
+	if rec.dropped {
+		return len(p), nil
+	}
 	if int64(rec.body.Len()+len(p)) <= rec.limit {
 		return rec.body.Write(p)
+	}
+	if rec.head {
+		// net/http eats the body of an answer to HEAD, however long: here
+		// too, past the limit, it is counted and dropped. The answer saved
+		// is its status and header, with the type net/http sniffs from the
+		// first bytes, never the too-large marker.
+		b := rec.body.Bytes()
+		rec.sniff(append(b[:min(len(b), sniffLen):min(len(b), sniffLen)], p[:min(len(p), sniffLen)]...))
+		rec.body = bytes.Buffer{}
+		rec.dropped = true
+		return len(p), nil
 	}
 	rec.start()
 	rec.streamed = true
@@ -928,6 +947,7 @@ func (rec *recorder) reset() {
 	rec.header = rec.w.Header().Clone()
 	rec.status = 0
 	rec.body.Reset()
+	rec.dropped = false
 }
 
 // finish completes the answer as net/http would: status 200 when none was
@@ -938,8 +958,19 @@ func (rec *recorder) finish() {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
-	if _, ok := rec.header["Content-Type"]; !ok && rec.body.Len() > 0 && !rec.streamed && rec.header.Get("Content-Encoding") == "" {
-		rec.header.Set("Content-Type", http.DetectContentType(rec.body.Bytes()))
+	if !rec.streamed {
+		rec.sniff(rec.body.Bytes())
+	}
+}
+
+// sniffLen is the most bytes http.DetectContentType considers.
+const sniffLen = 512
+
+// sniff sets the Content-Type net/http would send for a body that begins
+// with b, when the handler set none and did not encode the body.
+func (rec *recorder) sniff(b []byte) {
+	if _, ok := rec.header["Content-Type"]; !ok && len(b) > 0 && rec.header.Get("Content-Encoding") == "" {
+		rec.header.Set("Content-Type", http.DetectContentType(b))
 	}
 }
 
