@@ -265,7 +265,7 @@ type Middleware struct {
 
 // Stats are the Middleware's counters since it was created, for operators.
 type Stats struct {
-	Claims      int64 // keys claimed: first runs of the handler
+	Claims      int64 // keys claimed: first runs of the handler (a claim or take-over that took longer than LockTimeout runs nothing, and is a store error)
 	Takeovers   int64 // stale claims taken over: runs after a worker went silent
 	Replays     int64 // saved answers replayed
 	Conflicts   int64 // 409: the key was in flight
@@ -273,7 +273,7 @@ type Stats struct {
 	Fenced      int64 // late saves or releases refused because another worker took over
 	Released    int64 // claims released after a handler error (ReleaseClaim)
 	TooLarge    int64 // answers larger than MaxSavedResponse, saved as a marker
-	StoreErrors int64 // store calls that failed (503 before the handler, logged after), releases included, and requests refused for a nil Store (ErrNoStore) or bad options (ErrOptions)
+	StoreErrors int64 // store calls that failed or took longer than LockTimeout (503 before the handler, logged after), releases included, and requests refused for a nil Store (ErrNoStore) or bad options (ErrOptions)
 	Rejected    int64 // 400 and 413: missing, invalid or repeated key, unreadable or large body
 }
 
@@ -493,7 +493,6 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			m.storeFailed(w, r, key, err)
 			return
 		case claimed:
-			m.stats.claims.Add(1)
 			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", token)
 			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: token}, body)
 			return
@@ -528,7 +527,6 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			return
 		}
 		if won {
-			m.stats.takeovers.Add(1)
 			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next)
 			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next, TakenOver: true}, body)
 			return
@@ -653,6 +651,13 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		m.releaseUnrun(r, scope, key, token)
 		m.storeFailed(w, r, key, fmt.Errorf("testserver: the claim took longer than LockTimeout (%v)", m.lockTimeout()))
 		return
+	}
+	// Claims and Takeovers count runs of the handler, counted once it is
+	// sure to run: a claim released unrun above is a store error alone.
+	if c.TakenOver {
+		m.stats.takeovers.Add(1)
+	} else {
+		m.stats.claims.Add(1)
 	}
 	hctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(r.Context()), claimKey{}, c), lease)
 	defer cancel()

@@ -1206,11 +1206,25 @@ func (s *slowClaimStore) Claim(ctx context.Context, scope, key, fp string, tok i
 	return s.MemoryStore.Claim(ctx, scope, key, fp, tok, now)
 }
 
+// slowTakeOver's TakeOver takes d on clk.
+type slowTakeOver struct {
+	*testserver.MemoryStore
+	clk *clock
+	d   time.Duration
+}
+
+func (s slowTakeOver) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+	won, err := s.MemoryStore.TakeOver(ctx, scope, key, old, new)
+	s.clk.Add(s.d)
+	return won, err
+}
+
 // TestHandlerEndsWithItsLease: the handler's context ends LockTimeout after
 // the claim was taken, not after the handler started: time the store took
 // to claim does not extend it, so a retry that comes once the lease is over
-// never runs beside the first handler. A claim that took longer than the
-// lease runs nothing.
+// never runs beside the first handler. A claim or a take-over that took
+// longer than the lease runs nothing, answers 503, releases the claim and
+// counts a store error, neither a claim nor a take-over.
 func TestHandlerEndsWithItsLease(t *testing.T) {
 	const lt = 60 * time.Second
 	t.Run("slow claim", func(t *testing.T) {
@@ -1245,15 +1259,37 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 			mw := &testserver.Middleware{Store: store, LockTimeout: lt}
 			w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 			wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
-			if h.runs.Load() != 0 {
-				t.Fatalf("the handler ran %d times; want none", h.runs.Load())
+			if st := mw.Stats(); h.runs.Load() != 0 || st != (testserver.Stats{StoreErrors: 1}) {
+				t.Fatalf("the handler ran %d times, %+v; want none, one store error and nothing else", h.runs.Load(), st)
 			}
 			// The claim was released: the retry runs at once.
 			w = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
-			if w.Code != http.StatusCreated || h.runs.Load() != 1 {
-				t.Fatalf("retry: %d after %d runs; want 201 after one", w.Code, h.runs.Load())
+			if st := mw.Stats(); w.Code != http.StatusCreated || h.runs.Load() != 1 || st.Claims != 1 {
+				t.Fatalf("retry: %d after %d runs, %+v; want 201 after one, one claim", w.Code, h.runs.Load(), st)
 			}
 		})
+	})
+	t.Run("take-over slower than the lease", func(t *testing.T) {
+		clk := newClock()
+		store := slowTakeOver{MemoryStore: new(testserver.MemoryStore), clk: clk, d: lt + time.Second}
+		fp := testserver.Fingerprint(request("POST", "/", chargeBody), "", []byte(chargeBody))
+		// A worker claimed the key and died.
+		if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		clk.Add(lt)
+		h := &charges{}
+		mw := &testserver.Middleware{Store: store, LockTimeout: lt, Now: clk.Now}
+		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+		if st := mw.Stats(); h.runs.Load() != 0 || st != (testserver.Stats{StoreErrors: 1}) {
+			t.Fatalf("the handler ran %d times, %+v; want none, one store error and nothing else", h.runs.Load(), st)
+		}
+		// The claim taken over was released: the retry claims the key afresh.
+		w = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if st := mw.Stats(); w.Code != http.StatusCreated || h.runs.Load() != 1 || st.Claims != 1 || st.Takeovers != 0 {
+			t.Fatalf("retry: %d after %d runs, %+v; want 201 after one, one claim", w.Code, h.runs.Load(), st)
+		}
 	})
 }
 
