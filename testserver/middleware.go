@@ -258,6 +258,20 @@ type Middleware struct {
 	// but for a panic, which is logged with its stack as net/http logs
 	// one: to the ErrorLog of the request's http.Server, or to the log
 	// package's standard logger.
+	//
+	// A Logger that panics (slog's own handlers do not, even for a value
+	// whose String or LogValue panics) ends the request with its panic, as
+	// a handler's panic ends one under net/http: nothing is answered, and
+	// the server logs the panic and closes the connection. The key stays
+	// as it was at that record. A record before the answer is saved or the
+	// claim released (of the claim or a take-over, the handler's panic,
+	// abort or short body, an answer too large, a store error) leaves it in
+	// flight until LockTimeout, after which a retry takes it over and runs
+	// the handler, under SaveError too, as after a failed save; a record
+	// after it leaves the answer saved or the claim released. No answer is
+	// saved that the handler did not give. After an answer the Middleware
+	// aborts, the abort's http.ErrAbortHandler replaces the Logger's panic,
+	// and net/http logs neither.
 	Logger *slog.Logger
 
 	stats counters
@@ -807,6 +821,11 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 	return Response{Status: p.Status, Header: hdr, Body: p.body()}
 }
 
+// log sends a record to the Logger. A panic of the Logger is not
+// recovered: as net/http leaves a panic to the caller of ServeHTTP, which
+// recovers it, so does the Middleware, rather than go on and answer as if
+// the record were logged. A store write the record follows stands; a claim
+// it precedes waits out its LockTimeout, as after a failed save.
 func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args ...any) {
 	if m.Logger != nil {
 		m.Logger.Log(ctx, level, msg, args...)

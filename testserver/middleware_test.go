@@ -1192,6 +1192,78 @@ func TestLogger(t *testing.T) {
 	}
 }
 
+// panickyLog is a slog.Handler that panics on the records whose message
+// begins with on.
+type panickyLog struct{ on string }
+
+func (panickyLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l panickyLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, l.on) {
+		panic("logger broke on " + r.Message)
+	}
+	return nil
+}
+func (l panickyLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l panickyLog) WithGroup(string) slog.Handler      { return l }
+
+// TestLoggerPanics: a Logger's panic is not recovered: it leaves ServeHTTP
+// with nothing answered, as a handler's panic leaves it under net/http, and
+// the key as the Middleware had it at that record. A record before the
+// answer is saved leaves the claim in flight (409) until LockTimeout, after
+// which a retry takes it over; nothing is saved that the handler did not
+// answer. A record after the save leaves the answer saved, and replayed;
+// after an aborted answer, the abort's panic replaces the Logger's.
+func TestLoggerPanics(t *testing.T) {
+	for _, c := range []struct {
+		name, on string
+		policy   testserver.ErrorPolicy
+		first    any   // the first run's panic
+		want     any   // the panic ServeHTTP ends with
+		runs     int64 // runs of the handler by the first request
+		replayed int   // the status the retry gets replayed, or 0
+	}{
+		{"before the handler", "idempotency: claimed", testserver.ReleaseClaim, nil, "logger broke on idempotency: claimed", 0, 0},
+		{"before the save", "idempotency: handler panicked", testserver.SaveError, "downstream exploded", "logger broke on idempotency: handler panicked", 1, 0},
+		{"after the save", "idempotency: saved", testserver.ReleaseClaim, nil, "logger broke on idempotency: saved", 1, http.StatusCreated},
+		{"after an aborted answer", "idempotency: saved", testserver.SaveError, http.ErrAbortHandler, http.ErrAbortHandler, 1, http.StatusInternalServerError},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := newClock()
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Add(1) == 1 && c.first != nil {
+					panic(c.first)
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "run %d", runs.Load())
+			})
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Now: clk.Now, OnError: c.policy, Logger: slog.New(panickyLog{c.on})}
+			w := httptest.NewRecorder()
+			v := func() (v any) {
+				defer func() { v = recover() }()
+				mw.Wrap(h).ServeHTTP(w, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				return nil
+			}()
+			if v != c.want || w.Body.Len() != 0 || len(w.Header()) != 0 || runs.Load() != c.runs {
+				t.Fatalf("panic %v, answer %d %v %q, %d runs; want the panic %v, nothing answered, %d runs", v, w.Code, w.Header(), w.Body, runs.Load(), c.want, c.runs)
+			}
+			retry := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			if c.replayed != 0 {
+				if retry.Code != c.replayed || retry.Header().Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+					t.Fatalf("retry: %d %q after %d runs; want the saved %d, replayed", retry.Code, retry.Body, runs.Load(), c.replayed)
+				}
+				return
+			}
+			wantProblem(t, retry, http.StatusConflict, testserver.ProblemInFlight)
+			clk.Add(testserver.DefaultLockTimeout)
+			retry = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			if want := fmt.Sprintf("run %d", c.runs+1); retry.Code != http.StatusCreated || retry.Body.String() != want || mw.Stats().Takeovers != 1 {
+				t.Fatalf("retry after LockTimeout: %d %q, %+v; want the 201 of a take-over, %q", retry.Code, retry.Body, mw.Stats(), want)
+			}
+		})
+	}
+}
+
 // slowClaimStore's first Claim takes delay.
 type slowClaimStore struct {
 	*testserver.MemoryStore
