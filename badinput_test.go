@@ -478,6 +478,17 @@ func TestBadInput(t *testing.T) {
 			want: errGetBody,
 		},
 		{
+			// net/http's own redirects take a nil body from GetBody as none;
+			// a request whose body has a length has one to send.
+			name: "GetBody gives a nil body",
+			run: func(t *testing.T, s *stack) (*http.Response, error) {
+				req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/v1/charges", strings.NewReader("{}"))
+				req.GetBody = func() (io.ReadCloser, error) { return nil, nil }
+				return s.tr.RoundTrip(req)
+			},
+			want: idem.ErrRequestBody,
+		},
+		{
 			name: "body read fails",
 			run: func(t *testing.T, s *stack) (*http.Response, error) {
 				req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/v1/charges", io.NopCloser(io.MultiReader(strings.NewReader("{"), iotest.ErrReader(errRead))))

@@ -647,9 +647,9 @@ func (c *call) openBody() (io.ReadCloser, error) {
 	if c.body.open == nil {
 		return nil, nil
 	}
-	rc, err := c.body.open()
+	rc, err := getBody(c.body.open)
 	if err != nil {
-		return nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
+		return nil, err
 	}
 	if n, ok := body.Len(rc); ok && n != c.body.size {
 		// A reader GetBody gave before, read in part or whole: over HTTP/2

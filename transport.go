@@ -79,7 +79,8 @@ func Operation(ctx context.Context) string {
 //     is not that length is refused with ErrRequestBody, as is a body of
 //     memory (bytes.Reader, strings.Reader, bytes.Buffer) from GetBody
 //     with another number of bytes left to read: a reader it gave before,
-//     read, which HTTP/2 would send short, under the key. A request with
+//     read, which HTTP/2 would send short, under the key, and a GetBody
+//     that returns neither a reader nor an error. A request with
 //     Trailer is sent chunked, as net/http sends trailers; the jar does
 //     not store them, and a resume sends none.
 //   - A key the caller set in the Idempotency-Key header (under any
@@ -497,9 +498,9 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 		return buf, nil, nil
 	}
 	rb.open = req.GetBody
-	rc, err := req.GetBody()
+	rc, err := getBody(req.GetBody)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
+		return nil, nil, err
 	}
 	// A slow, stalled or endless body ends with the request.
 	buf, err = body.ReadAtMostContext(req.Context(), rc, limit, req.ContentLength)
@@ -511,6 +512,20 @@ func (t *Transport) readBody(req *http.Request, rb *reqBody) (buf []byte, rest i
 		return nil, nil, fmt.Errorf("%w: %w", ErrRequestBody, err)
 	}
 	return buf, nil, nil
+}
+
+// getBody returns a new reader of the request's body from get, its
+// GetBody. A nil reader without an error is refused: the request has a body
+// to send (net/http's redirects would send none).
+func getBody(get func() (io.ReadCloser, error)) (io.ReadCloser, error) {
+	rc, err := get()
+	if err != nil {
+		return nil, fmt.Errorf("%w: GetBody: %w", ErrRequestBody, err)
+	}
+	if rc == nil {
+		return nil, fmt.Errorf("%w: GetBody returned no body and no error", ErrRequestBody)
+	}
+	return rc, nil
 }
 
 // canonical returns the canonical form of a body, made in cb: canonical

@@ -211,7 +211,7 @@ func TestHTTPSemanticsOfAttempts(t *testing.T) {
 // sends it all the same, an empty body under the key, which a server
 // refuses with a 400 that settles the operation. It is ErrRequestBody,
 // before anything is stored or sent, over HTTP/1.1 as over HTTP/2; so is
-// one read part way. A fresh body, the usual GetBody's, is sent.
+// one read part way, and no reader at all. A fresh body, the usual GetBody's, is sent.
 func TestGetBodyGivingBackAReadBody(t *testing.T) {
 	const body = `{"amount":100}`
 	for _, h2 := range []bool{false, true} {
@@ -232,6 +232,15 @@ func TestGetBodyGivingBackAReadBody(t *testing.T) {
 						r.Seek(3, io.SeekStart)
 					}
 					return io.NopCloser(r), nil
+				}
+			}},
+			{"no reader and no error", func() func() (io.ReadCloser, error) {
+				calls := 0
+				return func() (io.ReadCloser, error) {
+					if calls++; calls > 2 {
+						return nil, nil
+					}
+					return io.NopCloser(strings.NewReader(body)), nil
 				}
 			}},
 		} {
