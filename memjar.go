@@ -103,7 +103,10 @@ func Prunable(s State) bool {
 // slices. A map of Records would make each collection mark about five
 // objects per operation kept. The strings that change (LastError, Note,
 // Holder) are kept apart, for the operations that have any, which are
-// mostly those being sent.
+// mostly those being sent. The bytes of deleted records are given back
+// once they outnumber the live ones; the index and the slots, as a Go map
+// does, keep the size of the most records the jar held at once (about 200
+// bytes a record).
 type MemoryJar struct {
 	mu     sync.Mutex
 	seed   maphash.Seed
