@@ -8,10 +8,10 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -92,9 +92,10 @@ func (e *StateError) Unwrap() error { return e.err }
 // StatusError is returned by Do, PostJSON and Resume for an answer that is
 // not 2xx. Err, when not nil, says what the answer means for the
 // operation. Its message holds the status and the start of the body on
-// one line, their control characters escaped (\x1b): printed to a
-// terminal, a server's answer does not run there. Status and Body are
-// as the server sent them.
+// one line, their control characters and bidi format characters escaped
+// (\x1b, \u202e; then backslashes and quotes too, \\ and \"): printed to a
+// terminal, a server's answer does not run or reorder itself there.
+// Status and Body are as the server sent them.
 type StatusError struct {
 	Op, Key    string // "" for an answer to a request without a key (a GET, or a redirect's)
 	Method     string
@@ -116,14 +117,14 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
-	msg := fmt.Sprintf("client: %s %s: %s", e.Method, e.URL, escapeControl(e.Status))
+	msg := fmt.Sprintf("client: %s %s: %s", e.Method, e.URL, ctlesc.Escape(e.Status))
 	if e.Replayed {
 		msg += " (replayed)"
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
-	if ex := escapeControl(excerpt(e.Body, 200)); ex != "" {
+	if ex := ctlesc.Escape(excerpt(e.Body, 200)); ex != "" {
 		msg += ": " + ex
 	}
 	return msg
@@ -210,26 +211,6 @@ func (c *Client) nextAttempt(ctx context.Context, r *Response) time.Time {
 		return now.Add(d)
 	}
 	return time.Time{}
-}
-
-// escapeControl returns s with its control characters escaped, \x1b
-// (\u009b past ASCII), for a terminal would run them.
-func escapeControl(s string) string {
-	if strings.IndexFunc(s, unicode.IsControl) < 0 {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		switch {
-		case !unicode.IsControl(r):
-			b.WriteRune(r)
-		case r < utf8.RuneSelf:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		}
-	}
-	return b.String()
 }
 
 // excerpt returns the start of a body as one line of at most n bytes of

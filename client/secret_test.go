@@ -149,10 +149,12 @@ func TestStatusErrorHidesUserinfo(t *testing.T) {
 // A server's status line and body reach a *StatusError's message, which a
 // program prints or logs to a terminal: their control characters are
 // escaped (\x1b), so that a hostile server cannot clear the screen, set
-// the window's title or write the clipboard; the fields keep them as sent.
+// the window's title or write the clipboard, and so are its bidi format
+// characters (\u202e), which would reorder what the terminal shows; the
+// fields keep them as sent.
 func TestStatusErrorEscapesTheServersControlCharacters(t *testing.T) {
 	const status = "400 Bad\x1b]0;title\x07"
-	const body = "no\x1b[2J such\x1b]52;c;ZXZpbA==\x07 order\u009b31m"
+	const body = "no\x1b[2J such\x1b]52;c;ZXZpbA==\x07 order\u009b31m \u202eevil\u2069"
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		r.Body.Close()
 		return &http.Response{StatusCode: 400, Status: status, Header: http.Header{},
@@ -165,10 +167,10 @@ func TestStatusErrorEscapesTheServersControlCharacters(t *testing.T) {
 		t.Fatalf("got %v; want a *StatusError 400", err)
 	}
 	msg := err.Error()
-	if i := strings.IndexFunc(msg, unicode.IsControl); i >= 0 {
+	if i := strings.IndexFunc(msg, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }); i >= 0 {
 		t.Errorf("the message holds the control character %U: %q", []rune(msg[i:])[0], msg)
 	}
-	for _, want := range []string{`400 Bad\x1b]0;title\x07`, `no\x1b[2J such\x1b]52;c;ZXZpbA==\x07 order\u009b31m`} {
+	for _, want := range []string{`400 Bad\x1b]0;title\a`, `no\x1b[2J such\x1b]52;c;ZXZpbA==\a order\u009b31m \u202eevil\u2069`} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the message %q lacks %s", msg, want)
 		}

@@ -19,12 +19,12 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
+	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -769,28 +769,18 @@ func stamp(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// cell makes s safe to print on one line of a table: control characters
-// are escaped, and it is cut at n runes (0: no limit).
+// cell makes s safe to print on one line of a table: control characters,
+// bidi format characters and bytes that are not UTF-8 are escaped
+// (ctlesc.Escape), and it is cut at n runes (0: no limit).
 func cell(s string, n int) string {
 	if s == "" {
 		return "-"
 	}
-	s = escape(s)
+	s = ctlesc.Escape(s)
 	if n > 0 && utf8.RuneCountInString(s) > n {
 		s = string([]rune(s)[:n]) + "…"
 	}
 	return s
-}
-
-// escape returns s with its control characters and bytes that are not
-// UTF-8 escaped as in a Go string literal (\x1b, \a, \xff), for a
-// terminal would run them; a string with none is returned as it is.
-func escape(s string) string {
-	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) < 0 {
-		return s
-	}
-	q := strconv.QuoteToGraphic(s)
-	return q[1 : len(q)-1] // the quotes QuoteToGraphic adds, not an escaped one of s
 }
 
 func sortedKeys(h http.Header) []string {

@@ -131,7 +131,8 @@
 // host, which reads the jar, comes after).
 // Every error is one line on stderr. What idemctl prints of a jar's
 // records and of a server's answers (a status, an error's body) has its
-// control characters escaped (\x1b), never sent to the terminal as they are.
+// control characters and bidi format characters escaped (\x1b, \u202e),
+// never sent to the terminal as they are.
 package main
 
 import (
@@ -152,6 +153,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
+	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
@@ -538,7 +540,8 @@ func isJarDeadline(err error) bool {
 }
 
 // oneLine makes s one line fit to print: its runs of white space are one
-// space each, and its other control characters and bytes that are not
-// UTF-8 are escaped (\x1b, \a) by escape, as they may come from a
-// server's answer or a jar, and a terminal would run them.
-func oneLine(s string) string { return escape(strings.Join(strings.Fields(s), " ")) }
+// space each, and its other control characters, its bidi format
+// characters and bytes that are not UTF-8 are escaped (\x1b, \a, \u202e)
+// by ctlesc.Escape, as they may come from a server's answer or a jar, and
+// a terminal would run them or reorder what it shows.
+func oneLine(s string) string { return ctlesc.Escape(strings.Join(strings.Fields(s), " ")) }

@@ -1456,12 +1456,13 @@ func TestCloseErrorFailsTheCommand(t *testing.T) {
 	})
 }
 
-// controls returns the control characters of s but newlines, and its
-// bytes that are not UTF-8 (which a terminal may take for C1 controls).
+// controls returns the control characters of s but newlines, its bidi
+// format characters, and its bytes that are not UTF-8 (which a terminal
+// may take for C1 controls).
 func controls(s string) []string {
 	var found []string
 	for i, r := range s {
-		if _, size := utf8.DecodeRuneInString(s[i:]); r != '\n' && (unicode.IsControl(r) || r == utf8.RuneError && size == 1) {
+		if _, size := utf8.DecodeRuneInString(s[i:]); r != '\n' && (unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) || r == utf8.RuneError && size == 1) {
 			found = append(found, fmt.Sprintf("%q", s[i:i+size]))
 		}
 	}
@@ -1473,9 +1474,10 @@ func controls(s string) []string {
 // escaped, never as they are: an answer's status and body that resume
 // prints, and a stored URL (a query the program built by hand) that show
 // prints. A terminal would run them as escape sequences (clear the screen,
-// set its title or clipboard, hide the lines before).
+// set its title or clipboard, hide the lines before), and reorder what it
+// shows at a bidi format character (U+202E).
 func TestTerminalEscapesNotPrinted(t *testing.T) {
-	const esc = "\x1b]0;owned\a\x1b[2J\u009b31m\xff"
+	const esc = "\x1b]0;owned\a\x1b[2J\u009b31m\xff\u202e\u2066"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/refused" {
 			w.WriteHeader(http.StatusBadRequest)
@@ -1498,7 +1500,7 @@ func TestTerminalEscapesNotPrinted(t *testing.T) {
 		path := pendingInFile(t, http.MethodPost, "charge:o1", srv.URL+c.path, 0)
 		_, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret)
 		printed := map[string]string{"stdout": out, "stderr": errOut}[c.stream]
-		if !strings.Contains(printed, `\x1b[2J`) {
+		if !strings.Contains(printed, `\x1b[2J`) || !strings.Contains(printed, `\u202e\u2066`) {
 			t.Errorf("resume of %s: %s %q; want the server's words, escaped", c.path, c.stream, printed)
 		}
 		if found := controls(out + errOut); len(found) > 0 {
@@ -1520,7 +1522,7 @@ func TestTerminalEscapesNotPrinted(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := idemctl("--jar", path, "show", "search:1")
-	if code != 0 || !strings.Contains(out, `/v1/search?q=\x1b]0;owned\a`) {
+	if code != 0 || !strings.Contains(out, `/v1/search?q=\x1b]0;owned\a\x1b[2J\u009b31m\xff\u202e\u2066`) {
 		t.Fatalf("show: exit %d, stderr %q, stdout:\n%s\nwant the URL, escaped", code, errOut, out)
 	}
 	if found := controls(out + errOut); len(found) > 0 {

@@ -35,8 +35,9 @@
 // 1 when some are not (those left pending stay in the jar for the next run;
 // one the server refused, with a 400 say, is asked again with its key and
 // gets the same answer), 2 for bad flags; -h prints the usage and exits 0.
-// What the server answers is printed with its control characters escaped
-// (\x1b): a terminal does not run them.
+// What the server answers is printed with its control characters and bidi
+// format characters escaped (\x1b, \u202e): a terminal does not run them,
+// nor reorder what it shows.
 package main
 
 import (
@@ -54,11 +55,11 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
+	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -272,18 +273,8 @@ func report(w io.Writer, id string, resp *client.Response, ch charge, err error)
 	if resp.Replayed {
 		how = "charged (replayed: the server had already charged it)"
 	}
-	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, shown(ch.ID), ch.Amount, shown(ch.Currency), resp.Key)
+	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, ctlesc.Escape(ch.ID), ch.Amount, ctlesc.Escape(ch.Currency), resp.Key)
 	return true
-}
-
-// shown returns s, a field of the server's answer, as it is, or quoted
-// with its control characters escaped (\x1b) when it holds any: a
-// terminal would run them.
-func shown(s string) string {
-	if strings.IndexFunc(s, unicode.IsControl) < 0 {
-		return s
-	}
-	return strconv.QuoteToGraphic(s)
 }
 
 // orderIDs reads -orders: a count N (order-1 … order-N) or a list.

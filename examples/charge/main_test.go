@@ -284,9 +284,10 @@ func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
 
 // What a hostile server answers reaches the terminal escaped: neither the
 // body of a refusal nor the fields of a charge run their control
-// characters (clear the screen, write the clipboard) there.
+// characters (clear the screen, write the clipboard) there, nor reorder
+// what it shows with bidi format characters (U+202E).
 func TestServersControlCharactersAreEscaped(t *testing.T) {
-	const esc = "\x1b]52;c;ZXZpbA==\a\x1b[2J"
+	const esc = "\x1b]52;c;ZXZpbA==\a\x1b[2J\u202e\u2066"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req chargeRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -307,10 +308,12 @@ func TestServersControlCharactersAreEscaped(t *testing.T) {
 	if code != 1 {
 		t.Errorf("run = %d; want 1, one order refused\n%s", code, out.String())
 	}
-	if i := strings.IndexFunc(out.String(), func(r rune) bool { return unicode.IsControl(r) && r != '\n' }); i >= 0 {
+	if i := strings.IndexFunc(out.String(), func(r rune) bool {
+		return unicode.IsControl(r) && r != '\n' || unicode.Is(unicode.Bidi_Control, r)
+	}); i >= 0 {
 		t.Errorf("the output holds a control character at byte %d: %q", i, out.String())
 	}
-	for _, want := range []string{`refused\x1b]52;c;`, `ch_1\x1b]52;c;`, `usd\x1b]52;c;`} {
+	for _, want := range []string{`refused\x1b]52;c;`, `ch_1\x1b]52;c;`, `usd\x1b]52;c;`, `\x1b[2J\u202e\u2066`} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output lacks %s: %q", want, out.String())
 		}

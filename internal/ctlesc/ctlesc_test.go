@@ -1,0 +1,46 @@
+package ctlesc_test
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/idemkit/idem/internal/ctlesc"
+)
+
+func TestEscape(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"plain text, é, 日本, 👍", "plain text, é, 日本, 👍"},
+		// Nothing to escape: backslashes and quotes stay as they are.
+		{`plain "quoted" back\slash \x1b`, `plain "quoted" back\slash \x1b`},
+		// C0, DEL and C1.
+		{"a\x1b[2Jb", `a\x1b[2Jb`},
+		{"\x00\a\b\t\n\v\f\r\x1f", `\x00\a\b\t\n\v\f\r\x1f`},
+		{"del\x7f", `del\x7f`},
+		{"c1\u0080\u009b31m\u009f", `c1\u0080\u009b31m\u009f`},
+		// Bidi format characters: embeddings, overrides, isolates, marks.
+		{"\u202a\u202b\u202c\u202d\u202e", `\u202a\u202b\u202c\u202d\u202e`},
+		{"if admin\u2066\u2067\u2068\u2069", `if admin\u2066\u2067\u2068\u2069`},
+		{"\u200e\u200f\u061c", `\u200e\u200f\u061c`},
+		// Invalid UTF-8, byte by byte; a valid U+FFFD is shown as it is.
+		{"bad \xff\xc3 byte \ufffd", `bad \xff\xc3 byte ` + "\ufffd"},
+		// Once anything is escaped, so are backslashes and quotes: the
+		// result reads back as the string.
+		{"\"\x1b\"", `\"\x1b\"`},
+		{"back\\slash\x00", `back\\slash\x00`},
+		{`literal \x1b` + "\u202e", `literal \\x1b\u202e`},
+		// Other format and space characters are shown as they are.
+		{"zero\u200bwidth\u200djoiner\u00a0nbsp\u2028", "zero\u200bwidth\u200djoiner\u00a0nbsp\u2028"},
+	} {
+		got := ctlesc.Escape(tc.in)
+		if got != tc.want {
+			t.Errorf("Escape(%q) = %s; want %s", tc.in, got, tc.want)
+		}
+		if got == tc.in {
+			continue
+		}
+		if back, err := strconv.Unquote(`"` + got + `"`); err != nil || back != tc.in {
+			t.Errorf("Escape(%q) = %s, which reads back as %q (%v); want the string", tc.in, got, back, err)
+		}
+	}
+}
