@@ -582,10 +582,15 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 // unless its bytes are its canonical form; a body that a Transport with a
 // smaller MaxBuffer streamed matches (see idem.Transport.MaxBuffer). Like
 // Resume, it sends only an operation still pending when it has the lease
-// (a *StateError otherwise).
+// (a *StateError otherwise). A nil getBody is an error matching
+// idem.ErrRequestBody; nothing is read, sent or changed.
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
 	if getBody == nil {
-		return nil, fmt.Errorf("client: resume %q: nil getBody", op)
+		// A nil getBody produces no body: idem.ErrRequestBody, the
+		// Transport's sentinel for a body it cannot produce (which the doc
+		// above already names for getBody), rather than a new sentinel for
+		// the same fault.
+		return nil, fmt.Errorf("client: resume %q: nil getBody, nothing sent: %w", op, idem.ErrRequestBody)
 	}
 	if err := c.enter(); err != nil {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)

@@ -389,6 +389,10 @@ func TestResumeWithBodyChecksTheFingerprint(t *testing.T) {
 	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrBodyNotStored) || !errors.Is(err, idem.ErrBodyNotStored) {
 		t.Fatalf("resume without the body: %v; want ErrBodyNotStored (client's and idem's)", err)
 	}
+	if _, err := c.ResumeWithBody(ctx, "charge:o1", nil); !errors.Is(err, idem.ErrRequestBody) || s.sends() != 1 ||
+		state(t, c.Jar(), "charge:o1") != idem.StatePending {
+		t.Fatalf("resume with a nil getBody: %v after %d sends; want an error matching idem.ErrRequestBody, nothing sent, still pending", err, s.sends())
+	}
 	bodyOf := func(s string) func() (io.ReadCloser, error) {
 		return func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(s)), nil }
 	}
