@@ -338,7 +338,10 @@ func (c *Client) Close() error {
 // Response is a 2xx answer to an operation.
 type Response struct {
 	*http.Response
-	Op  string // the operation's name; unnamed, the request's Idempotency-Key or a fresh UUID v7
+	// Op is the operation's name; unnamed, the request's Idempotency-Key
+	// or a fresh UUID v7. It is "" for a request whose method the Client
+	// does not key (a GET), which is no operation even when named.
+	Op  string
 	Key string // the Idempotency-Key sent; "" for requests without one
 	// Replayed reports that the server did not run the request again but
 	// replayed the saved answer to an earlier attempt
@@ -353,7 +356,7 @@ type Response struct {
 // Client does not key (not in Options.Methods: by default anything but POST
 // and PATCH, such as GET, PUT or DELETE) is no operation, op or not: it is
 // sent once, as http.Client sends it, without a key, a retry or a record
-// in the jar.
+// in the jar, and its Response has no Op nor Key.
 //
 // A non-2xx answer is an error, with the body read (at most
 // Options.MaxErrorBody) and closed: a *StatusError, whose Err says more:
@@ -412,7 +415,15 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 		return nil, err
 	}
 	attempts, named, key := tr.get()
-	if op == "" {
+	switch {
+	case !c.keyed(req.Method):
+		// No operation, op or not (see Do): no name, as no key and no
+		// record, as in its StatusError. The name is not refused: Do's doc
+		// takes it, and the Transport, as net/http does with a context
+		// value it has no use for, ignores idem.WithOperation on a request
+		// it does not key.
+		op = ""
+	case op == "":
 		op = named
 	}
 	r := &Response{Response: resp, Op: op, Key: key, Replayed: retry.Replayed(resp)}

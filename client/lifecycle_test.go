@@ -677,6 +677,27 @@ func TestStatusErrorOfAnUnkeyedRequest(t *testing.T) {
 	}
 }
 
+// TestResponseOfAnUnkeyedRequest: the Response to a named GET, which is
+// no operation, has no Op and no Key, as its StatusError would not, and the
+// jar keeps nothing of it.
+func TestResponseOfAnUnkeyedRequest(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{}`) })
+	jar := &idem.MemoryJar{}
+	c := newClient(t, h, &client.Options{Jar: jar})
+	req, _ := http.NewRequest(http.MethodGet, chargesURL+"/ch_1", nil)
+	resp, err := c.Do(context.Background(), "lookup:ch_1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Op != "" || resp.Key != "" {
+		t.Errorf("Response to a named GET: Op %q, Key %q; want \"\" for a request the Client does not key", resp.Op, resp.Key)
+	}
+	if recs, err := jar.List(context.Background(), idem.Filter{}); err != nil || len(recs) != 0 {
+		t.Errorf("jar after a named GET: %v, %v; want nothing", recs, err)
+	}
+}
+
 // TestDoOfAnUnkeyedMethod: a named GET is not an operation: it is sent
 // once, without a key, even when the answer is one the Client retries for
 // a POST, and the jar keeps nothing of it.
