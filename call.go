@@ -54,7 +54,7 @@ type call struct {
 
 func (c *call) pending(err error, next time.Time) *PendingError {
 	return &PendingError{Op: c.op, Key: c.key, Attempts: c.attempts, LastStatus: c.lastCode,
-		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err}
+		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err, State: c.rec.State}
 }
 
 // update records the outcome so far, fenced by this call's lease. A failed

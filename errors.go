@@ -146,7 +146,10 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // server refusing the client's), or after the first send
 // the body could not be produced again or the jar failed. The outcome is
 // unknown and the operation stays pending in the jar: a later call with the
-// same operation name resumes it with the same key.
+// same operation name resumes it with the same key. An operation whose
+// outcome the jar already holds (State done or failed), which a call sends
+// again for the server's saved answer, keeps it: only this call's answer
+// is missing, and a later call with the name asks for it again.
 type PendingError struct {
 	Op, Key    string
 	Attempts   int           // attempts this call sent
@@ -155,14 +158,28 @@ type PendingError struct {
 	// NextAttempt, when not zero, is the earliest time to send again.
 	NextAttempt time.Time
 	Err         error // the last error (a network or context error, ErrLeased), or nil
+	// State is the operation's state as the call last read it from the
+	// jar: StatePending (or "", the same), or StateDone or StateFailed for
+	// an operation sent again for the server's saved answer. Such an
+	// error still matches ErrPending, as the call's answer is unknown,
+	// but Resume refuses the operation: call it again.
+	State State
 }
 
 func (e *PendingError) Error() string {
-	msg := fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v, outcome unknown; ", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond))
-	if e.NextAttempt.IsZero() {
-		msg += "resume it later under the same name"
+	var msg, again string
+	if e.State == "" || e.State == StatePending {
+		msg = fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v, outcome unknown; ", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond))
+		again = "resume it"
 	} else {
-		msg += "resume it under the same name after " + e.NextAttempt.UTC().Format(time.RFC3339)
+		msg = fmt.Sprintf("idem: operation %q (key %q) is %s, its outcome known, but this call, which sent it again for the server's saved answer, got none after %d attempt(s) in %v; ",
+			e.Op, e.Key, e.State, e.Attempts, e.Elapsed.Round(time.Millisecond))
+		again = "call it again"
+	}
+	if e.NextAttempt.IsZero() {
+		msg += again + " later under the same name"
+	} else {
+		msg += again + " under the same name after " + e.NextAttempt.UTC().Format(time.RFC3339)
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()

@@ -640,6 +640,8 @@ func TestPendingErrorSaysWhatToDo(t *testing.T) {
 			`idem: operation "charge:o1" (key "k1") still pending after 5 attempt(s) in 0s, outcome unknown; resume it later under the same name: EOF`},
 		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 1, LastStatus: 503, NextAttempt: at},
 			`idem: operation "charge:o1" (key "k1") still pending after 1 attempt(s) in 0s, outcome unknown; resume it under the same name after 2025-03-01T12:00:00Z`},
+		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 2, Err: io.EOF, State: idem.StateDone},
+			`idem: operation "charge:o1" (key "k1") is done, its outcome known, but this call, which sent it again for the server's saved answer, got none after 2 attempt(s) in 0s; call it again later under the same name: EOF`},
 	} {
 		if got := c.err.Error(); got != c.want {
 			t.Errorf("got %q; want %q", got, c.want)
@@ -876,6 +878,36 @@ func TestBudgetSpentLeavesOperationPending(t *testing.T) {
 		resp, err := post(t, ctx, tr, `{}`)
 		if err != nil || resp.StatusCode != 201 || rec.keys[3] != rec.keys[0] {
 			t.Fatalf("resume: got %v, %v, key %q; want 201 with the same key %q", resp, err, rec.keys[3], rec.keys[0])
+		}
+	})
+}
+
+// TestPendingErrorOfADoneOperation: a done operation called again is sent
+// again, for the server's saved answer; when the call gets none, its
+// *PendingError says the operation is done, not that its outcome is
+// unknown, nor to resume it (Resume refuses a done operation), and the
+// record stays done.
+func TestPendingErrorOfADoneOperation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201), netErr(syscall.ECONNRESET))
+		tr.Policy.MaxAttempts = 3
+		ctx := idem.WithOperation(context.Background(), "charge:order-9")
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("first call: %v, %v; want 201", resp, err)
+		}
+		resp.Body.Close()
+		_, err = post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || pe.Attempts != 3 || pe.State != idem.StateDone || rec.attempts() != 4 {
+			t.Fatalf("second call: %v after %d sends; want a *PendingError of a done operation after 3 more attempts", err, rec.attempts())
+		}
+		msg := err.Error()
+		if strings.Contains(msg, "outcome unknown") || strings.Contains(msg, "pending") || strings.Contains(msg, "resume") || !strings.Contains(msg, `"charge:order-9" (key "`+rec.keys[0]+`") is done`) {
+			t.Errorf("message %q; want it to say the operation is done, not pending or to resume", msg)
+		}
+		if r, _ := jar.Get(ctx, "charge:order-9"); r.State != idem.StateDone || r.Holder != "" {
+			t.Fatalf("record %s held by %q; want done, no lease", r.State, r.Holder)
 		}
 	})
 }

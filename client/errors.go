@@ -188,29 +188,30 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 				Elapsed: elapsed, NextAttempt: rec.NextAttempt}
 		}
 	case retry.Classify(r.Response, nil) == retry.Retry:
-		next := c.nextAttempt(ctx, r)
+		next, state := c.nextAttempt(ctx, r)
 		if r.StatusCode == http.StatusConflict {
 			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next}
 		} else {
 			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
-				Elapsed: elapsed, NextAttempt: next}
+				Elapsed: elapsed, NextAttempt: next, State: state}
 		}
 	}
 	return se
 }
 
 // nextAttempt is when a pending operation may be sent again: the time the
-// Transport stored, or else the answer's Retry-After.
-func (c *Client) nextAttempt(ctx context.Context, r *Response) time.Time {
+// Transport stored, or else the answer's Retry-After; and the operation's
+// state in the jar, "" when it cannot be read.
+func (c *Client) nextAttempt(ctx context.Context, r *Response) (time.Time, idem.State) {
 	rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op)
 	if err == nil && !rec.NextAttempt.IsZero() {
-		return rec.NextAttempt
+		return rec.NextAttempt, rec.State
 	}
 	now := time.Now()
 	if d, ok := retry.RetryAfter(r.Response, now); ok {
-		return now.Add(d)
+		return now.Add(d), rec.State
 	}
-	return time.Time{}
+	return time.Time{}, rec.State
 }
 
 // excerpt returns the start of a body as one line of at most n bytes of
