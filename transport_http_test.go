@@ -745,6 +745,35 @@ func TestTLSAlertFromTheServerIsNotRetried(t *testing.T) {
 	}
 }
 
+// TestUnsendableURLIsNotRetried: a URL with a port above 65535 parses, but
+// no connection can be made to it: the dial fails at once, the same each
+// time, with a *net.AddrError. The call stops after one attempt (one dial)
+// with a *PendingError that holds it, and the operation stays pending
+// with one attempt: nothing was sent, and the URL fixed is another
+// request.
+func TestUnsendableURLIsNotRetried(t *testing.T) {
+	var dials atomic.Int32
+	base := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: base, Jar: jar, Policy: fastPolicy}
+	req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, "http://127.0.0.1:99999/v1/charges", strings.NewReader(`{"amount":100}`))
+	resp, err := tr.RoundTrip(req)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	var pe *idem.PendingError
+	var ae *net.AddrError
+	if !errors.As(err, &pe) || pe.Attempts != 1 || !errors.As(err, &ae) || dials.Load() != 1 {
+		t.Fatalf("got %v after %d dials; want a *PendingError around a *net.AddrError after 1 attempt, 1 dial", err, dials.Load())
+	}
+	if rec, err := jar.Get(t.Context(), "charge"); err != nil || rec.State != idem.StatePending || rec.Attempts != 1 || rec.LastError == "" {
+		t.Fatalf("jar holds %+v, %v; want the operation pending after 1 attempt, with its error", rec, err)
+	}
+}
+
 // h2Refusing is the server side of an HTTP/2 connection with prior
 // knowledge (no TLS), framed by hand: it refuses the first refuse streams
 // with RST_STREAM REFUSED_STREAM, as a server that processed nothing of

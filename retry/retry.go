@@ -12,6 +12,7 @@
 //	422 Unprocessable (key reused, or request refused)    Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
 //	context cancelled, TLS alert (server), other errors   Stop
+//	an address no dial can reach (port above 65535)       Stop
 package retry
 
 import (
@@ -70,7 +71,9 @@ func (d Decision) String() string {
 // HTTP/2 stream reset (RST_STREAM) and an HTTP/2 connection lost or closed
 // under the request retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
-// a TLS version refused), although crypto/tls makes it a net.Error. The
+// a TLS version refused), although crypto/tls makes it a net.Error, and a
+// *net.AddrError (a URL whose port is above 65535, which no dial can
+// reach as written), although net/http wraps it in a net.Error too. The
 // same holds on the way to an https proxy: net/http wraps what failed there
 // in a *net.OpError "proxyconnect", a net.Error, which is judged by what it
 // wraps (a proxy's certificate refused, or its alert, stops; a proxy that
@@ -137,6 +140,14 @@ func classifyError(err error) Decision {
 	if errors.As(err, &oe) && oe.Op == tlsAlert {
 		// The server ended TLS with an alert: it refused the client's
 		// certificate or version, and would refuse every retry alike.
+		return Stop
+	}
+	var ae *net.AddrError
+	if errors.As(err, &ae) {
+		// An address that cannot be dialled as written: a URL's port above
+		// 65535, which url.Parse accepts and the dial refuses before any
+		// packet. net/http wraps it in the dial's *net.OpError, a net.Error,
+		// but neither Timeout nor Temporary: every attempt fails alike.
 		return Stop
 	}
 	var ne net.Error

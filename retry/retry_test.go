@@ -72,6 +72,7 @@ func TestClassify(t *testing.T) {
 		{"url.Error around a non-network error", nil, &url.Error{Op: "Post", URL: "http://x", Err: errors.New("x509: bad certificate")}, retry.Stop},
 		{"other error", nil, errors.New("x509: certificate signed by unknown authority"), retry.Stop},
 		{"error with 'connection reset' text only", nil, errors.New("connection reset by peer"), retry.Stop},
+		{"invalid port", nil, &url.Error{Op: "Post", URL: "http://127.0.0.1:99999/x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: &net.AddrError{Err: "invalid port", Addr: "99999"}}}, retry.Stop},
 		{"TLS alert from the server", nil, &url.Error{Op: "Post", URL: "https://x", Err: &net.OpError{Op: "remote error", Err: errors.New("tls: bad certificate")}}, retry.Stop},
 		// net/http's HTTP/2 connection errors, untyped: matched by their whole text.
 		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
@@ -359,6 +360,28 @@ func TestClassifyProxyConnect(t *testing.T) {
 		}
 		if got := retry.Classify(nil, err); got != tt.want {
 			t.Errorf("%s: Classify(%v) = %v; want %v", tt.name, err, got, tt.want)
+		}
+	}
+}
+
+// TestClassifyUnsendableURL: a URL that url.Parse accepts but no connection
+// can be made to as written (a port above 65535) fails each attempt alike,
+// at once, with nothing sent: net/http reports it as the dial's
+// *net.OpError around a *net.AddrError, a net.Error, which is not taken
+// for a network fault.
+func TestClassifyUnsendableURL(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:99999/x", "https://127.0.0.1:65536/x"} {
+		resp, err := (&http.Transport{}).RoundTrip(httptest.NewRequest(http.MethodPost, u, strings.NewReader(`{}`)))
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: got %s; want an error", u, resp.Status)
+		}
+		var ae *net.AddrError
+		if !errors.As(err, &ae) {
+			t.Fatalf("%s: got %T %v; want a *net.AddrError", u, err, err)
+		}
+		if got := retry.Classify(nil, err); got != retry.Stop {
+			t.Errorf("%s: Classify(%v) = %v; want %v", u, err, got, retry.Stop)
 		}
 	}
 }
