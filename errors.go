@@ -143,14 +143,14 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // operation, an earlier answer's Retry-After (the stored NextAttempt) is
 // beyond the call's budget, an attempt failed with an error that is not
 // retried (retry.Classify: a TLS certificate, a TLS alert from the
-// server refusing the client's, a URL's port above 65535), or after the
-// first send the body could not be produced again or the jar failed. The
-// outcome is unknown and the operation stays pending in the jar: a later
-// call with the same operation name resumes it with the same key. An
-// operation whose outcome the jar already holds (State done or failed),
-// which a call sends again for the server's saved answer, keeps it: only
-// this call's answer is missing, and a later call with the name asks for
-// it again.
+// server refusing the client's, a URL's port above 65535, a host name that
+// does not exist), or after the first send the body could not be produced
+// again or the jar failed. The outcome is unknown and the operation stays
+// pending in the jar: a later call with the same operation name resumes it
+// with the same key. An operation whose outcome the jar already holds
+// (State done or failed), which a call sends again for the server's saved
+// answer, keeps it: only this call's answer is missing, and a later call
+// with the name asks for it again.
 type PendingError struct {
 	Op, Key    string
 	Attempts   int           // attempts this call sent

@@ -752,25 +752,71 @@ func TestTLSAlertFromTheServerIsNotRetried(t *testing.T) {
 // with one attempt: nothing was sent, and the URL fixed is another
 // request.
 func TestUnsendableURLIsNotRetried(t *testing.T) {
-	var dials atomic.Int32
+	dials, rec, err := chargeDialling(t, "http://127.0.0.1:99999/v1/charges", (&net.Dialer{}).DialContext)
+	var pe *idem.PendingError
+	var ae *net.AddrError
+	if !errors.As(err, &pe) || pe.Attempts != 1 || !errors.As(err, &ae) || dials != 1 {
+		t.Fatalf("got %v after %d dials; want a *PendingError around a *net.AddrError after 1 attempt, 1 dial", err, dials)
+	}
+	if rec.State != idem.StatePending || rec.Attempts != 1 || rec.LastError == "" {
+		t.Fatalf("jar holds %+v; want the operation pending after 1 attempt, with its error", rec)
+	}
+}
+
+// chargeDialling sends a named POST to url through a Transport with
+// fastPolicy and a MemoryJar, over a base transport that dials with dial.
+// It returns the number of dials, the operation's record and RoundTrip's
+// error.
+func chargeDialling(t *testing.T, url string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (dials int, rec idem.Record, err error) {
+	t.Helper()
+	var n atomic.Int32
 	base := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		dials.Add(1)
-		return (&net.Dialer{}).DialContext(ctx, network, addr)
+		n.Add(1)
+		return dial(ctx, network, addr)
 	}}
 	jar := &idem.MemoryJar{}
 	tr := &idem.Transport{Base: base, Jar: jar, Policy: fastPolicy}
-	req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, "http://127.0.0.1:99999/v1/charges", strings.NewReader(`{"amount":100}`))
+	req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, url, strings.NewReader(`{"amount":100}`))
 	resp, err := tr.RoundTrip(req)
 	if resp != nil {
 		resp.Body.Close()
 	}
-	var pe *idem.PendingError
-	var ae *net.AddrError
-	if !errors.As(err, &pe) || pe.Attempts != 1 || !errors.As(err, &ae) || dials.Load() != 1 {
-		t.Fatalf("got %v after %d dials; want a *PendingError around a *net.AddrError after 1 attempt, 1 dial", err, dials.Load())
+	rec, jerr := jar.Get(t.Context(), "charge")
+	if jerr != nil {
+		t.Fatalf("jar: %v", jerr)
 	}
-	if rec, err := jar.Get(t.Context(), "charge"); err != nil || rec.State != idem.StatePending || rec.Attempts != 1 || rec.LastError == "" {
-		t.Fatalf("jar holds %+v, %v; want the operation pending after 1 attempt, with its error", rec, err)
+	return int(n.Load()), rec, err
+}
+
+// TestUnknownHostIsNotRetried: a host name that does not exist fails
+// every attempt alike until it is made to exist, which a call's minute
+// does not wait for: the call stops after one dial with a *PendingError
+// that holds the *net.DNSError, and the operation stays pending for a
+// later call. A resolver that failed (a timeout, SERVFAIL) is retried as
+// any network fault, up to MaxAttempts.
+func TestUnknownHostIsNotRetried(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		err      *net.DNSError
+		attempts int
+	}{
+		{"no such host", &net.DNSError{Err: "no such host", Name: "api.idem.example", IsNotFound: true}, 1},
+		{"resolver timeout", &net.DNSError{Err: "i/o timeout", Name: "api.idem.example", IsTimeout: true}, fastPolicy.MaxAttempts},
+		{"resolver failure", &net.DNSError{Err: "server misbehaving", Name: "api.idem.example", IsTemporary: true}, fastPolicy.MaxAttempts},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dials, rec, err := chargeDialling(t, "http://api.idem.example/v1/charges", func(_ context.Context, network, _ string) (net.Conn, error) {
+				return nil, &net.OpError{Op: "dial", Net: network, Err: tt.err}
+			})
+			var pe *idem.PendingError
+			var de *net.DNSError
+			if !errors.As(err, &pe) || pe.Attempts != tt.attempts || !errors.As(err, &de) || dials != tt.attempts {
+				t.Fatalf("got %v after %d dials; want a *PendingError around a *net.DNSError after %d attempts, as many dials", err, dials, tt.attempts)
+			}
+			if rec.State != idem.StatePending || rec.Attempts != tt.attempts {
+				t.Fatalf("jar holds %+v; want the operation pending after %d attempts", rec, tt.attempts)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@
 // The decisions follow one table:
 //
 //	network error (dial, reset, EOF, attempt timeout)     Retry, same key
+//	DNS resolver failure (timeout, SERVFAIL)              Retry, same key
 //	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
 //	429, 502, 503, 504                                    Retry, honour Retry-After up to a cap
 //	any of those four replayed (Idempotent-Replayed)      Final: the server's saved outcome
@@ -13,6 +14,7 @@
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
 //	context cancelled, TLS alert (server), other errors   Stop
 //	an address no dial can reach (port above 65535)       Stop
+//	a host name that does not exist (NXDOMAIN)            Stop
 package retry
 
 import (
@@ -73,8 +75,11 @@ func (d Decision) String() string {
 // stops, and so does a TLS alert from the server (a client certificate or
 // a TLS version refused), although crypto/tls makes it a net.Error, and a
 // *net.AddrError (a URL whose port is above 65535, which no dial can
-// reach as written), although net/http wraps it in a net.Error too. The
-// same holds on the way to an https proxy: net/http wraps what failed there
+// reach as written) or a host name that does not exist (a *net.DNSError
+// IsNotFound, not Temporary), although net/http wraps them in a net.Error
+// too; a resolver that failed (any other *net.DNSError: a timeout, a
+// SERVFAIL) is retried as a network fault. The same holds on the way to
+// an https proxy: net/http wraps what failed there
 // in a *net.OpError "proxyconnect", a net.Error, which is judged by what it
 // wraps (a proxy's certificate refused, or its alert, stops; a proxy that
 // refuses the connection is retried).
@@ -148,6 +153,18 @@ func classifyError(err error) Decision {
 		// 65535, which url.Parse accepts and the dial refuses before any
 		// packet. net/http wraps it in the dial's *net.OpError, a net.Error,
 		// but neither Timeout nor Temporary: every attempt fails alike.
+		return Stop
+	}
+	var de *net.DNSError
+	if errors.As(err, &de) && de.IsNotFound && !de.Temporary() {
+		// The name has no address: it may come to have one (a record
+		// being created, a negative answer cached), but not within the
+		// seconds of one call's retries, which would ask again and get the
+		// same answer. The standard library calls it not Temporary. The
+		// operation stays pending, nothing sent, for a later call once
+		// the name resolves. A resolver that failed (no answer in time,
+		// SERVFAIL, another fault) is a network fault, retried below as a
+		// net.Error.
 		return Stop
 	}
 	var ne net.Error

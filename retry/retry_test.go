@@ -73,6 +73,11 @@ func TestClassify(t *testing.T) {
 		{"other error", nil, errors.New("x509: certificate signed by unknown authority"), retry.Stop},
 		{"error with 'connection reset' text only", nil, errors.New("connection reset by peer"), retry.Stop},
 		{"invalid port", nil, &url.Error{Op: "Post", URL: "http://127.0.0.1:99999/x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: &net.AddrError{Err: "invalid port", Addr: "99999"}}}, retry.Stop},
+		// A name that does not exist stops; a resolver that failed is retried.
+		{"unknown host", nil, &url.Error{Op: "Post", URL: "http://x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}}}, retry.Stop},
+		{"resolver timeout", nil, &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "i/o timeout", Name: "x", IsTimeout: true}}, retry.Retry},
+		{"resolver failure", nil, &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "server misbehaving", Name: "x", IsTemporary: true}}, retry.Retry},
+		{"unknown host, resolver failure", nil, &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true, IsTemporary: true}, retry.Retry},
 		{"TLS alert from the server", nil, &url.Error{Op: "Post", URL: "https://x", Err: &net.OpError{Op: "remote error", Err: errors.New("tls: bad certificate")}}, retry.Stop},
 		// net/http's HTTP/2 connection errors, untyped: matched by their whole text.
 		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
@@ -382,6 +387,84 @@ func TestClassifyUnsendableURL(t *testing.T) {
 		}
 		if got := retry.Classify(nil, err); got != retry.Stop {
 			t.Errorf("%s: Classify(%v) = %v; want %v", u, err, got, retry.Stop)
+		}
+	}
+}
+
+// fakeDNS is a DNS server on 127.0.0.1 that answers every query with
+// rcode and no record, and a resolver that asks it alone.
+func fakeDNS(t *testing.T, rcode byte) *net.Resolver {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for range 1000 { // until the test closes it
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if n < 12 {
+				continue
+			}
+			// The query, its question kept, made an answer: QR and RA set,
+			// RD kept, the rcode; no answer, authority or additional record.
+			ans := append([]byte(nil), buf[:n]...)
+			ans[2] = 0x80 | ans[2]&0x01
+			ans[3] = 0x80 | rcode
+			clear(ans[6:12])
+			if end := questionEnd(ans); end > 0 {
+				pc.WriteTo(ans[:end], from)
+			}
+		}
+	}()
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "udp", pc.LocalAddr().String())
+	}}
+}
+
+// questionEnd returns the end of a DNS message's one question, or 0.
+func questionEnd(m []byte) int {
+	i := 12
+	for i < len(m) && m[i] != 0 { // the name's labels, uncompressed in a query
+		i += 1 + int(m[i])
+	}
+	if i+5 > len(m) {
+		return 0
+	}
+	return i + 5 // the root label, QTYPE, QCLASS
+}
+
+// TestClassifyDNS: a host name that does not exist (NXDOMAIN) stops, as a
+// URL that cannot be sent as written does; a resolver that fails
+// (SERVFAIL) is retried, as any network fault. The resolver is a server on
+// 127.0.0.1 that gives the answer each case needs.
+func TestClassifyDNS(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		rcode byte
+		want  retry.Decision
+	}{
+		{"NXDOMAIN", 3, retry.Stop},
+		{"SERVFAIL", 2, retry.Retry},
+	} {
+		tr := &http.Transport{DialContext: (&net.Dialer{Resolver: fakeDNS(t, tt.rcode)}).DialContext}
+		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodPost, "http://api.idem.example/v1/charges", strings.NewReader(`{}`)))
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: got %s; want an error", tt.name, resp.Status)
+		}
+		// The answer is the kind the case is about: not found and not
+		// temporary, or the other way round.
+		var de *net.DNSError
+		if !errors.As(err, &de) || de.IsNotFound == de.Temporary() || de.IsNotFound != (tt.want == retry.Stop) {
+			t.Fatalf("%s: got %T %v; want a *net.DNSError, not found %v", tt.name, err, err, tt.want == retry.Stop)
+		}
+		if got := retry.Classify(nil, err); got != tt.want {
+			t.Errorf("%s: Classify(%v) = %v; want %v", tt.name, err, got, tt.want)
 		}
 	}
 }
