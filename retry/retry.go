@@ -82,7 +82,13 @@ func (d Decision) String() string {
 // an https proxy: net/http wraps what failed there
 // in a *net.OpError "proxyconnect", a net.Error, which is judged by what it
 // wraps (a proxy's certificate refused, or its alert, stops; a proxy that
-// refuses the connection is retried).
+// refuses the connection is retried). A proxy that answers CONNECT with
+// any status but 200, a 502 or 503 included, stops: net/http makes of it
+// an errors.New of the proxy's reason phrase ("Bad Gateway", or whatever
+// text the proxy sent), with neither a type nor the status, which no
+// rule can tell from another error. http.Transport.OnProxyConnectResponse
+// sees the status, and an error it returns is the attempt's: a net.Error
+// of the program's own for a 502 or 503 is retried.
 // net/http gives the lost HTTP/2 connection no type, only a fixed text:
 // that error alone is matched by its whole message. The caller must check
 // its own context first: a caller's expired deadline is a net.Error too.

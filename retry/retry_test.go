@@ -468,3 +468,66 @@ func TestClassifyDNS(t *testing.T) {
 		}
 	}
 }
+
+// proxyRefusal is a net.Error of a program's own, returned by
+// http.Transport.OnProxyConnectResponse for a proxy's 502 or 503.
+type proxyRefusal struct{ status string }
+
+func (e proxyRefusal) Error() string   { return "proxy refused CONNECT: " + e.status }
+func (e proxyRefusal) Timeout() bool   { return false }
+func (e proxyRefusal) Temporary() bool { return true }
+
+// TestClassifyProxyRefusesConnect: a proxy that answers CONNECT with 502 or
+// 503 fails the attempt with the error net/http makes of it, errors.New of
+// the proxy's reason phrase ("Bad Gateway", or whatever text it sent;
+// "unknown status code" for none), with no type and no status code: it
+// cannot be told from any other error, and stops. An error that
+// OnProxyConnectResponse returns for it instead is what the attempt fails
+// with: a net.Error of the program's own is retried.
+func TestClassifyProxyRefusesConnect(t *testing.T) {
+	for _, code := range []int{http.StatusBadGateway, http.StatusServiceUnavailable} {
+		proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodConnect {
+				t.Errorf("proxy got %s; want CONNECT", r.Method)
+			}
+			w.WriteHeader(code)
+		}))
+		defer proxy.Close()
+		proxyURL, err := url.Parse(proxy.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tt := range []struct {
+			name string
+			hook func(context.Context, *url.URL, *http.Request, *http.Response) error
+			want retry.Decision
+		}{
+			{"net/http's error", nil, retry.Stop},
+			{"OnProxyConnectResponse's net.Error", func(_ context.Context, _ *url.URL, _ *http.Request, resp *http.Response) error {
+				if resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusServiceUnavailable {
+					return proxyRefusal{resp.Status}
+				}
+				return nil
+			}, retry.Retry},
+		} {
+			tr := &http.Transport{Proxy: http.ProxyURL(proxyURL), OnProxyConnectResponse: tt.hook}
+			resp, err := (&http.Client{Transport: tr}).Post("https://api.example.test/v1/charges", "application/json", strings.NewReader(`{}`))
+			tr.CloseIdleConnections()
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("%d, %s: got %s; want an error", code, tt.name, resp.Status)
+			}
+			if tt.hook == nil {
+				// Should net/http give it a type one day, Classify can judge
+				// it by its status as a response's.
+				var ue *url.Error
+				if !errors.As(err, &ue) || ue.Err.Error() != http.StatusText(code) || fmt.Sprintf("%T", ue.Err) != "*errors.errorString" {
+					t.Fatalf("%d, %s: got %v; want a *url.Error around net/http's errors.New(%q)", code, tt.name, err, http.StatusText(code))
+				}
+			}
+			if got := retry.Classify(nil, err); got != tt.want {
+				t.Errorf("%d, %s: Classify(%v) = %v; want %v", code, tt.name, err, got, tt.want)
+			}
+		}
+	}
+}
