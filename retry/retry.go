@@ -123,9 +123,10 @@ func NotApplied(code int) bool {
 }
 
 // Replayed reports whether resp is an answer the server replayed from what
-// it saved for the key: it carries Idempotent-Replayed: true.
+// it saved for the key: it carries Idempotent-Replayed: true. A nil resp
+// is no answer, and not replayed, as errors.Is(nil, target) is false.
 func Replayed(resp *http.Response) bool {
-	return resp.Header.Get("Idempotent-Replayed") == "true"
+	return resp != nil && resp.Header.Get("Idempotent-Replayed") == "true"
 }
 
 func classifyError(err error) Decision {

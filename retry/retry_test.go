@@ -531,3 +531,30 @@ func TestClassifyProxyRefusesConnect(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayedNil: no response is no replayed answer, as errors.Is(nil, x)
+// is false; and a response without a header map is not one either.
+func TestReplayedNil(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		resp *http.Response
+		want bool
+	}{
+		{"nil response", nil, false},
+		{"nil header", &http.Response{StatusCode: 503}, false},
+		{"replayed", replayed(503), true},
+		{"not replayed", resp(503), false},
+	} {
+		got := func() (got bool) {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s: Replayed panicked: %v", tt.name, r)
+				}
+			}()
+			return retry.Replayed(tt.resp)
+		}()
+		if got != tt.want {
+			t.Errorf("%s: Replayed = %v; want %v", tt.name, got, tt.want)
+		}
+	}
+}
