@@ -111,3 +111,10 @@ func ListPlan(ctx context.Context, j *Jar, f idem.Filter) ([]string, error) {
 	}
 	return plan, rows.Err()
 }
+
+// SchemaV1 is the schema of a jar of version 1, which upgrades bring to
+// the current one; ApplicationID marks a jar file.
+const (
+	SchemaV1      = schema
+	ApplicationID = applicationID
+)

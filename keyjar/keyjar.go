@@ -60,7 +60,12 @@
 // and never block the writer. The schema is versioned with PRAGMA
 // user_version and the file is marked with PRAGMA application_id; Open
 // refuses a newer version with ErrVersion and a file that is not a jar with
-// ErrCorrupt. Times are stored as Unix nanoseconds, so a Record's times must
+// ErrCorrupt, and upgrades an older one in one transaction. Version 2 adds
+// the index on (state, created, op) that List with a State reads (the walk
+// of the pending operations: client.Pending, idemctl list --status and
+// resume --all); a jar of version 1 gets it at its first Open without
+// ReadOnly, after which a program built with an earlier version of this
+// package refuses the jar with ErrVersion. Times are stored as Unix nanoseconds, so a Record's times must
 // lie between the years 1678 and 2262 (or be zero); headers are stored as
 // JSON, byte for byte: a name or value that is not UTF-8 is kept in base64.
 //
@@ -192,9 +197,10 @@ type Options struct {
 	// place, and a program that has the jar open keeps them, so they are
 	// missing only after a program removed them (another SQLite program,
 	// or this package before it kept them): opening the jar once without
-	// ReadOnly brings them back. A jar of an older schema version would
-	// need a migration, a write: there is none so far (every jar this
-	// package wrote has schema version 1, and a lower one is ErrCorrupt).
+	// ReadOnly brings them back. A jar of an older schema version (1,
+	// before the index List with a State reads) needs an upgrade, a
+	// write: Open refuses it with ErrReadOnly, saying its version, and an
+	// Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
 	ReadOnly bool
 }
 
@@ -268,8 +274,9 @@ type hooks struct {
 // Open does not wait for another process's write transaction on a jar
 // whose schema is current: it reads the schema in a read transaction, and
 // Get and List then read what is committed. It waits for the write lock,
-// up to Options.BusyTimeout, only to create the schema or to switch the
-// file to WAL mode; writes wait for it as always.
+// up to Options.BusyTimeout, only to create or upgrade the schema (see the
+// package doc) or to switch the file to WAL mode; writes wait for it as
+// always. An upgrade reads the whole table once, to build an index.
 //
 // Open returns ErrOptions, wrapped, for an option out of range (creating
 // nothing), an error wrapping fs.ErrPermission when the file or its
@@ -394,10 +401,10 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	// the schema of an existing file. A current schema is only read:
 	// Open then neither waits for another process's write transaction
 	// nor holds one up.
-	var isNew bool
+	var version int
 	j.wconn, err = writer.Conn(bg)
 	if err == nil {
-		isNew, err = look(bg, j.wconn)
+		version, err = look(bg, j.wconn)
 	}
 	if err != nil {
 		if !created && isSQLiteCode(err, sqlite3.SQLITE_ERROR) {
@@ -410,7 +417,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if j.file, err = os.Stat(abs); err != nil {
 		return nil, wrapf(err, "open %s", abs)
 	}
-	if isNew && o.MustExist {
+	if version == 0 && o.MustExist {
 		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
 	}
 	// On a file already in WAL mode, which the look found, this changes
@@ -422,7 +429,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if mode != "wal" {
 		return nil, fmt.Errorf("keyjar: open %s: cannot use WAL mode (journal_mode is %q)", abs, mode)
 	}
-	if isNew {
+	if version < schemaVersion { // new (0), or older: created or upgraded
 		err = j.migrate(bg)
 	} else {
 		err = canWrite(bg, j.wconn, busy)
@@ -515,9 +522,9 @@ func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
 	}()
 	bg := context.Background()
 	conn, err := j.reader.Conn(bg)
-	var isNew bool
+	var version int
 	if err == nil {
-		isNew, err = look(bg, conn)
+		version, err = look(bg, conn)
 		conn.Close()
 	}
 	if err != nil {
@@ -526,8 +533,11 @@ func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
 		}
 		return nil, openError(abs, err, true)
 	}
-	if isNew {
+	if version == 0 {
 		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
+	}
+	if version < schemaVersion {
+		return nil, wrapf(older(version), "open %s", abs)
 	}
 	return j, nil
 }

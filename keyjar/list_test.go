@@ -10,10 +10,13 @@ import (
 	"github.com/idemkit/idem/keyjar"
 )
 
-// TestListPagePlan: a page of List, after a cursor or from the start,
-// with or without a State, is read from the index on (created, op) in its
-// order, from the cursor on, and stops at the limit: no step sorts the
-// matching records (a temporary B-tree) or reads the whole table.
+// TestListPagePlan: a page of List, after a cursor or from the start, is
+// read in its order from an index, from the cursor on, and stops at the
+// limit: no step sorts the matching records (a temporary B-tree) or reads
+// the whole table. Without a State the index is the one on (created, op);
+// with one, the one on (state, created, op), which reads the records of
+// that state alone: a walk of the few pending ones among many done reads
+// no done one.
 func TestListPagePlan(t *testing.T) {
 	j, _ := openTemp(t, nil)
 	ctx := t.Context()
@@ -34,10 +37,14 @@ func TestListPagePlan(t *testing.T) {
 		want string // in the plan's only step
 	}{
 		{idem.Filter{Limit: 1000}, "SCAN operations USING INDEX operations_by_created"},
-		{idem.Filter{Limit: 1000, State: idem.StateDone}, "SCAN operations USING INDEX operations_by_created"},
+		{idem.Filter{Limit: 1000, State: idem.StateDone}, "SEARCH operations USING INDEX operations_by_state_created (state=?)"},
+		{idem.Filter{State: idem.StatePending}, "SEARCH operations USING INDEX operations_by_state_created (state=?)"},
 		{idem.Filter{Limit: 1000, After: cursor}, "SEARCH operations USING INDEX operations_by_created ((created,op)>(?,?))"},
-		{idem.Filter{Limit: 1000, After: cursor, State: idem.StateDone}, "SEARCH operations USING INDEX operations_by_created ((created,op)>(?,?))"},
+		{idem.Filter{Limit: 1000, After: cursor, State: idem.StatePending},
+			"SEARCH operations USING INDEX operations_by_state_created (state=? AND (created,op)>(?,?))"},
 		{idem.Filter{Limit: 1000, After: idem.Cursor{Op: "op-1"}}, "SCAN operations USING INDEX operations_by_created"},
+		{idem.Filter{Limit: 1000, After: idem.Cursor{Op: "op-1"}, State: idem.StatePending},
+			"SEARCH operations USING INDEX operations_by_state_created (state=?)"},
 	} {
 		plan, err := keyjar.ListPlan(ctx, j, c.f)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -597,4 +598,174 @@ func TestOpenPathWithTrailingSeparator(t *testing.T) {
 		}
 		t.Errorf("Open(%s) = %v; want ErrCorrupt: a directory", dir+sep, err)
 	}
+}
+
+// v1Pending are the pending operations of the jar jarV1 writes, in List's
+// order: one created at the zero time, then by time.
+var v1Pending = []string{"op-000", "op-100", "op-200"}
+
+// jarV1 returns a setup that writes a jar of schema version 1 at path, in
+// WAL mode, holding 300 operations: those of v1Pending pending, the others
+// done, with headers and bodies. The connection that wrote it stays open
+// until the test ends when keepOpen is set, so that its -wal and -shm files
+// stay too.
+func jarV1(keepOpen bool) func(t *testing.T, path string) {
+	return func(t *testing.T, path string) {
+		db := rawDB(t, path, "")
+		var mode string
+		if err := db.QueryRow("PRAGMA journal_mode = WAL").Scan(&mode); err != nil || mode != "wal" {
+			t.Fatalf("journal_mode = %q, %v", mode, err)
+		}
+		if _, err := db.Exec(keyjar.SchemaV1 + fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = 1", keyjar.ApplicationID)); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 300 {
+			state, created := "done", any(t0+int64(i)*int64(time.Second))
+			if slices.Contains(v1Pending, fmt.Sprintf("op-%03d", i)) {
+				state = "pending"
+			}
+			if i == 0 {
+				created = nil // the zero time
+			}
+			if _, err := db.Exec(`INSERT INTO operations VALUES (?, ?, 'fp', ?, 'POST', 'http://127.0.0.1/charges',
+				'{"Content-Type":["application/json"]}', ?, ?, ?, ?, 1, 201, '', NULL, 'n', '', NULL)`,
+				fmt.Sprintf("op-%03d", i), fmt.Sprint("key-", i), state, fmt.Appendf(nil, `{"n":%d}`, i),
+				len(fmt.Sprintf(`{"n":%d}`, i)), created, t0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !keepOpen {
+			db.Close()
+		}
+	}
+}
+
+// dump returns every row of the jar file at path's operations table, in
+// op order, and its schema: the SQL of its table and indexes, by name,
+// and its user_version.
+func dump(t *testing.T, path string) (rows, schema []string) {
+	t.Helper()
+	db := rawDB(t, path, "")
+	defer db.Close()
+	r, err := db.Query("SELECT * FROM operations ORDER BY op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cols, _ := r.Columns()
+	for r.Next() {
+		v := make([]any, len(cols))
+		p := make([]any, len(v))
+		for i := range v {
+			p[i] = &v[i]
+		}
+		if err := r.Scan(p...); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, fmt.Sprintf("%q", v))
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := db.Query("SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for s.Next() {
+		var name, stmt string
+		if err := s.Scan(&name, &stmt); err != nil {
+			t.Fatal(err)
+		}
+		schema = append(schema, name+": "+strings.Join(strings.Fields(stmt), " "))
+	}
+	var v int
+	if err := db.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return rows, append(schema, fmt.Sprint("user_version: ", v))
+}
+
+// TestMigrateFromVersion1: Open, with or without MustExist, upgrades a jar
+// of schema version 1 to the current version: it keeps every row as it
+// was, ends with the schema (and user_version) a new jar has, and its walk
+// of the pending operations is read from the index on (state, created,
+// op).
+func TestMigrateFromVersion1(t *testing.T) {
+	_, fresh := openTemp(t, nil)
+	_, want := dump(t, fresh)
+	for name, opts := range map[string]*keyjar.Options{"default": nil, "MustExist": {MustExist: true}} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "keys.db")
+			jarV1(false)(t, path)
+			before, _ := dump(t, path)
+			j := openPath(t, path, opts)
+			ctx := t.Context()
+			pending, err := j.List(ctx, idem.Filter{State: idem.StatePending})
+			if got := opsOf(pending); err != nil || !slices.Equal(got, v1Pending) {
+				t.Errorf("List(pending) = %v, %v; want %v", got, err, v1Pending)
+			}
+			if all, err := j.List(ctx, idem.Filter{}); err != nil || len(all) != 300 {
+				t.Errorf("List() = %d records, %v; want 300", len(all), err)
+			}
+			r, err := j.Get(ctx, "op-100")
+			if err != nil || r.State != idem.StatePending || string(r.Body) != `{"n":100}` ||
+				r.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("Get(op-100) = %+v, %v; want the stored request, pending", r, err)
+			}
+			plan, err := keyjar.ListPlan(ctx, j, idem.Filter{State: idem.StatePending, Limit: 1000})
+			if want := "SEARCH operations USING INDEX operations_by_state_created (state=?)"; err != nil ||
+				!slices.Equal(plan, []string{want}) {
+				t.Errorf("plan of the pending walk: %q, %v; want %q", plan, err, want)
+			}
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+			after, schema := dump(t, path)
+			if !slices.Equal(after, before) {
+				t.Errorf("the rows changed in the migration:\n%s\nwere\n%s", strings.Join(after, "\n"), strings.Join(before, "\n"))
+			}
+			if !slices.Equal(schema, want) {
+				t.Errorf("schema after the migration:\n%s\nwant a new jar's:\n%s", strings.Join(schema, "\n"), strings.Join(want, "\n"))
+			}
+			if got := integrityCheck(t, path); got != "ok" {
+				t.Errorf("integrity_check after the migration: %s", got)
+			}
+		})
+	}
+}
+
+// TestReadOnlyVersion1: a read-only Open of a jar of schema version 1,
+// which would need a migration, a write, refuses it with ErrReadOnly,
+// saying which version and what to do, and leaves it as it was; once a
+// writable Open has migrated it, a read-only one reads it.
+func TestReadOnlyVersion1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	jarV1(true)(t, path) // its -wal and -shm files kept, as a program that has it open keeps them
+	before := untouched(t, path)
+	_, err := keyjar.Open(t.Context(), path, readOnly)
+	if !errors.Is(err, keyjar.ErrReadOnly) || !strings.Contains(err.Error(), "schema version 1") ||
+		!strings.Contains(err.Error(), "without ReadOnly") {
+		t.Fatalf("read-only Open of a version 1 jar: %v; want ErrReadOnly naming version 1 and what to do", err)
+	}
+	prefixOnce(t, "Open", err)
+	if after := untouched(t, path); !maps.Equal(after, before) {
+		t.Errorf("the read-only Open changed the jar's directory or files")
+	}
+	if err := openPath(t, path, nil).Close(); err != nil {
+		t.Fatal(err)
+	}
+	ro := openPath(t, path, readOnly)
+	if got, err := ro.List(t.Context(), idem.Filter{State: idem.StatePending}); err != nil || !slices.Equal(opsOf(got), v1Pending) {
+		t.Errorf("read-only List(pending) after the migration = %v, %v; want %v", opsOf(got), err, v1Pending)
+	}
+}
+
+func opsOf(rs []idem.Record) []string {
+	out := []string{}
+	for _, r := range rs {
+		out = append(out, r.Op)
+	}
+	return out
 }

@@ -248,10 +248,11 @@ func save(ctx context.Context, stmt *sql.Stmt, r idem.Record) error {
 
 // List returns the records that pass f, oldest Created first (the zero
 // time first), then by Op, bytewise. A page after f.After reads from the
-// index on (created, op) where the cursor lies, and stops at f.Limit: its
-// cost is the page's, not the jar's, but a State filter also reads the
-// records of other states between the cursor and the page's end, and a
-// cursor at the zero time those created at the zero time before it.
+// index on (created, op), or with a State from the one on (state, created,
+// op), where the cursor lies, and stops at f.Limit: its cost is the
+// page's, not the jar's, and a State filter reads the records of that
+// state alone; a cursor at the zero time also reads those created at the
+// zero time before it.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.readable(ctx); err != nil {
 		return nil, err
@@ -269,6 +270,11 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 // The statements of List: every record, the records after a position
 // (?3 nanoseconds, ?4 name), and those after a position at the zero time,
 // which is NULL and sorts first. ?1 is the state ("": all), ?2 the limit.
+// Each has a twin for a State, "state = ?1", which List runs when f.State
+// is set: SQLite plans a statement once, for every ?1, and the condition
+// of the first three, true of every record when ?1 is empty, cannot use
+// the index on (state, created, op), so that a walk of the few pending
+// records among many done ones would read them all.
 const (
 	listSQL = "SELECT " + columns + ` FROM operations
 		WHERE ?1 = '' OR state = ?1 ORDER BY created, op LIMIT ?2`
@@ -276,6 +282,13 @@ const (
 		WHERE (created, op) > (?3, ?4) AND (?1 = '' OR state = ?1) ORDER BY created, op LIMIT ?2`
 	listAfterZeroSQL = "SELECT " + columns + ` FROM operations
 		WHERE (created IS NOT NULL OR op > ?4) AND (?1 = '' OR state = ?1) ORDER BY created, op LIMIT ?2`
+
+	listStateSQL = "SELECT " + columns + ` FROM operations
+		WHERE state = ?1 ORDER BY created, op LIMIT ?2`
+	listStateAfterSQL = "SELECT " + columns + ` FROM operations
+		WHERE state = ?1 AND (created, op) > (?3, ?4) ORDER BY created, op LIMIT ?2`
+	listStateAfterZeroSQL = "SELECT " + columns + ` FROM operations
+		WHERE state = ?1 AND (created IS NOT NULL OR op > ?4) ORDER BY created, op LIMIT ?2`
 )
 
 // listQuery returns List's statement for f and its arguments, or none when
@@ -289,18 +302,22 @@ func listQuery(f idem.Filter) (query string, args []any, none bool) {
 		limit = -1 // SQLite: no limit
 	}
 	args = []any{string(f.State), limit}
+	list, listAfter, listAfterZero := listSQL, listAfterSQL, listAfterZeroSQL
+	if f.State != "" {
+		list, listAfter, listAfterZero = listStateSQL, listStateAfterSQL, listStateAfterZeroSQL
+	}
 	after := f.After
 	switch {
 	case after.IsZero() || after.Created.Before(time.Time{}):
-		return listSQL, args, false
+		return list, args, false
 	case after.Created.IsZero():
-		return listAfterZeroSQL, append(args, nil, after.Op), false
+		return listAfterZero, append(args, nil, after.Op), false
 	case after.Created.After(time.Unix(0, math.MaxInt64)):
 		return "", nil, true
 	case after.Created.Before(time.Unix(0, math.MinInt64)):
-		return listAfterSQL, append(args, int64(math.MinInt64), ""), false
+		return listAfter, append(args, int64(math.MinInt64), ""), false
 	}
-	return listAfterSQL, append(args, after.Created.UnixNano(), after.Op), false
+	return listAfter, append(args, after.Created.UnixNano(), after.Op), false
 }
 
 // ByKey returns the records whose Key is key, oldest Created first, then

@@ -15,8 +15,9 @@ import (
 )
 
 const (
-	// schemaVersion is the PRAGMA user_version this package writes and reads.
-	schemaVersion = 1
+	// schemaVersion is the PRAGMA user_version this package writes and
+	// reads: 1 for schema, plus one for each of upgrades.
+	schemaVersion = 2
 	// applicationID marks a SQLite file as a key jar ("idmj").
 	applicationID = 0x69646d6a
 	// serverApplicationID marks the reference server's database ("idms",
@@ -49,37 +50,49 @@ CREATE INDEX operations_by_created ON operations (created, op);
 CREATE INDEX operations_by_state ON operations (state, updated);
 `
 
-// inspect reports whether the database is new (empty), and fails with
-// ErrCorrupt for a database of another program and with ErrVersion for a jar
-// of a newer version.
-func inspect(ctx context.Context, q querier) (isNew bool, err error) {
+// upgrades[v-1] brings a jar from schema version v to v+1; a new jar gets
+// schema (version 1) and then each of them, so that it holds what an
+// upgraded one does. Versions are only ever appended: a released upgrade
+// is never edited.
+var upgrades = []string{
+	// 2: List with a State (client.Pending, idemctl list --status and
+	// resume --all) reads the records of that state alone, in List's
+	// order, instead of every record from operations_by_created.
+	`CREATE INDEX operations_by_state_created ON operations (state, created, op)`,
+}
+
+// inspect returns the schema version of the jar, 0 when the database is
+// new (empty), and fails with ErrCorrupt for a database of another program
+// and with ErrVersion for a jar of a newer version.
+func inspect(ctx context.Context, q querier) (version int, err error) {
 	// One statement reads one snapshot, even outside a transaction: another
 	// process may be creating the schema at this moment.
-	var app, version, tables int
+	var app, tables int
 	err = q.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
 		(SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_schema)`).Scan(&app, &version, &tables)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if app == 0 && version == 0 && tables == 0 {
-		return true, nil
+		return 0, nil
 	}
 	if err := checkIDs(int32(app), int32(version), fmt.Sprintf(", %d tables", tables)); err != nil {
-		return false, err
+		return 0, err
 	}
-	// A jar of this version: its table has every column this package reads.
+	// A jar of a version this package reads: its table has every column
+	// this package reads (no upgrade has added one so far).
 	var n int
 	if err := q.QueryRowContext(ctx, "SELECT count(*) FROM (SELECT "+columns+" FROM operations LIMIT 0)").Scan(&n); err != nil {
-		return false, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		return 0, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	return false, nil
+	return version, nil
 }
 
 // checkIDs refuses, by its PRAGMA application_id and user_version, a
-// database that is not a jar of this package's schema version: ErrCorrupt
-// for another program's (about says more of it, for the message) and
-// ErrVersion for a jar of a newer version. SQLite stores both as signed
-// 32-bit integers.
+// database that is not a jar of a schema version this package reads or
+// upgrades: ErrCorrupt for another program's (about says more of it, for
+// the message) and ErrVersion for a jar of a newer version. SQLite stores
+// both as signed 32-bit integers.
 func checkIDs(app, version int32, about string) error {
 	switch {
 	case app == serverApplicationID:
@@ -88,44 +101,63 @@ func checkIDs(app, version int32, about string) error {
 		return fmt.Errorf("%w: a SQLite database of another program (application_id %#x%s)", ErrCorrupt, app, about)
 	case version > schemaVersion:
 		return fmt.Errorf("%w: version %d, this package reads up to %d", ErrVersion, version, schemaVersion)
-	case version < schemaVersion:
-		// No jar of an older version exists: version 1 is the first. A
-		// migration from one would write, which a read-only Open must
-		// refuse (ErrReadOnly) rather than run.
+	case version < 1:
 		return fmt.Errorf("%w: unknown schema version %d (version 1 is the first)", ErrCorrupt, version)
 	}
+	// An older version is upgraded by a writable Open (migrate); a
+	// read-only one refuses it (see older).
 	return nil
+}
+
+// older returns, for a read-only Open of a jar of an older schema version,
+// ErrReadOnly: the upgrade writes, which a read-only Open does not.
+func older(version int) error {
+	return fmt.Errorf("%w: the jar has schema version %d, which this package upgrades to %d, a write; open it once without ReadOnly to upgrade it",
+		ErrReadOnly, version, schemaVersion)
 }
 
 // look is inspect in a read (deferred) transaction, which takes no write
 // lock: its statements read one snapshot, and another process's write
 // transaction neither blocks it nor is blocked by it. (modernc.org/sqlite
 // begins a ReadOnly transaction with a plain BEGIN, whatever _txlock says.)
-func look(ctx context.Context, conn *sql.Conn) (isNew bool, err error) {
+func look(ctx context.Context, conn *sql.Conn) (version int, err error) {
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	defer tx.Rollback()
 	return inspect(ctx, tx)
 }
 
-// migrate creates the schema in a new file, in an IMMEDIATE transaction that
-// looks again: another process may have created it since look.
+// migrate creates the schema in a new file, or upgrades that of a jar of an
+// older version, in an IMMEDIATE transaction that looks again: another
+// process may have created or upgraded it since look. The upgrade and the
+// new version commit together, or neither does.
 func (j *Jar) migrate(ctx context.Context) error {
 	tx, err := j.wconn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	isNew, err := inspect(ctx, tx)
-	if err != nil || !isNew {
+	version, err := inspect(ctx, tx)
+	if err != nil || version == schemaVersion {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
-		return err
+	if version == 0 {
+		if _, err := tx.ExecContext(ctx, schema); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d", applicationID)); err != nil {
+			return err
+		}
+		version = 1
 	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = %d", applicationID, schemaVersion)); err != nil {
+	for ; version < schemaVersion; version++ {
+		if _, err := tx.ExecContext(ctx, upgrades[version-1]); err != nil {
+			return fmt.Errorf("upgrade to schema version %d: %w", version+1, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
 		return err
 	}
 	return tx.Commit()

@@ -475,7 +475,7 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 }
 
 func statementTimeout(where string, lockTimeout time.Duration) error {
-	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout: a large jar may need a longer one for show by key, which reads all of it, or for list --status, whose page reads the operations of other states among those it lists", where, lockTimeout)
+	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout: a large jar may need a longer one for show by key, which reads all of it", where, lockTimeout)
 }
 
 // printable returns the jar's name fit to print: a PostgreSQL URL without

@@ -127,7 +127,7 @@ func TestPostgresLockTimeout(t *testing.T) {
 	for _, args := range [][]string{{"list"}, {"export", "--json"}, {"show", "charge:done"}} {
 		code, _, errOut := idemctl(append([]string{"--jar", dsn, "--lock-timeout", "100ms"}, args...)...)
 		wantError(t, code, errOut, 1, "ran out of --lock-timeout (100ms)")
-		for _, want := range []string{"a large jar", "a longer one", "list --status"} {
+		for _, want := range []string{"a large jar", "a longer one", "show by key"} {
 			if !strings.Contains(errOut, want) {
 				t.Errorf("%s: stderr %q; want it to say %q", args[0], errOut, want)
 			}

@@ -691,7 +691,8 @@ func testListPagesDeleted(t *testing.T, j Jar) {
 // testListAfter: After keeps the records strictly after a position, which
 // need not be a record's: past the end there are none; a Cursor with a
 // time and no Op begins at that time; one at the zero time keeps the
-// records created then that sort after its Op.
+// records created then that sort after its Op; with a State, the same of
+// that state's records.
 func testListAfter(t *testing.T, j Jar) {
 	pageSet(t, j)
 	for _, c := range []struct {
@@ -708,6 +709,10 @@ func testListAfter(t *testing.T, j Jar) {
 		{idem.Filter{After: idem.Cursor{Op: "y"}, Limit: 2}, []string{"z", "f"}},
 		{idem.Filter{After: idem.Cursor{Op: "z"}, Limit: 2}, []string{"f", "a"}},
 		{idem.Filter{After: idem.Cursor{Created: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)}}, []string{"f", "a", "b", "c", "d", "aa", "e", "g"}},
+		{idem.Filter{After: idem.Cursor{Created: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)}, State: idem.StateDone}, []string{"a", "e", "g"}},
+		{idem.Filter{After: idem.Cursor{Op: "y"}, State: idem.StatePending, Limit: 2}, []string{"z", "f"}},
+		{idem.Filter{After: idem.Cursor{Op: "z"}, State: idem.StatePending}, []string{"f", "b", "c", "d", "aa"}},
+		{idem.Filter{After: idem.Cursor{Created: t0, Op: "b"}, State: idem.StatePending, Limit: 2}, []string{"c", "d"}},
 	} {
 		got, err := j.List(t.Context(), c.f)
 		if err != nil {

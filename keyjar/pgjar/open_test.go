@@ -61,7 +61,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 	for _, c := range []struct{ what, sql, missing string }{
 		{"a newer schema", `INSERT INTO idem_operations_schema (version) VALUES (99)`, ""},
 		{"no version recorded, no records' table", `DROP TABLE idem_operations; TRUNCATE idem_operations_schema`,
-			`in schema "public" (idem_operations_schema records version 0, not 1)`},
+			`in schema "public" (idem_operations_schema records version 0, not 2)`},
 		{"no table of versions", `DROP TABLE idem_operations_schema`, `in schema "public" (no table idem_operations_schema)`},
 	} {
 		if _, err := conn.Exec(t.Context(), c.sql); err != nil {
@@ -71,7 +71,7 @@ func TestOpenWithoutCreating(t *testing.T) {
 			refused(c.what, c.missing)
 			continue
 		}
-		const want = `pgjar: database has a newer jar schema version: in schema "public", version 99, this package knows up to 1`
+		const want = `pgjar: database has a newer jar schema version: in schema "public", version 99, this package knows up to 2`
 		if _, err := pgjar.Open(ctx, dsn, mustExist); !errors.Is(err, pgjar.ErrVersion) || err.Error() != want {
 			t.Errorf("%s: Open = %v; want ErrVersion: %s", c.what, err, want)
 		}
@@ -102,8 +102,9 @@ func openers(t *testing.T, dsn string) map[string]func() (*pgjar.Jar, error) {
 func TestOpenIncompleteSchema(t *testing.T) {
 	for _, c := range []struct{ drop, missing string }{
 		{`DROP TABLE idem_operations`,
-			"no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state"},
+			"no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state, idem_operations_by_state_created"},
 		{`DROP INDEX idem_operations_by_state`, "no idem_operations_by_state"},
+		{`DROP INDEX idem_operations_by_state_created`, "no idem_operations_by_state_created"},
 		{`ALTER TABLE idem_operations DROP CONSTRAINT idem_operations_pkey`, "no idem_operations_pkey"},
 	} {
 		dsn := pgtest.DB(t)
@@ -124,7 +125,7 @@ func TestOpenIncompleteSchema(t *testing.T) {
 		}
 		var missing string
 		if err := conn.QueryRow(t.Context(), `SELECT coalesce(string_agg(name, ', ' ORDER BY n), '')
-			FROM unnest('{idem_operations,idem_operations_pkey,idem_operations_by_created,idem_operations_by_state}'::text[])
+			FROM unnest('{idem_operations,idem_operations_pkey,idem_operations_by_created,idem_operations_by_state,idem_operations_by_state_created}'::text[])
 				WITH ORDINALITY AS o(name, n)
 			WHERE to_regclass(name) IS NULL`).Scan(&missing); err != nil {
 			t.Fatal(err)
@@ -172,7 +173,7 @@ func TestOpenUnrecordedSchema(t *testing.T) {
 		}
 		before := state()
 		want := `pgjar: database lacks part of the jar's schema: in schema "public", ` + c.want +
-			", but the database holds idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state"
+			", but the database holds idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state, idem_operations_by_state_created"
 		for what, opened := range openers(t, dsn) {
 			j, err := opened()
 			if err == nil {
@@ -225,7 +226,7 @@ func TestOpenSearchPath(t *testing.T) {
 		INSERT INTO other.idem_operations_schema SELECT * FROM public.idem_operations_schema`); err != nil {
 		t.Fatal(err)
 	}
-	opens(pgjar.ErrSchema, `in schema "other", no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state`,
+	opens(pgjar.ErrSchema, `in schema "other", no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state, idem_operations_by_state_created`,
 		"Open", "New", "Open, MustExist", "New, MustExist")
 
 	if _, err := conn.Exec(ctx, `DROP TABLE other.idem_operations_schema`); err != nil {
@@ -307,7 +308,7 @@ func TestNewMustExist(t *testing.T) {
 		t.Fatalf("after New with MustExist on a jar whose version was lost: versions %q; want none, nothing recorded", v)
 	}
 
-	if _, err := pool.Exec(ctx, `INSERT INTO idem_operations_schema (version) VALUES (1)`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_operations_schema (version) VALUES (1), (2)`); err != nil {
 		t.Fatal(err)
 	}
 	j, err = pgjar.New(ctx, pool, mustExist)

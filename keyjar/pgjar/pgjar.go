@@ -59,6 +59,16 @@
 // (pg_temp is searched first) neither hides its records nor receives them.
 // A search_path that names no schema that exists is ErrNoSchema.
 //
+// Open and New without Options.MustExist upgrade a jar of an older schema
+// version, under the advisory lock that serialises migrations, in one
+// transaction. Version 2 adds idem_operations_by_state_created, the index
+// on (state, created, op) that List with a State reads (the walk of the
+// pending operations: client.Pending, idemctl list --status and resume
+// --all); its build reads the table once and holds off writes to it
+// meanwhile. A program built with an earlier version of this package then
+// refuses the jar with ErrVersion, and one with MustExist refuses a jar
+// not yet upgraded with ErrNoJar.
+//
 // Defer queues such a change for the jar's applier, a goroutine that Open
 // or New starts and Close ends: it sends what is queued, up to 64 changes,
 // in one round trip, each as Update's fenced UPDATE, in the order they were
@@ -879,10 +889,11 @@ func storableStatus(status int) error {
 // List returns the records that pass f, oldest Created first (the zero
 // time first), then by Op, bytewise: none for a State that text cannot
 // hold, which no record is in. A page after f.After reads from the index
-// on (created, op) where the cursor lies, and stops at f.Limit: its cost is
-// the page's, not the table's, but a State filter also reads the records
-// of other states between the cursor and the page's end, and a cursor at
-// the zero time those created at the zero time before it. A cursor whose
+// on (created, op), or with a State from the one on (state, created, op),
+// where the cursor lies, and stops at f.Limit: its cost is the page's, not
+// the table's, and a State filter reads the records of that state alone;
+// a cursor at the zero time also reads those created at the zero time
+// before it. A cursor whose
 // Op text cannot hold (a NUL byte, bytes that are not UTF-8), which no
 // record has, is ErrInvalid.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
@@ -895,30 +906,50 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.settle(ctx, ""); err != nil {
 		return nil, wrapf(err, "list")
 	}
+	query, args, none := j.listQuery(f)
+	if none {
+		return nil, nil
+	}
+	return j.records(ctx, "list", query, args...)
+}
+
+// listQuery returns List's statement for f and its arguments, or none when
+// no record can be after f.After: one past the last time the jar stores.
+func (j *Jar) listQuery(f idem.Filter) (query string, args []any, none bool) {
 	var limit *int64
 	if f.Limit > 0 {
 		l := int64(f.Limit)
 		limit = &l
 	}
-	args := []any{string(f.State), limit}
+	args = []any{string(f.State), limit}
+	list, listAfter, listAfterZero := j.sql.list, j.sql.listAfter, j.sql.listAfterZero
+	if f.State != "" {
+		list, listAfter, listAfterZero = j.sql.listState, j.sql.listStateAfter, j.sql.listStateAfterZero
+	}
 	after := f.After
 	switch {
 	case after.IsZero() || after.Created.Before(time.Time{}):
-		return j.records(ctx, "list", j.sql.list, args...)
+		return list, args, false
 	case after.Created.IsZero():
-		return j.records(ctx, "list", j.sql.listAfterZero, append(args, after.Op)...)
+		return listAfterZero, append(args, after.Op), false
 	case after.Created.After(time.Unix(0, math.MaxInt64)):
-		return nil, nil // past every time the jar stores
+		return "", nil, true // past every time the jar stores
 	case after.Created.Before(time.Unix(0, math.MinInt64)):
 		// Before every time the jar stores but the zero time's.
-		return j.records(ctx, "list", j.sql.listAfter, append(args, int64(math.MinInt64), "")...)
+		return listAfter, append(args, int64(math.MinInt64), ""), false
 	}
-	return j.records(ctx, "list", j.sql.listAfter, append(args, after.Created.UnixNano(), after.Op)...)
+	return listAfter, append(args, after.Created.UnixNano(), after.Op), false
 }
 
 // The statements of List: every record in one state, or all; those after
 // a position ($3 nanoseconds, $4 name); and those after a position at the
 // zero time ($3 name), which is NULL and sorts first. $2 is the limit.
+// Each has a twin for a State, "state = $1", which List runs when f.State
+// is set, so that it reads idem_operations_by_state_created: a statement
+// prepared once (pgx caches them) may be run on a generic plan, made for
+// every $1, on which the condition of the first three, true of every
+// record when $1 is empty, can use no index on state, and a walk of the
+// few pending records among many done ones would read them all.
 const (
 	listSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
 	WHERE $1::text = '' OR state = $1::text
@@ -928,6 +959,16 @@ const (
 	ORDER BY created NULLS FIRST, op LIMIT $2`
 	listAfterZeroSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
 	WHERE (created IS NOT NULL OR op > $3::text) AND ($1::text = '' OR state = $1::text)
+	ORDER BY created NULLS FIRST, op LIMIT $2`
+
+	listStateSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE state = $1::text
+	ORDER BY created NULLS FIRST, op LIMIT $2`
+	listStateAfterSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE state = $1::text AND (created, op) > ($3::bigint, $4::text)
+	ORDER BY created NULLS FIRST, op LIMIT $2`
+	listStateAfterZeroSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
+	WHERE state = $1::text AND (created IS NOT NULL OR op > $3::text)
 	ORDER BY created NULLS FIRST, op LIMIT $2`
 )
 

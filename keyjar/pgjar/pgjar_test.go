@@ -934,8 +934,8 @@ func TestMigrations(t *testing.T) {
 		`SELECT string_agg(version::text, ',' ORDER BY version) FROM idem_operations_schema`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if versions != "1" {
-		t.Errorf("schema versions = %q; want 1", versions)
+	if versions != "1,2" {
+		t.Errorf("schema versions = %q; want 1,2", versions)
 	}
 	if _, err := conn.Exec(t.Context(), `INSERT INTO idem_operations_schema (version) VALUES (99)`); err != nil {
 		t.Fatal(err)
@@ -1060,8 +1060,7 @@ func TestOpenBadDSN(t *testing.T) {
 	}
 }
 
-// plan is the part of EXPLAIN (ANALYZE, FORMAT JSON) that TestListPagePlan
-// reads.
+// plan is the part of EXPLAIN (ANALYZE, FORMAT JSON) that listScan reads.
 type plan struct {
 	NodeType    string `json:"Node Type"`
 	IndexName   string `json:"Index Name"`
@@ -1072,10 +1071,11 @@ type plan struct {
 }
 
 // TestListPagePlan: on a table of 100,000 operations, a page of List of
-// 1000, from the start or after a cursor, with or without a State, is a
-// Limit over an index scan of idem_operations_by_created that begins at
-// the cursor (its Index Cond) and reads the page and, with a State, the
-// records of other states among it: no sequential scan, no sort.
+// 1000, from the start or after a cursor, is a Limit over an index scan
+// that begins at the cursor (its Index Cond) and reads the page: no
+// sequential scan, no sort. Without a State it reads
+// idem_operations_by_created; with one, idem_operations_by_state_created,
+// and no record of another state.
 func TestListPagePlan(t *testing.T) {
 	dsn := pgtest.DB(t)
 	j := open(t, dsn, nil)
@@ -1092,43 +1092,58 @@ func TestListPagePlan(t *testing.T) {
 	if _, err := pgjar.PoolOf(j).Exec(ctx, "ANALYZE idem_operations"); err != nil {
 		t.Fatal(err)
 	}
-	list, after, afterZero := pgjar.ListStatements(j)
 	cursor, err := j.Get(ctx, "op-050001")
 	if err != nil {
 		t.Fatal(err)
 	}
 	const page = 1000
+	byCreated, byState := "idem_operations_by_created", "idem_operations_by_state_created"
 	for _, c := range []struct {
-		name, query string
-		args        []any
-		cond        string // in the scan's Index Cond
-		filtered    int    // at most this many rows of other states read
+		name   string
+		f      idem.Filter
+		index  string
+		cond   string // in the scan's Index Cond
+		others int    // at most this many rows of other states read
 	}{
-		{"first page", list, []any{"", page}, "", 0},
-		{"first page pending", list, []any{"pending", page}, "", 9 * page},
-		{"after a cursor", after, []any{"", page, cursor.Created.UnixNano(), cursor.Op}, "ROW(created, op) > ROW(", 0},
-		{"after a cursor pending", after, []any{"pending", page, cursor.Created.UnixNano(), cursor.Op}, "ROW(created, op) > ROW(", 9*page + 10},
-		{"after a cursor at the zero time", afterZero, []any{"", page, "op-1"}, "", 0},
+		{"first page", idem.Filter{Limit: page}, byCreated, "", 0},
+		{"first page pending", idem.Filter{Limit: page, State: idem.StatePending}, byState, "(state = ", 0},
+		{"after a cursor", idem.Filter{Limit: page, After: cursor.Cursor()}, byCreated, "ROW(created, op) > ROW(", 0},
+		{"after a cursor pending", idem.Filter{Limit: page, After: cursor.Cursor(), State: idem.StatePending}, byState,
+			"ROW(created, op) > ROW(", 0},
+		{"after a cursor at the zero time", idem.Filter{Limit: page, After: idem.Cursor{Op: "op-1"}}, byCreated, "", 0},
+		{"after a cursor at the zero time pending", idem.Filter{Limit: page, After: idem.Cursor{Op: "op-1"}, State: idem.StatePending},
+			byState, "(state = ", 0},
 	} {
-		var out []byte
-		if err := pgjar.PoolOf(j).QueryRow(ctx, "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) "+c.query, c.args...).Scan(&out); err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		var plans []struct{ Plan plan }
-		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
-			t.Fatalf("%s: %v: %s", c.name, err, out)
-		}
-		top := plans[0].Plan
-		if top.NodeType != "Limit" || top.ActualRows != page || len(top.Plans) != 1 {
-			t.Fatalf("%s: plan %s; want a Limit of %d rows over one scan", c.name, out, page)
-		}
-		scan := top.Plans[0]
-		if scan.NodeType != "Index Scan" || scan.IndexName != "idem_operations_by_created" ||
-			!strings.Contains(scan.IndexCond, c.cond) || scan.ActualRows != page || scan.RowsRemoved > c.filtered {
-			t.Errorf("%s: plan %s; want an index scan of idem_operations_by_created (Index Cond %q) that reads %d rows and at most %d others",
-				c.name, out, c.cond, page, c.filtered)
+		scan := listScan(t, j, c.f)
+		if scan.IndexName != c.index || !strings.Contains(scan.IndexCond, c.cond) || scan.ActualRows != page ||
+			scan.RowsRemoved > c.others {
+			t.Errorf("%s: scan %+v; want an index scan of %s (Index Cond %q) that reads %d rows and at most %d others",
+				c.name, scan, c.index, c.cond, page, c.others)
 		}
 	}
+}
+
+// listScan returns the index scan of the plan of List(f) on j (EXPLAIN
+// ANALYZE): it fails t unless the plan is a Limit over one index scan.
+func listScan(t *testing.T, j *pgjar.Jar, f idem.Filter) plan {
+	t.Helper()
+	query, args, none := pgjar.ListQuery(j, f)
+	if none {
+		t.Fatalf("List(%+v) runs no statement", f)
+	}
+	var out []byte
+	if err := pgjar.PoolOf(j).QueryRow(t.Context(), "EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) "+query, args...).Scan(&out); err != nil {
+		t.Fatalf("List(%+v): %v", f, err)
+	}
+	var plans []struct{ Plan plan }
+	if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("List(%+v): %v: %s", f, err, out)
+	}
+	top := plans[0].Plan
+	if top.NodeType != "Limit" || len(top.Plans) != 1 || top.Plans[0].NodeType != "Index Scan" {
+		t.Fatalf("List(%+v): plan %s; want a Limit over one index scan", f, out)
+	}
+	return top.Plans[0]
 }
 
 // TestListAfterAnOpTextCannotHold: a cursor whose Op PostgreSQL's text

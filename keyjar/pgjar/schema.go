@@ -48,6 +48,14 @@ var migrations = [][]string{
 		`CREATE INDEX idem_operations_by_created ON {schema}.idem_operations (created NULLS FIRST, op)`,
 		`CREATE INDEX idem_operations_by_state ON {schema}.idem_operations (state, updated)`,
 	},
+	{ // 2: List with a State (client.Pending, idemctl list --status and
+		// resume --all) reads the records of that state alone, in List's
+		// order, instead of every record from idem_operations_by_created.
+		// Not CONCURRENTLY, which cannot run in the migration's
+		// transaction: the build holds off writes to the table while it
+		// reads it once.
+		`CREATE INDEX idem_operations_by_state_created ON {schema}.idem_operations (state, created NULLS FIRST, op)`,
+	},
 }
 
 // schema is the jar's tables, recorded in idem_operations_schema.
@@ -57,7 +65,7 @@ var schema = pgmigrate.Schema{
 	Migrations: migrations,
 	TooNew:     ErrVersion,
 	Objects: []string{"idem_operations", "idem_operations_pkey",
-		"idem_operations_by_created", "idem_operations_by_state"},
+		"idem_operations_by_created", "idem_operations_by_state", "idem_operations_by_state_created"},
 	Incomplete: ErrSchema,
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
@@ -99,25 +107,29 @@ func schemaError(verb string, err error) error {
 // They are built once per jar.
 type statements struct {
 	get, begin, acquire, update, updateRecord, list, listAfter, listAfterZero, byKey, forget, forgetKey, due, prune string
+	listState, listStateAfter, listStateAfterZero                                                                   string // List with a State
 }
 
 // newStatements returns the statements on the jar in schema name.
 func newStatements(name string) statements {
 	q := func(stmt string) string { return pgmigrate.Qualify(stmt, name) }
 	return statements{
-		get:           q(getSQL),
-		begin:         q(beginSQL),
-		acquire:       q(acquireSQL),
-		update:        q(updateSQL),
-		updateRecord:  q(updateSQL + ` RETURNING ` + columns),
-		list:          q(listSQL),
-		listAfter:     q(listAfterSQL),
-		listAfterZero: q(listAfterZeroSQL),
-		byKey:         q(byKeySQL),
-		forget:        q(forgetSQL),
-		forgetKey:     q(forgetKeySQL),
-		due:           q(dueSQL),
-		prune:         q(pruneSQL),
+		get:                q(getSQL),
+		begin:              q(beginSQL),
+		acquire:            q(acquireSQL),
+		update:             q(updateSQL),
+		updateRecord:       q(updateSQL + ` RETURNING ` + columns),
+		list:               q(listSQL),
+		listAfter:          q(listAfterSQL),
+		listAfterZero:      q(listAfterZeroSQL),
+		listState:          q(listStateSQL),
+		listStateAfter:     q(listStateAfterSQL),
+		listStateAfterZero: q(listStateAfterZeroSQL),
+		byKey:              q(byKeySQL),
+		forget:             q(forgetSQL),
+		forgetKey:          q(forgetKeySQL),
+		due:                q(dueSQL),
+		prune:              q(pruneSQL),
 	}
 }
 

@@ -1,0 +1,115 @@
+package pgjar_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/keyjar/pgjar"
+)
+
+// TestMigrateFromVersion1: a jar of schema version 1 holding 20,000
+// operations, 3 of them pending, is refused by an Open with MustExist
+// (ErrNoJar: it does not upgrade), which changes nothing; an Open without
+// it upgrades it to version 2 under the migration lock: every row is kept
+// as it was, the indexes are a new jar's, and the walk of the pending
+// operations reads them from idem_operations_by_state_created alone.
+func TestMigrateFromVersion1(t *testing.T) {
+	ctx := t.Context()
+	fresh := pgtest.DB(t)
+	open(t, fresh, nil).Close()
+	dsn := pgtest.DB(t)
+	pool := newPool(t, dsn)
+	if err := pgjar.MigrateToV1(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	if _, err := pool.Exec(ctx, `INSERT INTO idem_operations
+		(op, key, fingerprint, state, method, url, header, body, body_size, created, updated, attempts, last_status,
+			last_error, note, holder)
+		SELECT 'op-' || lpad(i::text, 6, '0'), 'k' || i, 'fp', CASE WHEN i % 7000 = 1 THEN 'pending' ELSE 'done' END,
+			'POST', 'http://127.0.0.1/', '{"Content-Type":["application/json"]}', convert_to('{"n":' || i || '}', 'UTF8'),
+			length('{"n":' || i || '}'), CASE WHEN i = 1 THEN NULL ELSE $1::bigint + i::bigint * 1000 END,
+			$1::bigint, 1, 201, '', 'n', ''
+		FROM generate_series(1, 20000) AS i`, t0); err != nil {
+		t.Fatal(err)
+	}
+	wantPending := []string{"op-000001", "op-007001", "op-014001"}
+	conn := pgtest.Connect(t, dsn)
+	state := func() (rows, versions string) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT
+			(SELECT count(*) || ' ' || md5(string_agg(o::text, E'\n' ORDER BY op)) FROM idem_operations o),
+			(SELECT string_agg(version::text, ',' ORDER BY version) FROM idem_operations_schema)`).Scan(&rows, &versions); err != nil {
+			t.Fatal(err)
+		}
+		return rows, versions
+	}
+	rows, versions := state()
+	if versions != "1" {
+		t.Fatalf("versions %q before the migration; want 1", versions)
+	}
+
+	for _, what := range []string{"Open", "New"} {
+		var (
+			j   *pgjar.Jar
+			err error
+		)
+		if what == "Open" {
+			j, err = pgjar.Open(ctx, dsn, &pgjar.Options{MustExist: true})
+		} else {
+			j, err = pgjar.New(ctx, pool, &pgjar.Options{MustExist: true})
+		}
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrNoJar) || !strings.Contains(err.Error(), "records version 1, not 2") {
+			t.Errorf("%s with MustExist of a version 1 jar: %v; want ErrNoJar saying it records version 1, not 2", what, err)
+		}
+		if r, v := state(); r != rows || v != "1" {
+			t.Errorf("%s with MustExist changed the jar: versions %q", what, v)
+		}
+	}
+
+	j := open(t, dsn, nil)
+	if r, v := state(); r != rows || v != "1,2" {
+		t.Errorf("after the migration: rows %s, versions %q; want the rows as they were (%s), versions 1,2", r, v, rows)
+	}
+	indexes := func(dsn string) string {
+		t.Helper()
+		var defs string
+		if err := pgtest.Connect(t, dsn).QueryRow(ctx, `SELECT string_agg(indexdef, E'\n' ORDER BY indexname)
+			FROM pg_indexes WHERE tablename = 'idem_operations'`).Scan(&defs); err != nil {
+			t.Fatal(err)
+		}
+		return defs
+	}
+	if got, want := indexes(dsn), indexes(fresh); got != want {
+		t.Errorf("indexes after the migration:\n%s\nwant a new jar's:\n%s", got, want)
+	}
+	pending, err := j.List(ctx, idem.Filter{State: idem.StatePending})
+	var ops []string
+	for _, r := range pending {
+		ops = append(ops, r.Op)
+	}
+	if err != nil || !slices.Equal(ops, wantPending) {
+		t.Errorf("List(pending) = %v, %v; want %v", ops, err, wantPending)
+	}
+	if r, err := j.Get(ctx, "op-007001"); err != nil || string(r.Body) != `{"n":7001}` ||
+		r.Header.Get("Content-Type") != "application/json" || r.State != idem.StatePending {
+		t.Errorf("Get(op-007001) = %+v, %v; want the stored request, pending", r, err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE idem_operations"); err != nil {
+		t.Fatal(err)
+	}
+	scan := listScan(t, j, idem.Filter{State: idem.StatePending, Limit: 1000})
+	if scan.IndexName != "idem_operations_by_state_created" || scan.ActualRows != len(wantPending) || scan.RowsRemoved != 0 {
+		t.Errorf("the pending walk's scan: %+v; want idem_operations_by_state_created, reading the %d pending alone",
+			scan, len(wantPending))
+	}
+	open(t, dsn, &pgjar.Options{MustExist: true}).Close() // current now
+}
