@@ -420,6 +420,11 @@ func TestBadInput(t *testing.T) {
 		{name: "URL without a scheme", run: toURL("localhost:8080/v1/charges"), want: idem.ErrInvalidURL},
 		{name: "URL without //", run: toURL("http//localhost:8080/v1/charges"), want: idem.ErrInvalidURL},
 		{name: "URL with an empty host", run: toURL("http:///v1/charges"), want: idem.ErrInvalidURL},
+		// Ports url.Parse takes and no dial does: each attempt would fail
+		// alike, and a resume too.
+		{name: "URL with port 99999", run: toURL("http://127.0.0.1:99999/v1/charges"), want: idem.ErrInvalidURL},
+		{name: "URL with port 65536", run: toURL("https://[::1]:65536/v1/charges"), want: idem.ErrInvalidURL},
+		{name: "URL with port 0", run: toURL("http://127.0.0.1:0/v1/charges"), want: idem.ErrInvalidURL},
 		{
 			name: "100 MB body without GetBody: refused",
 			run: func(t *testing.T, s *stack) (resp *http.Response, err error) {

@@ -37,14 +37,15 @@ var (
 	// quote, text after it): the server would refuse it,
 	// and a record whose key cannot be sent would stay pending in the jar.
 	ErrInvalidKey = errors.New("idem: invalid Idempotency-Key")
-	// ErrInvalidURL is returned by Transport.RoundTrip, before anything is
-	// stored or sent, for a keyed request whose URL has no host, such as
-	// a server address given without its scheme ("localhost:8080/v1/charges"
-	// parses as a URL of scheme "localhost") or without the // after it:
-	// no request can be sent there, a record of it would stay pending in
-	// the jar, and the same call with its URL fixed would be another
-	// request (a *MismatchError).
-	ErrInvalidURL = errors.New("idem: request URL has no host")
+	// ErrInvalidURL is returned by Transport.RoundTrip, wrapped, before
+	// anything is stored or sent, for a keyed request whose URL has no
+	// host, such as a server address given without its scheme
+	// ("localhost:8080/v1/charges" parses as a URL of scheme "localhost")
+	// or without the // after it, or whose port is 0 or above 65535 (which
+	// url.Parse accepts): no request can be sent there, a record of it
+	// would stay pending in the jar, and the same call with its URL fixed
+	// would be another request (a *MismatchError).
+	ErrInvalidURL = errors.New("idem: invalid request URL")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
 	// operation was abandoned (client.Abandon) while the call waited for
 	// another holder's lease: nothing is sent. A new call with the same
@@ -143,7 +144,7 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // operation, an earlier answer's Retry-After (the stored NextAttempt) is
 // beyond the call's budget, an attempt failed with an error that is not
 // retried (retry.Classify: a TLS certificate, a TLS alert from the
-// server refusing the client's, a URL's port above 65535, a host name that
+// server refusing the client's, an address no dial takes, a host name that
 // does not exist), or after the first send the body could not be produced
 // again or the jar failed. The outcome is unknown and the operation stays
 // pending in the jar: a later call with the same operation name resumes it

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -91,7 +92,8 @@ func Operation(ctx context.Context) string {
 //     quoted as a Structured Field string ("a,b", escaping only \" and \\),
 //     which a key with a comma must be. Any other is refused with
 //     ErrInvalidKey before anything is stored or sent. So is a URL without
-//     a host, with ErrInvalidURL.
+//     a host, or with a port no dial takes (0, or above 65535), with
+//     ErrInvalidURL.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -287,7 +289,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if req.URL == nil || req.URL.Host == "" {
-		return nil, fmt.Errorf("%w (nothing was stored or sent); give the server's address with its scheme, as in https://api.example.com/v1/charges", ErrInvalidURL)
+		return nil, fmt.Errorf("%w: it has no host (nothing was stored or sent); give the server's address with its scheme, as in https://api.example.com/v1/charges", ErrInvalidURL)
+	}
+	if p := req.URL.Port(); p != "" {
+		// url.Parse takes any digits; the dial refuses the port, each
+		// attempt alike, and a resume would too.
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%w: port %s is not one from 1 to 65535 (nothing was stored or sent)", ErrInvalidURL, p)
+		}
 	}
 	if err := retry.CtxErr(req.Context()); err != nil {
 		// Done before the call began: nothing is read, stored or sent,

@@ -745,24 +745,6 @@ func TestTLSAlertFromTheServerIsNotRetried(t *testing.T) {
 	}
 }
 
-// TestUnsendableURLIsNotRetried: a URL with a port above 65535 parses, but
-// no connection can be made to it: the dial fails at once, the same each
-// time, with a *net.AddrError. The call stops after one attempt (one dial)
-// with a *PendingError that holds it, and the operation stays pending
-// with one attempt: nothing was sent, and the URL fixed is another
-// request.
-func TestUnsendableURLIsNotRetried(t *testing.T) {
-	dials, rec, err := chargeDialling(t, "http://127.0.0.1:99999/v1/charges", (&net.Dialer{}).DialContext)
-	var pe *idem.PendingError
-	var ae *net.AddrError
-	if !errors.As(err, &pe) || pe.Attempts != 1 || !errors.As(err, &ae) || dials != 1 {
-		t.Fatalf("got %v after %d dials; want a *PendingError around a *net.AddrError after 1 attempt, 1 dial", err, dials)
-	}
-	if rec.State != idem.StatePending || rec.Attempts != 1 || rec.LastError == "" {
-		t.Fatalf("jar holds %+v; want the operation pending after 1 attempt, with its error", rec)
-	}
-}
-
 // chargeDialling sends a named POST to url through a Transport with
 // fastPolicy and a MemoryJar, over a base transport that dials with dial.
 // It returns the number of dials, the operation's record and RoundTrip's
