@@ -57,7 +57,7 @@
 // fails while serving, or when requests were still in flight at the end of
 // the wait (their connections are closed); 2 for a usage error: an unknown
 // flag, a flag value that does not parse or is out of range (an empty
-// -addr among them), an argument besides the flags; 3 for -crash-after-charge. A second signal ends the
+// -addr or -db among them), an argument besides the flags; 3 for -crash-after-charge. A second signal ends the
 // process by that signal, but for a SIGINT that the process was started
 // ignoring, which it cannot die by: that one exits with status 130, as a
 // shell tells a process ended by SIGINT.
@@ -361,6 +361,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// net.Listen would take it for every interface, at a port of its
 		// choosing: an unset variable in -addr "$ADDR", most likely.
 		return usagef("-addr is empty: want host:port, such as 127.0.0.1:8080 (port 0 picks a free one)")
+	}
+	if *db == "" {
+		// An unset variable in -db "$DB", most likely: SQLite would fail
+		// on it only once opening, with status 1, as if the file were bad.
+		return usagef("-db is empty: want a SQLite file, such as idemserver.db, or a postgres:// URL")
 	}
 	policy := map[string]testserver.ErrorPolicy{"release": testserver.ReleaseClaim, "save": testserver.SaveError}
 	onErr, ok := policy[*onError]

@@ -279,6 +279,9 @@ func testExitStatus(t *testing.T, bin string) {
 		{[]string{"-retention", "1h"}, 2, "-retention"},
 		{[]string{"-fail-after-charge", "2"}, 2, "-fail-after-charge"},
 		{[]string{"-prune-every", "-1h"}, 2, "-prune-every"},
+		// An unset variable in -db "$DB": refused before anything is
+		// opened, as an empty -addr is.
+		{[]string{"-db", ""}, 2, "idemserver: -db is empty"},
 		{[]string{"extra"}, 2, "unexpected arguments"},
 		{[]string{"-addr", "256.0.0.1:0"}, 1, "256.0.0.1"},
 		{[]string{"-db", dir}, 1, dir}, // a directory, not a database file
