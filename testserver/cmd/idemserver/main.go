@@ -111,6 +111,16 @@ const readTimeout = 30 * time.Second
 // arriving (readTimeout), and the save of its answer (saveTimeout).
 const stopWait = readTimeout + saveTimeout
 
+// minLockTimeout is the smallest -lock-timeout. The lease runs from the
+// claim's token, so it must hold the claim, a committed write (an fsync of
+// the SQLite file, or a round trip and a commit on PostgreSQL: a few
+// milliseconds on a local disk, tens on a slow one or across a network),
+// and the handler's charge, another such write. A shorter lease is spent
+// before the handler runs, or cuts its charge off: every request then
+// answers 503 (the claim outlasted the lease) or 502, which no client
+// retries into a success. 100 ms holds both writes with room to spare.
+const minLockTimeout = 100 * time.Millisecond
+
 // maxLockTimeout is the largest -lock-timeout: one more and the wait of a
 // stop, the lock timeout and stopWait, overflows time.Duration.
 const maxLockTimeout = math.MaxInt64 - stopWait
@@ -379,6 +389,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *lockTimeout <= 0 {
 		return usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
+	}
+	if *lockTimeout < minLockTimeout {
+		return usagef("-lock-timeout %v: want at least %v, which a claim and a charge (two committed writes) fit in", *lockTimeout, minLockTimeout)
 	}
 	if *lockTimeout > maxLockTimeout {
 		return usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, stopWait)

@@ -275,6 +275,8 @@ func testExitStatus(t *testing.T, bin string) {
 		{[]string{"-nope"}, 2, "flag provided but not defined: -nope"},
 		{[]string{"-lock-timeout", "soon"}, 2, "-lock-timeout"},
 		{[]string{"-lock-timeout", "0"}, 2, "-lock-timeout"},
+		// Refused before the address, which it could not listen on.
+		{[]string{"-lock-timeout", "1ms", "-addr", "256.0.0.1:0"}, 2, "-lock-timeout 1ms: want at least 100ms"},
 		{[]string{"-on-error", "ignore"}, 2, "-on-error"},
 		{[]string{"-retention", "1h"}, 2, "-retention"},
 		{[]string{"-fail-after-charge", "2"}, 2, "-fail-after-charge"},
@@ -519,6 +521,11 @@ func TestFlagValues(t *testing.T) {
 		{"-prune-every", "-1h"},
 		{"-delay", "-1s"},
 		{"-lock-timeout", "5"}, // the reason, a missing unit, is checked below
+		// Shorter than a claim and a charge take: every request would
+		// answer 503 (the claim outlasted the lease) or 502 (the charge
+		// cut off).
+		{"-lock-timeout", "1ms"},
+		{"-lock-timeout", "99ms"},
 		// The wait of a stop, -lock-timeout and stopWait, would overflow.
 		{"-lock-timeout", (math.MaxInt64 - stopWait + 1).String()},
 		{"-lock-timeout", time.Duration(math.MaxInt64).String()},
@@ -536,6 +543,10 @@ func TestFlagValues(t *testing.T) {
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), flag[0]) {
 			t.Errorf("run(%s %s): %v; want a usage error naming %s", flag[0], flag[1], err, flag[0])
 		}
+		if d, perr := time.ParseDuration(flag[1]); flag[0] == "-lock-timeout" && perr == nil && d > 0 && d < 100*time.Millisecond &&
+			(err == nil || !strings.Contains(err.Error(), "at least 100ms")) {
+			t.Errorf("run(%s %s): %v; want it to name the minimum, 100ms", flag[0], flag[1], err)
+		}
 	}
 	// The longest lock timeout whose wait can be told, and the longest
 	// query timeout, are taken: run goes on to the address, which it cannot
@@ -543,6 +554,7 @@ func TestFlagValues(t *testing.T) {
 	for _, flag := range [][2]string{
 		{"-lock-timeout", (math.MaxInt64 - stopWait).String()},
 		{"-lock-timeout", (testserver.DefaultRetention - time.Nanosecond).String()},
+		{"-lock-timeout", "100ms"},
 		{"-query-timeout", pgstore.MaxQueryTimeout.String()},
 	} {
 		args := []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}
