@@ -53,7 +53,9 @@
 //
 // Exit status: 0 after a graceful stop, every request in flight answered,
 // and for -h or -help; 1 when the server cannot start (the database cannot
-// be opened or is another program's, the address cannot be listened on) or
+// be opened or is another program's, the address cannot be listened on; a
+// PostgreSQL server that cannot be connected to is told in one line, its
+// URL without the password and the cause) or
 // fails while serving, or when requests were still in flight at the end of
 // the wait (their connections are closed); 2 for a usage error: an unknown
 // flag, a flag value that does not parse or is out of range (an empty
@@ -76,6 +78,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -195,7 +199,8 @@ type backend struct {
 // file path. Every choice of backend goes through here.
 func openBackend(ctx context.Context, dsn string, opts *pgstore.Options) (*backend, error) {
 	if dsnpkg.IsURL(dsn) {
-		return openPostgres(ctx, dsn, opts)
+		b, err := openPostgres(ctx, dsn, opts)
+		return b, unreachable(err, dsn)
 	}
 	s, err := sqlitestore.Open(ctx, dsn, nil)
 	if err != nil {
@@ -215,6 +220,45 @@ func redact(dsn string) string {
 		return dsn
 	}
 	return dsnpkg.Redacted(dsn, "a PostgreSQL database")
+}
+
+// connectError is a connection to the database that failed, told in one
+// line, as net's errors are: what failed, connecting to the database at its
+// URL without the password, and why. pgx's own message takes a line per
+// attempt (two for one host under sslmode=prefer) under a prefix that names
+// neither the host nor the port. errors.As still finds pgx's error.
+type connectError struct {
+	dsn string // redacted
+	err *pgconn.ConnectError
+}
+
+func (e *connectError) Error() string {
+	detail := e.err.Error()
+	if cause := e.err.Unwrap(); cause != nil {
+		detail = cause.Error()
+	}
+	// One line: the attempts' messages, each once. A line that a kept one
+	// ends with is the cause that line already gives.
+	var kept []string
+	for line := range strings.SplitSeq(detail, "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !slices.ContainsFunc(kept, func(k string) bool { return k == line || strings.HasSuffix(k, ": "+line) }) {
+			kept = append(kept, line)
+		}
+	}
+	return "connecting to the database at " + e.dsn + ": " + strings.Join(kept, "; ")
+}
+
+func (e *connectError) Unwrap() error { return e.err }
+
+// unreachable returns err, openPostgres's, as a *connectError when a
+// connection to the database failed.
+func unreachable(err error, dsn string) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || ce.Config == nil {
+		return err
+	}
+	return &connectError{dsn: redact(dsn), err: ce}
 }
 
 // paycoLock is the key of the advisory lock under which a server creates

@@ -44,6 +44,7 @@ func TestProcesses(t *testing.T) {
 	t.Run("crash after charge", func(t *testing.T) { testCrashAfterCharge(t, bin) })
 	t.Run("a client's key jar is refused", func(t *testing.T) { testKeyJarRefused(t, bin) })
 	t.Run("exit status", func(t *testing.T) { testExitStatus(t, bin) })
+	t.Run("a database that cannot be reached", func(t *testing.T) { testUnreachable(t, bin) })
 	t.Run("a stop waits for a charge in flight", func(t *testing.T) { testStopWaits(t, bin) })
 	t.Run("a second signal stops at once", func(t *testing.T) { testSecondSignal(t, bin) })
 	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
@@ -288,20 +289,47 @@ func testExitStatus(t *testing.T, bin string) {
 		{[]string{"-addr", "256.0.0.1:0"}, 1, "256.0.0.1"},
 		{[]string{"-db", dir}, 1, dir}, // a directory, not a database file
 	} {
-		args := append([]string{"-db", db}, c.args...)
-		cmd := exec.Command(bin, args...)
-		cmd.Dir = dir
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if err != nil && !errors.As(err, &ee) {
-			t.Fatal(err)
-		}
-		if code := cmd.ProcessState.ExitCode(); code != c.code || !strings.Contains(stderr.String(), c.want) ||
-			strings.Contains(stdout.String(), "listening") {
+		code, stdout, stderr := runToEnd(t, dir, bin, append([]string{"-db", db}, c.args...)...)
+		if code != c.code || !strings.Contains(stderr, c.want) || strings.Contains(stdout, "listening") {
 			t.Errorf("idemserver %q: exit status %d, stdout %q, stderr %q; want %d, stderr saying %q, no listening",
-				c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+				c.args, code, stdout, stderr, c.code, c.want)
+		}
+	}
+}
+
+// runToEnd runs the binary with args in dir (the test's own when empty)
+// and returns its exit status and output, once it ended.
+func runToEnd(t *testing.T, dir, bin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// testUnreachable: a PostgreSQL server that refuses connections exits with
+// status 1 and one line on stderr that says what failed, connecting to the
+// database at its URL without the password, and why. pgx's own error
+// takes a line per attempt (sslmode=prefer makes two), under a prefix
+// that names neither the host nor the port.
+func testUnreachable(t *testing.T, bin string) {
+	addr := refusetest.Addr(t)
+	for _, c := range []struct{ dsn, want string }{
+		{"postgres://ops:hunter2@" + addr + "/idem?connect_timeout=5", "postgres://ops:xxxxx@" + addr + "/idem?connect_timeout=5"},
+		{"postgresql://ops@" + addr + "/idem?password=hunter2", "postgresql://ops@" + addr + "/idem?password=xxxxx"},
+	} {
+		code, stdout, out := runToEnd(t, "", bin, "-addr", "127.0.0.1:0", "-db", c.dsn)
+		want := "idemserver: connecting to the database at " + c.want + ": "
+		if code != 1 || strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, want) ||
+			!strings.Contains(out, "connection refused") || strings.Contains(out, "hunter2") || stdout != "" {
+			t.Errorf("idemserver -db %s: exit status %d, stdout %q, stderr %q; want 1 and one line starting %q, saying the connection was refused, without the password",
+				c.want, code, stdout, out, want)
 		}
 	}
 }
