@@ -51,8 +51,9 @@
 // INFO and above (take-overs, fenced writes, a key reused, a panic). No
 // answer names them. -v adds every decision.
 //
-// Exit status: 0 after a graceful stop, every request in flight answered,
-// and for -h or -help; 1 when the server cannot start (the database cannot
+// Exit status: 0 after a graceful stop, every request in flight answered
+// (or asked for before it served: while connecting to the database or
+// migrating it), and for -h or -help; 1 when the server cannot start (the database cannot
 // be opened or is another program's, the address cannot be listened on; a
 // PostgreSQL server that cannot be connected to is told in one line, its
 // URL without the password and the cause) or
@@ -461,6 +462,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	b, err := openBackend(ctx, *db, &pgstore.Options{QueryTimeout: *stmtTimeout})
 	if err != nil {
+		if ctx.Err() != nil {
+			// SIGINT or SIGTERM while connecting or migrating, which it cut
+			// off: a stop asked for, and done, as once serving (as
+			// http.Server's Serve returns ErrServerClosed after Shutdown),
+			// not a start that failed.
+			fmt.Fprintln(stdout, "idemserver: stopped before serving")
+			return nil
+		}
 		return err
 	}
 	defer b.close()

@@ -45,6 +45,7 @@ func TestProcesses(t *testing.T) {
 	t.Run("a client's key jar is refused", func(t *testing.T) { testKeyJarRefused(t, bin) })
 	t.Run("exit status", func(t *testing.T) { testExitStatus(t, bin) })
 	t.Run("a database that cannot be reached", func(t *testing.T) { testUnreachable(t, bin) })
+	t.Run("a stop while connecting to the database", func(t *testing.T) { testStopWhileConnecting(t, bin) })
 	t.Run("a stop waits for a charge in flight", func(t *testing.T) { testStopWaits(t, bin) })
 	t.Run("a second signal stops at once", func(t *testing.T) { testSecondSignal(t, bin) })
 	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
@@ -331,6 +332,38 @@ func testUnreachable(t *testing.T, bin string) {
 			t.Errorf("idemserver -db %s: exit status %d, stdout %q, stderr %q; want 1 and one line starting %q, saying the connection was refused, without the password",
 				c.want, code, stdout, out, want)
 		}
+	}
+}
+
+// testStopWhileConnecting: SIGTERM while the server connects to its
+// database, one that accepts the connection and never answers, stops it as
+// a stop does once it serves: exit status 0, saying it stopped, no error.
+func testStopWhileConnecting(t *testing.T, bin string) {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-db", "postgres://ops@"+ln.Addr().String()+"/idem?sslmode=disable")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	// The server connects at once; the deadline only bounds the wait.
+	ln.SetDeadline(time.Now().Add(time.Minute))
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("the server never connected: %v", err)
+	}
+	defer c.Close() // silent until the end: the server waits for PostgreSQL's answer
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait() // an *exec.ExitError when it fails: the status is below
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(stdout.String(), "idemserver: stopped") || stderr.Len() > 0 {
+		t.Fatalf("SIGTERM while connecting: exit status %d, stdout %q, stderr %q; want 0, saying it stopped, and no error", code, stdout.String(), stderr.String())
 	}
 }
 
