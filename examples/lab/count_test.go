@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -56,5 +58,35 @@ func TestRestartsInterrupted(t *testing.T) {
 	_, err := runRow(ctx, cfg, rowRestarts)
 	if !errors.Is(err, context.Canceled) || errors.Is(err, errChild) {
 		t.Errorf("interrupted: %v; want context.Canceled, not %v", err, errChild)
+	}
+}
+
+// TestCommandExitStatus runs the built command: -h prints the usage and
+// exits 0, as the go tools do; a flag that does not parse is told once,
+// by the flag package with the usage, and exits 2.
+func TestCommandExitStatus(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "lab")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building lab: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string // in stderr, once
+	}{
+		{[]string{"-h"}, 0, "Usage of lab"},
+		{[]string{"-help"}, 0, "Usage of lab"},
+		{[]string{"-nope"}, 2, "flag provided but not defined: -nope"},
+		{[]string{"-n", "many"}, 2, `invalid value "many" for flag -n`},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); cmd.ProcessState == nil { // it did not start
+			t.Fatal(err)
+		}
+		if code := cmd.ProcessState.ExitCode(); code != c.code || strings.Count(stderr.String(), c.want) != 1 || stdout.Len() > 0 {
+			t.Errorf("lab %q: exit status %d, stdout %q, stderr %q; want %d, saying %q once", c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+		}
 	}
 }

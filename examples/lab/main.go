@@ -41,11 +41,15 @@
 // adds the details: charge calls before PayCo's dedup, kills, crashes,
 // fault and decision counters, and the most common last error the jar
 // recorded for unresolved orders, which the table gives in a warning.
+//
+// -h prints the flags and exits 0. Any error exits with status 2; a flag
+// that does not parse is told once, by the flag package, above the flags.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -68,13 +72,26 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if err != flag.ErrHelp {
-			fmt.Fprintln(os.Stderr, "lab:", err)
-		}
-		os.Exit(2)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is printed, as the go tools print it, and exits 0
 	}
+	var ue *usageError
+	if !errors.As(err, &ue) || !ue.printed {
+		fmt.Fprintln(os.Stderr, "lab:", err)
+	}
+	os.Exit(2)
 }
+
+// usageError is a mistake in the command line. printed: the flag package
+// printed it already, with the usage.
+type usageError struct {
+	err     error
+	printed bool
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := defaultConfig()
@@ -91,7 +108,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	only := fs.String("rows", "", "comma-separated strategies to run (default: all)")
 	verbose := fs.Bool("v", false, "log the server's idempotency decisions to stderr")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err: err, printed: true}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
