@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"runtime"
@@ -269,6 +270,20 @@ func TestRunRefusesBadFlags(t *testing.T) {
 		var out, errb bytes.Buffer
 		if err := run(t.Context(), args, &out, &errb); err == nil {
 			t.Errorf("run %q: no error", args)
+		}
+	}
+}
+
+// TestRunRefusesDuplicateRows: a strategy named twice in -rows is a usage
+// error, before any row runs: it ran twice, and printed two rows of one
+// name.
+func TestRunRefusesDuplicateRows(t *testing.T) {
+	for _, rows := range []string{"idem,idem", "no-key, idem,no-key"} {
+		var out, errb bytes.Buffer
+		err := run(t.Context(), []string{"-rows", rows, "-n", "1", "-drop", "0", "-reset", "0", "-delay", "0"}, &out, &errb)
+		var ue *usageError
+		if !errors.As(err, &ue) || !strings.HasPrefix(err.Error(), "-rows: ") || !strings.Contains(err.Error(), "twice") || out.Len() > 0 {
+			t.Errorf("-rows %q: %v, output %q; want a usage error naming -rows and the strategy given twice, no row run", rows, err, out.String())
 		}
 	}
 }

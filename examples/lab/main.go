@@ -105,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&cfg.rates.Delay, "delay", cfg.rates.Delay, "share of requests held past the client's attempt timeout, then forwarded")
 	cliflag.DurationVar(fs, &cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt (a `duration`, at most 24h: the SDK's horizon); delayed requests are held 1.5 times as long")
 	asJSON := fs.Bool("json", false, "print the rows as JSON lines")
-	only := fs.String("rows", "", "comma-separated strategies to run (default: all)")
+	only := fs.String("rows", "", "comma-separated strategies to run, each at most once (default: all)")
 	verbose := fs.Bool("v", false, "log the server's idempotency decisions to stderr")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -137,6 +137,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			n = strings.TrimSpace(n)
 			if !slices.Contains(allRows, n) {
 				return fmt.Errorf("-rows: unknown strategy %q; want some of %q", n, allRows)
+			}
+			if slices.Contains(names, n) {
+				// It would run again, a second row of the same name.
+				return &usageError{err: fmt.Errorf("-rows: strategy %q given twice; want each at most once", n)}
 			}
 			names = append(names, n)
 		}
