@@ -288,16 +288,19 @@ func TestRunRefusesDuplicateRows(t *testing.T) {
 	}
 }
 
-// TestRunRefusesAttemptTimeoutPastHorizon: an attempt timeout longer than
-// the SDK's horizon (24 h) is refused, by its flag, before anything runs.
-// Past that no timed-out attempt is ever retried, and near the largest
-// duration the hold of a delay, 1.5 times as long, overflowed: delayed
-// requests were then held the proxy's default 1 s and answered in time.
-func TestRunRefusesAttemptTimeoutPastHorizon(t *testing.T) {
-	var out, errb bytes.Buffer
-	err := run(t.Context(), []string{"-attempt-timeout", "1000000h", "-rows", "idem", "-n", "1", "-drop", "0", "-reset", "0", "-delay", "0"}, &out, &errb)
-	if err == nil || !strings.HasPrefix(err.Error(), "-attempt-timeout 1000000h0m0s:") {
-		t.Errorf("got %v; want -attempt-timeout refused", err)
+// TestRunRefusesAttemptTimeoutPastItsBudget: an attempt timeout as long as
+// a call's budget (the lab's MaxElapsed, 30 s) or longer is refused, by its
+// flag, before anything runs: an attempt that times out then ends its call
+// with no retry, and a delay holds a request 1.5 times as long. Near the
+// largest duration that hold overflowed: delayed requests were then held
+// the proxy's default 1 s and answered in time.
+func TestRunRefusesAttemptTimeoutPastItsBudget(t *testing.T) {
+	for _, d := range []string{"30s", "24h", "1000000h"} {
+		var out, errb bytes.Buffer
+		err := run(t.Context(), []string{"-attempt-timeout", d, "-rows", "idem", "-n", "1", "-drop", "0", "-reset", "0", "-delay", "0"}, &out, &errb)
+		if err == nil || !strings.HasPrefix(err.Error(), "-attempt-timeout ") || !strings.Contains(err.Error(), "less than 30s") {
+			t.Errorf("-attempt-timeout %s: got %v; want it refused, naming the bound", d, err)
+		}
 	}
 }
 

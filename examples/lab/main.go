@@ -63,7 +63,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/cliflag"
-	"github.com/idemkit/idem/retry"
 )
 
 func main() {
@@ -98,12 +97,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&cfg.orders, "n", cfg.orders, "orders to charge per strategy")
-	fs.Uint64Var(&cfg.seed, "seed", cfg.seed, "seed of the faults and of every random choice")
+	fs.Uint64Var(&cfg.seed, "seed", cfg.seed, "seed of which requests get a fault (by their order of arrival), which orders crash the server or stall a worker, and when the restarts row kills its client; the SDK's jitter, keys and timing are not seeded")
 	fs.IntVar(&cfg.concurrency, "concurrency", cfg.concurrency, "orders in flight at once")
 	fs.Float64Var(&cfg.rates.DropResponse, "drop", cfg.rates.DropResponse, "share of requests whose answer is dropped after the server committed")
 	fs.Float64Var(&cfg.rates.Reset, "reset", cfg.rates.Reset, "share of requests reset before reaching the server")
 	fs.Float64Var(&cfg.rates.Delay, "delay", cfg.rates.Delay, "share of requests held past the client's attempt timeout, then forwarded")
-	cliflag.DurationVar(fs, &cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt (a `duration`, at most 24h: the SDK's horizon); delayed requests are held 1.5 times as long")
+	cliflag.DurationVar(fs, &cfg.attemptTimeout, "attempt-timeout", cfg.attemptTimeout, "the clients' limit on one attempt (a `duration`, less than 30s: a call's budget); delayed requests are held 1.5 times as long")
 	asJSON := fs.Bool("json", false, "print the rows as JSON lines")
 	only := fs.String("rows", "", "comma-separated strategies to run, each at most once (default: all)")
 	verbose := fs.Bool("v", false, "log the server's idempotency decisions to stderr")
@@ -119,9 +118,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.orders < 1 || cfg.orders > 99999 {
 		return fmt.Errorf("-n %d: want 1 to 99999 orders", cfg.orders)
 	}
-	if horizon := (retry.Policy{}).Defaults().Horizon; cfg.attemptTimeout <= 0 || cfg.attemptTimeout > horizon {
-		// Past the horizon no timed-out attempt is retried.
-		return fmt.Errorf("-attempt-timeout %v: want a positive duration of at most %v", cfg.attemptTimeout, horizon)
+	if cfg.attemptTimeout <= 0 || cfg.attemptTimeout >= maxElapsed {
+		// From a call's budget on, an attempt that times out ends its
+		// call: no timed-out attempt would be retried.
+		return fmt.Errorf("-attempt-timeout %v: want a positive duration less than %v, a call's budget", cfg.attemptTimeout, maxElapsed)
 	}
 	cfg.hold = cfg.attemptTimeout * 3 / 2
 	if err := cfg.rates.Validate(); err != nil {

@@ -70,10 +70,13 @@ func (c config) policy() retry.Policy {
 		InitialInterval: 20 * time.Millisecond,
 		MaxInterval:     200 * time.Millisecond,
 		MaxRetryAfter:   c.lockTimeout + time.Second, // a 409's Retry-After is at most the server's lease
-		MaxElapsed:      30 * time.Second,
+		MaxElapsed:      maxElapsed,
 		AttemptTimeout:  c.attemptTimeout,
 	}
 }
+
+// maxElapsed is a call's budget in the lab (retry.Policy.MaxElapsed).
+const maxElapsed = 30 * time.Second
 
 // resumePasses bounds how often the pending operations are resumed after
 // the first pass over the orders.
