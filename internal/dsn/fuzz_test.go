@@ -1,0 +1,73 @@
+package dsn
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// FuzzRedacted: whatever pgx reads from a URL, it reads from the redacted
+// URL too, but for the passwords, which it reads as the mask: no byte of a
+// password pgx would send is printed, and nothing else is cut or moved.
+func FuzzRedacted(f *testing.F) {
+	for _, s := range []string{
+		"postgres://ops:s3cret@db:5432/jar",
+		"postgresql://ops@db/jar?password=s3cret&sslmode=disable",
+		"postgres://db/jar?sslpassword=s3cret&application_name=a",
+		"postgres://ops@db/jar?password=s3cret;x&sslmode=disable",
+		"postgres://ops@db/jar?password=s3#cret",
+		"postgres://ops@db/jar?%20password=s3cret",
+		"postgres://ops@db/jar?pass%77ord=s3cret",
+		"postgres://ops@db/jar?Password=s3cret",
+		"postgres://ops:123?s3cret@db/jar",
+		"postgres://ops:p%40ss@[::1]:5432,db2:5433/jar?x_password=s3cret",
+		"postgres://ops:s3cret@/jar?host=/tmp",
+	} {
+		f.Add(s)
+	}
+	// pgx reads a password from the environment and a password file too:
+	// only the URL's must count.
+	f.Setenv("PGPASSWORD", "")
+	f.Setenv("PGSSLPASSWORD", "")
+	f.Setenv("PGPASSFILE", filepath.Join(f.TempDir(), "none"))
+	f.Setenv("PGSERVICEFILE", filepath.Join(f.TempDir(), "none"))
+	f.Setenv("PGSERVICE", "")
+	const what = "the database"
+	f.Fuzz(func(t *testing.T, s string) {
+		r := Redacted(s, what)
+		if !IsURL(s) {
+			return
+		}
+		in, err := pgconn.ParseConfig(s)
+		if err != nil || r == what {
+			return
+		}
+		out, err := pgconn.ParseConfig(r)
+		if err != nil {
+			t.Fatalf("Redacted(%q) = %q, which pgx refuses (%v); it reads the URL", s, r, err)
+		}
+		// An empty password may be masked too: it tells nothing.
+		if out.Password != "xxxxx" && (in.Password != "" || out.Password != "") {
+			t.Fatalf("Redacted(%q) = %q: pgx reads the password %q from it; want xxxxx", s, r, out.Password)
+		}
+		if in.Host != out.Host || in.Port != out.Port || in.Database != out.Database || in.User != out.User ||
+			len(in.Fallbacks) != len(out.Fallbacks) || len(in.RuntimeParams) != len(out.RuntimeParams) {
+			t.Fatalf("Redacted(%q) = %q: pgx reads %+v; from the URL %+v", s, r, out, in)
+		}
+		for k, v := range in.RuntimeParams {
+			w, ok := out.RuntimeParams[k]
+			switch {
+			case !ok:
+				t.Fatalf("Redacted(%q) = %q: pgx no longer reads the parameter %q", s, r, k)
+			case strings.Contains(strings.ToLower(k), "password"):
+				if w != "xxxxx" && (v != "" || w != "") {
+					t.Fatalf("Redacted(%q) = %q: pgx reads %s=%q from it; want xxxxx", s, r, k, w)
+				}
+			case v != w:
+				t.Fatalf("Redacted(%q) = %q: pgx reads %s=%q from it; from the URL %q", s, r, k, w, v)
+			}
+		}
+	})
+}
