@@ -247,10 +247,14 @@ func (f *headerFlag) Set(v string) error {
 // add adds the header line v, and reports whether it is 'Name: value'
 // that net/http sends: a name that is a token, a value without control
 // characters but tabs. net/http refuses another only once the resume has
-// counted the attempt in the jar.
+// counted the attempt in the jar. Name and value lose the spaces, tabs,
+// CRs and LFs around them, as net/textproto trims a header line it reads,
+// and nothing else: strings.TrimSpace would also take a vertical tab
+// (which net/http refuses in a value) or a no-break space (which it sends)
+// off a value's ends.
 func (f *headerFlag) add(v string) bool {
 	name, value, ok := strings.Cut(v, ":")
-	name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+	name, value = textproto.TrimString(name), textproto.TrimString(value)
 	if !ok || name == "" || strings.IndexFunc(name, notTokenChar) >= 0 ||
 		strings.IndexFunc(value, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {
 		return false
