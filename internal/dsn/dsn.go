@@ -105,10 +105,12 @@ func IsURL(s string) bool {
 }
 
 // Refused returns why a command refuses s as the name of a database, or ""
-// when it takes it: a key=value connection string, or a PostgreSQL URL
+// when it takes it: a key=value connection string, a PostgreSQL URL
 // misspelt (one slash, the scheme in capitals), which would otherwise be
-// taken for a file name. The reason does not quote s, which may hold a
-// password.
+// taken for a file name, or one whose host holds an '@' (a password's '@'
+// not written %40: pgx would take the rest of the password for the host,
+// and print it in its error). The reason does not quote s, which may hold
+// a password.
 func Refused(s string) string {
 	lower := strings.ToLower(s)
 	switch {
@@ -116,6 +118,23 @@ func Refused(s string) string {
 		return "a key=value connection string is not taken: give the PostgreSQL database as a URL, postgres://user:password@host:port/dbname?sslmode=…"
 	case !IsURL(s) && (strings.HasPrefix(lower, "postgres:") || strings.HasPrefix(lower, "postgresql:")):
 		return "not a PostgreSQL URL: write postgres://user:password@host:port/dbname, with two slashes and the scheme in lower case"
+	case IsURL(s) && hostHoldsAt(s):
+		return "the PostgreSQL URL has an '@' after its user and password: write an '@' of the password as %40"
 	}
 	return ""
+}
+
+// hostHoldsAt reports whether the URL s has an '@' between the end of its
+// userinfo (its first '@', as pgx splits it) and its path or query.
+func hostHoldsAt(s string) bool {
+	_, rest, _ := strings.Cut(s, "://")
+	i := strings.IndexAny(rest, "@/?")
+	if i < 0 || rest[i] != '@' {
+		return false
+	}
+	host := rest[i+1:]
+	if end := strings.IndexAny(host, "/?"); end >= 0 {
+		host = host[:end]
+	}
+	return strings.Contains(host, "@")
 }

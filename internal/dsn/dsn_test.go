@@ -34,12 +34,16 @@ func TestRedacted(t *testing.T) {
 func TestRefused(t *testing.T) {
 	for _, s := range []string{
 		"host=db dbname=jar password=s3cret", "postgres:/ops:s3cret@db/jar", "postgresql:ops@db/jar", "Postgres://db/jar", "POSTGRESQL://db/jar",
+		// An '@' of the password not written %40: pgx takes what follows
+		// it for the host, and prints it in its error.
+		"postgres://ops:s3cret@s3cret@db/jar", "postgres://ops:s3cret@s3cret@db", "postgresql://ops:s3cret@s3cret@db:5432?sslmode=disable",
 	} {
 		if why := Refused(s); why == "" || strings.Contains(why, "s3cret") {
 			t.Errorf("Refused(%q) = %q; want a reason, without the password", s, why)
 		}
 	}
-	for _, s := range []string{"keys.db", "/var/lib/idem/keys.db", "postgres://ops@db/jar", "postgresql://db/jar", "postgres.db", "./postgres:x"} {
+	for _, s := range []string{"keys.db", "/var/lib/idem/keys.db", "postgres://ops@db/jar", "postgresql://db/jar", "postgres.db", "./postgres:x",
+		"postgres://ops:s3cret%40s3cret@db/jar", "postgres://ops@db/jar?application_name=ops@host", "postgres://db/j@r"} {
 		if why := Refused(s); why != "" {
 			t.Errorf("Refused(%q) = %q; want it taken", s, why)
 		}
