@@ -263,15 +263,16 @@ type Middleware struct {
 	// whose String or LogValue panics) ends the request with its panic, as
 	// a handler's panic ends one under net/http: nothing is answered, and
 	// the server logs the panic and closes the connection. The key stays
-	// as it was at that record. A record before the answer is saved or the
-	// claim released (of the claim or a take-over, the handler's panic,
-	// abort or short body, an answer too large, a store error) leaves it in
-	// flight until LockTimeout, after which a retry takes it over and runs
-	// the handler, under SaveError too, as after a failed save; a record
-	// after it leaves the answer saved or the claim released. No answer is
-	// saved that the handler did not give. After an answer the Middleware
-	// aborts, the abort's http.ErrAbortHandler replaces the Logger's panic,
-	// and net/http logs neither.
+	// as it was at that record. A record before the handler runs (of the
+	// claim or a take-over) leaves it in flight until LockTimeout, after
+	// which a retry takes it over and runs the handler. Every record after
+	// the handler ran (its panic, abort or short body, an answer too large,
+	// the save, the release or their failure) comes once the answer is
+	// saved or the claim released, so that a Logger's panic cannot run the
+	// handler twice under SaveError. No answer is saved that the handler
+	// did not give. After an answer the Middleware aborts, the abort's
+	// http.ErrAbortHandler replaces the Logger's panic, and net/http logs
+	// neither.
 	Logger *slog.Logger
 
 	stats counters
@@ -688,17 +689,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// http.ErrAbortHandler itself, which net/http neither answers nor logs
 	// (httputil.ReverseProxy panics with it when an upstream's answer
 	// breaks off), and after a panic once part of the answer was sent.
-	abort := v == http.ErrAbortHandler
-	switch {
-	case abort:
-		m.log(r.Context(), slog.LevelInfo, "idempotency: handler aborted its answer (http.ErrAbortHandler)", "key", key)
-	case v != nil:
-		m.logPanic(r, key, v, stack)
-	case rec.short(r.Method):
-		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", "key", key,
-			"content_length", rec.declared, "written", rec.size)
-		abort = true
-	}
+	//
+	// The failure is logged once the answer is saved or the claim
+	// released, as every record after the handler ran: a Logger that
+	// panics then leaves the key as the handler left it, and cannot keep
+	// the claim in flight for a retry to take over and run the handler
+	// again, which SaveError promises never happens.
+	aborted := v == http.ErrAbortHandler
+	short := v == nil && rec.short(r.Method)
+	abort := aborted || short
 	if v != nil || abort {
 		if rec.streamed {
 			// The status and part of the body are on their way: the answer
@@ -722,7 +721,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// The handler ran: record the outcome even if the caller hung up.
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancelWrite()
-	fenced := "" // the write that found the claim taken over
+	fenced := ""      // the write that found the claim taken over
+	tooLarge := false // the too-large marker was saved
 	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests
 	if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
 		released, err := m.Store.Release(ctx, scope, key, token)
@@ -738,6 +738,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		}
 	} else {
 		resp := m.saved(rec, key)
+		tooLarge = rec.streamed
 		switch err := m.Store.Save(ctx, scope, key, token, resp); {
 		case errors.Is(err, ErrFenced):
 			fenced = "save"
@@ -754,6 +755,18 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		// owner's answer.
 		m.stats.fenced.Add(1)
 		m.log(ctx, slog.LevelWarn, "idempotency: late "+fenced+" fenced: the claim was taken over", "key", key)
+	}
+	switch {
+	case aborted:
+		m.log(r.Context(), slog.LevelInfo, "idempotency: handler aborted its answer (http.ErrAbortHandler)", "key", key)
+	case v != nil:
+		m.logPanic(r, key, v, stack)
+	case short:
+		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", "key", key,
+			"content_length", rec.declared, "written", rec.size)
+	}
+	if tooLarge {
+		m.log(ctx, slog.LevelWarn, "idempotency: response too large to save; a marker is saved", "key", key, "status", rec.status, "bytes", rec.size)
 	}
 	switch {
 	case abort: // the deferred panic breaks the connection off
@@ -811,7 +824,6 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 		return Response{Status: rec.status, Header: hdr, Body: bytes.Clone(rec.body.Bytes())}
 	}
 	m.stats.tooLarge.Add(1)
-	m.log(context.Background(), slog.LevelWarn, "idempotency: response too large to save; a marker is saved", "key", key, "status", rec.status, "bytes", rec.size)
 	p := Problem{Type: ProblemResponseTooLarge, Title: "Response too large to replay", Status: http.StatusInternalServerError, Key: key, OriginalStatus: rec.status,
 		Detail: fmt.Sprintf("The first request with this Idempotency-Key completed with status %d, and its answer was sent to that caller, but at %d bytes it was too large to save. The operation will not run again: look its result up instead of retrying.", rec.status, rec.size)}
 	hdr := http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}}
@@ -825,7 +837,8 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 // recovered: as net/http leaves a panic to the caller of ServeHTTP, which
 // recovers it, so does the Middleware, rather than go on and answer as if
 // the record were logged. A store write the record follows stands; a claim
-// it precedes waits out its LockTimeout, as after a failed save.
+// it precedes waits out its LockTimeout. Once the handler ran, the save or
+// the release precedes every record.
 func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args ...any) {
 	if m.Logger != nil {
 		m.Logger.Log(ctx, level, msg, args...)

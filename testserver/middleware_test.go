@@ -1207,45 +1207,63 @@ func (l panickyLog) WithAttrs([]slog.Attr) slog.Handler { return l }
 func (l panickyLog) WithGroup(string) slog.Handler      { return l }
 
 // TestLoggerPanics: a Logger's panic is not recovered: it leaves ServeHTTP
-// with nothing answered, as a handler's panic leaves it under net/http, and
-// the key as the Middleware had it at that record. A record before the
-// answer is saved leaves the claim in flight (409) until LockTimeout, after
-// which a retry takes it over; nothing is saved that the handler did not
-// answer. A record after the save leaves the answer saved, and replayed;
-// after an aborted answer, the abort's panic replaces the Logger's.
+// with nothing more answered, as a handler's panic leaves it under net/http,
+// and the key as the Middleware had it at that record. A record before the
+// handler ran leaves the claim in flight (409) until LockTimeout, after
+// which a retry takes it over and runs the handler, for the first time.
+// Every record after the handler ran (its panic, abort or short body, an
+// answer too large, the save) comes once the answer is saved: the retry
+// gets it replayed, and the handler never runs twice, under SaveError as
+// SaveError promises; after an aborted answer, the abort's panic replaces
+// the Logger's.
 func TestLoggerPanics(t *testing.T) {
 	for _, c := range []struct {
 		name, on string
 		policy   testserver.ErrorPolicy
-		first    any   // the first run's panic
-		want     any   // the panic ServeHTTP ends with
-		runs     int64 // runs of the handler by the first request
-		replayed int   // the status the retry gets replayed, or 0
+		first    func(http.ResponseWriter) // what the first run does instead of its 201, or nil
+		limit    int64                     // MaxSavedResponse, or 0
+		want     any                       // the panic ServeHTTP ends with
+		sent     string                    // the body the first caller got, streamed, before the panic
+		runs     int64                     // runs of the handler by the first request
+		replayed int                       // the status the retry gets replayed, or 0
 	}{
-		{"before the handler", "idempotency: claimed", testserver.ReleaseClaim, nil, "logger broke on idempotency: claimed", 0, 0},
-		{"before the save", "idempotency: handler panicked", testserver.SaveError, "downstream exploded", "logger broke on idempotency: handler panicked", 1, 0},
-		{"after the save", "idempotency: saved", testserver.ReleaseClaim, nil, "logger broke on idempotency: saved", 1, http.StatusCreated},
-		{"after an aborted answer", "idempotency: saved", testserver.SaveError, http.ErrAbortHandler, http.ErrAbortHandler, 1, http.StatusInternalServerError},
+		{"before the handler", "idempotency: claimed", testserver.ReleaseClaim, nil, 0, "logger broke on idempotency: claimed", "", 0, 0},
+		{"on the handler's panic", "idempotency: handler panicked", testserver.SaveError, func(http.ResponseWriter) { panic("downstream exploded") }, 0,
+			"logger broke on idempotency: handler panicked", "", 1, http.StatusInternalServerError},
+		{"on the handler's abort", "idempotency: handler aborted", testserver.SaveError, func(http.ResponseWriter) { panic(http.ErrAbortHandler) }, 0,
+			http.ErrAbortHandler, "", 1, http.StatusInternalServerError},
+		{"on a short body", "idempotency: handler's body is shorter", testserver.SaveError, func(w http.ResponseWriter) {
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "short")
+		}, 0, http.ErrAbortHandler, "", 1, http.StatusInternalServerError},
+		{"on an answer too large", "idempotency: response too large", testserver.ReleaseClaim, nil, 4,
+			"logger broke on idempotency: response too large to save; a marker is saved", "run 1", 1, http.StatusInternalServerError},
+		{"after the save", "idempotency: saved", testserver.ReleaseClaim, nil, 0, "logger broke on idempotency: saved", "", 1, http.StatusCreated},
+		{"after an aborted answer", "idempotency: saved", testserver.SaveError, func(http.ResponseWriter) { panic(http.ErrAbortHandler) }, 0,
+			http.ErrAbortHandler, "", 1, http.StatusInternalServerError},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			clk := newClock()
 			var runs atomic.Int64
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if runs.Add(1) == 1 && c.first != nil {
-					panic(c.first)
+					c.first(w)
+					return
 				}
 				w.WriteHeader(http.StatusCreated)
 				fmt.Fprintf(w, "run %d", runs.Load())
 			})
-			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Now: clk.Now, OnError: c.policy, Logger: slog.New(panickyLog{c.on})}
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Now: clk.Now, OnError: c.policy, MaxSavedResponse: c.limit,
+				Logger: slog.New(panickyLog{c.on})}
 			w := httptest.NewRecorder()
 			v := func() (v any) {
 				defer func() { v = recover() }()
 				mw.Wrap(h).ServeHTTP(w, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 				return nil
 			}()
-			if v != c.want || w.Body.Len() != 0 || len(w.Header()) != 0 || runs.Load() != c.runs {
-				t.Fatalf("panic %v, answer %d %v %q, %d runs; want the panic %v, nothing answered, %d runs", v, w.Code, w.Header(), w.Body, runs.Load(), c.want, c.runs)
+			if v != c.want || w.Body.String() != c.sent || (c.sent == "" && len(w.Header()) != 0) || runs.Load() != c.runs {
+				t.Fatalf("panic %v, answer %d %v %q, %d runs; want the panic %v, %q answered, %d runs", v, w.Code, w.Header(), w.Body, runs.Load(), c.want, c.sent, c.runs)
 			}
 			retry := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 			if c.replayed != 0 {
