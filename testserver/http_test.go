@@ -379,6 +379,41 @@ func TestHeadLargerThanMaxSavedResponse(t *testing.T) {
 	}
 }
 
+// TestHeadContentLengthReplayed: a HEAD's Content-Length is the length its
+// GET would send, which a handler sets without writing the body, or writes
+// a body net/http drops; the replay carries the Content-Length the first
+// answer carried, whether the handler wrote no body, one past
+// MaxSavedResponse (dropped), or one shorter than it said.
+func TestHeadContentLengthReplayed(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		write int // bytes of body the handler writes after its Content-Length of 230
+	}{{"no body", 0}, {"body past MaxSavedResponse", 230}, {"body shorter than its length", 5}} {
+		t.Run(c.name, func(t *testing.T) {
+			var runs atomic.Int32
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				w.Header().Set("Content-Type", "text/html")
+				w.Header().Set("Content-Length", "230")
+				io.WriteString(w, strings.Repeat("x", c.write))
+			})
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Methods: []string{"HEAD"}, MaxSavedResponse: 50}
+			srv := httptest.NewServer(mw.Wrap(h))
+			defer srv.Close()
+			for i := range 2 {
+				a := send(t, srv, http.MethodHead, "/", "", "Idempotency-Key", "k")
+				if a.err != nil || a.resp.StatusCode != http.StatusOK || a.body != "" || a.resp.Header.Get("Content-Length") != "230" ||
+					a.resp.Header.Get("Content-Type") != "text/html" || (a.resp.Header.Get("Idempotent-Replayed") == "true") != (i == 1) {
+					t.Fatalf("answer %d: %s %v %q, %v; want the handler's 200 with its Content-Length, 230, and no body", i+1, a.resp.Status, a.resp.Header, a.body, a.err)
+				}
+			}
+			if runs.Load() != 1 {
+				t.Fatalf("%d runs; want one", runs.Load())
+			}
+		})
+	}
+}
+
 // TestEncodedAnswerReplayed: an answer the handler compressed itself, with
 // its Content-Encoding and Content-Length, is replayed as it was sent: an
 // http.Transport that asked for gzip decompresses both.

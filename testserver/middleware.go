@@ -220,13 +220,16 @@ type Middleware struct {
 	// look the result up instead. The answer to a HEAD (with HEAD in
 	// Methods) is never too large: net/http sends none of its body, so a
 	// body past the limit is dropped, and the status and header are saved
-	// and replayed.
+	// and replayed, the Content-Length the handler set included.
 	MaxSavedResponse int64
 
 	// ReplayHeaders are the response headers saved and replayed. Nil means
 	// Content-Type, Content-Encoding, Content-Language, Content-Location,
 	// Location, ETag, Last-Modified, Cache-Control, Expires, Link, Vary,
-	// and Content-Range and Allow, which a 206 and a 405 must carry.
+	// and Content-Range and Allow, which a 206 and a 405 must carry. The
+	// answer to a HEAD also saves and replays the Content-Length its
+	// handler set, which net/http sends as it is, the length of the GET's
+	// body, whatever body the handler wrote.
 	// Set-Cookie and credential headers (the authentication headers of RFC
 	// 9110 and those idem.SecretHeader names, such as X-Auth-Token or
 	// X-Api-Key) are never saved, even when listed. Trailers are sent to
@@ -520,7 +523,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		case e.Status == StatusDone && e.Response != nil:
 			m.stats.replays.Add(1)
 			m.log(ctx, slog.LevelDebug, "idempotency: replayed", "key", key, "status", e.Response.Status)
-			m.replay(w, *e.Response)
+			m.replay(w, r.Method == http.MethodHead, *e.Response)
 			return
 		case e.Status != StatusInFlight:
 			m.storeFailed(w, r, key, fmt.Errorf("testserver: entry in state %q with response %v", e.Status, e.Response != nil))
@@ -611,11 +614,11 @@ func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, key str
 		Detail: "The server could not record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}, 1)
 }
 
-// replay writes a saved answer.
-func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
+// replay writes a saved answer, to a HEAD request when head is.
+func (m *Middleware) replay(w http.ResponseWriter, head bool, resp Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
-		if m.replayable(name) {
+		if m.replayable(name) || (head && headLength(name)) {
 			h[http.CanonicalHeaderKey(name)] = slices.Clone(vs)
 		}
 	}
@@ -626,6 +629,17 @@ func (m *Middleware) replay(w http.ResponseWriter, resp Response) {
 
 var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow"}
+
+// headLength reports whether name is Content-Length, which the answer to a
+// HEAD saves and replays whatever ReplayHeaders says. net/http sends the
+// Content-Length a HEAD's handler set as it is, the length its GET would
+// send (RFC 9110, section 8.6), and computes one from the body written only
+// when there is none; the replay's body is the one saved, which may be
+// empty (a body past MaxSavedResponse is dropped) or shorter, so the
+// replay would carry another length, or none.
+func headLength(name string) bool {
+	return http.CanonicalHeaderKey(name) == "Content-Length"
+}
 
 // replayable reports whether a response header may be saved and replayed.
 func (m *Middleware) replayable(name string) bool {
@@ -817,7 +831,7 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 	if !rec.streamed {
 		hdr := make(http.Header)
 		for name, vs := range rec.header {
-			if m.replayable(name) {
+			if m.replayable(name) || (rec.head && headLength(name)) {
 				hdr[name] = slices.Clone(vs)
 			}
 		}

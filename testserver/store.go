@@ -20,7 +20,7 @@ const (
 // Response is a saved answer: replayed byte for byte to every retry.
 type Response struct {
 	Status int         // the status the handler wrote
-	Header http.Header // only the replay-safe headers (see ReplayHeaders)
+	Header http.Header // only the replay-safe headers (see ReplayHeaders), and a HEAD's Content-Length
 	// Body is the body the handler wrote, whole. A Store reads an empty
 	// body back as nil, whether it was saved nil or empty.
 	Body []byte
