@@ -34,7 +34,9 @@
 // is never written to the jar. Exit status: 0 when every order is charged,
 // 1 when some are not (those left pending stay in the jar for the next run;
 // one the server refused, with a 400 say, is asked again with its key and
-// gets the same answer), 2 for bad flags; -h prints the usage and exits 0.
+// gets the same answer; when that gets no answer, the order is reported
+// done in an earlier run, no answer this run, not pending), 2 for bad
+// flags; -h prints the usage and exits 0.
 // What the server answers is printed with its control characters and bidi
 // format characters escaped (\x1b, \u202e): a terminal does not run them,
 // nor reorder what it shows.
@@ -263,7 +265,14 @@ func report(w io.Writer, id string, resp *client.Response, ch charge, err error)
 		fmt.Fprintf(w, "%s: first sent more than %v ago; look the order up on the server (GET /v1/orders/%s), then abandon or forget %s with idemctl\n", id, re.Horizon, id, re.Op)
 		return false
 	case errors.Is(err, idem.ErrPending):
-		fmt.Fprintf(w, "%s: outcome unknown, still pending: %v\n", id, err)
+		// ErrPending says this call got no answer; the operation may
+		// still be done (or failed) in the jar, asked again for the
+		// server's saved answer: say which.
+		if st := knownState(err); st != "" {
+			fmt.Fprintf(w, "%s: %s in an earlier run, no answer this run: %v\n", id, st, err)
+		} else {
+			fmt.Fprintf(w, "%s: outcome unknown, still pending: %v\n", id, err)
+		}
 		return false
 	case err != nil:
 		fmt.Fprintf(w, "%s: failed: %v\n", id, err)
@@ -275,6 +284,17 @@ func report(w io.Writer, id string, resp *client.Response, ch charge, err error)
 	}
 	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, ctlesc.Escape(ch.ID), ch.Amount, ctlesc.Escape(ch.Currency), resp.Key)
 	return true
+}
+
+// knownState returns the state, done or failed, of an operation whose
+// outcome the jar holds, from the *idem.PendingError of a call that got no
+// answer; "" when the operation is pending.
+func knownState(err error) idem.State {
+	var pe *idem.PendingError
+	if errors.As(err, &pe) && (pe.State == idem.StateDone || pe.State == idem.StateFailed) {
+		return pe.State
+	}
+	return ""
 }
 
 // orderIDs reads -orders: a count N (order-1 … order-N) or a list.
