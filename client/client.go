@@ -367,7 +367,8 @@ type Response struct {
 //     which). The operation is failed; do not retry it under this key.
 //   - 409 left when the attempts or budget ran out: *ConflictError. The
 //     server is still running the first attempt; the operation stays
-//     pending: Resume it later.
+//     pending: Resume it later. One done or failed, sent again for its
+//     saved answer, keeps its outcome (the error's State): call it again.
 //   - 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
 //     says when the server asked to be called again.
 //   - 401 or 407: the credentials were refused and the request not

@@ -187,22 +187,36 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 			t.Fatalf("conflict %+v after %d sends, state %q; want 3 attempts with the key, pending", ce, s.sends(), state(t, c.Jar(), "charge:o1"))
 		}
 	})
-	t.Run("503 left after the attempts on a done operation says it is done", func(t *testing.T) {
-		s := newShop()
-		c := newClient(t, s, &client.Options{Policy: retry.Policy{MaxAttempts: 2, InitialInterval: time.Microsecond}})
-		if _, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil); err != nil {
-			t.Fatal(err)
-		}
-		s.failNext(503, 503)
-		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
-		var pe *idem.PendingError
-		if !errors.As(err, &pe) || pe.State != idem.StateDone || s.sends() != 3 || state(t, c.Jar(), "charge:o1") != idem.StateDone {
-			t.Fatalf("got %v after %d sends, state %q; want a *PendingError after 2 more sends, the operation done", err, s.sends(), state(t, c.Jar(), "charge:o1"))
-		}
-		if msg := pe.Error(); strings.Contains(msg, "outcome unknown") || strings.Contains(msg, "resume") || !strings.Contains(msg, " is done") {
-			t.Errorf("message %q; want it to say the operation is done, not unknown or to resume", msg)
-		}
-	})
+	// A done operation sent again for its saved answer keeps its outcome:
+	// the error of a call left without an answer, *idem.PendingError for
+	// a 503 and *ConflictError for a 409, says it is done.
+	for _, status := range []int{503, 409} {
+		t.Run(fmt.Sprint(status)+" left after the attempts on a done operation says it is done", func(t *testing.T) {
+			s := newShop()
+			c := newClient(t, s, &client.Options{Policy: retry.Policy{MaxAttempts: 2, InitialInterval: time.Microsecond}})
+			if _, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil); err != nil {
+				t.Fatal(err)
+			}
+			s.failNext(status, status)
+			_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
+			var pe *idem.PendingError
+			var ce *client.ConflictError
+			var got idem.State
+			var msg string
+			switch {
+			case status == 503 && errors.As(err, &pe):
+				got, msg = pe.State, pe.Error()
+			case status == 409 && errors.As(err, &ce):
+				got, msg = ce.State, ce.Error()
+			}
+			if got != idem.StateDone || !errors.Is(err, idem.ErrPending) || s.sends() != 3 || state(t, c.Jar(), "charge:o1") != idem.StateDone {
+				t.Fatalf("got %v after %d sends, state %q; want a *PendingError (503) or *ConflictError (409) of State done, matching idem.ErrPending, after 2 more sends, the operation done", err, s.sends(), state(t, c.Jar(), "charge:o1"))
+			}
+			if strings.Contains(msg, "outcome unknown") || strings.Contains(msg, "pending") || strings.Contains(msg, "resume") || !strings.Contains(msg, `"charge:o1" (key "`+s.key(0)+`") is done`) {
+				t.Errorf("message %q; want it to say the operation is done, not pending or to resume it", msg)
+			}
+		})
+	}
 	t.Run("a handler's own 409, replayed, is final", func(t *testing.T) {
 		var runs int
 		mw := &testserver.Middleware{Store: &testserver.MemoryStore{}}

@@ -136,18 +136,32 @@ func (e *StatusError) Unwrap() error { return e.Err }
 // ConflictError is the Err of a *StatusError for a 409 Conflict left when
 // a call's attempts or budget ran out: the server is still running an
 // earlier attempt with the same key. The outcome is unknown and the
-// operation stays pending: Resume it later, with the same key. It matches
-// idem.ErrPending.
+// operation stays pending: Resume it later, with the same key. An
+// operation whose outcome the jar already holds (State done or failed),
+// which the call sent again for the server's saved answer, keeps it: only
+// this call's answer is missing, and Resume refuses it; call it again
+// later with the name. It matches idem.ErrPending, as *idem.PendingError
+// does in both cases.
 type ConflictError struct {
 	Op, Key  string
 	Attempts int // attempts this call sent
 	// NextAttempt is the earliest time to resume, from the jar or the
 	// server's Retry-After; zero when neither said.
 	NextAttempt time.Time
+	// State is the operation's state in the jar after the call, as in
+	// *idem.PendingError: StatePending (or "", the same), or StateDone or
+	// StateFailed for an operation sent again for its saved answer.
+	State idem.State
 }
 
 func (e *ConflictError) Error() string {
-	msg := fmt.Sprintf("client: operation %q (key %q) still in flight on the server after %d attempt(s); it stays pending: resume it later", e.Op, e.Key, e.Attempts)
+	var msg string
+	if e.State == "" || e.State == idem.StatePending {
+		msg = fmt.Sprintf("client: operation %q (key %q) still in flight on the server after %d attempt(s); it stays pending: resume it later", e.Op, e.Key, e.Attempts)
+	} else {
+		msg = fmt.Sprintf("client: operation %q (key %q) is %s, its outcome known, but the server was still running a request with its key after %d attempt(s) of this call, which sent it again for the server's saved answer: call it again later under the same name",
+			e.Op, e.Key, e.State, e.Attempts)
+	}
 	if !e.NextAttempt.IsZero() {
 		msg += ", after " + e.NextAttempt.UTC().Format(time.RFC3339)
 	}
@@ -190,7 +204,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 	case retry.Classify(r.Response, nil) == retry.Retry:
 		next, state := c.nextAttempt(ctx, r)
 		if r.StatusCode == http.StatusConflict {
-			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next}
+			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next, State: state}
 		} else {
 			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
 				Elapsed: elapsed, NextAttempt: next, State: state}

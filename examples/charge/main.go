@@ -287,12 +287,20 @@ func report(w io.Writer, id string, resp *client.Response, ch charge, err error)
 }
 
 // knownState returns the state, done or failed, of an operation whose
-// outcome the jar holds, from the *idem.PendingError of a call that got no
-// answer; "" when the operation is pending.
+// outcome the jar holds, from the *idem.PendingError or *client.ConflictError
+// of a call that got no answer; "" when the operation is pending.
 func knownState(err error) idem.State {
+	var st idem.State
 	var pe *idem.PendingError
-	if errors.As(err, &pe) && (pe.State == idem.StateDone || pe.State == idem.StateFailed) {
-		return pe.State
+	var ce *client.ConflictError
+	switch {
+	case errors.As(err, &pe):
+		st = pe.State
+	case errors.As(err, &ce):
+		st = ce.State
+	}
+	if st == idem.StateDone || st == idem.StateFailed {
+		return st
 	}
 	return ""
 }

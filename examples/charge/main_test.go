@@ -283,35 +283,40 @@ func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
 }
 
 // An order refused in an earlier run (a final 400: the operation is done)
-// is asked again with its key; when the server then gives no answer (a 503
-// whose Retry-After is past the call's budget), the run does not say the
-// charge is pending or its outcome unknown: the jar holds its outcome,
-// only this run's answer is missing.
+// is asked again with its key; when the server then gives no answer (a 503,
+// or a 409 of a request still running, whose Retry-After is past the
+// call's budget), the run does not say the charge is pending or its
+// outcome unknown: the jar holds its outcome, only this run's answer is
+// missing.
 func TestNoAnswerForADoneOrderIsNotPending(t *testing.T) {
-	var calls atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) == 1 {
-			http.Error(w, "no such currency", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Retry-After", "3600")
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}))
-	defer srv.Close()
-	args := []string{"-server", srv.URL, "-jar", filepath.Join(t.TempDir(), "charge.db"), "-orders", "x1", "-lease", "1s"}
-	var out bytes.Buffer
-	if code := run(context.Background(), args, "", &out, &out); code != 1 || !strings.Contains(out.String(), "400 Bad Request") {
-		t.Fatalf("first run = %d; want 1, the server's 400 reported\n%s", code, out.String())
-	}
-	out.Reset()
-	code := run(context.Background(), args, "", &out, &out)
-	t.Logf("second run:\n%s", out.String())
-	if code != 1 || calls.Load() != 2 {
-		t.Fatalf("second run = %d after %d requests; want 1, after one more request", code, calls.Load())
-	}
-	line := strings.TrimPrefix(out.String()[strings.LastIndex(out.String(), "x1: "):], "x1: ")
-	if !strings.HasPrefix(line, "done in an earlier run, no answer this run") || strings.Contains(line, "still pending") {
-		t.Errorf("second run reports %q; want it to say x1 is done, not pending", line)
+	for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			var calls atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 1 {
+					http.Error(w, "no such currency", http.StatusBadRequest)
+					return
+				}
+				w.Header().Set("Retry-After", "3600")
+				w.WriteHeader(status)
+			}))
+			defer srv.Close()
+			args := []string{"-server", srv.URL, "-jar", filepath.Join(t.TempDir(), "charge.db"), "-orders", "x1", "-lease", "1s"}
+			var out bytes.Buffer
+			if code := run(context.Background(), args, "", &out, &out); code != 1 || !strings.Contains(out.String(), "400 Bad Request") {
+				t.Fatalf("first run = %d; want 1, the server's 400 reported\n%s", code, out.String())
+			}
+			out.Reset()
+			code := run(context.Background(), args, "", &out, &out)
+			t.Logf("second run:\n%s", out.String())
+			if code != 1 || calls.Load() != 2 {
+				t.Fatalf("second run = %d after %d requests; want 1, after one more request", code, calls.Load())
+			}
+			line := strings.TrimPrefix(out.String()[strings.LastIndex(out.String(), "x1: "):], "x1: ")
+			if !strings.HasPrefix(line, "done in an earlier run, no answer this run") || strings.Contains(line, "still pending") {
+				t.Errorf("second run reports %q; want it to say x1 is done, not pending", line)
+			}
+		})
 	}
 }
 
