@@ -381,11 +381,16 @@ type Response struct {
 //
 // After Close, Do sends nothing and returns an error matching ErrClosed.
 //
-// errors.Is(err, idem.ErrPending) reports every outcome that stays
-// unknown and resumable, but for a ctx already done when Do is called,
-// whose error Do returns having sent nothing (an operation left pending by
-// an earlier call stays pending). Errors without an answer are those of
-// http.Client.Do (a *url.Error) wrapping the Transport's typed errors:
+// errors.Is(err, idem.ErrPending) reports every call left without the
+// operation's answer, but for a ctx already done when Do is called, whose
+// error Do returns having sent nothing (an operation left pending by an
+// earlier call stays pending): call it again later under the same name,
+// which resumes a pending operation with its key and asks again for the
+// saved answer of a done or failed one. Only a pending operation can be
+// resumed (Pending lists it, Resume sends it): the State of the
+// *idem.PendingError or *ConflictError says which. Errors without an
+// answer are those of http.Client.Do (a *url.Error) wrapping the
+// Transport's typed errors:
 // *idem.PendingError, *idem.ReconcileError (past the horizon: reconcile),
 // *idem.MismatchError (op reused with another request: nothing sent),
 // *idem.JarError.

@@ -168,7 +168,11 @@ func (e *ConflictError) Error() string {
 	return msg
 }
 
-// Is reports whether target is idem.ErrPending.
+// Is reports whether target is idem.ErrPending, whatever the State: the
+// sentinel says what happened to the call (no answer: call it again), and
+// State what the jar holds (pending: resumable), as net.Error's Timeout
+// says what happened while its Temporary, advice on what to do, is
+// deprecated; *idem.PendingError matches it alike.
 func (e *ConflictError) Is(target error) bool { return target == idem.ErrPending }
 
 // statusError reads (bounded) and closes a non-2xx answer and says what it

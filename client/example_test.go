@@ -151,7 +151,9 @@ func ExampleClient_Resume() {
 
 // Every answer that is not 2xx is a *StatusError with its status and body.
 // Its Err says what the answer means for the operation: errors.Is matches
-// idem.ErrPending when the outcome is unknown (resume it later) and
+// idem.ErrPending when the call got no answer (call it again later under
+// the name; the *idem.PendingError's State is pending here, a new
+// operation, which Resume also sends) and
 // idem.ErrMismatch when the server refused the request with 422 (a key
 // reused with another request, or a request the API will not process: do
 // not retry it under this key); any other answer is final.

@@ -55,7 +55,38 @@ func TestRedirectedAnswerIsNotTheOperations(t *testing.T) {
 	}
 	if errors.Is(err, idem.ErrPending) {
 		_, rerr := c.Resume(ctx, "charge:o1")
-		t.Fatalf("err matches idem.ErrPending (unknown and resumable), but the operation is done; Resume says: %v", rerr)
+		t.Fatalf("err matches idem.ErrPending (no answer: call it again), but the call got the operation's answer, a 303; Resume says: %v", rerr)
+	}
+}
+
+// TestNoAnswerForADoneOperationIsCalledAgain: what idem.ErrPending tells a
+// caller holds for a done operation too: the call got no answer, and a
+// later call under the same name gets it, with the same key. Whether to
+// Resume is the operation's State: Pending does not list a done one, and
+// Resume refuses it, sending nothing.
+func TestNoAnswerForADoneOperationIsCalledAgain(t *testing.T) {
+	ctx := context.Background()
+	s := newShop()
+	c := newClient(t, s, &client.Options{Policy: retry.Policy{MaxAttempts: 2, InitialInterval: time.Microsecond}})
+	if _, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.failNext(503, 503)
+	_, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
+	var pe *idem.PendingError
+	if !errors.Is(err, idem.ErrPending) || !errors.As(err, &pe) || pe.State != idem.StateDone {
+		t.Fatalf("a done operation left without an answer: %v; want an error matching idem.ErrPending, its State done", err)
+	}
+	if recs, err := c.Pending(ctx); err != nil || len(recs) != 0 {
+		t.Errorf("Pending: %v, %v; want nothing, the operation is done", recs, err)
+	}
+	if _, err := c.Resume(ctx, "charge:o1"); !errors.Is(err, client.ErrState) || s.sends() != 3 {
+		t.Errorf("Resume: %v after %d sends; want ErrState, nothing sent", err, s.sends())
+	}
+	var ch charge
+	resp, err := c.PostJSON(ctx, "charge:o1", chargesURL, chargeReq{Order: "o1"}, &ch)
+	if err != nil || resp.Key != s.key(0) || !resp.Replayed || ch.Order != "o1" || s.charges("o1") != 1 {
+		t.Fatalf("called again: %+v, %v; want the saved answer under key %q, o1 charged once (%d)", resp, err, s.key(0), s.charges("o1"))
 	}
 }
 
