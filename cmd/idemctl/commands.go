@@ -247,14 +247,17 @@ func (f *headerFlag) Set(v string) error {
 // add adds the header line v, and reports whether it is 'Name: value'
 // that net/http sends: a name that is a token, a value without control
 // characters but tabs. net/http refuses another only once the resume has
-// counted the attempt in the jar. Name and value lose the spaces, tabs,
-// CRs and LFs around them, as net/textproto trims a header line it reads,
-// and nothing else: strings.TrimSpace would also take a vertical tab
-// (which net/http refuses in a value) or a no-break space (which it sends)
-// off a value's ends.
+// counted the attempt in the jar. The name is taken as given: net/http
+// refuses a name with a space or tab around it rather than send it
+// trimmed, as net/textproto refuses "X-A : v" in a header it reads, so
+// "X-A : v" is refused, not sent as X-A. The value loses the spaces, tabs,
+// CRs and LFs around it, as net/http takes them off a value it writes, and
+// nothing else: strings.TrimSpace would also take a vertical tab (which
+// net/http refuses in a value) or a no-break space (which it sends) off a
+// value's ends.
 func (f *headerFlag) add(v string) bool {
 	name, value, ok := strings.Cut(v, ":")
-	name, value = textproto.TrimString(name), textproto.TrimString(value)
+	value = textproto.TrimString(value)
 	if !ok || name == "" || strings.IndexFunc(name, notTokenChar) >= 0 ||
 		strings.IndexFunc(value, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }) >= 0 {
 		return false

@@ -30,9 +30,10 @@
 // with --header 'Name: value' (repeatable), or, to keep them out of the
 // process list, in the environment variable IDEM_HEADER (one "Name: value"
 // per line); a line that is not one net/http sends (a space or a separator
-// in the name, a control character in the value) is a usage error, and
-// nothing is sent. The spaces and tabs around a name and a value are taken
-// off, as net/textproto takes them off a header line, and nothing else. Give the credential of the first send: a server that
+// in or around the name, as in "X-A : v", a control character in the
+// value) is a usage error, and nothing is sent. The spaces and tabs around
+// a value are taken off, as net/http takes them off a value it writes, and
+// nothing else. Give the credential of the first send: a server that
 // scopes keys by credential (as the reference server does) would take
 // another one's request for a new operation. A resume that sends without any
 // header given says so on stderr. The headers go with every request sent,

@@ -319,15 +319,17 @@ func testResume(t *testing.T, srv *server, path string) {
 }
 
 // TestResumeOfAHeaderThatCannotBeSent: a header whose name is not a token
-// or whose value holds a control character, which net/http refuses to
-// send, is a usage error, as one without its colon: the credential not
+// (a space around it too, as in "Authorization : v") or whose value holds
+// a control character, which net/http refuses to send, is a usage error,
+// as one without its colon: the credential not
 // shown, nothing sent, and the operation's attempts and last outcome in
 // the jar as they were, not an attempt that never left.
 func TestResumeOfAHeaderThatCannotBeSent(t *testing.T) {
 	srv := newServer(t)
 	path := seed(t, srv)
 	before, _ := jarState(t, path, "charge:p1")
-	for _, line := range []string{"Authorization(1): " + secret, "Authorization: " + secret + "\x01", "Authorization: " + secret + "\rX: y", "X-Trace\x7f: 1"} {
+	for _, line := range []string{"Authorization(1): " + secret, "Authorization: " + secret + "\x01", "Authorization: " + secret + "\rX: y", "X-Trace\x7f: 1",
+		"Authorization : " + secret, " Authorization: " + secret, "Authorization\t: " + secret} {
 		code, _, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", line)
 		wantError(t, code, errOut, 2, "--header")
 		t.Setenv("IDEM_HEADER", line)
