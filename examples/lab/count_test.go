@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -63,12 +64,15 @@ func TestRestartsInterrupted(t *testing.T) {
 
 // TestCommandExitStatus runs the built command: -h prints the usage and
 // exits 0, as the go tools do; a flag that does not parse is told once,
-// by the flag package with the usage, and exits 2.
+// by the flag package with the usage, and exits 2, as does a flag whose
+// value is out of range or an argument; a run that fails (here: a row
+// cannot make its temporary directory) is told once and exits 1.
 func TestCommandExitStatus(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "lab")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("building lab: %v\n%s", err, out)
 	}
+	missingTemp := filepath.Join(t.TempDir(), "missing")
 	for _, c := range []struct {
 		args []string
 		code int
@@ -78,8 +82,17 @@ func TestCommandExitStatus(t *testing.T) {
 		{[]string{"-help"}, 0, "Usage of lab"},
 		{[]string{"-nope"}, 2, "flag provided but not defined: -nope"},
 		{[]string{"-n", "many"}, 2, `invalid value "many" for flag -n`},
+		{[]string{"extra"}, 2, `lab: unexpected arguments ["extra"]`},
+		{[]string{"-n", "0"}, 2, "lab: -n 0: want 1 to 99999 orders"},
+		{[]string{"-attempt-timeout", "30s"}, 2, "lab: -attempt-timeout 30s: want a positive duration less than 30s"},
+		{[]string{"-drop", "2"}, 2, "lab: faultproxy: "},
+		{[]string{"-concurrency", "0"}, 2, "lab: -concurrency 0: want at least 1"},
+		{[]string{"-rows", "bogus"}, 2, `lab: -rows: unknown strategy "bogus"`},
+		{[]string{"-rows", "idem,idem"}, 2, `lab: -rows: strategy "idem" given twice`},
+		{[]string{"-n", "1", "-rows", "idem"}, 1, missingTemp + ": no such file or directory"},
 	} {
 		cmd := exec.Command(bin, c.args...)
+		cmd.Env = append(os.Environ(), "TMPDIR="+missingTemp)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); cmd.ProcessState == nil { // it did not start

@@ -42,7 +42,9 @@
 // fault and decision counters, and the most common last error the jar
 // recorded for unresolved orders, which the table gives in a warning.
 //
-// -h prints the flags and exits 0. Any error exits with status 2; a flag
+// -h prints the flags and exits 0. A mistake in the command line (a flag
+// that does not parse, a value out of range, an argument) exits with
+// status 2, and a run that fails with status 1, as the go tools do; a flag
 // that does not parse is told once, by the flag package, above the flags.
 package main
 
@@ -79,11 +81,15 @@ func main() {
 	if !errors.As(err, &ue) || !ue.printed {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 	}
-	os.Exit(2)
+	if ue == nil {
+		os.Exit(1) // a run that failed, as the go tools exit
+	}
+	os.Exit(2) // a mistake in the command line, as the flag package exits
 }
 
-// usageError is a mistake in the command line. printed: the flag package
-// printed it already, with the usage.
+// usageError is a mistake in the command line: exit status 2; any other
+// error of run is a run that failed: 1. printed: the flag package printed
+// it already, with the usage.
 type usageError struct {
 	err     error
 	printed bool
@@ -113,22 +119,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return &usageError{err: err, printed: true}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return &usageError{err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	if cfg.orders < 1 || cfg.orders > 99999 {
-		return fmt.Errorf("-n %d: want 1 to 99999 orders", cfg.orders)
+		return &usageError{err: fmt.Errorf("-n %d: want 1 to 99999 orders", cfg.orders)}
 	}
 	if cfg.attemptTimeout <= 0 || cfg.attemptTimeout >= maxElapsed {
 		// From a call's budget on, an attempt that times out ends its
 		// call: no timed-out attempt would be retried.
-		return fmt.Errorf("-attempt-timeout %v: want a positive duration less than %v, a call's budget", cfg.attemptTimeout, maxElapsed)
+		return &usageError{err: fmt.Errorf("-attempt-timeout %v: want a positive duration less than %v, a call's budget", cfg.attemptTimeout, maxElapsed)}
 	}
 	cfg.hold = cfg.attemptTimeout * 3 / 2
 	if err := cfg.rates.Validate(); err != nil {
-		return err
+		return &usageError{err: err} // -drop, -reset, -delay
 	}
 	if cfg.concurrency < 1 {
-		return fmt.Errorf("-concurrency %d: want at least 1", cfg.concurrency)
+		return &usageError{err: fmt.Errorf("-concurrency %d: want at least 1", cfg.concurrency)}
 	}
 	names := allRows
 	if *only != "" {
@@ -136,7 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		for n := range strings.SplitSeq(*only, ",") {
 			n = strings.TrimSpace(n)
 			if !slices.Contains(allRows, n) {
-				return fmt.Errorf("-rows: unknown strategy %q; want some of %q", n, allRows)
+				return &usageError{err: fmt.Errorf("-rows: unknown strategy %q; want some of %q", n, allRows)}
 			}
 			if slices.Contains(names, n) {
 				// It would run again, a second row of the same name.
