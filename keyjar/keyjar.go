@@ -60,7 +60,10 @@
 // and never block the writer. The schema is versioned with PRAGMA
 // user_version and the file is marked with PRAGMA application_id; Open
 // refuses a newer version with ErrVersion and a file that is not a jar with
-// ErrCorrupt, and upgrades an older one in one transaction. Version 2 adds
+// ErrCorrupt, and upgrades an older one in one transaction: of several
+// processes that open it at once, one upgrades it and the others wait for
+// the write lock (up to Options.BusyTimeout, or fail with ErrLocked) and
+// find it upgraded. Version 2 adds
 // the index on (state, created, op) that List with a State reads (the walk
 // of the pending operations: client.Pending, idemctl list --status and
 // resume --all); a jar of version 1 gets it at its first Open without

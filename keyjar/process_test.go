@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,7 +25,7 @@ import (
 // The test binary re-executes itself as a child process: with helperEnv set,
 // TestMain runs the helper named by it instead of the tests.
 const (
-	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, batch, open, read or write
+	helperEnv = "KEYJAR_TEST_HELPER" // race, hold, batch, open, upgrade, read or write
 	pathEnv   = "KEYJAR_TEST_PATH"   // the jar file
 	idEnv     = "KEYJAR_TEST_ID"     // the child's name, part of its keys
 )
@@ -56,6 +57,8 @@ func TestMain(m *testing.M) {
 //	      killed (at most batchOps Begins per goroutine).
 //	open: open (as an unprivileged user), print "permission" when the error
 //	      wraps fs.ErrPermission, else the error or "ok".
+//	upgrade: print "ready", wait for a line, open, close, print "ok" or
+//	      the error.
 //	read: open with ReadOnly (as an unprivileged user) and print the
 //	      operations, as listing does, then again after each line read,
 //	      until stdin ends.
@@ -76,6 +79,21 @@ func helper(mode, path, id string) error {
 		default:
 			fmt.Println("other:", err)
 		}
+		return nil
+	case "upgrade":
+		fmt.Println("ready")
+		if _, err := stdin.ReadString('\n'); err != nil {
+			return err
+		}
+		j, err := keyjar.Open(ctx, path, nil)
+		if err == nil {
+			err = j.Close()
+		}
+		if err != nil {
+			fmt.Println("error:", err)
+			return nil
+		}
+		fmt.Println("ok")
 		return nil
 	case "read":
 		return readLines(ctx, path, stdin)
@@ -227,12 +245,11 @@ func writeInProgressElsewhere(t *testing.T, path string) (release func()) {
 	}
 }
 
-// TestTwoProcessesRace has two processes Begin the same operations at the
-// same moment: each operation gets one key, created by exactly one of them.
-func TestTwoProcessesRace(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keys.db")
-	bin := testBinary(t)
-	children := []*child{startChild(t, bin, "race", path, "a", nil), startChild(t, bin, "race", path, "b", nil)}
+// together starts two children, a and b, of a helper that prints "ready"
+// and waits for a line, and once both are ready tells both to go.
+func together(t *testing.T, bin, mode, path string) []*child {
+	t.Helper()
+	children := []*child{startChild(t, bin, mode, path, "a", nil), startChild(t, bin, mode, path, "b", nil)}
 	for _, c := range children {
 		if got := c.line(t); got != "ready" {
 			t.Fatalf("child says %q; want ready", got)
@@ -243,6 +260,14 @@ func TestTwoProcessesRace(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return children
+}
+
+// TestTwoProcessesRace has two processes Begin the same operations at the
+// same moment: each operation gets one key, created by exactly one of them.
+func TestTwoProcessesRace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	children := together(t, testBinary(t), "race", path)
 	keys := map[string]map[string]bool{} // op → keys returned
 	created := map[string]int{}
 	for _, c := range children {
@@ -438,4 +463,69 @@ func integrityCheck(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// upgradeRows is how many operations the jar of TestTwoProcessesUpgrade
+// holds: enough that building the index of version 2 takes a while, the
+// while in which the other process opens the jar too, and few enough that
+// it takes well below the default BusyTimeout (5s), as long as the other
+// waits for it at most, with the race detector on a busy machine too.
+const upgradeRows = 10_000
+
+// TestTwoProcessesUpgrade has two processes open the same jar of schema
+// version 1 at the same moment, several times over: both opens succeed,
+// and the file is at the current version with the schema of a new jar
+// (the index of version 2 once), every row as it was, and sound.
+func TestTwoProcessesUpgrade(t *testing.T) {
+	_, fresh := openTemp(t, nil)
+	_, want := dump(t, fresh)
+	v1 := filepath.Join(t.TempDir(), "v1.db")
+	jarV1(false)(t, v1)
+	db := rawDB(t, v1, "")
+	if _, err := db.Exec(`INSERT INTO operations
+		WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		SELECT printf('more-%06d', i), 'key-' || i, 'fp', CASE WHEN i % 100 = 0 THEN 'pending' ELSE 'done' END,
+			'POST', 'http://127.0.0.1/charges', NULL, NULL, 0, i, i, 1, 201, '', NULL, '', '', NULL
+		FROM n`, upgradeRows-300-1); err != nil {
+		t.Fatal(err)
+	}
+	// The last connection to close writes the WAL into the file and
+	// removes the -wal file: the file alone is the jar.
+	db.Close()
+	if _, err := os.Stat(v1 + "-wal"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the version 1 jar's -wal file: %v; want none", err)
+	}
+	before, _ := dump(t, v1)
+	if len(before) != upgradeRows {
+		t.Fatalf("the version 1 jar holds %d rows; want %d", len(before), upgradeRows)
+	}
+	content, err := os.ReadFile(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := testBinary(t)
+	for round := range 3 {
+		path := filepath.Join(t.TempDir(), "keys.db")
+		if err := os.WriteFile(path, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range together(t, bin, "upgrade", path) {
+			if got := c.line(t); got != "ok" {
+				t.Errorf("round %d: a process opening the version 1 jar: %s", round, got)
+			}
+			if err := c.cmd.Wait(); err != nil {
+				t.Fatalf("child: %v", err)
+			}
+		}
+		after, schema := dump(t, path)
+		if !slices.Equal(schema, want) {
+			t.Errorf("round %d: schema after two upgrades at once:\n%s\nwant a new jar's:\n%s", round, strings.Join(schema, "\n"), strings.Join(want, "\n"))
+		}
+		if !slices.Equal(after, before) {
+			t.Errorf("round %d: the rows changed in the upgrade: %d rows, were %d", round, len(after), len(before))
+		}
+		if got := integrityCheck(t, path); got != "ok" {
+			t.Errorf("round %d: integrity_check after the upgrade: %s", round, got)
+		}
+	}
 }
