@@ -51,8 +51,17 @@ var (
 	// Options.ReadOnly that would write (Begin, Acquire, Update, Defer,
 	// Forget, ForgetKey, Prune), which then writes nothing, and by such an
 	// Open for a jar it could read only by writing: one in WAL mode whose
-	// -wal or -shm file is missing, which SQLite would create.
+	// -wal or -shm file is missing, which SQLite would create, and one of
+	// an older schema version, which an Open without ReadOnly would
+	// upgrade (ErrOldVersion, which matches ErrReadOnly too).
 	ErrReadOnly = errors.New("keyjar: jar is read-only")
+
+	// ErrOldVersion is returned by Open with Options.ReadOnly for a jar of
+	// an older schema version (1, before the index List with a State
+	// reads), which only an Open without ReadOnly upgrades, a write. It
+	// matches ErrReadOnly too (errors.Is), as it did before it was told
+	// apart, and is wrapped with the jar's version.
+	ErrOldVersion error = oldVersion{}
 
 	// ErrOptions is returned by Open for an Options field out of range: a
 	// negative BusyTimeout or MaxBatch, or a MaxBatch above 65536. It is
@@ -70,6 +79,18 @@ var (
 	// it missing (fs.ErrNotExist) when nothing is there.
 	ErrMoved = errors.New("keyjar: jar file was removed, renamed or replaced while open")
 )
+
+// oldVersion is ErrOldVersion's type. Its Is makes it ErrReadOnly too, as
+// syscall.ENOENT's makes it fs.ErrNotExist: one error of its own, which a
+// caller that asks for the more general one (ErrReadOnly, all an Open with
+// ReadOnly could not do without writing) still matches, with "keyjar: "
+// said once in its message, where wrapping both sentinels would say it
+// twice.
+type oldVersion struct{}
+
+func (oldVersion) Error() string { return "keyjar: jar file has an older schema version" }
+
+func (oldVersion) Is(target error) bool { return target == ErrReadOnly }
 
 // wrapf returns err after "keyjar: " and what format says happened, with
 // "keyjar: " said once (errprefix.Wrapf).

@@ -115,7 +115,9 @@
 // commits, as the others do, and its methods that write return
 // ErrReadOnly. SQLite reads a WAL-mode file without writing only when the
 // -wal and -shm files exist: Close keeps them, and a read-only Open
-// refuses a jar without them with ErrReadOnly.
+// refuses a jar without them with ErrReadOnly. It refuses a jar of an
+// older schema version, which only a write upgrades, with ErrOldVersion,
+// which matches ErrReadOnly too.
 //
 // Several processes may open the same file: Begin is an atomic get-or-create
 // across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
@@ -202,8 +204,8 @@ type Options struct {
 	// or this package before it kept them): opening the jar once without
 	// ReadOnly brings them back. A jar of an older schema version (1,
 	// before the index List with a State reads) needs an upgrade, a
-	// write: Open refuses it with ErrReadOnly, saying its version, and an
-	// Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
+	// write: Open refuses it with ErrOldVersion (which matches ErrReadOnly
+	// too), saying its version, and an Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
 	ReadOnly bool
 }
 

@@ -737,17 +737,17 @@ func TestMigrateFromVersion1(t *testing.T) {
 }
 
 // TestReadOnlyVersion1: a read-only Open of a jar of schema version 1,
-// which would need a migration, a write, refuses it with ErrReadOnly,
-// saying which version and what to do, and leaves it as it was; once a
-// writable Open has migrated it, a read-only one reads it.
+// which would need a migration, a write, refuses it with ErrOldVersion
+// (ErrReadOnly too), saying which version and what to do, and leaves it as
+// it was; once a writable Open has migrated it, a read-only one reads it.
 func TestReadOnlyVersion1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	jarV1(true)(t, path) // its -wal and -shm files kept, as a program that has it open keeps them
 	before := untouched(t, path)
 	_, err := keyjar.Open(t.Context(), path, readOnly)
-	if !errors.Is(err, keyjar.ErrReadOnly) || !strings.Contains(err.Error(), "schema version 1") ||
-		!strings.Contains(err.Error(), "without ReadOnly") {
-		t.Fatalf("read-only Open of a version 1 jar: %v; want ErrReadOnly naming version 1 and what to do", err)
+	if !errors.Is(err, keyjar.ErrOldVersion) || !errors.Is(err, keyjar.ErrReadOnly) ||
+		!strings.Contains(err.Error(), "schema version 1") || !strings.Contains(err.Error(), "without ReadOnly") {
+		t.Fatalf("read-only Open of a version 1 jar: %v; want ErrOldVersion and ErrReadOnly naming version 1 and what to do", err)
 	}
 	prefixOnce(t, "Open", err)
 	if after := untouched(t, path); !maps.Equal(after, before) {

@@ -110,10 +110,11 @@ func checkIDs(app, version int32, about string) error {
 }
 
 // older returns, for a read-only Open of a jar of an older schema version,
-// ErrReadOnly: the upgrade writes, which a read-only Open does not.
+// ErrOldVersion (which is ErrReadOnly too): the upgrade writes, which a
+// read-only Open does not.
 func older(version int) error {
 	return fmt.Errorf("%w: the jar has schema version %d, which this package upgrades to %d, a write; open it once without ReadOnly to upgrade it",
-		ErrReadOnly, version, schemaVersion)
+		ErrOldVersion, version, schemaVersion)
 }
 
 // look is inspect in a read (deferred) transaction, which takes no write

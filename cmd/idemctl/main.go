@@ -96,7 +96,9 @@
 // to the file and its -wal and -shm files (a SQLite file in WAL mode), and
 // none to their directory. (A jar last closed by a version of keyjar that
 // removed its -wal and -shm files is opened for writing once, which
-// creates them, when the user may.) The other commands open it as its
+// creates them, when the user may; so is a jar of an older schema version,
+// which that upgrades. When the user may not, the command says so.) The
+// other commands open it as its
 // program does, for writing: they need write access to the three files
 // and the directory.
 //
@@ -380,10 +382,12 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 	j, err := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true, ReadOnly: readOnly})
 	if readOnly && errors.Is(err, keyjar.ErrReadOnly) {
 		// Its -wal and -shm files are missing (a version of keyjar that
-		// removed them at Close was the last to close it): opened for
-		// writing, as every command did before, which creates them, when
-		// this user may; when it may not, the read-only open's error says
-		// why, and any other failure (a damaged file) is the open's.
+		// removed them at Close was the last to close it), or it has an
+		// older schema version (keyjar.ErrOldVersion): opened for
+		// writing, as every command did before, which creates them or
+		// upgrades it, when this user may; when it may not, the read-only
+		// open's error says why, and any other failure (a damaged file)
+		// is the open's.
 		jw, werr := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true})
 		if werr == nil {
 			return jw, jw.Close, nil
@@ -503,6 +507,8 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
 	case isStatementTimeout(err), isJarDeadline(err):
 		return statementTimeout(path, lockTimeout)
+	case errors.Is(err, keyjar.ErrOldVersion): // before ErrReadOnly, which it matches too
+		return fmt.Errorf("%s: the jar has an older schema version, which keyjar upgrades when it opens the jar for writing, and this user may not write it: list, show and export read a jar without writing only once it is upgraded. It must be opened once for writing: start the program that uses the jar, or run any idemctl command once as a user who may write the jar file, its -wal and -shm files and its directory", path)
 	case errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
 	case errors.Is(err, fs.ErrPermission):

@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
@@ -87,13 +88,7 @@ func TestShowLeaseThatNoLongerHolds(t *testing.T) {
 // made idemctl by asIdemctl) runs as the user nobody; otherwise here, with
 // the write permissions taken away.
 func TestReadWithoutWriteAccess(t *testing.T) {
-	top := t.TempDir()
-	dir := filepath.Join(top, "jars")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "keys.db")
-	seedFile(t, newServer(t), path)
+	top, dir, path := seedInDir(t)
 	run := idemctlWithoutWriteAccess(t, top, path)
 	before := dirFiles(t, dir)
 	for _, c := range []struct {
@@ -133,6 +128,69 @@ func TestReadWithoutWriteAccess(t *testing.T) {
 	}
 	code, _, errOut = run("--jar", path, "list")
 	wantError(t, code, errOut, 1, path+": permission denied; list, show and export read the file and its -wal and -shm files")
+}
+
+// TestReadVersion1WithoutWriteAccess: list, show and export of a jar of
+// schema version 1, which only an open for writing upgrades, by a user who
+// may not write it say that the jar has an older schema version and must
+// be opened once for writing, and change nothing; once a user who may has
+// listed it, which upgrades it, the others read it.
+func TestReadVersion1WithoutWriteAccess(t *testing.T) {
+	top, dir, path := seedInDir(t)
+	// Version 1 is version 2 without its index. The connection stays open
+	// until the test ends, as a program that has the jar open, so that the
+	// -wal and -shm files stay too.
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec("DROP INDEX operations_by_state_created; PRAGMA user_version = 1"); err != nil {
+		t.Fatal(err)
+	}
+	run := idemctlWithoutWriteAccess(t, top, path)
+	before := dirFiles(t, dir)
+	for _, args := range [][]string{{"list"}, {"show", "charge:p1"}, {"export"}} {
+		code, _, errOut := run(append([]string{"--jar", path}, args...)...)
+		wantError(t, code, errOut, 1, path+": the jar has an older schema version")
+		for _, want := range []string{"opened once for writing", "the program that uses the jar", "idemctl", "a user who may write"} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%s of a version 1 jar without write access: %q; want it to say %q", args[0], errOut, want)
+			}
+		}
+		if strings.Contains(errOut, "missing") {
+			t.Errorf("%s of a version 1 jar without write access: %q; its -wal and -shm files are there", args[0], errOut)
+		}
+	}
+	wantUnchanged(t, dir, before)
+	// A user who may write the jar lists it, which upgrades it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := idemctl("--jar", path, "list"); code != 0 || errOut != "" {
+		t.Fatalf("list of a version 1 jar with write access: exit %d, stderr %q; want it listed", code, errOut)
+	}
+	if err := os.Chmod(dir, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := run("--jar", path, "list", "--status", "pending"); code != 0 || errOut != "" || !strings.Contains(out, "charge:p2") {
+		t.Errorf("list once upgraded, without write access: exit %d, stderr %q, stdout %q; want charge:p2 listed", code, errOut, out)
+	}
+}
+
+// seedInDir creates the jar file path, holding the operations fill makes,
+// in the directory dir of its own below top, for idemctlWithoutWriteAccess.
+func seedInDir(t *testing.T) (top, dir, path string) {
+	t.Helper()
+	top = t.TempDir()
+	dir = filepath.Join(top, "jars")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(dir, "keys.db")
+	seedFile(t, newServer(t), path)
+	return top, dir, path
 }
 
 // wantUnchanged fails the test unless dir holds what dirFiles found there
