@@ -618,7 +618,7 @@ func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, key str
 func (m *Middleware) replay(w http.ResponseWriter, head bool, resp Response) {
 	h := w.Header()
 	for name, vs := range resp.Header {
-		if m.replayable(name) || (head && headLength(name)) {
+		if m.replayable(name, head) {
 			h[http.CanonicalHeaderKey(name)] = slices.Clone(vs)
 		}
 	}
@@ -630,24 +630,24 @@ func (m *Middleware) replay(w http.ResponseWriter, head bool, resp Response) {
 var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow"}
 
-// headLength reports whether name is Content-Length, which the answer to a
-// HEAD saves and replays whatever ReplayHeaders says. net/http sends the
-// Content-Length a HEAD's handler set as it is, the length its GET would
-// send (RFC 9110, section 8.6), and computes one from the body written only
-// when there is none; the replay's body is the one saved, which may be
-// empty (a body past MaxSavedResponse is dropped) or shorter, so the
-// replay would carry another length, or none.
-func headLength(name string) bool {
-	return http.CanonicalHeaderKey(name) == "Content-Length"
-}
-
-// replayable reports whether a response header may be saved and replayed.
-func (m *Middleware) replayable(name string) bool {
+// replayable reports whether a response header may be saved and
+// replayed, in the answer to a HEAD when head is. A HEAD's Content-Length
+// is, whatever ReplayHeaders says: net/http sends the Content-Length a
+// HEAD's handler set as it is, the length its GET would send (RFC 9110,
+// section 8.6), and computes one from the body written only when there is
+// none; the replay's body is the one saved, which may be empty (a body past
+// MaxSavedResponse is dropped) or shorter, so the replay would carry
+// another length, or none.
+func (m *Middleware) replayable(name string, head bool) bool {
 	name = http.CanonicalHeaderKey(name)
 	switch name {
 	case "Set-Cookie", "Set-Cookie2", "Cookie", "Authorization", "Proxy-Authorization",
 		"Authentication-Info", "Proxy-Authentication-Info", "Www-Authenticate", "Proxy-Authenticate":
 		return false
+	case "Content-Length":
+		if head {
+			return true
+		}
 	}
 	if secrethdr.Is(name) { // X-Auth-Token, X-Api-Key, …: as idem.SecretHeader names them
 		return false
@@ -831,7 +831,7 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 	if !rec.streamed {
 		hdr := make(http.Header)
 		for name, vs := range rec.header {
-			if m.replayable(name) || (rec.head && headLength(name)) {
+			if m.replayable(name, rec.head) {
 				hdr[name] = slices.Clone(vs)
 			}
 		}
