@@ -178,7 +178,15 @@ type Change struct {
 //   - Credentials are never written: callers strip them (see SecretHeader),
 //     and a jar may strip them again.
 //   - Begin copies what it keeps of r: r.Header and r.Body may be the
-//     caller's own, as the Transport passes its request's.
+//     caller's own, as the Transport passes its request's. A caller that
+//     changes them after Begin, or changes a record a jar returned,
+//     changes nothing the jar holds. The record Begin returns for an
+//     operation it created may hold r.Header and r.Body themselves
+//     (MemoryJar's does), which stay the caller's: the jar neither keeps
+//     nor writes to them. This is database/sql's rule for a driver, which
+//     must not retain the []byte it is given: the jar owns its copy, the
+//     caller what it passed, and the Transport, which only reads the
+//     record it gets back, pays for no second copy on a call's path.
 type Jar interface {
 	Begin(ctx context.Context, r Record) (rec Record, created bool, err error)
 	Get(ctx context.Context, op string) (Record, error)
