@@ -334,7 +334,10 @@ func checkResume(fs *flag.FlagSet, args []string) error {
 		return usagef("--header: %s", notAHeader)
 	}
 	for i, line := range strings.Split(os.Getenv("IDEM_HEADER"), "\n") {
-		if strings.TrimSpace(line) == "" {
+		// Blank as net/textproto trims a line, the rule add applies to
+		// a value: strings.TrimSpace would also skip a line of a no-break
+		// space or a NEL, which --header refuses.
+		if textproto.TrimString(line) == "" {
 			continue
 		}
 		if !hf.add(line) {

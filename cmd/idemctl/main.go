@@ -29,7 +29,9 @@
 // with the same Idempotency-Key. The jar never holds credentials: give them
 // with --header 'Name: value' (repeatable), or, to keep them out of the
 // process list, in the environment variable IDEM_HEADER (one "Name: value"
-// per line); a line that is not one net/http sends (a space or a separator
+// per line, read as --header reads one; a line of spaces, tabs and CRs
+// alone is skipped, one of other white space, such as a no-break space, is
+// not); a line that is not one net/http sends (a space or a separator
 // in or around the name, as in "X-A : v", a control character in the
 // value) is a usage error, and nothing is sent. The spaces and tabs around
 // a value are taken off, as net/http takes them off a value it writes, and

@@ -353,6 +353,32 @@ func TestResumeOfAHeaderThatCannotBeSent(t *testing.T) {
 // TestResumeWithoutCredentials: a resume that sends without --header or
 // IDEM_HEADER says so on stderr, since the jar keeps no credential; one
 // that sends nothing (a done operation) does not.
+// TestIdemHeaderBlankLine: an IDEM_HEADER line is blank, and skipped,
+// only when nothing is left of it once the spaces, tabs, CRs and LFs
+// around it are taken off, as net/textproto trims a line; a line of a
+// no-break space, a NEL or another space of Unicode's is refused as
+// --header refuses it, a usage error that sends nothing.
+func TestIdemHeaderBlankLine(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	for _, line := range []string{"\u00a0", "\u0085", "\v", "\f", "\u2003", "\u3000", " \u00a0\t"} {
+		code, _, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", line)
+		wantError(t, code, errOut, 2, "--header")
+		t.Setenv("IDEM_HEADER", "Authorization: "+secret+"\n"+line+"\n")
+		code, _, errOut = idemctl("--jar", path, "resume", "--all")
+		wantError(t, code, errOut, 2, "IDEM_HEADER: line 2")
+	}
+	if len(srv.keys) != 0 {
+		t.Fatalf("server got %d requests; want none", len(srv.keys))
+	}
+	// Lines of spaces, tabs and CRs (a file with CRLF line ends) are blank.
+	t.Setenv("IDEM_HEADER", "\r\nAuthorization: "+secret+"\r\n \t\r\n\n")
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1")
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created") || len(srv.auths) != 1 || srv.auths[0] != secret {
+		t.Fatalf("resume with blank IDEM_HEADER lines: exit %d, %q, %q, auth %q; want it sent with the credential", code, out, errOut, srv.auths)
+	}
+}
+
 func TestResumeWithoutCredentials(t *testing.T) { eachJar(t, testResumeWithoutCredentials) }
 
 func testResumeWithoutCredentials(t *testing.T, srv *server, path string) {
