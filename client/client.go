@@ -184,7 +184,13 @@ type Client struct {
 // from another directory opens another jar, empty, and sends its pending
 // operations again under new keys. Give an absolute path, such as one
 // under os.UserConfigDir or the program's state directory.
+//
+// A nil ctx is an error matching ErrNilContext, as it is for every method
+// of the Client that takes one; nothing is opened.
 func New(ctx context.Context, path string, opts *Options) (*Client, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("client: new: %w", ErrNilContext)
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -379,7 +385,9 @@ type Response struct {
 //     the server saved for the key, such as a handler's own 409): final,
 //     Err is nil and the operation is done.
 //
-// After Close, Do sends nothing and returns an error matching ErrClosed.
+// After Close, Do sends nothing and returns an error matching ErrClosed;
+// given a nil ctx, one matching ErrNilContext. Either way it closes req's
+// body, as http.Client.Do does.
 //
 // errors.Is(err, idem.ErrPending) reports every call left without the
 // operation's answer, but for a ctx already done when Do is called, whose
@@ -395,7 +403,11 @@ type Response struct {
 // *idem.MismatchError (op reused with another request: nothing sent),
 // *idem.JarError.
 func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Response, error) {
-	if err := c.enter(); err != nil {
+	err := ErrNilContext
+	if ctx != nil {
+		err = c.enter()
+	}
+	if err != nil {
 		if req.Body != nil {
 			req.Body.Close() // as http.Client.Do does, even on error
 		}
@@ -449,6 +461,9 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
 // the Response: the operation did happen.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("client: operation %q: %w", op, ErrNilContext)
+	}
 	b, err := json.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("client: encoding the request of %q: %w", op, err)
@@ -508,6 +523,9 @@ func (c *Client) decodeJSON(resp *Response, out any) (*Response, error) {
 //		continue // being sent now
 //	}
 func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("client: pending: %w", ErrNilContext)
+	}
 	if err := c.enter(); err != nil {
 		return nil, fmt.Errorf("client: pending: %w", err)
 	}
@@ -542,6 +560,9 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // whether or not the jar stored its body), and ErrBodyNotStored when the
 // body was too large to store: use ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, ErrNilContext)
+	}
 	if err := c.enter(); err != nil {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)
 	}
@@ -602,6 +623,9 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 // (a *StateError otherwise). A nil getBody is an error matching
 // idem.ErrRequestBody; nothing is read, sent or changed.
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, ErrNilContext)
+	}
 	if getBody == nil {
 		// A nil getBody produces no body: idem.ErrRequestBody, the
 		// Transport's sentinel for a body it cannot produce (which the doc
@@ -680,6 +704,9 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // lease, the operation stays as it was and Abandon gives the lease back,
 // without ctx, before it returns the error.
 func (c *Client) Abandon(ctx context.Context, op, reason string) error {
+	if ctx == nil {
+		return fmt.Errorf("client: abandon %q: %w", op, ErrNilContext)
+	}
 	if strings.TrimSpace(reason) == "" {
 		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
 	}
@@ -762,6 +789,9 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 // lose its key: forget abandoned operations there only when nothing uses
 // their names.
 func (c *Client) Forget(ctx context.Context, op string) error {
+	if ctx == nil {
+		return fmt.Errorf("client: forget %q: %w", op, ErrNilContext)
+	}
 	if err := c.enter(); err != nil {
 		return fmt.Errorf("client: forget %q: %w", op, err)
 	}

@@ -50,6 +50,15 @@ var (
 // neither a path nor Options.Jar, or both.
 var ErrOptions = errors.New("client: invalid options")
 
+// ErrNilContext is returned, wrapped, by New and by every method of the
+// Client that takes a context (Do, PostJSON, Pending, the resumes, Abandon
+// and Forget) when that context is nil: nothing is opened, sent, read or
+// changed. net/http's NewRequestWithContext refuses a nil Context with an
+// error, not a panic, and so do they; net/http exports no sentinel for it,
+// and ErrOptions names New's choice of a jar, which a call's context is
+// not, hence a sentinel of its own.
+var ErrNilContext = errors.New("client: nil Context")
+
 // StateError is the error of Resume, ResumeWithBody, Abandon and Forget
 // for an operation whose state does not allow the call; nothing was sent,
 // changed or deleted. It matches ErrState.
