@@ -330,7 +330,19 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.resp = nil
 			body.Drain(resp.Body)
 		}
-		if err := retry.Sleep(ctx, time.Until(decided.Add(wait))); err != nil {
+		end := decided.Add(wait)
+		if dl, ok := ctx.Deadline(); ok && !end.Before(dl) {
+			// No retry can be sent before the context's deadline: stop
+			// now, with the error and the state that the deadline ending
+			// the wait would leave, rather than sleep until it. So does
+			// golang.org/x/time/rate's Limiter.Wait for a wait past the
+			// deadline, with an error of its own; this one is the one the
+			// caller would get at the deadline, context.DeadlineExceeded.
+			// (A cause given to context.WithDeadlineCause is not known
+			// until the deadline: it is not in the error.)
+			return nil, c.stop(ctx, context.DeadlineExceeded)
+		}
+		if err := retry.Sleep(ctx, time.Until(end)); err != nil {
 			return nil, c.stop(ctx, err)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -773,6 +774,75 @@ func TestBodilessAndUnrewindableBodiesResent(t *testing.T) {
 				t.Fatalf("got %d %q, replayed %q after %d attempts, %d runs; want %q replayed on the second attempt, one run",
 					resp.StatusCode, b, resp.Header.Get("Idempotent-Replayed"), attempts, runs.Load(), want)
 			}
+		})
+	}
+}
+
+// TestRetryWaitPastTheDeadlineReturnsAtOnce: a retry whose wait (the
+// server's Retry-After, or the backoff after a network error) would end
+// at or after the context's deadline is not waited for: the call returns
+// at once, the fake clock short of the deadline, with the error it gives
+// when the deadline expires during a wait (context.DeadlineExceeded in a
+// *PendingError), and the operation stays pending under its key, its
+// lease given back, the Retry-After recorded. A wait that ends before the
+// deadline is waited for, and the retry sent.
+func TestRetryWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		first    func() (*http.Response, error)
+		backoff  time.Duration // the policy's intervals
+		deadline time.Duration
+		retried  bool          // the wait ends before the deadline
+		next     time.Duration // the NextAttempt recorded, from the start; 0: none
+	}{
+		{"Retry-After past the deadline", status(503, "Retry-After", "30"), time.Millisecond, 10 * time.Second, false, 30 * time.Second},
+		{"Retry-After at the deadline", status(429, "Retry-After", "10"), time.Millisecond, 10 * time.Second, false, 10 * time.Second},
+		{"backoff past the deadline", netErr(syscall.ECONNRESET), 20 * time.Second, 5 * time.Second, false, 0},
+		{"409 backoff past the deadline", status(409), 20 * time.Second, 5 * time.Second, false, 0},
+		{"Retry-After before the deadline", status(503, "Retry-After", "2"), time.Millisecond, 10 * time.Second, true, 0},
+		{"backoff before the deadline", netErr(syscall.ECONNRESET), 2 * time.Second, 10 * time.Second, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, tc.first, status(201))
+				tr.Policy = retry.Policy{InitialInterval: tc.backoff, MaxInterval: tc.backoff, NoJitter: true,
+					MaxAttempts: 5, MaxRetryAfter: time.Minute}
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), tc.deadline)
+				defer cancel()
+				resp, err := post(t, ctx, tr, `{}`)
+				took := time.Since(start)
+				r, gerr := jar.Get(context.Background(), "op")
+				if gerr != nil {
+					t.Fatal(gerr)
+				}
+				if tc.retried {
+					if err != nil || resp.StatusCode != 201 || rec.attempts() != 2 || r.State != idem.StateDone {
+						t.Fatalf("got %v, %v after %d attempts, the operation %s; want the retry's 201, done", resp, err, rec.attempts(), r.State)
+					}
+					resp.Body.Close()
+					if took < time.Second || took >= tc.deadline {
+						t.Fatalf("the call took %v; want the wait before the retry, short of the deadline %v", took, tc.deadline)
+					}
+					return
+				}
+				if took >= tc.deadline {
+					t.Errorf("the call returned after %v, at the deadline %v; want at once, the wait being past it", took, tc.deadline)
+				}
+				var pe *idem.PendingError
+				if resp != nil || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, idem.ErrPending) || !errors.As(err, &pe) {
+					t.Fatalf("got %v, %v; want a *PendingError matching context.DeadlineExceeded and idem.ErrPending", resp, err)
+				}
+				var next time.Time
+				if tc.next > 0 {
+					next = start.Add(tc.next)
+				}
+				if rec.attempts() != 1 || pe.Attempts != 1 || pe.Key != rec.keys[0] || r.State != idem.StatePending ||
+					r.Key != rec.keys[0] || r.Attempts != 1 || r.Holder != "" || !r.NextAttempt.Equal(next) {
+					t.Fatalf("%d attempts sent, error %+v, record %+v; want 1 attempt, the operation pending under the key sent %q, its lease released, NextAttempt %v",
+						rec.attempts(), pe, r, rec.keys[0], next)
+				}
+			})
 		})
 	}
 }
