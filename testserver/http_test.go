@@ -533,3 +533,56 @@ func TestHeadersSetBeforeTheMiddleware(t *testing.T) {
 		t.Errorf("after a panic: %s, header %v; want 500 problem+json with the outer handler's headers and not the handler's", a.resp.Status, hdr)
 	}
 }
+
+// TestHeaderChangedAfterWriteHeader: net/http sends the header as it was at
+// WriteHeader (or the first Write): a change after it is not sent, and the
+// type of the body is sniffed when none was set by then. The first answer
+// through the Middleware carries the header plain net/http sends for the
+// same handler, whether it is buffered or streamed (past
+// MaxSavedResponse), and the replay of a buffered one the same.
+func TestHeaderChangedAfterWriteHeader(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Language", "en")
+		w.Header().Set("X-Early", "1")
+		w.WriteHeader(http.StatusCreated)
+		w.Header().Del("Content-Language")
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/charges/1")
+		w.Header().Set("X-Late", "1")
+		io.WriteString(w, `{"id":1}`)
+	})
+	plain := httptest.NewServer(h)
+	defer plain.Close()
+	want := send(t, plain, http.MethodPost, "/", chargeBody).resp.Header
+	if want.Get("Content-Language") != "en" || want.Get("Content-Type") != "text/plain; charset=utf-8" || want.Get("Location") != "" || want.Get("X-Late") != "" {
+		t.Fatalf("plain net/http sent %v; want the header as it was at WriteHeader, its type sniffed", want)
+	}
+	for _, c := range []struct {
+		name     string
+		maxSaved int64
+	}{{"buffered", 0}, {"streamed", 4}} {
+		t.Run(c.name, func(t *testing.T) {
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: c.maxSaved}
+			srv := httptest.NewServer(mw.Wrap(h))
+			defer srv.Close()
+			for i := range 2 {
+				a := post(t, srv, "k")
+				if i == 1 && c.maxSaved > 0 {
+					break // the replay is the response-too-large marker
+				}
+				names := []string{"Content-Language", "Content-Type", "Location"} // replayed
+				if i == 0 {
+					names = append(names, "X-Early", "X-Late")
+				}
+				if a.resp.StatusCode != http.StatusCreated || a.body != `{"id":1}` {
+					t.Fatalf("answer %d: %s %q; want 201 {\"id\":1}", i+1, a.resp.Status, a.body)
+				}
+				for _, name := range names {
+					if got := a.resp.Header.Values(name); !slices.Equal(got, want.Values(name)) {
+						t.Errorf("answer %d: %s %q; want %q, as plain net/http sends it", i+1, name, got, want.Values(name))
+					}
+				}
+			}
+		})
+	}
+}

@@ -111,9 +111,12 @@ func (p ErrorPolicy) String() string {
 // itself is application/problem+json with one of the Problem* types.
 //
 // The handler's answer is recorded, saved, and only then sent, so a caller
-// never sees an answer that a retry would not get again. The handler's
-// writer is an http.Flusher for streaming handlers, but a Flush sends
-// nothing until the answer outgrows MaxSavedResponse and is streamed. Through
+// never sees an answer that a retry would not get again. Its header is the
+// one the handler had set when it called WriteHeader or first wrote, as
+// net/http sends it: a change after that reaches neither the first caller
+// nor a replay, but for the values of trailers declared by then. The
+// handler's writer is an http.Flusher for streaming handlers, but a Flush
+// sends nothing until the answer outgrows MaxSavedResponse and is streamed. Through
 // it an http.ResponseController sets the connection's deadlines, but cannot
 // hijack it nor enable full duplex (http.ErrNotSupported). Saving and
 // releasing are fenced by the claim's token: a worker that stalled past its
@@ -830,7 +833,7 @@ func (m *Middleware) logPanic(r *http.Request, key string, v any, stack []byte) 
 func (m *Middleware) saved(rec *recorder, key string) Response {
 	if !rec.streamed {
 		hdr := make(http.Header)
-		for name, vs := range rec.header {
+		for name, vs := range rec.sent {
 			if m.replayable(name, rec.head) {
 				hdr[name] = slices.Clone(vs)
 			}
@@ -841,7 +844,7 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 	p := Problem{Type: ProblemResponseTooLarge, Title: "Response too large to replay", Status: http.StatusInternalServerError, Key: key, OriginalStatus: rec.status,
 		Detail: fmt.Sprintf("The first request with this Idempotency-Key completed with status %d, and its answer was sent to that caller, but at %d bytes it was too large to save. The operation will not run again: look its result up instead of retrying.", rec.status, rec.size)}
 	hdr := http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}}
-	if loc := rec.header.Get("Location"); loc != "" {
+	if loc := rec.sent.Get("Location"); loc != "" {
 		hdr.Set("Location", loc)
 	}
 	return Response{Status: p.Status, Header: hdr, Body: p.body()}
@@ -896,6 +899,7 @@ func (m *Middleware) Prune(ctx context.Context) (int, error) {
 type recorder struct {
 	w        http.ResponseWriter
 	header   http.Header // a copy of w's, which the handler changes
+	sent     http.Header // header as it was at WriteHeader: what is sent and saved
 	status   int
 	body     bytes.Buffer
 	limit    int64
@@ -919,8 +923,13 @@ func (rec *recorder) WriteHeader(code int) {
 		return
 	}
 	rec.status = code
+	// net/http sends the header as it is now: a change after WriteHeader
+	// (or the first Write) is not sent, but for the values of declared
+	// trailers. The answer sent and saved is this copy, so that the first
+	// caller and every replay get what net/http would have sent.
+	rec.sent = rec.header.Clone()
 	rec.declared = -1
-	if n, err := strconv.ParseInt(rec.header.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
+	if n, err := strconv.ParseInt(rec.sent.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
 		rec.declared = n
 	}
 }
@@ -996,6 +1005,7 @@ func (rec *recorder) short(method string) bool {
 // header is again the one set before the handler ran.
 func (rec *recorder) reset() {
 	rec.header = rec.w.Header().Clone()
+	rec.sent = nil
 	rec.status = 0
 	rec.body.Reset()
 	rec.dropped = false
@@ -1020,8 +1030,8 @@ const sniffLen = 512
 // sniff sets the Content-Type net/http would send for a body that begins
 // with b, when the handler set none and did not encode the body.
 func (rec *recorder) sniff(b []byte) {
-	if _, ok := rec.header["Content-Type"]; !ok && len(b) > 0 && rec.header.Get("Content-Encoding") == "" {
-		rec.header.Set("Content-Type", http.DetectContentType(b))
+	if _, ok := rec.sent["Content-Type"]; !ok && len(b) > 0 && rec.sent.Get("Content-Encoding") == "" {
+		rec.sent.Set("Content-Type", http.DetectContentType(b))
 	}
 }
 
@@ -1041,12 +1051,13 @@ func (rec *recorder) send() {
 }
 
 // start writes the status, the header but the trailers, and the body
-// recorded so far to the real writer. The recorded header replaces the
-// writer's: it began as a copy of it, and holds the handler's deletions.
+// recorded so far to the real writer. The header as it was at WriteHeader
+// replaces the writer's: it began as a copy of it, and holds the handler's
+// deletions.
 func (rec *recorder) start() {
 	h := rec.w.Header()
 	clear(h)
-	for name, vs := range rec.header {
+	for name, vs := range rec.sent {
 		if !rec.trailer(name) {
 			h[name] = vs
 		}
@@ -1056,12 +1067,13 @@ func (rec *recorder) start() {
 }
 
 // trailer reports whether the header named name is a trailer: declared in
-// the Trailer header, or named with http.TrailerPrefix.
+// the Trailer header as it was at WriteHeader, as net/http reads it, or
+// named with http.TrailerPrefix.
 func (rec *recorder) trailer(name string) bool {
 	if strings.HasPrefix(name, http.TrailerPrefix) {
 		return true
 	}
-	for _, v := range rec.header["Trailer"] {
+	for _, v := range rec.sent["Trailer"] {
 		for k := range strings.SplitSeq(v, ",") {
 			if http.CanonicalHeaderKey(strings.TrimSpace(k)) == name {
 				return true
