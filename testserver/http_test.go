@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -584,5 +586,77 @@ func TestHeaderChangedAfterWriteHeader(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestInformationalAnswers: a handler's 103 Early Hints reaches the first
+// caller at once, with the Link header set by then, before the final
+// answer, as plain net/http sends it; it is not the answer saved, and a
+// replay sends the saved final answer only. A 101 Switching Protocols is
+// not passed through: without a connection to hijack there is no switch,
+// and the handler's final answer is the one sent and replayed.
+func TestInformationalAnswers(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		if r.URL.Path == "/switch" {
+			w.WriteHeader(http.StatusSwitchingProtocols)
+		} else {
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+		w.Header().Set("Location", "/v1/charges/1")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+	})
+	// do sends a POST to srv and returns its answer and the 1xx answers
+	// before it, as "code Link" lines.
+	do := func(srv *httptest.Server, path, key string) (answer, []string) {
+		t.Helper()
+		var got []string
+		trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, header textproto.MIMEHeader) error {
+			got = append(got, strconv.Itoa(code)+" "+header.Get("Link"))
+			return nil
+		}}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodPost, srv.URL+path, strings.NewReader(chargeBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return answer{resp: resp, body: string(b), err: err}, got
+	}
+	plain := httptest.NewServer(h)
+	defer plain.Close()
+	if a, hints := do(plain, "/", ""); a.resp.StatusCode != http.StatusCreated || !slices.Equal(hints, []string{"103 </style.css>; rel=preload"}) {
+		t.Fatalf("plain net/http: %s after 1xx %q; want 201 after one 103 with its Link", a.resp.Status, hints)
+	}
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	for _, c := range []struct {
+		path  string
+		hints []string // of the first answer
+	}{{"/", []string{"103 </style.css>; rel=preload"}}, {"/switch", nil}} {
+		for i := range 2 {
+			a, hints := do(srv, c.path, c.path)
+			want := c.hints
+			if i == 1 {
+				want = nil
+			}
+			if a.err != nil || a.resp.StatusCode != http.StatusCreated || a.body != "charged" || a.resp.Header.Get("Location") != "/v1/charges/1" ||
+				(a.resp.Header.Get("Idempotent-Replayed") == "true") != (i == 1) || !slices.Equal(hints, want) {
+				t.Errorf("%s, answer %d: %s %v %q after 1xx %q, %v; want 201 charged with its Location after 1xx %q",
+					c.path, i+1, a.resp.Status, a.resp.Header, a.body, hints, a.err, want)
+			}
+		}
+	}
+	if st := mw.Stats(); st.Claims != 2 || st.Replays != 2 {
+		t.Fatalf("stats %+v; want 2 claims, 2 replays", st)
 	}
 }

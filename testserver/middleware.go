@@ -11,6 +11,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"math"
 	"mime"
 	"net/http"
@@ -114,9 +115,13 @@ func (p ErrorPolicy) String() string {
 // never sees an answer that a retry would not get again. Its header is the
 // one the handler had set when it called WriteHeader or first wrote, as
 // net/http sends it: a change after that reaches neither the first caller
-// nor a replay, but for the values of trailers declared by then. The
-// handler's writer is an http.Flusher for streaming handlers, but a Flush
-// sends nothing until the answer outgrows MaxSavedResponse and is streamed. Through
+// nor a replay, but for the values of trailers declared by then. Only an
+// informational answer (1xx), such as 103 Early Hints, goes to the first
+// caller at once, as net/http sends it, and is neither saved nor replayed:
+// a replay sends the saved final answer only. A 101 Switching Protocols is
+// dropped (the connection cannot be hijacked). The handler's writer is an
+// http.Flusher for streaming handlers, but a Flush sends nothing until the
+// answer outgrows MaxSavedResponse and is streamed. Through
 // it an http.ResponseController sets the connection's deadlines, but cannot
 // hijack it nor enable full duplex (http.ErrNotSupported). Saving and
 // releasing are fenced by the claim's token: a worker that stalled past its
@@ -919,7 +924,17 @@ func (rec *recorder) WriteHeader(code int) {
 	if code < 100 || code > 999 { // as net/http does, in the handler
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
 	}
-	if code < 200 { // informational answers are dropped
+	if code < 200 {
+		// net/http (since Go 1.19) sends an informational answer, 103
+		// Early Hints say, at once with the header as it is, and the final
+		// answer after it: so does the recorder, to the first caller. It is
+		// not the answer, and is neither saved nor replayed. 101 Switching
+		// Protocols is no interim answer but a switch to another protocol,
+		// which needs the connection this writer cannot hijack: it is
+		// dropped, and the handler's final answer is the answer.
+		if code != http.StatusSwitchingProtocols {
+			rec.informational(code)
+		}
 		return
 	}
 	rec.status = code
@@ -967,6 +982,19 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	rec.streamed = true
 	rec.body = bytes.Buffer{}
 	return rec.w.Write(p)
+}
+
+// informational sends the 1xx answer code to the real writer, with the
+// handler's header as it is now, as net/http sends one. The writer's own
+// header is left as it was, for reset.
+func (rec *recorder) informational(code int) {
+	h := rec.w.Header()
+	before := h.Clone()
+	clear(h)
+	maps.Copy(h, rec.header)
+	rec.w.WriteHeader(code)
+	clear(h)
+	maps.Copy(h, before)
 }
 
 // Flush implements http.Flusher, for handlers that stream. While the
