@@ -205,7 +205,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if wait > c.policy.MaxRetryAfter || c.sched.Elapsed()+wait > c.policy.MaxElapsed {
 				return nil, c.stop(ctx, nil)
 			}
-			if err := retry.Sleep(ctx, wait); err != nil {
+			if err := sleepUntil(ctx, c.rec.NextAttempt); err != nil {
 				return nil, c.stop(ctx, err)
 			}
 			c.rec.NextAttempt = time.Time{}
@@ -330,22 +330,26 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.resp = nil
 			body.Drain(resp.Body)
 		}
-		end := decided.Add(wait)
-		if dl, ok := ctx.Deadline(); ok && !end.Before(dl) {
-			// No retry can be sent before the context's deadline: stop
-			// now, with the error and the state that the deadline ending
-			// the wait would leave, rather than sleep until it. So does
-			// golang.org/x/time/rate's Limiter.Wait for a wait past the
-			// deadline, with an error of its own; this one is the one the
-			// caller would get at the deadline, context.DeadlineExceeded.
-			// (A cause given to context.WithDeadlineCause is not known
-			// until the deadline: it is not in the error.)
-			return nil, c.stop(ctx, context.DeadlineExceeded)
-		}
-		if err := retry.Sleep(ctx, time.Until(end)); err != nil {
+		if err := sleepUntil(ctx, decided.Add(wait)); err != nil {
 			return nil, c.stop(ctx, err)
 		}
 	}
+}
+
+// sleepUntil sleeps until end, or until ctx is done, and returns ctx's
+// error then. A wait that would end at or after ctx's deadline is not
+// slept through: nothing can be sent before the deadline, so it returns at
+// once the error the deadline ending the wait would give,
+// context.DeadlineExceeded, and the call stops as it would then, rather
+// than sleep until it. So does golang.org/x/time/rate's Limiter.Wait for a
+// wait past the deadline, with an error of its own. (A cause given to
+// context.WithDeadlineCause is not known until the deadline: it is not in
+// the error.)
+func sleepUntil(ctx context.Context, end time.Time) error {
+	if dl, ok := ctx.Deadline(); ok && !end.Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return retry.Sleep(ctx, time.Until(end))
 }
 
 // notOurs checks that the operation, as the jar just returned it, is still
@@ -382,7 +386,8 @@ func (c *call) reconcileError(rec Record) error {
 
 // wait sleeps before trying to take a lease again, at most until the lease
 // ends, within the call's budget. It reports false when the budget or the
-// context does not allow another try.
+// context (its deadline before the wait's end included) does not allow
+// another try.
 func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 	wait, more, _ := c.sched.Next(0, false)
 	if leaseLeft > 0 && (leaseLeft < wait || !more && leaseLeft <= c.policy.MaxElapsed-c.sched.Elapsed()) {
@@ -395,7 +400,7 @@ func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 	if !more {
 		return false
 	}
-	if err := retry.Sleep(ctx, wait); err != nil {
+	if err := sleepUntil(ctx, time.Now().Add(wait)); err != nil {
 		c.lastErr = err
 		return false
 	}

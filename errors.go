@@ -141,8 +141,9 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // PendingError is returned by Transport.RoundTrip when it stops without a
 // response: the budget is spent on network errors, the caller's context
 // ended (even after a retryable response), or would reach its deadline
-// before the wait for the next retry ended (the call then returns at once,
-// matching context.DeadlineExceeded), another holder is sending the
+// before a wait ended (for the next retry, the stored NextAttempt or
+// another holder's lease: the call then returns at once, matching
+// context.DeadlineExceeded), another holder is sending the
 // operation, an earlier answer's Retry-After (the stored NextAttempt) is
 // beyond the call's budget, an attempt failed with an error that is not
 // retried (retry.Classify: a TLS certificate, a TLS alert from the

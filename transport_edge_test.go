@@ -808,14 +808,7 @@ func TestRetryWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
 				tr.Policy = retry.Policy{InitialInterval: tc.backoff, MaxInterval: tc.backoff, NoJitter: true,
 					MaxAttempts: 5, MaxRetryAfter: time.Minute}
 				start := time.Now()
-				ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), tc.deadline)
-				defer cancel()
-				resp, err := post(t, ctx, tr, `{}`)
-				took := time.Since(start)
-				r, gerr := jar.Get(context.Background(), "op")
-				if gerr != nil {
-					t.Fatal(gerr)
-				}
+				resp, took, r, err := postBy(t, tr, jar, tc.deadline)
 				if tc.retried {
 					if err != nil || resp.StatusCode != 201 || rec.attempts() != 2 || r.State != idem.StateDone {
 						t.Fatalf("got %v, %v after %d attempts, the operation %s; want the retry's 201, done", resp, err, rec.attempts(), r.State)
@@ -826,13 +819,7 @@ func TestRetryWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
 					}
 					return
 				}
-				if took >= tc.deadline {
-					t.Errorf("the call returned after %v, at the deadline %v; want at once, the wait being past it", took, tc.deadline)
-				}
-				var pe *idem.PendingError
-				if resp != nil || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, idem.ErrPending) || !errors.As(err, &pe) {
-					t.Fatalf("got %v, %v; want a *PendingError matching context.DeadlineExceeded and idem.ErrPending", resp, err)
-				}
+				pe := pendingAtOnce(t, resp, err, took, tc.deadline)
 				var next time.Time
 				if tc.next > 0 {
 					next = start.Add(tc.next)
@@ -845,4 +832,106 @@ func TestRetryWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStoredWaitPastTheDeadlineReturnsAtOnce: a call that finds in the jar
+// a wait before it may send, a stored NextAttempt (an earlier answer's
+// Retry-After) or another holder's lease, that would end at or after its
+// context's deadline, does not wait: it returns at once, the fake clock
+// short of the deadline, with the error it gives when the deadline expires
+// during that wait (context.DeadlineExceeded in a *PendingError), nothing
+// sent, and the operation as it was: its NextAttempt kept, and the lease
+// given back or still the other holder's. A wait (the lease's end, or the
+// backoff while it is held) that ends before the deadline is waited for,
+// and the operation sent.
+func TestStoredWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	for _, tc := range []struct {
+		name     string
+		next     time.Duration // the stored NextAttempt, from the start; 0: none
+		lease    time.Duration // left of another holder's lease; 0: none
+		backoff  time.Duration // the policy's intervals
+		deadline time.Duration
+		sentAt   time.Duration // when the operation is sent; 0: never, the wait being past the deadline
+	}{
+		{"NextAttempt past the deadline", 20 * time.Second, 0, time.Minute, 10 * time.Second, 0},
+		{"NextAttempt at the deadline", 10 * time.Second, 0, time.Minute, 10 * time.Second, 0},
+		{"NextAttempt before the deadline", 2 * time.Second, 0, time.Minute, 10 * time.Second, 2 * time.Second},
+		{"lease past the deadline", 0, 30 * time.Second, time.Minute, 10 * time.Second, 0},
+		{"lease at the deadline", 0, 10 * time.Second, time.Minute, 10 * time.Second, 0},
+		{"backoff for a lease past the deadline", 0, time.Hour, 20 * time.Second, 5 * time.Second, 0},
+		{"lease before the deadline", 0, 2 * time.Second, time.Minute, 10 * time.Second, 2 * time.Second},
+		{"backoff for a lease before the deadline", 0, 3 * time.Second, 2 * time.Second, 10 * time.Second, 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, status(201))
+				tr.Policy = retry.Policy{InitialInterval: tc.backoff, MaxInterval: tc.backoff, NoJitter: true,
+					MaxAttempts: 5, MaxRetryAfter: time.Minute, MaxElapsed: 2 * time.Hour}
+				start := time.Now()
+				stored := idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+					Created: start, Updated: start, Attempts: 1, LastStatus: 503}
+				if tc.next > 0 {
+					stored.NextAttempt = start.Add(tc.next)
+				}
+				if tc.lease > 0 {
+					stored.Holder, stored.LeaseUntil = "other", start.Add(tc.lease)
+				}
+				if _, _, err := jar.Begin(context.Background(), stored); err != nil {
+					t.Fatal(err)
+				}
+				resp, took, r, err := postBy(t, tr, jar, tc.deadline)
+				if tc.sentAt > 0 {
+					if err != nil || resp.StatusCode != 201 || rec.attempts() != 1 || rec.keys[0] != "k1" || r.State != idem.StateDone {
+						t.Fatalf("got %v, %v after %d sends, the operation %s; want 201, sent once with k1, done", resp, err, rec.attempts(), r.State)
+					}
+					resp.Body.Close()
+					if took != tc.sentAt {
+						t.Fatalf("sent after %v; want at the wait's end, +%v", took, tc.sentAt)
+					}
+					return
+				}
+				pe := pendingAtOnce(t, resp, err, took, tc.deadline)
+				if rec.attempts() != 0 || pe.Attempts != 0 || pe.Key != "k1" || !pe.NextAttempt.Equal(stored.NextAttempt) ||
+					r.State != idem.StatePending || r.Key != "k1" || r.Attempts != 1 || !r.NextAttempt.Equal(stored.NextAttempt) ||
+					r.Holder != stored.Holder || !r.LeaseUntil.Equal(stored.LeaseUntil) {
+					t.Fatalf("%d sent, error %+v, record %+v; want nothing sent, the operation pending as it was under k1, NextAttempt %v, holder %q",
+						rec.attempts(), pe, r, stored.NextAttempt, stored.Holder)
+				}
+			})
+		})
+	}
+}
+
+// postBy posts {} as the operation "op" under a context whose deadline is
+// in deadline, and returns the call's answer, how long it took, and the
+// record it left.
+func postBy(t *testing.T, tr *idem.Transport, jar *idem.MemoryJar, deadline time.Duration) (*http.Response, time.Duration, idem.Record, error) {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), deadline)
+	defer cancel()
+	resp, err := post(t, ctx, tr, `{}`)
+	took := time.Since(start)
+	r, gerr := jar.Get(context.Background(), "op")
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return resp, took, r, err
+}
+
+// pendingAtOnce checks that a call whose wait was past its context's
+// deadline returned at once, after took, short of the deadline, with the
+// error the deadline ending the wait gives: a *PendingError matching
+// context.DeadlineExceeded and idem.ErrPending, which it returns.
+func pendingAtOnce(t *testing.T, resp *http.Response, err error, took, deadline time.Duration) *idem.PendingError {
+	t.Helper()
+	if took >= deadline {
+		t.Errorf("the call returned after %v, at the deadline %v; want at once, the wait being past it", took, deadline)
+	}
+	var pe *idem.PendingError
+	if resp != nil || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, idem.ErrPending) || !errors.As(err, &pe) {
+		t.Fatalf("got %v, %v; want a *PendingError matching context.DeadlineExceeded and idem.ErrPending", resp, err)
+	}
+	return pe
 }
