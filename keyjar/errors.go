@@ -19,6 +19,8 @@ import (
 // Errors returned by Open and the Jar's methods, besides idem.ErrNotFound,
 // idem.ErrLeased and idem.ErrLeaseLost, which the methods return as the
 // idem.Jar contract says. Each is wrapped with details: test with errors.Is.
+// A full disk is none of them: Open and the methods return an error wrapping
+// syscall.ENOSPC, as an os.File write does (see Open).
 var (
 	// ErrClosed is returned by every method of a Jar after Close, Close
 	// included.
