@@ -139,17 +139,17 @@ func (e *ReconcileError) Error() string {
 func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 
 // PendingError is returned by Transport.RoundTrip when it stops without a
-// response: the budget is spent on network errors, the caller's context
-// ended (even after a retryable response), or would reach its deadline
-// before a wait ended (for the next retry, the stored NextAttempt or
-// another holder's lease: the call then returns at once, matching
-// context.DeadlineExceeded), another holder is sending the
-// operation, an earlier answer's Retry-After (the stored NextAttempt) is
-// beyond the call's budget, an attempt failed with an error that is not
+// response: the budget is spent on network errors; the caller's context
+// ended (even after a retryable response), or its deadline would come
+// before the end of a wait (for the next retry, the stored NextAttempt or
+// another holder's lease), in which case the call returns at once,
+// matching context.DeadlineExceeded; another holder is sending the
+// operation; an earlier answer's Retry-After (the stored NextAttempt) is
+// beyond the call's budget; an attempt failed with an error that is not
 // retried (retry.Classify: a TLS certificate, a TLS alert from the
 // server refusing the client's, an address no dial takes, a host name that
-// does not exist), or after the first send the body could not be produced
-// again or the jar failed. The outcome is unknown and the operation stays
+// does not exist); or, after the first send, the body could not be
+// produced again or the jar failed. The outcome is unknown and the operation stays
 // pending in the jar: a later call with the same operation name resumes it
 // with the same key. An operation whose outcome the jar already holds
 // (State done or failed), which a call sends again for the server's saved
