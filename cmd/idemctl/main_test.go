@@ -906,6 +906,26 @@ func TestUsageErrorBeforeTheJar(t *testing.T) {
 	}
 }
 
+// TestUsageErrorLine: a usage error is told on one line of stderr, the
+// command's name before it and where to find the usage after it, made one
+// line and escaped as every error is (a flag's name is the user's, as
+// typed), and exits 2.
+func TestUsageErrorLine(t *testing.T) {
+	jar := filepath.Join(t.TempDir(), "missing.db")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--jar", jar, "frob"}, `idemctl: unknown command "frob" (idemctl help for usage)` + "\n"},
+		{[]string{"--jar", jar, "list", "--a\x1b[2J\n\tb"}, `idemctl: flag provided but not defined: -a\x1b[2J b (idemctl help for usage)` + "\n"},
+	} {
+		code, out, errOut := idemctl(c.args...)
+		if code != 2 || out != "" || errOut != c.want {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and stderr %q", c.args, code, out, errOut, c.want)
+		}
+	}
+}
+
 func TestLockedJar(t *testing.T) {
 	srv := newServer(t)
 	t.Run("exclusive lock: nothing can be read", func(t *testing.T) {

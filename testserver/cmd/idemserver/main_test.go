@@ -296,6 +296,19 @@ func testExitStatus(t *testing.T, bin string) {
 				c.args, code, stdout, stderr, c.code, c.want)
 		}
 	}
+	// The whole of stderr. A usage error is one line, after the command's
+	// name. A flag that does not parse is told by the flag package, above
+	// the usage, and again on the last line, as every error is.
+	code, _, stderr := runToEnd(t, dir, bin, "-db", db, "-on-error", "ignore")
+	if want := `idemserver: -on-error "ignore": want release or save` + "\n"; code != 2 || stderr != want {
+		t.Errorf("idemserver -on-error ignore: exit status %d, stderr %q; want 2 and %q", code, stderr, want)
+	}
+	code, _, stderr = runToEnd(t, dir, bin, "-db", db, "-nope")
+	if code != 2 || strings.Count(stderr, "flag provided") != 2 ||
+		!strings.HasPrefix(stderr, "flag provided but not defined: -nope\nUsage of idemserver:\n") ||
+		!strings.HasSuffix(stderr, "\nidemserver: flag provided but not defined: -nope\n") {
+		t.Errorf("idemserver -nope: exit status %d, stderr %q; want 2, the flag package's line and the usage, and the error on the last line", code, stderr)
+	}
 }
 
 // runToEnd runs the binary with args in dir (the test's own when empty)
