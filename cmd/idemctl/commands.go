@@ -32,7 +32,7 @@ func flagString(fs *flag.FlagSet, name string) string { return fs.Lookup(name).V
 
 func oneArg(name string, args []string) (string, error) {
 	if len(args) != 1 {
-		return "", usagef("%s needs exactly one operation name, got %d arguments", name, len(args))
+		return "", cliflag.Usagef("%s needs exactly one operation name, got %d arguments", name, len(args))
 	}
 	return args[0], nil
 }
@@ -47,10 +47,10 @@ func checkOneArg(name string) func(fs *flag.FlagSet, args []string) error {
 
 func checkList(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
-		return usagef("list takes no arguments, got %q", args)
+		return cliflag.Usagef("list takes no arguments, got %q", args)
 	}
 	if st := idem.State(flagString(fs, "status")); st != "" && !st.Valid() {
-		return usagef("unknown --status %q: pending, done, failed, reconcile or abandoned", st)
+		return cliflag.Usagef("unknown --status %q: pending, done, failed, reconcile or abandoned", st)
 	}
 	return nil
 }
@@ -307,10 +307,10 @@ func resumePolicy(fs *flag.FlagSet) (retry.Policy, error) {
 	get := func(name string) time.Duration { return fs.Lookup(name).Value.(flag.Getter).Get().(time.Duration) }
 	p := retry.Policy{AttemptTimeout: get("attempt-timeout"), Horizon: get("horizon")}
 	if p.Horizon <= 0 {
-		return p, usagef("--horizon %v: want a positive duration", p.Horizon)
+		return p, cliflag.Usagef("--horizon %v: want a positive duration", p.Horizon)
 	}
 	if p.AttemptTimeout <= 0 || p.AttemptTimeout > p.Horizon {
-		return p, usagef("--attempt-timeout %v: want a positive duration of at most %v, the retry horizon (--horizon)", p.AttemptTimeout, p.Horizon)
+		return p, cliflag.Usagef("--attempt-timeout %v: want a positive duration of at most %v, the retry horizon (--horizon)", p.AttemptTimeout, p.Horizon)
 	}
 	return p, nil
 }
@@ -324,14 +324,14 @@ var resumeBase http.RoundTripper
 func checkResume(fs *flag.FlagSet, args []string) error {
 	all := flagString(fs, "all") == "true"
 	if all == (len(args) > 0) || len(args) > 1 {
-		return usagef("resume needs one operation name or --all")
+		return cliflag.Usagef("resume needs one operation name or --all")
 	}
 	if _, err := resumePolicy(fs); err != nil {
 		return err
 	}
 	hf := fs.Lookup("header").Value.(*headerFlag)
 	if hf.bad {
-		return usagef("--header: %s", notAHeader)
+		return cliflag.Usagef("--header: %s", notAHeader)
 	}
 	for i, line := range strings.Split(os.Getenv("IDEM_HEADER"), "\n") {
 		// Blank as net/textproto trims a line, the rule add applies to
@@ -341,7 +341,7 @@ func checkResume(fs *flag.FlagSet, args []string) error {
 			continue
 		}
 		if !hf.add(line) {
-			return usagef("IDEM_HEADER: line %d: %s", i+1, notAHeader)
+			return cliflag.Usagef("IDEM_HEADER: line %d: %s", i+1, notAHeader)
 		}
 	}
 	return nil
@@ -388,7 +388,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if len(hf.h) > 0 && len(hosts) > 1 {
 			// Every request gets the same headers: one API's credential
 			// would reach the others.
-			return usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
+			return cliflag.Usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
 				len(hosts), strings.Join(slices.Sorted(maps.Keys(hosts)), ", "))
 		}
 		if total == 0 {
@@ -503,7 +503,7 @@ func checkAbandon(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if strings.TrimSpace(flagString(fs, "reason")) == "" {
-		return usagef("abandon needs --reason: how you established that %q did not happen and is not running", op)
+		return cliflag.Usagef("abandon needs --reason: how you established that %q did not happen and is not running", op)
 	}
 	return nil
 }
@@ -545,7 +545,7 @@ func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 
 func checkPrune(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
-		return usagef("prune takes no arguments, got %q", args)
+		return cliflag.Usagef("prune takes no arguments, got %q", args)
 	}
 	_, err := parseAge(flagString(fs, "older-than"))
 	return err
@@ -581,26 +581,26 @@ func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) err
 // parseAge reads --older-than: a Go duration (720h) or a number of days (30d).
 func parseAge(v string) (time.Duration, error) {
 	if v == "" {
-		return 0, usagef("prune needs --older-than, such as 720h or 30d")
+		return 0, cliflag.Usagef("prune needs --older-than, such as 720h or 30d")
 	}
 	var d time.Duration
 	if days, ok := strings.CutSuffix(v, "d"); ok {
 		n, err := strconv.Atoi(days)
 		if err != nil || n > 100_000 {
-			return 0, usagef("--older-than %q: want a duration such as 720h or 30d", v)
+			return 0, cliflag.Usagef("--older-than %q: want a duration such as 720h or 30d", v)
 		}
 		if n <= 0 { // before the multiplication, which a large negative n overflows
-			return 0, usagef("--older-than %q: want a positive age", v)
+			return 0, cliflag.Usagef("--older-than %q: want a positive age", v)
 		}
 		d = time.Duration(n) * 24 * time.Hour
 	} else {
 		var err error
 		if d, err = time.ParseDuration(v); err != nil {
-			return 0, usagef("--older-than %q: want a duration such as 720h or 30d", v)
+			return 0, cliflag.Usagef("--older-than %q: want a duration such as 720h or 30d", v)
 		}
 	}
 	if d <= 0 {
-		return 0, usagef("--older-than %q: want a positive age", v)
+		return 0, cliflag.Usagef("--older-than %q: want a positive age", v)
 	}
 	return d, nil
 }
@@ -675,10 +675,10 @@ func headerBase64(h http.Header) map[string][]string {
 
 func checkExport(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
-		return usagef("export takes no arguments, got %q", args)
+		return cliflag.Usagef("export takes no arguments, got %q", args)
 	}
 	if flagString(fs, "json") != "true" {
-		return usagef("export writes JSON only (--json)")
+		return cliflag.Usagef("export writes JSON only (--json)")
 	}
 	return nil
 }

@@ -200,13 +200,6 @@ flags of every command:
                       for PostgreSQL, how long each statement may run (at most 596h31m23.647s)
 `
 
-// usageError is a mistake in the command line: exit status 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
-
 // errFailed reports that a command printed its own errors: exit status 1.
 var errFailed = errors.New("some operations failed")
 
@@ -260,7 +253,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) (c
 		}
 	}()
 	err := dispatch(ctx, args, stdout, stderr)
-	var ue *usageError
+	var ue *cliflag.UsageError
 	switch {
 	case err == nil:
 		return 0
@@ -268,7 +261,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) (c
 		fmt.Fprint(stdout, usage)
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "idemctl: %s (idemctl help for usage)\n", oneLine(ue.msg))
+		fmt.Fprintf(stderr, "idemctl: %s (idemctl help for usage)\n", oneLine(ue.Error()))
 		return 2
 	case errors.Is(err, errFailed):
 		return 1
@@ -287,7 +280,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	args = global.Args()
 	if len(args) == 0 {
-		return usagef("no command")
+		return cliflag.Usagef("no command")
 	}
 	name, args := args[0], args[1:]
 	if name == "help" || name == "-h" || name == "--help" {
@@ -295,7 +288,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	cmd, ok := lookup(name)
 	if !ok {
-		return usagef("unknown command %q", name)
+		return cliflag.Usagef("unknown command %q", name)
 	}
 	set := flag.NewFlagSet(name, flag.ContinueOnError)
 	set.SetOutput(io.Discard)
@@ -309,16 +302,16 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		return flagError(err)
 	}
 	if *jarPath == "" {
-		return usagef("no jar: give --jar PATH or set IDEM_JAR")
+		return cliflag.Usagef("no jar: give --jar PATH or set IDEM_JAR")
 	}
 	if *lockTimeout <= 0 {
-		return usagef("--lock-timeout must be positive")
+		return cliflag.Usagef("--lock-timeout must be positive")
 	}
 	if why := dsn.Refused(*jarPath); why != "" {
-		return usagef("--jar: %s", why)
+		return cliflag.Usagef("--jar: %s", why)
 	}
 	if dsn.IsURL(*jarPath) && *lockTimeout > maxPgLockTimeout {
-		return usagef("--lock-timeout %v is above %v, the longest a PostgreSQL statement may run", *lockTimeout, maxPgLockTimeout)
+		return cliflag.Usagef("--lock-timeout %v is above %v, the longest a PostgreSQL statement may run", *lockTimeout, maxPgLockTimeout)
 	}
 	if err := cmd.check(set, pos); err != nil {
 		return err
@@ -365,7 +358,7 @@ func flagError(err error) error {
 	if errors.Is(err, flag.ErrHelp) {
 		return err
 	}
-	return usagef("%v", err)
+	return cliflag.Usagef("%v", err)
 }
 
 // openJar opens the jar that spec names, choosing its kind by spec's form:
@@ -525,7 +518,7 @@ func (s *session) describe(err error) error {
 	if err == nil {
 		return nil
 	}
-	var ue *usageError
+	var ue *cliflag.UsageError
 	if errors.As(err, &ue) || errors.Is(err, errFailed) {
 		return err
 	}

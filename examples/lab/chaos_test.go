@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/faultproxy"
 )
 
@@ -281,7 +282,7 @@ func TestRunRefusesDuplicateRows(t *testing.T) {
 	for _, rows := range []string{"idem,idem", "no-key, idem,no-key"} {
 		var out, errb bytes.Buffer
 		err := run(t.Context(), []string{"-rows", rows, "-n", "1", "-drop", "0", "-reset", "0", "-delay", "0"}, &out, &errb)
-		var ue *usageError
+		var ue *cliflag.UsageError
 		if !errors.As(err, &ue) || !strings.HasPrefix(err.Error(), "-rows: ") || !strings.Contains(err.Error(), "twice") || out.Len() > 0 {
 			t.Errorf("-rows %q: %v, output %q; want a usage error naming -rows and the strategy given twice, no row run", rows, err, out.String())
 		}

@@ -77,8 +77,8 @@ func main() {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return // -h: the usage is printed, as the go tools print it, and exits 0
 	}
-	var ue *usageError
-	if !errors.As(err, &ue) || !ue.printed {
+	var ue *cliflag.UsageError
+	if !errors.As(err, &ue) || !ue.Printed {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 	}
 	if ue == nil {
@@ -86,17 +86,6 @@ func main() {
 	}
 	os.Exit(2) // a mistake in the command line, as the flag package exits
 }
-
-// usageError is a mistake in the command line: exit status 2; any other
-// error of run is a run that failed: 1. printed: the flag package printed
-// it already, with the usage.
-type usageError struct {
-	err     error
-	printed bool
-}
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := defaultConfig()
@@ -116,25 +105,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return &usageError{err: err, printed: true}
+		return &cliflag.UsageError{Err: err, Printed: true}
 	}
 	if fs.NArg() > 0 {
-		return &usageError{err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+		return cliflag.Usagef("unexpected arguments %q", fs.Args())
 	}
 	if cfg.orders < 1 || cfg.orders > 99999 {
-		return &usageError{err: fmt.Errorf("-n %d: want 1 to 99999 orders", cfg.orders)}
+		return cliflag.Usagef("-n %d: want 1 to 99999 orders", cfg.orders)
 	}
 	if cfg.attemptTimeout <= 0 || cfg.attemptTimeout >= maxElapsed {
 		// From a call's budget on, an attempt that times out ends its
 		// call: no timed-out attempt would be retried.
-		return &usageError{err: fmt.Errorf("-attempt-timeout %v: want a positive duration less than %v, a call's budget", cfg.attemptTimeout, maxElapsed)}
+		return cliflag.Usagef("-attempt-timeout %v: want a positive duration less than %v, a call's budget", cfg.attemptTimeout, maxElapsed)
 	}
 	cfg.hold = cfg.attemptTimeout * 3 / 2
 	if err := cfg.rates.Validate(); err != nil {
-		return &usageError{err: err} // -drop, -reset, -delay
+		return &cliflag.UsageError{Err: err} // -drop, -reset, -delay
 	}
 	if cfg.concurrency < 1 {
-		return &usageError{err: fmt.Errorf("-concurrency %d: want at least 1", cfg.concurrency)}
+		return cliflag.Usagef("-concurrency %d: want at least 1", cfg.concurrency)
 	}
 	names := allRows
 	if *only != "" {
@@ -142,11 +131,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		for n := range strings.SplitSeq(*only, ",") {
 			n = strings.TrimSpace(n)
 			if !slices.Contains(allRows, n) {
-				return &usageError{err: fmt.Errorf("-rows: unknown strategy %q; want some of %q", n, allRows)}
+				return cliflag.Usagef("-rows: unknown strategy %q; want some of %q", n, allRows)
 			}
 			if slices.Contains(names, n) {
 				// It would run again, a second row of the same name.
-				return &usageError{err: fmt.Errorf("-rows: strategy %q given twice; want each at most once", n)}
+				return cliflag.Usagef("-rows: strategy %q given twice; want each at most once", n)
 			}
 			names = append(names, n)
 		}

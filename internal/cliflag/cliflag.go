@@ -1,12 +1,28 @@
-// Package cliflag holds the flag.Value types the commands share.
+// Package cliflag holds what the commands share to read their command
+// line: the flag.Value types, and UsageError, the error of a mistake in it.
 package cliflag
 
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"strings"
 	"time"
 )
+
+// UsageError is a mistake in the command line: a command exits with
+// status 2 on it, as the flag package's ExitOnError does, and with 1 on
+// any other error. How it is printed is each command's.
+type UsageError struct {
+	Err     error
+	Printed bool // the flag package printed Err already, with the usage
+}
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usagef returns a *UsageError of fmt.Errorf(format, a...).
+func Usagef(format string, a ...any) error { return &UsageError{Err: fmt.Errorf(format, a...)} }
 
 // DurationVar defines a time.Duration flag, as flag.FlagSet.DurationVar
 // does, whose bad value is refused with the reason: `invalid value "5" for

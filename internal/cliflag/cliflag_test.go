@@ -1,7 +1,9 @@
 package cliflag
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -29,5 +31,13 @@ func TestDuration(t *testing.T) {
 	}
 	if got := fs.Lookup("wait").DefValue; got != "1m0s" {
 		t.Errorf("DefValue %q; want 1m0s, as flag.Duration prints it", got)
+	}
+}
+
+func TestUsageError(t *testing.T) {
+	err := fmt.Errorf("run: %w", Usagef("-n %d: %w", 0, io.EOF))
+	var ue *UsageError
+	if !errors.As(err, &ue) || ue.Printed || ue.Error() != "-n 0: EOF" || !errors.Is(err, io.EOF) {
+		t.Fatalf("Usagef: %v; want a *UsageError saying -n 0: EOF, not printed, that wraps io.EOF", err)
 	}
 }

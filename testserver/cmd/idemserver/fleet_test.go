@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
@@ -427,7 +428,7 @@ func TestPostgresMigrationTimeout(t *testing.T) {
 			t.Fatalf("run -query-timeout %s -db %s while the migration waited: %v; want the server's statement timeout (57014)",
 				c.timeout, c.dsn, err)
 		}
-		var ue *usageError
+		var ue *cliflag.UsageError
 		if errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("run -query-timeout %s -db %s while the migration waited: %v; want an error (not a usage error) that says to %s",
 				c.timeout, c.dsn, err, c.want)

@@ -139,7 +139,7 @@ func main() {
 		return
 	}
 	fmt.Fprintln(os.Stderr, "idemserver:", err)
-	var ue *usageError
+	var ue *cliflag.UsageError
 	if errors.As(err, &ue) {
 		os.Exit(2)
 	}
@@ -180,14 +180,6 @@ func onSignals(cancel context.CancelFunc) {
 		os.Exit(128 + int(n))
 	}()
 }
-
-// usageError is a mistake in the command line: exit status 2.
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-func usagef(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
 
 // backend is where the server keeps its keys and its ledger.
 type backend struct {
@@ -407,57 +399,57 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return &usageError{err} // the flag package printed it, and the usage
+		return &cliflag.UsageError{Err: err} // the flag package printed it, and the usage; main, again (Printed unset)
 	}
 	if fs.NArg() > 0 {
-		return usagef("unexpected arguments %q", fs.Args())
+		return cliflag.Usagef("unexpected arguments %q", fs.Args())
 	}
 	if *addr == "" {
 		// net.Listen would take it for every interface, at a port of its
 		// choosing: an unset variable in -addr "$ADDR", most likely.
-		return usagef("-addr is empty: want host:port, such as 127.0.0.1:8080 (port 0 picks a free one)")
+		return cliflag.Usagef("-addr is empty: want host:port, such as 127.0.0.1:8080 (port 0 picks a free one)")
 	}
 	if *db == "" {
 		// An unset variable in -db "$DB", most likely: SQLite would fail
 		// on it only once opening, with status 1, as if the file were bad.
-		return usagef("-db is empty: want a SQLite file, such as idemserver.db, or a postgres:// URL")
+		return cliflag.Usagef("-db is empty: want a SQLite file, such as idemserver.db, or a postgres:// URL")
 	}
 	policy := map[string]testserver.ErrorPolicy{"release": testserver.ReleaseClaim, "save": testserver.SaveError}
 	onErr, ok := policy[*onError]
 	if !ok {
-		return usagef("-on-error %q: want release or save", *onError)
+		return cliflag.Usagef("-on-error %q: want release or save", *onError)
 	}
 	for name, p := range map[string]float64{"-fail-after-charge": *failAfter, "-crash-after-charge": *crashAfter} {
 		if !(p >= 0 && p <= 1) { // NaN too
-			return usagef("%s %v: want a probability from 0 to 1", name, p)
+			return cliflag.Usagef("%s %v: want a probability from 0 to 1", name, p)
 		}
 	}
 	if *lockTimeout <= 0 {
-		return usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
+		return cliflag.Usagef("-lock-timeout %v: want a positive duration", *lockTimeout)
 	}
 	if *lockTimeout < minLockTimeout {
-		return usagef("-lock-timeout %v: want at least %v, which a claim and a charge (two committed writes) fit in", *lockTimeout, minLockTimeout)
+		return cliflag.Usagef("-lock-timeout %v: want at least %v, which a claim and a charge (two committed writes) fit in", *lockTimeout, minLockTimeout)
 	}
 	if *lockTimeout > maxLockTimeout {
-		return usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, stopWait)
+		return cliflag.Usagef("-lock-timeout %v: want at most %v (a stop waits this and %v more)", *lockTimeout, maxLockTimeout, stopWait)
 	}
 	if *stmtTimeout <= 0 || *stmtTimeout > pgstore.MaxQueryTimeout {
-		return usagef("-query-timeout %v: want a positive duration of at most %v (PostgreSQL's longest statement_timeout)", *stmtTimeout, pgstore.MaxQueryTimeout)
+		return cliflag.Usagef("-query-timeout %v: want a positive duration of at most %v (PostgreSQL's longest statement_timeout)", *stmtTimeout, pgstore.MaxQueryTimeout)
 	}
 	if *delay < 0 {
-		return usagef("-delay %v: want a positive duration, or 0 for none", *delay)
+		return cliflag.Usagef("-delay %v: want a positive duration, or 0 for none", *delay)
 	}
 	if *pruneEvery < 0 {
-		return usagef("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
+		return cliflag.Usagef("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
 	}
 	if *retention < testserver.MinRetention {
-		return usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
+		return cliflag.Usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)
 	}
 	if *lockTimeout >= *retention {
-		return usagef("-lock-timeout %v: want less than -retention (%v): a prune would delete the claim of a request still running, and its retry would run it again", *lockTimeout, *retention)
+		return cliflag.Usagef("-lock-timeout %v: want less than -retention (%v): a prune would delete the claim of a request still running, and its retry would run it again", *lockTimeout, *retention)
 	}
 	if why := dsnpkg.Refused(*db); why != "" {
-		return usagef("-db: %s", why)
+		return cliflag.Usagef("-db: %s", why)
 	}
 
 	b, err := openBackend(ctx, *db, &pgstore.Options{QueryTimeout: *stmtTimeout})

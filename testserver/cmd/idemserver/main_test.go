@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/keyjar"
@@ -613,7 +614,7 @@ func TestFlagValues(t *testing.T) {
 		{"-query-timeout", time.Duration(math.MaxInt64).String()},
 	} {
 		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
-		var ue *usageError
+		var ue *cliflag.UsageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), flag[0]) {
 			t.Errorf("run(%s %s): %v; want a usage error naming %s", flag[0], flag[1], err, flag[0])
 		}
@@ -636,7 +637,7 @@ func TestFlagValues(t *testing.T) {
 			args = append(args, "-retention", time.Duration(math.MaxInt64).String())
 		}
 		err := run(context.Background(), args, io.Discard, io.Discard)
-		var ue *usageError
+		var ue *cliflag.UsageError
 		if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "256.0.0.1") {
 			t.Errorf("run(%s %s): %v; want the address refused, not the flag", flag[0], flag[1], err)
 		}
@@ -751,7 +752,7 @@ func TestKeywordValueDSN(t *testing.T) {
 		"postgresql:ops:hunter2@127.0.0.1/idem", // a misspelt URL, not a file name
 	} {
 		err := run(ctx, []string{"-db", spec, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
-		var ue *usageError
+		var ue *cliflag.UsageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), "postgres://") || strings.Contains(err.Error(), "hunter2") {
 			t.Fatalf("run -db %q: %v; want a usage error that asks for a postgres:// URL and hides the password", spec, err)
 		}
@@ -842,7 +843,7 @@ func TestEmptyAddr(t *testing.T) {
 	cancel() // if it listened, run would stop at once
 	var stdout bytes.Buffer
 	err := run(ctx, []string{"-addr", "", "-db", db}, &stdout, io.Discard)
-	var ue *usageError
+	var ue *cliflag.UsageError
 	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "-addr") {
 		t.Fatalf("run -addr '': %v, stdout %q; want a usage error naming -addr", err, stdout.String())
 	}
