@@ -138,9 +138,12 @@ func main() {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return
 	}
-	fmt.Fprintln(os.Stderr, "idemserver:", err)
 	var ue *cliflag.UsageError
-	if errors.As(err, &ue) {
+	usage := errors.As(err, &ue)
+	if !usage || !ue.Printed {
+		fmt.Fprintln(os.Stderr, "idemserver:", err)
+	}
+	if usage {
 		os.Exit(2)
 	}
 	os.Exit(1)
@@ -399,7 +402,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return &cliflag.UsageError{Err: err} // the flag package printed it, and the usage; main, again (Printed unset)
+		return &cliflag.UsageError{Err: err, Printed: true} // the flag package printed it, and the usage
 	}
 	if fs.NArg() > 0 {
 		return cliflag.Usagef("unexpected arguments %q", fs.Args())

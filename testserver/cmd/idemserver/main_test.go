@@ -298,17 +298,17 @@ func testExitStatus(t *testing.T, bin string) {
 		}
 	}
 	// The whole of stderr. A usage error is one line, after the command's
-	// name. A flag that does not parse is told by the flag package, above
-	// the usage, and again on the last line, as every error is.
+	// name. A flag that does not parse is told once, by the flag package,
+	// above the usage, as the lab and idemctl tell it.
 	code, _, stderr := runToEnd(t, dir, bin, "-db", db, "-on-error", "ignore")
 	if want := `idemserver: -on-error "ignore": want release or save` + "\n"; code != 2 || stderr != want {
 		t.Errorf("idemserver -on-error ignore: exit status %d, stderr %q; want 2 and %q", code, stderr, want)
 	}
 	code, _, stderr = runToEnd(t, dir, bin, "-db", db, "-nope")
-	if code != 2 || strings.Count(stderr, "flag provided") != 2 ||
+	if code != 2 || strings.Count(stderr, "flag provided") != 1 ||
 		!strings.HasPrefix(stderr, "flag provided but not defined: -nope\nUsage of idemserver:\n") ||
-		!strings.HasSuffix(stderr, "\nidemserver: flag provided but not defined: -nope\n") {
-		t.Errorf("idemserver -nope: exit status %d, stderr %q; want 2, the flag package's line and the usage, and the error on the last line", code, stderr)
+		strings.Contains(stderr, "idemserver: flag provided") {
+		t.Errorf("idemserver -nope: exit status %d, stderr %q; want 2, and the flag package's line and the usage only", code, stderr)
 	}
 }
 
