@@ -228,11 +228,12 @@ type Middleware struct {
 	// look the result up instead. The answer to a HEAD (with HEAD in
 	// Methods) is never too large: net/http sends none of its body, so a
 	// body past the limit is dropped, and the status and header are saved
-	// and replayed, the Content-Length the handler set included. When it
-	// set none, net/http sends the length of a body it held whole when the
-	// handler returned (2 KiB at most over HTTP/1.1 and without trailers,
-	// 4 KiB over HTTP/2): the first answer and the replay carry that
-	// length too, as for a body within the limit.
+	// and replayed, the Content-Length the handler set included. (When it
+	// set none, net/http computes one for a body that fits its buffer, 2
+	// KiB over HTTP/1.1; for a dropped body there is none, where a limit
+	// below that size could have kept one: a HEAD's Content-Length is
+	// optional, and copying net/http's buffer sizes would tie the
+	// Middleware to them.)
 	MaxSavedResponse int64
 
 	// ReplayHeaders are the response headers saved and replayed. Nil means
@@ -241,8 +242,7 @@ type Middleware struct {
 	// and Content-Range and Allow, which a 206 and a 405 must carry. The
 	// answer to a HEAD also saves and replays the Content-Length its
 	// handler set, which net/http sends as it is, the length of the GET's
-	// body, whatever body the handler wrote; or, for a body past
-	// MaxSavedResponse, the one net/http computes (see MaxSavedResponse).
+	// body, whatever body the handler wrote.
 	// Set-Cookie and credential headers (the authentication headers of RFC
 	// 9110 and those idem.SecretHeader names, such as X-Auth-Token or
 	// X-Api-Key) are never saved, even when listed. Trailers are sent to
@@ -681,7 +681,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		limit = DefaultMaxSavedResponse
 	}
 	limit = min(limit, MaxSavedResponseLimit)
-	rec := &recorder{w: w, header: w.Header().Clone(), limit: limit, head: r.Method == http.MethodHead, http2: r.ProtoMajor == 2}
+	rec := &recorder{w: w, header: w.Header().Clone(), limit: limit, head: r.Method == http.MethodHead}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
@@ -918,7 +918,6 @@ type recorder struct {
 	streamed bool
 	head     bool // the request is a HEAD, whose answer has no body on the wire
 	dropped  bool // a HEAD's body outgrew limit: it is counted, not kept
-	http2    bool // the request came over HTTP/2
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
@@ -1048,54 +1047,13 @@ func (rec *recorder) reset() {
 // finish completes the answer as net/http would: status 200 when none was
 // written, and a sniffed Content-Type, so the replay has the same one,
 // unless the body is encoded (Content-Encoding), where net/http does not
-// sniff; and the Content-Length of a HEAD's body that was dropped.
+// sniff.
 func (rec *recorder) finish() {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
 	if !rec.streamed {
 		rec.sniff(rec.body.Bytes())
-	}
-	if rec.dropped {
-		rec.headLength()
-	}
-}
-
-// The body net/http holds before it sends an answer's header: over
-// HTTP/1.1 its bufferBeforeChunkingSize, over HTTP/2 the
-// handlerChunkWriteSize of its http2 server.
-const (
-	http1Buffered = 2 << 10
-	http2Buffered = 4 << 10
-)
-
-// headLength sets the Content-Length net/http sends for the answer to a
-// HEAD whose body was dropped past limit. A handler that sets none and
-// returns with its body still in net/http's buffer gets that body's
-// length; one whose body outgrew the buffer gets none, nor over HTTP/1.1
-// one that set a Transfer-Encoding or declared trailers. The Middleware
-// sends a body it kept whole, and net/http computes the length itself; the
-// dropped one it cannot send, so it sets the length net/http would have
-// sent, which the first answer and the replay both carry. A Flush of the
-// handler does not count, as for a body kept: the Middleware's answer is
-// sent whole once the handler returned.
-func (rec *recorder) headLength() {
-	if _, ok := rec.sent["Content-Length"]; ok || rec.status == http.StatusNoContent || rec.status == http.StatusNotModified {
-		return
-	}
-	buffered := int64(http2Buffered)
-	if !rec.http2 {
-		buffered = http1Buffered
-		trailers := len(rec.sent["Trailer"]) > 0
-		for name := range rec.sent {
-			trailers = trailers || strings.HasPrefix(name, http.TrailerPrefix)
-		}
-		if trailers || rec.sent.Get("Transfer-Encoding") != "" {
-			return
-		}
-	}
-	if rec.size <= buffered {
-		rec.sent.Set("Content-Length", strconv.FormatInt(rec.size, 10))
 	}
 }
 
