@@ -238,9 +238,13 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 }
 
 // enter counts a call in progress, which Close waits for, or returns
-// ErrClosed once Close began. The caller calls c.calls.Done when enter
-// returned nil.
-func (c *Client) enter() error {
+// ErrClosed once Close began, and ErrNilContext for a nil ctx, which the
+// call would panic on. The caller calls c.calls.Done when enter returned
+// nil.
+func (c *Client) enter(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -257,7 +261,7 @@ type tracked struct{ c *Client }
 
 func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Context().Value(trackerKey{}) == nil {
-		if err := t.c.enter(); err != nil {
+		if err := t.c.enter(r.Context()); err != nil {
 			if r.Body != nil {
 				r.Body.Close()
 			}
@@ -403,11 +407,7 @@ type Response struct {
 // *idem.MismatchError (op reused with another request: nothing sent),
 // *idem.JarError.
 func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Response, error) {
-	err := ErrNilContext
-	if ctx != nil {
-		err = c.enter()
-	}
-	if err != nil {
+	if err := c.enter(ctx); err != nil {
 		if req.Body != nil {
 			req.Body.Close() // as http.Client.Do does, even on error
 		}
@@ -523,10 +523,7 @@ func (c *Client) decodeJSON(resp *Response, out any) (*Response, error) {
 //		continue // being sent now
 //	}
 func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("client: pending: %w", ErrNilContext)
-	}
-	if err := c.enter(); err != nil {
+	if err := c.enter(ctx); err != nil {
 		return nil, fmt.Errorf("client: pending: %w", err)
 	}
 	defer c.calls.Done()
@@ -560,10 +557,7 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // whether or not the jar stored its body), and ErrBodyNotStored when the
 // body was too large to store: use ResumeWithBody.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("client: resume %q: %w", op, ErrNilContext)
-	}
-	if err := c.enter(); err != nil {
+	if err := c.enter(ctx); err != nil {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)
 	}
 	defer c.calls.Done()
@@ -623,9 +617,6 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 // (a *StateError otherwise). A nil getBody is an error matching
 // idem.ErrRequestBody; nothing is read, sent or changed.
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("client: resume %q: %w", op, ErrNilContext)
-	}
 	if getBody == nil {
 		// A nil getBody produces no body: idem.ErrRequestBody, the
 		// Transport's sentinel for a body it cannot produce (which the doc
@@ -633,7 +624,7 @@ func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (
 		// the same fault.
 		return nil, fmt.Errorf("client: resume %q: nil getBody, nothing sent: %w", op, idem.ErrRequestBody)
 	}
-	if err := c.enter(); err != nil {
+	if err := c.enter(ctx); err != nil {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)
 	}
 	defer c.calls.Done()
@@ -704,13 +695,10 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // lease, the operation stays as it was and Abandon gives the lease back,
 // without ctx, before it returns the error.
 func (c *Client) Abandon(ctx context.Context, op, reason string) error {
-	if ctx == nil {
-		return fmt.Errorf("client: abandon %q: %w", op, ErrNilContext)
-	}
 	if strings.TrimSpace(reason) == "" {
 		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
 	}
-	if err := c.enter(); err != nil {
+	if err := c.enter(ctx); err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}
 	defer c.calls.Done()
@@ -789,10 +777,7 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 // lose its key: forget abandoned operations there only when nothing uses
 // their names.
 func (c *Client) Forget(ctx context.Context, op string) error {
-	if ctx == nil {
-		return fmt.Errorf("client: forget %q: %w", op, ErrNilContext)
-	}
-	if err := c.enter(); err != nil {
+	if err := c.enter(ctx); err != nil {
 		return fmt.Errorf("client: forget %q: %w", op, err)
 	}
 	defer c.calls.Done()
