@@ -46,6 +46,11 @@
 // that does not parse, a value out of range, an argument) exits with
 // status 2, and a run that fails with status 1, as the go tools do; a flag
 // that does not parse is told once, by the flag package, above the flags.
+// SIGINT (Ctrl-C) or SIGTERM stops the run: the row under way closes its
+// server and proxy and removes its temporary directory, no table is
+// printed, and the process ends by that signal, which a shell reports as
+// status 130 for SIGINT and 143 for SIGTERM (started with SIGINT ignored,
+// it exits with status 130). A second signal ends it at once.
 package main
 
 import (
@@ -57,7 +62,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -65,15 +69,25 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/cliflag"
+	"github.com/idemkit/idem/internal/stopsig"
 )
 
 func main() {
 	if os.Getenv(childEnv) == "client" {
 		os.Exit(childMain(os.Args[1:]))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := stopsig.Notify(cancel)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	cancel()
+	if s := stop.Signal(); s != nil {
+		// The run stopped, its server and proxy closed and its temporary
+		// directory removed. The process ends by the signal, as idemserver
+		// ends by a second one, so that a shell tells it (130 for SIGINT)
+		// and a script that ran the lab stops too; the row's error, a
+		// canceled context, says nothing more.
+		stop.Exit(s)
+	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return // -h: the usage is printed, as the go tools print it, and exits 0
 	}

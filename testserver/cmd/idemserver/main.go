@@ -78,16 +78,15 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/idemkit/idem/internal/cliflag"
 	dsnpkg "github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/reconnect"
+	"github.com/idemkit/idem/internal/stopsig"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/pgstore"
@@ -132,7 +131,9 @@ const maxLockTimeout = math.MaxInt64 - stopWait
 
 func main() {
 	ctx, cancel := context.WithCancel(context.Background())
-	onSignals(cancel)
+	// The first SIGINT or SIGTERM stops the server gracefully; a second one
+	// ends the process at once.
+	stopsig.Notify(cancel)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	cancel()
 	if err == nil || errors.Is(err, flag.ErrHelp) {
@@ -147,41 +148,6 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(1)
-}
-
-// onSignals calls cancel on the first SIGINT or SIGTERM, which stops the
-// server gracefully, and makes a second one end the process at once.
-func onSignals(cancel context.CancelFunc) {
-	// A process started with SIGINT ignored (a background job of a
-	// non-interactive shell) gets it once Notify asks for it, and would
-	// ignore it again once Notify no longer does. Read before Notify.
-	intIgnored := signal.Ignored(os.Interrupt)
-	c := make(chan os.Signal, 2)
-	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-c
-		// The default behaviour of the signals is back before run sees the
-		// first, so that a second one ends the process by that signal,
-		// whatever it is doing; but for a SIGINT ignored at start, which
-		// Reset would ignore again: c keeps it.
-		signal.Reset(syscall.SIGTERM)
-		if !intIgnored {
-			signal.Reset(os.Interrupt)
-		}
-		cancel()
-		// A SIGINT ignored at start, or a signal that came before the
-		// Reset: it ends the process by that signal, raised again, or,
-		// when it cannot (SIGINT ignored), with the status a shell gives a
-		// process ended by it.
-		s := <-c
-		if s != os.Interrupt || !intIgnored {
-			if p, err := os.FindProcess(os.Getpid()); err == nil {
-				p.Signal(s)
-			}
-		}
-		n, _ := s.(syscall.Signal)
-		os.Exit(128 + int(n))
-	}()
 }
 
 // backend is where the server keeps its keys and its ledger.

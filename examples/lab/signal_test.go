@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// TestCommandStopsOnSignal runs the built command and signals it once it
+// has started its first row: it stops that row (its server and proxy
+// closed, its temporary directory removed) and ends by the signal, as
+// idemserver's second signal does, so that a shell reports 130 for
+// SIGINT. Started with SIGINT ignored, as a non-interactive shell starts a
+// background job, it cannot die by SIGINT and exits with status 130.
+func TestCommandStopsOnSignal(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "lab")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building lab: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		name       string
+		ignoreINT  bool // started with SIGINT ignored
+		sig        syscall.Signal
+		wantSignal syscall.Signal // the signal that ends the process, or 0
+		wantCode   int            // its exit status, when no signal ends it
+	}{
+		{"SIGINT", false, syscall.SIGINT, syscall.SIGINT, 0},
+		{"SIGTERM", false, syscall.SIGTERM, syscall.SIGTERM, 0},
+		{"SIGINT, SIGINT ignored at start", true, syscall.SIGINT, 0, 130},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tmp := t.TempDir()
+			// Orders enough that the row is still running when the
+			// signal comes.
+			args := []string{"-rows", rowIdem, "-n", "99999"}
+			cmd := exec.Command(bin, args...)
+			if tc.ignoreINT {
+				// The shell ignores SIGINT, and the lab it becomes (exec)
+				// inherits the ignore.
+				cmd = exec.Command("sh", append([]string{"-c", `trap '' INT; exec "$0" "$@"`, bin}, args...)...)
+			}
+			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+			var out bytes.Buffer
+			cmd.Stdout = &out
+			stderr, err := cmd.StderrPipe()
+			if err == nil {
+				err = cmd.Start()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill() // when the test fails before it ends
+			errs := bufio.NewReader(stderr)
+			const want = "lab [1/1] idem: starting\n"
+			if line, err := errs.ReadString('\n'); err != nil || line != want {
+				t.Fatalf("first line of stderr: %q, %v; want %q", line, err, want)
+			}
+			if err := cmd.Process.Signal(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			rest, _ := io.ReadAll(errs)
+			cmd.Wait()
+			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			switch {
+			case !ok:
+				t.Fatalf("after %v: %v; want a wait status", tc.sig, cmd.ProcessState)
+			case tc.wantSignal != 0 && (!ws.Signaled() || ws.Signal() != tc.wantSignal):
+				t.Fatalf("after %v: %v, stderr %q; want killed by %v", tc.sig, cmd.ProcessState, rest, tc.wantSignal)
+			case tc.wantSignal == 0 && (!ws.Exited() || ws.ExitStatus() != tc.wantCode):
+				t.Fatalf("after %v: %v, stderr %q; want exit status %d", tc.sig, cmd.ProcessState, rest, tc.wantCode)
+			}
+			// A stop asked for is no error to report; the table of a row
+			// cut off would be wrong.
+			if len(rest) > 0 || out.Len() > 0 {
+				t.Errorf("after %v: stdout %q, stderr %q after the first line; want nothing", tc.sig, out.String(), rest)
+			}
+			if left, err := os.ReadDir(tmp); err != nil || len(left) > 0 {
+				t.Errorf("after %v: %v left in TMPDIR (%v); want the row's temporary directory removed", tc.sig, left, err)
+			}
+		})
+	}
+}
