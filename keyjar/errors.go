@@ -20,7 +20,11 @@ import (
 // idem.ErrLeased and idem.ErrLeaseLost, which the methods return as the
 // idem.Jar contract says. Each is wrapped with details: test with errors.Is.
 // A full disk is none of them: Open and the methods return an error wrapping
-// syscall.ENOSPC, as an os.File write does (see Open).
+// syscall.ENOSPC, as an os.File write does (see Open). Nor is a jar file
+// that cannot be written (its mode, its directory's, a read-only file
+// system): Open, and a method whose write SQLite refuses for it, return an
+// error wrapping fs.ErrPermission, as os.OpenFile does. ErrReadOnly is for
+// a jar opened with Options.ReadOnly.
 var (
 	// ErrClosed is returned by every method of a Jar after Close, Close
 	// included.
