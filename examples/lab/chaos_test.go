@@ -17,13 +17,27 @@ import (
 )
 
 // TestMain lets the test binary serve as the client process of idem +
-// client restarts, which re-executes the running binary.
+// client restarts, which re-executes the running binary, and as the lab
+// command itself for TestCommandExitStatus (roleCommand).
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) == "client" {
+	switch os.Getenv(childEnv) {
+	case "client":
 		os.Exit(childMain(os.Args[1:]))
+	case roleCommand:
+		main()
+		os.Exit(0) // main returned: the exit status of a run that succeeded
 	}
 	os.Exit(m.Run())
 }
+
+// roleCommand, as childEnv, makes the test binary run the lab's main.
+const roleCommand = "command"
+
+// The tests that run rows run in parallel: each row has its own server,
+// proxy and temporary directory, so they share nothing, and they spend
+// most of their time waiting (attempt timeouts, held requests, leases).
+// TestForEachWorkers, which counts the process's goroutines, does not:
+// it runs before them.
 
 // size shrinks an order count under -short.
 func size(n int) int {
@@ -120,6 +134,7 @@ func doubleCharges(t *testing.T, r row) {
 // never reaches the server, so the baselines cannot double-charge there:
 // the proxy's counter shows that the fault bit.
 func TestChaosFaultKinds(t *testing.T) {
+	t.Parallel()
 	n := size(500)
 	kinds := []struct {
 		name      string
@@ -155,6 +170,7 @@ func TestChaosFaultKinds(t *testing.T) {
 // and restart from the jar) and the server (a new instance takes the stale
 // claim over), with every fault kind at once, 30 % of the requests in all.
 func TestChaosIdemRows(t *testing.T) {
+	t.Parallel()
 	n := size(500)
 	mixed := faultproxy.Rates{DropResponse: 0.1, Reset: 0.1, Delay: 0.1}
 	cfg := chaosConfig(t, n, mixed)
@@ -181,6 +197,7 @@ func TestChaosIdemRows(t *testing.T) {
 // variant double-charges where the real one, in the same run
 // configuration, does not.
 func TestChaosCatchesBrokenVariants(t *testing.T) {
+	t.Parallel()
 	n := size(100)
 	cases := []struct {
 		name, row string
@@ -227,6 +244,7 @@ func TestChaosCatchesBrokenVariants(t *testing.T) {
 // TestLabCommand runs the command as README shows it, on a few orders, in
 // both output formats.
 func TestLabCommand(t *testing.T) {
+	t.Parallel()
 	var out, errb bytes.Buffer
 	if err := run(t.Context(), []string{"-n", "10", "-attempt-timeout", "500ms", "-json"}, &out, &errb); err != nil {
 		t.Fatalf("run: %v\n%s", err, errb.String())
@@ -311,6 +329,7 @@ func TestRunRefusesAttemptTimeoutPastItsBudget(t *testing.T) {
 // jar recorded as those orders' last error, so that it does not read as a
 // run at the defaults with orders the SDK left unresolved.
 func TestTableSaysWhyOrdersAreUnresolved(t *testing.T) {
+	t.Parallel()
 	var out, errb bytes.Buffer
 	if err := run(t.Context(), []string{"-n", "2", "-rows", "idem", "-attempt-timeout", "1ns"}, &out, &errb); err != nil {
 		t.Fatalf("run: %v\n%s", err, errb.String())
@@ -365,6 +384,7 @@ func TestTableLegend(t *testing.T) {
 // the client's timeout, the retry charges, and the held request reaches
 // the server after the client is done: a replay.
 func TestRowWaitsForHeldRequests(t *testing.T) {
+	t.Parallel()
 	cfg := defaultConfig()
 	cfg.orders = 1
 	cfg.rates = faultproxy.Rates{Delay: 0.5}

@@ -22,6 +22,7 @@ import (
 // The unfenced store row, where PayCo charges on every call, must still
 // warn of each order it double-charged.
 func TestDoubleChargeWarningsMatchTheLedger(t *testing.T) {
+	t.Parallel()
 	for _, name := range []string{rowCrash, rowUnfenced} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -52,6 +53,7 @@ func TestDoubleChargeWarningsMatchTheLedger(t *testing.T) {
 // error, as the other rows do, not as a client process that failed on its
 // own: the process was killed by the interrupt.
 func TestRestartsInterrupted(t *testing.T) {
+	t.Parallel()
 	cfg := chaosConfig(t, 200, faultproxy.Rates{})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -62,15 +64,20 @@ func TestRestartsInterrupted(t *testing.T) {
 	}
 }
 
-// TestCommandExitStatus runs the built command: -h prints the usage and
-// exits 0, as the go tools do; a flag that does not parse is told once,
-// by the flag package with the usage, and exits 2, as does a flag whose
-// value is out of range or an argument; a run that fails (here: a row
-// cannot make its temporary directory) is told once and exits 1.
+// TestCommandExitStatus runs the command as a process: -h prints the
+// usage and exits 0, as the go tools do; a flag that does not parse is
+// told once, by the flag package with the usage, and exits 2, as does a
+// flag whose value is out of range or an argument; a run that fails
+// (here: a row cannot make its temporary directory) is told once and
+// exits 1.
 func TestCommandExitStatus(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "lab")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building lab: %v\n%s", err, out)
+	t.Parallel()
+	// The test binary runs the lab's main (see TestMain): the same
+	// program as the one go build makes, without building it again, which
+	// took seconds (more in CI, beside the other packages' builds).
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
 	}
 	missingTemp := filepath.Join(t.TempDir(), "missing")
 	for _, c := range []struct {
@@ -92,7 +99,7 @@ func TestCommandExitStatus(t *testing.T) {
 		{[]string{"-n", "1", "-rows", "idem"}, 1, missingTemp + ": no such file or directory"},
 	} {
 		cmd := exec.Command(bin, c.args...)
-		cmd.Env = append(os.Environ(), "TMPDIR="+missingTemp)
+		cmd.Env = append(os.Environ(), childEnv+"="+roleCommand, "TMPDIR="+missingTemp)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); cmd.ProcessState == nil { // it did not start
