@@ -17,6 +17,7 @@ import (
 // a program's Pending and Resume on start) would send an operation that
 // its caller abandoned, having established that it did not happen.
 func TestAbandonSurvivesACrash(t *testing.T) {
+	t.Parallel()
 	c, dsn := pgtest.Own(t)
 	j := open(t, dsn, nil)
 	ctx := t.Context()

@@ -145,6 +145,7 @@ const beginRounds = 40
 // several processes: each name gets one key, created once, and every
 // process gets that key.
 func TestCrossProcessBegin(t *testing.T) {
+	t.Parallel()
 	if dsn, ok := pgtest.ChildDSN(); ok {
 		j := worker(t, dsn)
 		id := os.Getenv(childEnv)
@@ -213,6 +214,7 @@ const acquireAttempts = 150
 // "send": a probe row counts the holders inside that critical section, and
 // must never see two.
 func TestCrossProcessAcquire(t *testing.T) {
+	t.Parallel()
 	if dsn, ok := pgtest.ChildDSN(); ok {
 		j := worker(t, dsn)
 		holder := "worker-" + os.Getenv(childEnv)

@@ -584,6 +584,7 @@ func TestClosedBeforeInvalid(t *testing.T) {
 // lease free. Before, the change was dropped: the record stayed pending,
 // leased to a call that had ended.
 func TestDeferAcrossRestart(t *testing.T) {
+	t.Parallel()
 	c, dsn := pgtest.Own(t)
 	relay, dsn := pgtest.NewRelay(t, dsn)
 	j := open(t, dsn, nil)

@@ -19,6 +19,7 @@ import (
 // as it was, the indexes are a new jar's, and the walk of the pending
 // operations reads them from idem_operations_by_state_created alone.
 func TestMigrateFromVersion1(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	fresh := pgtest.DB(t)
 	open(t, fresh, nil).Close()

@@ -34,6 +34,7 @@ func onPool(t *testing.T, pool *pgxpool.Pool, opts *pgjar.Options) *pgjar.Jar {
 }
 
 func TestNewConformance(t *testing.T) {
+	t.Parallel()
 	jartest.Run(t, func(t *testing.T) jartest.Jar { return onPool(t, newPool(t, pgtest.DB(t)), nil) })
 }
 

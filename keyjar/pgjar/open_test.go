@@ -100,6 +100,7 @@ func openers(t *testing.T, dsn string) map[string]func() (*pgjar.Jar, error) {
 // what is missing and the schema, and nothing is re-created. Before, Open and New opened
 // it, and every call then failed with "relation does not exist".
 func TestOpenIncompleteSchema(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ drop, missing string }{
 		{`DROP TABLE idem_operations`,
 			"no idem_operations, idem_operations_pkey, idem_operations_by_created, idem_operations_by_state, idem_operations_by_state_created"},
@@ -143,6 +144,7 @@ func TestOpenIncompleteSchema(t *testing.T) {
 // it and failed with PostgreSQL's own "relation already exists", and
 // MustExist said ErrNoJar of a database that holds a jar.
 func TestOpenUnrecordedSchema(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ sql, want string }{
 		{`DROP TABLE idem_operations_schema`, "no idem_operations_schema"},
 		{`TRUNCATE idem_operations_schema`, "idem_operations_schema records no version"},

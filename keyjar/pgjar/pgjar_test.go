@@ -24,6 +24,15 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// The tests that take a second or more run in parallel: the conformance
+// suites, the tests on a cluster of their own (pgtest.Own) and those that
+// wait for the server's timeouts or for worker processes. Each has a
+// database of its own (pgtest.DB; the roles they make are named after it,
+// the settings they change are set on it alone) or a cluster of its own:
+// they share nothing. TestTransportOneSendAtATime cannot: it sets an
+// environment variable for its workers. The others take a few tenths of
+// a second; in parallel too they made no difference that could be measured.
+
 func open(t *testing.T, dsn string, opts *pgjar.Options) *pgjar.Jar {
 	t.Helper()
 	j, err := pgjar.Open(t.Context(), dsn, opts)
@@ -55,6 +64,7 @@ func setDatabaseDefault(t *testing.T, dsn, setting, value string) {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	jartest.Run(t, func(t *testing.T) jartest.Jar { return open(t, pgtest.DB(t), nil) })
 }
 
@@ -267,6 +277,7 @@ func uncommitted(t *testing.T, dsn, op string) pgx.Tx {
 // transaction's locks: each fails with its deadline, and never reports a
 // key or a lease it did not get.
 func TestQueryTimeoutFailsClosed(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DB(t)
 	j := open(t, dsn, &pgjar.Options{QueryTimeout: time.Second})
 	ctx := t.Context()
@@ -321,6 +332,7 @@ func checkCancelled(t *testing.T, what string, err error) {
 // lock is free (pending, never sent, and leased for a minute to a call
 // that returned an error).
 func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DB(t)
 	j := open(t, dsn+"&pool_max_conns=1", &pgjar.Options{QueryTimeout: time.Second})
 	ctx := t.Context()
@@ -368,6 +380,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 // when it pinged only those idle for a second). The record begun before is
 // still pending under its holder's lease, and updates.
 func TestServerRestart(t *testing.T) {
+	t.Parallel()
 	c, dsn := pgtest.Own(t)
 	const conns = 4
 	j := open(t, fmt.Sprintf("%s&pool_max_conns=%d", dsn, conns), nil)
@@ -423,6 +436,7 @@ func TestServerRestart(t *testing.T) {
 // included (nothing was sent). Before, they failed with the refused
 // connection.
 func TestWritesAcrossRestart(t *testing.T) {
+	t.Parallel()
 	c, dsn := pgtest.Own(t)
 	relay, dsn := pgtest.NewRelay(t, dsn)
 	j := open(t, dsn, nil)
@@ -466,6 +480,7 @@ func TestWritesAcrossRestart(t *testing.T) {
 // found: nothing was sent, so nothing was lost. Before, each failed with
 // the refused connection.
 func TestReadsAndDeletesAcrossRestart(t *testing.T) {
+	t.Parallel()
 	c, dsn := pgtest.Own(t)
 	relay, dsn := pgtest.NewRelay(t, dsn)
 	j := open(t, dsn, nil)
@@ -706,6 +721,7 @@ func TestCallerDeadlineFailsClosed(t *testing.T) {
 // idem.Transport returns as a *idem.JarError, where it would resume with
 // the key or wait for the lease).
 func TestWritesSeeRecordsCommittedWhileTheyWait(t *testing.T) {
+	t.Parallel()
 	for _, level := range []string{"", "repeatable read", "serializable"} {
 		t.Run("default "+level, func(t *testing.T) {
 			dsn := pgtest.DB(t)
@@ -796,6 +812,7 @@ func waitBlocked(t *testing.T, conn *pgx.Conn) {
 // processes) take and release one lease as fast as they can: a refusal is
 // ErrLeased, never another error, and no two hold it at once.
 func TestAcquireUnderContention(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DB(t)
 	jars := []*pgjar.Jar{open(t, dsn, nil), open(t, dsn, nil)}
 	if _, _, err := jars[0].Begin(t.Context(), record("op")); err != nil {
@@ -1077,6 +1094,7 @@ type plan struct {
 // idem_operations_by_created; with one, idem_operations_by_state_created,
 // and no record of another state.
 func TestListPagePlan(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DB(t)
 	j := open(t, dsn, nil)
 	ctx := t.Context()

@@ -106,6 +106,7 @@ func TestQuotedSchemaName(t *testing.T) {
 // (public, which holds no jar). Before, every statement ran in public and
 // failed: relation "idem_operations" does not exist.
 func TestSearchPathChangedAfterOpen(t *testing.T) {
+	t.Parallel()
 	jartest.Run(t, func(t *testing.T) jartest.Jar {
 		dsn := pgtest.DB(t)
 		var j *pgjar.Jar
