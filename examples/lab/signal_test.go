@@ -6,21 +6,21 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 )
 
-// TestCommandStopsOnSignal runs the built command and signals it once it
-// has started its first row: it stops that row (its server and proxy
+// TestCommandStopsOnSignal runs the command as a process (the test binary
+// as the lab, roleCommand) and signals it once it has started its first
+// row: it stops that row (its server and proxy
 // closed, its temporary directory removed) and ends by the signal, as
 // idemserver's second signal does, so that a shell reports 130 for
 // SIGINT. Started with SIGINT ignored, as a non-interactive shell starts a
 // background job, it cannot die by SIGINT and exits with status 130.
 func TestCommandStopsOnSignal(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "lab")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building lab: %v\n%s", err, out)
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		name       string
@@ -44,7 +44,7 @@ func TestCommandStopsOnSignal(t *testing.T) {
 				// inherits the ignore.
 				cmd = exec.Command("sh", append([]string{"-c", `trap '' INT; exec "$0" "$@"`, bin}, args...)...)
 			}
-			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+			cmd.Env = append(os.Environ(), childEnv+"="+roleCommand, "TMPDIR="+tmp)
 			var out bytes.Buffer
 			cmd.Stdout = &out
 			stderr, err := cmd.StderrPipe()
