@@ -91,14 +91,7 @@ func main() {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return // -h: the usage is printed, as the go tools print it, and exits 0
 	}
-	var ue *cliflag.UsageError
-	if !errors.As(err, &ue) || !ue.Printed {
-		fmt.Fprintln(os.Stderr, "lab:", err)
-	}
-	if ue == nil {
-		os.Exit(1) // a run that failed, as the go tools exit
-	}
-	os.Exit(2) // a mistake in the command line, as the flag package exits
+	cliflag.Exit("lab", err)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {

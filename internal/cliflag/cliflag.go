@@ -6,13 +6,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 )
 
 // UsageError is a mistake in the command line: a command exits with
 // status 2 on it, as the flag package's ExitOnError does, and with 1 on
-// any other error. How it is printed is each command's.
+// any other error: Exit does both, or a command prints it its own way.
 type UsageError struct {
 	Err     error
 	Printed bool // the flag package printed Err already, with the usage
@@ -23,6 +24,22 @@ func (e *UsageError) Unwrap() error { return e.Err }
 
 // Usagef returns a *UsageError of fmt.Errorf(format, a...).
 func Usagef(format string, a ...any) error { return &UsageError{Err: fmt.Errorf(format, a...)} }
+
+// Exit ends a command whose run returned err, neither nil nor
+// flag.ErrHelp: it prints "name: err" to stderr, unless the flag package
+// printed err already, and exits with status 2 for a *UsageError and 1
+// for any other error, as the go tools do.
+func Exit(name string, err error) {
+	var ue *UsageError
+	usage := errors.As(err, &ue)
+	if !usage || !ue.Printed {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	}
+	if usage {
+		os.Exit(2)
+	}
+	os.Exit(1)
+}
 
 // DurationVar defines a time.Duration flag, as flag.FlagSet.DurationVar
 // does, whose bad value is refused with the reason: `invalid value "5" for

@@ -139,15 +139,7 @@ func main() {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return
 	}
-	var ue *cliflag.UsageError
-	usage := errors.As(err, &ue)
-	if !usage || !ue.Printed {
-		fmt.Fprintln(os.Stderr, "idemserver:", err)
-	}
-	if usage {
-		os.Exit(2)
-	}
-	os.Exit(1)
+	cliflag.Exit("idemserver", err)
 }
 
 // backend is where the server keeps its keys and its ledger.
