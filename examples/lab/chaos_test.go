@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +27,9 @@ import (
 func TestMain(m *testing.M) {
 	switch os.Getenv(childEnv) {
 	case "client":
+		if sig, err := strconv.Atoi(os.Getenv(clientSignalEnv)); err == nil {
+			signalOnFirstLine(syscall.Signal(sig))
+		}
 		os.Exit(childMain(os.Args[1:]))
 	case roleCommand:
 		main()
@@ -32,6 +40,38 @@ func TestMain(m *testing.M) {
 
 // roleCommand, as childEnv, makes the test binary run the lab's main.
 const roleCommand = "command"
+
+// clientSignalEnv, set to a signal's number, makes the test binary, as a
+// client process of idem + client restarts, send itself that signal once
+// it prints its first line (see signalOnFirstLine).
+const clientSignalEnv = "IDEM_LAB_TEST_CLIENT_SIGNAL"
+
+// signalOnFirstLine makes the client process send itself sig once it
+// prints its first line, well past its start, as a terminal's signal to
+// the process group may reach it before it reaches the lab; and, if the
+// signal leaves it running, write a line to file descriptor 3, which its
+// lab inherited from TestCommandStopsOnSignal.
+func signalOnFirstLine(sig syscall.Signal) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		panic(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	go func() {
+		in := bufio.NewReader(r)
+		line, err := in.ReadString('\n')
+		if p, _ := os.FindProcess(os.Getpid()); err == nil && p.Signal(sig) == nil && signal.Ignored(sig) {
+			// Ignored, it is gone once Signal returned. Otherwise it ends
+			// the process, soon (it may reach another thread): no line.
+			running := os.NewFile(3, "running")
+			running.WriteString("running\n")
+			running.Close()
+		}
+		stdout.WriteString(line)
+		io.Copy(stdout, in)
+	}()
+}
 
 // The tests that run rows run in parallel: each row has its own server,
 // proxy and temporary directory, so they share nothing, and they spend

@@ -50,7 +50,10 @@
 // server and proxy and removes its temporary directory, no table is
 // printed, and the process ends by that signal, which a shell reports as
 // status 130 for SIGINT and 143 for SIGTERM (started with SIGINT ignored,
-// it exits with status 130). A second signal ends it at once.
+// it exits with status 130). A terminal's Ctrl-C, which signals the
+// client processes of idem + client restarts too, stops it the same way:
+// they ignore SIGINT and SIGTERM, and the lab ends them. A second signal
+// ends it at once.
 package main
 
 import (

@@ -11,9 +11,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
@@ -120,6 +122,15 @@ func runRestarts(ctx context.Context, e *env) error {
 // for; it decides only what to send. With -fresh-jar each run opens an
 // empty jar: keys do not survive the restart (the bug the jar prevents).
 func childMain(args []string) int {
+	// A terminal's Ctrl-C signals the whole process group, this process
+	// with its lab, and may reach it first: dead of it, it would look to
+	// the lab like a client that failed on its own, before the lab knew
+	// of the signal. The lab ends this process (SIGKILL, at its kill
+	// points and when it stops, by exec.CommandContext), so it ignores
+	// SIGINT and SIGTERM: one process answers them, the one that knows
+	// what they mean, as the go command leaves them to the program that
+	// go run runs.
+	signal.Ignore(os.Interrupt, syscall.SIGTERM)
 	fs := flag.NewFlagSet("lab client", flag.ContinueOnError)
 	cfg := defaultConfig()
 	var (

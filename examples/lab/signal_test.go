@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 import (
@@ -6,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 )
@@ -16,7 +19,10 @@ import (
 // closed, its temporary directory removed) and ends by the signal, as
 // idemserver's second signal does, so that a shell reports 130 for
 // SIGINT. Started with SIGINT ignored, as a non-interactive shell starts a
-// background job, it cannot die by SIGINT and exits with status 130.
+// background job, it cannot die by SIGINT and exits with status 130. A
+// terminal's Ctrl-C signals the whole process group, the client processes
+// of idem + client restarts with the lab, and may reach a client process
+// first: the client process goes on, and the lab stops the same way.
 func TestCommandStopsOnSignal(t *testing.T) {
 	bin, err := os.Executable()
 	if err != nil {
@@ -25,19 +31,25 @@ func TestCommandStopsOnSignal(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		ignoreINT  bool // started with SIGINT ignored
+		group      bool // the restarts row, its process group signalled once a client process went on past the signal
 		sig        syscall.Signal
 		wantSignal syscall.Signal // the signal that ends the process, or 0
 		wantCode   int            // its exit status, when no signal ends it
 	}{
-		{"SIGINT", false, syscall.SIGINT, syscall.SIGINT, 0},
-		{"SIGTERM", false, syscall.SIGTERM, syscall.SIGTERM, 0},
-		{"SIGINT, SIGINT ignored at start", true, syscall.SIGINT, 0, 130},
+		{"SIGINT", false, false, syscall.SIGINT, syscall.SIGINT, 0},
+		{"SIGTERM", false, false, syscall.SIGTERM, syscall.SIGTERM, 0},
+		{"SIGINT, SIGINT ignored at start", true, false, syscall.SIGINT, 0, 130},
+		{"SIGINT to the process group", false, true, syscall.SIGINT, syscall.SIGINT, 0},
+		{"SIGTERM to the process group", false, true, syscall.SIGTERM, syscall.SIGTERM, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tmp := t.TempDir()
 			// Orders enough that the row is still running when the
 			// signal comes.
 			args := []string{"-rows", rowIdem, "-n", "99999"}
+			if tc.group {
+				args[1] = rowRestarts
+			}
 			cmd := exec.Command(bin, args...)
 			if tc.ignoreINT {
 				// The shell ignores SIGINT, and the lab it becomes (exec)
@@ -45,6 +57,24 @@ func TestCommandStopsOnSignal(t *testing.T) {
 				cmd = exec.Command("sh", append([]string{"-c", `trap '' INT; exec "$0" "$@"`, bin}, args...)...)
 			}
 			cmd.Env = append(os.Environ(), childEnv+"="+roleCommand, "TMPDIR="+tmp)
+			var running *os.File // a line once a client process went on past the signal (see signalOnFirstLine)
+			if tc.group {
+				r, w, err := os.Pipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				// File descriptor 3 of the lab, and of the client processes
+				// it starts, which inherit it: at its end, once they all
+				// ended, the read below ends too.
+				running = r
+				defer r.Close()
+				defer w.Close()
+				cmd.ExtraFiles = []*os.File{w}
+				cmd.Env = append(cmd.Env, clientSignalEnv+"="+strconv.Itoa(int(tc.sig)))
+				// A group of its own, as a shell gives a job: the signal
+				// reaches the lab and its client processes, not go test.
+				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			}
 			var out bytes.Buffer
 			cmd.Stdout = &out
 			stderr, err := cmd.StderrPipe()
@@ -56,11 +86,22 @@ func TestCommandStopsOnSignal(t *testing.T) {
 			}
 			defer cmd.Process.Kill() // when the test fails before it ends
 			errs := bufio.NewReader(stderr)
-			const want = "lab [1/1] idem: starting\n"
+			want := "lab [1/1] " + args[1] + ": starting\n"
 			if line, err := errs.ReadString('\n'); err != nil || line != want {
 				t.Fatalf("first line of stderr: %q, %v; want %q", line, err, want)
 			}
-			if err := cmd.Process.Signal(tc.sig); err != nil {
+			signal := cmd.Process.Signal
+			if tc.group {
+				defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the client processes too
+				cmd.ExtraFiles[0].Close()                             // the test's copy: the lab's and its client processes' hold the pipe
+				if _, err := bufio.NewReader(running).ReadString('\n'); err != nil {
+					rest, _ := io.ReadAll(errs)
+					cmd.Wait()
+					t.Fatalf("a client process sent %v did not go on: the lab ended, %v, stderr %q", tc.sig, cmd.ProcessState, rest)
+				}
+				signal = func(s os.Signal) error { return syscall.Kill(-cmd.Process.Pid, s.(syscall.Signal)) }
+			}
+			if err := signal(tc.sig); err != nil {
 				t.Fatal(err)
 			}
 			rest, _ := io.ReadAll(errs)
