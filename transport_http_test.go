@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/stallproxy"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
 )
@@ -544,86 +545,6 @@ func (w lengthLiar) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
-// stallingProxy forwards TCP connections on 127.0.0.1 to target until
-// stall is called: from then on, the connections it has forwarded carry
-// nothing more either way and stay open, as under a lost route or a NAT
-// that dropped its mapping. Connections accepted later are forwarded.
-type stallingProxy struct {
-	ln       net.Listener
-	accepted atomic.Int32
-
-	mu      sync.Mutex
-	stalled []*atomic.Bool
-	conns   []net.Conn
-}
-
-func newStallingProxy(t *testing.T, target string) *stallingProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallingProxy{ln: ln}
-	t.Cleanup(func() {
-		ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.accepted.Add(1)
-			stalled := new(atomic.Bool)
-			p.mu.Lock()
-			p.stalled = append(p.stalled, stalled)
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go forward(s, c, stalled)
-			go forward(c, s, stalled)
-		}
-	}()
-	return p
-}
-
-// forward copies src to dst until either fails, dropping what it reads
-// once stalled is set.
-func forward(dst, src net.Conn, stalled *atomic.Bool) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if stalled.Load() {
-			if err != nil {
-				return
-			}
-			continue
-		}
-		if _, werr := dst.Write(buf[:n]); werr != nil || err != nil {
-			dst.Close()
-			return
-		}
-	}
-}
-
-// stall stops every connection forwarded so far.
-func (p *stallingProxy) stall() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, s := range p.stalled {
-		s.Store(true)
-	}
-}
-
 // TestHTTP2LostConnectionIsRetried: an HTTP/2 connection that stops
 // answering under an attempt is found lost by net/http's health check
 // (HTTP2Config.SendPingTimeout: a PING unanswered), which fails the
@@ -642,14 +563,14 @@ func TestHTTP2LostConnectionIsRetried(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	proxy := newStallingProxy(t, srv.Listener.Addr().String())
+	proxy := stallproxy.New(t, srv.Listener.Addr().String())
 	base := srv.Client().Transport.(*http.Transport).Clone()
 	base.ForceAttemptHTTP2 = true
 	base.HTTP2 = &http.HTTP2Config{SendPingTimeout: 250 * time.Millisecond, PingTimeout: 250 * time.Millisecond}
 	jar := &idem.MemoryJar{}
 	tr := &idem.Transport{Base: base, Jar: jar, Policy: fastPolicy}
 	defer tr.CloseIdleConnections()
-	url := "https://" + proxy.ln.Addr().String() + "/charges"
+	url := "https://" + proxy.Addr() + "/charges"
 	post := func(op string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), op), http.MethodPost, url, strings.NewReader(`{"amount":100}`))
 		return tr.RoundTrip(req)
@@ -663,7 +584,7 @@ func TestHTTP2LostConnectionIsRetried(t *testing.T) {
 	if resp.ProtoMajor != 2 {
 		t.Fatalf("first call over %s; want HTTP/2", resp.Proto)
 	}
-	proxy.stall()
+	proxy.Stall()
 
 	resp, err = post("second")
 	if err != nil {
@@ -677,9 +598,9 @@ func TestHTTP2LostConnectionIsRetried(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if resp.StatusCode != http.StatusCreated || rec.State != idem.StateDone || rec.Attempts != 2 ||
-		len(keys) != 2 || keys[1] != rec.Key || proxy.accepted.Load() != 2 {
+		len(keys) != 2 || keys[1] != rec.Key || proxy.Accepted() != 2 {
 		t.Fatalf("%s, %s after %d attempts, server saw keys %q over %d connections; want 201, done after 2 attempts, the second with key %q on a second connection",
-			resp.Status, rec.State, rec.Attempts, keys, proxy.accepted.Load(), rec.Key)
+			resp.Status, rec.State, rec.Attempts, keys, proxy.Accepted(), rec.Key)
 	}
 }
 
