@@ -100,7 +100,10 @@ type Options struct {
 	// Base sends each attempt. Nil means a clone of http.DefaultTransport
 	// that keeps up to 64 idle connections per host (http.Transport's
 	// default of 2 loses a third of the throughput or more at 32 concurrent
-	// callers).
+	// callers) and checks the health of its HTTP/2 connections: one that
+	// read nothing for 15 s is pinged, and closed when no answer comes
+	// within 15 s, so that the attempts it held are sent again on a new
+	// connection.
 	Base http.RoundTripper
 
 	// Header, when not nil, is called on every request the Client sends,
@@ -275,7 +278,8 @@ func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
 func (t *tracked) CloseIdleConnections() { t.c.tr.CloseIdleConnections() }
 
 // pooledTransport is http.DefaultTransport with a pool sized for many
-// concurrent callers to one host.
+// concurrent callers to one host, and the HTTP/2 health check of
+// http2HealthCheck.
 func pooledTransport() *http.Transport {
 	t, ok := http.DefaultTransport.(*http.Transport)
 	if !ok {
@@ -284,8 +288,35 @@ func pooledTransport() *http.Transport {
 	t = t.Clone()
 	t.MaxIdleConnsPerHost = 64
 	t.MaxIdleConns = max(t.MaxIdleConns, 256)
+	var h2 http.HTTP2Config
+	if t.HTTP2 != nil {
+		h2 = *t.HTTP2 // what a program set on http.DefaultTransport is kept
+	}
+	if h2.SendPingTimeout == 0 {
+		h2.SendPingTimeout = http2HealthCheck.SendPingTimeout
+		if h2.PingTimeout == 0 {
+			h2.PingTimeout = http2HealthCheck.PingTimeout
+		}
+	}
+	t.HTTP2 = &h2
 	return t
 }
+
+// http2HealthCheck is the default Base's HTTP/2 health check. Over HTTP/2
+// every attempt of a call goes to the one connection to the host, and
+// net/http keeps sending on it while it looks open: a connection that
+// stopped answering (a lost route, a NAT that dropped it) would take
+// every attempt with it, each until its Policy.AttemptTimeout or, without
+// one, until the kernel gives the connection up, after minutes. With the
+// check, a connection that has read nothing for SendPingTimeout is
+// pinged, and closed when no answer comes within PingTimeout: its
+// attempts fail ("http2: client connection lost"), and the call sends
+// them again, same key, on a new connection. 15 s is net/http's own
+// PingTimeout default, and the two together, 30 s, fit in the half of
+// Policy.MaxElapsed's default (1 minute) so that a retry still follows.
+// The check is off by default in net/http; Kubernetes' client, the Azure
+// SDK and others turn it on the same way. A var for the tests.
+var http2HealthCheck = http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 15 * time.Second}
 
 // checkRedirect follows redirects that become GET requests (301, 302,
 // 303) and stops at those that would send a keyed request again to

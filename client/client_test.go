@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/stallproxy"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
@@ -756,8 +757,67 @@ func TestNewChecksItsJar(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if n := client.MaxIdleConnsPerHost(c); n < 32 {
+	if n := client.DefaultBase(c).MaxIdleConnsPerHost; n < 32 {
 		t.Fatalf("default pool keeps %d idle connections per host; want at least 32", n)
+	}
+}
+
+// TestDefaultBaseFindsALostHTTP2Connection: over HTTP/2, net/http sends
+// every attempt on the one connection to the host while it looks open.
+// The default Base checks the connection's health (a PING after a quiet
+// spell, the connection closed when it goes unanswered), so a call whose
+// connection stopped carrying anything is sent again, same key, on a new
+// connection, with no AttemptTimeout set; and by default that check takes
+// no longer than half of the retry policy's default budget.
+func TestDefaultBaseFindsALostHTTP2Connection(t *testing.T) {
+	c, err := client.New(t.Context(), "", &client.Options{Jar: &idem.MemoryJar{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := client.DefaultBase(c).HTTP2
+	c.Close()
+	budget := (retry.Policy{}).Defaults().MaxElapsed
+	if h2 == nil || h2.SendPingTimeout <= 0 || h2.PingTimeout <= 0 || h2.SendPingTimeout+h2.PingTimeout > budget/2 {
+		t.Fatalf("default Base's HTTP/2 config %+v; want a health check whose ping and timeout add up to at most %v", h2, budget/2)
+	}
+
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	proxy := stallproxy.New(t, srv.Listener.Addr().String())
+	client.SetHTTP2HealthCheck(t, http.HTTP2Config{SendPingTimeout: 250 * time.Millisecond, PingTimeout: 250 * time.Millisecond})
+	c, err = client.New(t.Context(), "", &client.Options{Jar: &idem.MemoryJar{}, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The test server's certificate, before the first request.
+	client.DefaultBase(c).TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	for i, op := range []string{"first", "second"} {
+		if i == 1 {
+			proxy.Stall() // the connection the first call opened
+		}
+		// Bounded, so that a call left on the lost connection fails the
+		// test rather than hangs it.
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		req, _ := http.NewRequest(http.MethodPost, "https://"+proxy.Addr()+"/charges", strings.NewReader(`{"amount":100}`))
+		resp, err := c.Do(ctx, op, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("call %q: %v; want 201 (the second on a new connection, once the first was found lost)", op, err)
+		}
+		resp.Body.Close()
+		rec, err := c.Jar().Get(t.Context(), op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusCreated || resp.ProtoMajor != 2 || rec.Attempts != i+1 || proxy.Accepted() != i+1 {
+			t.Fatalf("call %q: %s over %s after %d attempts, %d connections; want 201 over HTTP/2 after %d, %d", op, resp.Status, resp.Proto, rec.Attempts, proxy.Accepted(), i+1, i+1)
+		}
 	}
 }
 

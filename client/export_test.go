@@ -1,12 +1,21 @@
 package client
 
-import "net/http"
+import (
+	"net/http"
+	"testing"
+)
 
-// MaxIdleConnsPerHost returns the idle pool size per host of c's default
-// Base, or -1 when Base is not an *http.Transport.
-func MaxIdleConnsPerHost(c *Client) int {
-	if t, ok := c.tr.Base.(*sender).base.(*http.Transport); ok {
-		return t.MaxIdleConnsPerHost
-	}
-	return -1
+// DefaultBase returns c's default Base, or nil when Options.Base was set
+// to something else than an *http.Transport.
+func DefaultBase(c *Client) *http.Transport {
+	t, _ := c.tr.Base.(*sender).base.(*http.Transport)
+	return t
+}
+
+// SetHTTP2HealthCheck makes the default Base of the Clients that New
+// makes until t ends check HTTP/2 connections with h.
+func SetHTTP2HealthCheck(t testing.TB, h http.HTTP2Config) {
+	old := http2HealthCheck
+	http2HealthCheck = h
+	t.Cleanup(func() { http2HealthCheck = old })
 }
