@@ -440,9 +440,13 @@ func TestRowWaitsForHeldRequests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("seed %d: %v", cfg.seed, err)
 	}
-	if r.Faults.Delayed != 1 || r.Charges != 1 || r.Server.Replays != 1 {
-		t.Errorf("seed %d: delayed %d, charges %d, replays %d; want the held request replayed after the charge",
-			cfg.seed, r.Faults.Delayed, r.Charges, r.Server.Replays)
+	// On a slow machine a forwarded attempt may outlast the timeout too,
+	// and the call send more: what must hold is that every request the
+	// proxy received was decided at the server before the row counted.
+	decided := r.Server.Claims + r.Server.Replays + r.Server.Conflicts
+	if r.Faults.Delayed < 1 || r.Charges != 1 || r.Server.Replays < 1 || decided != r.Requests {
+		t.Errorf("seed %d: delayed %d, charges %d, replays %d, %d requests decided of %d received; want the held request replayed after the charge, and counted",
+			cfg.seed, r.Faults.Delayed, r.Charges, r.Server.Replays, decided, r.Requests)
 	}
 }
 
