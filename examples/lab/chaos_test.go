@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 		if sig, err := strconv.Atoi(os.Getenv(clientSignalEnv)); err == nil {
 			signalOnFirstLine(syscall.Signal(sig))
 		}
+		if os.Getenv(clientOrphanEnv) != "" {
+			tellOnFirstLine()
+		}
 		os.Exit(childMain(os.Args[1:]))
 	case roleCommand:
 		main()
@@ -46,12 +49,45 @@ const roleCommand = "command"
 // it prints its first line (see signalOnFirstLine).
 const clientSignalEnv = "IDEM_LAB_TEST_CLIENT_SIGNAL"
 
+// clientOrphanEnv, set, makes the test binary, as a client process of
+// idem + client restarts, ignore SIGPIPE and write a line to file
+// descriptor 3 once it prints its first line (see tellOnFirstLine).
+const clientOrphanEnv = "IDEM_LAB_TEST_CLIENT_ORPHAN"
+
 // signalOnFirstLine makes the client process send itself sig once it
 // prints its first line, well past its start, as a terminal's signal to
 // the process group may reach it before it reaches the lab; and, if the
 // signal leaves it running, write a line to file descriptor 3, which its
 // lab inherited from TestCommandStopsOnSignal.
 func signalOnFirstLine(sig syscall.Signal) {
+	onFirstLine(func() {
+		if p, _ := os.FindProcess(os.Getpid()); p.Signal(sig) == nil && signal.Ignored(sig) {
+			// Ignored, it is gone once Signal returned. Otherwise it ends
+			// the process, soon (it may reach another thread): no line.
+			running := os.NewFile(3, "running")
+			running.WriteString("running\n")
+			running.Close()
+		}
+	})
+}
+
+// tellOnFirstLine makes the client process write a line to file
+// descriptor 3, which its lab inherited from TestClientsEndWithTheLab,
+// once it prints its first line, and keep it open to its end. It ignores
+// SIGPIPE: its next write to the pipe of a lab that is gone does not end
+// it, as it would not end a client process that waits (a backoff, a
+// Retry-After) and has nothing to write, so that only the lab's end can.
+func tellOnFirstLine() {
+	signal.Ignore(syscall.SIGPIPE)
+	onFirstLine(func() {
+		// No *os.File, which would close the descriptor once collected.
+		syscall.Write(3, []byte("running\n"))
+	})
+}
+
+// onFirstLine calls f once the client process printed its first line,
+// before the line reaches its lab.
+func onFirstLine(f func()) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		panic(err)
@@ -61,12 +97,8 @@ func signalOnFirstLine(sig syscall.Signal) {
 	go func() {
 		in := bufio.NewReader(r)
 		line, err := in.ReadString('\n')
-		if p, _ := os.FindProcess(os.Getpid()); err == nil && p.Signal(sig) == nil && signal.Ignored(sig) {
-			// Ignored, it is gone once Signal returned. Otherwise it ends
-			// the process, soon (it may reach another thread): no line.
-			running := os.NewFile(3, "running")
-			running.WriteString("running\n")
-			running.Close()
+		if err == nil {
+			f()
 		}
 		stdout.WriteString(line)
 		io.Copy(stdout, in)

@@ -53,7 +53,9 @@
 // it exits with status 130). A terminal's Ctrl-C, which signals the
 // client processes of idem + client restarts too, stops it the same way:
 // they ignore SIGINT and SIGTERM, and the lab ends them. A second signal
-// ends it at once.
+// ends it at once. However the lab ends (a second signal, a SIGKILL, a
+// crash), its client processes end with it: each reads EOF on its stdin, a
+// pipe only the lab holds open.
 package main
 
 import (

@@ -40,7 +40,9 @@ const (
 // runRestarts runs the orders in client processes and kills them with
 // SIGKILL at seeded random points, at most cfg.maxKills times (and once
 // per 10 orders), starting a new one each time. Each new process resumes
-// what its jar holds pending. The last process runs to its end.
+// what its jar holds pending. The last process runs to its end. A client
+// process ends once its lab is gone, however the lab ended (see
+// childMain).
 func runRestarts(ctx context.Context, e *env) error {
 	rng := rand.New(rand.NewPCG(e.cfg.seed, 0x6b696c6c)) // "kill"
 	paid := e.jarPath + ".paid"
@@ -66,6 +68,14 @@ func runRestarts(ctx context.Context, e *env) error {
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
+			return err
+		}
+		// The client process's stdin: a pipe whose write end only this
+		// process holds, until Wait (exec makes it close-on-exec, so that
+		// no other child inherits it). The client process reads EOF there
+		// once the lab is gone, however it ended, and ends too (see
+		// childMain).
+		if _, err := cmd.StdinPipe(); err != nil {
 			return err
 		}
 		if err := cmd.Start(); err != nil {
@@ -131,6 +141,17 @@ func childMain(args []string) int {
 	// what they mean, as the go command leaves them to the program that
 	// go run runs.
 	signal.Ignore(os.Interrupt, syscall.SIGTERM)
+	// A lab that ends at once (a second signal, a SIGKILL, a crash) cannot
+	// end this process. Its next write to the lab's pipe would, by SIGPIPE,
+	// but not while a call waits (a backoff, a Retry-After). Its stdin is
+	// a pipe the lab writes nothing to and holds the only write end of:
+	// EOF there means the lab is gone, and it ends at once, with nothing
+	// to say and no one to say it to. Not Pdeathsig, which fires when the
+	// thread that started it ends, not the lab.
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(1)
+	}()
 	fs := flag.NewFlagSet("lab client", flag.ContinueOnError)
 	cfg := defaultConfig()
 	var (

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestCommandStopsOnSignal runs the command as a process (the test binary
@@ -124,5 +125,57 @@ func TestCommandStopsOnSignal(t *testing.T) {
 				t.Errorf("after %v: %v left in TMPDIR (%v); want the row's temporary directory removed", tc.sig, left, err)
 			}
 		})
+	}
+}
+
+// TestClientsEndWithTheLab runs the command on idem + client restarts and
+// kills the lab with SIGKILL once a client process runs: as a second
+// signal ends it, or a crash. Its client processes end too, soon, though
+// no write to the lab's pipe ends them (they ignore SIGPIPE here, as one
+// that waits has nothing to write): every process that inherited file
+// descriptor 3 from the lab closed it.
+func TestClientsEndWithTheLab(t *testing.T) {
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	// Orders enough that the row is still running when the lab dies.
+	cmd := exec.Command(bin, "-rows", rowRestarts, "-n", "99999")
+	cmd.Env = append(os.Environ(), childEnv+"="+roleCommand, clientOrphanEnv+"=1", "TMPDIR="+t.TempDir())
+	// File descriptor 3 of the lab and of the client processes it starts,
+	// which inherit it: once they all ended, the read below gets EOF.
+	cmd.ExtraFiles = []*os.File{w}
+	// A group of its own, as a shell gives a job.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.WaitDelay = time.Second // for a client process that held the lab's stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pgid := cmd.Process.Pid
+	defer syscall.Kill(-pgid, syscall.SIGKILL) // what is left when the test fails
+	w.Close()                                  // the test's copy
+	running := bufio.NewReader(r)
+	if _, err := running.ReadString('\n'); err != nil {
+		cmd.Wait()
+		t.Fatalf("no client process ran: the lab ended, %v, stderr %q", cmd.ProcessState, stderr.String())
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	const within = 10 * time.Second
+	if err := r.SetReadDeadline(time.Now().Add(within)); err != nil {
+		t.Fatal(err)
+	}
+	if rest, err := io.ReadAll(running); err != nil { // nil at EOF
+		t.Fatalf("client processes still running %v after their lab was killed (%v, %q read)", within, err, rest)
 	}
 }
