@@ -187,7 +187,9 @@ commands:
   show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
   resume (OP | --all) [--header 'N: V']  send pending operations again with their keys, giving up an
          [--attempt-timeout D]           attempt without an answer after D (default 1m, at most H);
-         [--horizon H]                   one first sent more than H ago (default 24h) is marked reconcile
+         [--horizon H]                   one first sent more than H ago (default 24h) is marked reconcile;
+                                         the jar keeps no credential: give the first send's with --header
+                                         or, out of the process list, in $IDEM_HEADER ('N: V', one per line)
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)

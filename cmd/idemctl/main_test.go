@@ -860,6 +860,16 @@ func TestJarErrors(t *testing.T) {
 	}
 }
 
+// TestUsageNamesHeaderEnv: the usage, the only help idemctl prints, names
+// IDEM_HEADER beside --header, the way to give resume a credential that
+// neither the process list nor a shell's history shows.
+func TestUsageNamesHeaderEnv(t *testing.T) {
+	code, out, _ := idemctl("help")
+	if code != 0 || !strings.Contains(out, "$IDEM_HEADER") {
+		t.Fatalf("help: exit %d, no $IDEM_HEADER in the usage:\n%s", code, out)
+	}
+}
+
 // TestUsageErrorBeforeTheJar: a command line that a command cannot take is
 // a usage error, exit status 2, whatever the jar's state: it is refused
 // before the jar is opened, so that a jar that is missing (exit status 1)
