@@ -487,7 +487,9 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 
 // PostJSON sends in, encoded as JSON, in a POST to url as the operation
 // named op, and decodes a 2xx answer's JSON body into out (unless out is
-// nil or the body is empty). The returned Response's body is already read
+// nil or the body is empty). An empty op, as for Do, makes the call an
+// operation of its own, under a new key that neither a later call nor a
+// run after a restart finds again. The returned Response's body is already read
 // and closed. Errors are those of Do; a body that does not decode, or is
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
 // the Response: the operation did happen.
