@@ -37,9 +37,12 @@
 // gets the same answer; when that gets no answer, the order is reported
 // done in an earlier run, no answer this run, not pending), 2 for bad
 // flags; -h prints the usage and exits 0.
-// What the server answers is printed with its control characters and bidi
-// format characters escaped (\x1b, \u202e): a terminal does not run them,
-// nor reorder what it shows.
+// What the server answers is printed quoted as a Go string when it holds
+// control characters or bidi format characters (\x1b, \u202e): a terminal
+// does not run them, nor reorder what it shows.
+//
+// It imports only this module's public packages and the standard library:
+// copy it to start a tool of your own.
 package main
 
 import (
@@ -60,8 +63,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
-	"github.com/idemkit/idem/internal/cliflag"
-	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -100,7 +101,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	orders := fs.String("orders", "3", "how many orders to charge (order-1 … order-N), or a comma-separated list of order ids")
 	amount := fs.Int64("amount", 1000, "amount of each charge, in the currency's minor unit")
 	currency := fs.String("currency", "usd", "currency of each charge")
-	lease := cliflag.Duration(fs, "lease", time.Minute, "how long (a `duration`) a charge in flight is held against other processes; a charge interrupted by a crash can be resumed once its lease ends")
+	lease := fs.Duration("lease", time.Minute, "how long (a `duration`) a charge in flight is held against other processes; a charge interrupted by a crash can be resumed once its lease ends")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: charge [-server URL] [-jar FILE] [-orders N|ID,ID…] [-amount A] [-currency C] [-lease D]")
 		fmt.Fprintln(stderr, "Charges orders against the reference server (idemserver); first resumes, with their")
@@ -282,7 +283,7 @@ func report(w io.Writer, id string, resp *client.Response, ch charge, err error)
 	if resp.Replayed {
 		how = "charged (replayed: the server had already charged it)"
 	}
-	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, ctlesc.Escape(ch.ID), ch.Amount, ctlesc.Escape(ch.Currency), resp.Key)
+	fmt.Fprintf(w, "%s: %s %s %d %s, key %s\n", id, how, shown(ch.ID), ch.Amount, shown(ch.Currency), resp.Key)
 	return true
 }
 
@@ -345,4 +346,15 @@ func bearer(token string) func(*http.Request) error {
 		r.Header.Set("Authorization", "Bearer "+token)
 		return nil
 	}
+}
+
+// shown returns a string a server sent as it is, or quoted as a Go string
+// literal when it holds a character that a terminal would act on or not
+// show (a control such as ESC, a bidi override, bytes that are not UTF-8):
+// what a server sends must not reach the terminal raw.
+func shown(s string) string {
+	if q := strconv.Quote(s); q[1:len(q)-1] != s {
+		return q
+	}
+	return s
 }

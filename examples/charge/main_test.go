@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"go/parser"
+	"go/token"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -610,3 +613,17 @@ func TestInterruptWhileResuming(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestImportsOnlyPublicPackages: the command is a template to copy, which
+// a module of its own can build only if it imports no internal package.
+func TestImportsOnlyPublicPackages(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range f.Imports {
+		if path, _ := strconv.Unquote(im.Path.Value); strings.Contains(path+"/", "/internal/") {
+			t.Errorf("main.go imports %s, which a copy outside this module cannot", path)
+		}
+	}
+}
