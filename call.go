@@ -159,7 +159,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				c.lastErr = err
 				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
 					c.giveUp(ctx, c.lastErr, "operation leased by another holder")
-					return nil, c.pending(c.lastErr, time.Time{})
+					// The earliest a call can take it, unless its holder
+					// ends first: the lease's end, or the server's
+					// Retry-After when it comes later.
+					next := rec.LeaseUntil
+					if rec.NextAttempt.After(next) {
+						next = rec.NextAttempt
+					}
+					return nil, c.pending(c.lastErr, next)
 				}
 				continue
 			case errors.Is(err, ErrNotFound) && c.resuming && c.attempts == 0:

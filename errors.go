@@ -160,7 +160,9 @@ type PendingError struct {
 	Attempts   int           // attempts this call sent
 	LastStatus int           // status of the last answer, 0 when none
 	Elapsed    time.Duration // time this call spent
-	// NextAttempt, when not zero, is the earliest time to send again.
+	// NextAttempt, when not zero, is the earliest time to send again: an
+	// earlier answer's Retry-After, or, for an operation another holder
+	// leases, the end of its lease (unless that holder ends it first).
 	NextAttempt time.Time
 	Err         error // the last error (a network or context error, ErrLeased), or nil
 	// State is the operation's state as the call last read it from the

@@ -892,11 +892,17 @@ func TestStoredWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
 					return
 				}
 				pe := pendingAtOnce(t, resp, err, took, tc.deadline)
-				if rec.attempts() != 0 || pe.Attempts != 0 || pe.Key != "k1" || !pe.NextAttempt.Equal(stored.NextAttempt) ||
+				// When the operation can be sent: the stored NextAttempt,
+				// or the other holder's lease's end when later.
+				next := stored.NextAttempt
+				if stored.LeaseUntil.After(next) {
+					next = stored.LeaseUntil
+				}
+				if rec.attempts() != 0 || pe.Attempts != 0 || pe.Key != "k1" || !pe.NextAttempt.Equal(next) ||
 					r.State != idem.StatePending || r.Key != "k1" || r.Attempts != 1 || !r.NextAttempt.Equal(stored.NextAttempt) ||
 					r.Holder != stored.Holder || !r.LeaseUntil.Equal(stored.LeaseUntil) {
-					t.Fatalf("%d sent, error %+v, record %+v; want nothing sent, the operation pending as it was under k1, NextAttempt %v, holder %q",
-						rec.attempts(), pe, r, stored.NextAttempt, stored.Holder)
+					t.Fatalf("%d sent, error %+v, record %+v; want nothing sent, the error's NextAttempt %v, the operation pending as it was under k1, NextAttempt %v, holder %q",
+						rec.attempts(), pe, r, next, stored.NextAttempt, stored.Holder)
 				}
 			})
 		})
@@ -934,4 +940,40 @@ func pendingAtOnce(t *testing.T, resp *http.Response, err error, took, deadline 
 		t.Fatalf("got %v, %v; want a *PendingError matching context.DeadlineExceeded and idem.ErrPending", resp, err)
 	}
 	return pe
+}
+
+// TestLeasedElsewhereSaysWhenToResume: a call that gives up on an
+// operation another holder leases past the call's budget says when it can
+// be taken: the lease's end, or the server's Retry-After that the record
+// keeps when it comes later.
+func TestLeasedElsewhereSaysWhenToResume(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	for _, retryAfter := range []time.Duration{0, 2 * time.Hour} {
+		t.Run(fmt.Sprintf("retry-after=%v", retryAfter), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, status(201))
+				ctx := idem.WithOperation(context.Background(), "op")
+				heldElsewhere(t, jar, fp) // for an hour, past the budget
+				held, err := jar.Get(ctx, "op")
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := held.LeaseUntil
+				if retryAfter > 0 {
+					want = time.Now().Add(retryAfter)
+					if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), NextAttempt: want}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				_, err = post(t, ctx, tr, `{}`)
+				var pe *idem.PendingError
+				if !errors.As(err, &pe) || !errors.Is(err, idem.ErrLeased) || rec.attempts() != 0 {
+					t.Fatalf("got %v after %d sends; want a *PendingError for the lease, nothing sent", err, rec.attempts())
+				}
+				if !pe.NextAttempt.Equal(want) {
+					t.Fatalf("NextAttempt %v; want %v, when the operation can be taken (error: %v)", pe.NextAttempt, want, err)
+				}
+			})
+		})
+	}
 }
