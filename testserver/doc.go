@@ -25,6 +25,10 @@
 // and replayed, and a replayed 503 is final too: a transient failure then
 // sticks to its key.
 //
+// A handler that returns without answering anything once its lease ended
+// (its context is done) answers 503 ProblemLeaseEnded, a failure as the
+// others, never the empty 200 net/http would send.
+//
 // A panic answers 500. A panic with http.ErrAbortHandler, and a body
 // shorter than the Content-Length the handler set, break the connection
 // off instead; when nothing of the answer was sent yet (it was smaller

@@ -61,8 +61,9 @@ const (
 )
 
 // ErrorPolicy is what the Middleware does with a claim when its handler
-// fails: answers a status of 500 or more, panics, or sends a body shorter
-// than the Content-Length it set; or when it answers
+// fails: answers a status of 500 or more, panics, sends a body shorter
+// than the Content-Length it set, or returns without answering anything
+// once its lease ended (answered 503 ProblemLeaseEnded); or when it answers
 // 429 Too Many Requests, which asks the caller to send the same request
 // again later (idem.Transport does, with the same key): saved, that 429
 // would be replayed to every retry.
@@ -134,16 +135,22 @@ func (p ErrorPolicy) String() string {
 // The handler's request has a fresh body holding the bytes read, and a
 // context cancelled when the claim's lease ends, LockTimeout after the
 // claim was taken, so that a handler that honours its context cannot
-// outlive its claim. The save or the release that follows the handler gets
-// at most 10 s, on a context that the caller hanging up does not end
-// either: a server that stops gracefully waits LockTimeout and those 10 s
-// for its requests in flight. A claim that took the store longer than
-// LockTimeout is released without running the handler (503). The answer
-// saved is the one the handler returns with: put http.TimeoutHandler, and
-// any handler that answers before the work it started ends, outside Wrap,
-// never inside. Inside, its early 503 would release the claim
-// (ReleaseClaim) or be saved (SaveError) while the work goes on, and a
-// retry would run the work again, or be told it failed.
+// outlive its claim. A handler that returns once its context ended without
+// answering anything, no status and no body, as one that honours its
+// context does, failed: where net/http would send an empty 200, which would
+// be saved and replayed as a success, its caller gets 503
+// ProblemLeaseEnded, and OnError releases the claim or saves that 503. A
+// handler that answers after its lease ended is saved as it answered, and
+// one that means an empty 200 writes it (WriteHeader). The save or the
+// release that follows the handler gets at most 10 s, on a context that the
+// caller hanging up does not end either: a server that stops gracefully
+// waits LockTimeout and those 10 s for its requests in flight. A claim that
+// took the store longer than LockTimeout is released without running the
+// handler (503). The answer saved is the one the handler returns with: put
+// http.TimeoutHandler, and any handler that answers before the work it
+// started ends, outside Wrap, never inside. Inside, its early 503 would
+// release the claim (ReleaseClaim) or be saved (SaveError) while the work
+// goes on, and a retry would run the work again, or be told it failed.
 //
 // The handler reads its claim from its request's context with ClaimFrom:
 // the key, its scope, the fencing token of the run, and whether the run
@@ -250,18 +257,19 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more or 429, panics, or sends a body shorter than the Content-Length
-	// it set. The zero value is ReleaseClaim; a value that is neither
-	// policy is refused as Store nil is, with ErrOptions. A panic is
-	// recovered, logged with its stack as Logger says, and answered with a
-	// 500 ProblemHandlerFailed, which SaveError saves. A panic with
-	// http.ErrAbortHandler (logged at Info: net/http does not log it) and a
-	// short body (which net/http breaks off) abort the connection instead,
-	// and the claim is released, or that 500 saved, all the same: a retry
-	// never gets the short body. A panic or a short body after part of an
-	// answer larger than MaxSavedResponse was sent cannot change that
-	// answer: its ProblemResponseTooLarge marker is saved, naming the status
-	// sent, and the connection is aborted (http.ErrAbortHandler).
+	// more or 429, panics, sends a body shorter than the Content-Length it
+	// set, or returns without answering anything once its lease ended
+	// (answered 503 ProblemLeaseEnded, logged at Warn). The zero value is
+	// ReleaseClaim; a value that is neither policy is refused as Store nil is,
+	// with ErrOptions. A panic is recovered, logged with its stack as Logger
+	// says, and answered with a 500 ProblemHandlerFailed, which SaveError
+	// saves. A panic with http.ErrAbortHandler (logged at Info: net/http does
+	// not log it) and a short body (which net/http breaks off) abort the
+	// connection instead, and the claim is released, or that 500 saved, all
+	// the same: a retry never gets the short body. A panic or a short body
+	// after part of an answer larger than MaxSavedResponse was sent cannot
+	// change that answer: its ProblemResponseTooLarge marker is saved, naming
+	// the status sent, and the connection is aborted (http.ErrAbortHandler).
 	OnError ErrorPolicy
 
 	// Now returns the current time. Nil means time.Now. Claim tokens,
@@ -302,7 +310,7 @@ type Stats struct {
 	Conflicts   int64 // 409: the key was in flight
 	Mismatches  int64 // 422: the key was reused with another request
 	Fenced      int64 // late saves or releases refused because another worker took over
-	Released    int64 // claims released after a handler error (ReleaseClaim)
+	Released    int64 // claims released after a handler error, a lease-ended answer among them (ReleaseClaim)
 	TooLarge    int64 // answers larger than MaxSavedResponse, saved as a marker
 	StoreErrors int64 // store calls that failed or took longer than LockTimeout (503 before the handler, logged after), releases included, and requests refused for a nil Store (ErrNoStore) or bad options (ErrOptions)
 	Rejected    int64 // 400 and 413: missing, invalid or repeated key, unreadable or large body
@@ -708,6 +716,27 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
 	v, stack := m.call(h, rec, hr)
+	// A handler that returns without having answered anything, no final
+	// status and no byte of body, once its context ended (only the lease
+	// ends it: its parent is detached from the request) stopped because
+	// its time ran out, as a handler that honours its context does. net/http
+	// would send an implicit 200 with no body; saved, that 200 would be
+	// replayed to every retry, and a client would take an operation that
+	// may never have happened as done. The run failed instead, as
+	// http.TimeoutHandler answers a handler that ran out of time: with 503,
+	// here ProblemLeaseEnded, which OnError releases or saves as any
+	// failure. A handler that answers, even after its lease ended, is
+	// saved as it answered.
+	silent := v == nil && rec.status == 0 && hctx.Err() != nil
+	if silent {
+		detail := "The server's time for this request ran out before it answered. Retry the same request with the same key."
+		if m.OnError == SaveError {
+			detail = "The server's time for this request ran out before it answered, and this answer is saved for the key: the operation may or may not have happened. Look its result up before sending it again with a new key."
+		}
+		rec.reset()
+		WriteProblem(rec, Problem{Type: ProblemLeaseEnded, Title: "Handler's lease ended without an answer", Status: http.StatusServiceUnavailable, Key: key,
+			Detail: detail}, 1)
+	}
 	rec.finish()
 	// A handler that panics, or whose body is shorter than the
 	// Content-Length it set, failed: its answer is not saved. Its caller
@@ -791,6 +820,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	case short:
 		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", "key", key,
 			"content_length", rec.declared, "written", rec.size)
+	case silent:
+		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned no answer after its lease ended", "key", key)
 	}
 	if tooLarge {
 		m.log(ctx, slog.LevelWarn, "idempotency: response too large to save; a marker is saved", "key", key, "status", rec.status, "bytes", rec.size)

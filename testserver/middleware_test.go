@@ -1383,6 +1383,92 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 	})
 }
 
+// TestHandlerSilentAfterItsLease: a handler that returns at the end of its
+// lease without having answered anything (as a handler that honours its
+// context does: it returns once ctx.Done() is closed) failed: its run is
+// not saved as the empty 200 net/http would send, which every retry would
+// get replayed and a client take as done. Its caller gets 503
+// ProblemLeaseEnded, and OnError decides: ReleaseClaim releases the claim
+// (a retry runs the handler again), SaveError saves the 503 (a retry gets
+// it replayed). A handler that answers after its lease ended is saved as
+// it answered.
+func TestHandlerSilentAfterItsLease(t *testing.T) {
+	const lt = 5 * time.Second
+	silent := func(runs *atomic.Int64) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			<-r.Context().Done()
+		})
+	}
+	send := func(srv http.Handler) *httptest.ResponseRecorder {
+		return serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+	}
+	t.Run("release", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var runs atomic.Int64
+			var buf bytes.Buffer
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: lt,
+				Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+			srv := mw.Wrap(silent(&runs))
+			start := time.Now()
+			w := send(srv)
+			if d := time.Since(start); d != lt {
+				t.Errorf("answered after %v; want at the lease's end, %v", d, lt)
+			}
+			p := wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemLeaseEnded)
+			if p.Key != "k" || w.Header().Get("Retry-After") != "1" {
+				t.Errorf("problem %+v, Retry-After %q; want key k, Retry-After 1", p, w.Header().Get("Retry-After"))
+			}
+			if st := mw.Stats(); runs.Load() != 1 || st != (testserver.Stats{Claims: 1, Released: 1}) {
+				t.Fatalf("runs %d, %+v; want one run, one claim, released", runs.Load(), st)
+			}
+			if want := `level=WARN msg="idempotency: handler returned no answer after its lease ended" key=k`; !strings.Contains(buf.String(), want) {
+				t.Errorf("log lacks %q:\n%s", want, buf.String())
+			}
+			// The claim is gone: the retry runs the handler again, at once.
+			w = send(srv)
+			wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemLeaseEnded)
+			if st := mw.Stats(); runs.Load() != 2 || w.Header().Get("Idempotent-Replayed") != "" || st.Claims != 2 || st.Released != 2 {
+				t.Fatalf("retry: runs %d, replayed %q, %+v; want a second run, not a replay", runs.Load(), w.Header().Get("Idempotent-Replayed"), st)
+			}
+		})
+	})
+	t.Run("save", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var runs atomic.Int64
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: lt, OnError: testserver.SaveError}
+			srv := mw.Wrap(silent(&runs))
+			first := send(srv)
+			wantProblem(t, first, http.StatusServiceUnavailable, testserver.ProblemLeaseEnded)
+			retry := send(srv)
+			wantProblem(t, retry, http.StatusServiceUnavailable, testserver.ProblemLeaseEnded)
+			if retry.Header().Get("Idempotent-Replayed") != "true" || !bytes.Equal(retry.Body.Bytes(), first.Body.Bytes()) || runs.Load() != 1 {
+				t.Fatalf("retry: %q, replayed %q, runs %d; want the first 503 replayed, one run", retry.Body, retry.Header().Get("Idempotent-Replayed"), runs.Load())
+			}
+			if st := mw.Stats(); st != (testserver.Stats{Claims: 1, Replays: 1}) {
+				t.Fatalf("%+v; want one claim, one replay", st)
+			}
+		})
+	})
+	t.Run("answered late", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var runs atomic.Int64
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: lt}
+			srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				<-r.Context().Done()
+				w.WriteHeader(http.StatusCreated)
+			}))
+			for i, replayed := range []string{"", "true"} {
+				w := send(srv)
+				if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != replayed || runs.Load() != 1 {
+					t.Fatalf("request %d: %d, replayed %q, runs %d; want 201, replayed %q, one run", i+1, w.Code, w.Header().Get("Idempotent-Replayed"), runs.Load(), replayed)
+				}
+			}
+		})
+	})
+}
+
 // A request whose context ends before the claim (the caller hung up, or a
 // deadline set by an outer handler passed) is not a store error, and the
 // answer, if anyone still reads it, is a 503 problem: never an empty 200.

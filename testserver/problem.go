@@ -23,6 +23,7 @@ const (
 	ProblemStoreUnavailable = problemBase + "store-unavailable"  // 503: the key store failed; nothing ran
 	ProblemHandlerFailed    = problemBase + "handler-failed"     // 500: the handler panicked or sent less than its Content-Length
 	ProblemResponseTooLarge = problemBase + "response-too-large" // 500 on replay: the first answer was larger than MaxSavedResponse
+	ProblemLeaseEnded       = problemBase + "lease-ended"        // 503: the handler's lease ended before it answered anything
 )
 
 // Problem is an RFC 9457 problem details object, the body of every error
