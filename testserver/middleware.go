@@ -190,6 +190,15 @@ type Middleware struct {
 	// hash it as CredentialScope does; pgstore refuses a scope of more
 	// than about 2.7 kB, or one with a NUL or invalid UTF-8, and every
 	// request in it then fails with 503.
+	//
+	// Scope is called with the request as Wrap receives it, before the
+	// handler runs. A middleware that authenticates the request and puts
+	// its account in the context therefore goes outside Wrap,
+	// auth(mw.Wrap(h)), never inside: there Scope would find no account,
+	// every tenant would share one scope, and a request with a key that
+	// another tenant used would get that tenant's answer replayed; and
+	// a request it refuses (401) would be claimed and its refusal saved,
+	// then replayed to the retry that brings valid credentials.
 	Scope func(*http.Request) string
 
 	// LockTimeout is how long a claim is honoured before another request
