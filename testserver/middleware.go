@@ -141,7 +141,8 @@ func (p ErrorPolicy) String() string {
 // be saved and replayed as a success, its caller gets 503
 // ProblemLeaseEnded, and OnError releases the claim or saves that 503. A
 // handler that answers after its lease ended is saved as it answered, and
-// one that means an empty 200 writes it (WriteHeader). The save or the
+// logged at Warn with LockTimeout, too short for its run; one that means an
+// empty 200 writes it (WriteHeader). The save or the
 // release that follows the handler gets at most 10 s, on a context that the
 // caller hanging up does not end either: a server that stops gracefully
 // waits LockTimeout and those 10 s for its requests in flight. A claim that
@@ -831,6 +832,12 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 			"content_length", rec.declared, "written", rec.size)
 	case silent:
 		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned no answer after its lease ended", "key", key)
+	case hctx.Err() != nil:
+		// Saved as it answered, but it ran past LockTimeout, when a retry
+		// could take its claim over: a LockTimeout shorter than an honest
+		// run, which the operator must learn of before it runs twice.
+		m.log(r.Context(), slog.LevelWarn, "idempotency: handler answered after its lease ended; a retry could have taken its claim over and run it again",
+			"key", key, "lock_timeout", m.lockTimeout())
 	}
 	if tooLarge {
 		m.log(ctx, slog.LevelWarn, "idempotency: response too large to save; a marker is saved", "key", key, "status", rec.status, "bytes", rec.size)

@@ -1469,6 +1469,38 @@ func TestHandlerSilentAfterItsLease(t *testing.T) {
 	})
 }
 
+// TestHandlerAnsweredAfterItsLease: a handler that answers once its lease
+// ended is saved as it answered, and the Logger is told, at Warn, that the
+// run outlasted LockTimeout: during that time another request could have
+// taken the claim over and run the handler again. A handler that answers
+// within its lease gets no such record.
+func TestHandlerAnsweredAfterItsLease(t *testing.T) {
+	const lt = 5 * time.Second
+	const want = `level=WARN msg="idempotency: handler answered after its lease ended; a retry could have taken its claim over and run it again" key=k lock_timeout=5s`
+	for name, run := range map[string]time.Duration{"late": 2 * lt, "in time": lt / 2} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var buf bytes.Buffer
+				mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: lt,
+					Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+				srv := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					<-time.After(run) // a handler that does not honour its context
+					w.WriteHeader(http.StatusCreated)
+				}))
+				for i, replayed := range []string{"", "true"} {
+					w := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+					if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != replayed {
+						t.Fatalf("request %d: %d, replayed %q; want 201, replayed %q", i+1, w.Code, w.Header().Get("Idempotent-Replayed"), replayed)
+					}
+				}
+				if got := strings.Contains(buf.String(), want); got != (run > lt) {
+					t.Errorf("handler ran %v of a %v lease; log has %q: %v, want %v:\n%s", run, lt, want, got, run > lt, buf.String())
+				}
+			})
+		})
+	}
+}
+
 // A request whose context ends before the claim (the caller hung up, or a
 // deadline set by an outer handler passed) is not a store error, and the
 // answer, if anyone still reads it, is a 503 problem: never an empty 200.
