@@ -286,7 +286,8 @@ type Middleware struct {
 	// lease ages and retention are measured with it.
 	Now func() time.Time
 
-	// Logger receives one record per decision, the error of a request
+	// Logger receives one record per decision (a request refused for its
+	// body, too large or unreadable, with its key), the error of a request
 	// body that could not be read (the body-unreadable answer does not
 	// name it), and a handler's panic with its stack. Nil means silent
 	// but for a panic, which is logged with its stack as net/http logs
@@ -390,7 +391,7 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 				Detail: "The Idempotency-Key header is not valid: " + ke.Reason + "."})
 			return
 		}
-		body, p := m.readBody(r)
+		body, p := m.readBody(r, key)
 		if p != nil {
 			p.Key = key
 			m.reject(w, r, *p)
@@ -411,13 +412,17 @@ func (m *Middleware) protects(method string) bool {
 
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, p Problem) {
 	m.stats.rejected.Add(1)
-	m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", "status", p.Status, "type", p.Type)
+	if p.Key != "" { // a body refused: the key is valid, and the answer names it
+		m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", "key", p.Key, "status", p.Status, "type", p.Type)
+	} else {
+		m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", "status", p.Status, "type", p.Type)
+	}
 	WriteProblem(w, p, 0)
 }
 
-// readBody reads the whole body, bounded by MaxBody. A non-nil Problem is
-// the answer when it cannot.
-func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
+// readBody reads the whole body of the request with key, bounded by
+// MaxBody. A non-nil Problem is the answer when it cannot.
+func (m *Middleware) readBody(r *http.Request, key string) ([]byte, *Problem) {
 	limit := m.MaxBody
 	if limit <= 0 {
 		limit = DefaultMaxBody
@@ -445,7 +450,7 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, *Problem) {
 	case err != nil:
 		// The error goes to the Logger alone: net/http's names the
 		// server's own address (an internal one behind a load balancer).
-		m.log(r.Context(), slog.LevelInfo, "idempotency: request body unreadable", "err", err)
+		m.log(r.Context(), slog.LevelInfo, "idempotency: request body unreadable", "key", key, "err", err)
 		return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
 			Detail: "The request body could not be read; send the request again with the same Idempotency-Key."}
 	}

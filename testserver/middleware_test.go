@@ -288,6 +288,30 @@ func TestBodyTooLargeWithoutLength(t *testing.T) {
 	}
 }
 
+// TestBodyRefusedLogsKey: the records of a body refused as too large or
+// unreadable name the request's key, as the problem answered does, so that
+// an operator can find the request a client reports.
+func TestBodyRefusedLogsKey(t *testing.T) {
+	var buf bytes.Buffer
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxBody: 10,
+		Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	srv := mw.Wrap(&charges{})
+	wantProblem(t, serve(srv, request("POST", "/", strings.Repeat("x", 11), "Idempotency-Key", "big-1")), 413, testserver.ProblemBodyTooLarge)
+	r := request("POST", "/", "", "Idempotency-Key", "broken-1")
+	r.Body = io.NopCloser(io.MultiReader(strings.NewReader("x"), errReader{}))
+	r.ContentLength = -1
+	wantProblem(t, serve(srv, r), 400, testserver.ProblemBodyUnreadable)
+	for _, want := range []string{
+		`level=DEBUG msg="idempotency: request rejected" key=big-1 status=413`,
+		`level=INFO msg="idempotency: request body unreadable" key=broken-1 err=`,
+		`level=DEBUG msg="idempotency: request rejected" key=broken-1 status=400`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
 // TestBodyTooLargeForAnOuterLimit: a body that an http.MaxBytesReader set
 // before the Middleware cuts short, at fewer bytes than MaxBody, is refused
 // with 413, and the problem names the limit that refused it.
