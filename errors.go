@@ -204,7 +204,12 @@ func (e *PendingError) Is(target error) bool { return target == ErrPending }
 // JarError is returned by Transport.RoundTrip when the jar fails before the
 // send: nothing is sent (fail closed). A record the failing Begin may have
 // written all the same is abandoned, so that no resume sends it; the next
-// call with the operation's name begins it again under a new key.
+// call with the operation's name begins it again under a new key. The
+// abandon is a second write to the failing jar, within the request's
+// context: a jar that is down fails the call once both gave up, each after
+// its own retries (pgjar: about twice Options.QueryTimeout each, so 20 s
+// at the default when the server refuses connections). Bound the call with
+// its request's context to fail sooner.
 type JarError struct {
 	Op  string
 	Err error
