@@ -746,6 +746,13 @@ func syncDir(dir string) error {
 // there. It is in the file the jar opened, wherever that went, and the
 // -wal file at the path is emptied, so that a file put in the jar's place
 // is not read with the jar's pages.
+//
+// Close does not wait for the calls of an idem.Transport over the jar: one
+// still running when it closes records nothing more, its outcome included
+// (an answer that came still reaches its caller). Its operation stays
+// pending, leased until the lease ends, and a resume gets the server's
+// replay. Close the jar once the calls through it have returned, as
+// package client's Close does.
 func (j *Jar) Close() error {
 	j.mu.Lock()
 	if j.closed {

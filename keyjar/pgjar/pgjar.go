@@ -474,6 +474,13 @@ func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit stri
 // leaves its caller's pool open. Every method called after it, Close
 // included, returns ErrClosed, and so does a call that was yet to take a
 // connection.
+//
+// Close does not wait for the calls of an idem.Transport over the jar: one
+// still running when it closes records nothing more, its outcome included
+// (an answer that came still reaches its caller). Its operation stays
+// pending, leased until the lease ends, and a resume gets the server's
+// replay. Close the jar once the calls through it have returned, as
+// package client's Close does.
 func (j *Jar) Close() error {
 	j.queueMu.Lock()
 	if j.closed.Swap(true) {
