@@ -722,6 +722,11 @@ type attemptTimeoutError struct {
 }
 
 func (e *attemptTimeoutError) Error() string {
+	if e.err == context.Canceled {
+		// The timer's own cancel, as net/http reports it: saying it
+		// would read as the caller's cancellation.
+		return fmt.Sprintf("idem: attempt timed out after %v", e.d)
+	}
 	return fmt.Sprintf("idem: attempt timed out after %v: %v", e.d, e.err)
 }
 func (e *attemptTimeoutError) Timeout() bool   { return true }

@@ -977,3 +977,34 @@ func TestLeasedElsewhereSaysWhenToResume(t *testing.T) {
 		})
 	}
 }
+
+// TestAttemptTimeoutSaysNoCancel: an attempt that ran out of
+// Policy.AttemptTimeout is reported as timed out, in the call's error and
+// in the record's LastError, without the "context canceled" with which
+// net/http ends a request whose context the timer cancelled: the caller's
+// context was not cancelled, and the words would say it was.
+func TestAttemptTimeoutSaysNoCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1, AttemptTimeout: time.Second}}
+		tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			<-r.Context().Done() // as http.Transport does for a request whose context ends
+			return nil, r.Context().Err()
+		})
+		ctx := idem.WithOperation(context.Background(), "op")
+		_, err := post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v; want a *PendingError that does not match context.Canceled", err)
+		}
+		rec, gerr := jar.Get(ctx, "op")
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		for _, msg := range []string{err.Error(), rec.LastError} {
+			if !strings.Contains(msg, "attempt timed out after 1s") || strings.Contains(msg, "cancel") {
+				t.Errorf("message %q; want it to say the attempt timed out after 1s, and nothing of a cancellation", msg)
+			}
+		}
+	})
+}
