@@ -69,7 +69,10 @@ func (c *call) update(ctx context.Context, ch Change) {
 	if d, ok := c.t.Jar.(Deferrer); ok && d.Defer(c.op, c.holder, ch) == nil {
 		return
 	}
-	_, _ = c.t.Jar.Update(detach(ctx), c.op, c.holder, ch)
+	if _, err := c.t.Jar.Update(detach(ctx), c.op, c.holder, ch); err != nil {
+		// Said, not returned: the caller gets the answer all the same.
+		c.log(ctx, slog.LevelWarn, "idem: the jar did not record the call's outcome; the operation stays pending", c.event(c.lastCode, err))
+	}
 }
 
 // detach returns ctx without its cancellation, for a write that must

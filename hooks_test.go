@@ -390,3 +390,38 @@ func (b authBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	req.Header.Set("Authorization", b.auth)
 	return b.rt.RoundTrip(req)
 }
+
+// outcomeFailsJar fails every Update that records an outcome, as a jar
+// closed under a running call does; it defers nothing.
+type outcomeFailsJar struct{ idem.Jar }
+
+var errJarClosed = errors.New("jar closed")
+
+func (j outcomeFailsJar) Update(ctx context.Context, op, holder string, ch idem.Change) (idem.Record, error) {
+	if ch.State != "" {
+		return idem.Record{}, errJarClosed
+	}
+	return j.Jar.Update(ctx, op, holder, ch)
+}
+
+// TestLoggerSaysOutcomeNotRecorded: an outcome the jar fails to record
+// (the call's answer still reaches its caller, and the operation stays
+// pending) is logged at Warn with the jar's error, not dropped in silence.
+func TestLoggerSaysOutcomeNotRecorded(t *testing.T) {
+	tr, _, jar := newTransport(t, status(201))
+	tr.Jar = outcomeFailsJar{jar}
+	var logs bytes.Buffer
+	tr.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("got %v, %v; want the 201", resp, err)
+	}
+	resp.Body.Close()
+	if r, _ := jar.Get(context.Background(), "op"); r.State != idem.StatePending {
+		t.Fatalf("operation %s; want it pending, its outcome not recorded", r.State)
+	}
+	want := `level=WARN msg="idem: the jar did not record the call's outcome; the operation stays pending" op=op`
+	if !strings.Contains(logs.String(), want) || !strings.Contains(logs.String(), `err="jar closed"`) {
+		t.Fatalf("log:\n%s\nwant a line %s with the jar's error", logs.String(), want)
+	}
+}

@@ -218,8 +218,10 @@ type Transport struct {
 	Hooks Hooks
 
 	// Logger receives a record per retry (Info), give-up and
-	// reconciliation (Warn), and attempt (Debug). Nil means silent. A
-	// panic in its handler is handled as a hook's.
+	// reconciliation (Warn), and attempt (Debug), and one (Warn) when the
+	// jar fails to record a call's outcome, which leaves the operation
+	// pending while the caller gets the answer. Nil means silent. A panic
+	// in its handler is handled as a hook's.
 	Logger *slog.Logger
 }
 
