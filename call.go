@@ -563,7 +563,14 @@ func (c *call) begin(ctx context.Context) error {
 	}
 	gotKey := c.callerKey
 	if !c.body.matches(rec.Fingerprint) || (gotKey != "" && gotKey != rec.Key) {
-		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}
+		err := &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}
+		if from := c.req.Response; from != nil && from.Request != nil {
+			// An http.Client following a redirect sends the request again,
+			// to another URL: a new name is not the fix its caller needs.
+			return fmt.Errorf("%w; this request follows the %d redirect of %s %s: to get the redirect back as the answer, set the http.Client's CheckRedirect to return http.ErrUseLastResponse",
+				err, from.StatusCode, from.Request.Method, from.Request.URL.Redacted())
+		}
+		return err
 	}
 	c.key = rec.Key
 	if rec.State == StateReconcile {

@@ -152,7 +152,8 @@ func Operation(ctx context.Context) string {
 //     the Transport, which takes it for a new request: unnamed, it is an
 //     operation of its own with a new key; named by WithOperation or by
 //     the caller's Idempotency-Key, it is refused with a *MismatchError
-//     (nothing is sent to the new URL), which http.Client returns. To get
+//     (nothing is sent to the new URL), wrapped in an error that names the
+//     redirect, which http.Client returns. To get
 //     the redirect back as the answer instead, set the http.Client's
 //     CheckRedirect to return http.ErrUseLastResponse for the methods in
 //     Methods, as package client does.

@@ -433,8 +433,9 @@ func TestAttemptTimeoutFiringAsHeadersArrive(t *testing.T) {
 
 // TestRedirectOfANamedOperation: an http.Client that follows a 307 sends
 // the POST again through the Transport, to another URL: a named operation
-// refuses it with a *MismatchError, nothing reaches the new URL, and the
-// 307 is the operation's recorded outcome.
+// refuses it with a *MismatchError that names the redirect and
+// CheckRedirect, nothing reaches the new URL, and the 307 is the
+// operation's recorded outcome.
 func TestRedirectOfANamedOperation(t *testing.T) {
 	var moved, target int
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -453,8 +454,14 @@ func TestRedirectOfANamedOperation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := hc.Do(req); !errors.Is(err, idem.ErrMismatch) || moved != 1 || target != 0 {
+	_, err = hc.Do(req)
+	var me *idem.MismatchError
+	if !errors.As(err, &me) || me.Op != "op" || moved != 1 || target != 0 {
 		t.Fatalf("got %v, %d requests to /old, %d to /new; want a *MismatchError, 1 and 0", err, moved, target)
+	}
+	// Its message names the redirect and the fix, not only a new name.
+	if msg := err.Error(); !strings.Contains(msg, "307 redirect of POST "+srv.URL+"/old") || !strings.Contains(msg, "CheckRedirect") {
+		t.Fatalf("error %q; want it to name the 307 redirect of POST %s/old and CheckRedirect", msg, srv.URL)
 	}
 	if rec, err := jar.Get(ctx, "op"); err != nil || rec.State != idem.StateDone || rec.LastStatus != http.StatusTemporaryRedirect {
 		t.Fatalf("record %+v, %v; want done with 307", rec, err)
