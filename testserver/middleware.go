@@ -412,11 +412,11 @@ func (m *Middleware) protects(method string) bool {
 
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, p Problem) {
 	m.stats.rejected.Add(1)
+	args := []any{"status", p.Status, "type", p.Type}
 	if p.Key != "" { // a body refused: the key is valid, and the answer names it
-		m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", "key", p.Key, "status", p.Status, "type", p.Type)
-	} else {
-		m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", "status", p.Status, "type", p.Type)
+		args = append([]any{"key", p.Key}, args...)
 	}
+	m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", args...)
 	WriteProblem(w, p, 0)
 }
 
