@@ -709,8 +709,10 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
 	// as a failure and run again. It ends with the lease, which runs from
-	// the claim's token: the time the store took to claim is spent.
-	lease := m.lockTimeout() - m.now().Sub(time.Unix(0, token))
+	// the claim's token: the time the store took to claim is spent. A
+	// clock stepped back since the token was read never lengthens it past
+	// LockTimeout, when a server whose clock is right may take it over.
+	lease := m.lockTimeout() - max(0, m.now().Sub(time.Unix(0, token)))
 	if lease <= 0 {
 		// Claimed too late to run: a retry may take the claim over already.
 		m.releaseUnrun(r, scope, key, token)

@@ -1320,6 +1320,36 @@ func (s *slowClaimStore) Claim(ctx context.Context, scope, key, fp string, tok i
 	return s.MemoryStore.Claim(ctx, scope, key, fp, tok, now)
 }
 
+// untilLeaseEnds returns a handler that answers 201 once its context
+// ends, and the most of its runs that ran at once.
+func untilLeaseEnds() (http.Handler, *atomic.Int32) {
+	var running, most atomic.Int32
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		if n > most.Load() {
+			most.Store(n)
+		}
+		<-r.Context().Done() // honours its context
+		w.WriteHeader(http.StatusCreated)
+	}), &most
+}
+
+// steppingClaimStore calls step during its first Claim, once the token
+// is chosen: a clock stepped while the store writes.
+type steppingClaimStore struct {
+	*testserver.MemoryStore
+	step  func()
+	calls atomic.Int32
+}
+
+func (s *steppingClaimStore) Claim(ctx context.Context, scope, key, fp string, tok int64, now time.Time) (testserver.Entry, bool, error) {
+	if s.calls.Add(1) == 1 {
+		s.step()
+	}
+	return s.MemoryStore.Claim(ctx, scope, key, fp, tok, now)
+}
+
 // slowTakeOver's TakeOver takes d on clk.
 type slowTakeOver struct {
 	*testserver.MemoryStore
@@ -1343,16 +1373,7 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 	const lt = 60 * time.Second
 	t.Run("slow claim", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			var running, most atomic.Int32
-			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				n := running.Add(1)
-				defer running.Add(-1)
-				if n > most.Load() {
-					most.Store(n)
-				}
-				<-r.Context().Done() // honours its context
-				w.WriteHeader(http.StatusCreated)
-			})
+			h, most := untilLeaseEnds()
 			mw := &testserver.Middleware{Store: &slowClaimStore{MemoryStore: new(testserver.MemoryStore), delay: 5 * time.Second}, LockTimeout: lt}
 			var wg sync.WaitGroup
 			wg.Go(func() { serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
@@ -1363,6 +1384,28 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 			// then: the retry gets it.
 			if most.Load() != 1 || mw.Stats().Replays != 1 {
 				t.Fatalf("%d handlers ran at once, %+v; want one, and the retry replayed", most.Load(), mw.Stats())
+			}
+		})
+	})
+	t.Run("clock stepped back during the claim", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// Server A's wall clock is stepped back an hour while the store
+			// claims the key (an NTP correction); server B, on the same
+			// store, keeps the right time. A's handler must still end with
+			// the lease the store grants it, LockTimeout from its token,
+			// when B may take the key over: not an hour later.
+			h, most := untilLeaseEnds()
+			var back atomic.Int64 // how far A's clock is stepped back
+			store := &steppingClaimStore{MemoryStore: new(testserver.MemoryStore), step: func() { back.Store(int64(time.Hour)) }}
+			a := &testserver.Middleware{Store: store, LockTimeout: lt, Now: func() time.Time { return time.Now().Add(-time.Duration(back.Load())) }}
+			b := &testserver.Middleware{Store: store, LockTimeout: lt}
+			var wg sync.WaitGroup
+			wg.Go(func() { serve(a.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
+			time.Sleep(lt + time.Second) // the retry reaches B once the lease is over
+			wg.Go(func() { serve(b.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
+			wg.Wait()
+			if most.Load() != 1 || b.Stats().Replays != 1 {
+				t.Fatalf("%d handlers ran at once, A %+v, B %+v; want one, and B's retry replayed A's answer", most.Load(), a.Stats(), b.Stats())
 			}
 		})
 	})
