@@ -19,7 +19,9 @@ type Claim struct {
 	Key string
 
 	// Token is the fencing token of this run's claim: the time the claim
-	// was taken, in Unix nanoseconds of Middleware.Now (Entry.Token). The
+	// was taken, in Unix nanoseconds of Middleware.Now (Entry.Token), a
+	// few nanoseconds later when another request of the Middleware in
+	// progress holds that one: no two of them hold one token. The
 	// Middleware's own writes after the handler, Store.Save and
 	// Store.Release, change the key only while it still holds this token.
 	// A handler fences its own writes the same way: it stores the token

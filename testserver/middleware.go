@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -311,6 +312,9 @@ type Middleware struct {
 	Logger *slog.Logger
 
 	stats counters
+
+	tokenMu sync.Mutex
+	held    map[int64]struct{} // the tokens of this Middleware's requests in progress
 }
 
 // Stats are the Middleware's counters since it was created, for operators.
@@ -486,6 +490,38 @@ func Fingerprint(r *http.Request, scope string, body []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// holdToken returns the token of a claim taken at now, held until
+// dropToken: now in Unix nanoseconds, or the next nanosecond that no other
+// request of this Middleware holds. A clock that reads the same for two
+// requests (a coarse one, or requests that arrive together, as a
+// duplicate does) would otherwise give a duplicate whose caller hung up
+// during its claim the token of the request it duplicates, and the release
+// of the claim it may have made would delete the other's, and let a retry
+// run the handler while that one still runs.
+func (m *Middleware) holdToken(now time.Time) int64 {
+	t := now.UnixNano()
+	m.tokenMu.Lock()
+	defer m.tokenMu.Unlock()
+	if m.held == nil {
+		m.held = make(map[int64]struct{})
+	}
+	// Each step passes a token held: at most len(m.held) of them.
+	for _, ok := m.held[t]; ok && t < math.MaxInt64; _, ok = m.held[t] {
+		t++
+	}
+	m.held[t] = struct{}{}
+	return t
+}
+
+// dropToken gives back the tokens holdToken gave.
+func (m *Middleware) dropToken(tokens []int64) {
+	m.tokenMu.Lock()
+	defer m.tokenMu.Unlock()
+	for _, t := range tokens {
+		delete(m.held, t)
+	}
+}
+
 func (m *Middleware) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
@@ -537,9 +573,12 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		m.storeFailed(w, r, key, err)
 		return
 	}
+	var held []int64 // the tokens of this request, held until it is answered
+	defer func() { m.dropToken(held) }()
 	for range maxDecisions {
 		now := m.now()
-		token := now.UnixNano()
+		token := m.holdToken(now)
+		held = append(held, token)
 		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, token, now)
 		switch {
 		case err != nil:

@@ -1839,6 +1839,58 @@ func TestCallerHangingUpDuringClaim(t *testing.T) {
 	})
 }
 
+// duplicateKey marks the context of the duplicate request that
+// hangUpOnDuplicate hangs up.
+type duplicateKey struct{}
+
+// hangUpOnDuplicate is a Store whose Claim, for a request whose context
+// carries duplicateKey, claims and then fails as its caller hangs up.
+type hangUpOnDuplicate struct{ testserver.Store }
+
+func (s hangUpOnDuplicate) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+	if cancel, ok := ctx.Value(duplicateKey{}).(context.CancelFunc); ok {
+		return hangUpInClaim{s.Store, cancel}.Claim(ctx, scope, key, fp, token, now)
+	}
+	return s.Store.Claim(ctx, scope, key, fp, token, now)
+}
+
+// TestDuplicateHangingUpDuringClaim: a request delivered twice at once (a
+// proxy that duplicates it on two connections) while the clock reads the
+// same for both, whose duplicate's caller hangs up while the store looks
+// at the key, leaves the first's claim alone: the release of the claim the
+// duplicate may have made is fenced by a token of its own, and a retry
+// finds the key in flight rather than run the handler a second time.
+func TestDuplicateHangingUpDuringClaim(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		var runs atomic.Int64
+		started, finish := make(chan struct{}), make(chan struct{})
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if runs.Add(1) == 1 {
+				close(started)
+				<-finish
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		clk := newClock() // reads the same for every request: a coarse clock
+		mw := &testserver.Middleware{Store: hangUpOnDuplicate{store}, Now: clk.Now}
+		var wg sync.WaitGroup
+		var first *httptest.ResponseRecorder
+		wg.Go(func() { first = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
+		<-started
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		dup := request("POST", "/", chargeBody, "Idempotency-Key", "k")
+		serve(mw.Wrap(h), dup.WithContext(context.WithValue(ctx, duplicateKey{}, cancel)))
+		retry := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		close(finish)
+		wg.Wait()
+		if runs.Load() != 1 || retry.Code != http.StatusConflict || first.Code != http.StatusCreated {
+			t.Fatalf("handler ran %d times; first %d, retry %d %s; want one run, 201, and 409 for the retry while it ran",
+				runs.Load(), first.Code, retry.Code, retry.Body)
+		}
+	})
+}
+
 // failingRelease is a Store whose Release fails.
 type failingRelease struct{ testserver.Store }
 
