@@ -79,9 +79,13 @@ const (
 	// second run could repeat a side effect, use SaveError.
 	ReleaseClaim ErrorPolicy = iota
 	// SaveError saves the failed answer like any other and replays it to
-	// every retry, as Stripe does with 500s. It is always safe against a
-	// second execution, at the cost that a transient failure becomes
-	// permanent for that key: the caller must reconcile and use a new key.
+	// every retry, as Stripe does with 500s. It is safe against a second
+	// execution, at the cost that a transient failure becomes permanent
+	// for that key: the caller must reconcile and use a new key. Safe as
+	// long as the store saves: an answer whose Save fails (the database
+	// down) leaves the claim in flight, and a retry after LockTimeout takes
+	// it over and runs the handler again, with Claim.TakenOver set, under
+	// either policy.
 	// Under SaveError a handler should not answer 429, 502, 503 or 504 for
 	// a failure it expects to clear, since the replay repeats it.
 	SaveError
@@ -242,8 +246,9 @@ type Middleware struct {
 	// larger answer is sent to its caller as it is written (memory stays
 	// bounded), and the key is saved done with a 500 ProblemResponseTooLarge
 	// marker that names the original status and Location. Retries get the
-	// marker: the operation never runs twice, and the caller is told to
-	// look the result up instead. The answer to a HEAD (with HEAD in
+	// marker: the operation does not run twice (unless that Save fails,
+	// see SaveError), and the caller is told to look the result up
+	// instead. The answer to a HEAD (with HEAD in
 	// Methods) is never too large: net/http sends none of its body, so a
 	// body past the limit is dropped, and the status and header are saved
 	// and replayed, the Content-Length the handler set included. (When it
