@@ -159,7 +159,14 @@ func Operation(ctx context.Context) string {
 //     Methods, as package client does.
 //   - CloseIdleConnections is forwarded to Base.
 type Transport struct {
-	// Base sends each attempt. Nil means http.DefaultTransport, whose pool
+	// Base sends each attempt, a copy of the request with the key in its
+	// header and the operation's name in its context. A RoundTripper that
+	// sends a request again on a 401 (an OAuth2 client refreshing its
+	// token) belongs here, where its second send is the same attempt under
+	// the same key. Outside the Transport its second send is another call:
+	// unnamed, an operation of its own under a new key, while the first,
+	// refused, stays pending in the jar, and a resume of every pending
+	// operation would send it again. Nil means http.DefaultTransport, whose pool
 	// keeps 2 idle connections per host (MaxIdleConnsPerHost): with many
 	// concurrent calls to one host, most connections are closed and dialed
 	// again, which costs 32–42 % of the throughput at 32 callers (see

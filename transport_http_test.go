@@ -831,3 +831,119 @@ func TestHTTP2SendsAnAttemptAgain(t *testing.T) {
 		})
 	}
 }
+
+// refresher is a RoundTripper in the way of an OAuth2 client's: it adds
+// Authorization with its token and, on a 401, refreshes the token and
+// sends the request once more, its body from GetBody.
+type refresher struct {
+	base  http.RoundTripper
+	token atomic.Int32
+}
+
+func (r *refresher) RoundTrip(req *http.Request) (*http.Response, error) {
+	send := func(req *http.Request) (*http.Response, error) {
+		out := req.Clone(req.Context())
+		out.Header.Set("Authorization", fmt.Sprintf("Bearer t%d", r.token.Load()))
+		return r.base.RoundTrip(out)
+	}
+	again := req.Clone(req.Context())
+	resp, err := send(req)
+	if err != nil || resp.StatusCode != http.StatusUnauthorized {
+		return resp, err
+	}
+	resp.Body.Close()
+	r.token.Add(1)
+	if req.GetBody != nil {
+		if again.Body, err = req.GetBody(); err != nil {
+			return nil, err
+		}
+	}
+	return send(again)
+}
+
+// authServer is a server on 127.0.0.1 that answers 401 to a request
+// without the token "Bearer t1" and 201 to one with it, and records the
+// key and the body of each request.
+func authServer(t *testing.T) (*httptest.Server, func() (keys, bodies []string)) {
+	t.Helper()
+	var mu sync.Mutex
+	var keys, bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		keys, bodies = append(keys, r.Header.Get(idem.KeyHeader)), append(bodies, string(b))
+		mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer t1" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() ([]string, []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(keys), slices.Clone(bodies)
+	}
+}
+
+// TestTransportThatResendsOn401: a transport that refreshes its token on a
+// 401 and sends the request again keeps one operation under one key when
+// it is the Transport's Base, and when it is outside the Transport and the
+// operation is named; outside, an unnamed request's second send is an
+// operation of its own, under a new key, and the first, refused, stays
+// pending in the jar, which a resume of every pending operation would
+// send: the README and the Transport's doc say where such a transport
+// goes.
+func TestTransportThatResendsOn401(t *testing.T) {
+	const body = `{"amount":100}`
+	for _, tc := range []struct {
+		name        string
+		inside      bool
+		op          string
+		keys        int // distinct keys the server sees
+		pendingLeft int // operations left pending in the jar
+	}{
+		{"as Base", true, "", 1, 0},
+		{"outside, named", false, "charge:1", 1, 0},
+		{"outside, unnamed", false, "", 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, got := authServer(t)
+			jar := &idem.MemoryJar{}
+			tr := &idem.Transport{Jar: jar, Policy: fastPolicy}
+			var rt http.RoundTripper = tr
+			if tc.inside {
+				tr.Base = &refresher{base: http.DefaultTransport}
+			} else {
+				rt = &refresher{base: tr}
+			}
+			ctx := context.Background()
+			if tc.op != "" {
+				ctx = idem.WithOperation(ctx, tc.op)
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := (&http.Client{Transport: rt}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			keys, bodies := got()
+			distinct := map[string]bool{}
+			for i, k := range keys {
+				distinct[k] = true
+				if bodies[i] != body {
+					t.Errorf("request %d sent the body %q, want %q", i+1, bodies[i], body)
+				}
+			}
+			pending, _ := jar.List(ctx, idem.Filter{State: idem.StatePending})
+			if resp.StatusCode != http.StatusCreated || len(keys) != 2 || len(distinct) != tc.keys || len(pending) != tc.pendingLeft {
+				t.Fatalf("%s after keys %q, %d pending; want 201 after 2 requests under %d keys, %d pending",
+					resp.Status, keys, len(pending), tc.keys, tc.pendingLeft)
+			}
+		})
+	}
+}
