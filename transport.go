@@ -73,7 +73,14 @@ func Operation(ctx context.Context) string {
 //     passed on as is holds the call as long as its client stalls, within
 //     the server's ReadTimeout.
 //   - The body is sent again through req.GetBody (set by http.NewRequest
-//     for bytes, strings and buffers). Without GetBody, a body of at most
+//     for bytes, strings and buffers). With GetBody, every body comes
+//     from it: the one read for the fingerprint and the jar, and each
+//     attempt's, the first's included, while req.Body is closed unread
+//     (net/http sends req.Body first). GetBody must give the same bytes
+//     on each call: only a body of memory's length is checked, other
+//     bytes are sent under the key, and a server that checks its
+//     fingerprints refuses a retry that carries them (422). Without
+//     GetBody, a body of at most
 //     MaxBuffer bytes is buffered; a larger one is refused before anything
 //     is sent with ErrBodyNotRewindable. Each attempt declares the body's
 //     length (ContentLength), and a request whose positive ContentLength

@@ -947,3 +947,40 @@ func TestTransportThatResendsOn401(t *testing.T) {
 		})
 	}
 }
+
+// TestGetBodyGivesEveryAttemptsBody: with GetBody set, the body of every
+// attempt, the first's included, and the one read for the fingerprint
+// and the jar come from GetBody; the caller's Body is closed unread, where
+// net/http would send it first. A GetBody that gives other bytes on
+// another call sends them under the key, the stored body and the
+// fingerprint being the first call's.
+func TestGetBodyGivesEveryAttemptsBody(t *testing.T) {
+	srv, got := scripted(t, false, http.StatusServiceUnavailable, http.StatusCreated)
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: srv.Client().Transport, Jar: jar, Policy: fastPolicy}
+	unread := strings.NewReader(`{"amount":0}`)
+	caller := &closeTracker{Reader: unread}
+	req, err := http.NewRequest(http.MethodPost, srv.URL, caller)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	req.GetBody = func() (io.ReadCloser, error) {
+		calls++
+		return io.NopCloser(strings.NewReader(fmt.Sprintf(`{"amount":%d}`, calls))), nil
+	}
+	req.ContentLength = int64(len(`{"amount":0}`))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	g := got()
+	recs, _ := jar.List(context.Background(), idem.Filter{})
+	if len(g) != 2 || g[1].body != `{"amount":3}` || calls != 3 || len(recs) != 1 || string(recs[0].Body) != `{"amount":1}` {
+		t.Fatalf("the server got %+v, GetBody called %d times, the jar holds %+v; want the second attempt to send GetBody's third body, the jar its first", g, calls, recs)
+	}
+	if unread.Len() != len(`{"amount":0}`) || !caller.closed {
+		t.Errorf("the caller's Body: %d bytes left, closed %v; want closed unread", unread.Len(), caller.closed)
+	}
+}
