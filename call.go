@@ -54,7 +54,8 @@ type call struct {
 
 func (c *call) pending(err error, next time.Time) *PendingError {
 	return &PendingError{Op: c.op, Key: c.key, Attempts: c.attempts, LastStatus: c.lastCode,
-		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err, State: c.rec.State}
+		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err, State: c.rec.State,
+		unnamed: c.callerKey == "" && !c.resuming && Operation(c.req.Context()) == ""}
 }
 
 // update records the outcome so far, fenced by this call's lease. A failed

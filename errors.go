@@ -151,7 +151,10 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // does not exist); or, after the first send, the body could not be
 // produced again or the jar failed. The outcome is unknown and the operation stays
 // pending in the jar: a later call with the same operation name resumes it
-// with the same key. An operation whose outcome the jar already holds
+// with the same key. A call sent without a name (neither WithOperation nor
+// an Idempotency-Key of the caller's) got a generated one, Op: the same
+// call made again without a name is a new operation under a new key, which
+// its message says. An operation whose outcome the jar already holds
 // (State done or failed), which a call sends again for the server's saved
 // answer, keeps it: only this call's answer is missing, and a later call
 // with the name asks for it again.
@@ -171,6 +174,10 @@ type PendingError struct {
 	// error still matches ErrPending, as the call's answer is unknown,
 	// but Resume refuses the operation: call it again.
 	State State
+
+	// unnamed is set for a call sent without a name (neither WithOperation
+	// nor a key of the caller's): its operation's name was generated.
+	unnamed bool
 }
 
 func (e *PendingError) Error() string {
@@ -183,10 +190,17 @@ func (e *PendingError) Error() string {
 			e.Op, e.Key, e.State, e.Attempts, e.Elapsed.Round(time.Millisecond))
 		again = "call it again"
 	}
+	name := " under the same name"
+	if e.unnamed {
+		name = " under its name"
+	}
 	if e.NextAttempt.IsZero() {
-		msg += again + " later under the same name"
+		msg += again + " later" + name
 	} else {
-		msg += again + " under the same name after " + e.NextAttempt.UTC().Format(time.RFC3339)
+		msg += again + name + " after " + e.NextAttempt.UTC().Format(time.RFC3339)
+	}
+	if e.unnamed {
+		msg += " (the call had none, and one made again without a name is a new operation under a new key)"
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()

@@ -984,3 +984,45 @@ func TestGetBodyGivesEveryAttemptsBody(t *testing.T) {
 		t.Errorf("the caller's Body: %d bytes left, closed %v; want closed unread", unread.Len(), caller.closed)
 	}
 }
+
+// TestPendingErrorOfAnUnnamedCall: a call sent without a name (neither
+// WithOperation nor a key of the caller's) that stops with its outcome
+// unknown says that the same call made again unnamed is a new operation
+// under a new key, where "resume it under the same name" read as "send it
+// again"; a named call's message does not.
+func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
+	const warning = "made again without a name is a new operation under a new key"
+	base := roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, io.ErrUnexpectedEOF })
+	for _, tc := range []struct {
+		name    string
+		ctx     context.Context
+		key     string
+		unnamed bool
+	}{
+		{"unnamed", context.Background(), "", true},
+		{"WithOperation", idem.WithOperation(context.Background(), "charge:o1"), "", false},
+		{"the caller's key", context.Background(), "k1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{}, Policy: fastPolicy}
+			req, err := http.NewRequestWithContext(tc.ctx, http.MethodPost, "http://127.0.0.1:1/charges", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.key != "" {
+				req.Header.Set(idem.KeyHeader, tc.key)
+			}
+			_, err = tr.RoundTrip(req)
+			var pe *idem.PendingError
+			if !errors.As(err, &pe) {
+				t.Fatalf("got %v; want a *PendingError", err)
+			}
+			if got := strings.Contains(err.Error(), warning); got != tc.unnamed {
+				t.Errorf("%q: says a call made again is a new operation: %v, want %v", err, got, tc.unnamed)
+			}
+			if !strings.Contains(err.Error(), fmt.Sprintf("%q", pe.Op)) {
+				t.Errorf("%q does not name the operation", err)
+			}
+		})
+	}
+}
