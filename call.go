@@ -55,7 +55,14 @@ type call struct {
 func (c *call) pending(err error, next time.Time) *PendingError {
 	return &PendingError{Op: c.op, Key: c.key, Attempts: c.attempts, LastStatus: c.lastCode,
 		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err, State: c.rec.State,
-		unnamed: c.callerKey == "" && !c.resuming && Operation(c.req.Context()) == ""}
+		unnamed: c.unnamed()}
+}
+
+// unnamed reports whether the call was sent without a name (neither
+// WithOperation nor a key of the caller's): its operation's name was
+// generated, and no later call can name it.
+func (c *call) unnamed() bool {
+	return c.callerKey == "" && !c.resuming && Operation(c.req.Context()) == ""
 }
 
 // update records the outcome so far, fenced by this call's lease. A failed
@@ -261,6 +268,16 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			// Not retried, and the operation stays as it was.
 			if c.t.Budget != nil {
 				c.t.Budget.Deposit(c.cost)
+			}
+			if c.unnamed() && c.attempts == 1 {
+				// Refused at its only send, so never applied, and no call
+				// can name it again: its caller has the answer, and may
+				// send the request again (a token refreshed outside the
+				// Transport) as an operation of its own. Pending, a resume
+				// of every pending operation would send it once more.
+				// Final, as another 4xx.
+				c.update(ctx, Change{State: StateDone, Release: true})
+				return resp, nil
 			}
 			c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
 			if c.rec.State == StatePending {

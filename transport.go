@@ -118,7 +118,8 @@ func Operation(ctx context.Context) string {
 //     Retry-After, when it has one, is recorded as the operation's
 //     NextAttempt. A 401 or 407 (the credentials refused, the request not
 //     applied) is returned at once and leaves the operation in the state
-//     it had. A 101 Switching Protocols answer is final, and its Body is
+//     it had, but for a call without a name refused at its only send,
+//     which is done: no call can name it to resume it. A 101 Switching Protocols answer is final, and its Body is
 //     the upgraded connection, an io.ReadWriteCloser, as net/http gives it.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
@@ -171,9 +172,9 @@ type Transport struct {
 	// sends a request again on a 401 (an OAuth2 client refreshing its
 	// token) belongs here, where its second send is the same attempt under
 	// the same key. Outside the Transport its second send is another call:
-	// unnamed, an operation of its own under a new key, while the first,
-	// refused, stays pending in the jar, and a resume of every pending
-	// operation would send it again. Nil means http.DefaultTransport, whose pool
+	// unnamed, an operation of its own under a new key (the first, refused
+	// at its only send, done with its 401); named, the same operation under
+	// the same key. Nil means http.DefaultTransport, whose pool
 	// keeps 2 idle connections per host (MaxIdleConnsPerHost): with many
 	// concurrent calls to one host, most connections are closed and dialed
 	// again, which costs 32–42 % of the throughput at 32 callers (see

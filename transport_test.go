@@ -279,6 +279,46 @@ func TestRefusedCredentialsLeaveTheOperationAsItWas(t *testing.T) {
 	}
 }
 
+// TestRefusedCredentialsOfAnUnnamedCall: a call without a name whose only
+// send is refused (401, 407) was never applied, and no later call can
+// name its operation: done, with the answer its caller has, not left
+// pending for a resume of every pending operation to send once more. One
+// refused after an earlier send, whose outcome is unknown, stays pending.
+func TestRefusedCredentialsOfAnUnnamedCall(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps []func() (*http.Response, error)
+		state idem.State
+	}{
+		{"refused at its only send", []func() (*http.Response, error){status(401)}, idem.StateDone},
+		{"refused by a proxy", []func() (*http.Response, error){status(407)}, idem.StateDone},
+		{"refused after a send whose outcome is unknown", []func() (*http.Response, error){netErr(syscall.ECONNRESET), status(401)}, idem.StatePending},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, rec, jar := newTransport(t, tc.steps...)
+			var giveUps int
+			tr.Hooks.OnGiveUp = func(idem.Event) { giveUps++ }
+			resp, err := post(t, context.Background(), tr, `{}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			ops, err := jar.List(context.Background(), idem.Filter{})
+			if err != nil || len(ops) != 1 {
+				t.Fatalf("jar holds %v, %v; want one operation", ops, err)
+			}
+			want := 0
+			if tc.state == idem.StatePending {
+				want = 1
+			}
+			if r := ops[0]; r.State != tc.state || r.Holder != "" || rec.attempts() != len(tc.steps) || giveUps != want {
+				t.Fatalf("operation %s (holder %q) after %d attempts, %d give-ups; want %s, released, %d attempts, %d give-ups",
+					r.State, r.Holder, rec.attempts(), giveUps, tc.state, len(tc.steps), want)
+			}
+		})
+	}
+}
+
 func TestResetConnectionIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, _ := newTransport(t, netErr(syscall.ECONNRESET), func() (*http.Response, error) { return nil, io.EOF }, status(200))

@@ -414,8 +414,9 @@ type Response struct {
 //     says when the server asked to be called again.
 //   - 401 or 407: the credentials were refused and the request not
 //     applied; the operation keeps its state: when it is pending (a new
-//     operation, or one whose earlier attempt's outcome is unknown),
-//     *idem.PendingError.
+//     named operation, or one whose earlier attempt's outcome is unknown),
+//     *idem.PendingError. A call with an empty name refused at its only
+//     send is done: no call can name it to resume it.
 //   - Any of those four replayed (Idempotent-Replayed: true: the answer
 //     the server saved for the key, such as a handler's own 409): final,
 //     Err is nil and the operation is done.

@@ -117,7 +117,8 @@ func Classify(resp *http.Response, err error) Decision {
 // 401 "has not been applied"; 407, the same for a proxy). Classify calls
 // it Final, as any other 4xx; the answer says nothing of an earlier
 // attempt's outcome, so the Transport leaves the operation's state as it
-// was.
+// was (but for a call without a name refused at its only send: done, as
+// no call can name it to resume it).
 func NotApplied(code int) bool {
 	return code == http.StatusUnauthorized || code == http.StatusProxyAuthRequired
 }
