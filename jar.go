@@ -26,7 +26,7 @@ const (
 	// operation is resumed with the same key.
 	StatePending State = "pending"
 	// StateDone: a final answer was received: one that retry.Classify
-	// calls Final (a 409, 429, 502, 503 or 504 only when replayed), but a
+	// calls Final (a 408, 409, 429, 502, 503 or 504 only when replayed), but a
 	// 401 or 407, which leaves the state as it was.
 	StateDone State = "done"
 	// StateFailed: the server refused the request with 422, which the

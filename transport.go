@@ -108,7 +108,7 @@ func Operation(ctx context.Context) string {
 //     stored and fingerprinted without its userinfo (user:password@), and
 //     the header without what SecretHeader names.
 //   - It interprets responses only to decide on a retry (retry.Classify:
-//     409, 429, 502, 503, 504 and network errors; not those statuses when
+//     408, 409, 429, 502, 503, 504 and network errors; not those statuses when
 //     replayed, which are the server's saved answer) and on the
 //     operation's state. Each superseded response body is drained (at
 //     most 64 KiB, for at most a second) and closed. The final response

@@ -410,7 +410,7 @@ type Response struct {
 //     server is still running the first attempt; the operation stays
 //     pending: Resume it later. One done or failed, sent again for its
 //     saved answer, keeps its outcome (the error's State): call it again.
-//   - 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
+//   - 408, 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
 //     says when the server asked to be called again.
 //   - 401 or 407: the credentials were refused and the request not
 //     applied; the operation keeps its state: when it is pending (a new

@@ -8,8 +8,8 @@
 //	network error (dial, reset, EOF, attempt timeout)     Retry, same key
 //	DNS resolver failure (timeout, SERVFAIL)              Retry, same key
 //	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
-//	429, 502, 503, 504                                    Retry, honour Retry-After up to a cap
-//	any of those four replayed (Idempotent-Replayed)      Final: the server's saved outcome
+//	408, 429, 502, 503, 504                               Retry, honour Retry-After up to a cap
+//	any of those six replayed (Idempotent-Replayed)       Final: the server's saved outcome
 //	422 Unprocessable (key reused, or request refused)    Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
 //	context cancelled, TLS alert (server), other errors   Stop
@@ -100,7 +100,7 @@ func Classify(resp *http.Response, err error) Decision {
 		return Stop
 	}
 	switch resp.StatusCode {
-	case http.StatusConflict, http.StatusTooManyRequests,
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		if Replayed(resp) {
 			return Final

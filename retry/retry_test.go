@@ -47,6 +47,8 @@ func TestClassify(t *testing.T) {
 		{"302", resp(302), nil, retry.Final},
 		{"400", resp(400), nil, retry.Final},
 		{"404", resp(404), nil, retry.Final},
+		{"408", resp(408), nil, retry.Retry},
+		{"408 replayed", replayed(408), nil, retry.Final},
 		{"409", resp(409), nil, retry.Retry},
 		{"422", resp(422), nil, retry.Stop},
 		{"429", resp(429), nil, retry.Retry},
