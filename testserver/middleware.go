@@ -14,6 +14,7 @@ import (
 	"maps"
 	"math"
 	"mime"
+	"net"
 	"net/http"
 	"runtime"
 	"slices"
@@ -86,7 +87,7 @@ const (
 	// down) leaves the claim in flight, and a retry after LockTimeout takes
 	// it over and runs the handler again, with Claim.TakenOver set, under
 	// either policy.
-	// Under SaveError a handler should not answer 429, 502, 503 or 504 for
+	// Under SaveError a handler should not answer 408, 429, 502, 503 or 504 for
 	// a failure it expects to clear, since the replay repeats it.
 	SaveError
 )
@@ -333,7 +334,7 @@ type Stats struct {
 	Released    int64 // claims released after a handler error, a lease-ended answer among them (ReleaseClaim)
 	TooLarge    int64 // answers larger than MaxSavedResponse, saved as a marker
 	StoreErrors int64 // store calls that failed or took longer than LockTimeout (503 before the handler, logged after), releases included, and requests refused for a nil Store (ErrNoStore) or bad options (ErrOptions)
-	Rejected    int64 // 400 and 413: missing, invalid or repeated key, unreadable or large body
+	Rejected    int64 // 400, 408 and 413: missing, invalid or repeated key, unreadable, late or large body
 }
 
 type counters struct {
@@ -460,8 +461,17 @@ func (m *Middleware) readBody(r *http.Request, key string) ([]byte, *Problem) {
 		// The error goes to the Logger alone: net/http's names the
 		// server's own address (an internal one behind a load balancer).
 		m.log(r.Context(), slog.LevelInfo, "idempotency: request body unreadable", "key", key, "err", err)
-		return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
+		p := &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
 			Detail: "The request body could not be read; send the request again with the same Idempotency-Key."}
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			// The server's ReadTimeout: the body did not arrive in time.
+			// 408 (RFC 9110 §15.5.9: no complete request in time), which
+			// idem's clients retry under the key, where they take a 400
+			// as final although nothing ran.
+			p.Status = http.StatusRequestTimeout
+			p.Detail = "The request body did not arrive in time; send the request again with the same Idempotency-Key."
+		}
+		return nil, p
 	}
 	return b, nil
 }

@@ -10,6 +10,7 @@ import (
 	"log"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,9 +21,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"testing/synctest"
 	"time"
 
+	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 )
@@ -285,6 +288,24 @@ func TestBodyTooLargeWithoutLength(t *testing.T) {
 	wantProblem(t, serve(srv, r), 400, testserver.ProblemBodyUnreadable)
 	if h.runs.Load() != 0 {
 		t.Fatal("handler ran")
+	}
+}
+
+// TestBodyReadTimedOut: a body that did not arrive in time (the server's
+// ReadTimeout, whose deadline ends the read with a *net.OpError around
+// os.ErrDeadlineExceeded) is answered 408, which idem's clients retry
+// under the same key, and not 400, which they take as final although the
+// request never ran.
+func TestBodyReadTimedOut(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h)
+	r := request("POST", "/", "", "Idempotency-Key", "k")
+	r.Body = io.NopCloser(io.MultiReader(strings.NewReader("x"), iotest.ErrReader(&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded})))
+	r.ContentLength = -1
+	w := serve(srv, r)
+	wantProblem(t, w, http.StatusRequestTimeout, testserver.ProblemBodyUnreadable)
+	if got := retry.Classify(w.Result(), nil); got != retry.Retry || h.runs.Load() != 0 {
+		t.Fatalf("idem's clients %v the answer, the handler ran %d times; want retry, no run", got, h.runs.Load())
 	}
 }
 

@@ -82,7 +82,7 @@ var readTimeout = &net.OpError{Op: "read", Net: "tcp",
 	Addr:   &net.TCPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 51234}, Err: os.ErrDeadlineExceeded}
 
 // TestBodyErrorLoggedNotSent: a request body that cannot be read is
-// answered 400 body-unreadable without the read's error, which goes to
+// answered body-unreadable (408 for this timeout) without the read's error, which goes to
 // the Logger: it may name the server's internal address, a file or
 // another layer's message.
 func TestBodyErrorLoggedNotSent(t *testing.T) {
@@ -94,7 +94,7 @@ func TestBodyErrorLoggedNotSent(t *testing.T) {
 	r := request("POST", "/v1/charges", "", "Idempotency-Key", "k-1")
 	r.Body = failingBody{readTimeout}
 	w := serve(srv, r)
-	p := wantProblem(t, w, http.StatusBadRequest, testserver.ProblemBodyUnreadable)
+	p := wantProblem(t, w, http.StatusRequestTimeout, testserver.ProblemBodyUnreadable)
 	for _, leak := range []string{"10.1.2.3", "10.9.8.7", "i/o timeout"} {
 		if strings.Contains(w.Body.String(), leak) {
 			t.Errorf("the answer names %q: %s", leak, p.Detail)
