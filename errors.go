@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/internal/unnamed"
 )
 
 // Sentinels, each matched with errors.Is against the error RoundTrip returns
@@ -178,6 +180,14 @@ type PendingError struct {
 	// unnamed is set for a call sent without a name (neither WithOperation
 	// nor a key of the caller's): its operation's name was generated.
 	unnamed bool
+}
+
+func init() {
+	unnamed.Mark = func(err error) {
+		if pe, ok := err.(*PendingError); ok {
+			pe.unnamed = true
+		}
+	}
 }
 
 func (e *PendingError) Error() string {

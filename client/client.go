@@ -48,6 +48,7 @@ import (
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/resume"
+	"github.com/idemkit/idem/internal/unnamed"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 )
@@ -465,6 +466,9 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 		return nil, err
 	}
 	attempts, named, key := tr.get()
+	// Sent without a name: neither op nor a key of the caller's, which
+	// would name the operation itself.
+	anonymous := op == "" && named != key
 	switch {
 	case !c.keyed(req.Method):
 		// No operation, op or not (see Do): no name, as no key and no
@@ -483,7 +487,16 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 	// The answer to a request without a key (a GET, or the one a redirect
 	// of the keyed request made) says nothing of the operation.
 	keyed := resp.Request != nil && resp.Request.Header.Get(idem.KeyHeader) != ""
-	return nil, c.statusError(ctx, r, keyed, attempts, time.Since(start))
+	err = c.statusError(ctx, r, keyed, attempts, time.Since(start))
+	if anonymous {
+		// Its *idem.PendingError says, as the Transport's does, that the
+		// same call made again without a name is a new operation.
+		var pe *idem.PendingError
+		if errors.As(err, &pe) {
+			unnamed.Mark(pe)
+		}
+	}
+	return nil, err
 }
 
 // PostJSON sends in, encoded as JSON, in a POST to url as the operation

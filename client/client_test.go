@@ -282,6 +282,48 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 	})
 }
 
+// TestPendingErrorOfAnUnnamedCall: a call with an empty name that ends
+// pending (a 503 left after its attempts, a 401 after a send whose
+// outcome is unknown) says, as the Transport's own *idem.PendingError
+// does, that the same call made again without a name is a new operation
+// under a new key, where "resume it later under the same name" read as
+// "send it again"; a named call's, or one named by the caller's key, does
+// not.
+func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
+	const warning = "made again without a name is a new operation under a new key"
+	for _, tc := range []struct {
+		name, op, key string
+		codes         []int
+		unnamed       bool
+	}{
+		{"unnamed, 503", "", "", []int{503, 503}, true},
+		{"unnamed, 401 after a 503", "", "", []int{503, 401}, true},
+		{"named, 503", "charge:o1", "", []int{503, 503}, false},
+		{"the caller's key, 503", "", "k1", []int{503, 503}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newShop()
+			s.failNext(tc.codes...)
+			c := newClient(t, s, &client.Options{Policy: retry.Policy{MaxAttempts: 2, InitialInterval: time.Microsecond}})
+			req, err := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o1","amount":7}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.key != "" {
+				req.Header.Set(idem.KeyHeader, tc.key)
+			}
+			_, err = c.Do(context.Background(), tc.op, req)
+			var pe *idem.PendingError
+			if !errors.As(err, &pe) || s.sends() != 2 {
+				t.Fatalf("got %v after %d sends; want a *idem.PendingError after 2", err, s.sends())
+			}
+			if got := strings.Contains(err.Error(), warning); got != tc.unnamed {
+				t.Errorf("%q: says a call made again is a new operation: %v, want %v", err, got, tc.unnamed)
+			}
+		})
+	}
+}
+
 func TestLongRetryAfterIsAnErrorThatSaysWhen(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
