@@ -800,13 +800,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// saved as it answered.
 	silent := v == nil && rec.status == 0 && hctx.Err() != nil
 	if silent {
-		detail := "The server's time for this request ran out before it answered. Retry the same request with the same key."
+		detail, retryAfter := "The server's time for this request ran out before it answered. Retry the same request with the same key.", 1
 		if m.OnError == SaveError {
-			detail = "The server's time for this request ran out before it answered, and this answer is saved for the key: the operation may or may not have happened. Look its result up before sending it again with a new key."
+			// Saved, it is the key's answer: a Retry-After would ask for
+			// a retry that only gets it replayed.
+			detail, retryAfter = "The server's time for this request ran out before it answered, and this answer is saved for the key: the operation may or may not have happened. Look its result up before sending it again with a new key.", 0
 		}
 		rec.reset()
 		WriteProblem(rec, Problem{Type: ProblemLeaseEnded, Title: "Handler's lease ended without an answer", Status: http.StatusServiceUnavailable, Key: key,
-			Detail: detail}, 1)
+			Detail: detail}, retryAfter)
 	}
 	rec.finish()
 	// A handler that panics, or whose body is shorter than the

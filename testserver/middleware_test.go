@@ -1528,6 +1528,11 @@ func TestHandlerSilentAfterItsLease(t *testing.T) {
 			srv := mw.Wrap(silent(&runs))
 			first := send(srv)
 			wantProblem(t, first, http.StatusServiceUnavailable, testserver.ProblemLeaseEnded)
+			// Saved, it is the key's answer: no Retry-After asks for a
+			// retry that would only get it replayed (without one).
+			if ra := first.Header().Get("Retry-After"); ra != "" {
+				t.Errorf("saved lease-ended answer with Retry-After %q; want none", ra)
+			}
 			retry := send(srv)
 			wantProblem(t, retry, http.StatusServiceUnavailable, testserver.ProblemLeaseEnded)
 			if retry.Header().Get("Idempotent-Replayed") != "true" || !bytes.Equal(retry.Body.Bytes(), first.Body.Bytes()) || runs.Load() != 1 {
