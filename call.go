@@ -750,7 +750,7 @@ type attemptTimeoutError struct {
 }
 
 func (e *attemptTimeoutError) Error() string {
-	if e.err == context.Canceled {
+	if errors.Is(e.err, context.Canceled) {
 		// The timer's own cancel, as net/http reports it: saying it
 		// would read as the caller's cancellation.
 		return fmt.Sprintf("idem: attempt timed out after %v", e.d)

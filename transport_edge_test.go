@@ -991,12 +991,21 @@ func TestLeasedElsewhereSaysWhenToResume(t *testing.T) {
 // net/http ends a request whose context the timer cancelled: the caller's
 // context was not cancelled, and the words would say it was.
 func TestAttemptTimeoutSaysNoCancel(t *testing.T) {
+	for name, wrap := range map[string]func(error) error{
+		"as http.Transport returns it": func(err error) error { return err },
+		"wrapped by a base of its own": func(err error) error { return fmt.Errorf("tracing: %w", err) },
+	} {
+		t.Run(name, func(t *testing.T) { attemptTimeoutSaysNoCancel(t, wrap) })
+	}
+}
+
+func attemptTimeoutSaysNoCancel(t *testing.T, wrap func(error) error) {
 	synctest.Test(t, func(t *testing.T) {
 		jar := &idem.MemoryJar{}
 		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1, AttemptTimeout: time.Second}}
 		tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			<-r.Context().Done() // as http.Transport does for a request whose context ends
-			return nil, r.Context().Err()
+			return nil, wrap(r.Context().Err())
 		})
 		ctx := idem.WithOperation(context.Background(), "op")
 		_, err := post(t, ctx, tr, `{}`)
