@@ -146,8 +146,9 @@ func (p ErrorPolicy) String() string {
 // context does, failed: where net/http would send an empty 200, which would
 // be saved and replayed as a success, its caller gets 503
 // ProblemLeaseEnded, and OnError releases the claim or saves that 503. A
-// handler that answers after its lease ended is saved as it answered, and
-// logged at Warn with LockTimeout, too short for its run; one that means an
+// handler that answers or returns after its lease ended is saved as it
+// answered (once it returned), and logged at Warn with LockTimeout, too
+// short for its run; one that means an
 // empty 200 writes it (WriteHeader). The save or the
 // release that follows the handler gets at most 10 s, on a context that the
 // caller hanging up does not end either: a server that stops gracefully
@@ -899,7 +900,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		// Saved as it answered, but it ran past LockTimeout, when a retry
 		// could take its claim over: a LockTimeout shorter than an honest
 		// run, which the operator must learn of before it runs twice.
-		m.log(r.Context(), slog.LevelWarn, "idempotency: handler answered after its lease ended; a retry could have taken its claim over and run it again",
+		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned after its lease ended; a retry could have taken its claim over and run it again",
 			"key", key, "lock_timeout", m.lockTimeout())
 	}
 	if tooLarge {

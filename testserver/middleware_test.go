@@ -1569,7 +1569,7 @@ func TestHandlerSilentAfterItsLease(t *testing.T) {
 // within its lease gets no such record.
 func TestHandlerAnsweredAfterItsLease(t *testing.T) {
 	const lt = 5 * time.Second
-	const want = `level=WARN msg="idempotency: handler answered after its lease ended; a retry could have taken its claim over and run it again" key=k lock_timeout=5s`
+	const want = `level=WARN msg="idempotency: handler returned after its lease ended; a retry could have taken its claim over and run it again" key=k lock_timeout=5s`
 	for name, run := range map[string]time.Duration{"late": 2 * lt, "in time": lt / 2} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
