@@ -79,7 +79,7 @@ func (c *call) update(ctx context.Context, ch Change) {
 	}
 	if _, err := c.t.Jar.Update(detach(ctx), c.op, c.holder, ch); err != nil {
 		// Said, not returned: the caller gets the answer all the same.
-		c.log(ctx, slog.LevelWarn, "idem: the jar did not record the call's outcome; the operation stays pending", c.event(c.lastCode, err))
+		c.log(ctx, slog.LevelWarn, "idem: the jar did not record the call's progress; the operation stays as the jar last recorded it", c.event(c.lastCode, err))
 	}
 }
 

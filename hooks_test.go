@@ -420,7 +420,7 @@ func TestLoggerSaysOutcomeNotRecorded(t *testing.T) {
 	if r, _ := jar.Get(context.Background(), "op"); r.State != idem.StatePending {
 		t.Fatalf("operation %s; want it pending, its outcome not recorded", r.State)
 	}
-	want := `level=WARN msg="idem: the jar did not record the call's outcome; the operation stays pending" op=op`
+	want := `level=WARN msg="idem: the jar did not record the call's progress; the operation stays as the jar last recorded it" op=op`
 	if !strings.Contains(logs.String(), want) || !strings.Contains(logs.String(), `err="jar closed"`) {
 		t.Fatalf("log:\n%s\nwant a line %s with the jar's error", logs.String(), want)
 	}

@@ -235,8 +235,10 @@ type Transport struct {
 
 	// Logger receives a record per retry (Info), give-up and
 	// reconciliation (Warn), and attempt (Debug), and one (Warn) when the
-	// jar fails to record a call's outcome, which leaves the operation
-	// pending while the caller gets the answer. Nil means silent. A panic
+	// jar fails to record a call's progress (its outcome, which leaves the
+	// operation pending while the caller gets the answer; a Retry-After;
+	// its lease's release; or any of them after another holder took the
+	// lease over, the jar's error then ErrLeased). Nil means silent. A panic
 	// in its handler is handled as a hook's.
 	Logger *slog.Logger
 }
