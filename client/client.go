@@ -492,8 +492,12 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 		// Its *idem.PendingError says, as the Transport's does, that the
 		// same call made again without a name is a new operation.
 		var pe *idem.PendingError
-		if errors.As(err, &pe) {
+		var ce *ConflictError
+		switch {
+		case errors.As(err, &pe):
 			unnamed.Mark(pe)
+		case errors.As(err, &ce):
+			ce.unnamed = true
 		}
 	}
 	return nil, err

@@ -161,12 +161,20 @@ type ConflictError struct {
 	// *idem.PendingError: StatePending (or "", the same), or StateDone or
 	// StateFailed for an operation sent again for its saved answer.
 	State idem.State
+
+	// unnamed is set for a call with an empty name, whose operation's
+	// name was generated: as *idem.PendingError's message says, the same
+	// call made again without a name is a new operation.
+	unnamed bool
 }
 
 func (e *ConflictError) Error() string {
 	var msg string
 	if e.State == "" || e.State == idem.StatePending {
 		msg = fmt.Sprintf("client: operation %q (key %q) still in flight on the server after %d attempt(s); it stays pending: resume it later", e.Op, e.Key, e.Attempts)
+		if e.unnamed {
+			msg += " under its name (the call had none, and one made again without a name is a new operation under a new key)"
+		}
 	} else {
 		msg = fmt.Sprintf("client: operation %q (key %q) is %s, its outcome known, but the server was still running a request with its key after %d attempt(s) of this call, which sent it again for the server's saved answer: call it again later under the same name",
 			e.Op, e.Key, e.State, e.Attempts)
