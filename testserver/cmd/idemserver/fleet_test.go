@@ -440,6 +440,23 @@ func TestPostgresMigrationTimeout(t *testing.T) {
 	}
 }
 
+// A -query-timeout too short for the server to connect and read the keys'
+// schema runs out of pgstore's own deadline, twice -query-timeout, before
+// the server's statement_timeout: run fails (status 1, not a usage error)
+// with a line that says to raise -query-timeout, as when the server
+// cancels the migration, not with a bare "context deadline exceeded".
+func TestPostgresQueryTimeoutTooShort(t *testing.T) {
+	dsn := pgtest.DB(t)
+	err := run(t.Context(), []string{"-db", dsn, "-query-timeout", "1ms", "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("run -query-timeout 1ms: %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	var ue *cliflag.UsageError
+	if errors.As(err, &ue) || !strings.Contains(err.Error(), "raise -query-timeout") {
+		t.Fatalf("run -query-timeout 1ms: %v; want an error (not a usage error) that says to raise -query-timeout", err)
+	}
+}
+
 // A URL with pgxpool's own parameters (pool_max_conns, …), which pgstore
 // reads, opens the ledger too: they are not sent to the server as
 // settings, which it would refuse.

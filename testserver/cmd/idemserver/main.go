@@ -34,7 +34,9 @@
 // server once with a -query-timeout long enough. A server whose migration,
 // or whose wait for another server's, ran out of it exits with status 1,
 // the database left at its version, and says to raise -query-timeout (or,
-// when the URL sets statement_timeout, to drop it from the URL). After a
+// when the URL sets statement_timeout, to drop it from the URL); so does one
+// whose -query-timeout is too short to connect and read the schema at all
+// (it waits twice -query-timeout for the database's answers). After a
 // restart of PostgreSQL, or a pg_terminate_backend of its sessions, the
 // server works from its first request: neither the keys' pool nor the
 // ledger's hands a statement a connection the server closed.
@@ -225,7 +227,7 @@ const paycoLock = 0x6964656d70617963 // "idempayc"
 func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *backend, err error) {
 	s, err := pgstore.Open(ctx, dsn, opts)
 	if err != nil {
-		return nil, timedOut(err, dsn, opts)
+		return nil, timedOut(ctx, err, dsn, opts)
 	}
 	// Parsed as pgstore.Open parsed it (so it cannot fail), by pgxpool,
 	// which takes its own parameters (pool_max_conns, …) out of the URL:
@@ -296,9 +298,21 @@ func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *ba
 // does): the migration of the keys' schema, which rewrites the key table
 // (version 2), or the wait for another server's, ran past -query-timeout,
 // or past the URL's statement_timeout, which pgstore leaves in its place.
-func timedOut(err error, dsn string, opts *pgstore.Options) error {
+// So too when pgstore's own deadline, twice -query-timeout, ran out first
+// (ctx itself still running): a -query-timeout too short for the server to
+// connect and read the schema, which the bare "context deadline exceeded"
+// did not say.
+func timedOut(ctx context.Context, err error, dsn string, opts *pgstore.Options) error {
+	timeout := pgstore.DefaultQueryTimeout
+	if opts != nil && opts.QueryTimeout > 0 {
+		timeout = opts.QueryTimeout
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return fmt.Errorf("%w; the database did not answer within twice -query-timeout %v while the server connected, "+
+				"read the keys' schema or migrated it: raise -query-timeout", err, timeout)
+		}
 		return err
 	}
 	// Open parsed it: this cannot fail.
@@ -308,10 +322,6 @@ func timedOut(err error, dsn string, opts *pgstore.Options) error {
 				"statement_timeout=%s, which stands for -query-timeout's on the server: for a large key table, "+
 				"drop statement_timeout from the URL and raise -query-timeout", err, v)
 		}
-	}
-	timeout := pgstore.DefaultQueryTimeout
-	if opts != nil && opts.QueryTimeout > 0 {
-		timeout = opts.QueryTimeout
 	}
 	return fmt.Errorf("%w; the keys' schema migration, or its wait for another server's, ran past -query-timeout %v: "+
 		"for a large key table, raise -query-timeout", err, timeout)
