@@ -9,7 +9,10 @@
 //	go run ./testserver/cmd/idemserver -addr 127.0.0.1:0 -db /tmp/idem.db -on-error save
 //	go run ./testserver/cmd/idemserver -db 'postgres://idem@db:5432/idem?sslmode=verify-full'
 //
-// It prints the address it listens on. On SIGINT or SIGTERM it stops
+// It prints the address it listens on. Once it serves, and then every
+// -prune-every (1 h; 0 never), it deletes the keys older than -retention
+// (25 h), and logs how many to stderr when it deleted some. On SIGINT or
+// SIGTERM it stops
 // listening and waits for the requests in flight to be answered, up to the
 // time a request with an Idempotency-Key may take: 30 s for its body to
 // arrive, -lock-timeout, which ends its handler, and 10 s to save its
@@ -476,7 +479,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	pruneCtx, stopPrune := context.WithCancel(ctx)
 	go func() {
 		defer close(pruneDone)
-		prune(pruneCtx, mw, *pruneEvery, stderr)
+		prune(pruneCtx, mw, *pruneEvery, logger, stderr)
 	}()
 	defer func() {
 		stopPrune()
@@ -514,21 +517,33 @@ func shutdown(srv *http.Server, grace time.Duration) error {
 	return fmt.Errorf("shutdown: %w", err)
 }
 
-// prune deletes expired keys every interval until ctx ends.
-func prune(ctx context.Context, mw *testserver.Middleware, every time.Duration, stderr io.Writer) {
+// prune deletes expired keys once at start and then every interval until
+// ctx ends, and logs how many each prune deleted, when it deleted any. The
+// prune at start is what a fleet restarted more often than every interval
+// (deploys, a crash loop) gets: with the first one an interval away, it
+// pruned nothing.
+func prune(ctx context.Context, mw *testserver.Middleware, every time.Duration, logger *slog.Logger, stderr io.Writer) {
 	if every <= 0 {
 		return
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
+		start := time.Now()
+		n, err := mw.Prune(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if n > 0 {
+			logger.Info("idemserver: pruned expired keys", "deleted", n, "retention", mw.Retention, "took", time.Since(start).Round(time.Millisecond))
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "idemserver: prune:", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if _, err := mw.Prune(ctx); err != nil && ctx.Err() == nil {
-				fmt.Fprintln(stderr, "idemserver: prune:", err)
-			}
 		}
 	}
 }

@@ -536,13 +536,21 @@ func testSecondSignal(t *testing.T, bin string) {
 	}
 }
 
-// inFlight counts the keys in flight in the SQLite file at path.
-func inFlight(t *testing.T, path string) int {
+// openFile opens the SQLite file at path as a store, which the caller
+// closes.
+func openFile(t *testing.T, path string) *sqlitestore.Store {
 	t.Helper()
 	s, err := sqlitestore.Open(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// inFlight counts the keys in flight in the SQLite file at path.
+func inFlight(t *testing.T, path string) int {
+	t.Helper()
+	s := openFile(t, path)
 	defer s.Close()
 	var n int
 	if err := s.DB().QueryRow(`SELECT count(*) FROM idempotency_keys WHERE status = 'in_flight'`).Scan(&n); err != nil {
@@ -554,10 +562,7 @@ func inFlight(t *testing.T, path string) int {
 // age moves every claim in the file an hour into the past.
 func age(t *testing.T, path string) {
 	t.Helper()
-	s, err := sqlitestore.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openFile(t, path)
 	defer s.Close()
 	if _, err := s.DB().Exec(`UPDATE idempotency_keys SET locked_at = locked_at - 3600000000000 WHERE status = 'in_flight'`); err != nil {
 		t.Fatal(err)
@@ -849,5 +854,79 @@ func TestEmptyAddr(t *testing.T) {
 	}
 	if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("run -addr '' created its database: %v", err)
+	}
+}
+
+// A server prunes the keys older than -retention once it serves, and then
+// every -prune-every, and says how many it deleted: a fleet restarted more
+// often than -prune-every (a deploy, a crash loop) pruned nothing, as its
+// first prune came one interval after the start, and its key table grew
+// without a line to tell.
+func TestPruneAtStart(t *testing.T) {
+	ctx := t.Context()
+	db := filepath.Join(t.TempDir(), "x.db")
+	st := openFile(t, db)
+	for key, at := range map[string]time.Time{"old": time.Now().Add(-30 * time.Hour), "new": time.Now().Add(-time.Hour)} {
+		if _, claimed, err := st.Claim(ctx, "", key, "fp", at.UnixNano(), at); err != nil || !claimed {
+			t.Fatalf("claim %s: %v, %v", key, claimed, err)
+		}
+		if err := st.Save(ctx, "", key, at.UnixNano(), testserver.Response{Status: http.StatusCreated}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	result := make(chan error, 1)
+	go func() {
+		result <- run(rctx, []string{"-addr", "127.0.0.1:0", "-db", db, "-prune-every", "1h"}, io.Discard, pw)
+		pw.Close()
+	}()
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	timeout := time.NewTimer(20 * time.Second)
+	defer timeout.Stop()
+	var seen []string
+	for pruned := false; !pruned; {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("run ended (%v) before it pruned; stderr %q", <-result, seen)
+			}
+			seen = append(seen, line)
+			pruned = strings.Contains(line, `msg="idemserver: pruned expired keys"`)
+			if pruned && !strings.Contains(line, "level=INFO") || pruned && !strings.Contains(line, "deleted=1 retention=25h0m0s took=") {
+				t.Fatalf("prune record %q; want it at INFO, with deleted=1 retention=25h0m0s and how long it took", line)
+			}
+		case <-timeout.C:
+			t.Fatalf("no prune within 20 s of the start with -prune-every 1h; stderr %q", seen)
+		}
+	}
+	cancel()
+	go func() {
+		for range lines {
+		}
+	}()
+	if err := <-result; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	sdb, err := sql.Open("sqlite", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdb.Close()
+	var keys string
+	if err := sdb.QueryRow(`SELECT group_concat(key) FROM idempotency_keys`).Scan(&keys); err != nil || keys != "new" {
+		t.Fatalf("keys after the prune: %q, %v; want only the one within -retention, new", keys, err)
 	}
 }
