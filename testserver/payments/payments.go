@@ -64,7 +64,8 @@ type App struct {
 	// The zero value injects none.
 	Faults Faults
 
-	// Logger receives the ledger's error behind each 502 payco-failed and
+	// Logger receives the ledger's error behind each 502 payco-failed
+	// (with the charge's order_id and, behind the Middleware, its key) and
 	// 503 ledger-unavailable answer, at level ERROR, and the error of a
 	// charge's body that could not be read (400 invalid-charge), at level
 	// INFO: the client's fault, not the server's. The answer's detail does
@@ -115,7 +116,7 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("Order %q was already charged with another amount or currency; look it up at %s.", orderID, orderPath(orderID))}, 0)
 		return
 	case err != nil:
-		a.log(r, slog.LevelError, "payments: charge failed", err)
+		a.log(r, slog.LevelError, "payments: charge failed", err, chargeAttrs(r, orderID)...)
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "payco-failed", Title: "Payment processor failed", Status: http.StatusBadGateway,
 			Detail: "The payment processor did not answer; retry the request with the same Idempotency-Key."}, 0)
 		return
@@ -276,10 +277,21 @@ func (a *App) ledgerFailed(w http.ResponseWriter, r *http.Request, err error) {
 		Detail: "The ledger could not be read; retry later."}, 1)
 }
 
-func (a *App) log(r *http.Request, level slog.Level, msg string, err error) {
+func (a *App) log(r *http.Request, level slog.Level, msg string, err error, attrs ...any) {
 	if a.Logger != nil {
-		a.Logger.Log(r.Context(), level, msg, "method", r.Method, "path", r.URL.Path, "err", err)
+		a.Logger.Log(r.Context(), level, msg, append([]any{"method", r.Method, "path", r.URL.Path}, append(attrs, "err", err)...)...)
 	}
+}
+
+// chargeAttrs are the attributes that tell a charge's record from the
+// others: its order and, behind the Middleware, its Idempotency-Key, one of
+// which the client that reports the failure names.
+func chargeAttrs(r *http.Request, orderID string) []any {
+	attrs := []any{"order_id", orderID}
+	if c, ok := testserver.ClaimFrom(r.Context()); ok {
+		attrs = append(attrs, "key", c.Key)
+	}
+	return attrs
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -325,10 +325,9 @@ func TestSharedDatabase(t *testing.T) {
 	}
 }
 
-// TestLedgerErrorsAreLoggedNotSent checks that a failing ledger's error goes
-// to App.Logger, and not to the client: a driver's error may name the
-// database's file, host, user or schema.
-func TestLedgerErrorsAreLoggedNotSent(t *testing.T) {
+// closedLedger returns a PayCo whose database is closed: each of its calls
+// fails.
+func closedLedger(t *testing.T) *payments.PayCo {
 	ctx := context.Background()
 	store, err := sqlitestore.Open(ctx, filepath.Join(t.TempDir(), "server.db"), nil)
 	if err != nil {
@@ -338,10 +337,17 @@ func TestLedgerErrorsAreLoggedNotSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logged strings.Builder
-	app := &payments.App{PayCo: payco, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
-	h := app.Handler()
 	store.Close() // the ledger's database with it
+	return payco
+}
+
+// TestLedgerErrorsAreLoggedNotSent checks that a failing ledger's error goes
+// to App.Logger, and not to the client: a driver's error may name the
+// database's file, host, user or schema.
+func TestLedgerErrorsAreLoggedNotSent(t *testing.T) {
+	var logged strings.Builder
+	app := &payments.App{PayCo: closedLedger(t), Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+	h := app.Handler()
 	const closed = "database is closed"
 
 	for _, tc := range []struct {
@@ -375,6 +381,24 @@ func TestLedgerErrorsAreLoggedNotSent(t *testing.T) {
 		if !strings.Contains(logged.String(), closed) || !strings.Contains(logged.String(), "level=ERROR") {
 			t.Errorf("%s: logged %q; want the ledger's error (%q) at level ERROR", tc.name, logged.String(), closed)
 		}
+	}
+}
+
+// A charge that failed at the ledger is logged with its order and, behind
+// the Middleware, its Idempotency-Key: the client that reports its 502
+// payco-failed names one of them, and a record with neither could not be
+// told from the others.
+func TestChargeFailedLogNamesOrderAndKey(t *testing.T) {
+	var logged strings.Builder
+	app := &payments.App{PayCo: closedLedger(t), Idempotency: &testserver.Middleware{Store: &testserver.MemoryStore{}},
+		Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+	w := post(app.Handler(), "k-42", "application/json", `{"amount":100,"currency":"eur","order_id":"o-42"}`)
+	if w.Code != http.StatusBadGateway {
+		t.Fatalf("charge on a closed ledger: %d %s; want 502", w.Code, w.Body)
+	}
+	if out := logged.String(); !strings.Contains(out, `msg="payments: charge failed"`) || !strings.Contains(out, "order_id=o-42") ||
+		!strings.Contains(out, "key=k-42") {
+		t.Fatalf("logged %q; want the charge's failure with order_id=o-42 and key=k-42", out)
 	}
 }
 
