@@ -3,6 +3,14 @@
 // processes on one machine may share the file; for many machines use
 // testserver/pgstore.
 //
+// Leave the file, and its -wal and -shm files, in place while a store has
+// it open: SQLite writes on to the file it opened, wherever it went, and
+// the store does not notice it removed or replaced (unlike the client's
+// jar, package keyjar, which fails with ErrMoved). Its keys then live only
+// as long as the processes that hold it open; a store opened at the path
+// afterwards creates a new, empty database, where every retry of a key
+// answered before runs its handler again.
+//
 // The database runs in WAL mode with synchronous=FULL, and fullfsync and
 // checkpoint_fullfsync (which on macOS sync with F_FULLFSYNC: its fsync
 // leaves the write in the disk's cache), so a saved answer survives power
