@@ -648,16 +648,23 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 }
 
 // releaseUnconfirmed releases the claim with token that a failed Claim or
-// TakeOver may have made all the same, when the failure was the caller
-// hanging up (its context ended while the store wrote): rather than leave
-// it in flight, refusing every retry with 409 until the lease ends, for a
-// handler that never runs. Release is fenced by token, so a claim this
-// request did not make is left alone.
+// TakeOver may have made all the same: the caller hung up (its context
+// ended while the store wrote), or the store wrote it and its answer was
+// lost (a connection lost as it committed: a PostgreSQL session
+// terminated, a restart). Rather than leave it in flight, refusing every
+// retry with 409 until the lease ends, for a handler that never runs.
+// Release is fenced by token, so a claim this request did not make is left
+// alone. After a store failure, a store still failing fails the release
+// too, silently: its failure is logged already, and a claim it made is
+// taken over after the lease.
 func (m *Middleware) releaseUnconfirmed(r *http.Request, scope, key string, token int64) {
-	if r.Context().Err() == nil {
-		return // the store failed: a claim it made is taken over after the lease
+	if r.Context().Err() != nil {
+		m.releaseUnrun(r, scope, key, token)
+		return
 	}
-	m.releaseUnrun(r, scope, key, token)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
+	defer cancel()
+	_, _ = m.Store.Release(ctx, scope, key, token) // its error: see above
 }
 
 // releaseUnrun releases the claim with token, whose handler will not run,

@@ -1865,6 +1865,45 @@ func TestCallerHangingUpDuringClaim(t *testing.T) {
 	})
 }
 
+// lostAnswerClaim is a Store whose first Claim is written, and then
+// reported failed, as a connection lost while the claim committed is (a
+// PostgreSQL session terminated, a restart).
+type lostAnswerClaim struct {
+	testserver.Store
+	calls *atomic.Int32
+}
+
+var errConnLost = errors.New("unexpected EOF")
+
+func (s lostAnswerClaim) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+	e, claimed, err := s.Store.Claim(ctx, scope, key, fp, token, now)
+	if err == nil && s.calls.Add(1) == 1 {
+		return testserver.Entry{}, false, errConnLost
+	}
+	return e, claimed, err
+}
+
+// TestClaimWhoseAnswerWasLost: a claim the store made although it
+// reported a failure (its answer lost with the connection) is released,
+// fenced by its token, so that the retry runs at once rather than meet
+// 409 until the lease ends; the failed request is answered 503, as any
+// store failure.
+func TestClaimWhoseAnswerWasLost(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		var runs atomic.Int64
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		})
+		srv := (&testserver.Middleware{Store: lostAnswerClaim{store, new(atomic.Int32)}}).Wrap(h)
+		wantProblem(t, serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k")), http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+		retry := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if retry.Code != http.StatusCreated || runs.Load() != 1 {
+			t.Fatalf("retry after a claim whose answer was lost: %d %s, %d runs; want 201 from one run", retry.Code, retry.Body, runs.Load())
+		}
+	})
+}
+
 // duplicateKey marks the context of the duplicate request that
 // hangUpOnDuplicate hangs up.
 type duplicateKey struct{}

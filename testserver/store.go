@@ -57,10 +57,10 @@ type Store interface {
 	// entry. When err is not nil, claimed is false and e is the zero Entry,
 	// whatever step failed (the commit included): a caller never runs the
 	// operation on a claim the store could not confirm. A claim that was
-	// made nonetheless (the store lost the answer) stays in flight, and is
-	// taken over once its token is older than the lock timeout; when the
-	// error came with the caller's context ended (it hung up while the
-	// store wrote), the Middleware releases it at once, fenced by token.
+	// made nonetheless (the store lost the answer, or the caller hung up
+	// while the store wrote) is released by the Middleware at once, fenced
+	// by token; when that fails too, it stays in flight, and is taken over
+	// once its token is older than the lock timeout.
 	Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (e Entry, claimed bool, err error)
 
 	// TakeOver replaces the token of an in-flight entry by compare-and-set:

@@ -77,10 +77,11 @@
 // Claim and Prune fail with the pool's or the server's error: a claim
 // fails closed (the Middleware answers 503, and runs nothing; its caller
 // asks again). A claim whose answer was lost may have been committed all
-// the same: the key then stays in flight, its retries refused with 409
-// until the lock timeout, when one takes it over. Save, TakeOver and Release try again: each is fenced by the
-// token, so that running it twice does what running it once does, and a
-// lost one would keep the key in flight until the lock timeout, every
+// the same: the Middleware releases it, fenced by its token, and when that
+// fails too the key stays in flight, its retries refused with 409 until
+// the lock timeout, when one takes it over. Save, TakeOver and Release try
+// again: each is fenced by the token, so that running it twice does what
+// running it once does, and a lost one would keep the key in flight until the lock timeout, every
 // retry until then refused with 409, and the handler run again after a
 // lost save. When the connection was lost before the method had its
 // answer (none could be made, or the one in use closed; not when the
