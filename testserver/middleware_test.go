@@ -1890,16 +1890,12 @@ func (s lostAnswerClaim) Claim(ctx context.Context, scope, key, fp string, token
 // store failure.
 func TestClaimWhoseAnswerWasLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store testserver.Store) {
-		var runs atomic.Int64
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			runs.Add(1)
-			w.WriteHeader(http.StatusCreated)
-		})
+		h := &charges{}
 		srv := (&testserver.Middleware{Store: lostAnswerClaim{store, new(atomic.Int32)}}).Wrap(h)
 		wantProblem(t, serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k")), http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
 		retry := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
-		if retry.Code != http.StatusCreated || runs.Load() != 1 {
-			t.Fatalf("retry after a claim whose answer was lost: %d %s, %d runs; want 201 from one run", retry.Code, retry.Body, runs.Load())
+		if retry.Code != http.StatusCreated || h.runs.Load() != 1 {
+			t.Fatalf("retry after a claim whose answer was lost: %d %s, %d runs; want 201 from one run", retry.Code, retry.Body, h.runs.Load())
 		}
 	})
 }
