@@ -662,21 +662,25 @@ func (m *Middleware) releaseUnconfirmed(r *http.Request, scope, key string, toke
 		m.releaseUnrun(r, scope, key, token)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
-	defer cancel()
-	_, _ = m.Store.Release(ctx, scope, key, token) // its error: see above
+	_ = m.release(r, scope, key, token) // its error: see above
 }
 
 // releaseUnrun releases the claim with token, whose handler will not run,
-// fenced by token and within storeWriteTimeout, whether or not the caller
-// is still there.
+// and logs a release that failed.
 func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, token int64) {
+	if err := m.release(r, scope, key, token); err != nil {
+		m.stats.storeErrors.Add(1)
+		m.log(r.Context(), slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
+	}
+}
+
+// release releases the claim with token, fenced by token and within
+// storeWriteTimeout, whether or not the caller is still there.
+func (m *Middleware) release(r *http.Request, scope, key string, token int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancel()
-	if _, err := m.Store.Release(ctx, scope, key, token); err != nil {
-		m.stats.storeErrors.Add(1)
-		m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
-	}
+	_, err := m.Store.Release(ctx, scope, key, token)
+	return err
 }
 
 // retryInFlight is the Retry-After, in whole seconds, of a claim in flight
