@@ -154,7 +154,8 @@ func (p ErrorPolicy) String() string {
 // caller hanging up does not end either: a server that stops gracefully
 // waits LockTimeout and those 10 s for its requests in flight. A claim that
 // took the store longer than LockTimeout is released without running the
-// handler (503). The answer saved is the one the handler returns with: put
+// handler (503); a take-over is left in flight, stale, for the retry to
+// take over with Claim.TakenOver set. The answer saved is the one the handler returns with: put
 // http.TimeoutHandler, and any handler that answers before the work it
 // started ends, outside Wrap, never inside. Inside, its early 503 would
 // release the claim (ReleaseClaim) or be saved (SaveError) while the work
@@ -631,7 +632,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		next := max(token, e.Token+1)
 		won, err := m.Store.TakeOver(ctx, scope, key, e.Token, next)
 		if err != nil {
-			m.releaseUnconfirmed(r, scope, key, next)
+			// Not released: a take-over made all the same holds the claim
+			// of a run that may have done the work. Released, the retry
+			// would claim the key afresh and run the handler without
+			// TakenOver; in flight, it is taken over again once stale.
 			m.storeFailed(w, r, key, err)
 			return
 		}
@@ -647,8 +651,8 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 	m.inFlight(w, key, 1)
 }
 
-// releaseUnconfirmed releases the claim with token that a failed Claim or
-// TakeOver may have made all the same: the caller hung up (its context
+// releaseUnconfirmed releases the claim with token that a failed Claim
+// may have made all the same: the caller hung up (its context
 // ended while the store wrote), or the store wrote it and its answer was
 // lost (a connection lost as it committed: a PostgreSQL session
 // terminated, a restart). Rather than leave it in flight, refusing every
@@ -781,7 +785,13 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	lease := m.lockTimeout() - max(0, m.now().Sub(time.Unix(0, token)))
 	if lease <= 0 {
 		// Claimed too late to run: a retry may take the claim over already.
-		m.releaseUnrun(r, scope, key, token)
+		// A take-over stays as it is, stale, for the retry to take over
+		// with TakenOver set: released, the key would be claimed afresh,
+		// and the handler run as a first run, although the run taken over
+		// may have done the work.
+		if !c.TakenOver {
+			m.releaseUnrun(r, scope, key, token)
+		}
 		m.storeFailed(w, r, key, fmt.Errorf("testserver: the claim took longer than LockTimeout (%v)", m.lockTimeout()))
 		return
 	}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1388,8 +1389,9 @@ func (s slowTakeOver) TakeOver(ctx context.Context, scope, key string, old, new 
 // the claim was taken, not after the handler started: time the store took
 // to claim does not extend it, so a retry that comes once the lease is over
 // never runs beside the first handler. A claim or a take-over that took
-// longer than the lease runs nothing, answers 503, releases the claim and
-// counts a store error, neither a claim nor a take-over.
+// longer than the lease runs nothing, answers 503 and counts a store error,
+// neither a claim nor a take-over; a claim is released, a take-over left
+// in flight, stale, for the retry to take over.
 func TestHandlerEndsWithItsLease(t *testing.T) {
 	const lt = 60 * time.Second
 	t.Run("slow claim", func(t *testing.T) {
@@ -1463,10 +1465,14 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 		if st := mw.Stats(); h.runs.Load() != 0 || st != (testserver.Stats{StoreErrors: 1}) {
 			t.Fatalf("the handler ran %d times, %+v; want none, one store error and nothing else", h.runs.Load(), st)
 		}
-		// The claim taken over was released: the retry claims the key afresh.
+		// The claim taken over is left in flight, stale already: the retry
+		// takes it over at once, and its handler runs with TakenOver set,
+		// where a release would have let it claim the key afresh and run
+		// as a first run, although the dead worker may have done the work.
+		mw = &testserver.Middleware{Store: store.MemoryStore, LockTimeout: lt, Now: clk.Now} // a take-over in time
 		w = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
-		if st := mw.Stats(); w.Code != http.StatusCreated || h.runs.Load() != 1 || st.Claims != 1 || st.Takeovers != 0 {
-			t.Fatalf("retry: %d after %d runs, %+v; want 201 after one, one claim", w.Code, h.runs.Load(), st)
+		if st := mw.Stats(); w.Code != http.StatusCreated || h.runs.Load() != 1 || st.Claims != 0 || st.Takeovers != 1 {
+			t.Fatalf("retry: %d after %d runs, %+v; want 201 after one, one take-over", w.Code, h.runs.Load(), st)
 		}
 	})
 }
@@ -1898,6 +1904,77 @@ func TestClaimWhoseAnswerWasLost(t *testing.T) {
 			t.Fatalf("retry after a claim whose answer was lost: %d %s, %d runs; want 201 from one run", retry.Code, retry.Body, h.runs.Load())
 		}
 	})
+}
+
+// lostTakeOver is a Store whose TakeOver is written and then reported
+// failed: its answer lost with the connection (pgstore's TakeOver then
+// reports an error, not a win), or, with cancel set, its caller hung up
+// while the store wrote.
+type lostTakeOver struct {
+	testserver.Store
+	cancel context.CancelFunc
+}
+
+func (s lostTakeOver) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+	if _, err := s.Store.TakeOver(context.WithoutCancel(ctx), scope, key, old, new); err != nil {
+		return false, err
+	}
+	if s.cancel != nil {
+		s.cancel()
+		return false, ctx.Err()
+	}
+	return false, errConnLost
+}
+
+// TestTakeOverWhoseAnswerWasLost: a take-over the store made although it
+// reported a failure (its answer lost, or its caller hung up) holds the
+// claim of a run that may have done the work. It is left in flight, and
+// taken over again once stale, so that the handler runs with TakenOver
+// set and reconciles; released, the retry would claim the key afresh and
+// run the handler as a first run, without TakenOver.
+func TestTakeOverWhoseAnswerWasLost(t *testing.T) {
+	for name, hangUp := range map[string]bool{"answer lost": false, "caller hung up": true} {
+		t.Run(name, func(t *testing.T) {
+			eachStore(t, func(t *testing.T, store testserver.Store) {
+				const lt = time.Minute
+				clk := newClock()
+				fp := testserver.Fingerprint(request("POST", "/", chargeBody), "", []byte(chargeBody))
+				// A worker claimed the key, may have done the work, and died.
+				if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+					t.Fatal(err)
+				}
+				clk.Add(lt)
+				var mu sync.Mutex
+				var takenOver []bool // Claim.TakenOver of each run
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					c, _ := testserver.ClaimFrom(r.Context())
+					mu.Lock()
+					takenOver = append(takenOver, c.TakenOver)
+					mu.Unlock()
+					w.WriteHeader(http.StatusCreated)
+				})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				lost := lostTakeOver{Store: store}
+				if hangUp {
+					lost.cancel = cancel
+				}
+				first := &testserver.Middleware{Store: lost, LockTimeout: lt, Now: clk.Now}
+				wantProblem(t, serve(first.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k").WithContext(ctx)),
+					http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+				mw := &testserver.Middleware{Store: store, LockTimeout: lt, Now: clk.Now}
+				wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), http.StatusConflict, testserver.ProblemInFlight)
+				clk.Add(lt)
+				retry := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+				mu.Lock()
+				defer mu.Unlock()
+				if retry.Code != http.StatusCreated || !slices.Equal(takenOver, []bool{true}) {
+					t.Fatalf("retry once the take-over is stale: %d %s, runs with TakenOver %v; want 201 from one run with TakenOver set",
+						retry.Code, retry.Body, takenOver)
+				}
+			})
+		})
+	}
 }
 
 // duplicateKey marks the context of the duplicate request that

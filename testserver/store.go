@@ -66,7 +66,10 @@ type Store interface {
 	// TakeOver replaces the token of an in-flight entry by compare-and-set:
 	// it succeeds only if the entry is still in flight with token old. Of
 	// many concurrent callers with the same old token, exactly one wins.
-	// The caller chooses a new token greater than old.
+	// The caller chooses a new token greater than old. A take-over that
+	// failed may have been made all the same: the Middleware leaves it in
+	// flight, to be taken over again once stale, and never releases it,
+	// which would let the retry run the handler without Claim.TakenOver.
 	TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error)
 
 	// Save marks the entry done with resp, fenced: only if it is in flight

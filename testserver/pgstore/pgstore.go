@@ -94,9 +94,10 @@
 // gone, and reports it released. TakeOver finds it no longer in flight
 // under the old token, as it would had another caller, which may have
 // chosen the same new token, taken it over: it cannot tell, and returns an
-// error rather than a win. A claim is not tried again for the same reason:
-// a claim found under its own token may be another request's, whose
-// handler would then run twice.
+// error rather than a win (the Middleware leaves such a take-over in
+// flight, to be taken over again after the lock timeout). A claim is not
+// tried again for the same reason: a claim found under its own token may
+// be another request's, whose handler would then run twice.
 package pgstore
 
 import (
