@@ -67,8 +67,9 @@ const (
 // than the Content-Length it set, or returns without answering anything
 // once its lease ended (answered 503 ProblemLeaseEnded); or when it answers
 // 429 Too Many Requests, which asks the caller to send the same request
-// again later (idem.Transport does, with the same key): saved, that 429
-// would be replayed to every retry.
+// again later, or 408 Request Timeout, which says the request did not
+// arrive whole in time (idem.Transport sends either again, with the same
+// key): saved, that answer would be replayed to every retry.
 type ErrorPolicy int
 
 const (
@@ -276,7 +277,7 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more or 429, panics, sends a body shorter than the Content-Length it
+	// more, 429 or 408, panics, sends a body shorter than the Content-Length it
 	// set, or returns without answering anything once its lease ended
 	// (answered 503 ProblemLeaseEnded, logged at Warn). The zero value is
 	// ReleaseClaim; a value that is neither policy is refused as Store nil is,
@@ -874,7 +875,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	defer cancelWrite()
 	fenced := ""      // the write that found the claim taken over
 	tooLarge := false // the too-large marker was saved
-	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests
+	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests || rec.status == http.StatusRequestTimeout
 	if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
 		released, err := m.Store.Release(ctx, scope, key, token)
 		switch {
