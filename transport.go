@@ -235,11 +235,14 @@ type Transport struct {
 
 	// Logger receives a record per retry (Info), give-up and
 	// reconciliation (Warn), and attempt (Debug), and one (Warn) when the
-	// jar fails to record a call's progress (its outcome, which leaves the
-	// operation pending while the caller gets the answer; a Retry-After;
-	// its lease's release; or any of them after another holder took the
-	// lease over, the jar's error then ErrLeased). Nil means silent. A panic
-	// in its handler is handled as a hook's.
+	// jar does not take a change of a call's progress (its outcome, which
+	// leaves the operation pending while the caller gets the answer; a
+	// Retry-After; its lease's release), with the jar's error: a jar
+	// closed, or, from a Jar that is not a Deferrer, an Update refused,
+	// ErrLeaseLost once another holder took the lease over. A Deferrer
+	// drops a change refused when it applies it, and nothing is logged
+	// (see Deferrer). Nil means silent. A panic in its handler is handled
+	// as a hook's.
 	Logger *slog.Logger
 }
 
