@@ -600,8 +600,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, token, now)
 		switch {
 		case err != nil:
-			m.releaseUnconfirmed(r, scope, key, token)
-			m.storeFailed(w, r, key, err)
+			m.claimFailed(w, r, scope, key, token, err)
 			return
 		case claimed:
 			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", token)
@@ -652,21 +651,27 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 	m.inFlight(w, key, 1)
 }
 
-// releaseUnconfirmed releases the claim with token that a failed Claim
-// may have made all the same: the caller hung up (its context
-// ended while the store wrote), or the store wrote it and its answer was
-// lost (a connection lost as it committed: a PostgreSQL session
+// claimFailed answers a Claim that failed with err, and releases the claim
+// with token that the store may have made all the same: the caller hung up
+// (its context ended while the store wrote), or the store wrote it and its
+// answer was lost (a connection lost as it committed: a PostgreSQL session
 // terminated, a restart). Rather than leave it in flight, refusing every
 // retry with 409 until the lease ends, for a handler that never runs.
 // Release is fenced by token, so a claim this request did not make is left
-// alone. After a store failure, a store still failing fails the release
-// too, silently: its failure is logged already, and a claim it made is
-// taken over after the lease.
-func (m *Middleware) releaseUnconfirmed(r *http.Request, scope, key string, token int64) {
+// alone. A caller still there gets its 503 first, on a connection closed
+// after it: with the store down, the release may wait as long as any
+// store write (storeWriteTimeout) before it fails too, silently (the
+// failure is logged already, and a claim the store made is taken over
+// after the lease).
+func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, key string, token int64, err error) {
 	if r.Context().Err() != nil {
 		m.releaseUnrun(r, scope, key, token)
+		m.storeFailed(w, r, key, err)
 		return
 	}
+	w.Header().Set("Connection", "close")
+	writeProblem(w, m.storeProblem(r, key, err), 1, true)
+	_ = http.NewResponseController(w).Flush()
 	_ = m.release(r, scope, key, token) // its error: see above
 }
 
@@ -707,18 +712,23 @@ func (m *Middleware) inFlight(w http.ResponseWriter, key string, retryAfter int)
 }
 
 func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
+	WriteProblem(w, m.storeProblem(r, key, err), 1)
+}
+
+// storeProblem is the answer to a request whose store write failed with
+// err, a failure it counts and logs.
+func (m *Middleware) storeProblem(r *http.Request, key string, err error) Problem {
 	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
 		// Not the store's failure: the request's context ended, because the
 		// caller went away or a deadline set before this Middleware passed.
 		// The caller may still be there; an answer to nobody is harmless.
-		WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
-			Detail: "The request's time ran out before the server could record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}, 1)
-		return
+		return Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
+			Detail: "The request's time ran out before the server could record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}
 	}
 	m.stats.storeErrors.Add(1)
 	m.log(r.Context(), slog.LevelError, "idempotency: store failed; request refused", "key", key, "err", err)
-	WriteProblem(w, Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
-		Detail: "The server could not record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}, 1)
+	return Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
+		Detail: "The server could not record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}
 }
 
 // replay writes a saved answer, to a HEAD request when head is.

@@ -1907,6 +1907,58 @@ func TestClaimWhoseAnswerWasLost(t *testing.T) {
 	})
 }
 
+// slowRelease is a Store whose Claim fails, as one whose database is
+// down does, and whose Release waits until answered is closed (the 503
+// has reached its caller) or its context ends.
+type slowRelease struct {
+	testserver.Store
+	answered chan struct{}
+	released chan error // the context's error when Release stopped waiting
+}
+
+func (s slowRelease) Claim(context.Context, string, string, string, int64, time.Time) (testserver.Entry, bool, error) {
+	return testserver.Entry{}, false, errConnLost
+}
+
+func (s slowRelease) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+	select {
+	case <-s.answered:
+		s.released <- nil
+	case <-ctx.Done():
+		s.released <- ctx.Err()
+	}
+	return false, errConnLost
+}
+
+// TestStoreFailureAnsweredBeforeTheRelease: the release that follows a
+// failed Claim (in case the claim was made and its answer lost) runs after
+// the 503 has reached its caller, on a connection that is then closed:
+// with the store down, that release may wait as long as any store write,
+// and the caller, who would get the same 503, waited for it too.
+func TestStoreFailureAnsweredBeforeTheRelease(t *testing.T) {
+	store := slowRelease{new(testserver.MemoryStore), make(chan struct{}), make(chan error, 1)}
+	srv := httptest.NewServer((&testserver.Middleware{Store: store, Logger: slog.New(slog.DiscardHandler)}).Wrap(&charges{}))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL, strings.NewReader(chargeBody))
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	close(store.answered)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), testserver.ProblemStoreUnavailable) {
+		t.Fatalf("got %d %q, %v; want the 503 of a store failure", resp.StatusCode, body, err)
+	}
+	if err := <-store.released; err != nil {
+		t.Fatalf("the release stopped with %v before the caller had its answer; want the answer first", err)
+	}
+	if !resp.Close {
+		t.Error("the connection stays open; want it closed, as the release may hold it")
+	}
+}
+
 // lostTakeOver is a Store whose TakeOver is written and then reported
 // failed: its answer lost with the connection (pgstore's TakeOver then
 // reports an error, not a win), or, with cancel set, its caller hung up

@@ -43,15 +43,25 @@ type Problem struct {
 // WriteProblem writes p as an application/problem+json response with status
 // p.Status. When retryAfter is positive it also sets Retry-After, in seconds.
 func WriteProblem(w http.ResponseWriter, p Problem, retryAfter int) {
+	writeProblem(w, p, retryAfter, false)
+}
+
+// writeProblem is WriteProblem, the answer sent with its Content-Length
+// when sized: complete once flushed, before the handler returns.
+func writeProblem(w http.ResponseWriter, p Problem, retryAfter int, sized bool) {
+	body := p.body()
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Del("Content-Length")
+	if sized {
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+	}
 	if retryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(retryAfter))
 	}
 	w.WriteHeader(p.Status)
-	w.Write(p.body())
+	w.Write(body)
 }
 
 func (p Problem) body() []byte {
