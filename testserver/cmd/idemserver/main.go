@@ -304,7 +304,8 @@ func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *ba
 // So too when pgstore's own deadline, twice -query-timeout, ran out first
 // (ctx itself still running): a -query-timeout too short for the server to
 // connect and read the schema, which the bare "context deadline exceeded"
-// did not say.
+// did not say, or a database that does not answer at all (a host that
+// drops the connection attempt), which no -query-timeout helps.
 func timedOut(ctx context.Context, err error, dsn string, opts *pgstore.Options) error {
 	timeout := pgstore.DefaultQueryTimeout
 	if opts != nil && opts.QueryTimeout > 0 {
@@ -314,7 +315,7 @@ func timedOut(ctx context.Context, err error, dsn string, opts *pgstore.Options)
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			return fmt.Errorf("%w; the database did not answer within twice -query-timeout %v while the server connected, "+
-				"read the keys' schema or migrated it: raise -query-timeout", err, timeout)
+				"read the keys' schema or migrated it: check that it is reachable at that address, or raise -query-timeout", err, timeout)
 		}
 		return err
 	}
