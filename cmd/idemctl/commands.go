@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/ctlesc"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -47,7 +48,7 @@ func checkOneArg(name string) func(fs *flag.FlagSet, args []string) error {
 
 func checkList(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
-		return cliflag.Usagef("list takes no arguments, got %q", args)
+		return cliflag.Usagef("list takes no arguments, got %s", dsn.Quote(args...))
 	}
 	if st := idem.State(flagString(fs, "status")); st != "" && !st.Valid() {
 		return cliflag.Usagef("unknown --status %q: pending, done, failed, reconcile or abandoned", st)
@@ -545,7 +546,7 @@ func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 
 func checkPrune(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
-		return cliflag.Usagef("prune takes no arguments, got %q", args)
+		return cliflag.Usagef("prune takes no arguments, got %s", dsn.Quote(args...))
 	}
 	_, err := parseAge(flagString(fs, "older-than"))
 	return err
@@ -675,7 +676,7 @@ func headerBase64(h http.Header) map[string][]string {
 
 func checkExport(fs *flag.FlagSet, args []string) error {
 	if len(args) > 0 {
-		return cliflag.Usagef("export takes no arguments, got %q", args)
+		return cliflag.Usagef("export takes no arguments, got %s", dsn.Quote(args...))
 	}
 	if flagString(fs, "json") != "true" {
 		return cliflag.Usagef("export writes JSON only (--json)")

@@ -290,7 +290,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	cmd, ok := lookup(name)
 	if !ok {
-		return cliflag.Usagef("unknown command %q", name)
+		return cliflag.Usagef("unknown command %s", dsn.Quote(name))
 	}
 	set := flag.NewFlagSet(name, flag.ContinueOnError)
 	set.SetOutput(io.Discard)

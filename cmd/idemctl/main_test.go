@@ -1279,6 +1279,28 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	}
 }
 
+// A database's URL given where an argument of another kind goes (--jar
+// forgotten: as the command, or after one that takes none) is refused as
+// a usage error that quotes it without its password, and a key=value
+// connection string not at all.
+func TestStrayPasswordNeverPrinted(t *testing.T) {
+	const pw = "s3cretPW"
+	path := filepath.Join(t.TempDir(), "keys.db")
+	for _, arg := range []string{
+		"postgres://ops:" + pw + "@db.internal/payments",
+		"postgresql://ops@db.internal/payments?password=" + pw,
+		"host=db.internal user=ops password=" + pw,
+	} {
+		for _, args := range [][]string{{arg, "list"}, {"--jar", path, "list", arg}, {"--jar", path, "export", arg},
+			{"--jar", path, "prune", "--older-than", "1h", arg}} {
+			code, _, stderr := idemctl(args...)
+			if code != 2 || strings.Contains(stderr, pw) {
+				t.Errorf("idemctl %q: exit %d, stderr %q; want a usage error without the password", args, code, stderr)
+			}
+		}
+	}
+}
+
 // Opening a PostgreSQL jar can run out of --lock-timeout on the client's
 // side first (pgjar waits twice QueryTimeout, then returns an error
 // wrapping context.DeadlineExceeded, as on a loaded machine): the message

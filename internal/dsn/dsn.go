@@ -124,6 +124,25 @@ func Refused(s string) string {
 	return ""
 }
 
+// Quote returns args, command-line arguments, quoted for a message, each as
+// %q quotes it and separated by spaces, where one that names a database
+// is fit to print: a PostgreSQL URL as Redacted gives it, and one that the
+// commands refuse (a key=value connection string, a misspelt URL), where
+// Redacted finds no password that may be there, not at all. A URL given
+// where another argument goes (its flag forgotten) is printed in the
+// usage error that says so.
+func Quote(args ...string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		if Refused(a) != "" {
+			q[i] = "(a connection string, not shown: it may hold a password)"
+		} else {
+			q[i] = strconv.Quote(Redacted(a, "a PostgreSQL URL that does not parse"))
+		}
+	}
+	return strings.Join(q, " ")
+}
+
 // hostHoldsAt reports whether the URL s has an '@' between the end of its
 // userinfo (its first '@', as pgx splits it) and its path or query.
 func hostHoldsAt(s string) bool {

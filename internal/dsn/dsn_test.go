@@ -69,3 +69,22 @@ func TestIsKeywordValue(t *testing.T) {
 		}
 	}
 }
+
+func TestQuote(t *testing.T) {
+	for _, c := range []struct {
+		in   []string
+		want string
+	}{
+		{[]string{"extra"}, `"extra"`},
+		{[]string{"a", "b c"}, `"a" "b c"`},
+		{[]string{"postgres://ops:s3cret@db/jar"}, `"postgres://ops:xxxxx@db/jar"`},
+		{[]string{"x", "postgresql://db/jar?password=s3cret"}, `"x" "postgresql://db/jar?password=xxxxx"`},
+		{[]string{"host=db password=s3cret"}, "(a connection string, not shown: it may hold a password)"},
+		{[]string{"POSTGRES://ops:s3cret@db/jar"}, "(a connection string, not shown: it may hold a password)"},
+		{[]string{"postgres://%zz:s3cret@db"}, `"a PostgreSQL URL that does not parse"`},
+	} {
+		if got := Quote(c.in...); got != c.want || strings.Contains(got, "s3cret") {
+			t.Errorf("Quote(%q) = %s; want %s", c.in, got, c.want)
+		}
+	}
+}

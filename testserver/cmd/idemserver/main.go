@@ -377,7 +377,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return &cliflag.UsageError{Err: err, Printed: true} // the flag package printed it, and the usage
 	}
 	if fs.NArg() > 0 {
-		return cliflag.Usagef("unexpected arguments %q", fs.Args())
+		return cliflag.Usagef("unexpected arguments %s", dsnpkg.Quote(fs.Args()...))
 	}
 	if *addr == "" {
 		// net.Listen would take it for every interface, at a port of its

@@ -767,6 +767,22 @@ func TestKeywordValueDSN(t *testing.T) {
 	}
 }
 
+// A database's URL given as an argument (-db forgotten) is refused as a
+// usage error that quotes it without its password, and a key=value
+// connection string not at all.
+func TestStrayPasswordNeverPrinted(t *testing.T) {
+	t.Chdir(t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, arg := range []string{"postgres://ops:hunter2@db.internal/idem", "host=db.internal user=ops password=hunter2"} {
+		err := run(ctx, []string{"-addr", "127.0.0.1:0", arg}, io.Discard, io.Discard)
+		var ue *cliflag.UsageError
+		if !errors.As(err, &ue) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("run %q: %v; want a usage error without the password", arg, err)
+		}
+	}
+}
+
 // A key store that fails once the server runs is logged to stderr without
 // -v: the 503 store-unavailable answer does not say why (the error may name
 // the database), so stderr must, and an operator who did not ask for every
