@@ -39,6 +39,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	neturl "net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -508,7 +509,9 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // nil or the body is empty). An empty op, as for Do, makes the call an
 // operation of its own, under a new key that neither a later call nor a
 // run after a restart finds again. The returned Response's body is already read
-// and closed. Errors are those of Do; a body that does not decode, or is
+// and closed. Errors are those of Do; a url that does not parse is
+// http.NewRequest's *url.Error, with its password masked (user:xxxxx@) as
+// url.URL.Redacted masks it; a body that does not decode, or is
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
 // the Response: the operation did happen.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
@@ -520,6 +523,11 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 		return nil, fmt.Errorf("client: encoding the request of %q: %w", op, err)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
+		// url.Parse's error quotes the URL as given: its password is
+		// masked, as http.Client masks it in the errors of its requests.
+		ue.URL = maskPassword(ue.URL)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
@@ -530,6 +538,30 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 		return nil, err
 	}
 	return c.decodeJSON(resp, out)
+}
+
+// maskPassword returns s, a URL that may not parse, with the password of
+// its userinfo replaced by "xxxxx", as url.URL.Redacted writes it. The
+// userinfo is what url.Parse takes for it: the authority after "//" runs
+// to the first '/', '?' or '#', and its userinfo to its last '@'.
+func maskPassword(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return s
+	}
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return s
+	}
+	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	if !hasPassword {
+		return s
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }
 
 // decodeJSON reads resp's body, a 2xx answer, and decodes it into out

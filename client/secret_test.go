@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,6 +144,28 @@ func TestStatusErrorHidesUserinfo(t *testing.T) {
 	}
 	if !strings.Contains(se.URL, "shop.test/charges") {
 		t.Errorf("StatusError.URL = %q; want the URL without its password", se.URL)
+	}
+}
+
+// A URL that does not parse is PostJSON's error, as http.NewRequest's
+// *url.Error, which quotes the URL as given: its password is masked there
+// too, and the error is still that *url.Error, naming what is wrong.
+func TestBadURLErrorHidesUserinfo(t *testing.T) {
+	const password = "pw_in_the_url_4711"
+	c := newClient(t, newShop(), nil)
+	for _, u := range []string{
+		"https://shop:" + password + "@shop.test:44x/charges",   // a port that is not a number
+		"https://shop:" + password + "@shop test/charges?a=b",   // a space in the host
+		"https://shop:" + password + "@shop.test/%zz@charges#x", // an escape that is not one, after the userinfo
+	} {
+		_, err := c.PostJSON(context.Background(), "charge:o1", u, chargeReq{Order: "o1", Amount: 100}, nil)
+		var ue *url.Error
+		if !errors.As(err, &ue) || ue.Op != "parse" {
+			t.Fatalf("PostJSON(%q): %v; want a *url.Error from parse", u, err)
+		}
+		if strings.Contains(err.Error(), password) || strings.Contains(ue.URL, password) || !strings.Contains(ue.URL, "shop:xxxxx@") {
+			t.Errorf("PostJSON(%q): %q (URL %q); want the URL with its password masked", u, err, ue.URL)
+		}
 	}
 }
 
