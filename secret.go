@@ -9,14 +9,16 @@ import (
 // SecretHeader reports whether a request header carries a credential and so
 // must never be written to a jar: Authorization, Proxy-Authorization,
 // Cookie, Set-Cookie, any header whose name contains "auth", "token",
-// "secret", "password", "api-key", "api_key", "apikey", "session",
-// "credential", "jwt", "assertion", "signature" or "hmac" (such as
-// X-Authorization, X-Auth-Key, X-Api-Key, X-Auth-Token,
-// X-Amz-Security-Token, X-Session-Id, X-Goog-Iap-Jwt-Assertion, an RFC 9421
-// Signature, or a webhook's X-Hub-Signature-256, Stripe-Signature or
-// X-Shopify-Hmac-Sha256: a signature that a server accepts again with the
-// body the jar keeps; not Signature-Input, which lists the fields a
-// signature covers), and any whose name ends in "key" (such as
+// "secret", "password", "passwd", "passphrase", "api-key", "api_key",
+// "apikey", "session", "credential", "jwt", "assertion", "signature" or
+// "hmac" (such as X-Authorization, X-Auth-Key, X-Api-Key, X-Auth-Token,
+// X-Amz-Security-Token, X-Session-Id, X-Goog-Iap-Jwt-Assertion, an
+// exchange's CB-ACCESS-PASSPHRASE, an RFC 9421 Signature, or a webhook's
+// X-Hub-Signature-256, Stripe-Signature or X-Shopify-Hmac-Sha256: a
+// signature that a server accepts again with the body the jar keeps; not
+// Signature-Input, which lists the fields a signature covers), any whose
+// last word is "sign" (a signature too, as an exchange's CB-ACCESS-SIGN or
+// KC-API-SIGN), and any whose name ends in "key" (such as
 // Ocp-Apim-Subscription-Key or DD-Application-Key), but Idempotency-Key,
 // whatever its case. It errs towards secret: such a header is not stored,
 // so a resume after a restart sends the request without it.

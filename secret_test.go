@@ -35,6 +35,13 @@ func TestSecretHeader(t *testing.T) {
 		// Slack's, Twilio's, Shopify's.
 		"X-Hub-Signature": true, "X-Hub-Signature-256": true, "Stripe-Signature": true,
 		"X-Slack-Signature": true, "X-Twilio-Signature": true, "X-Shopify-Hmac-Sha256": true,
+		// Exchange APIs that place orders, a POST that must not run
+		// twice: the API key's passphrase, a credential that stays valid,
+		// and the request's HMAC signature under a name that ends in
+		// "sign" (Coinbase's, KuCoin's, OKX's, Bybit's, Kraken's).
+		"CB-ACCESS-PASSPHRASE": true, "KC-API-PASSPHRASE": true, "OK-ACCESS-PASSPHRASE": true, "X-Passwd": true,
+		"CB-ACCESS-SIGN": true, "KC-API-SIGN": true, "OK-ACCESS-SIGN": true, "X-BAPI-SIGN": true, "API-Sign": true,
+		"Sign": true, "X_Sign": true, "X-Design": false, "X-Assign-To": false, "CB-ACCESS-TIMESTAMP": false,
 	} {
 		if got := idem.SecretHeader(name); got != want {
 			t.Errorf("SecretHeader(%q) = %v; want %v", name, got, want)
