@@ -112,9 +112,11 @@ type Options struct {
 	// each attempt and every resume included, on a copy of the request, to
 	// add what the jar does not keep: credentials (Authorization, API
 	// keys, cookies). The jar never sees what Header adds. It is not called
-	// for a redirect to another host, nor for any request after it in the
-	// redirect chain, to which net/http does not forward credentials
-	// either. It cannot change a keyed request's
+	// for a redirect to another host, to which net/http does not forward
+	// credentials either, nor to another scheme (an https request
+	// redirected to http, where they would cross the network in the
+	// clear), nor for any request after it in the redirect chain. It
+	// cannot change a keyed request's
 	// Idempotency-Key: the operation's key is sent whatever Header sets or
 	// removes. An error stops the attempt before it is sent; the operation
 	// stays pending.
@@ -899,7 +901,7 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 			t.sent(idem.Operation(r.Context()), key[0])
 		}
 	}
-	if s.header != nil && sameHost(r) {
+	if s.header != nil && sameOrigin(r) {
 		r = r.Clone(r.Context())
 		if err := s.header(r); err != nil {
 			if r.Body != nil {
@@ -921,14 +923,17 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	return s.base.RoundTrip(r)
 }
 
-// sameHost reports whether every request of r's redirect chain went to
-// r's host: credentials do not follow a redirect to another host, nor any
-// redirect after it, back home included, as net/http drops Authorization
-// for the rest of a chain. r.Response is set on a request that a
-// redirect made, and its Request is the one redirected.
-func sameHost(r *http.Request) bool {
+// sameOrigin reports whether every request of r's redirect chain went to
+// r's scheme and host: credentials do not follow a redirect to another
+// host, as net/http drops Authorization then, nor to another scheme (from
+// https to http they would cross the network in the clear, where net/http
+// sends Authorization all the same), nor any redirect after it, back home
+// included, as net/http drops Authorization for the rest of a chain.
+// r.Response is set on a request that a redirect made, and its Request is
+// the one redirected.
+func sameOrigin(r *http.Request) bool {
 	for prev := r.Response; prev != nil && prev.Request != nil; prev = prev.Request.Response {
-		if prev.Request.URL.Host != r.URL.Host {
+		if u := prev.Request.URL; u.Host != r.URL.Host || !strings.EqualFold(u.Scheme, r.URL.Scheme) {
 			return false
 		}
 	}

@@ -1004,6 +1004,45 @@ func TestHeaderNotSentAfterARedirectToAnotherHost(t *testing.T) {
 	}
 }
 
+// TestHeaderNotSentInTheClearAfterARedirect: a redirect from https to
+// http on the same host leaves the request's origin too: Options.Header
+// is not called for it, nor for the rest of the chain, so that the
+// credential does not cross the network in the clear.
+func TestHeaderNotSentInTheClearAfterARedirect(t *testing.T) {
+	var mu sync.Mutex
+	auths := map[string]string{}
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		mu.Lock()
+		auths[r.URL.String()] = r.Header.Get("Authorization")
+		mu.Unlock()
+		resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{}`)), Request: r}
+		switch r.URL.Path {
+		case "/charges":
+			resp.StatusCode = http.StatusSeeOther
+			resp.Header.Set("Location", "http://api.test/receipt")
+		case "/receipt":
+			resp.StatusCode = http.StatusFound
+			resp.Header.Set("Location", "https://api.test/back")
+		}
+		return resp, nil
+	})
+	c := newClient(t, nil, &client.Options{Base: base})
+	if _, err := c.PostJSON(context.Background(), "charge:o1", "https://api.test/charges", chargeReq{Order: "o1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]string{"https://api.test/charges": authValue, "http://api.test/receipt": "", "https://api.test/back": ""}
+	for where, auth := range want {
+		if got, ok := auths[where]; !ok || got != auth {
+			t.Errorf("Authorization at %s: %q (reached: %v); want %q", where, got, ok, auth)
+		}
+	}
+}
+
 // postWithAuth charges order o1 at url through a Client over the network
 // whose Options.Header adds the test credential.
 func postWithAuth(t *testing.T, url string) {
