@@ -326,7 +326,11 @@ var http2HealthCheck = http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingT
 // 303) and stops at those that would send a keyed request again to
 // another URL (307, 308): that would be another operation, and the
 // redirect comes back as the answer. Like http.Client's default, it sends
-// at most 10 requests: the 10th redirect in a row is an error.
+// at most 10 requests: the 10th redirect in a row is an error. The request
+// it follows carries no Idempotency-Key: http.Client copied the first
+// request's header onto it, a key of the caller's included, which is the
+// operation's, not this request's, and no business of its host, perhaps
+// another.
 func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	if c.keyed(req.Method) {
 		return http.ErrUseLastResponse
@@ -334,7 +338,18 @@ func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
 		return errors.New("client: stopped after 10 redirects")
 	}
+	deleteKey(req.Header)
 	return nil
+}
+
+// deleteKey deletes the Idempotency-Key header from h, in any case of its
+// name.
+func deleteKey(h http.Header) {
+	for name := range h {
+		if strings.EqualFold(name, idem.KeyHeader) {
+			delete(h, name)
+		}
+	}
 }
 
 // keyed reports whether the Client's requests of method get a key: those
@@ -912,11 +927,7 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		if len(key) > 0 {
 			// The operation's key, not one Header set or removed, in any
 			// case of its name: another key is another operation.
-			for name := range r.Header {
-				if strings.EqualFold(name, idem.KeyHeader) {
-					delete(r.Header, name)
-				}
-			}
+			deleteKey(r.Header)
 			r.Header[idem.KeyHeader] = slices.Clone(key)
 		}
 	}

@@ -59,6 +59,46 @@ func TestRedirectedAnswerIsNotTheOperations(t *testing.T) {
 	}
 }
 
+// TestCallersKeyNotOnTheRedirect: a caller's own Idempotency-Key, which
+// http.Client copies onto the GET a 303 makes, is not sent with it, to
+// that host or any other: the GET is no operation, and its answer (here a
+// 503) is a plain StatusError, not the operation's outcome.
+func TestCallersKeyNotOnTheRedirect(t *testing.T) {
+	const key = "order-42-charge"
+	var mu sync.Mutex
+	keys := map[string][]string{}
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		mu.Lock()
+		keys[r.URL.String()] = r.Header.Values(idem.KeyHeader)
+		mu.Unlock()
+		resp := &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{}, Body: http.NoBody, Request: r}
+		if r.Method == http.MethodPost {
+			resp.StatusCode = http.StatusSeeOther
+			resp.Header.Set("Location", "https://receipts.test/ch_1")
+		}
+		return resp, nil
+	})
+	c := newClient(t, nil, &client.Options{Base: base})
+	req, _ := http.NewRequest(http.MethodPost, "https://api.test/charges", strings.NewReader(`{"order":"o1"}`))
+	req.Header.Set(idem.KeyHeader, key)
+	_, err := c.Do(context.Background(), "", req)
+	var se *client.StatusError
+	if !errors.As(err, &se) || se.StatusCode != http.StatusServiceUnavailable || se.Key != "" || errors.Is(err, idem.ErrPending) {
+		t.Errorf("the redirect's 503: %v; want a plain *StatusError, without the key, not matching idem.ErrPending", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := keys["https://api.test/charges"]; len(got) != 1 || got[0] != key {
+		t.Errorf("the POST carried %q; want the key", got)
+	}
+	if got, ok := keys["https://receipts.test/ch_1"]; !ok || len(got) != 0 {
+		t.Errorf("the redirect's GET (reached: %v) carried the key %q; want none", ok, got)
+	}
+}
+
 // TestNoAnswerForADoneOperationIsCalledAgain: what idem.ErrPending tells a
 // caller holds for a done operation too: the call got no answer, and a
 // later call under the same name gets it, with the same key. Whether to
