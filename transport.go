@@ -219,7 +219,10 @@ type Transport struct {
 	// so that the operation can be resumed after a restart without the
 	// caller. Zero means 64 KiB; negative means never store bodies. A body
 	// larger than MaxBuffer is never stored, whatever MaxStoredBody says:
-	// it is streamed, never held whole.
+	// it is streamed, never held whole. The fingerprint is stored whatever
+	// it says: an unsalted SHA-256 of the method, URL and body, from which
+	// a secret in the body that can be guessed (a password) can be found
+	// again by trying candidates.
 	MaxStoredBody int64
 
 	// Lease is how long one call holds an operation before another holder

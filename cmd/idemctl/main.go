@@ -18,7 +18,9 @@
 //	idemctl --jar 'postgres://ops@db.internal:5432/payments?sslmode=verify-full' list
 //
 // A key=value connection string ("host=db dbname=payments") is refused:
-// give the URL. A jar in a schema of its own is named by the URL's
+// give the URL. A password in it is shown by the process list to every
+// user of the machine: give the URL in IDEM_JAR, or the password in
+// PGPASSWORD or ~/.pgpass, which pgx reads for a URL without one. A jar in a schema of its own is named by the URL's
 // search_path, as pgjar.Open takes it (…/payments?search_path=jobs): idemctl
 // looks for the jar in the first schema of the search_path that exists.
 //

@@ -3,7 +3,9 @@
 // its PayCo ledger in one database: a SQLite file (testserver/sqlitestore),
 // or a PostgreSQL database (testserver/pgstore) when -db is a postgres:// or
 // postgresql:// URL (a key=value connection string, "host=db dbname=idem",
-// is refused: give the URL).
+// is refused: give the URL). A password in the URL is shown by the process
+// list to every user of the machine: give it in PGPASSWORD or ~/.pgpass,
+// which pgx reads for a URL without one.
 //
 //	go run ./testserver/cmd/idemserver                 # listens on 127.0.0.1:8080, ./idemserver.db
 //	go run ./testserver/cmd/idemserver -addr 127.0.0.1:0 -db /tmp/idem.db -on-error save
