@@ -811,25 +811,23 @@ func (s *session) unknown(op string, err error) error {
 	return err
 }
 
-// opHost returns the host a stored request goes to: its Host, kept in its
+// opHost returns where a stored request goes, which the credentials of
+// resume's headers are for: its URL's scheme, and its Host, kept in its
 // header when it was not its URL's (a virtual host reached by address),
-// else its URL's.
+// else its URL's host (and port). The scheme counts: a credential for an
+// https API must not go to the same host over plain http, in the clear.
+// For a URL that does not parse, it is a placeholder rather than the URL,
+// whose query may hold a credential.
 func opHost(r idem.Record) string {
-	if h := r.Header.Get("Host"); h != "" {
-		return h
-	}
-	return urlHost(r.URL)
-}
-
-// urlHost returns the host (and port) of a stored request's URL; for one
-// that does not parse, a placeholder rather than the URL, whose query may
-// hold a credential.
-func urlHost(s string) string {
-	u, err := url.Parse(s)
+	u, err := url.Parse(r.URL)
 	if err != nil {
 		return "(a URL that does not parse)"
 	}
-	return u.Host
+	host := u.Host
+	if h := r.Header.Get("Host"); h != "" {
+		host = h
+	}
+	return u.Scheme + "://" + host
 }
 
 // onlyItsProgram says who can resume an operation whose body the jar did

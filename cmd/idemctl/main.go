@@ -44,7 +44,8 @@
 // but an Idempotency-Key, which is always the operation's own:
 // resume --all with headers is refused when the pending operations go to
 // more than one host (a request's Host, when it was sent to an address
-// under another); resume those by name. resume waits for the lease of a
+// under another), or to one over both https and http, where the
+// credential would cross the network in the clear; resume those by name. resume waits for the lease of a
 // program still sending an operation, and sends it only if it is still
 // pending then: one that the program finished, or that was abandoned or
 // forgotten, meanwhile is not sent again, and resume says so and fails.

@@ -1480,6 +1480,33 @@ func TestResumeAllKeepsCredentialsToOneVirtualHost(t *testing.T) {
 	}
 }
 
+// TestResumeAllKeepsCredentialsToOneScheme: operations sent to one host
+// over https and over plain http go to two origins: resume --all with
+// headers refuses them, sending nothing, as it refuses two hosts, so that
+// a credential given for the https API does not cross the network in the
+// clear.
+func TestResumeAllKeepsCredentialsToOneScheme(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	sendUnanswered(t, path, func(c *client.Client) {
+		for _, scheme := range []string{"https", "http"} {
+			if _, err := c.PostJSON(context.Background(), "op:"+scheme, scheme+"://api.example/v1/charges", map[string]int{"n": 1}, nil); !errors.Is(err, idem.ErrPending) {
+				t.Fatalf("seeding op:%s: %v; want pending", scheme, err)
+			}
+		}
+	})
+	real := resumeBase
+	defer func() { resumeBase = real }()
+	var sent []string
+	resumeBase = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent = append(sent, r.URL.String())
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	if code != 2 || !strings.Contains(errOut, "2 hosts") || !strings.Contains(errOut, "http://api.example") || len(sent) != 0 {
+		t.Fatalf("exit %d, stderr %q, sent %q; want a usage error naming both origins, nothing sent", code, errOut, sent)
+	}
+}
+
 // sendUnanswered opens the jar file at path (created if missing) and calls
 // send with a Client over it whose every attempt fails to connect, once:
 // the calls send makes stay pending.
@@ -2049,7 +2076,7 @@ func TestResumeAllInPages(t *testing.T) {
 		}
 		want := []string{"charge:p1", "charge:p2", "charge:q1", "charge:q2", "charge:q3"}
 		if code != 1 || !slices.Equal(resumed, want) || len(srv.keys) != len(want) ||
-			errOut != "idemctl: hook:early: not sent: it goes to hooks.example, not to the host the headers are for; resume it by name with its own\n" {
+			errOut != "idemctl: hook:early: not sent: it goes to http://hooks.example, not to the host the headers are for; resume it by name with its own\n" {
 			t.Fatalf("resume --all: exit %d, resumed %v, %d requests, stderr %q; want exit 1, %v resumed, and hook:early not sent",
 				code, resumed, len(srv.keys), errOut, want)
 		}
