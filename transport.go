@@ -203,6 +203,7 @@ type Transport struct {
 	Budget *retry.Budget
 
 	// Methods are the methods that get a key. Nil means POST and PATCH.
+	// Names match in any case, those of nil too: a "post" is keyed.
 	Methods []string
 
 	// MaxBuffer bounds the body read into memory: to buffer a body without

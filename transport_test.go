@@ -506,22 +506,28 @@ func TestCallerRequestUnchanged(t *testing.T) {
 
 // TestDefaultMethods: with Methods nil, POST and PATCH get a key, are
 // retried and are recorded in the jar; every other method passes through
-// to Base untouched: one attempt, no key, no record.
+// to Base untouched: one attempt, no key, no record. Names match in any
+// case, as with Methods {POST, PATCH}: nil once compared them exactly, and
+// sent a "post" without a key.
 func TestDefaultMethods(t *testing.T) {
 	for _, tt := range []struct {
-		method string
-		keyed  bool
+		method  string
+		keyed   bool
+		methods []string
 	}{
-		{http.MethodPost, true}, {http.MethodPatch, true},
-		{http.MethodGet, false}, {http.MethodHead, false}, {http.MethodPut, false}, {http.MethodDelete, false},
+		{http.MethodPost, true, nil}, {http.MethodPatch, true, nil}, {"post", true, nil}, {"Patch", true, nil},
+		{"post", true, []string{http.MethodPost, http.MethodPatch}},
+		{http.MethodGet, false, nil}, {http.MethodHead, false, nil}, {http.MethodPut, false, nil}, {http.MethodDelete, false, nil},
+		{"put", false, nil},
 	} {
-		t.Run(tt.method, func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%q", tt.method, tt.methods), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rec := &recorder{script: []func() (*http.Response, error){status(503), status(200)}}
 				mt := httpmock.NewMockTransport()
+				mt.DontCheckMethod = true // a "post" is sent as it is
 				mt.RegisterResponder(tt.method, chargeURL, rec.respond)
 				jar := &idem.MemoryJar{}
-				tr := &idem.Transport{Base: mt, Jar: jar, Policy: fastPolicy}
+				tr := &idem.Transport{Base: mt, Jar: jar, Policy: fastPolicy, Methods: tt.methods}
 				req, err := http.NewRequest(tt.method, chargeURL, strings.NewReader(`{}`))
 				if err != nil {
 					t.Fatal(err)

@@ -15,13 +15,16 @@ import (
 
 // Keyed reports whether a request of method gets a key under methods, a
 // Transport's Methods: nil means POST and PATCH, and names match in any
-// case.
+// case, those of nil too.
 func Keyed(methods []string, method string) bool {
 	if methods == nil {
-		return method == http.MethodPost || method == http.MethodPatch
+		methods = defaultMethods
 	}
 	return slices.ContainsFunc(methods, func(m string) bool { return strings.EqualFold(m, method) })
 }
+
+// defaultMethods are the methods that nil Methods key.
+var defaultMethods = []string{http.MethodPost, http.MethodPatch}
 
 // MaxLen is the longest key Parse accepts, in characters.
 const MaxLen = 255
