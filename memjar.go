@@ -44,7 +44,7 @@ import (
 // listed, or not, as it is when its page is read.
 type Filter struct {
 	State State // only this state; "" means every state
-	Limit int   // at most this many; 0 means no limit
+	Limit int   // at most this many; 0 or less means no limit
 	// After keeps only the records strictly after this position in
 	// List's order; the zero Cursor keeps them all. Record.Cursor gives a
 	// record's position, and a Cursor with a Created and no Op (which no

@@ -406,15 +406,17 @@ func (r *countingReader) Close() error { return nil }
 // byte with MaxBuffer zero), and the body of a response superseded by a
 // retry to body.DrainLimit+1. (A body with GetBody is hashed streamed,
 // in constant memory: see TestBadInput; the final response's body is the
-// caller's to read.)
+// caller's to read.) A negative MaxBuffer is the default, as zero is.
 func TestTransportReadsAreBounded(t *testing.T) {
 	t.Run("request body without GetBody", func(t *testing.T) {
-		endless := &countingReader{}
-		tr := &idem.Transport{Base: &countingBase{}, Jar: &idem.MemoryJar{}}
-		req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/v1/uploads", endless)
-		_, err := tr.RoundTrip(req)
-		if !errors.Is(err, idem.ErrBodyNotRewindable) || endless.n.Load() != 8<<20+1 {
-			t.Fatalf("got %v after reading %d bytes; want ErrBodyNotRewindable after MaxBuffer+1", err, endless.n.Load())
+		for _, maxBuffer := range []int64{0, -1} {
+			endless := &countingReader{}
+			tr := &idem.Transport{Base: &countingBase{}, Jar: &idem.MemoryJar{}, MaxBuffer: maxBuffer}
+			req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/v1/uploads", endless)
+			_, err := tr.RoundTrip(req)
+			if !errors.Is(err, idem.ErrBodyNotRewindable) || endless.n.Load() != 8<<20+1 {
+				t.Fatalf("MaxBuffer %d: got %v after reading %d bytes; want ErrBodyNotRewindable after 8 MiB and a byte", maxBuffer, err, endless.n.Load())
+			}
 		}
 	})
 	t.Run("superseded response body", func(t *testing.T) {

@@ -208,10 +208,11 @@ type Transport struct {
 
 	// MaxBuffer bounds the body read into memory: to buffer a body without
 	// GetBody, and to canonicalise a JSON body (a larger body with GetBody
-	// is fingerprinted byte for byte, streamed). Zero means 8 MiB. The
-	// bytes of a streamed body, sent again under its operation's name
-	// through a Transport whose MaxBuffer holds them (client's, or this
-	// one's after a restart with a larger MaxBuffer), are the same request.
+	// is fingerprinted byte for byte, streamed). Zero or negative means 8
+	// MiB. The bytes of a streamed body, sent again under its operation's
+	// name through a Transport whose MaxBuffer holds them (client's, or
+	// this one's after a restart with a larger MaxBuffer), are the same
+	// request.
 	// A canonicalised body streamed by a Transport with a smaller MaxBuffer
 	// is not, unless it is in canonical form: a *MismatchError.
 	MaxBuffer int64
@@ -227,7 +228,7 @@ type Transport struct {
 	MaxStoredBody int64
 
 	// Lease is how long one call holds an operation before another holder
-	// may take it over. Zero means one minute, or twice
+	// may take it over. Zero or negative means one minute, or twice
 	// Policy.AttemptTimeout when that is longer (at most a century).
 	Lease time.Duration
 

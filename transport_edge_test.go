@@ -356,7 +356,7 @@ func TestStalledRetryableBody(t *testing.T) {
 	})
 }
 
-// TestDefaultLease: a zero Lease is one minute, or twice the attempt
+// TestDefaultLease: a zero (or negative) Lease is one minute, or twice the attempt
 // timeout when that is longer; an attempt timeout near the largest
 // duration keeps the lease above it rather than overflowing into the
 // one-minute floor, which would let another holder send while this
@@ -372,6 +372,7 @@ func TestDefaultLease(t *testing.T) {
 		{"long attempts", 0, 45 * time.Second, 90 * time.Second},
 		{"endless attempts", 0, math.MaxInt64, 100 * 365 * 24 * time.Hour},
 		{"set", 5 * time.Second, 45 * time.Second, 5 * time.Second},
+		{"negative", -time.Second, 0, time.Minute},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

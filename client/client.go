@@ -89,7 +89,8 @@ type KeyForgetter interface {
 }
 
 // Options configures New. A nil *Options means the zero value, and every
-// zero field means its documented default.
+// zero field means its documented default, as does a negative one but for
+// MaxStoredBody.
 type Options struct {
 	// Jar stores the operations. Nil means the SQLite jar (keyjar) at the
 	// path given to New, which the Client opens and closes. A Jar set here
@@ -148,17 +149,17 @@ type Options struct {
 	MaxStoredBody int64
 
 	// MaxErrorBody is how much of a non-2xx response body a StatusError
-	// keeps. Zero means 64 KiB.
+	// keeps. Zero or negative means 64 KiB.
 	MaxErrorBody int64
 
 	// MaxJSONBody is the largest 2xx body PostJSON decodes; a larger one is
-	// an error matching ErrTooLarge (the operation did happen). Zero means
-	// 16 MiB.
+	// an error matching ErrTooLarge (the operation did happen). Zero or
+	// negative means 16 MiB.
 	MaxJSONBody int64
 
 	// Lease is how long one call holds an operation before another
-	// process may take it over (idem.Transport.Lease). Zero means the
-	// Transport's default.
+	// process may take it over (idem.Transport.Lease). Zero or negative
+	// means the Transport's default.
 	Lease time.Duration
 
 	// Hooks and Logger are passed to the idem.Transport. The zero Hooks

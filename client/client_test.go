@@ -242,6 +242,7 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		}{
 			{50, 100, false}, {200, 100, true},
 			{0, 16 << 20, true}, {0, 16<<20 + 1, false}, // zero means 16 MiB
+			{-1, 100, true}, {-1, 16<<20 + 1, false}, // and so does a negative one
 		} {
 			answer := []byte(`{"id":"` + strings.Repeat("x", int(tt.size)-len(`{"id":""}`)) + `"}`)
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -278,6 +279,22 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		}
 		if state(t, c.Jar(), "charge:o9") != idem.StateDone {
 			t.Fatalf("a 404 is a final answer; state %q, want done", state(t, c.Jar(), "charge:o9"))
+		}
+	})
+	t.Run("a zero or negative MaxErrorBody keeps 64 KiB", func(t *testing.T) {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, strings.Repeat("x", 64<<10+1), http.StatusNotFound)
+		})
+		for _, max := range []int64{0, -1} {
+			c := newClient(t, h, &client.Options{MaxErrorBody: max})
+			_, err := c.PostJSON(ctx, "charge:o10", chargesURL, chargeReq{Order: "o10"}, nil)
+			var se *client.StatusError
+			if !errors.As(err, &se) {
+				t.Fatalf("MaxErrorBody %d: %v; want a *StatusError", max, err)
+			}
+			if len(se.Body) != 64<<10 {
+				t.Fatalf("MaxErrorBody %d: a body of %d bytes; want 64 KiB of it", max, len(se.Body))
+			}
 		}
 	})
 }

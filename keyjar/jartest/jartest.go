@@ -549,6 +549,7 @@ func testList(t *testing.T, j Jar) {
 		{idem.Filter{}, []string{"z", "e", "b", "c", "d", "a"}},
 		{idem.Filter{Limit: 3}, []string{"z", "e", "b"}},
 		{idem.Filter{Limit: 100}, []string{"z", "e", "b", "c", "d", "a"}},
+		{idem.Filter{Limit: -1}, []string{"z", "e", "b", "c", "d", "a"}}, // no limit, as 0
 		{idem.Filter{State: idem.StatePending}, []string{"z", "c", "d"}},
 		{idem.Filter{State: idem.StateDone, Limit: 1}, []string{"b"}},
 		{idem.Filter{State: idem.StateReconcile}, []string{}},
