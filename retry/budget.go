@@ -62,8 +62,8 @@ func (b *Budget) Withdraw(err error) (cost int, ok bool) {
 
 // Deposit refills the bucket after a call got a final answer. lastCost is
 // what Withdraw returned for the call's last retry: it is given back. When
-// lastCost is 0 (the first attempt answered), Refund is given back
-// instead. The bucket never holds more than Capacity.
+// lastCost is 0 or less (0: the first attempt answered), Refund is given
+// back instead. The bucket never holds more than Capacity.
 func (b *Budget) Deposit(lastCost int) {
 	if lastCost <= 0 {
 		lastCost = orDefault(b.Refund, 1)

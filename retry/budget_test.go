@@ -67,6 +67,10 @@ func TestBudgetDepositRefillsUpToCapacity(t *testing.T) {
 	if b.Available() != 22 {
 		t.Fatalf("after a first-attempt success: %d; want 22 (Refund 2)", b.Available())
 	}
+	b.Deposit(-3) // less than 0 is 0: Refund, never a withdrawal
+	if b.Available() != 24 {
+		t.Fatalf("after a deposit of -3: %d; want 24 (Refund 2)", b.Available())
+	}
 }
 
 func TestBudgetConcurrentWithdrawalsNeverOverdraw(t *testing.T) {

@@ -60,7 +60,8 @@ func (d Decision) String() string {
 }
 
 // Classify decides on one attempt's (resp, err), as http.RoundTripper
-// returns them: resp is used when err is nil.
+// returns them: resp is used when err is nil. Neither, which no
+// RoundTripper returns, is Stop.
 //
 // A response with the header Idempotent-Replayed: true is the answer the
 // server saved for the key (a handler's own 409, a 503 kept by a server
@@ -280,7 +281,8 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 // rather than wraps. Adding to it overflows.
 const maxWait = time.Duration(1<<63 - 1)
 
-// RetryAfter returns the wait that resp's Retry-After header asks for.
+// RetryAfter returns the wait that resp's Retry-After header asks for, as
+// ParseRetryAfter reads it. A nil resp asks for none: 0, false.
 func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 	if resp == nil {
 		return 0, false
@@ -419,7 +421,8 @@ func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, 
 }
 
 // Sleep waits for d or until ctx is done, whichever is first, and returns
-// ctx's error in the second case.
+// ctx's error in the second case. A d of zero or less waits for nothing:
+// Sleep returns ctx's error, nil when ctx is not done.
 func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return CtxErr(ctx)

@@ -42,6 +42,7 @@ func TestClassify(t *testing.T) {
 		err  error
 		want retry.Decision
 	}{
+		{"no response, no error", nil, nil, retry.Stop},
 		{"200", resp(200), nil, retry.Final},
 		{"201", resp(201), nil, retry.Final},
 		{"302", resp(302), nil, retry.Final},
@@ -132,6 +133,7 @@ func TestParseRetryAfter(t *testing.T) {
 		{"1.5", 0, false},
 		{"abc", 0, false},
 		{"99999999999999999999999", time.Duration(1<<63 - 1), true},
+		{"9999999999999", time.Duration(1<<63 - 1), true}, // a uint64, but longer than a Duration
 		// Malformed however long its digits run before the fault.
 		{"99999999999999999999999x", 0, false},
 		{"99999999999999999999, 5", 0, false},
@@ -148,6 +150,9 @@ func TestParseRetryAfter(t *testing.T) {
 			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.wantOK)
 		}
 	}
+	if got, ok := retry.RetryAfter(nil, now); got != 0 || ok {
+		t.Errorf("RetryAfter(nil) = %v, %v; want 0, false", got, ok)
+	}
 }
 
 func TestDefaults(t *testing.T) {
@@ -158,6 +163,12 @@ func TestDefaults(t *testing.T) {
 	}
 	if q := (retry.Policy{MaxAttempts: 2, Horizon: time.Hour}).Defaults(); q.MaxAttempts != 2 || q.Horizon != time.Hour {
 		t.Fatalf("set fields changed: got %+v", q)
+	}
+	// A negative duration, count or Multiplier is its default.
+	negative := retry.Policy{MaxAttempts: -1, InitialInterval: -1, MaxInterval: -1, Multiplier: -1,
+		MaxRetryAfter: -1, MaxElapsed: -1, AttemptTimeout: -1, Horizon: -1}
+	if q := negative.Defaults(); q != p {
+		t.Fatalf("negative fields: got %+v; want the defaults %+v", q, p)
 	}
 }
 
@@ -251,6 +262,19 @@ func TestSleepEndsWithContext(t *testing.T) {
 		}
 		if err := retry.Sleep(context.Background(), 5*time.Second); err != nil {
 			t.Fatalf("uncancelled: got %v; want nil", err)
+		}
+		// Zero or less waits for nothing, and says whether ctx is done.
+		start = time.Now()
+		for _, d := range []time.Duration{0, -time.Second} {
+			if err := retry.Sleep(context.Background(), d); err != nil {
+				t.Errorf("Sleep(%v), uncancelled: got %v; want nil", d, err)
+			}
+			if err := retry.Sleep(ctx, d); !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
+				t.Errorf("Sleep(%v), cancelled: got %v; want context.Canceled and the cause", d, err)
+			}
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("Sleep of zero or less took %v; want none", d)
 		}
 	})
 }
