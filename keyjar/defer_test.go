@@ -2,7 +2,10 @@ package keyjar_test
 
 import (
 	"errors"
+	"io"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -173,3 +176,63 @@ func TestDeferJoinsNextBatch(t *testing.T) {
 		gate.open()
 	})
 }
+
+// TestCloseDuringACall closes the jar while an idem.Transport's call over it
+// waits for its answer, as Close's doc tells: the answer still reaches the
+// caller, and the jar, which records nothing more, keeps the operation
+// pending and leased, for a resume to get the server's replay.
+func TestCloseDuringACall(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, answer := make(chan struct{}), make(chan struct{})
+	tr := &idem.Transport{Jar: j, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		close(sent)
+		<-answer
+		return &http.Response{StatusCode: http.StatusCreated, Body: io.NopCloser(strings.NewReader("charged")), Request: r}, nil
+	})}
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost,
+			"http://127.0.0.1:1/v1/charges", strings.NewReader(`{}`))
+		if err != nil {
+			done <- result{nil, err}
+			return
+		}
+		resp, err := tr.RoundTrip(req)
+		done <- result{resp, err}
+	}()
+	<-sent
+	if err := j.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	close(answer)
+	res := <-done
+	if res.err != nil {
+		t.Fatalf("RoundTrip: %v; want the answer that came", res.err)
+	}
+	b, err := io.ReadAll(res.resp.Body)
+	res.resp.Body.Close()
+	if res.resp.StatusCode != http.StatusCreated || string(b) != "charged" || err != nil {
+		t.Fatalf("RoundTrip: %d %q, %v; want 201 charged", res.resp.StatusCode, b, err)
+	}
+	j, err = keyjar.Open(t.Context(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	rec, err := j.Get(t.Context(), "charge")
+	if err != nil || rec.State != idem.StatePending || rec.Holder == "" || !rec.LeaseUntil.After(time.Now()) {
+		t.Fatalf("after Close: %s held by %q until %v, %v; want pending, still leased", rec.State, rec.Holder, rec.LeaseUntil, err)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
