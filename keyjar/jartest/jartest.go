@@ -80,6 +80,7 @@ var cases = []struct {
 	{"ForgetKeyRacingBegin", testForgetKeyRacingBegin},
 	{"Prune", testPrune},
 	{"PruneLimit", testPruneLimit},
+	{"PruneFarTimes", testPruneFarTimes},
 	{"SecretHeaders", testSecretHeaders},
 	{"RoundTrip", testRoundTrip},
 	{"Times", testTimes},
@@ -1015,6 +1016,41 @@ func testPrune(t *testing.T, j Jar) {
 	}
 	if n, err := j.Prune(ctx, before, 0); n != 0 || err != nil {
 		t.Errorf("second Prune = %d, %v; want 0", n, err)
+	}
+}
+
+// testPruneFarTimes prunes before times a jar may not store (beyond 2262,
+// before 1678, before the zero time): a before later than every record's
+// Updated prunes them all, one earlier prunes none, and the zero time
+// counts as the earliest.
+func testPruneFarTimes(t *testing.T, j Jar) {
+	first, last := time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+	for _, c := range []struct {
+		before time.Time
+		want   []string // the records pruned
+	}{
+		{time.Time{}.Add(-time.Hour), nil},
+		{time.Time{}, nil},
+		{time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), []string{"zero"}},
+		{first.Add(time.Nanosecond), []string{"first", "zero"}},
+		{time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), []string{"first", "last", "now", "zero"}},
+	} {
+		for op, updated := range map[string]time.Time{"zero": {}, "first": first, "now": t0, "last": last} {
+			if _, err := j.Get(t.Context(), op); errors.Is(err, idem.ErrNotFound) {
+				begin(t, j, record(op))
+			}
+			update(t, j, op, "", idem.Change{Now: updated, State: idem.StateDone})
+		}
+		n, err := j.Prune(t.Context(), c.before, 0)
+		var gone []string
+		for _, op := range []string{"first", "last", "now", "zero"} {
+			if _, err := j.Get(t.Context(), op); errors.Is(err, idem.ErrNotFound) {
+				gone = append(gone, op)
+			}
+		}
+		if err != nil || n != len(c.want) || !slices.Equal(gone, c.want) {
+			t.Errorf("Prune before %v = %d, %v, pruning %v; want %d, pruning %v", c.before, n, err, gone, len(c.want), c.want)
+		}
 	}
 }
 

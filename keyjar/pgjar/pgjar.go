@@ -1105,8 +1105,9 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 // forgetKeySQL deletes one record of a key that is not pending.
 const forgetKeySQL = `DELETE FROM {schema}.idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`
 
-// prunable is the SQL test for idem.Prunable and "updated before $1".
-const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL OR updated < $1)`
+// prunable is the SQL test for idem.Prunable and "updated before" the time
+// $1 is the cutoff of.
+const prunable = `state IN ('done', 'failed', 'abandoned') AND (updated IS NULL OR updated <= $1)`
 
 // dueSQL counts the records Prune may delete; pruneSQL deletes a batch of
 // them, least recently updated first. The batch is picked once, in a
@@ -1143,7 +1144,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	if err != nil {
 		return 0, wrapf(err, "prune")
 	}
-	if before.IsZero() {
+	if !before.After(time.Time{}) {
 		return 0, nil // nothing is older than the zero time
 	}
 	cut := cutoff(before)

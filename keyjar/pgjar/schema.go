@@ -182,14 +182,18 @@ func nanos(field string, t time.Time) (*int64, error) {
 	return &n, nil
 }
 
-// cutoff encodes before for "updated < before", clamped into the range of
-// Unix nanoseconds: a time before it still lets NULL (the zero time) match.
-func cutoff(before time.Time) int64 {
-	switch {
-	case before.Before(time.Unix(0, math.MinInt64)):
-		return math.MinInt64
-	case before.After(time.Unix(0, math.MaxInt64)):
-		return math.MaxInt64
+// cutoff encodes before, a time after the zero time, for "updated IS NULL
+// OR updated <= cutoff": the last nanosecond before it, clamped into the
+// range of Unix nanoseconds. Before the first of them it is NULL, which no
+// updated is at or below, so that only NULL (the zero time) matches; after
+// the last, the last, which every updated is at or below.
+func cutoff(before time.Time) *int64 {
+	if !before.After(time.Unix(0, math.MinInt64)) {
+		return nil
 	}
-	return before.UnixNano()
+	n := int64(math.MaxInt64)
+	if !before.After(time.Unix(0, math.MaxInt64)) {
+		n = before.UnixNano() - 1
+	}
+	return &n
 }
