@@ -76,6 +76,11 @@ func TestHooksAndLogger(t *testing.T) {
 		if len(reconciles) != 1 || reconciles[0].Op != "op2" {
 			t.Fatalf("OnReconcile events %+v; want one for op2", reconciles)
 		}
+		// Marked StateReconcile already: the same error, and no event.
+		_, err := post(t, idem.WithOperation(context.Background(), "op2"), tr2, `{}`)
+		if re := (*idem.ReconcileError)(nil); !errors.As(err, &re) || re.State != idem.StateReconcile || len(reconciles) != 1 {
+			t.Fatalf("a call on an operation marked reconcile: %v, %d OnReconcile events; want a *ReconcileError in StateReconcile, no new event", err, len(reconciles))
+		}
 		for _, want := range []string{`level=WARN msg="idem: giving up; operation stays pending" op=op2`, `level=WARN msg="idem: past the horizon; reconcile" op=op2`} {
 			if !strings.Contains(logs.String(), want) {
 				t.Errorf("log lacks %q:\n%s", want, logs.String())
