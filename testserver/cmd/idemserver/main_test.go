@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -650,6 +651,26 @@ func TestFlagValues(t *testing.T) {
 	err := run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), `missing unit in duration "5"`) {
 		t.Errorf("run(-lock-timeout 5): %v; want it to say the unit is missing", err)
+	}
+}
+
+// TestHelpSaysTheBounds: -h says the range of each flag TestFlagValues
+// refuses out of it, where it said only "a duration" or "probability".
+func TestHelpSaysTheBounds(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-h"}, io.Discard, &stderr); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("run(-h): %v; want flag.ErrHelp", err)
+	}
+	for _, want := range []string{
+		"-lock-timeout duration\n    \thow long (a duration, at least 100ms and below -retention)",
+		"-fail-after-charge float\n    \tfault: probability (0 to 1)",
+		"-crash-after-charge float\n    \tfault: probability (0 to 1)",
+		"-prune-every duration\n    \thow often (a duration; 0: never)",
+		"-query-timeout duration\n    \twith a postgres:// -db, how long (a duration, at most " + pgstore.MaxQueryTimeout.String() + ")",
+	} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("-h lacks %q:\n%s", want, stderr.String())
+		}
 	}
 }
 
