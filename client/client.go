@@ -533,9 +533,10 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
 // the Response: the operation did happen.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
-	if ctx == nil {
-		return nil, fmt.Errorf("client: operation %q: %w", op, ErrNilContext)
+	if err := c.enter(ctx); err != nil {
+		return nil, fmt.Errorf("client: operation %q: %w", op, err)
 	}
+	defer c.calls.Done()
 	b, err := json.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("client: encoding the request of %q: %w", op, err)
@@ -551,7 +552,7 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
-	resp, err := c.Do(ctx, op, req)
+	resp, err := c.do(ctx, op, req)
 	if err != nil {
 		return nil, err
 	}
@@ -718,6 +719,10 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 // (a *StateError otherwise). A nil getBody is an error matching
 // idem.ErrRequestBody; nothing is read, sent or changed.
 func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (io.ReadCloser, error)) (*Response, error) {
+	if err := c.enter(ctx); err != nil {
+		return nil, fmt.Errorf("client: resume %q: %w", op, err)
+	}
+	defer c.calls.Done()
 	if getBody == nil {
 		// A nil getBody produces no body: idem.ErrRequestBody, the
 		// Transport's sentinel for a body it cannot produce (which the doc
@@ -725,10 +730,6 @@ func (c *Client) ResumeWithBody(ctx context.Context, op string, getBody func() (
 		// the same fault.
 		return nil, fmt.Errorf("client: resume %q: nil getBody, nothing sent: %w", op, idem.ErrRequestBody)
 	}
-	if err := c.enter(ctx); err != nil {
-		return nil, fmt.Errorf("client: resume %q: %w", op, err)
-	}
-	defer c.calls.Done()
 	rec, err := c.resumable(ctx, op)
 	if err != nil {
 		return nil, err
@@ -796,13 +797,13 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // lease, the operation stays as it was and Abandon gives the lease back,
 // without ctx, before it returns the error.
 func (c *Client) Abandon(ctx context.Context, op, reason string) error {
-	if strings.TrimSpace(reason) == "" {
-		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
-	}
 	if err := c.enter(ctx); err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}
 	defer c.calls.Done()
+	if strings.TrimSpace(reason) == "" {
+		return fmt.Errorf("client: abandon %q: %w", op, ErrNoReason)
+	}
 	rec, err := c.jar.Get(ctx, op)
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -97,6 +98,36 @@ func TestCallsAfterCloseAreRefused(t *testing.T) {
 	}
 	if err := c.Abandon(ctx, "charge:o1", "checked"); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Abandon after Close: %v; want ErrClosed", err)
+	}
+	// The other methods, and ones whose arguments are wrong besides: the
+	// Client is closed whatever they are given.
+	getBody := func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(`{}`)), nil }
+	for name, call := range map[string]func() error{
+		"Do": func() error {
+			req, err := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o4"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.Do(ctx, "charge:o4", req)
+			return err
+		},
+		"ResumeJSON":     func() error { _, err := c.ResumeJSON(ctx, "charge:o1", nil); return err },
+		"ResumeWithBody": func() error { _, err := c.ResumeWithBody(ctx, "charge:o1", getBody); return err },
+		"Forget":         func() error { return c.Forget(ctx, "charge:o1") },
+		"PostJSON of what JSON cannot encode": func() error {
+			_, err := c.PostJSON(ctx, "charge:o5", chargesURL, make(chan int), nil)
+			return err
+		},
+		"PostJSON to a URL that does not parse": func() error {
+			_, err := c.PostJSON(ctx, "charge:o6", "://nowhere", chargeReq{Order: "o6"}, nil)
+			return err
+		},
+		"ResumeWithBody with a nil getBody": func() error { _, err := c.ResumeWithBody(ctx, "charge:o1", nil); return err },
+		"Abandon without a reason":          func() error { return c.Abandon(ctx, "charge:o1", "") },
+	} {
+		if err := call(); !errors.Is(err, client.ErrClosed) {
+			t.Errorf("%s after Close: %v; want ErrClosed", name, err)
+		}
 	}
 	if s.sends() != sent {
 		t.Errorf("%d requests sent after Close; want none", s.sends()-sent)

@@ -265,6 +265,6 @@ func excerpt(b []byte, n int) string {
 
 // ErrClosed is returned, wrapped, by the Client's methods once Close
 // began (Jar and HTTPClient excepted; the HTTPClient's requests return it
-// within a *url.Error), which then send, read and change nothing, and by
-// Close called again.
+// within a *url.Error), whatever their other arguments, which then send,
+// read and change nothing, and by Close called again.
 var ErrClosed = errors.New("client: the Client is closed")
