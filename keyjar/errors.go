@@ -27,7 +27,7 @@ import (
 // a jar opened with Options.ReadOnly.
 var (
 	// ErrClosed is returned by every method of a Jar after Close, Close
-	// included.
+	// included, whatever its other arguments (an invalid record included).
 	ErrClosed = errors.New("keyjar: jar is closed")
 
 	// ErrCorrupt is returned by Open for a file that is not a key jar (not a

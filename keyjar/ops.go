@@ -26,6 +26,9 @@ import (
 // its commit and returns its result, as Acquire, Update, Forget, ForgetKey
 // and Prune do.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	if err := j.open(); err != nil {
+		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
+	}
 	if r.Op == "" || r.Key == "" {
 		return idem.Record{}, false, fmt.Errorf("%w: empty Op or Key (op %q)", ErrInvalid, r.Op)
 	}
@@ -102,6 +105,9 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 // unknown op.
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
 	until := now.Add(ttl)
+	if err := j.open(); err != nil {
+		return idem.Record{}, wrapf(err, "acquire %q", op)
+	}
 	if _, err := nanos("lease end", until); err != nil {
 		return idem.Record{}, wrapf(err, "acquire %q", op)
 	}
@@ -125,6 +131,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // operation that its caller established did not happen, which a resume
 // would send.
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	if err := j.open(); err != nil {
+		return idem.Record{}, wrapf(err, "update %q", op)
+	}
 	args, err := changeArgs(op, holder, c)
 	if err != nil {
 		return idem.Record{}, wrapf(err, "update %q", op)
@@ -169,7 +178,11 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 // before it. A deferred change is not synced of its own, a change to
 // StateAbandoned included: abandon with Update, which syncs it.
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
-	args, err := changeArgs(op, holder, c)
+	err := j.open()
+	var args []any
+	if err == nil {
+		args, err = changeArgs(op, holder, c)
+	}
 	if err == nil {
 		err = j.enqueue(context.Background(), &job{ctx: context.Background(), deferred: true,
 			run: func(ctx context.Context, tx *sql.Tx) error {
@@ -471,6 +484,13 @@ func (j *Jar) readable(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	return j.open()
+}
+
+// open returns ErrClosed once Close began: the methods that write check it
+// before their arguments, so that a closed jar says it is closed whatever
+// they are given. (enqueue checks again, under the same lock, as it queues.)
+func (j *Jar) open() error {
 	j.mu.RLock()
 	defer j.mu.RUnlock()
 	if j.closed {

@@ -22,7 +22,8 @@ type Closer interface {
 // RunClosed checks a jar's Close, each case on a new, empty jar from open:
 // after Close, every method, Close, a Prune of limit 0 and, when the jar
 // has them, Defer, ForgetKey and ByKey included, returns an error matching
-// errClosed (the jar's ErrClosed), whose message says the package's
+// errClosed (the jar's ErrClosed), whatever its arguments (an invalid
+// record, state, time or cursor), whose message says the package's
 // prefix ("keyjar:", the one errClosed begins with) once; methods called
 // while Close runs return either their usual result or errClosed, never
 // another error; and of two Close calls at once, one returns nil and the
@@ -51,8 +52,14 @@ func afterClose(t *testing.T, j Closer, errClosed error) {
 	errs := map[string]error{"Begin": errBegin, "Get": errGet, "Acquire": errAcquire, "Update": errUpdate,
 		"List": errList, "Forget": j.Forget(ctx, "op"), "Prune": errPrune, "Prune with limit 0": errPruneAll,
 		"second Close": j.Close()}
+	// Arguments the jar would refuse: closed comes first.
+	_, _, errs["Begin of an invalid record"] = j.Begin(ctx, idem.Record{})
+	_, errs["Acquire at a time no jar stores"] = j.Acquire(ctx, "op", "a", time.Time{}, time.Minute)
+	_, errs["Update to an invalid state"] = j.Update(ctx, "op", "", idem.Change{Now: t0, State: "sent"})
+	_, errs["List after a cursor text cannot hold"] = j.List(ctx, idem.Filter{After: idem.Cursor{Created: t0, Op: "\x00\xff"}})
 	if d, ok := j.(idem.Deferrer); ok {
 		errs["Defer"] = d.Defer("op", "", idem.Change{Now: t0})
+		errs["Defer to an invalid state"] = d.Defer("op", "", idem.Change{Now: t0, State: "sent"})
 	}
 	if kf, ok := j.(KeyForgetter); ok {
 		errs["ForgetKey"] = kf.ForgetKey(ctx, "op", "key-op")

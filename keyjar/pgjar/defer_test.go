@@ -559,25 +559,6 @@ func TestStringsTextCannotHold(t *testing.T) {
 	}
 }
 
-// TestClosedBeforeInvalid: after Close, every method returns ErrClosed,
-// whatever its arguments.
-func TestClosedBeforeInvalid(t *testing.T) {
-	j := open(t, pgtest.DB(t), nil)
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	_, _, errBegin := j.Begin(ctx, idem.Record{})
-	_, errAcquire := j.Acquire(ctx, "op", "a", time.Time{}, time.Minute)
-	_, errUpdate := j.Update(ctx, "op", "", idem.Change{State: "sent"})
-	errDefer := j.Defer("op", "", idem.Change{State: "sent"})
-	for name, err := range map[string]error{"Begin": errBegin, "Acquire": errAcquire, "Update": errUpdate, "Defer": errDefer} {
-		if !errors.Is(err, pgjar.ErrClosed) {
-			t.Errorf("%s after Close: %v; want ErrClosed", name, err)
-		}
-	}
-}
-
 // TestDeferAcrossRestart restarts PostgreSQL, and lets it start again once
 // the applier, sending a deferred outcome, found it down. The applier
 // sends it again once the server is back: the record is done and its

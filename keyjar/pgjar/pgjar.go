@@ -174,7 +174,8 @@ const raceAttempts = 10
 // idem.Jar contract says. Each is wrapped with details: test with errors.Is.
 var (
 	// ErrClosed is returned by every method of a Jar after Close, Close
-	// included, and by a call that Close cut short.
+	// included, whatever its other arguments (an invalid record included),
+	// and by a call that Close cut short.
 	ErrClosed = errors.New("pgjar: jar is closed")
 
 	// ErrVersion is returned by Open and New for a database whose jar
@@ -904,7 +905,10 @@ func storableStatus(status int) error {
 // Op text cannot hold (a NUL byte, bytes that are not UTF-8), which no
 // record has, is ErrInvalid.
 func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
-	if storable("state", string(f.State)) != nil && !j.closed.Load() {
+	if err := j.check(ctx); err != nil {
+		return nil, wrapf(err, "list") // closed, whatever f holds
+	}
+	if storable("state", string(f.State)) != nil {
 		return nil, nil // Begin and Update refuse such a state
 	}
 	if err := storable("After.Op", f.After.Op); err != nil {
