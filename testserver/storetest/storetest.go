@@ -307,6 +307,12 @@ func pruneLimit(t *testing.T, s testserver.Store) {
 	for i := range 10 {
 		claim(t, s, "scope", fmt.Sprint("k", i), "fp", base.Add(-48*time.Hour).UnixNano()+int64(i), base.Add(-48*time.Hour))
 	}
+	// A limit of 0 or less deletes nothing (unlike a jar's Prune).
+	for _, limit := range []int{0, -1} {
+		if n, err := s.Prune(context.Background(), base, limit); err != nil || n != 0 {
+			t.Fatalf("Prune(limit %d) = %d, %v; want 0", limit, n, err)
+		}
+	}
 	n, err := s.Prune(context.Background(), base, 3)
 	if err != nil || n != 3 {
 		t.Fatalf("Prune(limit 3) = %d, %v; want 3", n, err)
