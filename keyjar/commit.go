@@ -63,6 +63,9 @@ func (jb *job) take() bool {
 // before it takes the jobs (but waits for again, up to Options.BusyTimeout,
 // when a failed job makes it run the rest of the batch again).
 func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Context, tx *sql.Tx) error) error {
+	if err := j.open(); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

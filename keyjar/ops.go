@@ -478,18 +478,19 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	}
 }
 
-// readable checks the context and that the jar is open, for the methods that
-// read through the read-only pool.
+// readable checks that the jar is open and then the context, for the
+// methods that read through the read-only pool.
 func (j *Jar) readable(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
+	if err := j.open(); err != nil {
 		return err
 	}
-	return j.open()
+	return ctx.Err()
 }
 
-// open returns ErrClosed once Close began: the methods that write check it
-// before their arguments, so that a closed jar says it is closed whatever
-// they are given. (enqueue checks again, under the same lock, as it queues.)
+// open returns ErrClosed once Close began: the methods check it before
+// their arguments, their context included, so that a closed jar says it is
+// closed whatever they are given. (enqueue checks again, under the same
+// lock, as it queues.)
 func (j *Jar) open() error {
 	j.mu.RLock()
 	defer j.mu.RUnlock()

@@ -23,7 +23,7 @@ type Closer interface {
 // after Close, every method, Close, a Prune of limit 0 and, when the jar
 // has them, Defer, ForgetKey and ByKey included, returns an error matching
 // errClosed (the jar's ErrClosed), whatever its arguments (an invalid
-// record, state, time or cursor), whose message says the package's
+// record, state, time or cursor, a context done), whose message says the package's
 // prefix ("keyjar:", the one errClosed begins with) once; methods called
 // while Close runs return either their usual result or errClosed, never
 // another error; and of two Close calls at once, one returns nil and the
@@ -57,6 +57,13 @@ func afterClose(t *testing.T, j Closer, errClosed error) {
 	_, errs["Acquire at a time no jar stores"] = j.Acquire(ctx, "op", "a", time.Time{}, time.Minute)
 	_, errs["Update to an invalid state"] = j.Update(ctx, "op", "", idem.Change{Now: t0, State: "sent"})
 	_, errs["List after a cursor text cannot hold"] = j.List(ctx, idem.Filter{After: idem.Cursor{Created: t0, Op: "\x00\xff"}})
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, errs["Get with a cancelled context"] = j.Get(cancelled, "op")
+	_, errs["List with a cancelled context"] = j.List(cancelled, idem.Filter{})
+	_, errs["Update with a cancelled context"] = j.Update(cancelled, "op", "", idem.Change{Now: t0})
+	errs["Forget with a cancelled context"] = j.Forget(cancelled, "op")
+	_, errs["Prune with a cancelled context"] = j.Prune(cancelled, t0, 10)
 	if d, ok := j.(idem.Deferrer); ok {
 		errs["Defer"] = d.Defer("op", "", idem.Change{Now: t0})
 		errs["Defer to an invalid state"] = d.Defer("op", "", idem.Change{Now: t0, State: "sent"})
