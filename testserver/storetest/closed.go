@@ -19,7 +19,8 @@ type Closer interface {
 
 // RunClosed checks a store's Close, each case on a new, open store from
 // newStore: after Close, every method, Close and a Prune of limit 0
-// included, returns an error matching errClosed (the store's ErrClosed);
+// included, returns an error matching errClosed (the store's ErrClosed),
+// with a context done too;
 // methods called while Close runs return either their usual result or
 // errClosed, never another error; and of two Close calls at once, one
 // returns nil and the other errClosed.
@@ -49,8 +50,17 @@ func afterClose(t *testing.T, s Closer, errClosed error) {
 	errSave := s.Save(ctx, "scope", "key", token(1), testserver.Response{Status: 201})
 	_, errPrune := s.Prune(ctx, base.Add(time.Hour), 10)
 	_, errPruneNone := s.Prune(ctx, base, 0) // would delete nothing
-	for name, err := range map[string]error{"Claim": errClaim, "TakeOver": errTakeOver, "Save": errSave,
-		"Release": errRelease, "Prune": errPrune, "Prune with limit 0": errPruneNone, "second Close": s.Close()} {
+	errs := map[string]error{"Claim": errClaim, "TakeOver": errTakeOver, "Save": errSave,
+		"Release": errRelease, "Prune": errPrune, "Prune with limit 0": errPruneNone, "second Close": s.Close()}
+	// With a context done too, the store is closed first.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _, errs["Claim with a cancelled context"] = s.Claim(cancelled, "scope", "new", "fp", token(2), base)
+	_, errs["TakeOver with a cancelled context"] = s.TakeOver(cancelled, "scope", "key", token(1), token(3))
+	errs["Save with a cancelled context"] = s.Save(cancelled, "scope", "key", token(1), testserver.Response{Status: 201})
+	_, errs["Release with a cancelled context"] = s.Release(cancelled, "scope", "key", token(1))
+	_, errs["Prune with a cancelled context"] = s.Prune(cancelled, base.Add(time.Hour), 10)
+	for name, err := range errs {
 		if !errors.Is(err, errClosed) {
 			t.Errorf("%s after Close: %v; want %v", name, err, errClosed)
 		}
