@@ -104,7 +104,8 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 
 // NewRequest returns the request that r stores, to resume its operation
 // through a Transport over the jar that holds r: its method, URL, Host,
-// header and body, with GetBody and ContentLength set, and a context that is ctx
+// header and body, with GetBody and ContentLength set (an empty body is
+// none: Body and GetBody nil, ContentLength 0), and a context that is ctx
 // with r.Op as the operation's name (WithOperation). The Transport sends it
 // as it sends any call under that name: under r's key, unless the operation
 // was abandoned or forgotten meanwhile, when the name begins a new

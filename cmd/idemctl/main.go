@@ -196,7 +196,7 @@ commands:
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)
-  export --json                          every operation as a JSON array; a string that is not UTF-8 has
+  export [--json]                        every operation as a JSON array; a string that is not UTF-8 has
                                          its bytes in base64 beside it (op_base64, url_base64, header_base64…)
 
 flags of every command:
