@@ -16,7 +16,8 @@
 // leaves the write in the disk's cache), so a saved answer survives power
 // loss; every transaction begins IMMEDIATE (it takes the write lock at
 // once, so two writers never deadlock upgrading), waits up to BusyTimeout
-// for another process's lock, and goes through one connection. Open refuses
+// for another process's lock (then fails with ErrLocked), and goes through
+// one connection. Open refuses
 // a negative BusyTimeout with ErrOptions, creating nothing; zero is the
 // default.
 //
@@ -86,7 +87,7 @@ const DefaultBusyTimeout = 5 * time.Second
 // with ErrOptions, creating nothing.
 type Options struct {
 	// BusyTimeout is how long a statement waits for another process's
-	// write lock before failing. Zero means DefaultBusyTimeout; a negative
+	// write lock before failing with ErrLocked. Zero means DefaultBusyTimeout; a negative
 	// one is ErrOptions. SQLite waits at most 2^31-1 ms (about 24.8 days)
 	// and at least 1 ms: a longer or shorter BusyTimeout is that. The caller's context does not
 	// cut this wait short: a method that waits for the lock returns once
@@ -121,6 +122,12 @@ var (
 	// ErrClosed is returned by every method of a Store after Close, Close
 	// included, and by a call that Close cut short.
 	ErrClosed = errors.New("sqlitestore: store is closed")
+
+	// ErrLocked is returned by a method that waited Options.BusyTimeout
+	// for a write lock another connection held (another process's store
+	// on the same file), wrapping SQLite's SQLITE_BUSY: the file is in
+	// use, not broken, and the call may be tried again.
+	ErrLocked = errors.New("sqlitestore: database is locked by another connection")
 
 	// ErrOptions is returned by Open for an Options field out of range: a
 	// negative BusyTimeout. It is wrapped with the field and its value.
@@ -282,12 +289,19 @@ func (s *Store) Close() error {
 	return s.db.Close()
 }
 
-// fail returns err with the package's prefix or, once the store is closed,
-// ErrClosed: a statement that Close cut short fails with whatever
-// database/sql says of a closed database.
+// fail returns err with the package's prefix (ErrLocked's for a lock
+// waited for in vain) or, once the store is closed, ErrClosed: a statement
+// that Close cut short fails with whatever database/sql says of a closed
+// database.
 func (s *Store) fail(err error) error {
 	if s.closed.Load() {
 		return ErrClosed
+	}
+	if se := (*sqlite.Error)(nil); errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			return fmt.Errorf("%w: %w", ErrLocked, err)
+		}
 	}
 	return fmt.Errorf("sqlitestore: %w", err)
 }

@@ -471,3 +471,47 @@ func TestClaimCommitFails(t *testing.T) {
 		t.Fatalf("Claim after the failed commit = claimed %v, %v; want the key free", claimed, err)
 	}
 }
+
+// TestLockedPastBusyTimeout: a write that waited BusyTimeout for another
+// process's write lock fails with ErrLocked, as keyjar's does, so that a
+// caller can tell a busy file from a broken one.
+func TestLockedPastBusyTimeout(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	s, err := sqlitestore.Open(ctx, path, &sqlitestore.Options{BusyTimeout: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Unix(1_700_000_000, 0)
+	if _, _, err := s.Claim(ctx, "", "held", "fp", 1, now); err != nil {
+		t.Fatal(err)
+	}
+	// Another process holds the write lock.
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(ctx, "ROLLBACK")
+
+	for name, write := range map[string]func() error{
+		"Claim":    func() error { _, _, err := s.Claim(ctx, "", "k", "fp", 2, now); return err },
+		"TakeOver": func() error { _, err := s.TakeOver(ctx, "", "held", 1, 3); return err },
+		"Save":     func() error { return s.Save(ctx, "", "held", 1, testserver.Response{Status: 201}) },
+		"Release":  func() error { _, err := s.Release(ctx, "", "held", 1); return err },
+		"Prune":    func() error { _, err := s.Prune(ctx, now.Add(time.Hour), 10); return err },
+	} {
+		if err := write(); !errors.Is(err, sqlitestore.ErrLocked) {
+			t.Errorf("%s while another process holds the write lock: %v; want ErrLocked", name, err)
+		}
+	}
+}
