@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,17 +184,14 @@ type middlewareFuzz struct {
 
 type depthKey struct{}
 
-// protects mirrors Middleware.protects for the fuzzed configuration.
+// protects mirrors Middleware.protects for the fuzzed configuration:
+// names match in any case.
 func (z *middlewareFuzz) protects(method string) bool {
-	if z.mw.Methods == nil {
-		return method == "POST" || method == "PATCH"
+	methods := z.mw.Methods
+	if methods == nil {
+		methods = []string{"POST", "PATCH"}
 	}
-	for _, m := range z.mw.Methods {
-		if m == method {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(methods, func(m string) bool { return strings.EqualFold(m, method) })
 }
 
 // ServeHTTP is the handler under the Middleware. It answers 201 with the

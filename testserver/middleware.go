@@ -178,7 +178,10 @@ type Middleware struct {
 	Store Store
 
 	// Methods are the request methods that carry a key. Nil means POST and
-	// PATCH. Requests with other methods pass through untouched.
+	// PATCH. Names match in any case, as idem.Transport matches them when it
+	// keys a request: a "post" is protected, since an idem client sends it
+	// again under its key. Requests with other methods pass through
+	// untouched.
 	Methods []string
 
 	// Optional lets a request of a protected method without an
@@ -416,12 +419,9 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 	})
 }
 
-func (m *Middleware) protects(method string) bool {
-	if m.Methods == nil {
-		return method == http.MethodPost || method == http.MethodPatch
-	}
-	return slices.Contains(m.Methods, method)
-}
+// protects reports whether requests of method carry a key, as
+// idem.Transport decides which get one: names match in any case.
+func (m *Middleware) protects(method string) bool { return keyhdr.Keyed(m.Methods, method) }
 
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, p Problem) {
 	m.stats.rejected.Add(1)

@@ -545,6 +545,27 @@ func TestPassThrough(t *testing.T) {
 	wantProblem(t, serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "")), 400, testserver.ProblemKeyInvalid)
 }
 
+// TestMethodsMatchInAnyCase: a "post" or a "Put" is protected as a POST or
+// a PUT is, as idem.Transport keys them: a client retries such a request
+// under its key, and each retry must be replayed, not run again.
+func TestMethodsMatchInAnyCase(t *testing.T) {
+	for _, c := range []struct {
+		methods []string
+		method  string
+	}{{nil, "post"}, {nil, "Patch"}, {[]string{"put"}, "PUT"}, {[]string{"POST", "PUT"}, "Put"}} {
+		h := &charges{}
+		srv := (&testserver.Middleware{Store: new(testserver.MemoryStore), Methods: c.methods}).Wrap(h)
+		for i := range 2 {
+			w := serve(srv, request(c.method, "/v1/charges", chargeBody, "Idempotency-Key", "k"))
+			if w.Code != 201 || h.runs.Load() != 1 || (i == 1) != (w.Header().Get("Idempotent-Replayed") == "true") {
+				t.Fatalf("Methods %q, %s #%d: %d, replayed %q, runs %d; want 201, the retry replayed, one run",
+					c.methods, c.method, i+1, w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load())
+			}
+		}
+		wantProblem(t, serve(srv, request(c.method, "/v1/charges", chargeBody)), 400, testserver.ProblemKeyMissing)
+	}
+}
+
 // TestOnError: a handler that fails (5xx, a panic) or asks to be retried
 // (429, or 408, which idem's clients retry under the same key) gets its
 // claim released or its answer saved, as OnError says.
