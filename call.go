@@ -621,11 +621,7 @@ func storedHeader(req *http.Request) http.Header {
 		}
 	}
 	h = PublicHeader(h)
-	for name := range h {
-		if isKeyHeader(name) {
-			delete(h, name)
-		}
-	}
+	deleteKeyHeader(h)
 	delete(h, hostHeader)
 	if host != "" {
 		h[hostHeader] = []string{host}

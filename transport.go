@@ -59,7 +59,11 @@ func Operation(ctx context.Context) string {
 //     (with a Jar) sends through http.DefaultTransport with the default
 //     retry.Policy.
 //   - Requests whose method is not in Methods (GET, HEAD, PUT, DELETE, … by
-//     default) pass through to Base untouched: no key, no jar, no retry.
+//     default) pass through to Base untouched: no key, no jar, no retry;
+//     but for one that http.Client made to follow a redirect (a 303's
+//     GET), sent without the Idempotency-Key that http.Client copied onto
+//     it from the first request of the chain: that key is the operation's,
+//     and no business of the redirect's host, perhaps another.
 //   - It never modifies the caller's request: every attempt is a copy with
 //     a Header of its own, and the key header goes on the copy only. The
 //     copy's context names the operation, unnamed ones included:
@@ -304,6 +308,12 @@ func (t *Transport) CloseIdleConnections() {
 // documentation.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.keyed(req.Method) {
+		if req.Response != nil && hasKeyHeader(req.Header) {
+			// A redirect http.Client follows: the key it copied from the
+			// request redirected is that request's, not this one's.
+			req = req.Clone(req.Context())
+			deleteKeyHeader(req.Header)
+		}
 		return t.base().RoundTrip(req)
 	}
 	if req.Body != nil {
@@ -379,6 +389,25 @@ func callerKey(h http.Header) (string, error) {
 // isKeyHeader reports whether a header name is KeyHeader in any spelling.
 func isKeyHeader(name string) bool {
 	return len(name) == len(KeyHeader) && strings.EqualFold(name, KeyHeader)
+}
+
+// hasKeyHeader reports whether h holds KeyHeader in any spelling.
+func hasKeyHeader(h http.Header) bool {
+	for name := range h {
+		if isKeyHeader(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// deleteKeyHeader deletes KeyHeader from h in every spelling.
+func deleteKeyHeader(h http.Header) {
+	for name := range h {
+		if isKeyHeader(name) {
+			delete(h, name)
+		}
+	}
 }
 
 // reqBody is how a request's body is produced for each attempt.

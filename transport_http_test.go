@@ -348,6 +348,61 @@ func TestRedirectAfterAKeyedPost(t *testing.T) {
 	}
 }
 
+// TestRedirectCarriesNoCallersKey: http.Client copies the header of a
+// keyed POST onto the GET that follows its 301, 302 or 303, and onto every
+// later request of the chain, the caller's Idempotency-Key included: the
+// Transport sends them without it, as package client does, since the key
+// is the operation's and no business of the redirect's host, perhaps
+// another. So too after a GET, whose first send alone carries the key its
+// caller set, as any request of a method the Transport does not key.
+func TestRedirectCarriesNoCallersKey(t *testing.T) {
+	const key = "order-42-charge"
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			var mu sync.Mutex
+			keys := map[string][]string{} // the keys of each request, by method and path
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				mu.Lock()
+				keys[r.Method+" "+r.URL.Path] = r.Header.Values(idem.KeyHeader)
+				mu.Unlock()
+				switch r.URL.Path {
+				case "/charges", "/orders":
+					http.Redirect(w, r, r.URL.Path+"/1", code)
+				case "/charges/1":
+					http.Redirect(w, r, "/receipts/1", code) // a second redirect of the chain
+				}
+			}))
+			defer srv.Close()
+			hc := &http.Client{Transport: &idem.Transport{Jar: &idem.MemoryJar{}, Policy: fastPolicy}}
+			for _, method := range []string{http.MethodPost, http.MethodGet} {
+				path := map[string]string{http.MethodPost: "/charges", http.MethodGet: "/orders"}[method]
+				req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(`{"amount":100}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set(idem.KeyHeader, key)
+				resp, err := hc.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || req.Header.Get(idem.KeyHeader) != key {
+					t.Fatalf("%s %s: %s, the caller's key now %q; want 200, the caller's request unchanged", method, path, resp.Status, req.Header.Get(idem.KeyHeader))
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			want := map[string][]string{"POST /charges": {key}, "GET /charges/1": nil, "GET /receipts/1": nil, "GET /orders": {key}, "GET /orders/1": nil}
+			for where, w := range want {
+				if got, ok := keys[where]; !ok || !slices.Equal(got, w) {
+					t.Errorf("%s (reached: %v) carried the keys %q; want %q", where, ok, got, w)
+				}
+			}
+		})
+	}
+}
+
 // TestTransparentGzip: through an http.Transport that asks for gzip and
 // decompresses (its default), the answer and its replay are classified by
 // status and come back decompressed.

@@ -329,9 +329,9 @@ var http2HealthCheck = http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingT
 // redirect comes back as the answer. Like http.Client's default, it sends
 // at most 10 requests: the 10th redirect in a row is an error. The request
 // it follows carries no Idempotency-Key: http.Client copied the first
-// request's header onto it, a key of the caller's included, which is the
-// operation's, not this request's, and no business of its host, perhaps
-// another.
+// request's header onto it, a key of the caller's included, which the
+// idem.Transport deletes, since it is the operation's, not this request's,
+// and no business of its host, perhaps another.
 func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	if c.keyed(req.Method) {
 		return http.ErrUseLastResponse
@@ -339,7 +339,6 @@ func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 10 {
 		return errors.New("client: stopped after 10 redirects")
 	}
-	deleteKey(req.Header)
 	return nil
 }
 
