@@ -113,11 +113,13 @@ type Options struct {
 	// each attempt and every resume included, on a copy of the request, to
 	// add what the jar does not keep: credentials (Authorization, API
 	// keys, cookies). The jar never sees what Header adds. It is not called
-	// for a redirect to another host, to which net/http does not forward
-	// credentials either, nor to another scheme (an https request
-	// redirected to http, where they would cross the network in the
-	// clear), nor for any request after it in the redirect chain. It
-	// cannot change a keyed request's
+	// for a redirect that leaves the request's host or scheme (an https
+	// request redirected to http, where credentials would cross the
+	// network in the clear), nor for any request after it in the redirect
+	// chain; nor does such a request carry the credentials (those
+	// idem.SecretHeader names) that the caller set on the request given to
+	// Do, which net/http would send there (an X-Api-Key to any host, an
+	// Authorization over http). It cannot change a keyed request's
 	// Idempotency-Key: the operation's key is sent whatever Header sets or
 	// removes. An error stops the attempt before it is sent; the operation
 	// stays pending.
@@ -331,13 +333,23 @@ var http2HealthCheck = http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingT
 // it follows carries no Idempotency-Key: http.Client copied the first
 // request's header onto it, a key of the caller's included, which the
 // idem.Transport deletes, since it is the operation's, not this request's,
-// and no business of its host, perhaps another.
+// and no business of its host, perhaps another. Nor, once the chain left
+// the first request's scheme and host, does it carry the credentials
+// (those idem.SecretHeader names) that the caller set on that request and
+// http.Client copied too: as for Options.Header (see sameOrigin).
 func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	if c.keyed(req.Method) {
 		return http.ErrUseLastResponse
 	}
 	if len(via) >= 10 {
 		return errors.New("client: stopped after 10 redirects")
+	}
+	if !sameOrigin(req) {
+		for name := range req.Header {
+			if idem.SecretHeader(name) {
+				delete(req.Header, name)
+			}
+		}
 	}
 	return nil
 }

@@ -1047,39 +1047,60 @@ func TestHeaderNotSentAfterARedirectToAnotherHost(t *testing.T) {
 // TestHeaderNotSentInTheClearAfterARedirect: a redirect from https to
 // http on the same host leaves the request's origin too: Options.Header
 // is not called for it, nor for the rest of the chain, so that the
-// credential does not cross the network in the clear.
+// credential does not cross the network in the clear; and the
+// credentials a caller set on the request itself (Authorization, which
+// net/http sends on such a redirect, and an X-Api-Key, which it sends
+// to any host) are not sent there either.
 func TestHeaderNotSentInTheClearAfterARedirect(t *testing.T) {
-	var mu sync.Mutex
-	auths := map[string]string{}
-	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if r.Body != nil {
-			r.Body.Close()
-		}
-		mu.Lock()
-		auths[r.URL.String()] = r.Header.Get("Authorization")
-		mu.Unlock()
-		resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{}`)), Request: r}
-		switch r.URL.Path {
-		case "/charges":
-			resp.StatusCode = http.StatusSeeOther
-			resp.Header.Set("Location", "http://api.test/receipt")
-		case "/receipt":
-			resp.StatusCode = http.StatusFound
-			resp.Header.Set("Location", "https://api.test/back")
-		}
-		return resp, nil
-	})
-	c := newClient(t, nil, &client.Options{Base: base})
-	if _, err := c.PostJSON(context.Background(), "charge:o1", "https://api.test/charges", chargeReq{Order: "o1"}, nil); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	want := map[string]string{"https://api.test/charges": authValue, "http://api.test/receipt": "", "https://api.test/back": ""}
-	for where, auth := range want {
-		if got, ok := auths[where]; !ok || got != auth {
-			t.Errorf("Authorization at %s: %q (reached: %v); want %q", where, got, ok, auth)
-		}
+	for _, callers := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Options.Header", true: "the caller's"}[callers], func(t *testing.T) {
+			var mu sync.Mutex
+			creds := map[string]string{}
+			base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Body != nil {
+					r.Body.Close()
+				}
+				mu.Lock()
+				creds[r.URL.String()] = r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key")
+				mu.Unlock()
+				resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{}`)), Request: r}
+				switch r.URL.Path {
+				case "/charges":
+					resp.StatusCode = http.StatusSeeOther
+					resp.Header.Set("Location", "https://api.test/status") // same origin
+				case "/status":
+					resp.StatusCode = http.StatusFound
+					resp.Header.Set("Location", "http://api.test/receipt")
+				case "/receipt":
+					resp.StatusCode = http.StatusFound
+					resp.Header.Set("Location", "https://api.test/back")
+				}
+				return resp, nil
+			})
+			header := func(r *http.Request) error {
+				r.Header.Set("Authorization", authValue)
+				r.Header.Set("X-Api-Key", "k_live_1")
+				return nil
+			}
+			o := &client.Options{Base: base, Header: header}
+			req, _ := http.NewRequest(http.MethodPost, "https://api.test/charges", strings.NewReader(`{"order":"o1"}`))
+			if callers {
+				o.Header = func(*http.Request) error { return nil }
+				header(req)
+			}
+			if _, err := newClient(t, nil, o).Do(context.Background(), "charge:o1", req); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			sent := authValue + "|k_live_1"
+			want := map[string]string{"https://api.test/charges": sent, "https://api.test/status": sent, "http://api.test/receipt": "|", "https://api.test/back": "|"}
+			for where, w := range want {
+				if got, ok := creds[where]; !ok || got != w {
+					t.Errorf("Authorization|X-Api-Key at %s: %q (reached: %v); want %q", where, got, ok, w)
+				}
+			}
+		})
 	}
 }
 
