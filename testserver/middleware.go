@@ -658,18 +658,23 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 // terminated, a restart). Rather than leave it in flight, refusing every
 // retry with 409 until the lease ends, for a handler that never runs.
 // Release is fenced by token, so a claim this request did not make is left
-// alone. A caller still there gets its 503 first, on a connection closed
-// after it: with the store down, the release may wait as long as any
-// store write (storeWriteTimeout) before it fails too, silently (the
-// failure is logged already, and a claim the store made is taken over
-// after the lease).
+// alone. A caller still there gets its 503 first: with the store down,
+// the release may wait as long as any store write (storeWriteTimeout)
+// before it fails too, silently (the failure is logged already, and a
+// claim the store made is taken over after the lease). An HTTP/1.1
+// connection, which serves nothing more until the release returns, is
+// closed after the answer; an HTTP/2 stream ends once it returns, and the
+// connection stays (net/http's HTTP/2 server takes Connection: close for a
+// GOAWAY, which would end it for every stream).
 func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, key string, token int64, err error) {
 	if r.Context().Err() != nil {
 		m.releaseUnrun(r, scope, key, token)
 		m.storeFailed(w, r, key, err)
 		return
 	}
-	w.Header().Set("Connection", "close")
+	if r.ProtoMajor < 2 {
+		w.Header().Set("Connection", "close")
+	}
 	writeProblem(w, m.storeProblem(r, key, err), 1, true)
 	_ = http.NewResponseController(w).Flush()
 	_ = m.release(r, scope, key, token) // its error: see above

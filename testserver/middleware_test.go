@@ -1980,6 +1980,45 @@ func TestStoreFailureAnsweredBeforeTheRelease(t *testing.T) {
 	}
 }
 
+// releaseSeesAnswer is a Store whose Claim fails, as one whose database is
+// down does, and whose Release records whether the answer had been written
+// by then.
+type releaseSeesAnswer struct {
+	testserver.Store
+	w        *httptest.ResponseRecorder
+	answered *bool
+}
+
+func (s releaseSeesAnswer) Claim(context.Context, string, string, string, int64, time.Time) (testserver.Entry, bool, error) {
+	return testserver.Entry{}, false, errConnLost
+}
+
+func (s releaseSeesAnswer) Release(context.Context, string, string, int64) (bool, error) {
+	*s.answered = s.w.Body.Len() > 0
+	return false, errConnLost
+}
+
+// TestStoreFailureOverHTTP2KeepsTheConnection: over HTTP/2 too the 503 of
+// a failed Claim is written before the release, but without Connection:
+// close, which net/http's HTTP/2 server takes for a GOAWAY that ends the
+// connection and every other stream's use of it, where an HTTP/1.1
+// connection, held until the release returns, must be closed.
+func TestStoreFailureOverHTTP2KeepsTheConnection(t *testing.T) {
+	for _, major := range []int{1, 2} {
+		var answered bool
+		w := httptest.NewRecorder()
+		store := releaseSeesAnswer{new(testserver.MemoryStore), w, &answered}
+		r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")
+		r.ProtoMajor, r.ProtoMinor = major, 0
+		(&testserver.Middleware{Store: store, Logger: slog.New(slog.DiscardHandler)}).Wrap(&charges{}).ServeHTTP(w, r)
+		wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+		want := map[int]string{1: "close", 2: ""}[major]
+		if got := w.Header().Get("Connection"); got != want || !answered {
+			t.Errorf("HTTP/%d: Connection %q, answered before the release %v; want %q, true", major, got, answered, want)
+		}
+	}
+}
+
 // lostTakeOver is a Store whose TakeOver is written and then reported
 // failed: its answer lost with the connection (pgstore's TakeOver then
 // reports an error, not a win), or, with cancel set, its caller hung up
