@@ -125,10 +125,11 @@ func NotApplied(code int) bool {
 }
 
 // Replayed reports whether resp is an answer the server replayed from what
-// it saved for the key: it carries Idempotent-Replayed: true. A nil resp
-// is no answer, and not replayed, as errors.Is(nil, target) is false.
+// it saved for the key: it carries Idempotent-Replayed: true (in any case,
+// spaces around it ignored). A nil resp is no answer, and not replayed, as
+// errors.Is(nil, target) is false.
 func Replayed(resp *http.Response) bool {
-	return resp != nil && resp.Header.Get("Idempotent-Replayed") == "true"
+	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get("Idempotent-Replayed")), "true")
 }
 
 func classifyError(err error) Decision {

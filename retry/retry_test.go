@@ -584,3 +584,19 @@ func TestReplayedNil(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayedAnySpelling: Idempotent-Replayed's value is a boolean, taken
+// in any case and with spaces around it, as a server may write it; any
+// other value is not a replay.
+func TestReplayedAnySpelling(t *testing.T) {
+	for value, want := range map[string]bool{
+		"true": true, "True": true, "TRUE": true, " true ": true,
+		"": false, "false": false, "1": false, "yes": false, "truer": false,
+	} {
+		r := resp(503)
+		r.Header.Set("Idempotent-Replayed", value)
+		if got := retry.Replayed(r); got != want {
+			t.Errorf("Replayed with Idempotent-Replayed %q = %v; want %v", value, got, want)
+		}
+	}
+}
