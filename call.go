@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/retry"
@@ -611,7 +612,7 @@ func storedHeader(req *http.Request) http.Header {
 	if host == "" {
 		clean := true
 		for name := range h {
-			if SecretHeader(name) || isKeyHeader(name) || name == hostHeader {
+			if SecretHeader(name) || keyhdr.Is(name) || name == hostHeader {
 				clean = false
 				break
 			}
@@ -621,7 +622,7 @@ func storedHeader(req *http.Request) http.Header {
 		}
 	}
 	h = PublicHeader(h)
-	deleteKeyHeader(h)
+	keyhdr.Delete(h)
 	delete(h, hostHeader)
 	if host != "" {
 		h[hostHeader] = []string{host}
@@ -721,7 +722,7 @@ func (c *call) attempt(ctx context.Context, rc io.ReadCloser) *http.Request {
 	out := c.req.WithContext(ctx)
 	h := make(http.Header, len(c.req.Header)+1)
 	for k, v := range c.req.Header {
-		if !isKeyHeader(k) {
+		if !keyhdr.Is(k) {
 			h[k] = v[:len(v):len(v)]
 		}
 	}

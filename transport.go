@@ -15,7 +15,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -312,7 +311,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// A redirect http.Client follows: the key it copied from the
 			// request redirected is that request's, not this one's.
 			req = req.Clone(req.Context())
-			deleteKeyHeader(req.Header)
+			keyhdr.Delete(req.Header)
 		}
 		return t.base().RoundTrip(req)
 	}
@@ -361,7 +360,7 @@ const maxKeyLen = keyhdr.MaxLen
 func callerKey(h http.Header) (string, error) {
 	vs := h[KeyHeader]
 	for name, v := range h {
-		if isKeyHeader(name) && name != KeyHeader {
+		if keyhdr.Is(name) && name != KeyHeader {
 			vs = append(vs[:len(vs):len(vs)], v...)
 		}
 	}
@@ -386,28 +385,14 @@ func callerKey(h http.Header) (string, error) {
 	return k, nil
 }
 
-// isKeyHeader reports whether a header name is KeyHeader in any spelling.
-func isKeyHeader(name string) bool {
-	return len(name) == len(KeyHeader) && strings.EqualFold(name, KeyHeader)
-}
-
 // hasKeyHeader reports whether h holds KeyHeader in any spelling.
 func hasKeyHeader(h http.Header) bool {
 	for name := range h {
-		if isKeyHeader(name) {
+		if keyhdr.Is(name) {
 			return true
 		}
 	}
 	return false
-}
-
-// deleteKeyHeader deletes KeyHeader from h in every spelling.
-func deleteKeyHeader(h http.Header) {
-	for name := range h {
-		if isKeyHeader(name) {
-			delete(h, name)
-		}
-	}
 }
 
 // reqBody is how a request's body is produced for each attempt.

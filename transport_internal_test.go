@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemkit/idem/internal/keyhdr"
 )
 
 // Keys are random UUIDs, version 4, RFC 9562 variant, in the canonical
@@ -70,5 +71,13 @@ func TestNewHolderCountsCalls(t *testing.T) {
 	nb, errB := strconv.ParseUint(strings.TrimPrefix(b, prefix), 10, 64)
 	if !strings.HasPrefix(a, prefix) || !strings.HasPrefix(b, prefix) || errA != nil || errB != nil || nb <= na {
 		t.Fatalf("holders %q, %q; want %q followed by a growing counter", a, b, prefix)
+	}
+}
+
+// TestKeyHeaderIsKeyhdrName: the header the Transport writes is the one
+// keyhdr.Is and keyhdr.Delete recognise.
+func TestKeyHeaderIsKeyhdrName(t *testing.T) {
+	if KeyHeader != keyhdr.Name || !keyhdr.Is("idempotency-KEY") || keyhdr.Is("Idempotency-Keys") {
+		t.Fatalf("KeyHeader %q, keyhdr.Name %q: want the same name, matched in any case and only whole", KeyHeader, keyhdr.Name)
 	}
 }

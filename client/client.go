@@ -354,16 +354,6 @@ func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// deleteKey deletes the Idempotency-Key header from h, in any case of its
-// name.
-func deleteKey(h http.Header) {
-	for name := range h {
-		if strings.EqualFold(name, idem.KeyHeader) {
-			delete(h, name)
-		}
-	}
-}
-
 // keyed reports whether the Client's requests of method get a key: those
 // of Options.Methods, as idem.Transport decides it.
 func (c *Client) keyed(method string) bool { return keyhdr.Keyed(c.tr.Methods, method) }
@@ -940,7 +930,7 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		if len(key) > 0 {
 			// The operation's key, not one Header set or removed, in any
 			// case of its name: another key is another operation.
-			deleteKey(r.Header)
+			keyhdr.Delete(r.Header)
 			r.Header[idem.KeyHeader] = slices.Clone(key)
 		}
 	}

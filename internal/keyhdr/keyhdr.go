@@ -13,6 +13,23 @@ import (
 	"strings"
 )
 
+// Name is the header's name, as idem.KeyHeader spells it.
+const Name = "Idempotency-Key"
+
+// Is reports whether name is Name in any case.
+func Is(name string) bool {
+	return len(name) == len(Name) && strings.EqualFold(name, Name)
+}
+
+// Delete deletes the header from h in every case of its name.
+func Delete(h http.Header) {
+	for name := range h {
+		if Is(name) {
+			delete(h, name)
+		}
+	}
+}
+
 // Keyed reports whether a request of method gets a key under methods, a
 // Transport's Methods: nil means POST and PATCH, and names match in any
 // case, those of nil too.
