@@ -38,11 +38,14 @@ type Hooks struct {
 	// Checked, if not nil, runs once Open has checked or created the file
 	// at path, before SQLite opens it.
 	Checked func(path string)
+	// Abandoned, if not nil, runs once an opening that Open gave up on
+	// (its context ended) has ended, the jar it opened, if any, closed.
+	Abandoned func()
 }
 
 // OpenHooked is Open with test seams.
 func OpenHooked(ctx context.Context, path string, opts *Options, h Hooks) (*Jar, error) {
-	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError, syncFile: h.SyncFile, checked: h.Checked}
+	in := hooks{pruneBatch: h.PruneBatch, jobError: h.JobError, syncFile: h.SyncFile, checked: h.Checked, abandoned: h.Abandoned}
 	if h.BeforeCommit != nil {
 		in.beforeCommit = func(tx *sql.Tx, jobs int, durable bool) {
 			c := Commit{Jobs: jobs, Durable: durable}

@@ -260,6 +260,9 @@ type hooks struct {
 	// checked runs once Open has checked or created the file at path,
 	// before SQLite opens it.
 	checked func(path string)
+	// abandoned runs once an opening that Open gave up on (its caller's
+	// context ended) has ended, and the jar it opened, if any, is closed.
+	abandoned func()
 }
 
 // Open opens the jar file at path, creating it (mode 0600) and its schema if
@@ -345,6 +348,9 @@ func open(ctx context.Context, path string, opts *Options, h hooks) (*Jar, error
 		go func() {
 			if r := <-ch; r.j != nil {
 				r.j.Close()
+			}
+			if h.abandoned != nil {
+				h.abandoned()
 			}
 		}()
 		return nil, ctx.Err()

@@ -354,13 +354,19 @@ func TestOpenDeadline(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	newJarFile(t, path)
 	unlock := lockFile(t, path, true)
-	defer unlock()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
-	j, err := keyjar.Open(ctx, path, &keyjar.Options{BusyTimeout: time.Minute})
+	abandoned := make(chan struct{})
+	j, err := keyjar.OpenHooked(ctx, path, &keyjar.Options{BusyTimeout: time.Minute}, keyjar.Hooks{Abandoned: func() { close(abandoned) }})
 	if !errors.Is(err, context.DeadlineExceeded) || j != nil {
+		unlock()
 		t.Fatalf("Open on a locked file = %v, %v; want nil, DeadlineExceeded", j, err)
 	}
+	// The opening goes on aside until the lock is free, and then closes
+	// the jar it opened: wait for it, which writes in the directory, before
+	// the directory is removed.
+	unlock()
+	<-abandoned
 }
 
 // TestOpenBadOptions: each option out of range is ErrOptions, naming the
