@@ -41,6 +41,7 @@ import (
 	"net/http"
 	neturl "net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -530,7 +531,7 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // run after a restart finds again. The returned Response's body is already read
 // and closed. Errors are those of Do; a url that does not parse is
 // http.NewRequest's *url.Error, with its password masked (user:xxxxx@) as
-// url.URL.Redacted masks it; a body that does not decode, or is
+// url.URL.Redacted masks it, in its URL and in its Err; a body that does not decode, or is
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
 // the Response: the operation did happen.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
@@ -546,7 +547,7 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
 		// url.Parse's error quotes the URL as given: its password is
 		// masked, as http.Client masks it in the errors of its requests.
-		ue.URL = maskPassword(ue.URL)
+		maskPassword(ue, url)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
@@ -560,28 +561,42 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	return c.decodeJSON(resp, out)
 }
 
-// maskPassword returns s, a URL that may not parse, with the password of
-// its userinfo replaced by "xxxxx", as url.URL.Redacted writes it. The
-// userinfo is what url.Parse takes for it: the authority after "//" runs
-// to the first '/', '?' or '#', and its userinfo to its last '@'.
-func maskPassword(s string) string {
+// maskPassword masks, in ue, url.Parse's error for s, the password of s's
+// userinfo: "xxxxx" in its URL, as url.URL.Redacted writes it, and in its
+// Err, which may quote a piece of it (an escape that is not one; a port,
+// below). The userinfo is what url.Parse takes for it: the authority after
+// "//" runs to the first '/', '?' or '#', and its userinfo to its last '@'.
+// An authority with a ':' and no '@', but an '@' after it, is taken for a
+// password holding a '/', '?' or '#' not percent-encoded, running to the
+// last '@': url.Parse reads its start as a port that is not one.
+func maskPassword(ue *neturl.Error, s string) {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
-		return s
+		return
 	}
 	authority := rest
 	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
 		authority = rest[:i]
 	}
 	at := strings.LastIndex(authority, "@")
+	if at < 0 && strings.Contains(authority, ":") {
+		at = strings.LastIndex(rest, "@")
+	}
 	if at < 0 {
-		return s
+		return
 	}
-	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	user, password, hasPassword := strings.Cut(rest[:at], ":")
 	if !hasPassword {
-		return s
+		return
 	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
+	ue.URL = scheme + "://" + user + ":xxxxx" + rest[at:]
+	msg := ue.Err.Error()
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		q, err := strconv.QuotedPrefix(msg[i:])
+		if u, _ := strconv.Unquote(q); err == nil && u != "" && strings.Contains(":"+password, u) {
+			ue.Err = errors.New(msg[:i] + `"xxxxx"` + msg[i+len(q):])
+		}
+	}
 }
 
 // decodeJSON reads resp's body, a 2xx answer, and decodes it into out

@@ -149,22 +149,35 @@ func TestStatusErrorHidesUserinfo(t *testing.T) {
 
 // A URL that does not parse is PostJSON's error, as http.NewRequest's
 // *url.Error, which quotes the URL as given: its password is masked there
-// too, and the error is still that *url.Error, naming what is wrong.
+// too, and the error is still that *url.Error, naming what is wrong. So is
+// a password holding a '/', '?' or '#' not percent-encoded, which url.Parse
+// takes for the end of the host, whose port it says is not one, quoting the
+// password's start (`invalid port ":pw_a"`), and an escape in the password
+// that is not one, which its error quotes.
 func TestBadURLErrorHidesUserinfo(t *testing.T) {
 	const password = "pw_in_the_url_4711"
 	c := newClient(t, newShop(), nil)
-	for _, u := range []string{
-		"https://shop:" + password + "@shop.test:44x/charges",   // a port that is not a number
-		"https://shop:" + password + "@shop test/charges?a=b",   // a space in the host
-		"https://shop:" + password + "@shop.test/%zz@charges#x", // an escape that is not one, after the userinfo
+	for _, tc := range []struct {
+		url    string
+		hidden []string // no part of the password may show
+	}{
+		{"https://shop:" + password + "@shop.test:44x/charges", []string{password}},   // a port that is not a number
+		{"https://shop:" + password + "@shop test/charges?a=b", []string{password}},   // a space in the host
+		{"https://shop:" + password + "@shop.test/%zz@charges#x", []string{password}}, // an escape that is not one, after the userinfo
+		{"https://shop:pw_a_4711/pw_b_4712@shop.test/charges", []string{"pw_a", "pw_b"}},
+		{"https://shop:pw_a_4711?pw_b_4712@shop.test/charges", []string{"pw_a", "pw_b"}},
+		{"https://shop:pw_a_4711#pw_b_4712@shop.test/charges", []string{"pw_a", "pw_b"}},
+		{"https://shop:pw_a_4711%qqpw_b_4712@shop.test/charges", []string{"pw_a", "pw_b", "%qq"}},
 	} {
-		_, err := c.PostJSON(context.Background(), "charge:o1", u, chargeReq{Order: "o1", Amount: 100}, nil)
+		_, err := c.PostJSON(context.Background(), "charge:o1", tc.url, chargeReq{Order: "o1", Amount: 100}, nil)
 		var ue *url.Error
 		if !errors.As(err, &ue) || ue.Op != "parse" {
-			t.Fatalf("PostJSON(%q): %v; want a *url.Error from parse", u, err)
+			t.Fatalf("PostJSON(%q): %v; want a *url.Error from parse", tc.url, err)
 		}
-		if strings.Contains(err.Error(), password) || strings.Contains(ue.URL, password) || !strings.Contains(ue.URL, "shop:xxxxx@") {
-			t.Errorf("PostJSON(%q): %q (URL %q); want the URL with its password masked", u, err, ue.URL)
+		for _, h := range tc.hidden {
+			if strings.Contains(err.Error(), h) || strings.Contains(ue.URL, h) || !strings.Contains(ue.URL, "shop:xxxxx@") {
+				t.Errorf("PostJSON(%q): %q (URL %q); want the URL with its password masked, and no %q", tc.url, err, ue.URL, h)
+			}
 		}
 	}
 }
