@@ -346,11 +346,7 @@ func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
 		return errors.New("client: stopped after 10 redirects")
 	}
 	if !sameOrigin(req) {
-		for name := range req.Header {
-			if idem.SecretHeader(name) {
-				delete(req.Header, name)
-			}
-		}
+		req.Header = idem.PublicHeader(req.Header)
 	}
 	return nil
 }
