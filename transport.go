@@ -59,10 +59,12 @@ func Operation(ctx context.Context) string {
 //     retry.Policy.
 //   - Requests whose method is not in Methods (GET, HEAD, PUT, DELETE, … by
 //     default) pass through to Base untouched: no key, no jar, no retry;
-//     but for one that http.Client made to follow a redirect (a 303's
-//     GET), sent without the Idempotency-Key that http.Client copied onto
-//     it from the first request of the chain: that key is the operation's,
-//     and no business of the redirect's host, perhaps another.
+//     but for one that http.Client made to follow a redirect with another
+//     method than the chain's first request (a POST's 303, a DELETE's
+//     301: a GET), sent without the Idempotency-Key that http.Client
+//     copied onto it from that first request: the key is the first
+//     request's (an operation's), not the GET's. A 307 or 308 of a method
+//     not in Methods sends the same request again, with its key.
 //   - It never modifies the caller's request: every attempt is a copy with
 //     a Header of its own, and the key header goes on the copy only. The
 //     copy's context names the operation, unnamed ones included:
@@ -291,6 +293,17 @@ func (t *Transport) lease(p retry.Policy) time.Duration {
 	return max(time.Minute, 2*min(p.AttemptTimeout, maxLease/2))
 }
 
+// firstOfChain returns the first request of req's redirect chain: req
+// itself when no redirect made it. http.Client sets Response on a request it
+// makes to follow a redirect, and that Response's Request is the one
+// redirected.
+func firstOfChain(req *http.Request) *http.Request {
+	for req.Response != nil && req.Response.Request != nil {
+		req = req.Response.Request
+	}
+	return req
+}
+
 // maxLease is the longest default lease: a century.
 const maxLease = 100 * 365 * 24 * time.Hour
 
@@ -307,9 +320,11 @@ func (t *Transport) CloseIdleConnections() {
 // documentation.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.keyed(req.Method) {
-		if req.Response != nil && hasKeyHeader(req.Header) {
-			// A redirect http.Client follows: the key it copied from the
-			// request redirected is that request's, not this one's.
+		if req.Response != nil && hasKeyHeader(req.Header) && req.Method != firstOfChain(req).Method {
+			// A redirect http.Client follows with another method (a 303's
+			// GET): the key it copied from the chain's first request is
+			// that request's, not this one's. A 307 or 308 sends the same
+			// request again, with the key its caller set.
 			req = req.Clone(req.Context())
 			keyhdr.Delete(req.Header)
 		}

@@ -353,8 +353,8 @@ func TestRedirectAfterAKeyedPost(t *testing.T) {
 // later request of the chain, the caller's Idempotency-Key included: the
 // Transport sends them without it, as package client does, since the key
 // is the operation's and no business of the redirect's host, perhaps
-// another. So too after a GET, whose first send alone carries the key its
-// caller set, as any request of a method the Transport does not key.
+// another. A GET that follows a GET is the same request sent again, and
+// carries the key its caller set, as net/http sends it.
 func TestRedirectCarriesNoCallersKey(t *testing.T) {
 	const key = "order-42-charge"
 	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther} {
@@ -393,11 +393,63 @@ func TestRedirectCarriesNoCallersKey(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			want := map[string][]string{"POST /charges": {key}, "GET /charges/1": nil, "GET /receipts/1": nil, "GET /orders": {key}, "GET /orders/1": nil}
+			want := map[string][]string{"POST /charges": {key}, "GET /charges/1": nil, "GET /receipts/1": nil, "GET /orders": {key}, "GET /orders/1": {key}}
 			for where, w := range want {
 				if got, ok := keys[where]; !ok || !slices.Equal(got, w) {
 					t.Errorf("%s (reached: %v) carried the keys %q; want %q", where, ok, got, w)
 				}
+			}
+		})
+	}
+}
+
+// TestRedirectOfTheSameRequestKeepsItsKey: a 307 or 308 of a method the
+// Transport does not key sends the same request again, to the new URL, and
+// http.Client copies the key its caller set: the Transport leaves it
+// there, as net/http sends it. A 301 of a DELETE, which http.Client follows
+// with a GET, sends that GET without it.
+func TestRedirectOfTheSameRequestKeepsItsKey(t *testing.T) {
+	const key = "order-42-refund"
+	for _, tc := range []struct {
+		method string
+		code   int
+		want   []string // the key of the request to /refunds/1
+	}{
+		{http.MethodDelete, http.StatusTemporaryRedirect, []string{key}},
+		{http.MethodDelete, http.StatusPermanentRedirect, []string{key}},
+		{http.MethodPut, http.StatusPermanentRedirect, []string{key}},
+		{http.MethodDelete, http.StatusMovedPermanently, nil}, // followed with a GET
+	} {
+		t.Run(tc.method+"/"+strconv.Itoa(tc.code), func(t *testing.T) {
+			var mu sync.Mutex
+			var got []string
+			var followed string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				if r.URL.Path == "/refunds" {
+					http.Redirect(w, r, "/refunds/1", tc.code)
+					return
+				}
+				mu.Lock()
+				got, followed = r.Header.Values(idem.KeyHeader), r.Method
+				mu.Unlock()
+			}))
+			defer srv.Close()
+			hc := &http.Client{Transport: &idem.Transport{Jar: &idem.MemoryJar{}, Policy: fastPolicy}}
+			req, err := http.NewRequest(tc.method, srv.URL+"/refunds", strings.NewReader(`{"amount":100}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set(idem.KeyHeader, key)
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			if resp.StatusCode != http.StatusOK || followed == "" || !slices.Equal(got, tc.want) {
+				t.Errorf("%s, the redirect followed with %q carrying the keys %q; want 200, the keys %q", resp.Status, followed, got, tc.want)
 			}
 		})
 	}
