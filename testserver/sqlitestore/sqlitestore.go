@@ -217,7 +217,7 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	// The mode stays in the file: a connection opened later finds it.
 	if _, err := sqliteopt.SetWAL(ctx, db, busy); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("sqlitestore: %w", err)
+		return nil, s.fail(err) // ErrLocked, when another process holds the file
 	}
 	return s, nil
 }

@@ -515,3 +515,48 @@ func TestLockedPastBusyTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenLockedPastBusyTimeout: Open of a store file in rollback-journal
+// mode (made so by another program), while another process reads it, waits
+// BusyTimeout for the locks it needs (to check the schema, then to turn the
+// file to WAL) and then fails with ErrLocked, as a write does, not with an
+// error a caller cannot tell from a broken file's.
+func TestOpenLockedPastBusyTimeout(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	s, err := sqlitestore.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var mode string
+	if err := conn.QueryRowContext(ctx, "PRAGMA journal_mode = DELETE").Scan(&mode); err != nil || mode != "delete" {
+		t.Fatalf("journal_mode = DELETE: %q, %v", mode, err)
+	}
+	// A read transaction: a shared lock, which keeps the mode from changing.
+	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(ctx, "ROLLBACK")
+	var n int
+	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	s, err = sqlitestore.Open(ctx, path, &sqlitestore.Options{BusyTimeout: time.Millisecond})
+	if err == nil {
+		s.Close()
+	}
+	if !errors.Is(err, sqlitestore.ErrLocked) {
+		t.Errorf("Open while another process reads the file: %v; want ErrLocked", err)
+	}
+}
