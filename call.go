@@ -601,9 +601,10 @@ func (c *call) begin(ctx context.Context) error {
 // storedHeader returns the request header as a record keeps it: without
 // credentials (SecretHeader) or the key, and with a Host entry when the
 // request's Host is not its URL's (Record.NewRequest sets it back). A Host
-// entry of the caller's, which net/http does not send, is not kept. A
-// header that needs none of this is returned as it is, not copied: a Jar
-// copies what it keeps.
+// entry of the caller's, in any case ("host" too), is not kept: net/http
+// takes the Host from Request.Host, and a resume would send the entry as
+// an ordinary header. A header that needs none of this is returned as it
+// is, not copied: a Jar copies what it keeps.
 func storedHeader(req *http.Request) http.Header {
 	h, host := req.Header, req.Host
 	if host == req.URL.Host {
@@ -612,7 +613,7 @@ func storedHeader(req *http.Request) http.Header {
 	if host == "" {
 		clean := true
 		for name := range h {
-			if SecretHeader(name) || keyhdr.Is(name) || name == hostHeader {
+			if SecretHeader(name) || keyhdr.Is(name) || isHostHeader(name) {
 				clean = false
 				break
 			}
@@ -622,8 +623,11 @@ func storedHeader(req *http.Request) http.Header {
 		}
 	}
 	h = PublicHeader(h)
-	keyhdr.Delete(h)
-	delete(h, hostHeader)
+	for name := range h {
+		if keyhdr.Is(name) || isHostHeader(name) {
+			delete(h, name)
+		}
+	}
 	if host != "" {
 		h[hostHeader] = []string{host}
 	}
@@ -633,6 +637,11 @@ func storedHeader(req *http.Request) http.Header {
 // hostHeader is the entry of a record's Header that holds the request's
 // Host, when it is not its URL's.
 const hostHeader = "Host"
+
+// isHostHeader reports whether name is Host in any case.
+func isHostHeader(name string) bool {
+	return len(name) == len(hostHeader) && strings.EqualFold(name, hostHeader)
+}
 
 // send sends one attempt: a copy of the caller's request with the key and
 // body, a fresh one.

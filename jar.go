@@ -133,7 +133,13 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 		req.Header = r.Header.Clone()
 		if h := req.Header[hostHeader]; len(h) > 0 {
 			req.Host = h[0]
-			delete(req.Header, hostHeader)
+		}
+		// A record written before storedHeader matched Host in any case
+		// may hold the caller's "host" too.
+		for name := range req.Header {
+			if isHostHeader(name) {
+				delete(req.Header, name)
+			}
 		}
 	}
 	return req, nil

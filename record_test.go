@@ -120,6 +120,65 @@ func TestRecordNewRequestNilContext(t *testing.T) {
 	}
 }
 
+// TestRecordDropsHostInAnyCase: a Host entry of the caller's whose name is
+// not in canonical form ("host", "HOST") is not kept either, whatever the
+// request's Host: net/http matches the name in any case, and a record that
+// kept it would send it again on resume as an ordinary header.
+func TestRecordDropsHostInAnyCase(t *testing.T) {
+	ctx := context.Background()
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1}, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Body: http.NoBody}, nil
+	})}
+	for _, tc := range []struct{ op, host, name string }{
+		{"lower", "", "host"},
+		{"upper", "", "HOST"},
+		{"lower-vhost", "api.example.test", "host"},
+	} {
+		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, tc.op), http.MethodPost, "http://127.0.0.1:1/v1/charges", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = tc.host
+		req.Header[tc.name] = []string{"ignored.example.test"}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		rec, err := jar.Get(ctx, tc.op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, v := range rec.Header {
+			if strings.EqualFold(name, "Host") && (tc.host == "" || name != "Host" || len(v) != 1 || v[0] != tc.host) {
+				t.Errorf("%s: the record's header holds %s: %q; want no Host entry of the caller's", tc.op, name, v)
+			}
+		}
+		rreq, err := rec.NewRequest(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := tc.host
+		if want == "" {
+			want = "127.0.0.1:1"
+		}
+		if _, ok := rreq.Header[tc.name]; ok || rreq.Host != want {
+			t.Errorf("%s: the resumed request's Host is %q, its header %v; want Host %q and no %s entry", tc.op, rreq.Host, rreq.Header, want, tc.name)
+		}
+	}
+	// A record written before the filter matched any case holds both.
+	old := idem.Record{Op: "old", Method: http.MethodPost, URL: "http://127.0.0.1:1/v1/charges",
+		Header: http.Header{"Host": {"api.example.test"}, "host": {"ignored.example.test"}}}
+	rreq, err := old.NewRequest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rreq.Header) != 0 || rreq.Host != "api.example.test" {
+		t.Errorf("old record: the resumed request's Host is %q, its header %v; want Host api.example.test and no Host entry", rreq.Host, rreq.Header)
+	}
+}
+
 // TestRecordKeepsHost: a request sent with a Host other than its URL's (a
 // virtual host reached by address) is resumed with that Host; a Host entry
 // in the caller's header, which net/http does not send, is not kept.
