@@ -63,7 +63,7 @@ func (jb *job) take() bool {
 // before it takes the jobs (but waits for again, up to Options.BusyTimeout,
 // when a failed job makes it run the rest of the batch again).
 func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Context, tx *sql.Tx) error) error {
-	if err := j.open(); err != nil {
+	if err := j.writable(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -91,9 +91,6 @@ func (j *Jar) enqueue(ctx context.Context, jb *job) error {
 	defer j.mu.RUnlock()
 	if j.closed {
 		return ErrClosed
-	}
-	if j.readOnly {
-		return ErrReadOnly
 	}
 	if jb.deferred {
 		j.deferQueued.Add(1)

@@ -55,7 +55,9 @@ var (
 
 	// ErrReadOnly is returned by every method of a Jar opened with
 	// Options.ReadOnly that would write (Begin, Acquire, Update, Defer,
-	// Forget, ForgetKey, Prune), which then writes nothing, and by such an
+	// Forget, ForgetKey, Prune), whatever its other arguments (an invalid
+	// record or a done context included; after Close, ErrClosed), which
+	// then writes nothing, and by such an
 	// Open for a jar it could read only by writing: one in WAL mode whose
 	// -wal or -shm file is missing, which SQLite would create, and one of
 	// an older schema version, which an Open without ReadOnly would

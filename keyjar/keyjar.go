@@ -194,7 +194,8 @@ type Options struct {
 	// also what another connection or process commits while the jar is
 	// open, without waiting for a write in progress; every method that
 	// writes (Begin, Acquire, Update, Defer, Forget, ForgetKey, Prune)
-	// returns ErrReadOnly. MaxBatch is checked, and not used.
+	// returns ErrReadOnly, whatever its arguments. MaxBatch is checked,
+	// and not used.
 	//
 	// SQLite reads a file in WAL mode, as every jar is, only when its -wal
 	// and -shm files exist or it may create them: Open refuses one whose

@@ -26,7 +26,7 @@ import (
 // its commit and returns its result, as Acquire, Update, Forget, ForgetKey
 // and Prune do.
 func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
-	if err := j.open(); err != nil {
+	if err := j.writable(); err != nil {
 		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 	}
 	if r.Op == "" || r.Key == "" {
@@ -105,7 +105,7 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 // unknown op.
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
 	until := now.Add(ttl)
-	if err := j.open(); err != nil {
+	if err := j.writable(); err != nil {
 		return idem.Record{}, wrapf(err, "acquire %q", op)
 	}
 	if _, err := nanos("lease end", until); err != nil {
@@ -131,7 +131,7 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 // operation that its caller established did not happen, which a resume
 // would send.
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
-	if err := j.open(); err != nil {
+	if err := j.writable(); err != nil {
 		return idem.Record{}, wrapf(err, "update %q", op)
 	}
 	args, err := changeArgs(op, holder, c)
@@ -178,7 +178,7 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 // before it. A deferred change is not synced of its own, a change to
 // StateAbandoned included: abandon with Update, which syncs it.
 func (j *Jar) Defer(op, holder string, c idem.Change) error {
-	err := j.open()
+	err := j.writable()
 	var args []any
 	if err == nil {
 		args, err = changeArgs(op, holder, c)
@@ -496,6 +496,20 @@ func (j *Jar) open() error {
 	defer j.mu.RUnlock()
 	if j.closed {
 		return ErrClosed
+	}
+	return nil
+}
+
+// writable is open for the methods that write: it returns ErrClosed once
+// Close began and then ErrReadOnly for a jar opened with ReadOnly, before
+// those methods look at their arguments, so that a read-only jar says it
+// is read-only whatever they are given.
+func (j *Jar) writable() error {
+	if err := j.open(); err != nil {
+		return err
+	}
+	if j.readOnly {
+		return ErrReadOnly
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package keyjar_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -140,6 +141,9 @@ func TestReadOnlyRefusesWrites(t *testing.T) {
 	}
 	before := untouched(t, path)
 	now := done.Created.Add(time.Hour) // done is prunable before now
+	farFuture := time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)
+	doneCtx, cancel := context.WithCancel(ctx)
+	cancel()
 	for _, c := range []struct {
 		name string
 		call func() error
@@ -156,6 +160,23 @@ func TestReadOnlyRefusesWrites(t *testing.T) {
 		{"ForgetKey", func() error { return ro.ForgetKey(ctx, "done", "key-done") }},
 		{"Prune", func() error { return pruned(ro.Prune(ctx, now, 0)) }},
 		{"Prune with a limit", func() error { return pruned(ro.Prune(ctx, now, 1)) }},
+		// ErrReadOnly first, whatever the arguments, as ErrClosed after
+		// Close: the write is refused for what the jar is.
+		{"Begin of an invalid record", func() error { _, _, err := ro.Begin(ctx, idem.Record{Op: "new"}); return err }},
+		{"Begin of an invalid state", func() error {
+			r := newRecord("new")
+			r.State = "bogus"
+			_, _, err := ro.Begin(ctx, r)
+			return err
+		}},
+		{"Acquire past 2262", func() error { _, err := ro.Acquire(ctx, "op", "h", farFuture, time.Minute); return err }},
+		{"Update of an invalid state", func() error {
+			_, err := ro.Update(ctx, "op", "", idem.Change{Now: now, State: "bogus"})
+			return err
+		}},
+		{"Defer past 2262", func() error { return ro.Defer("op", "", idem.Change{Now: farFuture}) }},
+		{"Forget with a done context", func() error { return ro.Forget(doneCtx, "done") }},
+		{"Prune with a done context", func() error { return pruned(ro.Prune(doneCtx, now, 0)) }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.call()
