@@ -440,8 +440,9 @@ type Response struct {
 //     Err is nil and the operation is done.
 //
 // After Close, Do sends nothing and returns an error matching ErrClosed;
-// given a nil ctx, one matching ErrNilContext. Either way it closes req's
-// body, as http.Client.Do does.
+// given a nil ctx, one matching ErrNilContext; given a nil req, one
+// matching ErrNilRequest, where http.Client.Do panics. Either way it
+// closes req's body, as http.Client.Do does.
 //
 // errors.Is(err, idem.ErrPending) reports every call left without the
 // operation's answer, but for a ctx already done when Do is called, whose
@@ -457,14 +458,22 @@ type Response struct {
 // *idem.MismatchError (op reused with another request: nothing sent),
 // *idem.JarError.
 func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Response, error) {
-	if err := c.enter(ctx); err != nil {
-		if req.Body != nil {
+	err := c.enter(ctx)
+	if err == nil && req == nil {
+		c.calls.Done()
+		err = ErrNilRequest
+	}
+	if err != nil {
+		if req != nil && req.Body != nil {
 			req.Body.Close() // as http.Client.Do does, even on error
 		}
-		if op == "" {
+		switch {
+		case op != "":
+			return nil, fmt.Errorf("client: operation %q: %w", op, err)
+		case req != nil:
 			return nil, fmt.Errorf("client: %s: %w", req.Method, err)
 		}
-		return nil, fmt.Errorf("client: operation %q: %w", op, err)
+		return nil, fmt.Errorf("client: Do: %w", err)
 	}
 	defer c.calls.Done()
 	return c.do(ctx, op, req)

@@ -59,6 +59,10 @@ var ErrOptions = errors.New("client: invalid options")
 // not, hence a sentinel of its own.
 var ErrNilContext = errors.New("client: nil Context")
 
+// ErrNilRequest is returned, wrapped, by Do for a nil request, which
+// http.Client.Do panics on: nothing is sent or stored.
+var ErrNilRequest = errors.New("client: nil Request")
+
 // StateError is the error of Resume, ResumeWithBody, Abandon and Forget
 // for an operation whose state does not allow the call; nothing was sent,
 // changed or deleted. It matches ErrState.

@@ -133,3 +133,39 @@ type closeCounter struct {
 }
 
 func (b *closeCounter) Close() error { b.closed++; return nil }
+
+// TestNilRequest: Do given a nil request returns an error matching
+// ErrNilRequest, and panics not, named or not; nothing is sent or
+// stored. After Close it is ErrClosed, whatever the request.
+func TestNilRequest(t *testing.T) {
+	ctx := context.Background()
+	s := newShop()
+	jar := &idem.MemoryJar{}
+	c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(op string) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		_, err = c.Do(ctx, op, nil)
+		return err
+	}
+	for _, op := range []string{"charge:o1", ""} {
+		if err := do(op); !errors.Is(err, client.ErrNilRequest) {
+			t.Errorf("Do(%q, nil): %v; want an error matching ErrNilRequest", op, err)
+		}
+	}
+	if recs, err := jar.List(ctx, idem.Filter{}); err != nil || len(recs) != 0 || s.sends() != 0 {
+		t.Errorf("after Do with a nil request: %d sent, jar %v, %v; want nothing sent or stored", s.sends(), recs, err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := do("charge:o1"); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("Do(nil) after Close: %v; want an error matching ErrClosed", err)
+	}
+}
