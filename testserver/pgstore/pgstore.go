@@ -548,9 +548,11 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
 		return 0, nil
 	}
+	// The last nanosecond before before, for "<= cutoff"; past the last
+	// that an int64 holds, the last, which every entry is at or before.
 	cutoff := int64(math.MaxInt64)
-	if before.Before(time.Unix(0, math.MaxInt64)) {
-		cutoff = before.UnixNano()
+	if !before.After(time.Unix(0, math.MaxInt64)) {
+		cutoff = before.UnixNano() - 1
 	}
 	total := 0
 	for total < limit {
@@ -568,13 +570,13 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 }
 
 // pruneSQL deletes a batch of the entries done, or in flight under a token
-// older than the cutoff, created before it, oldest first. The batch is
+// at or before the cutoff, created at or before it, oldest first. The batch is
 // picked once, in a materialized CTE: as a subquery of the DELETE, the
 // planner may run it again for every row it scans (a nested-loop
 // semi-join, when the table's statistics take it for one row), and each
 // run locks, and picks, rows the last did not, so that one DELETE went
 // past its LIMIT.
 const pruneSQL = `WITH batch AS MATERIALIZED (
-	SELECT scope, key FROM {schema}.idempotency_keys WHERE created < $1 AND (status = 'done' OR locked_at < $1)
+	SELECT scope, key FROM {schema}.idempotency_keys WHERE created <= $1 AND (status = 'done' OR locked_at <= $1)
 	ORDER BY created LIMIT $2 FOR UPDATE SKIP LOCKED)
 	DELETE FROM {schema}.idempotency_keys WHERE (scope, key) IN (SELECT scope, key FROM batch)`

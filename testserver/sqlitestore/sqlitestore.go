@@ -444,12 +444,14 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
 		return 0, nil
 	}
+	// The last nanosecond before before, for "<= cutoff"; past the last
+	// that an int64 holds, the last, which every entry is at or before.
 	cutoff := int64(math.MaxInt64)
-	if before.Before(time.Unix(0, math.MaxInt64)) {
-		cutoff = before.UnixNano()
+	if !before.After(time.Unix(0, math.MaxInt64)) {
+		cutoff = before.UnixNano() - 1
 	}
 	n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
-		(SELECT rowid FROM idempotency_keys WHERE created < ?1 AND (status = 'done' OR locked_at < ?1)
+		(SELECT rowid FROM idempotency_keys WHERE created <= ?1 AND (status = 'done' OR locked_at <= ?1)
 		ORDER BY created LIMIT ?2)`, cutoff, limit)
 	return int(n), err
 }

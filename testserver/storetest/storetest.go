@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"sync"
@@ -324,21 +325,37 @@ func pruneLimit(t *testing.T, s testserver.Store) {
 }
 
 // pruneFarCutoffs prunes with cutoffs that Unix nanoseconds in an int64
-// cannot hold (before 1678, after 2262): nothing was created before the
-// first, everything before the second.
+// cannot hold (before 1678, after 2262), and entries created, or claimed,
+// at the first and the last nanosecond they hold: nothing was created
+// before the first cutoffs, everything before the last.
 func pruneFarCutoffs(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
+	first, last := time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
 	claim(t, s, "scope", "key", "fp", token(0), base)
 	if err := s.Save(ctx, "scope", "key", token(0), testserver.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
-	for _, before := range []time.Time{{}, time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), base} {
-		if n, err := s.Prune(ctx, before, 10); err != nil || n != 0 {
-			t.Fatalf("Prune(before %v) = %d, %v; want 0: the entry was created %v", before, n, err, base)
-		}
+	claim(t, s, "scope", "first", "fp", math.MinInt64, first) // abandoned in flight
+	claim(t, s, "scope", "last", "fp", token(1), last)
+	if err := s.Save(ctx, "scope", "last", token(1), testserver.Response{Status: 200}); err != nil {
+		t.Fatal(err)
 	}
-	if n, err := s.Prune(ctx, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), 10); err != nil || n != 1 {
-		t.Fatalf("Prune(before the year 3000) = %d, %v; want 1", n, err)
+	claim(t, s, "scope", "last-token", "fp", math.MaxInt64, base) // claimed at the last nanosecond
+	for _, c := range []struct {
+		before time.Time
+		want   int
+	}{
+		{time.Time{}.Add(-time.Hour), 0},
+		{time.Time{}, 0},
+		{time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC), 0},
+		{first, 0},
+		{first.Add(time.Nanosecond), 1}, // first
+		{base, 0},
+		{time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), 3}, // key, last, last-token
+	} {
+		if n, err := s.Prune(ctx, c.before, 10); err != nil || n != c.want {
+			t.Fatalf("Prune(before %v) = %d, %v; want %d", c.before, n, err, c.want)
+		}
 	}
 }
 
