@@ -124,6 +124,13 @@ type Options struct {
 	// Idempotency-Key: the operation's key is sent whatever Header sets or
 	// removes. An error stops the attempt before it is sent; the operation
 	// stays pending.
+	//
+	// Resume sends the method, URL and Host the jar holds, and Header adds
+	// its credentials to whatever they are: whoever can write the jar can
+	// point a pending operation at another host. Header receives the
+	// request: compare its URL's scheme and host, and its Host when set,
+	// with those the credentials are for, and return an error for any
+	// other, so that nothing is sent there (ExampleOptions_header).
 	Header func(*http.Request) error
 
 	// Policy is the retry policy of each call; the zero value is the

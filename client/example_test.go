@@ -8,6 +8,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -197,6 +198,54 @@ func ExampleStatusError() {
 	// 503 outcome unknown: resume it in 2m0s
 	// 422 refused: do not retry it under this key
 	// 404 final: no such order
+}
+
+// A Header that adds a credential for the API it is meant for, and refuses
+// any other host: Resume sends the URL the jar holds, which whoever can
+// write the jar can change. Refused, nothing is sent, and the operation
+// stays pending.
+func ExampleOptions_header() {
+	api := paymentsServer(0)
+	defer api.Close()
+	var reached atomic.Int64
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached.Add(1) }))
+	defer elsewhere.Close()
+
+	known, err := url.Parse(api.URL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1},
+		Header: func(r *http.Request) error {
+			// r.Host, when set, is the Host a resume sends (see idem.Record).
+			if r.URL.Scheme != known.Scheme || r.URL.Host != known.Host || (r.Host != "" && r.Host != known.Host) {
+				return fmt.Errorf("no credential for %s://%s", r.URL.Scheme, r.URL.Host)
+			}
+			r.Header.Set("Authorization", "Bearer sk_test_123")
+			return nil
+		}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	resp, err := c.PostJSON(ctx, "charge:order-7", api.URL+"/charges", map[string]any{"amount": 500}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("to the API:", resp.StatusCode)
+
+	// An operation whose URL names another host, as one another program
+	// wrote into the jar: neither the call nor its resume sends it.
+	_, err = c.PostJSON(ctx, "charge:order-8", elsewhere.URL+"/charges", map[string]any{"amount": 500}, nil)
+	fmt.Println("elsewhere, pending:", errors.Is(err, idem.ErrPending))
+	_, err = c.Resume(ctx, "charge:order-8")
+	fmt.Println("resumed, pending:", errors.Is(err, idem.ErrPending), "requests that reached it:", reached.Load())
+	// Output:
+	// to the API: 201
+	// elsewhere, pending: true
+	// resumed, pending: true requests that reached it: 0
 }
 
 // An operation whose outcome stays unknown is reconciled: the caller asks
