@@ -1246,3 +1246,11 @@ func TestOpenUnrecordedSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestFleet runs three server instances, each on a store of its own with
+// a pool of its own, on one database, one of them crashing mid-request
+// (see storetest.RunFleet).
+func TestFleet(t *testing.T) {
+	dsn := pgtest.DB(t)
+	storetest.RunFleet(t, func(t *testing.T) testserver.Store { return open(t, dsn, nil) })
+}

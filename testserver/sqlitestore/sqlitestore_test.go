@@ -142,6 +142,14 @@ func TestSharedFileOneWinner(t *testing.T) {
 	}
 }
 
+// TestFleet runs three server instances, each on a store of its own on
+// one file, as server processes on one machine share it, one of them
+// crashing mid-request (see storetest.RunFleet).
+func TestFleet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	storetest.RunFleet(t, func(t *testing.T) testserver.Store { return open(t, path) })
+}
+
 // TestConcurrentOpenOfNewFile opens one new file from several stores at
 // once, as server processes starting together do: every Open succeeds,
 // although SQLite answers one of two connections switching the file to WAL

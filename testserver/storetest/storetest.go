@@ -7,11 +7,15 @@
 //	}
 //
 // A store that has a Close method also calls RunClosed, with its ErrClosed.
+// A store that several server instances may share (one database, one file)
+// also calls RunFleet, with a function that opens another store on the
+// same storage at each call.
 //
-// The suite uses only the Store interface, times on whole seconds and
-// tokens that are Unix nanoseconds (about 1.7e18, beyond 2^53: a float64
-// loses them), so any backend that keeps microseconds and 64-bit integers
-// can pass it.
+// Run and RunClosed use only the Store interface, times on whole seconds
+// and tokens that are Unix nanoseconds (about 1.7e18, beyond 2^53: a
+// float64 loses them), so any backend that keeps microseconds and 64-bit
+// integers can pass them. RunFleet runs Middlewares over the stores, on
+// the clock of the machine moved forward.
 package storetest
 
 import (
