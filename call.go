@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/resume"
@@ -110,11 +111,14 @@ func (c *call) fill(ch *Change) {
 	}
 }
 
-// errorText is err's message as a record keeps it: valid UTF-8 without a
-// NUL byte, which every jar can store (PostgreSQL's text holds neither). A
-// base transport's error may quote any bytes.
+// errorText is err's message as a record keeps it: the passwords of the
+// URLs it quotes masked (dsn.MaskPasswords), and valid UTF-8 without a NUL
+// byte, which every jar can store (PostgreSQL's text holds neither). A base
+// transport's error may quote any bytes, and a URL with its password:
+// net/http's for a malformed proxy URL (HTTPS_PROXY), another transport's
+// *url.Error.
 func errorText(err error) string {
-	s := err.Error()
+	s := dsn.MaskPasswords(err.Error())
 	if pgtext.Holds(s) {
 		return s
 	}

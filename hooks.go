@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/idemkit/idem/internal/dsn"
 )
 
 // Event describes one step of an operation, for Hooks and logs.
@@ -60,7 +62,8 @@ func (c *call) log(ctx context.Context, level slog.Level, msg string, e Event) {
 		attrs = append(attrs, slog.Int("status", e.Status))
 	}
 	if e.Err != nil {
-		attrs = append(attrs, slog.String("err", e.Err.Error()))
+		// As a record keeps it: a URL it quotes without its password.
+		attrs = append(attrs, slog.String("err", dsn.MaskPasswords(e.Err.Error())))
 	}
 	if e.Wait != 0 {
 		attrs = append(attrs, slog.Duration("wait", e.Wait))

@@ -251,8 +251,10 @@ type Transport struct {
 	// closed, or, from a Jar that is not a Deferrer, an Update refused,
 	// ErrLeaseLost once another holder took the lease over. A Deferrer
 	// drops a change refused when it applies it, and nothing is logged
-	// (see Deferrer). Nil means silent. A panic in its handler is handled
-	// as a hook's.
+	// (see Deferrer). Each record's err is the error's message with the
+	// passwords of the URLs it quotes masked (user:xxxxx@), as the jar's
+	// LastError keeps it; Hooks get the error itself. Nil means silent. A
+	// panic in its handler is handled as a hook's.
 	Logger *slog.Logger
 }
 

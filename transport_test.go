@@ -1,13 +1,16 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1556,6 +1559,39 @@ func TestLastErrorStorable(t *testing.T) {
 	r, _ := jar.Get(ctx, "op")
 	if !utf8.ValidString(r.LastError) || strings.Contains(r.LastError, "\x00") || !strings.Contains(r.LastError, "bad header \"caf\uFFFD\uFFFD\"") {
 		t.Fatalf("LastError %q; want the message as valid UTF-8, without NUL", r.LastError)
+	}
+}
+
+// TestLastErrorHidesURLPasswords: a base transport's error that quotes a
+// URL with its password (net/http's for a malformed HTTPS_PROXY, a
+// *url.Error of a transport that does not mask it) is stored as LastError
+// and logged with the password masked, as url.URL.Redacted masks it; the
+// call returns the base's error itself, for errors.Is and errors.As.
+func TestLastErrorHidesURLPasswords(t *testing.T) {
+	const pw = "s3cretPW"
+	proxy := "http://ops:" + pw + "%zz@proxy.internal:3128"
+	for _, baseErr := range []error{
+		// As net/http words it, url.Parse's error after its own.
+		fmt.Errorf(`invalid proxy address %q: parse %q: invalid URL escape "%%zz"`, proxy, proxy),
+		&url.Error{Op: "Post", URL: "https://ops:" + pw + "@api.example.test/v1/charges", Err: io.ErrUnexpectedEOF},
+	} {
+		var logs bytes.Buffer
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1},
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			Base:   roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, baseErr })}
+		ctx := idem.WithOperation(context.Background(), "op")
+		_, err := post(t, ctx, tr, `{}`)
+		if !errors.Is(err, idem.ErrPending) || !errors.Is(err, baseErr) {
+			t.Fatalf("got %v; want pending, wrapping the base's error", err)
+		}
+		r, _ := jar.Get(ctx, "op")
+		if strings.Contains(r.LastError, pw) || !strings.Contains(r.LastError, "ops:xxxxx@") {
+			t.Errorf("LastError %q; want the URL's password masked, ops:xxxxx@", r.LastError)
+		}
+		if strings.Contains(logs.String(), pw) || !strings.Contains(logs.String(), "ops:xxxxx@") {
+			t.Errorf("logged:\n%s\nwant the URL's password masked, ops:xxxxx@", logs.String())
+		}
 	}
 }
 

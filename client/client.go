@@ -580,7 +580,9 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 // "//" runs to the first '/', '?' or '#', and its userinfo to its last '@'.
 // An authority with a ':' and no '@', but an '@' after it, is taken for a
 // password holding a '/', '?' or '#' not percent-encoded, running to the
-// last '@': url.Parse reads its start as a port that is not one.
+// last '@': url.Parse reads its start as a port that is not one. (s is one
+// URL, whole: in a text that may quote several, dsn.MaskPasswords masks
+// them, without taking a password to run past a '/'.)
 func maskPassword(ue *neturl.Error, s string) {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {

@@ -1,5 +1,6 @@
 // Package dsn tells the commands' PostgreSQL URLs from file names, and prints
-// them without their secrets.
+// them without their secrets, as it prints any text that may quote a URL
+// (an error's message) without the passwords of its URLs.
 package dsn
 
 import (
@@ -56,6 +57,45 @@ func Redacted(s, what string) string {
 		}
 		b.WriteString(pair)
 	}
+	return b.String()
+}
+
+// MaskPasswords returns s, a text that may quote URLs (an error's message),
+// with the password of each URL's userinfo replaced by "xxxxx", as
+// url.URL.Redacted writes it: "scheme://user:xxxxx@host". The userinfo is
+// what url.Parse takes for it in a URL that runs to the end of s: after
+// "://", the authority runs to the first '/', '?' or '#', and its userinfo
+// to its last '@'. In a text, where the URL may end sooner, that last '@'
+// may be a later word's: more is masked then, never less.
+func MaskPasswords(s string) string {
+	var b strings.Builder
+	done := 0 // s[:done] is in b
+	for from := 0; ; {
+		i := strings.Index(s[from:], "://")
+		if i < 0 {
+			break
+		}
+		start := from + i + len("://")
+		end := len(s)
+		if j := strings.IndexAny(s[start:], "/?#"); j >= 0 {
+			end = start + j
+		}
+		authority := s[start:end]
+		if at := strings.LastIndexByte(authority, '@'); at >= 0 {
+			if colon := strings.IndexByte(authority[:at], ':'); colon >= 0 {
+				b.WriteString(s[done : start+colon+1])
+				b.WriteString("xxxxx")
+				done = start + at
+			}
+		}
+		// The next URL may begin at the ':' that ends this authority, as
+		// in a message that quotes one URL after another.
+		from = max(start, end-1)
+	}
+	if done == 0 {
+		return s
+	}
+	b.WriteString(s[done:])
 	return b.String()
 }
 

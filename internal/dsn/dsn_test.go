@@ -31,6 +31,29 @@ func TestRedacted(t *testing.T) {
 	}
 }
 
+func TestMaskPasswords(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"https://ops:s3cret@api.example/v1", "https://ops:xxxxx@api.example/v1"},
+		{"https://ops:@api.example", "https://ops:xxxxx@api.example"},
+		{"https://ops@api.example/a:b@c", "https://ops@api.example/a:b@c"},
+		{"https://api.example/v1?to=a:b@c", "https://api.example/v1?to=a:b@c"},
+		{"no url: a:b@c", "no url: a:b@c"},
+		// The userinfo runs to the authority's last '@', as url.Parse
+		// takes it.
+		{"http://ops:s3@cret@proxy", "http://ops:xxxxx@proxy"},
+		// Every URL of a text, one quoted right after another.
+		{`invalid proxy address "http://ops:s3cret%zz@proxy:3128": parse "http://ops:s3cret%zz@proxy:3128": invalid URL escape "%zz"`,
+			`invalid proxy address "http://ops:xxxxx@proxy:3128": parse "http://ops:xxxxx@proxy:3128": invalid URL escape "%zz"`},
+		{`Post "https://ops:s3cret@api.example/v1": EOF`, `Post "https://ops:xxxxx@api.example/v1": EOF`},
+		{"a http://x/ b https://u:s3cret@y/ c", "a http://x/ b https://u:xxxxx@y/ c"},
+	} {
+		got := MaskPasswords(c.in)
+		if got != c.want || strings.Contains(got, "s3cret") {
+			t.Errorf("MaskPasswords(%q) = %q; want %q", c.in, got, c.want)
+		}
+	}
+}
+
 func TestRefused(t *testing.T) {
 	for _, s := range []string{
 		"host=db dbname=jar password=s3cret", "postgres:/ops:s3cret@db/jar", "postgresql:ops@db/jar", "Postgres://db/jar", "POSTGRESQL://db/jar",

@@ -1,6 +1,7 @@
 package dsn
 
 import (
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -68,6 +69,39 @@ func FuzzRedacted(f *testing.F) {
 			case v != w:
 				t.Fatalf("Redacted(%q) = %q: pgx reads %s=%q from it; from the URL %q", s, r, k, w, v)
 			}
+		}
+	})
+}
+
+// FuzzMaskPasswords: of a URL with a scheme and a password, url.Parse reads
+// the masked URL as the URL, its password as the mask.
+func FuzzMaskPasswords(f *testing.F) {
+	for _, s := range []string{
+		"https://ops:s3cret@api.example/v1",
+		"http://ops:s3@cret@proxy:3128",
+		"https://ops:s3cret@api.example/v1?to=http://a:b@c#x",
+		"https://ops@api.example/a:b@c",
+		"http://[::1]:80/x",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		in, err := url.Parse(s)
+		if err != nil || in.Scheme == "" || in.User == nil {
+			return
+		}
+		m := MaskPasswords(s)
+		out, err := url.Parse(m)
+		if err != nil {
+			t.Fatalf("MaskPasswords(%q) = %q, which url.Parse refuses (%v); it reads the URL", s, m, err)
+		}
+		_, had := in.User.Password()
+		if pw, has := out.User.Password(); has != had || (had && pw != "xxxxx") {
+			t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads the password %q; want xxxxx", s, m, pw)
+		}
+		if out.Scheme != in.Scheme || out.User.Username() != in.User.Username() || out.Host != in.Host {
+			t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads %s://%s@%s; from the URL %s://%s@%s", s, m,
+				out.Scheme, out.User.Username(), out.Host, in.Scheme, in.User.Username(), in.Host)
 		}
 	})
 }
