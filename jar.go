@@ -64,8 +64,9 @@ type Record struct {
 	State       State
 
 	// The request, so that it can be resumed after a restart. URL and
-	// Header never hold credentials: the URL has no userinfo, and the
-	// header none of what SecretHeader names. Header holds a "Host" entry
+	// Header never hold credentials: the URL has no userinfo (a record of
+	// an earlier version, which kept it, may; its resume sends it), and
+	// the header none of what SecretHeader names. Header holds a "Host" entry
 	// when the request's Host was not its URL's host (a virtual host reached
 	// by address); NewRequest makes it the request's Host again. Body is
 	// nil when the body was larger than the transport's MaxStoredBody;

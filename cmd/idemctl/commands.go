@@ -188,7 +188,7 @@ func showRecord(s *session, r idem.Record) error {
 	field("op", cell(r.Op, 0))
 	field("key", r.Key)
 	field("state", string(r.State))
-	field("request", cell(r.Method+" "+r.URL, 0))
+	field("request", cell(r.Method+" "+dsn.MaskPasswords(r.URL), 0))
 	for _, name := range sortedKeys(r.Header) {
 		for _, v := range r.Header[name] {
 			field("header", cell(name+": "+v, 0))
@@ -695,15 +695,19 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			if err := ctx.Err(); err != nil {
 				return interrupted(err)
 			}
-			e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: r.URL,
+			// The password of a URL that a record of an earlier version
+			// keeps in its userinfo, and in an error that quotes it, is
+			// masked.
+			u, lastErr := dsn.MaskPasswords(r.URL), dsn.MaskPasswords(r.LastError)
+			e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: u,
 				Header: r.Header, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
-				Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: r.LastError, Note: r.Note, Holder: r.Holder,
+				Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: lastErr, Note: r.Note, Holder: r.Holder,
 				NextAttempt: optTime(r.NextAttempt), LeaseUntil: optTime(r.LeaseUntil)}
 			if len(r.Header) == 0 {
 				e.Header = nil
 			}
 			e.OpBase64, e.KeyBase64, e.FingerprintBase64, e.MethodBase64 = notUTF8(r.Op), notUTF8(r.Key), notUTF8(r.Fingerprint), notUTF8(r.Method)
-			e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(r.URL), headerBase64(r.Header), notUTF8(r.LastError)
+			e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(u), headerBase64(r.Header), notUTF8(lastErr)
 			e.NoteBase64, e.HolderBase64 = notUTF8(r.Note), notUTF8(r.Holder)
 			if r.BodyStored() && r.BodySize > 0 {
 				if utf8.Valid(r.Body) {
@@ -760,13 +764,16 @@ func optTime(t time.Time) *time.Time {
 	return &t
 }
 
-// last is the outcome of an operation's last attempt, in a few words.
+// last is the outcome of an operation's last attempt, in a few words: the
+// password of a URL its error quotes masked, as a record of an earlier
+// version may hold it.
 func last(r idem.Record) string {
+	lastErr := dsn.MaskPasswords(r.LastError)
 	switch {
-	case r.LastError != "" && r.LastStatus != 0:
-		return strconv.Itoa(r.LastStatus) + ": " + r.LastError
-	case r.LastError != "":
-		return r.LastError
+	case lastErr != "" && r.LastStatus != 0:
+		return strconv.Itoa(r.LastStatus) + ": " + lastErr
+	case lastErr != "":
+		return lastErr
 	case r.LastStatus != 0:
 		return strconv.Itoa(r.LastStatus) + " " + http.StatusText(r.LastStatus)
 	}

@@ -141,7 +141,12 @@
 // Every error is one line on stderr. What idemctl prints of a jar's
 // records and of a server's answers (a status, an error's body) has its
 // control characters and bidi format characters escaped (\x1b, \u202e),
-// never sent to the terminal as they are.
+// never sent to the terminal as they are. A record written by a version
+// that stored a URL's userinfo (user:password@) keeps it in its URL, and in
+// its last error when that quotes the URL: list, show and export print the
+// password masked, user:xxxxx@, as url.URL.Redacted does (export's
+// url_base64 and last_error_base64 too). The jar keeps it, and resume
+// sends the URL as it is, its userinfo as Basic credentials.
 package main
 
 import (

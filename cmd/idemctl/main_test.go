@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -1276,6 +1279,51 @@ func TestPasswordNeverPrinted(t *testing.T) {
 		if code != 1 || strings.Contains(stderr, pw) || !strings.Contains(stderr, addr) {
 			t.Errorf("exit %d, stderr %q; want exit 1 naming the database, without the password", code, stderr)
 		}
+	}
+}
+
+// TestURLPasswordOfEarlierRecordsNotPrinted: versions that stored a URL's
+// userinfo kept its password in the record's URL, and in its LastError
+// when an error quoted the URL. list, show and export print them masked
+// (user:xxxxx@); the jar keeps them, and a resume sends the URL as it is,
+// its userinfo as Basic credentials.
+func TestURLPasswordOfEarlierRecordsNotPrinted(t *testing.T) {
+	const pw = "s3cretPW"
+	srv := newServer(t)
+	withUser := "http://ops:" + pw + "@" + strings.TrimPrefix(srv.URL, "http://") + "/v1/charges"
+	fp := sha256.Sum256([]byte("POST\n" + withUser + "\n{}")) // as those versions fingerprinted it
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if _, _, err := j.Begin(context.Background(), idem.Record{Op: "charge:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]),
+		State: idem.StatePending, Method: "POST", URL: withUser, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{}`), BodySize: 2, Created: now, Updated: now, Attempts: 1, LastError: `Post "` + withUser + `": EOF`}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"list", "show", "export"} {
+		args := []string{"--jar", path, cmd}
+		if cmd == "show" {
+			args = append(args, "charge:o1")
+		}
+		code, out, errOut := idemctl(args...)
+		if code != 0 || strings.Contains(out+errOut, pw) || !strings.Contains(out, "ops:xxxxx@") {
+			t.Errorf("idemctl %s: exit %d, stderr %q, stdout:\n%s\nwant the URL and the last error with the password masked, ops:xxxxx@", cmd, code, errOut, out)
+		}
+	}
+	if r, _ := jarState(t, path, "charge:o1"); r.URL != withUser {
+		t.Fatalf("the jar holds the URL %q; want it as it was, %q", r.URL, withUser)
+	}
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:o1")
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("ops:"+pw))
+	if code != 0 || !strings.Contains(out, "201 Created") || len(srv.auths) != 1 || srv.auths[0] != basic || srv.keys[0] != "key-1" {
+		t.Fatalf("resume: exit %d, stdout %q, stderr %q, sent %q with keys %q; want the URL's userinfo sent as Basic credentials, under key-1",
+			code, out, errOut, srv.auths, srv.keys)
 	}
 }
 
