@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
+
+	"github.com/idemkit/idem/internal/dsn"
 )
 
 // State is where an operation stands in a Jar.
@@ -114,7 +117,8 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 // header has no credentials (see SecretHeader): add them before sending.
 // NewRequest returns an error wrapping ErrBodyNotStored when r does not
 // hold the whole body, and an error, as http.NewRequestWithContext does,
-// for a nil ctx.
+// for a nil ctx, and for a URL that does not parse (url.Parse's *url.Error,
+// its password masked, user:xxxxx@).
 func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("idem: operation %q: nil Context", r.Op)
@@ -127,6 +131,11 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 		b = bytes.NewReader(r.Body)
 	}
 	req, err := http.NewRequestWithContext(WithOperation(ctx, r.Op), r.Method, r.URL, b)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		// url.Parse's error quotes the URL as stored: its password, which
+		// a record of an earlier version may keep, is masked.
+		ue.URL = dsn.MaskPasswords(ue.URL)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idem: operation %q: stored request: %w", r.Op, err)
 	}

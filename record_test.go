@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -176,6 +177,20 @@ func TestRecordDropsHostInAnyCase(t *testing.T) {
 	}
 	if len(rreq.Header) != 0 || rreq.Host != "api.example.test" {
 		t.Errorf("old record: the resumed request's Host is %q, its header %v; want Host api.example.test and no Host entry", rreq.Host, rreq.Header)
+	}
+}
+
+// TestRecordNewRequestMasksAStoredPassword: a stored URL that does not
+// parse, with a userinfo that a record of an earlier version kept, is
+// refused with url.Parse's *url.Error, its password masked (user:xxxxx@) as
+// client.PostJSON masks it.
+func TestRecordNewRequestMasksAStoredPassword(t *testing.T) {
+	const pw = "s3cretPW"
+	rec := idem.Record{Op: "charge:o1", Key: "k", Method: http.MethodPost, URL: "https://ops:" + pw + "@api.example.test/v1/%zz"}
+	_, err := rec.NewRequest(context.Background())
+	var ue *url.Error
+	if !errors.As(err, &ue) || strings.Contains(err.Error(), pw) || !strings.Contains(err.Error(), "ops:xxxxx@") {
+		t.Fatalf("NewRequest: %v; want url.Parse's *url.Error, the password masked, ops:xxxxx@", err)
 	}
 }
 
