@@ -51,7 +51,7 @@ func checkList(fs *flag.FlagSet, args []string) error {
 		return cliflag.Usagef("list takes no arguments, got %s", dsn.Quote(args...))
 	}
 	if st := idem.State(flagString(fs, "status")); st != "" && !st.Valid() {
-		return cliflag.Usagef("unknown --status %q: pending, done, failed, reconcile or abandoned", st)
+		return cliflag.Usagef("unknown --status %s: pending, done, failed, reconcile or abandoned", dsn.Quote(string(st)))
 	}
 	return nil
 }
@@ -151,7 +151,7 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 			return err
 		}
 		if len(found) == 0 {
-			return fmt.Errorf("no operation named %q and none with that key in %s", op, s.path)
+			return fmt.Errorf("no operation named %s and none with that key in %s", dsn.Quote(op), s.path)
 		}
 		for i, rec := range found {
 			if i > 0 {
@@ -504,7 +504,7 @@ func checkAbandon(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if strings.TrimSpace(flagString(fs, "reason")) == "" {
-		return cliflag.Usagef("abandon needs --reason: how you established that %q did not happen and is not running", op)
+		return cliflag.Usagef("abandon needs --reason: how you established that %s did not happen and is not running", dsn.Quote(op))
 	}
 	return nil
 }
@@ -588,20 +588,20 @@ func parseAge(v string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(v, "d"); ok {
 		n, err := strconv.Atoi(days)
 		if err != nil || n > 100_000 {
-			return 0, cliflag.Usagef("--older-than %q: want a duration such as 720h or 30d", v)
+			return 0, cliflag.Usagef("--older-than %s: want a duration such as 720h or 30d", dsn.Quote(v))
 		}
 		if n <= 0 { // before the multiplication, which a large negative n overflows
-			return 0, cliflag.Usagef("--older-than %q: want a positive age", v)
+			return 0, cliflag.Usagef("--older-than %s: want a positive age", dsn.Quote(v))
 		}
 		d = time.Duration(n) * 24 * time.Hour
 	} else {
 		var err error
 		if d, err = time.ParseDuration(v); err != nil {
-			return 0, cliflag.Usagef("--older-than %q: want a duration such as 720h or 30d", v)
+			return 0, cliflag.Usagef("--older-than %s: want a duration such as 720h or 30d", dsn.Quote(v))
 		}
 	}
 	if d <= 0 {
-		return 0, cliflag.Usagef("--older-than %q: want a positive age", v)
+		return 0, cliflag.Usagef("--older-than %s: want a positive age", dsn.Quote(v))
 	}
 	return d, nil
 }
@@ -813,7 +813,7 @@ func sortedKeys(h http.Header) []string {
 // unknown says that op is not in the jar, for an error that means it.
 func (s *session) unknown(op string, err error) error {
 	if errors.Is(err, idem.ErrNotFound) {
-		return fmt.Errorf("no operation named %q in %s", op, s.path)
+		return fmt.Errorf("no operation named %s in %s", dsn.Quote(op), s.path)
 	}
 	return err
 }

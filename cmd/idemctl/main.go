@@ -286,7 +286,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	jarPath := global.String("jar", os.Getenv("IDEM_JAR"), "")
 	lockTimeout := cliflag.Duration(global, "lock-timeout", 2*time.Second, "")
 	if err := global.Parse(args); err != nil {
-		return flagError(err)
+		return flagError(err, args)
 	}
 	args = global.Args()
 	if len(args) == 0 {
@@ -309,7 +309,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	pos, err := parseInterspersed(set, args)
 	if err != nil {
-		return flagError(err)
+		return flagError(err, args)
 	}
 	if *jarPath == "" {
 		return cliflag.Usagef("no jar: give --jar PATH or set IDEM_JAR")
@@ -364,11 +364,15 @@ func parseInterspersed(set *flag.FlagSet, args []string) ([]string, error) {
 	return append(pos, rest...), nil
 }
 
-func flagError(err error) error {
+// flagError returns the flag package's error of parsing args as a usage
+// error, each argument that names a database in it as dsn.Quote gives it:
+// the flag package quotes a value it refuses whole (a --jar URL given to
+// --lock-timeout), password and all.
+func flagError(err error, args []string) error {
 	if errors.Is(err, flag.ErrHelp) {
 		return err
 	}
-	return cliflag.Usagef("%v", err)
+	return cliflag.Usagef("%s", dsn.Scrub(err.Error(), args...))
 }
 
 // openJar opens the jar that spec names, choosing its kind by spec's form:

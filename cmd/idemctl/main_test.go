@@ -855,7 +855,7 @@ func TestJarErrors(t *testing.T) {
 	wantError(t, code, errOut, 2, "unknown command")
 	for _, args := range [][]string{{"--lock-timeout", "5", "list"}, {"list", "--lock-timeout", "5"}} {
 		code, _, errOut = idemctl(append([]string{"--jar", corrupt}, args...)...)
-		wantError(t, code, errOut, 2, `missing unit in duration "5"`)
+		wantError(t, code, errOut, 2, `invalid value "5" for flag -lock-timeout: missing unit in duration`)
 	}
 	code, out, _ := idemctl("help")
 	if code != 0 || !strings.Contains(out, "usage: idemctl") {
@@ -1344,6 +1344,27 @@ func TestStrayPasswordNeverPrinted(t *testing.T) {
 			code, _, stderr := idemctl(args...)
 			if code != 2 || strings.Contains(stderr, pw) {
 				t.Errorf("idemctl %q: exit %d, stderr %q; want a usage error without the password", args, code, stderr)
+			}
+		}
+	}
+}
+
+// A database's URL or connection string given to a flag or an argument
+// that refuses it (the value of --jar given to the flag before it, --jar
+// forgotten) is not printed with its password: not by the flag package's
+// error, nor by idemctl's own.
+func TestRejectedValuePasswordNeverPrinted(t *testing.T) {
+	const pw = "s3cretPW"
+	path := seed(t, newServer(t))
+	for _, v := range []string{"postgres://ops:" + pw + "@db.internal/payments", "postgresql://ops@db.internal/payments?password=" + pw,
+		"host=db.internal user=ops password=" + pw} {
+		for _, args := range [][]string{{"--lock-timeout", v, "list"}, {"--lock-timeout=" + v, "list"}, {"list", "--lock-timeout", v},
+			{"list", "--status", v}, {"export", "--json=" + v}, {"resume", "--all", "--attempt-timeout", v}, {"resume", "--all", "--horizon", v},
+			{"resume", "--all=" + v}, {"prune", "--older-than", v}, {"abandon", v}, {"show", v}, {"forget", v}, {"list", "---jar=" + v}} {
+			args = append([]string{"--jar", path}, args...)
+			code, out, stderr := idemctl(args...)
+			if code == 0 || strings.Contains(out+stderr, pw) {
+				t.Errorf("idemctl %q: exit %d, stdout %q, stderr %q; want an error without the password", args, code, out, stderr)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -43,8 +44,10 @@ func Exit(name string, err error) {
 
 // DurationVar defines a time.Duration flag, as flag.FlagSet.DurationVar
 // does, whose bad value is refused with the reason: `invalid value "5" for
-// flag -lock-timeout: missing unit in duration "5"`, where the flag
-// package says only "parse error". flag.PrintDefaults calls its value
+// flag -lock-timeout: missing unit in duration`, where the flag package
+// says only "parse error". The reason does not quote the value again: the
+// flag package's %q is the one quoting of it that dsn.Scrub finds, to
+// mask a database's password given to the flag by mistake. flag.PrintDefaults calls its value
 // "value" unless the usage names it in back quotes, "a `duration`".
 func DurationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
 	*p = value
@@ -60,14 +63,20 @@ func Duration(fs *flag.FlagSet, name string, value time.Duration, usage string) 
 
 type duration time.Duration
 
+// timeQuoted is a string quoted by the time package in its error, with the
+// space before it.
+var timeQuoted = regexp.MustCompile(` "(?:[^"\\]|\\.)*"`)
+
 func (d *duration) String() string { return (*time.Duration)(d).String() }
 
 func (d *duration) Set(s string) error {
 	v, err := time.ParseDuration(s)
 	if err != nil {
 		// "time: missing unit in duration "5"": the package prefix says
-		// nothing to someone typing a flag.
-		return errors.New(strings.TrimPrefix(err.Error(), "time: "))
+		// nothing to someone typing a flag, and the value is quoted by
+		// the flag package already; the time package's own quoting
+		// escapes other bytes.
+		return errors.New(timeQuoted.ReplaceAllString(strings.TrimPrefix(err.Error(), "time: "), ""))
 	}
 	*d = duration(v)
 	return nil

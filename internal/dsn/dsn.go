@@ -183,6 +183,29 @@ func Quote(args ...string) string {
 	return strings.Join(q, " ")
 }
 
+// Scrub returns msg, a message that may quote the command-line arguments
+// args, with each that names a database as Quote gives it: an argument
+// itself, and the name and the value of one that begins with '-' (a flag,
+// -name=value). The flag package's errors quote a value that a flag
+// refuses as %q does (`invalid value "…" for flag -x`), and print a flag's
+// name, and an argument of bad syntax, as they are: a database's URL given
+// to the wrong flag is printed by neither, password and all.
+func Scrub(msg string, args ...string) string {
+	for _, a := range args {
+		parts := []string{a}
+		if strings.HasPrefix(a, "-") {
+			name, value, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			parts = append(parts, name, value)
+		}
+		for _, p := range parts {
+			if q := Quote(p); q != strconv.Quote(p) {
+				msg = strings.ReplaceAll(strings.ReplaceAll(msg, strconv.Quote(p), q), p, q)
+			}
+		}
+	}
+	return msg
+}
+
 // hostHoldsAt reports whether the URL s has an '@' between the end of its
 // userinfo (its first '@', as pgx splits it) and its path or query.
 func hostHoldsAt(s string) bool {

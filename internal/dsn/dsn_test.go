@@ -111,3 +111,29 @@ func TestQuote(t *testing.T) {
 		}
 	}
 }
+
+func TestScrub(t *testing.T) {
+	const hidden = "(a connection string, not shown: it may hold a password)"
+	for _, c := range []struct {
+		msg  string
+		args []string
+		want string
+	}{
+		{`invalid value "postgres://ops:s3cret@db/jar" for flag -wait: invalid duration`, []string{"-wait", "postgres://ops:s3cret@db/jar"},
+			`invalid value "postgres://ops:xxxxx@db/jar" for flag -wait: invalid duration`},
+		{`invalid value "postgres://db/jar?password=s3cret" for flag -wait: invalid duration`, []string{"-wait=postgres://db/jar?password=s3cret"},
+			`invalid value "postgres://db/jar?password=xxxxx" for flag -wait: invalid duration`},
+		{`invalid boolean value "host=db password=s3cret" for -v: parse error`, []string{"x", "-v=host=db password=s3cret"},
+			`invalid boolean value ` + hidden + ` for -v: parse error`},
+		{`bad flag syntax: ---jar=postgres://ops:s3cret@db/jar`, []string{"---jar=postgres://ops:s3cret@db/jar"},
+			`bad flag syntax: ---jar="postgres://ops:xxxxx@db/jar"`},
+		{`flag provided but not defined: -postgres://ops:s3cret@db/jar`, []string{"-postgres://ops:s3cret@db/jar"},
+			`flag provided but not defined: -"postgres://ops:xxxxx@db/jar"`},
+		{`invalid value "5" for flag -wait: missing unit in duration`, []string{"-wait", "5", "-db", "postgres://ops:s3cret@db/jar"},
+			`invalid value "5" for flag -wait: missing unit in duration`},
+	} {
+		if got := Scrub(c.msg, c.args...); got != c.want || strings.Contains(got, "s3cret") {
+			t.Errorf("Scrub(%q, %q) = %s; want %s", c.msg, c.args, got, c.want)
+		}
+	}
+}

@@ -355,7 +355,15 @@ func (d *dice) roll(p float64) func() bool {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("idemserver", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package prints its error before the usage, and it quotes a
+	// value it refuses whole: a -db URL given to another flag, password and
+	// all. Parse prints nothing; its error is printed here, each argument
+	// that names a database in it as dsnpkg.Quote gives it.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage of idemserver:")
+		fs.PrintDefaults()
+	}
 	var (
 		addr        = fs.String("addr", "127.0.0.1:8080", "address to listen on (port 0 picks a free one)")
 		db          = fs.String("db", "idemserver.db", "the keys and the PayCo ledger: a SQLite file, or a postgres:// URL")
@@ -373,10 +381,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		verbose     = fs.Bool("v", false, "log every idempotency decision to stderr; without it, those at level INFO and above: the store's errors, take-overs, a key reused")
 	)
 	if err := fs.Parse(args); err != nil {
+		fs.SetOutput(stderr)
 		if errors.Is(err, flag.ErrHelp) {
+			fs.Usage()
 			return err
 		}
-		return &cliflag.UsageError{Err: err, Printed: true} // the flag package printed it, and the usage
+		err = errors.New(dsnpkg.Scrub(err.Error(), args...))
+		fmt.Fprintln(stderr, err)
+		fs.Usage()
+		return &cliflag.UsageError{Err: err, Printed: true} // printed, and the usage
 	}
 	if fs.NArg() > 0 {
 		return cliflag.Usagef("unexpected arguments %s", dsnpkg.Quote(fs.Args()...))
@@ -394,7 +407,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	policy := map[string]testserver.ErrorPolicy{"release": testserver.ReleaseClaim, "save": testserver.SaveError}
 	onErr, ok := policy[*onError]
 	if !ok {
-		return cliflag.Usagef("-on-error %q: want release or save", *onError)
+		return cliflag.Usagef("-on-error %s: want release or save", dsnpkg.Quote(*onError))
 	}
 	for name, p := range map[string]float64{"-fail-after-charge": *failAfter, "-crash-after-charge": *crashAfter} {
 		if !(p >= 0 && p <= 1) { // NaN too

@@ -649,7 +649,7 @@ func TestFlagValues(t *testing.T) {
 		}
 	}
 	err := run(context.Background(), []string{"-lock-timeout", "5", "-db", db}, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), `missing unit in duration "5"`) {
+	if err == nil || !strings.Contains(err.Error(), `invalid value "5" for flag -lock-timeout: missing unit in duration`) {
 		t.Errorf("run(-lock-timeout 5): %v; want it to say the unit is missing", err)
 	}
 }
@@ -800,6 +800,28 @@ func TestStrayPasswordNeverPrinted(t *testing.T) {
 		var ue *cliflag.UsageError
 		if !errors.As(err, &ue) || strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("run %q: %v; want a usage error without the password", arg, err)
+		}
+	}
+}
+
+// A database's URL or connection string given to a flag that refuses it
+// (the value of -db given to the flag before it, its own flag forgotten) is
+// neither printed with its password by the flag package, with the usage,
+// nor returned with it.
+func TestRejectedFlagValuePasswordNeverPrinted(t *testing.T) {
+	t.Chdir(t.TempDir())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, v := range []string{"postgres://ops:hunter2@db.internal/idem", "postgresql://ops@db.internal/idem?password=hunter2",
+		"host=db.internal user=ops password=hunter2"} {
+		for _, args := range [][]string{{"-lock-timeout", v}, {"-lock-timeout=" + v}, {"-query-timeout", v}, {"-fail-after-charge", v},
+			{"-seed", v}, {"-v=" + v}, {"-on-error", v}, {"--=" + v}} {
+			var stderr bytes.Buffer
+			err := run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), io.Discard, &stderr)
+			var ue *cliflag.UsageError
+			if !errors.As(err, &ue) || strings.Contains(err.Error(), "hunter2") || strings.Contains(stderr.String(), "hunter2") {
+				t.Errorf("run %q: %v, stderr:\n%s\nwant a usage error without the password", args, err, stderr.String())
+			}
 		}
 	}
 }
