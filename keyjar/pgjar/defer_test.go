@@ -508,6 +508,27 @@ func TestStatusOutOfRange(t *testing.T) {
 	}
 }
 
+// TestInvalidStringMasksURLPassword: the ErrInvalid of a string that text
+// cannot hold quotes it with the password of a URL in it masked
+// (user:xxxxx@), as url.URL.Redacted masks it: a record's URL, or an error
+// that quotes one.
+func TestInvalidStringMasksURLPassword(t *testing.T) {
+	const pw = "s3cretPW"
+	j := open(t, pgtest.DB(t), nil)
+	leased(t, j, "op")
+	url := "https://ops:" + pw + "@api.example.test/v1/caf\xe9"
+	r := record("op2")
+	r.URL = url
+	_, _, err := j.Begin(t.Context(), r)
+	if !errors.Is(err, pgjar.ErrInvalid) || strings.Contains(err.Error(), pw) || !strings.Contains(err.Error(), "ops:xxxxx@") {
+		t.Errorf("Begin with URL %q: %v; want ErrInvalid, the password masked, ops:xxxxx@", url, err)
+	}
+	_, err = j.Update(t.Context(), "op", "h", idem.Change{Now: t0, LastError: `Post "` + url + `": EOF`})
+	if !errors.Is(err, pgjar.ErrInvalid) || strings.Contains(err.Error(), pw) || !strings.Contains(err.Error(), "ops:xxxxx@") {
+		t.Errorf("Update with a LastError quoting %q: %v; want ErrInvalid, the password masked, ops:xxxxx@", url, err)
+	}
+}
+
 // TestStringsTextCannotHold: a NUL byte or bytes that are not UTF-8, which
 // PostgreSQL's text refuses, are ErrInvalid before anything is sent, for
 // Defer as for Update; so is an Op too long for the index.

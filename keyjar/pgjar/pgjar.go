@@ -144,6 +144,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/errprefix"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
@@ -874,11 +875,12 @@ func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 
 // storable returns ErrInvalid for the first of the named strings (name,
 // value pairs) that a text column cannot hold: PostgreSQL refuses a NUL
-// byte and bytes that are not UTF-8.
+// byte and bytes that are not UTF-8. The error quotes the string with the
+// passwords of the URLs in it masked (a URL, an error quoting one).
 func storable(fields ...string) error {
 	for i := 0; i+1 < len(fields); i += 2 {
 		if v := fields[i+1]; !pgtext.Holds(v) {
-			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], v)
+			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], dsn.MaskPasswords(v))
 		}
 	}
 	return nil
