@@ -126,9 +126,9 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	case *lease <= 0 || *lease > maxLease:
 		bad = fmt.Sprintf("-lease %v: want a positive duration of at most %v (a century)", *lease, maxLease)
 	case !sendable(*server):
-		bad = fmt.Sprintf("-server %q: want an http:// or https:// URL with a host, such as http://127.0.0.1:8080", *server)
+		bad = fmt.Sprintf("-server %s: want an http:// or https:// URL with a host, such as http://127.0.0.1:8080", quoteMasked(*server))
 	case fs.NArg() > 0:
-		bad = fmt.Sprintf("unexpected argument %q: give the orders with -orders", fs.Arg(0))
+		bad = fmt.Sprintf("unexpected argument %s: give the orders with -orders", quoteMasked(fs.Arg(0)))
 	}
 	if bad != "" {
 		fmt.Fprintf(stderr, "charge: %s (charge -h for usage)\n", bad)
@@ -335,6 +335,21 @@ func orderIDs(s string) ([]string, error) {
 func sendable(server string) bool {
 	u, err := url.Parse(server)
 	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
+// quoteMasked returns arg, a -server URL or an argument that may be one
+// (-server forgotten), quoted for a message, a URL's password masked
+// (user:xxxxx@) as url.URL.Redacted masks it. One without an '@' has no
+// userinfo, and is quoted as it is; one with an '@' that does not parse is
+// not shown, as where its password ends cannot be told.
+func quoteMasked(arg string) string {
+	if !strings.Contains(arg, "@") {
+		return strconv.Quote(arg)
+	}
+	if u, err := url.Parse(arg); err == nil {
+		return strconv.Quote(u.Redacted())
+	}
+	return "(a URL that does not parse, not shown: it may hold a password)"
 }
 
 // bearer returns an Options.Header that sends token, or nil without one.

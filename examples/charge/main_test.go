@@ -238,6 +238,30 @@ func TestOrderIDsAndBadFlags(t *testing.T) {
 	}
 }
 
+// A -server URL refused is printed with its password masked (user:xxxxx@),
+// as url.URL.Redacted masks it, and not at all when it does not parse and
+// may hold one; so is one given without -server, as an argument.
+func TestBadServerPasswordNotPrinted(t *testing.T) {
+	const pw = "s3cretPW"
+	jar := filepath.Join(t.TempDir(), "charge.db")
+	for server, want := range map[string]string{
+		"ftp://ops:" + pw + "@127.0.0.1":           `-server "ftp://ops:xxxxx@127.0.0.1"`,
+		"http://ops:" + pw + "@":                   `-server "http://ops:xxxxx@"`,
+		"http://ops:" + pw + "@127.0.0.1:8080/%zz": "-server (a URL that does not parse, not shown: it may hold a password)",
+	} {
+		var out bytes.Buffer
+		code := run(context.Background(), []string{"-server", server, "-jar", jar}, "", &out, &out)
+		if code != 2 || strings.Contains(out.String(), pw) || !strings.Contains(out.String(), want) {
+			t.Errorf("run(-server %q) = %d, printed %q; want 2, naming %s", server, code, out.String(), want)
+		}
+	}
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"-jar", jar, "http://ops:" + pw + "@127.0.0.1:8080"}, "", &out, &out)
+	if want := `unexpected argument "http://ops:xxxxx@127.0.0.1:8080"`; code != 2 || strings.Contains(out.String(), pw) || !strings.Contains(out.String(), want) {
+		t.Errorf("run with the server's URL as an argument = %d, printed %q; want 2, naming %s", code, out.String(), want)
+	}
+}
+
 // -h and -help ask for the usage: it goes to stderr and the exit status is
 // 0, as for idemctl and idemserver; 2 is for bad flags.
 func TestHelp(t *testing.T) {
