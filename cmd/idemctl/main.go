@@ -138,7 +138,9 @@
 // that the command line shows is found before the jar is opened, whatever
 // the jar's state (resume --all's refusal of headers for more than one
 // host, which reads the jar, comes after).
-// Every error is one line on stderr. What idemctl prints of a jar's
+// Every error is one line on stderr, the password of a URL it quotes
+// masked (user:xxxxx@): a transport's error may quote one, as net/http's
+// does for a malformed HTTPS_PROXY. What idemctl prints of a jar's
 // records and of a server's answers (a status, an error's body) has its
 // control characters and bidi format characters escaped (\x1b, \u202e),
 // never sent to the terminal as they are. A record written by a version
@@ -556,9 +558,14 @@ func isJarDeadline(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) && !errors.As(err, &pe)
 }
 
-// oneLine makes s one line fit to print: its runs of white space are one
-// space each, and its other control characters, its bidi format
-// characters and bytes that are not UTF-8 are escaped (\x1b, \a, \u202e)
-// by ctlesc.Escape, as they may come from a server's answer or a jar, and
-// a terminal would run them or reorder what it shows.
-func oneLine(s string) string { return ctlesc.Escape(strings.Join(strings.Fields(s), " ")) }
+// oneLine makes s, an error's message, one line fit to print: its runs of
+// white space are one space each, and its other control characters, its
+// bidi format characters and bytes that are not UTF-8 are escaped (\x1b,
+// \a, \u202e) by ctlesc.Escape, as they may come from a server's answer or
+// a jar, and a terminal would run them or reorder what it shows. The
+// passwords of the URLs it quotes are masked (dsn.MaskPasswords), as a
+// transport's error may quote one (net/http's, for a malformed
+// HTTPS_PROXY), which the jar keeps masked.
+func oneLine(s string) string {
+	return ctlesc.Escape(dsn.MaskPasswords(strings.Join(strings.Fields(s), " ")))
+}

@@ -1327,6 +1327,26 @@ func TestURLPasswordOfEarlierRecordsNotPrinted(t *testing.T) {
 	}
 }
 
+// TestResumeErrorPasswordNotPrinted: the error of a resume whose transport
+// quotes a URL with its password (net/http's, for a malformed HTTPS_PROXY)
+// is printed with the password masked (user:xxxxx@), as the jar keeps it.
+func TestResumeErrorPasswordNotPrinted(t *testing.T) {
+	const pw = "s3cretPW"
+	path := pendingInFile(t, http.MethodPost, "charge:o1", "http://payments.example/v1/charges", 0)
+	real := resumeBase
+	defer func() { resumeBase = real }()
+	proxy := "http://ops:" + pw + "%zz@proxy.internal:3128"
+	resumeBase = roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, fmt.Errorf(`invalid proxy address %q: parse %q: invalid URL escape "%%zz"`, proxy, proxy)
+	})
+	for _, args := range [][]string{{"resume", "charge:o1"}, {"resume", "--all"}} {
+		code, out, errOut := idemctl(append([]string{"--jar", path}, append(args, "--header", "Authorization: "+secret)...)...)
+		if code != 1 || strings.Contains(out+errOut, pw) || !strings.Contains(errOut, "ops:xxxxx@") {
+			t.Errorf("idemctl %q: exit %d, stdout %q, stderr %q; want exit 1, the proxy's password masked, ops:xxxxx@", args, code, out, errOut)
+		}
+	}
+}
+
 // A database's URL given where an argument of another kind goes (--jar
 // forgotten: as the command, or after one that takes none) is refused as
 // a usage error that quotes it without its password, and a key=value
