@@ -19,8 +19,10 @@ type Claim struct {
 	Key string
 
 	// Token is the fencing token of this run's claim: the time the claim
-	// was taken, in Unix nanoseconds of Middleware.Now (Entry.Token), a
-	// few nanoseconds later when another request of the Middleware in
+	// was taken, in Unix nanoseconds of Middleware.Now, less a random part
+	// of a millisecond (Entry.Token), so that servers on one store whose
+	// clocks read alike hold tokens of their own (but once in a million);
+	// a few nanoseconds later when another request of the Middleware in
 	// progress holds that one: no two of them hold one token. The
 	// Middleware's own writes after the handler, Store.Save and
 	// Store.Release, change the key only while it still holds this token.
@@ -33,10 +35,10 @@ type Claim struct {
 	// (ProblemTakenOver) in its place, unless the answer was streamed
 	// already (see MaxSavedResponse). A claim made afresh after a release takes its
 	// token from the clock again, which may be behind the released run's
-	// (a clock stepped back, or another server's running behind): a
-	// handler whose write is refused answers 503, so that, under
-	// ReleaseClaim, the claim is released and the caller's retry comes
-	// back with a later token.
+	// (a clock stepped back, another server's running behind, or a reading
+	// within a millisecond of the released run's): a handler whose write
+	// is refused answers 503, so that, under ReleaseClaim, the claim is
+	// released and the caller's retry comes back with a later token.
 	Token int64
 
 	// TakenOver reports that this run took the key over from a stale

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/testserver"
 )
@@ -68,12 +69,16 @@ func TestClaimFrom(t *testing.T) {
 		if w := serve(srv, r); w.Code != 201 {
 			t.Fatalf("first claim: %d %q; want 201", w.Code, w.Body)
 		}
-		want := seenClaim{testserver.Claim{Scope: testserver.CredentialScope(r), Key: "k1", Token: clk.Now().UnixNano()}, true}
-		if got := <-seen; got != want {
-			t.Fatalf("ClaimFrom in a first claim = %+v; want %+v", got, want)
+		// Its token is the clock's reading less a random part of a
+		// millisecond.
+		c := <-seen
+		now := clk.Now().UnixNano()
+		if !c.ok || c.Scope != testserver.CredentialScope(r) || c.Key != "k1" || c.TakenOver ||
+			c.Token > now || c.Token <= now-int64(time.Millisecond) {
+			t.Fatalf("ClaimFrom in a first claim = %+v; want the credential's scope, key k1, a first claim, a token within the millisecond up to %d", c, now)
 		}
-		if got := st.last(); got != want.Token {
-			t.Errorf("the Middleware saved with token %d; the handler was told %d", got, want.Token)
+		if tok := st.last(); tok != c.Token {
+			t.Errorf("the Middleware saved with token %d; the handler was told %d", tok, c.Token)
 		}
 
 		// The Middleware's Scope function names the scope.

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
@@ -508,16 +509,33 @@ func Fingerprint(r *http.Request, scope string, body []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// tokenSpan bounds the random part of a claim token. Two tokens drawn at
+// one clock reading meet once in tokenSpan nanoseconds: once in a million,
+// where a microsecond's thousand values would meet once in a thousand. It
+// costs a lease at most 1 ms shorter, and claims less than 1 ms apart
+// whose tokens may be out of their order.
+const tokenSpan = int64(time.Millisecond)
+
 // holdToken returns the token of a claim taken at now, held until
-// dropToken: now in Unix nanoseconds, or the next nanosecond that no other
-// request of this Middleware holds. A clock that reads the same for two
-// requests (a coarse one, or requests that arrive together, as a
-// duplicate does) would otherwise give a duplicate whose caller hung up
-// during its claim the token of the request it duplicates, and the release
-// of the claim it may have made would delete the other's, and let a retry
-// run the handler while that one still runs.
+// dropToken: now in Unix nanoseconds less a random part of tokenSpan, or
+// the next nanosecond that no other request of this Middleware holds.
+// Two claims with one token are one to the store: a duplicate whose caller
+// hung up during its claim, at the clock reading of the request it
+// duplicates (a coarse clock, clocks kept in step, an injected one), would
+// release the claim it may have made and delete the other's, and a retry
+// would run the handler while that one still runs. The held tokens rule
+// that out within one Middleware, the random part across servers on one
+// store (but once in a million). A Release fenced on more than the token
+// would need a column the stores lack: fingerprint and creation time are a
+// duplicate's too. The part is subtracted, so a claim is never honoured
+// past LockTimeout from its reading (its lease and its age both run from
+// the token); a take-over's token is still greater than the one it took
+// over (decide).
 func (m *Middleware) holdToken(now time.Time) int64 {
 	t := now.UnixNano()
+	if t >= math.MinInt64+tokenSpan { // a reading before 1678 has no room below it
+		t -= rand.Int64N(tokenSpan)
+	}
 	m.tokenMu.Lock()
 	defer m.tokenMu.Unlock()
 	if m.held == nil {

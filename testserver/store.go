@@ -33,14 +33,15 @@ type Entry struct {
 	Fingerprint string // of the request that claimed the key (see Fingerprint)
 	Status      Status
 	// Token is the fencing token: locked_at, in Unix nanoseconds, of the
-	// worker that holds the claim. Every write after the claim is
-	// conditioned on it.
+	// worker that holds the claim, less a random part of a millisecond
+	// (see Claim.Token). Every write after the claim is conditioned on it.
 	Token    int64
 	Response *Response // nil while in flight
 	Created  time.Time
 }
 
-// LockedAt returns the time the claim was taken, from its token.
+// LockedAt returns the time the claim was taken, from its token: up to a
+// millisecond early.
 func (e Entry) LockedAt() time.Time { return time.Unix(0, e.Token) }
 
 // Store persists keys for the Middleware. Every method must be safe for
