@@ -69,7 +69,9 @@ type Record struct {
 	// The request, so that it can be resumed after a restart. URL and
 	// Header never hold credentials: the URL has no userinfo (a record of
 	// an earlier version, which kept it, may; its resume sends it), and
-	// the header none of what SecretHeader names. Header holds a "Host" entry
+	// the header none of what SecretHeader names (a record of a version
+	// whose SecretHeader named fewer may; its resume sends them too, see
+	// NewRequest). Header holds a "Host" entry
 	// when the request's Host was not its URL's host (a virtual host reached
 	// by address); NewRequest makes it the request's Host again. Body is
 	// nil when the body was larger than the transport's MaxStoredBody;
@@ -114,7 +116,8 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 // as it sends any call under that name: under r's key, unless the operation
 // was abandoned or forgotten meanwhile, when the name begins a new
 // operation under a new key (client.Resume sends only a pending one). The
-// header has no credentials (see SecretHeader): add them before sending.
+// header has no credentials (see SecretHeader), but those a record of an
+// earlier version may hold, which it keeps: add them before sending.
 // NewRequest returns an error wrapping ErrBodyNotStored when r does not
 // hold the whole body, and an error, as http.NewRequestWithContext does,
 // for a nil ctx, and for a URL that does not parse (url.Parse's *url.Error,
@@ -140,6 +143,15 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 		return nil, fmt.Errorf("idem: operation %q: stored request: %w", r.Op, err)
 	}
 	if r.Header != nil {
+		// A header that SecretHeader names, which a record of a version
+		// whose SecretHeader named fewer may hold (CB-ACCESS-PASSPHRASE),
+		// is sent as stored, not dropped: the first send carried it, and a
+		// server that scopes keys by credential would take a resume
+		// without it for a new operation and run it again. Whoever can
+		// write the jar, and so point the request at another host, can
+		// read the header there already; a value the caller sets with
+		// Header.Set (client.Options.Header, idemctl's --header) replaces
+		// it.
 		req.Header = r.Header.Clone()
 		if h := req.Header[hostHeader]; len(h) > 0 {
 			req.Host = h[0]

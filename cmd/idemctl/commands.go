@@ -189,8 +189,9 @@ func showRecord(s *session, r idem.Record) error {
 	field("key", r.Key)
 	field("state", string(r.State))
 	field("request", cell(r.Method+" "+dsn.MaskPasswords(r.URL), 0))
-	for _, name := range sortedKeys(r.Header) {
-		for _, v := range r.Header[name] {
+	h := shownHeader(r.Header)
+	for _, name := range sortedKeys(h) {
+		for _, v := range h[name] {
 			field("header", cell(name+": "+v, 0))
 		}
 	}
@@ -697,17 +698,17 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			}
 			// The password of a URL that a record of an earlier version
 			// keeps in its userinfo, and in an error that quotes it, is
-			// masked.
-			u, lastErr := dsn.MaskPasswords(r.URL), dsn.MaskPasswords(r.LastError)
+			// masked, and so are its credential headers.
+			u, lastErr, h := dsn.MaskPasswords(r.URL), dsn.MaskPasswords(r.LastError), shownHeader(r.Header)
 			e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: u,
-				Header: r.Header, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
+				Header: h, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
 				Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: lastErr, Note: r.Note, Holder: r.Holder,
 				NextAttempt: optTime(r.NextAttempt), LeaseUntil: optTime(r.LeaseUntil)}
 			if len(r.Header) == 0 {
 				e.Header = nil
 			}
 			e.OpBase64, e.KeyBase64, e.FingerprintBase64, e.MethodBase64 = notUTF8(r.Op), notUTF8(r.Key), notUTF8(r.Fingerprint), notUTF8(r.Method)
-			e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(u), headerBase64(r.Header), notUTF8(lastErr)
+			e.URLBase64, e.HeaderBase64, e.LastErrorBase64 = notUTF8(u), headerBase64(h), notUTF8(lastErr)
 			e.NoteBase64, e.HolderBase64 = notUTF8(r.Note), notUTF8(r.Holder)
 			if r.BodyStored() && r.BodySize > 0 {
 				if utf8.Valid(r.Body) {
@@ -799,6 +800,22 @@ func cell(s string, n int) string {
 		s = string([]rune(s)[:n]) + "…"
 	}
 	return s
+}
+
+// shownHeader returns h as show and export print it: the values of the
+// headers that idem.SecretHeader names are "xxxxx". The jars store none,
+// but a record of a version whose SecretHeader named fewer may hold one
+// (an exchange's CB-ACCESS-PASSPHRASE): the jar keeps it, and a resume
+// sends it as the first send did (see idem.Record.NewRequest).
+func shownHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for name, vs := range h {
+		if idem.SecretHeader(name) {
+			vs = slices.Repeat([]string{"xxxxx"}, len(vs))
+		}
+		out[name] = vs
+	}
+	return out
 }
 
 func sortedKeys(h http.Header) []string {

@@ -148,7 +148,11 @@
 // its last error when that quotes the URL: list, show and export print the
 // password masked, user:xxxxx@, as url.URL.Redacted does (export's
 // url_base64 and last_error_base64 too). The jar keeps it, and resume
-// sends the URL as it is, its userinfo as Basic credentials.
+// sends the URL as it is, its userinfo as Basic credentials. So too a
+// record written by a version whose idem.SecretHeader named fewer headers
+// may hold one that it names now (an exchange's CB-ACCESS-PASSPHRASE): show
+// and export print its value as xxxxx (export's header_base64 too), the jar
+// keeps it, and resume sends it, unless --header gives that header.
 package main
 
 import (

@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/keyjar"
@@ -1324,6 +1325,85 @@ func TestURLPasswordOfEarlierRecordsNotPrinted(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "201 Created") || len(srv.auths) != 1 || srv.auths[0] != basic || srv.keys[0] != "key-1" {
 		t.Fatalf("resume: exit %d, stdout %q, stderr %q, sent %q with keys %q; want the URL's userinfo sent as Basic credentials, under key-1",
 			code, out, errOut, srv.auths, srv.keys)
+	}
+}
+
+// TestSecretHeadersOfEarlierRecordsNotPrinted: versions whose SecretHeader
+// named fewer headers stored some that it names now (an exchange's
+// CB-ACCESS-PASSPHRASE, an X-Api-Key). show and export print their values
+// masked, xxxxx (export's header_base64 too, which a value that is not
+// UTF-8 would fill); the jar keeps them, and a resume sends them as the
+// first send did (see Record.NewRequest).
+func TestSecretHeadersOfEarlierRecordsNotPrinted(t *testing.T) {
+	const pass, apiKey = "s3cretPASS", "s3cretKEY\xff"
+	var mu sync.Mutex
+	var sent []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sent = append(sent, r.Header.Get("Cb-Access-Passphrase"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	u := srv.URL + "/v1/orders"
+	fp := sha256.Sum256([]byte("POST\n" + u + "\n{}"))
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	h := http.Header{"Content-Type": {"application/json"}, "Cb-Access-Passphrase": {pass}, "X-Api-Key": {apiKey}}
+	if _, _, err := j.Begin(context.Background(), idem.Record{Op: "order:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]),
+		State: idem.StatePending, Method: "POST", URL: u, Header: h, Body: []byte(`{}`), BodySize: 2, Created: now, Updated: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The jar drops them now: the record is written as those versions did.
+	stored, err := hdrjson.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec("UPDATE operations SET header = ? WHERE op = ?", string(stored), "order:o1")
+	if cerr := db.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	leaks := func(out string) bool {
+		for _, s := range []string{"s3cret", base64.StdEncoding.EncodeToString([]byte(pass)), base64.StdEncoding.EncodeToString([]byte(apiKey))} {
+			if strings.Contains(out, s) {
+				return true
+			}
+		}
+		return false
+	}
+	code, out, errOut := idemctl("--jar", path, "show", "order:o1")
+	if code != 0 || leaks(out+errOut) || !strings.Contains(out, "Cb-Access-Passphrase: xxxxx") || !strings.Contains(out, "X-Api-Key: xxxxx") ||
+		!strings.Contains(out, "Content-Type: application/json") {
+		t.Errorf("show: exit %d, stderr %q, stdout:\n%s\nwant the secret headers' values masked, xxxxx, the others as they are", code, errOut, out)
+	}
+	code, out, errOut = idemctl("--jar", path, "export")
+	var recs []map[string]any
+	if err := json.Unmarshal([]byte(out), &recs); code != 0 || err != nil || len(recs) != 1 {
+		t.Fatalf("export: exit %d, %v, stderr %q, stdout:\n%s", code, err, errOut, out)
+	}
+	want := map[string]any{"Content-Type": []any{"application/json"}, "Cb-Access-Passphrase": []any{"xxxxx"}, "X-Api-Key": []any{"xxxxx"}}
+	if leaks(out) || fmt.Sprint(recs[0]["header"]) != fmt.Sprint(want) || recs[0]["header_base64"] != nil {
+		t.Errorf("export:\n%s\nwant the header %v, no header_base64", out, want)
+	}
+	if r, _ := jarState(t, path, "order:o1"); r.Header.Get("Cb-Access-Passphrase") != pass {
+		t.Fatalf("the jar holds the header %v; want it as it was", r.Header)
+	}
+	code, out, errOut = idemctl("--jar", path, "resume", "order:o1")
+	mu.Lock()
+	defer mu.Unlock()
+	if code != 0 || !slices.Equal(sent, []string{pass}) {
+		t.Errorf("resume: exit %d, stdout %q, stderr %q, sent the passphrases %q; want the stored one sent", code, out, errOut, sent)
 	}
 }
 
