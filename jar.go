@@ -121,7 +121,8 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 // NewRequest returns an error wrapping ErrBodyNotStored when r does not
 // hold the whole body, and an error, as http.NewRequestWithContext does,
 // for a nil ctx, and for a URL that does not parse (url.Parse's *url.Error,
-// its password masked, user:xxxxx@).
+// its password masked, user:xxxxx@, in its URL and in its Err, as
+// client.PostJSON masks it).
 func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("idem: operation %q: nil Context", r.Op)
@@ -137,7 +138,7 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		// url.Parse's error quotes the URL as stored: its password, which
 		// a record of an earlier version may keep, is masked.
-		ue.URL = dsn.MaskPasswords(ue.URL)
+		dsn.MaskURLError(ue, r.URL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("idem: operation %q: stored request: %w", r.Op, err)

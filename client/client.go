@@ -41,13 +41,13 @@ import (
 	"net/http"
 	neturl "net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/unnamed"
@@ -559,7 +559,7 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
 		// url.Parse's error quotes the URL as given: its password is
 		// masked, as http.Client masks it in the errors of its requests.
-		maskPassword(ue, url)
+		dsn.MaskURLError(ue, url)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
@@ -571,46 +571,6 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 		return nil, err
 	}
 	return c.decodeJSON(resp, out)
-}
-
-// maskPassword masks, in ue, url.Parse's error for s, the password of s's
-// userinfo: "xxxxx" in its URL, as url.URL.Redacted writes it, and in its
-// Err, which may quote a piece of it (an escape that is not one; a port,
-// below). The userinfo is what url.Parse takes for it: the authority after
-// "//" runs to the first '/', '?' or '#', and its userinfo to its last '@'.
-// An authority with a ':' and no '@', but an '@' after it, is taken for a
-// password holding a '/', '?' or '#' not percent-encoded, running to the
-// last '@': url.Parse reads its start as a port that is not one. (s is one
-// URL, whole: in a text that may quote several, dsn.MaskPasswords masks
-// them, without taking a password to run past a '/'.)
-func maskPassword(ue *neturl.Error, s string) {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return
-	}
-	authority := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authority = rest[:i]
-	}
-	at := strings.LastIndex(authority, "@")
-	if at < 0 && strings.Contains(authority, ":") {
-		at = strings.LastIndex(rest, "@")
-	}
-	if at < 0 {
-		return
-	}
-	user, password, hasPassword := strings.Cut(rest[:at], ":")
-	if !hasPassword {
-		return
-	}
-	ue.URL = scheme + "://" + user + ":xxxxx" + rest[at:]
-	msg := ue.Err.Error()
-	if i := strings.IndexByte(msg, '"'); i >= 0 {
-		q, err := strconv.QuotedPrefix(msg[i:])
-		if u, _ := strconv.Unquote(q); err == nil && u != "" && strings.Contains(":"+password, u) {
-			ue.Err = errors.New(msg[:i] + `"xxxxx"` + msg[i+len(q):])
-		}
-	}
 }
 
 // decodeJSON reads resp's body, a 2xx answer, and decodes it into out

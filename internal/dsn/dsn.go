@@ -4,6 +4,7 @@
 package dsn
 
 import (
+	"errors"
 	"net/url"
 	"strconv"
 	"strings"
@@ -97,6 +98,51 @@ func MaskPasswords(s string) string {
 	}
 	b.WriteString(s[done:])
 	return b.String()
+}
+
+// MaskURLError masks, in ue, url.Parse's error for s, the password of s's
+// userinfo: "xxxxx" in its URL, as url.URL.Redacted writes it, and in its
+// Err, which may quote a piece of it (an escape that is not one; a port,
+// below). The URL is masked from s, whole: url.Parse's error quotes only
+// what precedes a '#'. The userinfo is what url.Parse takes for it: the
+// authority after "//" runs to the first '/', '?' or '#', and its userinfo
+// to its last '@'. An authority with a ':' and no '@', but an '@' after
+// it, is taken for a password holding a '/', '?' or '#' not
+// percent-encoded, running to the last '@': url.Parse reads its start as a
+// port that is not one. (s is one URL, whole: in a text that may quote
+// several, MaskPasswords masks them, without taking a password to run past
+// a '/'.)
+func MaskURLError(ue *url.Error, s string) {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return
+	}
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 && strings.Contains(authority, ":") {
+		at = strings.LastIndex(rest, "@")
+	}
+	if at < 0 {
+		return
+	}
+	user, password, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return
+	}
+	ue.URL = scheme + "://" + user + ":xxxxx" + rest[at:]
+	if ue.Err == nil {
+		return
+	}
+	msg := ue.Err.Error()
+	if i := strings.IndexByte(msg, '"'); i >= 0 {
+		q, err := strconv.QuotedPrefix(msg[i:])
+		if u, _ := strconv.Unquote(q); err == nil && u != "" && strings.Contains(":"+password, u) {
+			ue.Err = errors.New(msg[:i] + `"xxxxx"` + msg[i+len(q):])
+		}
+	}
 }
 
 // decodeKey percent-decodes a query key leniently (a bad escape is kept as
