@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/canon"
 	"github.com/idemkit/idem/internal/keyhdr"
+	"github.com/idemkit/idem/internal/redirect"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -295,17 +296,6 @@ func (t *Transport) lease(p retry.Policy) time.Duration {
 	return max(time.Minute, 2*min(p.AttemptTimeout, maxLease/2))
 }
 
-// firstOfChain returns the first request of req's redirect chain: req
-// itself when no redirect made it. http.Client sets Response on a request it
-// makes to follow a redirect, and that Response's Request is the one
-// redirected.
-func firstOfChain(req *http.Request) *http.Request {
-	for req.Response != nil && req.Response.Request != nil {
-		req = req.Response.Request
-	}
-	return req
-}
-
 // maxLease is the longest default lease: a century.
 const maxLease = 100 * 365 * 24 * time.Hour
 
@@ -322,7 +312,7 @@ func (t *Transport) CloseIdleConnections() {
 // documentation.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.keyed(req.Method) {
-		if req.Response != nil && hasKeyHeader(req.Header) && req.Method != firstOfChain(req).Method {
+		if req.Response != nil && hasKeyHeader(req.Header) && req.Method != redirect.First(req).Method {
 			// A redirect http.Client follows with another method (a 303's
 			// GET): the key it copied from the chain's first request is
 			// that request's, not this one's. A 307 or 308 sends the same

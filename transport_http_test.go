@@ -455,6 +455,53 @@ func TestRedirectOfTheSameRequestKeepsItsKey(t *testing.T) {
 	}
 }
 
+// TestRedirectChainThatLoops: a request whose Response leads back to
+// itself, which http.Client never makes but a wrapper that sets Response by
+// hand may, is sent once, as a redirect of the same request (its key kept),
+// and RoundTrip returns: the walk to the chain's first request ends where
+// the chain comes round again.
+func TestRedirectChainThatLoops(t *testing.T) {
+	var sent, keyed atomic.Int64
+	tr := &idem.Transport{Jar: &idem.MemoryJar{}, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent.Add(1)
+		if r.Header.Get(idem.KeyHeader) == "order-42-read" {
+			keyed.Add(1)
+		}
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	})}
+	for _, n := range []int{1, 2, 3} { // requests in the loop
+		reqs := make([]*http.Request, n)
+		for i := range reqs {
+			reqs[i] = httptest.NewRequest(http.MethodGet, "http://api.example.test/v1/orders/"+strconv.Itoa(i), nil)
+			reqs[i].Header.Set(idem.KeyHeader, "order-42-read")
+		}
+		for i, r := range reqs {
+			r.Response = &http.Response{StatusCode: http.StatusTemporaryRedirect, Request: reqs[(i+1)%n]}
+		}
+		done := make(chan error, 1)
+		go func() {
+			resp, err := tr.RoundTrip(reqs[0])
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		watchdog := time.NewTimer(10 * time.Second)
+		select {
+		case err := <-done:
+			watchdog.Stop()
+			if err != nil {
+				t.Errorf("a loop of %d: %v; want the request sent", n, err)
+			}
+		case <-watchdog.C:
+			t.Fatalf("a loop of %d: RoundTrip has not returned after 10 s", n)
+		}
+	}
+	if sent.Load() != 3 || keyed.Load() != 3 {
+		t.Errorf("%d requests sent, %d with the caller's key; want 3, each with it", sent.Load(), keyed.Load())
+	}
+}
+
 // TestTransparentGzip: through an http.Transport that asks for gzip and
 // decompresses (its default), the answer and its replay are classified by
 // status and come back decompressed.

@@ -49,6 +49,7 @@ import (
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/keyhdr"
+	"github.com/idemkit/idem/internal/redirect"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/unnamed"
 	"github.com/idemkit/idem/keyjar"
@@ -932,15 +933,14 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 // https to http they would cross the network in the clear, where net/http
 // sends Authorization all the same), nor any redirect after it, back home
 // included, as net/http drops Authorization for the rest of a chain.
-// r.Response is set on a request that a redirect made, and its Request is
-// the one redirected.
+// redirect.Walk visits them.
 func sameOrigin(r *http.Request) bool {
-	for prev := r.Response; prev != nil && prev.Request != nil; prev = prev.Request.Response {
-		if u := prev.Request.URL; u.Host != r.URL.Host || !strings.EqualFold(u.Scheme, r.URL.Scheme) {
-			return false
-		}
-	}
-	return true
+	same := true
+	redirect.Walk(r, func(prev *http.Request) bool {
+		same = prev.URL.Host == r.URL.Host && strings.EqualFold(prev.URL.Scheme, r.URL.Scheme)
+		return same
+	})
+	return same
 }
 
 func (s *sender) CloseIdleConnections() {

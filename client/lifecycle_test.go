@@ -1117,3 +1117,41 @@ func postWithAuth(t *testing.T, url string) {
 		t.Fatal(err)
 	}
 }
+
+// TestRedirectChainThatLoops: a request given to Do whose Response leads
+// back to itself (set by hand: http.Client makes no such chain) is sent,
+// with what Options.Header adds, and Do returns: the walk of its chain to
+// check its origin ends where the chain comes round again.
+func TestRedirectChainThatLoops(t *testing.T) {
+	var auth atomic.Value
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		auth.Store(r.Header.Get("Authorization"))
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	})
+	// Not closed on a failure: Close would wait for the Do that runs on.
+	c, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Base: base, Header: withAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodGet, "https://api.test/orders/1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Response = &http.Response{StatusCode: http.StatusTemporaryRedirect, Request: req}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(context.Background(), "", req)
+		done <- err
+	}()
+	watchdog := time.NewTimer(10 * time.Second)
+	defer watchdog.Stop()
+	select {
+	case err := <-done:
+		if err != nil || auth.Load() != authValue {
+			t.Errorf("Do: %v, sent with Authorization %q; want it sent with %q", err, auth.Load(), authValue)
+		}
+		c.Close()
+	case <-watchdog.C:
+		t.Fatal("Do has not returned after 10 s")
+	}
+}
