@@ -338,11 +338,13 @@ var http2HealthCheck = http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingT
 // 303) and stops at those that would send a keyed request again to
 // another URL (307, 308): that would be another operation, and the
 // redirect comes back as the answer. Like http.Client's default, it sends
-// at most 10 requests: the 10th redirect in a row is an error. The request
-// it follows carries no Idempotency-Key: http.Client copied the first
-// request's header onto it, a key of the caller's included, which the
-// idem.Transport deletes, since it is the operation's, not this request's,
-// and no business of its host, perhaps another. Nor, once the chain left
+// at most 10 requests: the 10th redirect in a row is an error. A request
+// it follows with another method than the chain's first (a GET after a
+// POST or a DELETE) carries no Idempotency-Key: http.Client copied the
+// first request's header onto it, a key of the caller's included, which
+// the idem.Transport deletes, since it is the first request's, not this
+// one's; the 307 or 308 of a method that is not keyed sends the same
+// request again, with the key its caller set. Nor, once the chain left
 // the first request's scheme and host, does it carry the credentials
 // (those idem.SecretHeader names) that the caller set on that request and
 // http.Client copied too: as for Options.Header (see sameOrigin).
