@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/unnamed"
 )
 
@@ -169,7 +170,7 @@ type PendingError struct {
 	// earlier answer's Retry-After, or, for an operation another holder
 	// leases, the end of its lease (unless that holder ends it first).
 	NextAttempt time.Time
-	Err         error // the last error (a network or context error, ErrLeased), or nil
+	Err         error // the last error (a network or context error, ErrLeased), or nil; Error quotes it with the passwords of the URLs it quotes masked (user:xxxxx@)
 	// State is the operation's state as the call last read it from the
 	// jar: StatePending (or "", the same), or StateDone or StateFailed for
 	// an operation sent again for the server's saved answer. Such an
@@ -213,7 +214,9 @@ func (e *PendingError) Error() string {
 		msg += " (the call had none, and one made again without a name is a new operation under a new key)"
 	}
 	if e.Err != nil {
-		msg += ": " + e.Err.Error()
+		// As the jar's LastError keeps it: net/http's error for a
+		// malformed HTTPS_PROXY quotes the proxy's password.
+		msg += ": " + dsn.MaskPasswords(e.Err.Error())
 	}
 	return msg
 }

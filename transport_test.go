@@ -1566,7 +1566,8 @@ func TestLastErrorStorable(t *testing.T) {
 // URL with its password (net/http's for a malformed HTTPS_PROXY, a
 // *url.Error of a transport that does not mask it) is stored as LastError
 // and logged with the password masked, as url.URL.Redacted masks it; the
-// call returns the base's error itself, for errors.Is and errors.As.
+// call returns the base's error itself, for errors.Is and errors.As, in a
+// *PendingError whose message masks it too, as a program prints it.
 func TestLastErrorHidesURLPasswords(t *testing.T) {
 	const pw = "s3cretPW"
 	proxy := "http://ops:" + pw + "%zz@proxy.internal:3128"
@@ -1584,6 +1585,9 @@ func TestLastErrorHidesURLPasswords(t *testing.T) {
 		_, err := post(t, ctx, tr, `{}`)
 		if !errors.Is(err, idem.ErrPending) || !errors.Is(err, baseErr) {
 			t.Fatalf("got %v; want pending, wrapping the base's error", err)
+		}
+		if strings.Contains(err.Error(), pw) || !strings.Contains(err.Error(), "ops:xxxxx@") {
+			t.Errorf("the call's error %q; want the URL's password masked in its message, ops:xxxxx@", err)
 		}
 		r, _ := jar.Get(ctx, "op")
 		if strings.Contains(r.LastError, pw) || !strings.Contains(r.LastError, "ops:xxxxx@") {
