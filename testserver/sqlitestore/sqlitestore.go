@@ -147,12 +147,13 @@ var (
 // SQLite database or is another program's database, and with
 // ErrSchemaTooNew for one of a newer version of this package.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
-	return open(ctx, path, opts, nil)
+	return open(ctx, path, opts, nil, nil)
 }
 
 // open is Open; created, when not nil, runs once Open has created or
-// found the file at path, before SQLite opens it.
-func open(ctx context.Context, path string, opts *Options, created func(path string)) (*Store, error) {
+// found the file at path, before SQLite opens it, and beforeWAL once it
+// has checked the schema, before it turns the file to WAL.
+func open(ctx context.Context, path string, opts *Options, created func(path string), beforeWAL func()) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
@@ -215,6 +216,9 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 		return nil, err
 	}
 	// The mode stays in the file: a connection opened later finds it.
+	if beforeWAL != nil {
+		beforeWAL()
+	}
 	if _, err := sqliteopt.SetWAL(ctx, db, busy); err != nil {
 		db.Close()
 		return nil, s.fail(err) // ErrLocked, when another process holds the file

@@ -526,9 +526,10 @@ func TestLockedPastBusyTimeout(t *testing.T) {
 
 // TestOpenLockedPastBusyTimeout: Open of a store file in rollback-journal
 // mode (made so by another program), while another process reads it, waits
-// BusyTimeout for the locks it needs (to check the schema, then to turn the
-// file to WAL) and then fails with ErrLocked, as a write does, not with an
-// error a caller cannot tell from a broken file's.
+// BusyTimeout for the locks it needs and then fails with ErrLocked, as a
+// write does, not with an error a caller cannot tell from a broken file's:
+// to check the schema, when the read began before Open, and to turn the
+// file to WAL, when it began after that check.
 func TestOpenLockedPastBusyTimeout(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "keys.db")
@@ -552,19 +553,33 @@ func TestOpenLockedPastBusyTimeout(t *testing.T) {
 		t.Fatalf("journal_mode = DELETE: %q, %v", mode, err)
 	}
 	// A read transaction: a shared lock, which keeps the mode from changing.
-	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
-		t.Fatal(err)
+	read := func() {
+		if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
 	}
-	defer conn.ExecContext(ctx, "ROLLBACK")
-	var n int
-	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	s, err = sqlitestore.Open(ctx, path, &sqlitestore.Options{BusyTimeout: time.Millisecond})
-	if err == nil {
-		s.Close()
-	}
-	if !errors.Is(err, sqlitestore.ErrLocked) {
-		t.Errorf("Open while another process reads the file: %v; want ErrLocked", err)
+	opts := &sqlitestore.Options{BusyTimeout: time.Millisecond}
+	for _, when := range []string{"before Open", "after the schema check"} {
+		var s *sqlitestore.Store
+		var err error
+		if when == "before Open" {
+			read()
+			s, err = sqlitestore.Open(ctx, path, opts)
+		} else {
+			s, err = sqlitestore.OpenHookedWAL(ctx, path, opts, read)
+		}
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, sqlitestore.ErrLocked) {
+			t.Errorf("Open while another process reads the file, from %s: %v; want ErrLocked", when, err)
+		}
+		if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
