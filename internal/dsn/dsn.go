@@ -6,6 +6,7 @@ package dsn
 import (
 	"errors"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -67,9 +68,12 @@ func Redacted(s, what string) string {
 // what url.Parse takes for it in a URL that runs to the end of s: after
 // "://", the authority runs to the first '/', '?' or '#', and its userinfo
 // to its last '@'. In a text, where the URL may end sooner, that last '@'
-// may be a later word's: more is masked then, never less.
+// may be a later word's: more is masked then, never less. A quoted piece
+// of a password masked ("%zz": url.Parse's error quotes an escape that is
+// not one) is masked too.
 func MaskPasswords(s string) string {
 	var b strings.Builder
+	var passwords []string
 	done := 0 // s[:done] is in b
 	for from := 0; ; {
 		i := strings.Index(s[from:], "://")
@@ -86,12 +90,50 @@ func MaskPasswords(s string) string {
 			if colon := strings.IndexByte(authority[:at], ':'); colon >= 0 {
 				b.WriteString(s[done : start+colon+1])
 				b.WriteString("xxxxx")
+				passwords = append(passwords, authority[colon+1:at])
 				done = start + at
 			}
 		}
 		// The next URL may begin at the ':' that ends this authority, as
 		// in a message that quotes one URL after another.
 		from = max(start, end-1)
+	}
+	if done == 0 {
+		return s
+	}
+	b.WriteString(s[done:])
+	return maskPieces(b.String(), passwords)
+}
+
+// maskPieces returns s with each string quoted in it (as %q quotes it)
+// that is part of one of passwords, a ':' before it counted (url.Parse's
+// error quotes a port that is not one with it), as "xxxxx". Quotes pair
+// from the left, each byte read once.
+func maskPieces(s string, passwords []string) string {
+	var b strings.Builder
+	done := 0 // s[:done] is in b
+	for i := strings.IndexByte(s, '"'); i >= 0 && i < len(s); {
+		j := i + 1 // the closing quote, after any escaped one
+		for j < len(s) && s[j] != '"' {
+			if s[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if j >= len(s) {
+			break
+		}
+		u, err := strconv.Unquote(s[i : j+1])
+		if err == nil && u != "" && slices.ContainsFunc(passwords, func(p string) bool { return strings.Contains(":"+p, u) }) {
+			b.WriteString(s[done:i])
+			b.WriteString(`"xxxxx"`)
+			done = j + 1
+		}
+		k := strings.IndexByte(s[j+1:], '"')
+		if k < 0 {
+			break
+		}
+		i = j + 1 + k
 	}
 	if done == 0 {
 		return s
@@ -137,11 +179,8 @@ func MaskURLError(ue *url.Error, s string) {
 		return
 	}
 	msg := ue.Err.Error()
-	if i := strings.IndexByte(msg, '"'); i >= 0 {
-		q, err := strconv.QuotedPrefix(msg[i:])
-		if u, _ := strconv.Unquote(q); err == nil && u != "" && strings.Contains(":"+password, u) {
-			ue.Err = errors.New(msg[:i] + `"xxxxx"` + msg[i+len(q):])
-		}
+	if masked := maskPieces(msg, []string{password}); masked != msg {
+		ue.Err = errors.New(masked)
 	}
 }
 

@@ -41,9 +41,12 @@ func TestMaskPasswords(t *testing.T) {
 		// The userinfo runs to the authority's last '@', as url.Parse
 		// takes it.
 		{"http://ops:s3@cret@proxy", "http://ops:xxxxx@proxy"},
-		// Every URL of a text, one quoted right after another.
+		// Every URL of a text, one quoted right after another, and a
+		// quoted piece of a password: url.Parse's error quotes a bad
+		// escape.
 		{`invalid proxy address "http://ops:s3cret%zz@proxy:3128": parse "http://ops:s3cret%zz@proxy:3128": invalid URL escape "%zz"`,
-			`invalid proxy address "http://ops:xxxxx@proxy:3128": parse "http://ops:xxxxx@proxy:3128": invalid URL escape "%zz"`},
+			`invalid proxy address "http://ops:xxxxx@proxy:3128": parse "http://ops:xxxxx@proxy:3128": invalid URL escape "xxxxx"`},
+		{`parse "http://ops:s3cret@proxy:3128": invalid URL escape "%zz"`, `parse "http://ops:xxxxx@proxy:3128": invalid URL escape "%zz"`},
 		{`Post "https://ops:s3cret@api.example/v1": EOF`, `Post "https://ops:xxxxx@api.example/v1": EOF`},
 		{"a http://x/ b https://u:s3cret@y/ c", "a http://x/ b https://u:xxxxx@y/ c"},
 	} {
@@ -134,6 +137,22 @@ func TestScrub(t *testing.T) {
 	} {
 		if got := Scrub(c.msg, c.args...); got != c.want || strings.Contains(got, "s3cret") {
 			t.Errorf("Scrub(%q, %q) = %s; want %s", c.msg, c.args, got, c.want)
+		}
+	}
+}
+
+// TestMaskPiecesQuotes: quotes pair from the left, an escaped one inside
+// a quoted string included, and one left open ends the scan.
+func TestMaskPiecesQuotes(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`a "%zz" b "x" c "%zz`, `a "xxxxx" b "x" c "%zz`},
+		{`"say \"%zz\"" "%zz"`, `"say \"%zz\"" "xxxxx"`},
+		{`"\q" "%zz"`, `"\q" "xxxxx"`},
+		{`no quote`, `no quote`},
+		{strings.Repeat(`\"`, 1000) + `"%zz"`, strings.Repeat(`\"`, 1000) + `"%zz"`},
+	} {
+		if got := maskPieces(c.in, []string{"s3cret%zz"}); got != c.want {
+			t.Errorf("maskPieces(%q) = %q; want %q", c.in, got, c.want)
 		}
 	}
 }
