@@ -607,8 +607,10 @@ func (c *call) begin(ctx context.Context) error {
 // request's Host is not its URL's (Record.NewRequest sets it back). A Host
 // entry of the caller's, in any case ("host" too), is not kept: net/http
 // takes the Host from Request.Host, and a resume would send the entry as
-// an ordinary header. A header that needs none of this is returned as it
-// is, not copied: a Jar copies what it keeps.
+// an ordinary header (as HTTP/1.1 sends a "host" entry, not canonical, on
+// the first send: a second Host line, which servers refuse; HTTP/2 drops
+// it). A header that needs none of this is returned as it is, not copied:
+// a Jar copies what it keeps.
 func storedHeader(req *http.Request) http.Header {
 	h, host := req.Header, req.Host
 	if host == req.URL.Host {

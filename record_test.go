@@ -123,8 +123,9 @@ func TestRecordNewRequestNilContext(t *testing.T) {
 
 // TestRecordDropsHostInAnyCase: a Host entry of the caller's whose name is
 // not in canonical form ("host", "HOST") is not kept either, whatever the
-// request's Host: net/http matches the name in any case, and a record that
-// kept it would send it again on resume as an ordinary header.
+// request's Host: net/http's HTTP/2 drops it, its HTTP/1.1 sends it as a
+// second Host line (it drops "Host" alone), and a record that kept it
+// would send it again on resume as an ordinary header.
 func TestRecordDropsHostInAnyCase(t *testing.T) {
 	ctx := context.Background()
 	jar := &idem.MemoryJar{}
