@@ -496,16 +496,7 @@ func TestLockedPastBusyTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another process holds the write lock.
-	other, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := otherProcess(t, path)
 	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		t.Fatal(err)
 	}
@@ -538,16 +529,7 @@ func TestOpenLockedPastBusyTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	other, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := otherProcess(t, path)
 	var mode string
 	if err := conn.QueryRowContext(ctx, "PRAGMA journal_mode = DELETE").Scan(&mode); err != nil || mode != "delete" {
 		t.Fatalf("journal_mode = DELETE: %q, %v", mode, err)
@@ -582,4 +564,21 @@ func TestOpenLockedPastBusyTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// otherProcess returns a connection to the SQLite file at path of its own,
+// as another process opens it, closed when t ends.
+func otherProcess(t *testing.T, path string) *sql.Conn {
+	t.Helper()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
