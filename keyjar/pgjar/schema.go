@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"time"
 
 	"github.com/idemkit/idem"
+	cutoffpkg "github.com/idemkit/idem/internal/cutoff"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5"
@@ -188,12 +188,9 @@ func nanos(field string, t time.Time) (*int64, error) {
 // updated is at or below, so that only NULL (the zero time) matches; after
 // the last, the last, which every updated is at or below.
 func cutoff(before time.Time) *int64 {
-	if !before.After(time.Unix(0, math.MinInt64)) {
+	n, ok := cutoffpkg.Nanos(before)
+	if !ok {
 		return nil
-	}
-	n := int64(math.MaxInt64)
-	if !before.After(time.Unix(0, math.MaxInt64)) {
-		n = before.UnixNano() - 1
 	}
 	return &n
 }

@@ -104,11 +104,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	cutoffpkg "github.com/idemkit/idem/internal/cutoff"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
@@ -545,14 +545,11 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if s.closed.Load() {
 		return 0, fmt.Errorf("pgstore: prune: %w", ErrClosed)
 	}
-	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
+	// The last nanosecond before before, for "<= cutoff"; none before
+	// 1678, where no entry is.
+	cutoff, ok := cutoffpkg.Nanos(before)
+	if limit <= 0 || !ok {
 		return 0, nil
-	}
-	// The last nanosecond before before, for "<= cutoff"; past the last
-	// that an int64 holds, the last, which every entry is at or before.
-	cutoff := int64(math.MaxInt64)
-	if !before.After(time.Unix(0, math.MaxInt64)) {
-		cutoff = before.UnixNano() - 1
 	}
 	total := 0
 	for total < limit {

@@ -35,13 +35,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	cutoffpkg "github.com/idemkit/idem/internal/cutoff"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/sqliteopt"
 	"github.com/idemkit/idem/testserver"
@@ -445,14 +445,11 @@ func (s *Store) Prune(ctx context.Context, before time.Time, limit int) (int, er
 	if s.closed.Load() {
 		return 0, ErrClosed
 	}
-	if limit <= 0 || !before.After(time.Unix(0, math.MinInt64)) {
+	// The last nanosecond before before, for "<= cutoff"; none before
+	// 1678, where no entry is.
+	cutoff, ok := cutoffpkg.Nanos(before)
+	if limit <= 0 || !ok {
 		return 0, nil
-	}
-	// The last nanosecond before before, for "<= cutoff"; past the last
-	// that an int64 holds, the last, which every entry is at or before.
-	cutoff := int64(math.MaxInt64)
-	if !before.After(time.Unix(0, math.MaxInt64)) {
-		cutoff = before.UnixNano() - 1
 	}
 	n, err := s.exec(ctx, `DELETE FROM idempotency_keys WHERE rowid IN
 		(SELECT rowid FROM idempotency_keys WHERE created <= ?1 AND (status = 'done' OR locked_at <= ?1)
