@@ -71,7 +71,8 @@ type Record struct {
 	// an earlier version, which kept it, may; its resume sends it), and
 	// the header none of what SecretHeader names (a record of a version
 	// whose SecretHeader named fewer may; its resume sends them too, see
-	// NewRequest). Header holds a "Host" entry
+	// NewRequest). Nor does the URL hold a #fragment, which net/http does
+	// not send (a record of an earlier version may). Header holds a "Host" entry
 	// when the request's Host was not its URL's host (a virtual host reached
 	// by address); NewRequest makes it the request's Host again. Body is
 	// nil when the body was larger than the transport's MaxStoredBody;

@@ -112,7 +112,9 @@ func Operation(ctx context.Context) string {
 //     operation called again with a different request is refused with a
 //     *MismatchError: nothing is sent. No credential is stored: the URL is
 //     stored and fingerprinted without its userinfo (user:password@), and
-//     the header without what SecretHeader names.
+//     the header without what SecretHeader names. Nor is the URL's
+//     #fragment, which net/http does not send: requests that differ in
+//     it alone are the same request.
 //   - It interprets responses only to decide on a retry (retry.Classify:
 //     408, 409, 429, 502, 503, 504 and network errors; not those statuses when
 //     replayed, which are the server's saved answer) and on the
@@ -407,9 +409,10 @@ type reqBody struct {
 	open func() (io.ReadCloser, error) // nil for no body
 	size int64
 	fp   string // hex SHA-256 of method, URL and canonical body
-	// oldFP is the fingerprint with the URL's userinfo, as versions that
-	// kept it wrote it; "" for a URL without userinfo.
-	oldFP string
+	// oldFPs are the fingerprints that earlier versions wrote for the
+	// request: with the URL's fragment, and with its userinfo too. None
+	// for a URL without either.
+	oldFPs []string
 	// rawFP is the fingerprint of a canonicalised body's bytes as they
 	// are, as a Transport with a smaller MaxBuffer streams it; "" when
 	// they are their canonical form, or were streamed. For a body the
@@ -425,7 +428,7 @@ type reqBody struct {
 
 // matches reports whether a stored fingerprint is this request's.
 func (rb *reqBody) matches(fp string) bool {
-	if fp == rb.fp || (rb.oldFP != "" && fp == rb.oldFP) {
+	if fp == rb.fp || slices.Contains(rb.oldFPs, fp) {
 		return true
 	}
 	if rb.raw != nil {
@@ -452,10 +455,11 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 	h := sha256.New()
 	var head [256]byte
 	h.Write(append(append(append(append(head[:0], req.Method...), '\n'), rb.url...), '\n'))
-	var old hash.Hash // the fingerprint with the userinfo, for records that have it
-	if req.URL.User != nil {
-		old = sha256.New()
-		old.Write([]byte(req.Method + "\n" + req.URL.String() + "\n"))
+	var old oldHashes // the fingerprints of earlier versions, for records that have them
+	for _, u := range oldURLs(req.URL) {
+		h := sha256.New()
+		h.Write([]byte(req.Method + "\n" + u + "\n"))
+		old = append(old, h)
 	}
 	if req.Body == nil || req.Body == http.NoBody {
 		rb.saved = []byte{}
@@ -469,9 +473,7 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 			cb := canonBuffers.Get().(*canon.Buffer)
 			c := canonical(cb, req.Header.Get("Content-Type"), buf)
 			h.Write(c)
-			if old != nil {
-				old.Write(c)
-			}
+			old.write(c)
 			stored := rb.size <= t.maxStoredBody()
 			if !bytes.Equal(c, buf) {
 				// A Transport whose MaxBuffer this body exceeds hashed its
@@ -493,18 +495,14 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 		} else {
 			// Too large to canonicalise: hash it byte for byte, streamed.
 			h.Write(buf)
-			if old != nil {
-				old.Write(buf)
-			}
+			old.write(buf)
 			rb.size = int64(len(buf))
 			chunk := make([]byte, 32<<10)
 			for err == nil {
 				var n int
 				n, err = rest.Read(chunk)
 				h.Write(chunk[:n])
-				if old != nil {
-					old.Write(chunk[:n])
-				}
+				old.write(chunk[:n])
 				rb.size += int64(n)
 			}
 			rest.Close()
@@ -521,21 +519,47 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 	var text [2 * sha256.Size]byte
 	hex.Encode(text[:], h.Sum(sum[:0]))
 	rb.fp = string(text[:])
-	if old != nil {
-		rb.oldFP = hex.EncodeToString(old.Sum(nil))
+	for _, o := range old {
+		rb.oldFPs = append(rb.oldFPs, hex.EncodeToString(o.Sum(nil)))
 	}
 	return nil
 }
 
+// oldHashes are the hashes of a request's earlier fingerprints.
+type oldHashes []hash.Hash
+
+func (hs oldHashes) write(p []byte) {
+	for _, h := range hs {
+		h.Write(p)
+	}
+}
+
 // publicURL is u as a record keeps it and as it is fingerprinted: without
-// its userinfo (user:password@), which net/http sends as Basic credentials.
+// its userinfo (user:password@), which net/http sends as Basic credentials,
+// and without its fragment (#...), which net/http does not send.
 func publicURL(u *url.URL) string {
-	if u.User == nil {
+	if u.User == nil && u.Fragment == "" {
 		return u.String()
 	}
 	v := *u
-	v.User = nil
+	v.User, v.Fragment, v.RawFragment = nil, "", ""
 	return v.String()
+}
+
+// oldURLs are u as earlier versions fingerprinted it, when that was not
+// publicURL(u): with its userinfo and fragment, and with its fragment
+// alone (the versions that left the userinfo out).
+func oldURLs(u *url.URL) []string {
+	if u.User == nil && u.Fragment == "" {
+		return nil
+	}
+	urls := []string{u.String()}
+	if u.User != nil && u.Fragment != "" {
+		v := *u
+		v.User = nil
+		urls = append(urls, v.String())
+	}
+	return urls
 }
 
 // readBody arranges in rb.open to produce the body again for every

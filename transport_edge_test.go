@@ -272,38 +272,99 @@ func TestFarRetryAfterWithKeyjar(t *testing.T) {
 	}
 }
 
-// TestUserinfoFingerprintOfEarlierRecords: versions that stored a URL's
-// userinfo also fingerprinted it. An operation they left pending, with
-// such a URL, is still the same request: it is resumed with its key.
-func TestUserinfoFingerprintOfEarlierRecords(t *testing.T) {
-	const withUser = "https://user:pw@api.example.test/v1/charges"
-	oldFP := func(url string) string { // as 6c3e529 computed it: method, URL as is, canonical body
+// TestFragmentIsNotPartOfTheRequest: net/http sends no #fragment, so
+// requests that differ only in theirs send the same bytes: one operation
+// under one key, its record's URL without a fragment.
+func TestFragmentIsNotPartOfTheRequest(t *testing.T) {
+	jar := &idem.MemoryJar{}
+	var keys []string
+	tr := &idem.Transport{Jar: jar, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		keys = append(keys, r.Header.Get(idem.KeyHeader))
+		return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	})}
+	ctx := idem.WithOperation(context.Background(), "op")
+	for _, u := range []string{chargeURL + "#a", chargeURL + "#b", chargeURL} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s after %q: %v; want the same operation sent again", u, keys, err)
+		}
+		resp.Body.Close()
+	}
+	if len(keys) != 3 || keys[1] != keys[0] || keys[2] != keys[0] {
+		t.Fatalf("keys sent %q; want one key three times", keys)
+	}
+	r, err := jar.Get(ctx, "op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.URL != chargeURL || r.Fingerprint != fingerprintOf(t, `{}`) {
+		t.Fatalf("record's URL %q, fingerprint %s; want %q and the fingerprint without the fragment", r.URL, r.Fingerprint, chargeURL)
+	}
+}
+
+// TestFingerprintsOfEarlierRecords: versions that stored and fingerprinted
+// a URL's fragment, and those before 6592bb2 its userinfo too, left
+// operations pending under those fingerprints: called again with the same
+// URL, or resumed from the record, each is the same request.
+func TestFingerprintsOfEarlierRecords(t *testing.T) {
+	fp := func(url string) string { // method, URL as it was hashed, canonical body
 		s := sha256.Sum256([]byte("POST\n" + url + "\n{}"))
 		return hex.EncodeToString(s[:])
 	}
-	// The formula matches the current fingerprint for a URL without userinfo.
-	if got := fingerprintOf(t, `{}`); got != oldFP(chargeURL) {
-		t.Fatalf("fingerprint formula: %s != %s", got, oldFP(chargeURL))
+	// The formula matches the current fingerprint for a URL without either.
+	if got := fingerprintOf(t, `{}`); got != fp(chargeURL) {
+		t.Fatalf("fingerprint formula: %s != %s", got, fp(chargeURL))
 	}
-	tr, rec, jar := newTransport(t, status(201))
-	ctx := idem.WithOperation(context.Background(), "op")
-	now := time.Now()
-	// Left pending by the previous version.
-	if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: oldFP(withUser), State: idem.StatePending,
-		Method: "POST", URL: withUser, Created: now, Updated: now, Attempts: 1}); err != nil {
-		t.Fatal(err)
+	const (
+		withFragment = chargeURL + "#top"
+		withUser     = "https://user:pw@api.example.test/v1/charges"
+		withBoth     = "https://user:pw@api.example.test/v1/charges#top"
+	)
+	cases := []struct{ name, storedURL, storedFP, callURL string }{
+		{"userinfo", withUser, fp(withUser), withUser},
+		{"fragment, called again", withFragment, fp(withFragment), withFragment},
+		{"userinfo and fragment, as stored since userinfo was left out", withFragment, fp(withFragment), withBoth},
+		{"userinfo and fragment, as stored before", withBoth, fp(withBoth), withBoth},
+		{"resumed from the record", withFragment, fp(withFragment), ""},
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, withUser, strings.NewReader(`{}`))
-	req.Header.Set("Content-Type", "application/json")
-	mt := tr.Base
-	tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		r2 := r.Clone(r.Context())
-		r2.URL.User = nil
-		return mt.RoundTrip(r2)
-	})
-	_, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatalf("the same request as before the upgrade: %v (sent %d); want it resumed with key k1", err, rec.attempts())
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr, rec, jar := newTransport(t, status(201))
+			mt := tr.Base
+			tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				r2 := r.Clone(r.Context())
+				r2.URL.User, r2.URL.Fragment = nil, ""
+				return mt.RoundTrip(r2)
+			})
+			ctx := idem.WithOperation(context.Background(), "op")
+			now := time.Now()
+			r, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: c.storedFP, State: idem.StatePending,
+				Method: "POST", URL: c.storedURL, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`), BodySize: 2,
+				Created: now, Updated: now, Attempts: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var req *http.Request
+			if c.callURL == "" {
+				req, err = r.NewRequest(ctx)
+			} else {
+				req, err = http.NewRequestWithContext(ctx, http.MethodPost, c.callURL, strings.NewReader(`{}`))
+				req.Header.Set("Content-Type", "application/json")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatalf("the request of the record: %v (sent %d); want it resumed with key k1", err, rec.attempts())
+			}
+			resp.Body.Close()
+			if rec.attempts() != 1 || rec.keys[0] != "k1" {
+				t.Fatalf("keys sent %q; want k1 once", rec.keys)
+			}
+		})
 	}
 }
 

@@ -30,6 +30,8 @@ func TestFingerprintsAreStable(t *testing.T) {
 			"6936fe196ded7e75ccc7f2599a83c929a296e7c8ad6334e5fb103da761736553"},
 		{"form without GetBody", http.MethodPatch, "https://api.example.com/v1/charges/ch_1", "application/x-www-form-urlencoded", "b=2&a=1", false,
 			"d5acd1580a08a16ad129e991abe0bf7f259531a53cb6dfe48a695a5214d8f6b5"},
+		{"fragment, which net/http does not send", http.MethodPost, "https://api.example.com/v1/charges#top", "application/json", `{"b": 2, "a": 1}`, true,
+			"a6a708c73b5b041c0f69c6e0c9d4bd23cd12d1cf5b4d961318c7f94ad985d55a"}, // json's
 		{"url longer than 256 bytes", http.MethodPost, "https://api.example.com/v1/" + strings.Repeat("segment/", 40), "application/json", `{"b":2,"a":1}`, true,
 			"c6d73f87efe3899935a6e57394f5040f4a3bc5101150507435e3c9f759e59c7a"},
 		{"streamed", http.MethodPost, "https://api.example.com/v1/" + strings.Repeat("long/", 20), "application/json", long, true,
