@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,12 +18,12 @@ import (
 
 // The fleet of RunFleet.
 const (
-	fleetSize     = 3           // server instances; the last one crashes
-	fleetOps      = 16          // operations that no crash disturbs
-	fleetCallers  = 3           // callers of one operation at once
-	fleetLease    = time.Minute // every instance's LockTimeout, which the shared clock passes by a jump
-	fleetAttempts = 1000        // requests of one caller at most, 5 ms apart
-	fleetWait     = 10 * time.Second
+	fleetSize     = 3                // server instances; the last one crashes
+	fleetOps      = 16               // operations that no crash disturbs
+	fleetCallers  = 3                // callers of one operation at once
+	fleetLease    = time.Minute      // every instance's LockTimeout, which the shared clock passes by a jump
+	fleetAttempts = 1000             // requests of one caller at most, 5 ms apart
+	fleetWait     = 10 * time.Second // for each step
 )
 
 // crashOps are the operations whose handler stops on the crashing
@@ -62,25 +63,42 @@ var crashOps = map[string]bool{"crash-before-effect": false, "crash-after-effect
 // crashed instance's got the answer, 201 naming the effect, and that one
 // of them got it fresh and the others its replay.
 func RunFleet(t *testing.T, open func(t *testing.T) testserver.Store) {
-	f := newFleet(t, open)
+	runFleet(t, func() testserver.Store { return open(t) }, fleetWait)
+}
+
+// runFleet is RunFleet, waiting at most wait for each step.
+func runFleet(t testing.TB, open func() testserver.Store, wait time.Duration) {
+	f := newFleet(t, open, wait)
 	victim, survivors := f.servers[fleetSize-1], f.servers[:fleetSize-1]
+	var wg sync.WaitGroup // the callers
+	var crashed sync.WaitGroup
+	// However the test ends, a step failed included, its callers end
+	// first: their requests cancelled, the stopped handlers let go. A
+	// caller left running would fail the test after it ended, a panic
+	// that hides the first failure.
+	defer func() {
+		f.cancel()
+		f.resumeOnce()
+		f.finishOnce()
+		wg.Wait()
+		crashed.Wait()
+	}()
 
 	// The crashing instance claims the crash operations and stops in
 	// their handlers.
 	lost := make(chan error, len(crashOps))
 	for op := range crashOps {
-		go func() {
+		crashed.Go(func() {
 			_, err := f.post(victim, op)
 			lost <- err
-		}()
+		})
 	}
 	for range crashOps {
-		await(t, f.stopped, "a handler of the crashing instance to stop")
+		await(f, f.stopped, "a handler of the crashing instance to stop")
 	}
 
 	// Every other operation, from several callers at once, on every
 	// instance; the stopped ones are in flight on the others.
-	var wg sync.WaitGroup
 	gate := make(chan struct{})
 	for k := range fleetOps {
 		for j := range fleetCallers {
@@ -99,12 +117,12 @@ func RunFleet(t *testing.T, open func(t *testing.T) testserver.Store) {
 		}
 	}
 	close(gate)
-	await(t, done(&wg), "the callers")
+	await(f, done(&wg), "the callers")
 
 	// The crash: the server goes away, its handlers stay stopped.
 	victim.srv.Close()
 	for range crashOps {
-		if err := await(t, lost, "the crashed instance's callers"); err == nil {
+		if err := await(f, lost, "the crashed instance's callers"); err == nil {
 			t.Errorf("a caller of the crashed instance got an answer; want its connection cut")
 		}
 	}
@@ -132,15 +150,15 @@ func RunFleet(t *testing.T, open func(t *testing.T) testserver.Store) {
 	}
 	close(gate)
 	for range crashOps {
-		await(t, f.tookOver, "a survivor to take a claim of the crashed instance over")
+		await(f, f.tookOver, "a survivor to take a claim of the crashed instance over")
 	}
 
 	// The crashed instance's handlers go on, late, while the runs that
 	// took their claims over are under way; then those go on.
 	f.resumeOnce()
-	await(t, done(&victim.serving), "the crashed instance's requests to end")
+	await(f, done(&victim.serving), "the crashed instance's requests to end")
 	f.finishOnce()
-	await(t, done(&wg), "the callers")
+	await(f, done(&wg), "the callers")
 
 	// Every operation is asked for once more.
 	for k := range fleetOps {
@@ -206,8 +224,11 @@ func (f *fleet) check(victim *fleetServer, survivors []*fleetServer) {
 }
 
 type fleet struct {
-	t        *testing.T
-	skew     atomic.Int64 // added to time.Now: the instances' clock
+	t        testing.TB
+	wait     time.Duration      // for each step
+	ctx      context.Context    // the requests'
+	cancel   context.CancelFunc // ends them: the test ended
+	skew     atomic.Int64       // added to time.Now: the instances' clock
 	client   *http.Client
 	servers  []*fleetServer
 	ledger   fleetLedger
@@ -235,10 +256,14 @@ type fleetAnswer struct {
 	body     string
 }
 
-func newFleet(t *testing.T, open func(t *testing.T) testserver.Store) *fleet {
+func newFleet(t testing.TB, open func() testserver.Store, wait time.Duration) *fleet {
 	tr := &http.Transport{}
+	ctx, cancel := context.WithCancel(t.Context())
 	f := &fleet{
 		t:        t,
+		wait:     wait,
+		ctx:      ctx,
+		cancel:   cancel,
 		client:   &http.Client{Transport: tr},
 		ledger:   fleetLedger{effect: map[string]int64{}, applied: map[string]int{}, runs: map[string][]fleetRun{}},
 		stopped:  make(chan string, len(crashOps)),
@@ -248,12 +273,9 @@ func newFleet(t *testing.T, open func(t *testing.T) testserver.Store) *fleet {
 		answers:  map[string][]fleetAnswer{},
 	}
 	t.Cleanup(tr.CloseIdleConnections)
-	// A test that ended early lets the stopped handlers end.
-	t.Cleanup(f.resumeOnce)
-	t.Cleanup(f.finishOnce)
 	now := func() time.Time { return time.Now().Add(time.Duration(f.skew.Load())) }
 	for i := range fleetSize {
-		s := &fleetServer{mw: &testserver.Middleware{Store: open(t), LockTimeout: fleetLease, Now: now}}
+		s := &fleetServer{mw: &testserver.Middleware{Store: open(), LockTimeout: fleetLease, Now: now}}
 		h := s.mw.Wrap(f.handler(i))
 		s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.serving.Add(1)
@@ -312,7 +334,7 @@ func hold(c chan<- string, key string, until <-chan struct{}) {
 
 // post sends operation op to s once.
 func (f *fleet) post(s *fleetServer, op string) (fleetAnswer, error) {
-	req, err := http.NewRequestWithContext(f.t.Context(), http.MethodPost, s.url, strings.NewReader(`{"operation":"`+op+`"}`))
+	req, err := http.NewRequestWithContext(f.ctx, http.MethodPost, s.url, strings.NewReader(`{"operation":"`+op+`"}`))
 	if err != nil {
 		return fleetAnswer{}, err
 	}
@@ -335,6 +357,9 @@ func (f *fleet) call(s *fleetServer, op string) {
 	defer tick.Stop()
 	for range fleetAttempts {
 		a, err := f.post(s, op)
+		if f.ctx.Err() != nil {
+			return // the test ended, its failure reported
+		}
 		if err != nil {
 			f.t.Errorf("operation %s: %v", op, err)
 			return
@@ -354,6 +379,9 @@ func (f *fleet) call(s *fleetServer, op string) {
 // 409 in-flight.
 func (f *fleet) inFlight(s *fleetServer, op, where string) {
 	a, err := f.post(s, op)
+	if f.ctx.Err() != nil {
+		return // the test ended, its failure reported
+	}
 	if err != nil || !inFlight(a) {
 		f.t.Errorf("operation %s sent to %s: %d %q, %v; want 409 in-flight", op, where, a.status, a.body, err)
 	}
@@ -374,16 +402,16 @@ func done(wg *sync.WaitGroup) <-chan struct{} {
 	return c
 }
 
-// await returns what c gives, or fails t after fleetWait.
-func await[T any](t *testing.T, c <-chan T, what string) T {
-	t.Helper()
-	timer := time.NewTimer(fleetWait)
+// await returns what c gives, or fails f's test after f.wait.
+func await[T any](f *fleet, c <-chan T, what string) T {
+	f.t.Helper()
+	timer := time.NewTimer(f.wait)
 	defer timer.Stop()
 	select {
 	case v := <-c:
 		return v
 	case <-timer.C:
-		t.Fatalf("waited %v for %s", fleetWait, what)
+		f.t.Fatalf("waited %v for %s", f.wait, what)
 		panic("unreachable")
 	}
 }
