@@ -285,6 +285,8 @@ const notAHeader = "a header is not 'Name: value', with no space or separator in
 func resumeFlags(fs *flag.FlagSet) {
 	fs.Bool("all", false, "resume every pending operation, oldest first")
 	fs.Var(&headerFlag{}, "header", "a header to send, 'Name: value' (repeatable); also $IDEM_HEADER, one per line")
+	fs.String("host", "", "the scheme and host the headers are for, as https://api.example.com, which headers need: "+
+		"an operation that goes to another is not sent")
 	// The default is the retry policy's MaxElapsed, a minute: an attempt
 	// that hangs that long spends the call's budget, so that a resume ends
 	// after about a minute an operation whose server never answers.
@@ -346,7 +348,68 @@ func checkResume(fs *flag.FlagSet, args []string) error {
 			return cliflag.Usagef("IDEM_HEADER: line %d: %s", i+1, notAHeader)
 		}
 	}
+	if host := flagString(fs, "host"); host != "" {
+		if _, ok := origin(host); !ok {
+			// Not shown: it may hold a password.
+			return cliflag.Usagef("--host: want a scheme, http or https, and a host alone, as https://api.example.com or http://127.0.0.1:8080")
+		}
+	} else if len(hf.h) > 0 {
+		return cliflag.Usagef("headers (--header, IDEM_HEADER) need --host, the scheme and host they are for, as https://api.example.com: " +
+			"the jar says where each operation goes, and the headers go there only when it is that host")
+	}
 	return nil
+}
+
+// origin returns s, the value of --host, as opHost writes where an
+// operation goes: scheme://host, the host with its port when s has one.
+// It reports false for an s that is not an http or https URL with a host
+// alone (no user, path but "/", query or fragment).
+func origin(s string) (string, bool) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return "", false
+	}
+	return u.Scheme + "://" + u.Host, true
+}
+
+// elsewhere reports whether a request that goes to where, as opHost says
+// it, goes to another host than host, the origin of --host ("" for any).
+// Schemes and hosts match in any case, as DNS names do.
+func elsewhere(host, where string) bool { return host != "" && !strings.EqualFold(where, host) }
+
+// addHeaders adds h to r, a request that resume sends, unless r goes to
+// another host than host (elsewhere): its record was rewritten in the jar
+// since resume read it, and the Client sends what the jar holds then.
+func addHeaders(r *http.Request, h http.Header, host string) error {
+	if where := reqHost(r.URL, r.Host); elsewhere(host, where) {
+		return fmt.Errorf("not sent: it goes to %s, not to %s (--host), which the headers are for", cell(where, 0), cell(host, 0))
+	}
+	for name, vs := range h {
+		r.Header[name] = append([]string(nil), vs...)
+	}
+	return nil
+}
+
+// hostError is resume's refusal of operations that go to another host than
+// --host, the one the headers given are for: nothing is sent.
+type hostError struct {
+	Host  string   // --host, as origin returns it
+	Op    string   // the operation resumed by name; "" for resume --all
+	Hosts []string // where the operations go, sorted
+}
+
+func (e *hostError) Error() string {
+	goes := cell(e.Hosts[0], 0)
+	if len(e.Hosts) > 1 {
+		goes = fmt.Sprintf("%d hosts (%s)", len(e.Hosts), ctlesc.Escape(strings.Join(e.Hosts, ", ")))
+	}
+	if e.Op != "" {
+		return fmt.Sprintf("%s goes to %s, not to %s (--host), which the headers are for: nothing was sent; if that is where you meant it to go, give its --host and its headers",
+			cell(e.Op, 0), goes, cell(e.Host, 0))
+	}
+	return fmt.Sprintf("the pending operations go to %s, not to %s (--host) alone, which the headers are for: nothing was sent; resume them by name, each with its own host's --host and headers",
+		goes, cell(e.Host, 0))
 }
 
 func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
@@ -356,6 +419,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return err
 	}
 	hf := fs.Lookup("header").Value.(*headerFlag)
+	host, _ := origin(flagString(fs, "host")) // "" when not given; checkResume refused a bad one
 	// The records are read first, for their methods: the Client keys the
 	// methods of the operations it resumes, whichever Methods the programs
 	// that sent them keyed, and no other. A redirect that turns one into a
@@ -387,11 +451,12 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if err != nil {
 			return err
 		}
-		if len(hf.h) > 0 && len(hosts) > 1 {
-			// Every request gets the same headers: one API's credential
-			// would reach the others.
-			return cliflag.Usagef("resume --all with headers: the pending operations go to %d hosts (%s); resume them by name, each with its own host's credential",
-				len(hosts), strings.Join(slices.Sorted(maps.Keys(hosts)), ", "))
+		for h := range hosts {
+			if elsewhere(host, h) {
+				// Every request gets the same headers: one API's
+				// credential would reach the others.
+				return &cliflag.UsageError{Err: &hostError{Host: host, Hosts: slices.Sorted(maps.Keys(hosts))}}
+			}
 		}
 		if total == 0 {
 			fmt.Fprintln(s.stdout, "nothing pending")
@@ -404,6 +469,9 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		}
 		one = r
 		note(r)
+		if elsewhere(host, opHost(r)) {
+			return &cliflag.UsageError{Err: &hostError{Host: host, Op: r.Op, Hosts: []string{opHost(r)}}}
+		}
 	}
 	var warned bool
 	header := func(r *http.Request) error {
@@ -414,10 +482,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			warned = true
 			fmt.Fprintln(s.stderr, "idemctl: sending without credentials (no --header, no IDEM_HEADER): a server that scopes keys by credential runs it as a new request")
 		}
-		for name, vs := range hf.h {
-			r.Header[name] = append([]string(nil), vs...)
-		}
-		return nil
+		return addHeaders(r, hf.h, host)
 	}
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Base: resumeBase, Methods: methods, Header: header,
 		Policy: policy})
@@ -428,11 +493,11 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	failed := 0
 	send := func(r idem.Record) {
 		op := r.Op
-		if len(hf.h) > 0 && !hosts[opHost(r)] {
+		if elsewhere(host, opHost(r)) {
 			// Pending since the first walk read the hosts, and bound
 			// elsewhere: the headers are not for it.
 			failed++
-			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to the host the headers are for; resume it by name with its own\n", cell(op, 0), cell(opHost(r), 0))
+			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to %s (--host), which the headers are for; resume it by name with its own host's --host and headers\n", cell(op, 0), cell(opHost(r), 0), cell(host, 0))
 			return
 		}
 		resp, err := c.Resume(ctx, op)
@@ -847,9 +912,14 @@ func opHost(r idem.Record) string {
 	if err != nil {
 		return "(a URL that does not parse)"
 	}
-	host := u.Host
-	if h := r.Header.Get("Host"); h != "" {
-		host = h
+	return reqHost(u, r.Header.Get("Host"))
+}
+
+// reqHost returns where a request to u with Host host goes, as opHost
+// says it: host, when not "", else u's.
+func reqHost(u *url.URL, host string) string {
+	if host == "" {
+		host = u.Host
 	}
 	return u.Scheme + "://" + host
 }

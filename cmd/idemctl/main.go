@@ -3,7 +3,7 @@
 //
 //	idemctl --jar keys.db list [--status pending]
 //	idemctl --jar keys.db show charge:order-42
-//	idemctl --jar keys.db resume charge:order-42 --header 'Authorization: Bearer sk_…'
+//	idemctl --jar keys.db resume charge:order-42 --header 'Authorization: Bearer sk_…' --host https://api.example.com
 //	idemctl --jar keys.db resume --all
 //	idemctl --jar keys.db abandon charge:order-42 --reason 'no charge in the ledger'
 //	idemctl --jar keys.db forget charge:order-42
@@ -41,11 +41,16 @@
 // scopes keys by credential (as the reference server does) would take
 // another one's request for a new operation. A resume that sends without any
 // header given says so on stderr. The headers go with every request sent,
-// but an Idempotency-Key, which is always the operation's own:
-// resume --all with headers is refused when the pending operations go to
-// more than one host (a request's Host, when it was sent to an address
-// under another), or to one over both https and http, where the
-// credential would cross the network in the clear; resume those by name. resume waits for the lease of a
+// but an Idempotency-Key, which is always the operation's own, and only
+// to the scheme and host that --host names (https://api.example.com, in
+// any case, with the port when the operation's URL has one), which
+// headers need: the jar says where each operation goes, and whoever can
+// write it can point one elsewhere. An operation that goes to another host (a
+// request's Host, when it was sent to an address under another), or to
+// that host over the other scheme, where the credential could cross the
+// network in the clear, is refused with a usage error and nothing is
+// sent; so is resume --all when any pending operation goes elsewhere:
+// resume those by name, each with its own --host. resume waits for the lease of a
 // program still sending an operation, and sends it only if it is still
 // pending then: one that the program finished, or that was abandoned or
 // forgotten, meanwhile is not sent again, and resume says so and fails.
@@ -127,7 +132,7 @@
 // aligns the columns of each page on its own: past 1000 operations, the
 // columns of one page may be wider than those of another. resume --all
 // reads the pending operations twice: for their hosts and methods (the
-// check of --header above), then to resume them, up to the last one its
+// check of --host above), then to resume them, up to the last one its
 // first walk read; one pending since that is after it is left for the
 // next resume. SIGINT (Ctrl-C) or SIGTERM stops list and export, while
 // they read or print, with exit status 1.
@@ -136,8 +141,8 @@
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
 // record of its version) or an operation fails, 2 for a usage error: one
 // that the command line shows is found before the jar is opened, whatever
-// the jar's state (resume --all's refusal of headers for more than one
-// host, which reads the jar, comes after).
+// the jar's state (resume's refusal of an operation that goes to another
+// host than --host, which reads the jar, comes after).
 // Every error is one line on stderr, the password of a URL it quotes
 // masked (user:xxxxx@): a transport's error may quote one, as net/http's
 // does for a malformed HTTPS_PROXY. What idemctl prints of a jar's
@@ -199,11 +204,13 @@ commands:
   list [--status S]                      operations, oldest first (S: pending, done, failed, reconcile, abandoned),
                                          in pages of 1000, each with its columns aligned on its own
   show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
-  resume (OP | --all) [--header 'N: V']  send pending operations again with their keys, giving up an
-         [--attempt-timeout D]           attempt without an answer after D (default 1m, at most H);
-         [--horizon H]                   one first sent more than H ago (default 24h) is marked reconcile;
-                                         the jar keeps no credential: give the first send's with --header
-                                         or, out of the process list, in $IDEM_HEADER ('N: V', one per line)
+  resume (OP | --all) [--header 'N: V'  send pending operations again with their keys, giving up an
+         --host URL]                     attempt without an answer after D (default 1m, at most H);
+         [--attempt-timeout D]           one first sent more than H ago (default 24h) is marked reconcile;
+         [--horizon H]                   the jar keeps no credential: give the first send's with --header
+                                         or, out of the process list, in $IDEM_HEADER ('N: V', one per line),
+                                         and with --host the scheme and host it is for (https://api.example.com):
+                                         an operation that goes elsewhere is not sent
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)

@@ -268,7 +268,7 @@ func TestResume(t *testing.T) { eachJar(t, testResume) }
 func testResume(t *testing.T, srv *server, path string) {
 	rec, _ := jarState(t, path, "charge:p1")
 
-	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret)
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+rec.Key) || errOut != "" {
 		t.Fatalf("resume: exit %d, %q, %q; want 201 with the stored key", code, out, errOut)
 	}
@@ -283,19 +283,19 @@ func testResume(t *testing.T, srv *server, path string) {
 	// with its own key whatever the headers say.
 	p2, _ := jarState(t, path, "charge:p2")
 	t.Setenv("IDEM_HEADER", "Authorization: "+secret+"\nX-Trace: 1\nIdempotency-Key: not-the-operations\n")
-	code, out, errOut = idemctl("--jar", path, "resume", "--all")
+	code, out, errOut = idemctl("--jar", path, "resume", "--all", "--host", srv.URL)
 	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "charge:p2: 201 Created") || srv.auths[1] != secret {
 		t.Fatalf("resume --all: exit %d, %q, %q, auth %q; want charge:p2 sent with the credential", code, out, errOut, srv.auths)
 	}
 	if srv.keys[1] != p2.Key {
 		t.Fatalf("resume --all sent charge:p2 with key %q; want its stored key %q", srv.keys[1], p2.Key)
 	}
-	code, out, _ = idemctl("--jar", path, "resume", "--all")
+	code, out, _ = idemctl("--jar", path, "resume", "--all", "--host", srv.URL)
 	if code != 0 || out != "nothing pending\n" {
 		t.Fatalf("resume --all with nothing pending: exit %d, %q", code, out)
 	}
 
-	code, _, errOut = idemctl("--jar", path, "resume", "charge:done")
+	code, _, errOut = idemctl("--jar", path, "resume", "charge:done", "--host", srv.URL)
 	wantError(t, code, errOut, 1, "charge:done")
 	for _, args := range [][]string{{"resume"}, {"resume", "charge:p1", "--all"}, {"resume", "a", "b"}, {"resume", "a", "--header", "no colon"}} {
 		code, _, errOut = idemctl(append([]string{"--jar", path}, args...)...)
@@ -377,7 +377,7 @@ func TestIdemHeaderBlankLine(t *testing.T) {
 	}
 	// Lines of spaces, tabs and CRs (a file with CRLF line ends) are blank.
 	t.Setenv("IDEM_HEADER", "\r\nAuthorization: "+secret+"\r\n \t\r\n\n")
-	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1")
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--host", srv.URL)
 	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created") || len(srv.auths) != 1 || srv.auths[0] != secret {
 		t.Fatalf("resume with blank IDEM_HEADER lines: exit %d, %q, %q, auth %q; want it sent with the credential", code, out, errOut, srv.auths)
 	}
@@ -525,7 +525,7 @@ func TestResumeRefusedWith422(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	path := pendingInFile(t, http.MethodPost, "charge:o1", srv.URL+"/v1/charges", 0)
-	code, _, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret)
+	code, _, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret, "--host", srv.URL)
 	wantError(t, code, errOut, 1, "refused the request with 422")
 	for _, want := range []string{"a request it will not process", "Order already charged"} {
 		if !strings.Contains(errOut, want) {
@@ -567,11 +567,11 @@ func TestResumeOfAnyMethod(t *testing.T) {
 	put, _ := jarState(t, putJar, "put:a")
 	del, _ := jarState(t, deleteJar, "delete:b")
 
-	code, out, errOut := idemctl("--jar", putJar, "resume", "put:a", "--header", "Authorization: "+secret)
+	code, out, errOut := idemctl("--jar", putJar, "resume", "put:a", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || out != "put:a: 200 OK, key "+put.Key+"\n" || errOut != "" {
 		t.Fatalf("resume put:a: exit %d, %q, %q; want 200 OK (the redirect followed) with the stored key", code, out, errOut)
 	}
-	code, out, errOut = idemctl("--jar", deleteJar, "resume", "--all", "--header", "Authorization: "+secret)
+	code, out, errOut = idemctl("--jar", deleteJar, "resume", "--all", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || out != "delete:b: 204 No Content, key "+del.Key+"\n" || errOut != "" {
 		t.Fatalf("resume --all: exit %d, %q, %q; want delete:b sent with the stored key", code, out, errOut)
 	}
@@ -1068,7 +1068,7 @@ func TestResumeAttemptTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin, "--jar", path, "resume", "charge:o1", "--attempt-timeout", "200ms", "--header", "Authorization: "+secret)
+	cmd := exec.CommandContext(ctx, bin, "--jar", path, "resume", "charge:o1", "--attempt-timeout", "200ms", "--header", "Authorization: "+secret, "--host", srv.URL)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if ctx.Err() != nil {
@@ -1116,7 +1116,7 @@ func TestResumeAttemptTimeout(t *testing.T) {
 	mu.Lock()
 	answer = true
 	mu.Unlock()
-	code, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--attempt-timeout", "200ms", "--header", "Authorization: "+secret)
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--attempt-timeout", "200ms", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || out != "charge:o1: 201 Created, key "+before.Key+"\n" || errOut != "" {
 		t.Fatalf("resume once the server answers: exit %d, %q, %q; want 201 Created with the stored key", code, out, errOut)
 	}
@@ -1204,7 +1204,7 @@ func TestResumeAttemptTimeoutRefused(t *testing.T) {
 		t.Fatalf("after the refusals: %s with %d attempts; want pending with %d", r.State, r.Attempts, before.Attempts)
 	}
 	// The longest is taken.
-	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--attempt-timeout", "24h", "--header", "Authorization: "+secret)
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--attempt-timeout", "24h", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+before.Key) {
 		t.Fatalf("resume --attempt-timeout 24h: exit %d, %q, %q; want 201 Created", code, out, errOut)
 	}
@@ -1253,11 +1253,11 @@ func TestResumeHorizon(t *testing.T) {
 		t.Fatalf("the server got %d requests after usage errors; want none", len(srv.keys))
 	}
 
-	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--horizon", "48h", "--header", "Authorization: "+secret)
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--horizon", "48h", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+old["charge:p1"].Key) {
 		t.Fatalf("resume --horizon 48h of an operation first sent 30h ago: exit %d, %q, %q; want 201 with its key", code, out, errOut)
 	}
-	code, out, errOut = idemctl("--jar", path, "resume", "charge:p2", "--header", "Authorization: "+secret)
+	code, out, errOut = idemctl("--jar", path, "resume", "charge:p2", "--header", "Authorization: "+secret, "--host", srv.URL)
 	wantError(t, code, errOut, 1, "more than 24h0m0s ago: not retried")
 	if len(srv.keys) != 1 {
 		t.Fatalf("the server got %d requests; want 1, charge:p1's (stdout %q)", len(srv.keys), out)
@@ -1420,7 +1420,7 @@ func TestResumeErrorPasswordNotPrinted(t *testing.T) {
 		return nil, fmt.Errorf(`invalid proxy address %q: parse %q: invalid URL escape "%%zz"`, proxy, proxy)
 	})
 	for _, args := range [][]string{{"resume", "charge:o1"}, {"resume", "--all"}} {
-		code, out, errOut := idemctl(append([]string{"--jar", path}, append(args, "--header", "Authorization: "+secret)...)...)
+		code, out, errOut := idemctl(append([]string{"--jar", path}, append(args, "--header", "Authorization: "+secret, "--host", "http://payments.example")...)...)
 		if code != 1 || strings.Contains(out+errOut, pw) || !strings.Contains(errOut, "ops:xxxxx@") {
 			t.Errorf("idemctl %q: exit %d, stdout %q, stderr %q; want exit 1, the proxy's password masked, ops:xxxxx@", args, code, out, errOut)
 		}
@@ -1603,7 +1603,7 @@ func TestResumeAllKeepsCredentialsToOneHost(t *testing.T) {
 		}
 	})
 
-	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", srv.URL)
 	wantError(t, code, errOut, 2, "2 hosts")
 	if strings.Contains(errOut, "sk_test") {
 		t.Errorf("the error shows the credential: %q", errOut)
@@ -1612,13 +1612,90 @@ func TestResumeAllKeepsCredentialsToOneHost(t *testing.T) {
 		t.Fatalf("sent %d and %d requests; want none", len(srv.keys), len(other.keys))
 	}
 	// One operation at a time, each with its own API's credential.
-	code, out, errOut := idemctl("--jar", path, "resume", "hook:h1", "--header", "Authorization: Bearer other")
+	code, out, errOut := idemctl("--jar", path, "resume", "hook:h1", "--header", "Authorization: Bearer other", "--host", other.URL)
 	if code != 0 || !strings.Contains(out, "hook:h1: 201 Created") || len(other.auths) != 1 || other.auths[0] != "Bearer other" {
 		t.Fatalf("resume hook:h1: exit %d, %q, %q, auths %q", code, out, errOut, other.auths)
 	}
-	code, out, errOut = idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	code, out, errOut = idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || strings.Count(out, "201 Created") != 2 || len(srv.auths) != 2 || srv.auths[1] != secret {
 		t.Fatalf("resume --all once one host is left: exit %d, %q, %q, auths %q", code, out, errOut, srv.auths)
+	}
+}
+
+// TestResumeSendsHeadersOnlyToTheNamedHost: the jar says where each
+// operation goes, and whoever can write it can point one at another host.
+// Headers given to resume (--header or IDEM_HEADER) need --host, the
+// scheme and host they are for; an operation that goes elsewhere is
+// refused with a usage error, the credential neither sent nor shown.
+func TestResumeSendsHeadersOnlyToTheNamedHost(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	refused := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"charge:p1"}, "--host"},
+		{[]string{"charge:p1", "--host", "https://api.example.com"}, "goes to " + srv.URL},
+		{[]string{"charge:p1", "--host", strings.Replace(srv.URL, "http:", "https:", 1)}, "goes to " + srv.URL},
+		{[]string{"--all", "--host", "https://api.example.com"}, srv.URL},
+		{[]string{"charge:p1", "--host", "127.0.0.1"}, "--host"},
+		{[]string{"charge:p1", "--host", srv.URL + "/v1/charges"}, "--host"},
+		{[]string{"charge:p1", "--host", "ftp://" + srv.Listener.Addr().String()}, "--host"},
+		{[]string{"charge:p1", "--host", "http://user:pw@" + srv.Listener.Addr().String()}, "--host"},
+		{[]string{"charge:p1", "--host", srv.URL + "?a=1"}, "--host"},
+	}
+	for _, c := range refused {
+		code, _, errOut := idemctl(append([]string{"--jar", path, "resume", "--header", "Authorization: " + secret}, c.args...)...)
+		wantError(t, code, errOut, 2, c.want)
+		if strings.Contains(errOut, "sk_test") || strings.Contains(errOut, ":pw@") {
+			t.Errorf("resume %q: the error shows a credential: %q", c.args, errOut)
+		}
+	}
+	t.Setenv("IDEM_HEADER", "Authorization: "+secret)
+	code, _, errOut := idemctl("--jar", path, "resume", "charge:p1")
+	wantError(t, code, errOut, 2, "--host")
+	if len(srv.keys) != 0 {
+		t.Fatalf("sent %d requests; want none", len(srv.keys))
+	}
+	// The host of the operation, in any case.
+	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--host", strings.ToUpper(srv.URL)+"/")
+	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created") || len(srv.auths) != 1 || srv.auths[0] != secret {
+		t.Fatalf("resume --host %s: exit %d, %q, %q, auths %q; want it sent with the credential", srv.URL, code, out, errOut, srv.auths)
+	}
+}
+
+// TestHeadersAddedOnlyForTheHost: the headers go on a request only when it
+// goes to --host's scheme and host, its Host included, which a record
+// rewritten in the jar after resume read it may not.
+func TestHeadersAddedOnlyForTheHost(t *testing.T) {
+	h := http.Header{"Authorization": {secret}}
+	for _, c := range []struct {
+		url, reqHost, host string
+		added              bool
+	}{
+		{"https://api.example.com/v1/charges", "", "https://api.example.com", true},
+		{"https://API.example.com/v1/charges", "", "https://api.example.com", true},
+		{"https://api.example.com/v1/charges", "", "", true},
+		{"https://evil.example/v1/charges", "", "https://api.example.com", false},
+		{"http://api.example.com/v1/charges", "", "https://api.example.com", false},
+		{"https://api.example.com:8443/v1/charges", "", "https://api.example.com", false},
+		{"https://10.0.0.1/v1/charges", "api.example.com", "https://api.example.com", true},
+		{"https://api.example.com/v1/charges", "evil.example", "https://api.example.com", false},
+	} {
+		r, err := http.NewRequest(http.MethodPost, c.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.reqHost != "" {
+			r.Host = c.reqHost
+		}
+		err = addHeaders(r, h, c.host)
+		if got := r.Header.Get("Authorization") == secret; got != c.added || (err == nil) != c.added {
+			t.Errorf("%s (Host %q) for --host %q: added %v, error %v; want added %v", c.url, c.reqHost, c.host, got, err, c.added)
+		}
+		if err != nil && strings.Contains(err.Error(), "sk_test") {
+			t.Errorf("the error shows the credential: %v", err)
+		}
 	}
 }
 
@@ -1639,7 +1716,7 @@ func TestResumeAllKeepsCredentialsToOneVirtualHost(t *testing.T) {
 		}
 	})
 
-	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", "http://payments.example")
 	wantError(t, code, errOut, 2, "2 hosts")
 	if !strings.Contains(errOut, "hooks.example") || !strings.Contains(errOut, "payments.example") {
 		t.Errorf("the error does not name both hosts: %q", errOut)
@@ -1670,7 +1747,7 @@ func TestResumeAllKeepsCredentialsToOneScheme(t *testing.T) {
 		sent = append(sent, r.URL.String())
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	})
-	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret)
+	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", "https://api.example")
 	if code != 2 || !strings.Contains(errOut, "2 hosts") || !strings.Contains(errOut, "http://api.example") || len(sent) != 0 {
 		t.Fatalf("exit %d, stderr %q, sent %q; want a usage error naming both origins, nothing sent", code, errOut, sent)
 	}
@@ -1774,7 +1851,7 @@ func TestTerminalEscapesNotPrinted(t *testing.T) {
 
 	for _, c := range []struct{ path, stream string }{{"/v1/refused", "stderr"}, {"/v1/created", "stdout"}} {
 		path := pendingInFile(t, http.MethodPost, "charge:o1", srv.URL+c.path, 0)
-		_, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret)
+		_, out, errOut := idemctl("--jar", path, "resume", "charge:o1", "--header", "Authorization: "+secret, "--host", srv.URL)
 		printed := map[string]string{"stdout": out, "stderr": errOut}[c.stream]
 		if !strings.Contains(printed, `\x1b[2J`) || !strings.Contains(printed, `\u202e\u2066`) {
 			t.Errorf("resume of %s: %s %q; want the server's words, escaped", c.path, c.stream, printed)
@@ -1870,7 +1947,7 @@ func TestResumeAllInterrupted(t *testing.T) {
 	defer cancel()
 	stdout := &cancelOnWrite{cancel: cancel} // at the line of the first operation resumed
 	var stderr bytes.Buffer
-	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret}, stdout, &stderr)
+	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret, "--host", srv.URL}, stdout, &stderr)
 	if code != 1 || !strings.HasPrefix(stdout.String(), "charge:p1: 201") || stderr.String() != "idemctl: interrupted: 1 operation(s) not resumed, still pending\n" {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, charge:p1 resumed and one line saying 1 was not", code, stdout.String(), stderr.String())
 	}
@@ -1908,7 +1985,7 @@ func TestResumeAllInterruptedWhileSending(t *testing.T) {
 		keys = append(keys, r.Key)
 	}
 	var stdout, stderr bytes.Buffer
-	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret}, &stdout, &stderr)
+	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret, "--host", srv.URL}, &stdout, &stderr)
 	if code != 1 || stdout.Len() != 0 || !strings.HasSuffix(stderr.String(), "idemctl: interrupted: 2 operation(s) not resumed, still pending\n") {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and a last line saying that both stay pending", code, stdout.String(), stderr.String())
 	}
@@ -2236,7 +2313,7 @@ func TestResumeAllInPages(t *testing.T) {
 				begin("hook:early", "http://hooks.example/v1/hooks", now.Add(-time.Hour))
 			}
 		}
-		code, out, errOut := idemctl("--jar", spec, "resume", "--all", "--header", "Authorization: "+secret)
+		code, out, errOut := idemctl("--jar", spec, "resume", "--all", "--header", "Authorization: "+secret, "--host", srv.URL)
 		var resumed []string
 		for line := range strings.Lines(out) {
 			if op, _, ok := strings.Cut(line, ": 201 Created"); ok {
@@ -2245,7 +2322,7 @@ func TestResumeAllInPages(t *testing.T) {
 		}
 		want := []string{"charge:p1", "charge:p2", "charge:q1", "charge:q2", "charge:q3"}
 		if code != 1 || !slices.Equal(resumed, want) || len(srv.keys) != len(want) ||
-			errOut != "idemctl: hook:early: not sent: it goes to http://hooks.example, not to the host the headers are for; resume it by name with its own\n" {
+			errOut != "idemctl: hook:early: not sent: it goes to http://hooks.example, not to "+srv.URL+" (--host), which the headers are for; resume it by name with its own host's --host and headers\n" {
 			t.Fatalf("resume --all: exit %d, resumed %v, %d requests, stderr %q; want exit 1, %v resumed, and hook:early not sent",
 				code, resumed, len(srv.keys), errOut, want)
 		}
