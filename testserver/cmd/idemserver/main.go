@@ -13,7 +13,8 @@
 //
 // It prints the address it listens on. Once it serves, and then every
 // -prune-every (1 h; 0 never), it deletes the keys older than -retention
-// (25 h), and logs how many to stderr when it deleted some. On SIGINT or
+// (25 h), and logs how many to stderr when it deleted some, and the error,
+// at ERROR, when it failed. On SIGINT or
 // SIGTERM it stops
 // listening and waits for the requests in flight to be answered, up to the
 // time a request with an Idempotency-Key may take: 30 s for its body to
@@ -495,7 +496,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	pruneCtx, stopPrune := context.WithCancel(ctx)
 	go func() {
 		defer close(pruneDone)
-		prune(pruneCtx, mw, *pruneEvery, logger, stderr)
+		prune(pruneCtx, mw, *pruneEvery, logger)
 	}()
 	defer func() {
 		stopPrune()
@@ -534,11 +535,12 @@ func shutdown(srv *http.Server, grace time.Duration) error {
 }
 
 // prune deletes expired keys once at start and then every interval until
-// ctx ends, and logs how many each prune deleted, when it deleted any. The
+// ctx ends, and logs how many each prune deleted, when it deleted any, and
+// the error of one that failed, at ERROR as the store's other errors. The
 // prune at start is what a fleet restarted more often than every interval
 // (deploys, a crash loop) gets: with the first one an interval away, it
 // pruned nothing.
-func prune(ctx context.Context, mw *testserver.Middleware, every time.Duration, logger *slog.Logger, stderr io.Writer) {
+func prune(ctx context.Context, mw *testserver.Middleware, every time.Duration, logger *slog.Logger) {
 	if every <= 0 {
 		return
 	}
@@ -554,7 +556,7 @@ func prune(ctx context.Context, mw *testserver.Middleware, every time.Duration, 
 			logger.Info("idemserver: pruned expired keys", "deleted", n, "retention", mw.Retention, "took", time.Since(start).Round(time.Millisecond))
 		}
 		if err != nil {
-			fmt.Fprintln(stderr, "idemserver: prune:", err)
+			logger.Error("idemserver: prune failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():

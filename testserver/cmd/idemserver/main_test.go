@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -988,4 +990,39 @@ func TestPruneAtStart(t *testing.T) {
 	if err := sdb.QueryRow(`SELECT group_concat(key) FROM idempotency_keys`).Scan(&keys); err != nil || keys != "new" {
 		t.Fatalf("keys after the prune: %q, %v; want only the one within -retention, new", keys, err)
 	}
+}
+
+// pruneFails is a Store whose Prune fails, as with its database down; the
+// Middleware calls nothing else of it when it prunes.
+type pruneFails struct{ testserver.Store }
+
+func (pruneFails) Prune(context.Context, time.Time, int) (int, error) {
+	return 0, errors.New("database is down")
+}
+
+// A prune that failed is logged as the server's other errors are: one
+// record at ERROR, with its error, which an operator who watches for
+// level=ERROR (a failing database, the key table growing) sees; not a line
+// of its own format among the records.
+func TestPruneErrorLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out bytes.Buffer
+		logger := slog.New(slog.NewTextHandler(&out, nil))
+		mw := &testserver.Middleware{Store: pruneFails{}}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			prune(ctx, mw, time.Hour, logger)
+		}()
+		synctest.Wait() // the prune at start ran; the next is an hour away
+		got := out.String()
+		cancel()
+		<-done
+		lines := strings.Split(strings.TrimSpace(got), "\n")
+		if len(lines) != 1 || !strings.Contains(lines[0], "level=ERROR") || !strings.Contains(lines[0], `msg="idemserver: prune failed"`) ||
+			!strings.Contains(lines[0], `err="database is down"`) {
+			t.Fatalf("log %q; want one record at ERROR, msg=\"idemserver: prune failed\", with the error", got)
+		}
+	})
 }
