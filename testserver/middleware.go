@@ -1042,7 +1042,9 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 // PruneBatch (one store statement each, so no writer waits long), until a
 // batch comes back short, ctx is done, or 10 000 batches ran; an entry
 // still in flight is kept while its claim was taken within Retention (see
-// Store.Prune). It returns how many it deleted. Run it periodically. With a
+// Store.Prune). It returns how many it deleted. Run it when the server
+// starts and then periodically: a server restarted more often than the
+// period never prunes if the first run waits a period. With a
 // nil Store it deletes nothing and returns ErrNoStore; with a negative
 // LockTimeout or PruneBatch, a LockTimeout not below Retention, or an
 // OnError that is neither policy, ErrOptions.

@@ -24,7 +24,10 @@ func ExampleOpen() {
 
 	mw := &testserver.Middleware{Store: store, LockTimeout: time.Minute} // the same on every instance
 	go func() {
-		for range time.Tick(time.Hour) {
+		// At start, then hourly: instances restarted more often than
+		// hourly (deploys, a crash loop) never prune if the first prune
+		// waits an hour.
+		for tick := time.Tick(time.Hour); ; <-tick {
 			if _, err := mw.Prune(ctx); err != nil {
 				log.Print(err)
 			}

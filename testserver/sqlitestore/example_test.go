@@ -39,7 +39,7 @@ func ExampleOpen() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		mw := &testserver.Middleware{Store: store} // run mw.Prune(ctx) now and then
+		mw := &testserver.Middleware{Store: store} // run mw.Prune(ctx) at start and then hourly
 		mux := http.NewServeMux()
 		mux.Handle("POST /v1/messages", mw.Wrap(send))
 		srv := httptest.NewServer(mux)
