@@ -118,7 +118,7 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		a.log(r, slog.LevelError, "payments: charge failed", err, chargeAttrs(r, orderID)...)
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "payco-failed", Title: "Payment processor failed", Status: http.StatusBadGateway,
-			Detail: "The payment processor did not answer; retry the request with the same Idempotency-Key."}, 0)
+			Detail: "The payment processor did not answer. " + a.nextStep(orderID)}, 0)
 		return
 	}
 	if f := a.Faults.Charged; f != nil {
@@ -126,7 +126,7 @@ func (a *App) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	if f := a.Faults.FailAfterCharge; f != nil && f(orderID) {
 		testserver.WriteProblem(w, testserver.Problem{Type: problemBase + "failed-after-charge", Title: "Failed after charging", Status: http.StatusInternalServerError,
-			Detail: "The server failed after the processor charged the order (an injected fault). Retry with the same Idempotency-Key."}, 0)
+			Detail: "The server failed after the processor charged the order (an injected fault). " + a.nextStep(orderID)}, 0)
 		return
 	}
 	if d := a.Faults.Delay; d > 0 {
@@ -224,6 +224,17 @@ func validOrderID(id string) bool {
 		}
 	}
 	return true
+}
+
+// nextStep ends the detail of a failed charge's answer: what its caller
+// does next. Under the Middleware's SaveError the answer is saved and every
+// retry of its key gets it replayed, so the caller is sent to the order
+// instead of to a retry.
+func (a *App) nextStep(orderID string) string {
+	if a.Idempotency != nil && a.Idempotency.OnError == testserver.SaveError {
+		return fmt.Sprintf("This answer is saved for the Idempotency-Key, and a retry gets it again: look the order up at %s before charging it again with a new key.", orderPath(orderID))
+	}
+	return "Retry the request with the same Idempotency-Key."
 }
 
 // orderPath returns the path of GET /v1/orders/{order_id} for id. An id of

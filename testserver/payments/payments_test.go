@@ -249,9 +249,11 @@ func TestFailAfterCharge(t *testing.T) {
 		var failed atomic.Bool
 		app.Faults.FailAfterCharge = func(string) bool { return !failed.Swap(true) }
 		h := app.Handler()
-		if w := post(h, "k", "application/json", jsonBody); w.Code != 500 {
-			t.Fatalf("%v: first answer %d; want the injected 500", policy, w.Code)
+		first := post(h, "k", "application/json", jsonBody)
+		if first.Code != 500 {
+			t.Fatalf("%v: first answer %d; want the injected 500", policy, first.Code)
 		}
+		wantNextStep(t, policy, first.Body.String(), "o-1")
 		retry := post(h, "k", "application/json", jsonBody)
 		s := stats(t, h)
 		switch policy {
@@ -264,6 +266,39 @@ func TestFailAfterCharge(t *testing.T) {
 				t.Errorf("save: retry %d, stats %+v; want the 500 replayed, one call", retry.Code, s)
 			}
 		}
+	}
+}
+
+// wantNextStep checks the detail of a failed charge's answer, body, for
+// the order orderID: under ReleaseClaim it says to retry with the same key,
+// which runs the charge again; under SaveError the answer is saved and a
+// retry gets it replayed, so it says so and names where to look the order
+// up instead.
+func wantNextStep(t *testing.T, policy testserver.ErrorPolicy, body, orderID string) {
+	t.Helper()
+	const same = "with the same Idempotency-Key"
+	switch policy {
+	case testserver.ReleaseClaim:
+		if !strings.Contains(body, same) {
+			t.Errorf("release: %s; want it to say to retry %s", body, same)
+		}
+	case testserver.SaveError:
+		if strings.Contains(body, same) || !strings.Contains(body, "/v1/orders/"+orderID) || !strings.Contains(body, "saved") {
+			t.Errorf("save: %s; want it to say the answer is saved, and to look the order up at /v1/orders/%s, not to retry %s", body, orderID, same)
+		}
+	}
+}
+
+// A charge that PayCo failed answers 502 payco-failed, whose detail says
+// what its caller does next under the Middleware's OnError.
+func TestPayCoFailedNextStep(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		app := &payments.App{PayCo: closedLedger(t), Idempotency: &testserver.Middleware{Store: &testserver.MemoryStore{}, OnError: policy}}
+		w := post(app.Handler(), "k", "application/json", jsonBody)
+		if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "payco-failed") {
+			t.Fatalf("%v: %d %s; want 502 payco-failed", policy, w.Code, w.Body)
+		}
+		wantNextStep(t, policy, w.Body.String(), "o-1")
 	}
 }
 
