@@ -111,12 +111,12 @@ func (c *call) fill(ch *Change) {
 	}
 }
 
-// errorText is err's message as a record keeps it: the passwords of the
-// URLs it quotes masked (dsn.MaskPasswords), and valid UTF-8 without a NUL
-// byte, which every jar can store (PostgreSQL's text holds neither). A base
-// transport's error may quote any bytes, and a URL with its password:
-// net/http's for a malformed proxy URL (HTTPS_PROXY), another transport's
-// *url.Error.
+// errorText is err's message as a record keeps it: the passwords it
+// quotes masked (dsn.MaskPasswords: a URL's, a connection string's), and
+// valid UTF-8 without a NUL byte, which every jar can store (PostgreSQL's
+// text holds neither). A base transport's error may quote any bytes, and
+// a URL with its password: net/http's for a malformed proxy URL
+// (HTTPS_PROXY), another transport's *url.Error.
 func errorText(err error) string {
 	s := dsn.MaskPasswords(err.Error())
 	if pgtext.Holds(s) {

@@ -90,7 +90,7 @@ type Record struct {
 	// process killed before its first send leaves 1.
 	Attempts    int
 	LastStatus  int       // status of the last answer; 0 when none
-	LastError   string    // the last attempt's error, as valid UTF-8 and, as the Transport writes it, the passwords of the URLs it quotes masked (user:xxxxx@); "" when none
+	LastError   string    // the last attempt's error, as valid UTF-8 and, as the Transport writes it, the passwords it quotes masked (a URL's user:xxxxx@, a connection string's password=xxxxx); "" when none
 	NextAttempt time.Time // zero, or the earliest time the server asked to be retried at
 	Note        string    // why the operation is in its state (abandon reason, reconcile hint)
 

@@ -255,7 +255,7 @@ type Transport struct {
 	// ErrLeaseLost once another holder took the lease over. A Deferrer
 	// drops a change refused when it applies it, and nothing is logged
 	// (see Deferrer). Each record's err is the error's message with the
-	// passwords of the URLs it quotes masked (user:xxxxx@), as the jar's
+	// passwords it quotes masked (user:xxxxx@, password=xxxxx), as the jar's
 	// LastError keeps it; Hooks get the error itself. Nil means silent. A
 	// panic in its handler is handled as a hook's.
 	Logger *slog.Logger

@@ -1,9 +1,10 @@
 // Package dsn tells the commands' PostgreSQL URLs from file names, and prints
 // them without their secrets, as it prints any text that may quote a URL
-// (an error's message) without the passwords of its URLs.
+// or a connection string (an error's message) without their passwords.
 package dsn
 
 import (
+	"bytes"
 	"errors"
 	"net/url"
 	"slices"
@@ -62,47 +63,289 @@ func Redacted(s, what string) string {
 	return b.String()
 }
 
-// MaskPasswords returns s, a text that may quote URLs (an error's message),
-// with the password of each URL's userinfo replaced by "xxxxx", as
-// url.URL.Redacted writes it: "scheme://user:xxxxx@host". The userinfo is
-// what url.Parse takes for it in a URL that runs to the end of s: after
-// "://", the authority runs to the first '/', '?' or '#', and its userinfo
-// to its last '@'. In a text, where the URL may end sooner, that last '@'
-// may be a later word's: more is masked then, never less. A quoted piece
+// MaskPasswords returns s, a text that may quote URLs and connection
+// strings (an error's message), with each password in it replaced by
+// "xxxxx": a URL's, as url.URL.Redacted writes it
+// ("scheme://user:xxxxx@host", "//user:xxxxx@host" without a scheme), the
+// value of a query parameter whose key holds "password" (?password=xxxxx,
+// &sslpassword=xxxxx), and a libpq key=value string's (password=xxxxx,
+// for a value in single quotes too).
+//
+// A URL's userinfo is what url.Parse takes for it in a URL that runs to
+// the end of s: after "//", the authority runs to the first '/', '?' or
+// '#', and its userinfo to its last '@'. An authority with a ':' and no
+// '@', but an '@' after it in the URL, is taken for a password holding a
+// '/', '?', '#' or "://" not percent-encoded, running to the URL's last
+// '@' (as MaskURLError takes it); with no '@' after it, a port that is
+// not a number is taken for the start of a password that a '#' cut
+// (url.Parse's error quotes the URL to its '#'). A URL runs to the quote
+// that closes it where it is quoted (as %q quotes it, escapes skipped, or
+// in backquotes, as pgx quotes a connection string), else to the first
+// space. A value runs as pgx reads it: a query's to the next '&', a libpq
+// one to the first space not escaped by a backslash, or in single quotes
+// to the closing one; and no further than the quote that closes the text
+// it is quoted in. In a text, where a URL may end sooner, that last '@'
+// may be a later word's, and the port of a URL with an '@' in its path is
+// taken for a password: more is masked then, never less. A quoted piece
 // of a password masked ("%zz": url.Parse's error quotes an escape that is
 // not one) is masked too.
 func MaskPasswords(s string) string {
-	var b strings.Builder
-	var passwords []string
-	done := 0 // s[:done] is in b
+	t := &text{s: s, spans: quotedSpans(s)}
+	var masks [][2]int // the byte ranges of s to print as xxxxx
 	for from := 0; ; {
-		i := strings.Index(s[from:], "://")
+		i := strings.Index(s[from:], "//")
 		if i < 0 {
 			break
 		}
-		start := from + i + len("://")
+		start := from + i + len("//")
 		end := len(s)
 		if j := strings.IndexAny(s[start:], "/?#"); j >= 0 {
 			end = start + j
 		}
 		authority := s[start:end]
+		from = end - 1 // "///": the next "//" may begin at the second '/'
 		if at := strings.LastIndexByte(authority, '@'); at >= 0 {
 			if colon := strings.IndexByte(authority[:at], ':'); colon >= 0 {
-				b.WriteString(s[done : start+colon+1])
-				b.WriteString("xxxxx")
-				passwords = append(passwords, authority[colon+1:at])
-				done = start + at
+				masks = append(masks, [2]int{start + colon + 1, start + at})
 			}
+			continue
 		}
-		// The next URL may begin at the ':' that ends this authority, as
-		// in a message that quotes one URL after another.
-		from = max(start, end-1)
+		colon := strings.IndexByte(authority, ':')
+		w := t.wordEnd(start)
+		if colon < 0 || start+colon >= w {
+			continue
+		}
+		if at := t.lastAt(w); at >= end {
+			masks = append(masks, [2]int{start + colon + 1, at})
+			continue
+		}
+		// No '@': a port that is not one may be the start of a password
+		// cut at a '#', as url.Parse's error quotes the URL.
+		port := s[start+colon+1 : min(end, w)]
+		if authority[0] != '[' && strings.Trim(port, "0123456789") != "" {
+			masks = append(masks, [2]int{start + colon + 1, min(end, w)})
+		}
 	}
-	if done == 0 {
+	lower := []byte(s) // in ASCII lower case, byte for byte
+	for i, c := range lower {
+		if 'A' <= c && c <= 'Z' {
+			lower[i] = c + 'a' - 'A'
+		}
+	}
+	for from := 0; ; {
+		i := bytes.Index(lower[from:], []byte("password"))
+		if i < 0 {
+			break
+		}
+		key := from + i
+		v := key + len("password")
+		for v < len(s) && isKeyByte(s[v]) {
+			v++
+		}
+		from = v // a key within this one's bytes has its '=', if any
+		v = skipSpaces(s, v)
+		if v == len(s) || s[v] != '=' {
+			continue
+		}
+		v++
+		k := key
+		for k > 0 && isKeyByte(s[k-1]) {
+			k--
+		}
+		before := strings.TrimRight(s[:k], " ") // pgx trims a query key
+		inQuery := strings.HasSuffix(before, "?") || strings.HasSuffix(before, "&")
+		if !inQuery && k > 0 && !isSpace(s[k-1]) && !strings.ContainsRune("\"`'", rune(s[k-1])) {
+			continue // not a keyword of its own: a URL's userinfo or path
+		}
+		if !inQuery {
+			v = skipSpaces(s, v) // as pgx reads it
+		}
+		var end int
+		switch {
+		case inQuery:
+			end = t.queryValueEnd(v)
+		case v < len(s) && s[v] == '\'':
+			// As libpq reads it: a backslash escapes the next byte, and
+			// a value left open runs to the end.
+			limit := t.spanEnd(v)
+			for end = v + 1; end < limit && s[end] != '\''; end++ {
+				if s[end] == '\\' {
+					end++
+				}
+			}
+			end = min(end+1, limit)
+		default:
+			end = t.valueEnd(v)
+		}
+		if end > v {
+			masks = append(masks, [2]int{v, end})
+		}
+	}
+	if len(masks) == 0 {
 		return s
+	}
+	slices.SortFunc(masks, func(a, b [2]int) int { return a[0] - b[0] })
+	var b strings.Builder
+	var passwords []string
+	seen := make(map[string]bool)
+	done := 0 // s[:done] is in b
+	for _, m := range masks {
+		if m[1] <= done {
+			continue
+		}
+		m[0] = max(m[0], done)
+		b.WriteString(s[done:m[0]])
+		b.WriteString("xxxxx")
+		if p := s[m[0]:m[1]]; !seen[p] {
+			seen[p] = true
+			passwords = append(passwords, p)
+		}
+		done = m[1]
 	}
 	b.WriteString(s[done:])
 	return maskPieces(b.String(), passwords)
+}
+
+// text is a text MaskPasswords reads, with what it found of it kept, so
+// that it reads each byte a bounded number of times as the positions it
+// is asked about grow.
+type text struct {
+	s     string
+	spans [][2]int // quotedSpans(s)
+
+	space, amp, value found // the end of a word, of a query's value, of a libpq value
+	atBefore          []int // atBefore[i]: the last '@' before i, -1 for none
+}
+
+// found is where a read from a position, from, ended: to, at the first
+// byte it stops at (len(s) for none), where to >= from. It ends a read
+// from any position in [from, to] at the same byte.
+type found struct{ from, to int }
+
+func (f found) has(i int) bool { return f.from <= i && i <= f.to && f.to > 0 }
+
+// quotedSpans returns the pieces of s quoted as %q quotes a string ("…",
+// a backslash escaping the next byte) or as pgx quotes a connection string
+// (`…`), each from its opening quote to its closing one, or to the end of
+// s where none closes it. Quotes pair from the left.
+func quotedSpans(s string) [][2]int {
+	var spans [][2]int
+	for i := 0; i < len(s); i++ {
+		q := s[i]
+		if q != '"' && q != '`' {
+			continue
+		}
+		j := i + 1
+		for j < len(s) && s[j] != q {
+			if q == '"' && s[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		j = min(j, len(s))
+		spans = append(spans, [2]int{i, j})
+		i = j
+	}
+	return spans
+}
+
+// span returns the closing quote of the piece of s quoted around i.
+func (t *text) span(i int) (int, bool) {
+	n, _ := slices.BinarySearchFunc(t.spans, i, func(sp [2]int, i int) int { return sp[0] - i })
+	if n > 0 && i <= t.spans[n-1][1] {
+		return t.spans[n-1][1], true
+	}
+	return 0, false
+}
+
+// spanEnd returns the closing quote of the piece of s quoted around i, or
+// len(s) where i is in none.
+func (t *text) spanEnd(i int) int {
+	if end, ok := t.span(i); ok {
+		return end
+	}
+	return len(t.s)
+}
+
+// wordEnd returns where a URL or a value that begins at i ends: at the
+// quote that closes the piece of s quoted around i, or at the first space
+// after i where i is in none.
+func (t *text) wordEnd(i int) int {
+	if end, ok := t.span(i); ok {
+		return end
+	}
+	if !t.space.has(i) {
+		t.space = found{i, len(t.s)}
+		if j := strings.IndexAny(t.s[i:], " \t\n\r\f\v"); j >= 0 {
+			t.space.to = i + j
+		}
+	}
+	return t.space.to
+}
+
+// lastAt returns the last '@' before w, or -1 for none.
+func (t *text) lastAt(w int) int {
+	if t.atBefore == nil {
+		t.atBefore = make([]int, len(t.s)+1)
+		t.atBefore[0] = -1
+		for i := range len(t.s) {
+			t.atBefore[i+1] = t.atBefore[i]
+			if t.s[i] == '@' {
+				t.atBefore[i+1] = i
+			}
+		}
+	}
+	return t.atBefore[w]
+}
+
+// queryValueEnd returns where a query's value that begins at v ends: at
+// the next '&', or where its word ends.
+func (t *text) queryValueEnd(v int) int {
+	if !t.amp.has(v) {
+		t.amp = found{v, len(t.s)}
+		if j := strings.IndexByte(t.s[v:], '&'); j >= 0 {
+			t.amp.to = v + j
+		}
+	}
+	return min(t.amp.to, t.wordEnd(v))
+}
+
+// valueEnd returns where a libpq value that begins at v, not quoted,
+// ends: at the first space not escaped by a backslash, or at the quote
+// that closes the piece of s quoted around v. (v follows a '=' or a
+// space, which no backslash escapes: a read from an earlier position that
+// passed v read it as a read from v does.)
+func (t *text) valueEnd(v int) int {
+	if !t.value.has(v) {
+		t.value = found{v, len(t.s)}
+		for end := v; end < len(t.s); end++ {
+			if isSpace(t.s[end]) {
+				t.value.to = end
+				break
+			}
+			if t.s[end] == '\\' {
+				end++
+			}
+		}
+	}
+	return min(t.value.to, t.spanEnd(v))
+}
+
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
+
+// isKeyByte reports whether c may be in a libpq keyword or a query key
+// (password, sslpassword, x_password).
+func isKeyByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_'
+}
+
+func skipSpaces(s string, i int) int {
+	for i < len(s) && isSpace(s[i]) {
+		i++
+	}
+	return i
 }
 
 // maskPieces returns s with each string quoted in it (as %q quotes it)

@@ -49,6 +49,34 @@ func TestMaskPasswords(t *testing.T) {
 		{`parse "http://ops:s3cret@proxy:3128": invalid URL escape "%zz"`, `parse "http://ops:xxxxx@proxy:3128": invalid URL escape "%zz"`},
 		{`Post "https://ops:s3cret@api.example/v1": EOF`, `Post "https://ops:xxxxx@api.example/v1": EOF`},
 		{"a http://x/ b https://u:s3cret@y/ c", "a http://x/ b https://u:xxxxx@y/ c"},
+		// A password holding a '/', '?', '#' or "://" not percent-encoded:
+		// url.Parse reads its start as a port that is not one, and quotes
+		// it; net/http's client quotes the URL whole where url.Parse finds
+		// no password in it.
+		{`parse "http://ops:s3cret/x@proxy:3128": invalid port ":s3cret" after host`, `parse "http://ops:xxxxx@proxy:3128": invalid port "xxxxx" after host`},
+		{`invalid proxy address "http://ops:s3cret?x@proxy:3128": parse "http://ops:s3cret?x@proxy:3128": invalid port ":s3cret" after host`,
+			`invalid proxy address "http://ops:xxxxx@proxy:3128": parse "http://ops:xxxxx@proxy:3128": invalid port "xxxxx" after host`},
+		{`parse "http://ops:s3cret": invalid port ":s3cret" after host`, `parse "http://ops:xxxxx": invalid port "xxxxx" after host`}, // a '#' cut it
+		{`Post "http://ops:s3cret://x@proxy:3128/v1": dial tcp: no such host`, `Post "http://ops:xxxxx@proxy:3128/v1": dial tcp: no such host`},
+		{"dial http://ops:s3/cret@proxy:3128 failed", "dial http://ops:xxxxx@proxy:3128 failed"},
+		// Without a scheme, as url.Parse reads a URL that begins with //.
+		{`Post "//ops:s3cret@api.example/v1": unsupported protocol scheme ""`, `Post "//ops:xxxxx@api.example/v1": unsupported protocol scheme ""`},
+		// A PostgreSQL URL's password parameters, and a libpq key=value
+		// string's, as pgx quotes one in its error.
+		{"cannot parse `postgres://ops@db/jar?password=s3cret&sslmode=disable`: invalid port",
+			"cannot parse `postgres://ops@db/jar?password=xxxxx&sslmode=disable`: invalid port"},
+		{`dial "postgresql://db/jar?sslmode=disable&sslpassword=s3cret": refused`, `dial "postgresql://db/jar?sslmode=disable&sslpassword=xxxxx": refused`},
+		{"postgres://db/jar?Password=s3cret x", "postgres://db/jar?Password=xxxxx x"},
+		{"cannot parse `host=db password=s3cret dbname=jar`: invalid port", "cannot parse `host=db password=xxxxx dbname=jar`: invalid port"},
+		{"cannot parse `host=db password='s3 cret' dbname=jar`: x", "cannot parse `host=db password=xxxxx dbname=jar`: x"},
+		{`host=db password = 's3\' cret' port=x`, "host=db password = xxxxx port=x"},
+		{`host=db password=s3\ cret`, "host=db password=xxxxx"},
+		{"cannot parse `password=s3cret`: x", "cannot parse `password=xxxxx`: x"},
+		// Not passwords: a port, a path's '@' after a quoted URL's end, a
+		// password named, not given.
+		{`Post "https://api.example:8443/v1": EOF; ask ops@example.com`, `Post "https://api.example:8443/v1": EOF; ask ops@example.com`},
+		{"http://[::1]:80/x", "http://[::1]:80/x"},
+		{"// note: the password is wrong", "// note: the password is wrong"},
 	} {
 		got := MaskPasswords(c.in)
 		if got != c.want || strings.Contains(got, "s3cret") {

@@ -3,6 +3,7 @@ package dsn
 import (
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -74,7 +75,14 @@ func FuzzRedacted(f *testing.F) {
 }
 
 // FuzzMaskPasswords: of a URL with a scheme and a password, url.Parse reads
-// the masked URL as the URL, its password as the mask.
+// the masked URL as the URL, its password as the mask. And whatever text
+// quotes a password, in a URL (quoted as %q quotes it, or not, with a
+// scheme or without), a PostgreSQL URL's query (as pgx quotes it, in
+// backquotes) or a libpq key=value string, the masked text does not hold
+// it. The text around it holds no quote that would pair with one of the
+// URL's or the string's; a password that a quote, a space or an '&'
+// would end where it is quoted is not given where it would, nor one that
+// url.Parse would end at an '@' of it (one before a '/', '?' or '#').
 func FuzzMaskPasswords(f *testing.F) {
 	for _, s := range []string{
 		"https://ops:s3cret@api.example/v1",
@@ -82,26 +90,91 @@ func FuzzMaskPasswords(f *testing.F) {
 		"https://ops:s3cret@api.example/v1?to=http://a:b@c#x",
 		"https://ops@api.example/a:b@c",
 		"http://[::1]:80/x",
+		"https://password=a:b@c/",
 	} {
-		f.Add(s)
+		f.Add(s, "s3/cret", uint8(0))
 	}
-	f.Fuzz(func(t *testing.T, s string) {
-		in, err := url.Parse(s)
-		if err != nil || in.Scheme == "" || in.User == nil {
+	for form, pw := range []string{"s3/cret", "12/c d?e#f", "s3&cret", "s3 cret'\\", "a://b@c", "s3#cret"} {
+		f.Add("dial: ", pw, uint8(form))
+	}
+	f.Fuzz(func(t *testing.T, s, pw string, form uint8) {
+		maskedURL(t, s)
+		before, after := s[:len(s)/2], s[len(s)/2:]
+		if strings.ContainsAny(before+after, "\"`") {
 			return
 		}
-		m := MaskPasswords(s)
-		out, err := url.Parse(m)
-		if err != nil {
-			t.Fatalf("MaskPasswords(%q) = %q, which url.Parse refuses (%v); it reads the URL", s, m, err)
+		if at := strings.IndexByte(pw, '@'); at >= 0 && strings.ContainsAny(pw[at:], "/?#") && form%6 < 3 {
+			// url.Parse ends the userinfo at the '@' before them: the
+			// rest is the host, a path, a query or a fragment.
+			return
 		}
-		_, had := in.User.Password()
-		if pw, has := out.User.Password(); has != had || (had && pw != "xxxxx") {
-			t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads the password %q; want xxxxx", s, m, pw)
+		var text string
+		switch form % 6 {
+		case 0:
+			if strings.ContainsAny(pw, " \t\n\r\f\v\"`") {
+				return
+			}
+			text = before + "http://ops:" + pw + "@proxy:3128" + after
+		case 1:
+			if strconv.Quote(pw) != `"`+pw+`"` {
+				return // escaped, it is not in the text as it is
+			}
+			text = before + strconv.Quote("https://ops:"+pw+"@api.example/v1") + after
+		case 2:
+			if strings.ContainsAny(pw, " \t\n\r\f\v\"`") {
+				return
+			}
+			text = before + "//ops:" + pw + "@api.example/v1" + after
+		case 3:
+			if strings.ContainsAny(pw, "&`") {
+				return
+			}
+			text = before + "`postgres://ops@db/jar?sslmode=disable&password=" + pw + "&x=y`" + after
+		case 4:
+			if strings.ContainsAny(pw, "`") {
+				return
+			}
+			q := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw)
+			text = before + " `host=db password='" + q + "' dbname=jar`" + after
+		case 5:
+			if strings.ContainsAny(pw, " \t\n\r\f\v\"`'") {
+				return
+			}
+			text = before + " host=db password=" + pw + " dbname=jar" + after
 		}
-		if out.Scheme != in.Scheme || out.User.Username() != in.User.Username() || out.Host != in.Host {
-			t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads %s://%s@%s; from the URL %s://%s@%s", s, m,
-				out.Scheme, out.User.Username(), out.Host, in.Scheme, in.User.Username(), in.Host)
+		// The password is found once in the text, and cannot be made of
+		// the mask and what is around it.
+		if len(pw) < 4 || strings.Count(text, pw) != 1 || strings.Contains(pw, "x") {
+			return
+		}
+		if m := MaskPasswords(text); strings.Contains(m, pw) {
+			t.Fatalf("MaskPasswords(%q) = %q: it holds the password %q", text, m, pw)
 		}
 	})
+}
+
+// maskedURL checks that, of s, a URL with a scheme and a password,
+// url.Parse reads the masked URL as the URL, its password as the mask.
+func maskedURL(t *testing.T, s string) {
+	t.Helper()
+	in, err := url.Parse(s)
+	if err != nil || in.Scheme == "" || in.User == nil || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return // a control byte: url.Parse takes one in a fragment alone, which the mask of a '#' may end
+	}
+	if id := in.User.Username() + in.Host; strings.Contains(strings.ToLower(id), "password") || strings.Contains(id, `"`) {
+		return // masked as a password parameter, or a libpq one, or a quoted piece of a password, too
+	}
+	m := MaskPasswords(s)
+	out, err := url.Parse(m)
+	if err != nil {
+		t.Fatalf("MaskPasswords(%q) = %q, which url.Parse refuses (%v); it reads the URL", s, m, err)
+	}
+	_, had := in.User.Password()
+	if pw, has := out.User.Password(); has != had || (had && pw != "xxxxx") {
+		t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads the password %q; want xxxxx", s, m, pw)
+	}
+	if out.Scheme != in.Scheme || out.User.Username() != in.User.Username() || out.Host != in.Host {
+		t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads %s://%s@%s; from the URL %s://%s@%s", s, m,
+			out.Scheme, out.User.Username(), out.Host, in.Scheme, in.User.Username(), in.Host)
+	}
 }

@@ -876,7 +876,7 @@ func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 // storable returns ErrInvalid for the first of the named strings (name,
 // value pairs) that a text column cannot hold: PostgreSQL refuses a NUL
 // byte and bytes that are not UTF-8. The error quotes the string with the
-// passwords of the URLs in it masked (a URL, an error quoting one).
+// passwords in it masked (a URL's, a connection string's, an error quoting one).
 func storable(fields ...string) error {
 	for i := 0; i+1 < len(fields); i += 2 {
 		if v := fields[i+1]; !pgtext.Holds(v) {
