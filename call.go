@@ -125,6 +125,17 @@ func errorText(err error) string {
 	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
 }
 
+// storedError is rec's LastError as the call's last error, or nil for
+// none: its passwords masked, as errorText masks them, since an earlier
+// version stored it as it was. A *PendingError, OnGiveUp's Event and the
+// record written next get it.
+func storedError(rec Record) error {
+	if rec.LastError == "" {
+		return nil
+	}
+	return errors.New(dsn.MaskPasswords(rec.LastError))
+}
+
 func (c *call) run(ctx context.Context) (*http.Response, error) {
 	c.sched = c.policy.Schedule()
 	named := c.op != "" // from ctx, by WithOperation
@@ -200,10 +211,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.rec, leased, c.held = rec, true, true
 			if c.attempts == 0 {
 				// What other holders learnt meanwhile is the latest outcome.
-				c.lastCode, c.lastErr = rec.LastStatus, nil
-				if rec.LastError != "" {
-					c.lastErr = errors.New(rec.LastError)
-				}
+				c.lastCode, c.lastErr = rec.LastStatus, storedError(rec)
 			}
 			if err := c.notOurs(); err != nil {
 				// Given back as it was taken, last update included.
@@ -580,10 +588,7 @@ func (c *call) begin(ctx context.Context) error {
 	if created {
 		return nil
 	}
-	c.lastCode = rec.LastStatus
-	if rec.LastError != "" {
-		c.lastErr = errors.New(rec.LastError)
-	}
+	c.lastCode, c.lastErr = rec.LastStatus, storedError(rec)
 	gotKey := c.callerKey
 	if !c.body.matches(rec.Fingerprint) || (gotKey != "" && gotKey != rec.Key) {
 		err := &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}

@@ -1599,6 +1599,43 @@ func TestLastErrorHidesURLPasswords(t *testing.T) {
 	}
 }
 
+// TestStoredLastErrorMasked: a LastError that an earlier version stored
+// with a password in it, as the call's last error when it stops before
+// sending (the server asked for a wait longer than MaxRetryAfter), is
+// masked in the *PendingError, in the error it wraps, in OnGiveUp's
+// Event and in the log: it comes back as a message, with nothing of its
+// own to unwrap.
+func TestStoredLastErrorMasked(t *testing.T) {
+	const pw = "s3cretPW"
+	fp := fingerprintOf(t, `{}`)
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		var logs bytes.Buffer
+		tr.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		var gaveUp []error
+		tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Err) }
+		now := time.Now()
+		stored := `Post "https://ops:` + pw + `@api.example.test/v1/charges": EOF`
+		if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, LastError: stored, NextAttempt: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || pe.Err == nil || rec.attempts() != 0 {
+			t.Fatalf("got %T %v after %d sends; want a *PendingError with the stored error, nothing sent", err, err, rec.attempts())
+		}
+		if len(gaveUp) != 1 || gaveUp[0] == nil {
+			t.Fatalf("OnGiveUp got %v; want the stored error once", gaveUp)
+		}
+		for _, msg := range []string{err.Error(), pe.Err.Error(), gaveUp[0].Error(), logs.String()} {
+			if strings.Contains(msg, pw) || !strings.Contains(msg, "ops:xxxxx@") {
+				t.Errorf("%q; want the stored URL's password masked, ops:xxxxx@", msg)
+			}
+		}
+	})
+}
+
 // TestBaseBreakingItsContract: a base transport that returns a response and
 // an error gets the error (the response's body closed), and one that returns
 // neither gets an error: the call is pending, never (nil, nil), never marked
