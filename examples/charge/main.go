@@ -95,7 +95,7 @@ const maxLease = 100 * 365 * 24 * time.Hour
 
 func run(ctx context.Context, args []string, token string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("charge", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(argsMasked{stderr, args})
 	server := fs.String("server", "http://127.0.0.1:8080", "base URL of the payments server")
 	jarPath := fs.String("jar", "charge.db", "the key jar file")
 	orders := fs.String("orders", "3", "how many orders to charge (order-1 … order-N), or a comma-separated list of order ids")
@@ -350,6 +350,32 @@ func quoteMasked(arg string) string {
 		return strconv.Quote(u.Redacted())
 	}
 	return "(a URL that does not parse, not shown: it may hold a password)"
+}
+
+// argsMasked is w, where the flag package writes its errors, with each of
+// args in them, which the flag package quotes (invalid value "…" for flag
+// -lease) or prints as it is (flag provided but not defined: -…), and the
+// value of each -name=value, as quoteMasked quotes it: a -server URL given
+// to -lease or -amount by mistake is not printed with its password.
+type argsMasked struct {
+	w    io.Writer
+	args []string
+}
+
+func (m argsMasked) Write(p []byte) (int, error) {
+	s := string(p)
+	for _, arg := range m.args {
+		_, value, _ := strings.Cut(arg, "=")
+		for _, a := range []string{arg, value} {
+			if q := quoteMasked(a); q != strconv.Quote(a) {
+				s = strings.ReplaceAll(strings.ReplaceAll(s, strconv.Quote(a), q), a, q)
+			}
+		}
+	}
+	if _, err := io.WriteString(m.w, s); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // bearer returns an Options.Header that sends token, or nil without one.

@@ -260,6 +260,23 @@ func TestBadServerPasswordNotPrinted(t *testing.T) {
 	if want := `unexpected argument "http://ops:xxxxx@127.0.0.1:8080"`; code != 2 || strings.Contains(out.String(), pw) || !strings.Contains(out.String(), want) {
 		t.Errorf("run with the server's URL as an argument = %d, printed %q; want 2, naming %s", code, out.String(), want)
 	}
+	// Given by mistake to a flag that refuses it, the flag package quotes
+	// it in its error (invalid value "…" for flag -lease): masked too.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-lease", "http://ops:" + pw + "@127.0.0.1:8080"}, `invalid value "http://ops:xxxxx@127.0.0.1:8080" for flag -lease`},
+		{[]string{"-amount=http://ops:" + pw + "@127.0.0.1:8080"}, `invalid value "http://ops:xxxxx@127.0.0.1:8080" for flag -amount`},
+		{[]string{"-lease", "http://ops:" + pw + "@127.0.0.1:8080/%zz"}, "invalid value (a URL that does not parse, not shown: it may hold a password) for flag -lease"},
+		{[]string{"-http://ops:" + pw + "@127.0.0.1:8080"}, "flag provided but not defined: (a URL that does not parse, not shown: it may hold a password)"},
+	} {
+		var out bytes.Buffer
+		code := run(context.Background(), append(tc.args, "-jar", jar), "", &out, &out)
+		if code != 2 || strings.Contains(out.String(), pw) || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("run(%q) = %d, printed %q; want 2, naming %s", tc.args, code, out.String(), tc.want)
+		}
+	}
 }
 
 // -h and -help ask for the usage: it goes to stderr and the exit status is
