@@ -185,15 +185,19 @@ func MaskPasswords(s string) string {
 		return s
 	}
 	slices.SortFunc(masks, func(a, b [2]int) int { return a[0] - b[0] })
+	merged := masks[:1] // ranges that meet are one
+	for _, m := range masks[1:] {
+		if last := &merged[len(merged)-1]; m[0] <= last[1] {
+			last[1] = max(last[1], m[1])
+		} else {
+			merged = append(merged, m)
+		}
+	}
 	var b strings.Builder
 	var passwords []string
 	seen := make(map[string]bool)
 	done := 0 // s[:done] is in b
-	for _, m := range masks {
-		if m[1] <= done {
-			continue
-		}
-		m[0] = max(m[0], done)
+	for _, m := range merged {
 		b.WriteString(s[done:m[0]])
 		b.WriteString("xxxxx")
 		if p := s[m[0]:m[1]]; !seen[p] {

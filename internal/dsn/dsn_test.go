@@ -72,6 +72,8 @@ func TestMaskPasswords(t *testing.T) {
 		{`host=db password = 's3\' cret' port=x`, "host=db password = xxxxx port=x"},
 		{`host=db password=s3\ cret`, "host=db password=xxxxx"},
 		{"cannot parse `password=s3cret`: x", "cannot parse `password=xxxxx`: x"},
+		// Passwords that overlap: one mask.
+		{"`host=db password=a//ops:s3 cret@x`", "`host=db password=xxxxx@x`"},
 		// Not passwords: a port, a path's '@' after a quoted URL's end, a
 		// password named, not given.
 		{`Post "https://api.example:8443/v1": EOF; ask ops@example.com`, `Post "https://api.example:8443/v1": EOF; ask ops@example.com`},
