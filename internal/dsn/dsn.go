@@ -63,6 +63,22 @@ func Redacted(s, what string) string {
 	return b.String()
 }
 
+// MaskURL returns s, one URL (a stored request's), fit to print: when it
+// parses, with its userinfo's password masked as url.URL.Redacted writes
+// it ("user:xxxxx@") and the rest as it is; else as MaskPasswords gives it.
+// MaskPasswords, made for free text where a URL's end is a guess, would
+// take the port of a URL with an '@' in its path for a password.
+func MaskURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return MaskPasswords(s)
+	}
+	if _, ok := u.User.Password(); !ok {
+		return s
+	}
+	return u.Redacted()
+}
+
 // MaskPasswords returns s, a text that may quote URLs and connection
 // strings (an error's message), with each password in it replaced by
 // "xxxxx": a URL's, as url.URL.Redacted writes it
@@ -120,8 +136,9 @@ func MaskPasswords(s string) string {
 			continue
 		}
 		// No '@': a port that is not one may be the start of a password
-		// cut at a '#', as url.Parse's error quotes the URL.
-		port := s[start+colon+1 : min(end, w)]
+		// cut at a '#', as url.Parse's error quotes the URL. A port that
+		// punctuation of a sentence follows ("…:8443, not…") is one.
+		port := strings.TrimRight(s[start+colon+1:min(end, w)], ".,;:!)]}>")
 		if authority[0] != '[' && strings.Trim(port, "0123456789") != "" {
 			masks = append(masks, [2]int{start + colon + 1, min(end, w)})
 		}

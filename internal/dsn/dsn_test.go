@@ -57,6 +57,9 @@ func TestMaskPasswords(t *testing.T) {
 		{`invalid proxy address "http://ops:s3cret?x@proxy:3128": parse "http://ops:s3cret?x@proxy:3128": invalid port ":s3cret" after host`,
 			`invalid proxy address "http://ops:xxxxx@proxy:3128": parse "http://ops:xxxxx@proxy:3128": invalid port "xxxxx" after host`},
 		{`parse "http://ops:s3cret": invalid port ":s3cret" after host`, `parse "http://ops:xxxxx": invalid port "xxxxx" after host`}, // a '#' cut it
+		// A port followed by punctuation, in a sentence, is a port.
+		{"it goes to http://127.0.0.1:39809, not to https://api.example.com", "it goes to http://127.0.0.1:39809, not to https://api.example.com"},
+		{"(at http://api.example:8443).", "(at http://api.example:8443)."},
 		{`Post "http://ops:s3cret://x@proxy:3128/v1": dial tcp: no such host`, `Post "http://ops:xxxxx@proxy:3128/v1": dial tcp: no such host`},
 		{"dial http://ops:s3/cret@proxy:3128 failed", "dial http://ops:xxxxx@proxy:3128 failed"},
 		// Without a scheme, as url.Parse reads a URL that begins with //.
