@@ -188,7 +188,7 @@ func showRecord(s *session, r idem.Record) error {
 	field("op", cell(r.Op, 0))
 	field("key", r.Key)
 	field("state", string(r.State))
-	field("request", cell(r.Method+" "+dsn.MaskPasswords(r.URL), 0))
+	field("request", cell(r.Method+" "+dsn.MaskURL(r.URL), 0))
 	h := shownHeader(r.Header)
 	for _, name := range sortedKeys(h) {
 		for _, v := range h[name] {
@@ -764,7 +764,7 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			// The password of a URL that a record of an earlier version
 			// keeps in its userinfo, and in an error that quotes it, is
 			// masked, and so are its credential headers.
-			u, lastErr, h := dsn.MaskPasswords(r.URL), dsn.MaskPasswords(r.LastError), shownHeader(r.Header)
+			u, lastErr, h := dsn.MaskURL(r.URL), dsn.MaskPasswords(r.LastError), shownHeader(r.Header)
 			e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: u,
 				Header: h, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
 				Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: lastErr, Note: r.Note, Holder: r.Holder,

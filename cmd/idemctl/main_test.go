@@ -2366,3 +2366,40 @@ func (j pageIgnored) List(ctx context.Context, f idem.Filter) ([]idem.Record, er
 	f.After = idem.Cursor{}
 	return j.Jar.List(ctx, f)
 }
+
+// TestURLWithAtInPathPrintedAsItIs: a stored URL that parses is shown
+// with only its userinfo's password masked, as url.URL.Redacted writes it.
+// MaskPasswords, made for free text, takes the port of a URL with an '@'
+// in its path for the start of a password, and show and export
+// printed "api:xxxxx@b" for a request that holds no password at all.
+func TestURLWithAtInPathPrintedAsItIs(t *testing.T) {
+	const plain = "https://api.example.com:8443/users/a@b"
+	const withUser = "https://ops:s3cretPW@api.example.com:8443/users/a@b"
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, u := range []string{plain, withUser} {
+		fp := sha256.Sum256([]byte(u))
+		if _, _, err := j.Begin(context.Background(), idem.Record{Op: fmt.Sprintf("charge:o%d", i), Key: fmt.Sprintf("key-%d", i),
+			Fingerprint: hex.EncodeToString(fp[:]), State: idem.StatePending, Method: "POST", URL: u,
+			Created: now, Updated: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{{"show", "charge:o0"}, {"show", "charge:o1"}, {"export"}} {
+		code, out, errOut := idemctl(append([]string{"--jar", path}, cmd...)...)
+		want := plain
+		if cmd[0] == "show" && cmd[1] == "charge:o1" {
+			want = "https://ops:xxxxx@api.example.com:8443/users/a@b"
+		}
+		if code != 0 || !strings.Contains(out, want) || strings.Contains(out, "s3cretPW") {
+			t.Errorf("idemctl %s: exit %d, stderr %q, stdout:\n%s\nwant %q printed as it is", cmd, code, errOut, out, want)
+		}
+	}
+}
