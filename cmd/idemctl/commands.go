@@ -370,13 +370,28 @@ func origin(s string) (string, bool) {
 		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return "", false
 	}
-	return u.Scheme + "://" + u.Host, true
+	return originOf(u.Scheme, u.Host), true
+}
+
+// originOf returns scheme://host in lower case, without the scheme's
+// default port (80 for http, 443 for https), which net/http sends to
+// whether the URL writes it or not.
+func originOf(scheme, host string) string {
+	scheme, host = strings.ToLower(scheme), strings.ToLower(host)
+	switch scheme {
+	case "http":
+		host = strings.TrimSuffix(host, ":80")
+	case "https":
+		host = strings.TrimSuffix(host, ":443")
+	}
+	return scheme + "://" + host
 }
 
 // elsewhere reports whether a request that goes to where, as opHost says
 // it, goes to another host than host, the origin of --host ("" for any).
-// Schemes and hosts match in any case, as DNS names do.
-func elsewhere(host, where string) bool { return host != "" && !strings.EqualFold(where, host) }
+// Both are originOf's: schemes and hosts match in any case, as DNS names
+// do, and a default port written or not.
+func elsewhere(host, where string) bool { return host != "" && where != host }
 
 // addHeaders adds h to r, a request that resume sends, unless r goes to
 // another host than host (elsewhere): its record was rewritten in the jar
@@ -921,7 +936,7 @@ func reqHost(u *url.URL, host string) string {
 	if host == "" {
 		host = u.Host
 	}
-	return u.Scheme + "://" + host
+	return originOf(u.Scheme, host)
 }
 
 // onlyItsProgram says who can resume an operation whose body the jar did

@@ -43,7 +43,7 @@
 // header given says so on stderr. The headers go with every request sent,
 // but an Idempotency-Key, which is always the operation's own, and only
 // to the scheme and host that --host names (https://api.example.com, in
-// any case, with the port when the operation's URL has one), which
+// any case, with the port unless it is the scheme's default, 80 or 443), which
 // headers need: the jar says where each operation goes, and whoever can
 // write it can point one elsewhere. An operation that goes to another host (a
 // request's Host, when it was sent to an address under another), or to

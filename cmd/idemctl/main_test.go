@@ -1681,7 +1681,19 @@ func TestHeadersAddedOnlyForTheHost(t *testing.T) {
 		{"https://api.example.com:8443/v1/charges", "", "https://api.example.com", false},
 		{"https://10.0.0.1/v1/charges", "api.example.com", "https://api.example.com", true},
 		{"https://api.example.com/v1/charges", "evil.example", "https://api.example.com", false},
+		// A scheme's default port is its host's, written or not.
+		{"https://api.example.com:443/v1/charges", "", "https://api.example.com", true},
+		{"https://api.example.com/v1/charges", "", "https://api.example.com:443", true},
+		{"http://api.example.com:80/v1/charges", "", "HTTP://api.example.com", true},
+		{"http://api.example.com:443/v1/charges", "", "https://api.example.com", false},
+		{"https://api.example.com:80/v1/charges", "", "http://api.example.com:80", false},
 	} {
+		if c.host != "" {
+			var ok bool
+			if c.host, ok = origin(c.host); !ok {
+				t.Fatalf("origin refuses --host %q", c.host)
+			}
+		}
 		r, err := http.NewRequest(http.MethodPost, c.url, nil)
 		if err != nil {
 			t.Fatal(err)
