@@ -155,28 +155,28 @@ type unreachableStore struct {
 
 var errStoreDown = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 
-func (s unreachableStore) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s unreachableStore) Claim(ctx context.Context, scope, key, fp string, token testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if s.down.Load() {
 		return testserver.Entry{}, false, errStoreDown
 	}
 	return s.Store.Claim(ctx, scope, key, fp, token, now)
 }
 
-func (s unreachableStore) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s unreachableStore) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	if s.down.Load() {
 		return false, errStoreDown
 	}
 	return s.Store.TakeOver(ctx, scope, key, old, new)
 }
 
-func (s unreachableStore) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s unreachableStore) Save(ctx context.Context, scope, key string, token testserver.Fence, resp testserver.Response) error {
 	if s.down.Load() {
 		return errStoreDown
 	}
 	return s.Store.Save(ctx, scope, key, token, resp)
 }
 
-func (s unreachableStore) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+func (s unreachableStore) Release(ctx context.Context, scope, key string, token testserver.Fence) (bool, error) {
 	if s.down.Load() {
 		return false, errStoreDown
 	}

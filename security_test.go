@@ -302,7 +302,7 @@ func (j leakyJar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, 
 // Middleware kept out of the answer.
 type cookieStore struct{ testserver.Store }
 
-func (s cookieStore) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s cookieStore) Save(ctx context.Context, scope, key string, token testserver.Fence, resp testserver.Response) error {
 	resp.Header = resp.Header.Clone()
 	resp.Header.Set("X-Saved-Cookie", credentials["Set-Cookie"])
 	return s.Store.Save(ctx, scope, key, token, resp)

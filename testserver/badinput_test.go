@@ -26,19 +26,19 @@ type swappableStore struct {
 	p atomic.Pointer[sqlitestore.Store]
 }
 
-func (s *swappableStore) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s *swappableStore) Claim(ctx context.Context, scope, key, fp string, token testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	return s.p.Load().Claim(ctx, scope, key, fp, token, now)
 }
 
-func (s *swappableStore) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s *swappableStore) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	return s.p.Load().TakeOver(ctx, scope, key, old, new)
 }
 
-func (s *swappableStore) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s *swappableStore) Save(ctx context.Context, scope, key string, token testserver.Fence, resp testserver.Response) error {
 	return s.p.Load().Save(ctx, scope, key, token, resp)
 }
 
-func (s *swappableStore) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+func (s *swappableStore) Release(ctx context.Context, scope, key string, token testserver.Fence) (bool, error) {
 	return s.p.Load().Release(ctx, scope, key, token)
 }
 

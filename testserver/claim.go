@@ -19,25 +19,23 @@ type Claim struct {
 	Key string
 
 	// Token is the fencing token of this run's claim: the time the claim
-	// was taken, in Unix nanoseconds of Middleware.Now, less a random part
-	// of a millisecond (Entry.Token), so that servers on one store whose
-	// clocks read alike hold tokens of their own (but once in a million);
-	// a few nanoseconds later when another request of the Middleware in
-	// progress holds that one: no two of them hold one token. The
-	// Middleware's own writes after the handler, Store.Save and
-	// Store.Release, change the key only while it still holds this token.
-	// A handler fences its own writes the same way: it stores the token
-	// with what it writes, and changes a row only while the token stored
-	// there is not greater than its own. A run that takes a stale claim
-	// over gets a token greater than the one it took over, so that the run
-	// it took over, waking late, cannot overwrite what its successor
-	// wrote; the Middleware then answers that run's caller 409
+	// was taken, in Unix nanoseconds of Middleware.Now (Fence.Token).
+	// Requests whose clocks read alike hold the same token, on one server
+	// or many. The Middleware's own writes after the handler, Store.Save
+	// and Store.Release, change the key only while it still holds this
+	// token and the claim's random ID (Fence.ClaimID), which is this run's
+	// alone. A handler fences its own writes by the token: it stores the
+	// token with what it writes, and changes a row only while the token
+	// stored there is not greater than its own. A run that takes a stale
+	// claim over gets a token greater than the one it took over, so that
+	// the run it took over, waking late, cannot overwrite what its
+	// successor wrote; the Middleware then answers that run's caller 409
 	// (ProblemTakenOver) in its place, unless the answer was streamed
-	// already (see MaxSavedResponse). A claim made afresh after a release takes its
-	// token from the clock again, which may be behind the released run's
-	// (a clock stepped back, another server's running behind, or a reading
-	// within a millisecond of the released run's): a handler whose write
-	// is refused answers 503, so that, under ReleaseClaim, the claim is
+	// already (see MaxSavedResponse). A claim made afresh after a release
+	// takes its token from the clock again, which may be behind the
+	// released run's or equal to it (a clock stepped back, another
+	// server's running behind, a coarse one): a handler whose write is
+	// refused answers 503, so that, under ReleaseClaim, the claim is
 	// released and the caller's retry comes back with a later token.
 	Token int64
 

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/idemkit/idem/testserver"
 )
@@ -19,27 +18,27 @@ type seenClaim struct {
 	ok bool
 }
 
-// saveTokens is a Store that keeps the token of every Save.
-type saveTokens struct {
+// saveFences is a Store that keeps the fence of every Save.
+type saveFences struct {
 	testserver.Store
 	mu     sync.Mutex
-	tokens []int64
+	fences []testserver.Fence
 }
 
-func (s *saveTokens) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s *saveFences) Save(ctx context.Context, scope, key string, f testserver.Fence, resp testserver.Response) error {
 	s.mu.Lock()
-	s.tokens = append(s.tokens, token)
+	s.fences = append(s.fences, f)
 	s.mu.Unlock()
-	return s.Store.Save(ctx, scope, key, token, resp)
+	return s.Store.Save(ctx, scope, key, f, resp)
 }
 
-func (s *saveTokens) last() int64 {
+func (s *saveFences) last() testserver.Fence {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.tokens) == 0 {
-		return 0
+	if len(s.fences) == 0 {
+		return testserver.Fence{}
 	}
-	return s.tokens[len(s.tokens)-1]
+	return s.fences[len(s.fences)-1]
 }
 
 // TestClaimFrom: the handler's context carries the scope, the key
@@ -49,7 +48,7 @@ func (s *saveTokens) last() int64 {
 func TestClaimFrom(t *testing.T) {
 	eachStore(t, func(t *testing.T, store testserver.Store) {
 		clk := newClock()
-		st := &saveTokens{Store: store}
+		st := &saveFences{Store: store}
 		seen := make(chan seenClaim, 1)
 		var hold func(testserver.Claim) int // the status to answer
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -69,16 +68,15 @@ func TestClaimFrom(t *testing.T) {
 		if w := serve(srv, r); w.Code != 201 {
 			t.Fatalf("first claim: %d %q; want 201", w.Code, w.Body)
 		}
-		// Its token is the clock's reading less a random part of a
-		// millisecond.
+		// Its token is the clock's reading.
 		c := <-seen
 		now := clk.Now().UnixNano()
-		if !c.ok || c.Scope != testserver.CredentialScope(r) || c.Key != "k1" || c.TakenOver ||
-			c.Token > now || c.Token <= now-int64(time.Millisecond) {
-			t.Fatalf("ClaimFrom in a first claim = %+v; want the credential's scope, key k1, a first claim, a token within the millisecond up to %d", c, now)
+		if !c.ok || c.Scope != testserver.CredentialScope(r) || c.Key != "k1" || c.TakenOver || c.Token != now {
+			t.Fatalf("ClaimFrom in a first claim = %+v; want the credential's scope, key k1, a first claim, token %d", c, now)
 		}
-		if tok := st.last(); tok != c.Token {
-			t.Errorf("the Middleware saved with token %d; the handler was told %d", tok, c.Token)
+		saved := st.last()
+		if saved.Token != c.Token || saved.ClaimID == "" {
+			t.Errorf("the Middleware saved with fence %+v; the handler was told token %d; want that token and an ID", saved, c.Token)
 		}
 
 		// The Middleware's Scope function names the scope.
@@ -113,12 +111,16 @@ func TestClaimFrom(t *testing.T) {
 		if first.TakenOver {
 			t.Errorf("the stale run was told it took over: %+v", first)
 		}
-		if tok := st.last(); tok != got.Token {
-			t.Errorf("the Middleware saved the take-over's answer with token %d; the handler was told %d", tok, got.Token)
+		over := st.last()
+		if over.Token != got.Token || over.ClaimID == "" {
+			t.Errorf("the Middleware saved the take-over's answer with fence %+v; the handler was told token %d; want that token and an ID", over, got.Token)
 		}
 		close(unblock)
 		<-seen
 		wantProblem(t, <-a, 409, testserver.ProblemTakenOver)
+		if stale := st.last(); stale.Token != first.Token || stale.ClaimID == "" || stale.ClaimID == over.ClaimID {
+			t.Errorf("the stale run's save was fenced with %+v; want its token %d and an ID other than the take-over's %q", stale, first.Token, over.ClaimID)
+		}
 
 		// A run fails and its claim is released: the next one is a first
 		// claim, not a take-over.

@@ -101,7 +101,7 @@ type takeOverCounter struct {
 
 type scopeKey struct{ scope, key string }
 
-func (s *takeOverCounter) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s *takeOverCounter) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	won, err := s.MemoryStore.TakeOver(ctx, scope, key, old, new)
 	if won {
 		s.wins[scopeKey{scope, key}]++

@@ -19,7 +19,7 @@ type memKey struct{ scope, key string }
 var _ Store = (*MemoryStore)(nil)
 
 // Claim implements Store.
-func (s *MemoryStore) Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (Entry, bool, error) {
+func (s *MemoryStore) Claim(ctx context.Context, scope, key, fingerprint string, f Fence, now time.Time) (Entry, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return Entry{}, false, err
 	}
@@ -32,19 +32,19 @@ func (s *MemoryStore) Claim(ctx context.Context, scope, key, fingerprint string,
 	if s.entries == nil {
 		s.entries = make(map[memKey]Entry)
 	}
-	e := Entry{Scope: scope, Key: key, Fingerprint: fingerprint, Status: StatusInFlight, Token: token, Created: now}
+	e := Entry{Scope: scope, Key: key, Fingerprint: fingerprint, Status: StatusInFlight, Fence: f, Created: now}
 	s.entries[k] = e
 	return e, true, nil
 }
 
 // TakeOver implements Store.
-func (s *MemoryStore) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	return s.fenced(ctx, scope, key, old, func(e *Entry) bool { e.Token = new; return true })
+func (s *MemoryStore) TakeOver(ctx context.Context, scope, key string, old, new Fence) (bool, error) {
+	return s.fenced(ctx, scope, key, old, func(e *Entry) bool { e.Fence = new; return true })
 }
 
 // Save implements Store.
-func (s *MemoryStore) Save(ctx context.Context, scope, key string, token int64, resp Response) error {
-	ok, err := s.fenced(ctx, scope, key, token, func(e *Entry) bool {
+func (s *MemoryStore) Save(ctx context.Context, scope, key string, f Fence, resp Response) error {
+	ok, err := s.fenced(ctx, scope, key, f, func(e *Entry) bool {
 		e.Status = StatusDone
 		e.Response = cloneResponse(&resp)
 		return true
@@ -56,13 +56,13 @@ func (s *MemoryStore) Save(ctx context.Context, scope, key string, token int64, 
 }
 
 // Release implements Store.
-func (s *MemoryStore) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
-	return s.fenced(ctx, scope, key, token, func(*Entry) bool { return false })
+func (s *MemoryStore) Release(ctx context.Context, scope, key string, f Fence) (bool, error) {
+	return s.fenced(ctx, scope, key, f, func(*Entry) bool { return false })
 }
 
-// fenced applies f to the entry if it is in flight with token; f returns
+// fenced applies f to the entry if it is in flight with fence; f returns
 // false to delete the entry instead of keeping it.
-func (s *MemoryStore) fenced(ctx context.Context, scope, key string, token int64, f func(*Entry) bool) (bool, error) {
+func (s *MemoryStore) fenced(ctx context.Context, scope, key string, fence Fence, f func(*Entry) bool) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -70,7 +70,7 @@ func (s *MemoryStore) fenced(ctx context.Context, scope, key string, token int64
 	defer s.mu.Unlock()
 	k := memKey{scope, key}
 	e, ok := s.entries[k]
-	if !ok || e.Status != StatusInFlight || e.Token != token {
+	if !ok || e.Status != StatusInFlight || e.Fence != fence {
 		return false, nil
 	}
 	if f(&e) {

@@ -3,6 +3,7 @@ package testserver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -13,7 +14,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
@@ -21,7 +21,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -133,12 +132,13 @@ func (p ErrorPolicy) String() string {
 // answer outgrows MaxSavedResponse and is streamed. Through
 // it an http.ResponseController sets the connection's deadlines, but cannot
 // hijack it nor enable full duplex (http.ErrNotSupported). Saving and
-// releasing are fenced by the claim's token: a worker that stalled past its
-// lease and was taken over cannot overwrite the new owner's answer nor
-// delete its claim. Such a worker's caller gets 409 (ProblemTakenOver) and
-// its retry gets the new owner's saved answer. A store error on the save
-// after the handler ran is logged and the handler's answer is sent; the
-// claim stays in flight until LockTimeout, after which a retry takes it over.
+// releasing are fenced by the claim's token and ID (Fence): a worker that
+// stalled past its lease and was taken over cannot overwrite the new
+// owner's answer nor delete its claim. Such a worker's caller gets 409
+// (ProblemTakenOver) and its retry gets the new owner's saved answer. A
+// store error on the save after the handler ran is logged and the
+// handler's answer is sent; the claim stays in flight until LockTimeout,
+// after which a retry takes it over.
 //
 // The handler's request has a fresh body holding the bytes read, and a
 // context cancelled when the claim's lease ends, LockTimeout after the
@@ -325,9 +325,6 @@ type Middleware struct {
 	Logger *slog.Logger
 
 	stats counters
-
-	tokenMu sync.Mutex
-	held    map[int64]struct{} // the tokens of this Middleware's requests in progress
 }
 
 // Stats are the Middleware's counters since it was created, for operators.
@@ -509,53 +506,14 @@ func Fingerprint(r *http.Request, scope string, body []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// tokenSpan bounds the random part of a claim token. Two tokens drawn at
-// one clock reading meet once in tokenSpan nanoseconds: once in a million,
-// where a microsecond's thousand values would meet once in a thousand. It
-// costs a lease at most 1 ms shorter, and claims less than 1 ms apart
-// whose tokens may be out of their order.
-const tokenSpan = int64(time.Millisecond)
-
-// holdToken returns the token of a claim taken at now, held until
-// dropToken: now in Unix nanoseconds less a random part of tokenSpan, or
-// the next nanosecond that no other request of this Middleware holds.
-// Two claims with one token are one to the store: a duplicate whose caller
-// hung up during its claim, at the clock reading of the request it
-// duplicates (a coarse clock, clocks kept in step, an injected one), would
-// release the claim it may have made and delete the other's, and a retry
-// would run the handler while that one still runs. The held tokens rule
-// that out within one Middleware, the random part across servers on one
-// store (but once in a million). A Release fenced on more than the token
-// would need a column the stores lack: fingerprint and creation time are a
-// duplicate's too. The part is subtracted, so a claim is never honoured
-// past LockTimeout from its reading (its lease and its age both run from
-// the token); a take-over's token is still greater than the one it took
-// over (decide).
-func (m *Middleware) holdToken(now time.Time) int64 {
-	t := now.UnixNano()
-	if t >= math.MinInt64+tokenSpan { // a reading before 1678 has no room below it
-		t -= rand.Int64N(tokenSpan)
-	}
-	m.tokenMu.Lock()
-	defer m.tokenMu.Unlock()
-	if m.held == nil {
-		m.held = make(map[int64]struct{})
-	}
-	// Each step passes a token held: at most len(m.held) of them.
-	for _, ok := m.held[t]; ok && t < math.MaxInt64; _, ok = m.held[t] {
-		t++
-	}
-	m.held[t] = struct{}{}
-	return t
-}
-
-// dropToken gives back the tokens holdToken gave.
-func (m *Middleware) dropToken(tokens []int64) {
-	m.tokenMu.Lock()
-	defer m.tokenMu.Unlock()
-	for _, t := range tokens {
-		delete(m.held, t)
-	}
+// newFence returns the fence of a claim taken at now: its reading, and an
+// ID of its own. Two claims with one fence are one to the store: a
+// duplicate whose caller hung up during its claim, at the clock reading
+// of the request it duplicates (a coarse clock, clocks kept in step, an
+// injected one), would release the claim it may have made and delete the
+// other's, and a retry would run the handler while that one still runs.
+func newFence(now time.Time) Fence {
+	return Fence{Token: now.UnixNano(), ClaimID: rand.Text()}
 }
 
 func (m *Middleware) now() time.Time {
@@ -609,20 +567,17 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		m.storeFailed(w, r, key, err)
 		return
 	}
-	var held []int64 // the tokens of this request, held until it is answered
-	defer func() { m.dropToken(held) }()
 	for range maxDecisions {
 		now := m.now()
-		token := m.holdToken(now)
-		held = append(held, token)
-		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, token, now)
+		f := newFence(now)
+		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, f, now)
 		switch {
 		case err != nil:
-			m.claimFailed(w, r, scope, key, token, err)
+			m.claimFailed(w, r, scope, key, f, err)
 			return
 		case claimed:
-			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", token)
-			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: token}, body)
+			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", f.Token)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token}, f.ClaimID, body)
 			return
 		case e.Fingerprint != fp:
 			m.stats.mismatches.Add(1)
@@ -647,8 +602,8 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			m.inFlight(w, key, wait)
 			return
 		}
-		next := max(token, e.Token+1)
-		won, err := m.Store.TakeOver(ctx, scope, key, e.Token, next)
+		next := Fence{Token: max(f.Token, e.Token+1), ClaimID: f.ClaimID}
+		won, err := m.Store.TakeOver(ctx, scope, key, e.Fence, next)
 		if err != nil {
 			// Not released: a take-over made all the same holds the claim
 			// of a run that may have done the work. Released, the retry
@@ -658,8 +613,8 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			return
 		}
 		if won {
-			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next)
-			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next, TakenOver: true}, body)
+			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next.Token)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next.Token, TakenOver: true}, next.ClaimID, body)
 			return
 		}
 		// Another request took it over, saved or released it first: look again.
@@ -670,23 +625,24 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 }
 
 // claimFailed answers a Claim that failed with err, and releases the claim
-// with token that the store may have made all the same: the caller hung up
-// (its context ended while the store wrote), or the store wrote it and its
-// answer was lost (a connection lost as it committed: a PostgreSQL session
-// terminated, a restart). Rather than leave it in flight, refusing every
-// retry with 409 until the lease ends, for a handler that never runs.
-// Release is fenced by token, so a claim this request did not make is left
-// alone. A caller still there gets its 503 first: with the store down,
-// the release may wait as long as any store write (storeWriteTimeout)
-// before it fails too, silently (the failure is logged already, and a
-// claim the store made is taken over after the lease). An HTTP/1.1
+// with fence f that the store may have made all the same: the caller hung
+// up (its context ended while the store wrote), or the store wrote it and
+// its answer was lost (a connection lost as it committed: a PostgreSQL
+// session terminated, a restart). Rather than leave it in flight, refusing
+// every retry with 409 until the lease ends, for a handler that never
+// runs. Release is fenced by f, whose ClaimID is this request's alone, so
+// a claim this request did not make is left alone, whatever its token. A
+// caller still there gets its 503 first: with the store down, the release
+// may wait as long as any store write (storeWriteTimeout) before it fails
+// too, silently (the failure is logged already, and a claim the store made
+// is taken over after the lease). An HTTP/1.1
 // connection, which serves nothing more until the release returns, is
 // closed after the answer; an HTTP/2 stream ends once it returns, and the
 // connection stays (net/http's HTTP/2 server takes Connection: close for a
 // GOAWAY, which would end it for every stream).
-func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, key string, token int64, err error) {
+func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, key string, f Fence, err error) {
 	if r.Context().Err() != nil {
-		m.releaseUnrun(r, scope, key, token)
+		m.releaseUnrun(r, scope, key, f)
 		m.storeFailed(w, r, key, err)
 		return
 	}
@@ -695,24 +651,24 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, 
 	}
 	writeProblem(w, m.storeProblem(r, key, err), 1, true)
 	_ = http.NewResponseController(w).Flush()
-	_ = m.release(r, scope, key, token) // its error: see above
+	_ = m.release(r, scope, key, f) // its error: see above
 }
 
-// releaseUnrun releases the claim with token, whose handler will not run,
-// and logs a release that failed.
-func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, token int64) {
-	if err := m.release(r, scope, key, token); err != nil {
+// releaseUnrun releases the claim with fence f, whose handler will not
+// run, and logs a release that failed.
+func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, f Fence) {
+	if err := m.release(r, scope, key, f); err != nil {
 		m.stats.storeErrors.Add(1)
 		m.log(r.Context(), slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
 	}
 }
 
-// release releases the claim with token, fenced by token and within
+// release releases the claim with fence f, fenced by it and within
 // storeWriteTimeout, whether or not the caller is still there.
-func (m *Middleware) release(r *http.Request, scope, key string, token int64) error {
+func (m *Middleware) release(r *http.Request, scope, key string, f Fence) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 	defer cancel()
-	_, err := m.Store.Release(ctx, scope, key, token)
+	_, err := m.Store.Release(ctx, scope, key, f)
 	return err
 }
 
@@ -799,10 +755,12 @@ func (m *Middleware) replayable(name string, head bool) bool {
 	return slices.ContainsFunc(list, func(s string) bool { return http.CanonicalHeaderKey(s) == name })
 }
 
-// run executes the handler under the claim c, which its request's context
-// carries, then saves or releases the claim, and answers.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, body []byte) {
+// run executes the handler under the claim c, whose ClaimID is id and
+// which its request's context carries, then saves or releases the claim,
+// and answers.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, id string, body []byte) {
 	scope, key, token := c.Scope, c.Key, c.Token
+	fence := Fence{Token: token, ClaimID: id}
 	limit := m.MaxSavedResponse
 	if limit <= 0 {
 		limit = DefaultMaxSavedResponse
@@ -824,7 +782,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		// and the handler run as a first run, although the run taken over
 		// may have done the work.
 		if !c.TakenOver {
-			m.releaseUnrun(r, scope, key, token)
+			m.releaseUnrun(r, scope, key, fence)
 		}
 		m.storeFailed(w, r, key, fmt.Errorf("testserver: the claim took longer than LockTimeout (%v)", m.lockTimeout()))
 		return
@@ -910,7 +868,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	tooLarge := false // the too-large marker was saved
 	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests || rec.status == http.StatusRequestTimeout
 	if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
-		released, err := m.Store.Release(ctx, scope, key, token)
+		released, err := m.Store.Release(ctx, scope, key, fence)
 		switch {
 		case err != nil:
 			m.stats.storeErrors.Add(1)
@@ -924,7 +882,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	} else {
 		resp := m.saved(rec, key)
 		tooLarge = rec.streamed
-		switch err := m.Store.Save(ctx, scope, key, token, resp); {
+		switch err := m.Store.Save(ctx, scope, key, fence, resp); {
 		case errors.Is(err, ErrFenced):
 			fenced = "save"
 		case err != nil:

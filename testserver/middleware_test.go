@@ -61,6 +61,11 @@ type clock struct {
 
 func newClock() *clock { return &clock{now: time.Unix(1_700_000_000, 0)} }
 
+// fenceAt returns the fence of a claim another worker took at t.
+func fenceAt(t time.Time) testserver.Fence {
+	return testserver.Fence{Token: t.UnixNano(), ClaimID: "another worker's"}
+}
+
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -772,7 +777,7 @@ type takeOverRace struct {
 	once    sync.Once
 }
 
-func (s *takeOverRace) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s *takeOverRace) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	s.mu.Lock()
 	if s.arrived++; s.arrived == s.n {
 		close(s.all)
@@ -786,7 +791,7 @@ func (s *takeOverRace) TakeOver(ctx context.Context, scope, key string, old, new
 	return won, err
 }
 
-func (s *takeOverRace) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s *takeOverRace) Save(ctx context.Context, scope, key string, token testserver.Fence, resp testserver.Response) error {
 	defer s.once.Do(func() { close(s.saved) })
 	return s.MemoryStore.Save(ctx, scope, key, token, resp)
 }
@@ -803,7 +808,7 @@ func TestStaleClaimOneWinner(t *testing.T) {
 		r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")
 		fp := testserver.Fingerprint(r, "", []byte(chargeBody))
 		// A worker claimed the key and died.
-		if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+		if _, _, err := store.Claim(context.Background(), "", "k", fp, fenceAt(clk.Now()), clk.Now()); err != nil {
 			t.Fatal(err)
 		}
 		clk.Add(testserver.DefaultLockTimeout)
@@ -978,21 +983,21 @@ type failingStore struct {
 
 var errDown = errors.New("store down")
 
-func (s *failingStore) Claim(ctx context.Context, scope, key, fp string, tok int64, now time.Time) (testserver.Entry, bool, error) {
+func (s *failingStore) Claim(ctx context.Context, scope, key, fp string, tok testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if s.claim {
 		return testserver.Entry{}, false, errDown
 	}
 	return s.MemoryStore.Claim(ctx, scope, key, fp, tok, now)
 }
 
-func (s *failingStore) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s *failingStore) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	if s.takeOver {
 		return false, errDown
 	}
 	return s.MemoryStore.TakeOver(ctx, scope, key, old, new)
 }
 
-func (s *failingStore) Save(ctx context.Context, scope, key string, tok int64, resp testserver.Response) error {
+func (s *failingStore) Save(ctx context.Context, scope, key string, tok testserver.Fence, resp testserver.Response) error {
 	if s.save {
 		return errDown
 	}
@@ -1025,7 +1030,7 @@ func TestStoreErrors(t *testing.T) {
 	// TakeOver fails on a stale claim: 503, no run.
 	clk := newClock()
 	fs := &failingStore{takeOver: true}
-	if _, _, err := fs.Claim(context.Background(), "", "k", "other-worker", clk.Now().UnixNano(), clk.Now()); err != nil {
+	if _, _, err := fs.Claim(context.Background(), "", "k", "other-worker", fenceAt(clk.Now()), clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(time.Hour)
@@ -1035,7 +1040,7 @@ func TestStoreErrors(t *testing.T) {
 	wantProblem(t, w, 422, testserver.ProblemMismatch)
 	r := request("POST", "/", chargeBody, "Idempotency-Key", "k2")
 	fp := testserver.Fingerprint(r, "", []byte(chargeBody))
-	if _, _, err := fs.MemoryStore.Claim(context.Background(), "", "k2", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+	if _, _, err := fs.MemoryStore.Claim(context.Background(), "", "k2", fp, fenceAt(clk.Now()), clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(time.Hour)
@@ -1174,7 +1179,7 @@ func TestBadOptions(t *testing.T) {
 		t.Run(tc.field, func(t *testing.T) {
 			clk := newClock()
 			store := new(testserver.MemoryStore)
-			if _, _, err := store.Claim(t.Context(), "", "old", "fp", clk.Now().UnixNano(), clk.Now()); err != nil {
+			if _, _, err := store.Claim(t.Context(), "", "old", "fp", fenceAt(clk.Now()), clk.Now()); err != nil {
 				t.Fatal(err)
 			}
 			clk.Add(1000 * time.Hour) // "old" is due
@@ -1185,7 +1190,7 @@ func TestBadOptions(t *testing.T) {
 			if n != 0 || !errors.Is(err, testserver.ErrOptions) || !strings.Contains(err.Error(), tc.field) {
 				t.Errorf("Prune = %d, %v; want 0 and ErrOptions naming %s", n, err, tc.field)
 			}
-			if _, claimed, err := store.Claim(t.Context(), "", "old", "fp", clk.Now().UnixNano(), clk.Now()); err != nil || claimed {
+			if _, claimed, err := store.Claim(t.Context(), "", "old", "fp", fenceAt(clk.Now()), clk.Now()); err != nil || claimed {
 				t.Errorf("after Prune, Claim of the due key: claimed %v, %v; want it still there", claimed, err)
 			}
 			h := &charges{}
@@ -1358,7 +1363,7 @@ type slowClaimStore struct {
 	calls atomic.Int32
 }
 
-func (s *slowClaimStore) Claim(ctx context.Context, scope, key, fp string, tok int64, now time.Time) (testserver.Entry, bool, error) {
+func (s *slowClaimStore) Claim(ctx context.Context, scope, key, fp string, tok testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if s.calls.Add(1) == 1 {
 		time.Sleep(s.delay)
 	}
@@ -1388,7 +1393,7 @@ type steppingClaimStore struct {
 	calls atomic.Int32
 }
 
-func (s *steppingClaimStore) Claim(ctx context.Context, scope, key, fp string, tok int64, now time.Time) (testserver.Entry, bool, error) {
+func (s *steppingClaimStore) Claim(ctx context.Context, scope, key, fp string, tok testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if s.calls.Add(1) == 1 {
 		s.step()
 	}
@@ -1402,7 +1407,7 @@ type slowTakeOver struct {
 	d   time.Duration
 }
 
-func (s slowTakeOver) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s slowTakeOver) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	won, err := s.MemoryStore.TakeOver(ctx, scope, key, old, new)
 	s.clk.Add(s.d)
 	return won, err
@@ -1477,7 +1482,7 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 		store := slowTakeOver{MemoryStore: new(testserver.MemoryStore), clk: clk, d: lt + time.Second}
 		fp := testserver.Fingerprint(request("POST", "/", chargeBody), "", []byte(chargeBody))
 		// A worker claimed the key and died.
-		if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+		if _, _, err := store.Claim(context.Background(), "", "k", fp, fenceAt(clk.Now()), clk.Now()); err != nil {
 			t.Fatal(err)
 		}
 		clk.Add(lt)
@@ -1698,7 +1703,7 @@ func TestReplayHeadersNeverSaveCredentials(t *testing.T) {
 			t.Errorf("replay carries %s: %q; want credential headers never replayed", name, v)
 		}
 	}
-	e, _, err := store.Claim(context.Background(), "", "k", "", 1, time.Now())
+	e, _, err := store.Claim(context.Background(), "", "k", "", testserver.Fence{Token: 1}, time.Now())
 	if err != nil || e.Response == nil {
 		t.Fatalf("stored entry %+v, %v; want the saved answer", e, err)
 	}
@@ -1867,7 +1872,7 @@ type hangUpInClaim struct {
 	cancel context.CancelFunc
 }
 
-func (s hangUpInClaim) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s hangUpInClaim) Claim(ctx context.Context, scope, key, fp string, token testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if _, _, err := s.Store.Claim(context.WithoutCancel(ctx), scope, key, fp, token, now); err != nil {
 		return testserver.Entry{}, false, err
 	}
@@ -1906,7 +1911,7 @@ type lostAnswerClaim struct {
 
 var errConnLost = errors.New("unexpected EOF")
 
-func (s lostAnswerClaim) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s lostAnswerClaim) Claim(ctx context.Context, scope, key, fp string, token testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	e, claimed, err := s.Store.Claim(ctx, scope, key, fp, token, now)
 	if err == nil && s.calls.Add(1) == 1 {
 		return testserver.Entry{}, false, errConnLost
@@ -1940,11 +1945,11 @@ type slowRelease struct {
 	released chan error // the context's error when Release stopped waiting
 }
 
-func (s slowRelease) Claim(context.Context, string, string, string, int64, time.Time) (testserver.Entry, bool, error) {
+func (s slowRelease) Claim(context.Context, string, string, string, testserver.Fence, time.Time) (testserver.Entry, bool, error) {
 	return testserver.Entry{}, false, errConnLost
 }
 
-func (s slowRelease) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+func (s slowRelease) Release(ctx context.Context, scope, key string, token testserver.Fence) (bool, error) {
 	select {
 	case <-s.answered:
 		s.released <- nil
@@ -1992,11 +1997,11 @@ type releaseSeesAnswer struct {
 	answered *bool
 }
 
-func (s releaseSeesAnswer) Claim(context.Context, string, string, string, int64, time.Time) (testserver.Entry, bool, error) {
+func (s releaseSeesAnswer) Claim(context.Context, string, string, string, testserver.Fence, time.Time) (testserver.Entry, bool, error) {
 	return testserver.Entry{}, false, errConnLost
 }
 
-func (s releaseSeesAnswer) Release(context.Context, string, string, int64) (bool, error) {
+func (s releaseSeesAnswer) Release(context.Context, string, string, testserver.Fence) (bool, error) {
 	*s.answered = s.w.Body.Len() > 0
 	return false, errConnLost
 }
@@ -2031,7 +2036,7 @@ type lostTakeOver struct {
 	cancel context.CancelFunc
 }
 
-func (s lostTakeOver) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (s lostTakeOver) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	if _, err := s.Store.TakeOver(context.WithoutCancel(ctx), scope, key, old, new); err != nil {
 		return false, err
 	}
@@ -2056,7 +2061,7 @@ func TestTakeOverWhoseAnswerWasLost(t *testing.T) {
 				clk := newClock()
 				fp := testserver.Fingerprint(request("POST", "/", chargeBody), "", []byte(chargeBody))
 				// A worker claimed the key, may have done the work, and died.
-				if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+				if _, _, err := store.Claim(context.Background(), "", "k", fp, fenceAt(clk.Now()), clk.Now()); err != nil {
 					t.Fatal(err)
 				}
 				clk.Add(lt)
@@ -2101,7 +2106,7 @@ type duplicateKey struct{}
 // carries duplicateKey, claims and then fails as its caller hangs up.
 type hangUpOnDuplicate struct{ testserver.Store }
 
-func (s hangUpOnDuplicate) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s hangUpOnDuplicate) Claim(ctx context.Context, scope, key, fp string, token testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if cancel, ok := ctx.Value(duplicateKey{}).(context.CancelFunc); ok {
 		return hangUpInClaim{s.Store, cancel}.Claim(ctx, scope, key, fp, token, now)
 	}
@@ -2112,54 +2117,60 @@ func (s hangUpOnDuplicate) Claim(ctx context.Context, scope, key, fp string, tok
 // proxy that duplicates it on two connections) while the clock reads the
 // same for both, whose duplicate's caller hangs up while the store looks
 // at the key, leaves the first's claim alone: the release of the claim the
-// duplicate may have made is fenced by a token of its own, and a retry
+// duplicate may have made is fenced by a claim of its own, and a retry
 // finds the key in flight rather than run the handler a second time. So it
 // is when the duplicate reaches another server on the same store, whose
-// clock reads the same (a coarse clock, or clocks kept in step); but once
-// in a million runs, when the two servers draw one token, and this fails.
+// clock reads the same (a coarse clock, or clocks kept in step), and so
+// draws the same token: at any reading, the earliest included.
 func TestDuplicateHangingUpDuringClaim(t *testing.T) {
+	readings := map[string]time.Time{
+		"coarse clock":      newClock().Now(),
+		"clock before 1678": time.Unix(0, math.MinInt64),
+	}
 	for name, servers := range map[string]int{"one server": 1, "two servers": 2} {
-		t.Run(name, func(t *testing.T) {
-			eachStore(t, func(t *testing.T, store testserver.Store) {
-				var runs atomic.Int64
-				started, finish := make(chan struct{}), make(chan struct{})
-				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					if runs.Add(1) == 1 {
-						close(started)
-						<-finish
+		for reading, at := range readings {
+			t.Run(name+"/"+reading, func(t *testing.T) {
+				eachStore(t, func(t *testing.T, store testserver.Store) {
+					var runs atomic.Int64
+					started, finish := make(chan struct{}), make(chan struct{})
+					h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						if runs.Add(1) == 1 {
+							close(started)
+							<-finish
+						}
+						w.WriteHeader(http.StatusCreated)
+					})
+					clk := &clock{now: at} // reads the same for every request
+					first := &testserver.Middleware{Store: hangUpOnDuplicate{store}, Now: clk.Now}
+					other := first
+					if servers == 2 {
+						other = &testserver.Middleware{Store: hangUpOnDuplicate{store}, Now: clk.Now}
 					}
-					w.WriteHeader(http.StatusCreated)
+					var wg sync.WaitGroup
+					var w *httptest.ResponseRecorder
+					wg.Go(func() { w = serve(first.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
+					<-started
+					ctx, cancel := context.WithCancel(context.Background())
+					defer cancel()
+					dup := request("POST", "/", chargeBody, "Idempotency-Key", "k")
+					serve(other.Wrap(h), dup.WithContext(context.WithValue(ctx, duplicateKey{}, cancel)))
+					retry := serve(other.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+					close(finish)
+					wg.Wait()
+					if runs.Load() != 1 || retry.Code != http.StatusConflict || w.Code != http.StatusCreated {
+						t.Fatalf("handler ran %d times; first %d, retry %d %s; want one run, 201, and 409 for the retry while it ran",
+							runs.Load(), w.Code, retry.Code, retry.Body)
+					}
 				})
-				clk := newClock() // reads the same for every request: a coarse clock
-				first := &testserver.Middleware{Store: hangUpOnDuplicate{store}, Now: clk.Now}
-				other := first
-				if servers == 2 {
-					other = &testserver.Middleware{Store: hangUpOnDuplicate{store}, Now: clk.Now}
-				}
-				var wg sync.WaitGroup
-				var w *httptest.ResponseRecorder
-				wg.Go(func() { w = serve(first.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")) })
-				<-started
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				dup := request("POST", "/", chargeBody, "Idempotency-Key", "k")
-				serve(other.Wrap(h), dup.WithContext(context.WithValue(ctx, duplicateKey{}, cancel)))
-				retry := serve(other.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
-				close(finish)
-				wg.Wait()
-				if runs.Load() != 1 || retry.Code != http.StatusConflict || w.Code != http.StatusCreated {
-					t.Fatalf("handler ran %d times; first %d, retry %d %s; want one run, 201, and 409 for the retry while it ran",
-						runs.Load(), w.Code, retry.Code, retry.Body)
-				}
 			})
-		})
+		}
 	}
 }
 
 // failingRelease is a Store whose Release fails.
 type failingRelease struct{ testserver.Store }
 
-func (failingRelease) Release(context.Context, string, string, int64) (bool, error) {
+func (failingRelease) Release(context.Context, string, string, testserver.Fence) (bool, error) {
 	return false, errDown
 }
 
@@ -2220,7 +2231,7 @@ func TestReleaseErrors(t *testing.T) {
 // request: the claim it finds stays stale.
 type losingTakeOver struct{ *testserver.MemoryStore }
 
-func (losingTakeOver) TakeOver(context.Context, string, string, int64, int64) (bool, error) {
+func (losingTakeOver) TakeOver(context.Context, string, string, testserver.Fence, testserver.Fence) (bool, error) {
 	return false, nil
 }
 
@@ -2231,7 +2242,7 @@ func TestLostTakeOversLogged(t *testing.T) {
 	store := losingTakeOver{new(testserver.MemoryStore)}
 	r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")
 	fp := testserver.Fingerprint(r, "", []byte(chargeBody))
-	if _, _, err := store.Claim(context.Background(), "", "k", fp, clk.Now().UnixNano(), clk.Now()); err != nil {
+	if _, _, err := store.Claim(context.Background(), "", "k", fp, fenceAt(clk.Now()), clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(testserver.DefaultLockTimeout)

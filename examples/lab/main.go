@@ -26,7 +26,7 @@
 //	idem + stalled worker   a server worker stalls past its lease; the client's
 //	                        retry takes its claim over and charges, and the
 //	                        stale worker's release, fenced, leaves that claim
-//	unfenced store          the same, with a store without the locked_at
+//	unfenced store          the same, with a store without the fence
 //	                        condition on its writes: the release deletes it
 //
 // PayCo ignores its own key (charges on every call) in every row but the

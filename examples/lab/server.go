@@ -33,7 +33,7 @@ type serverConfig struct {
 	// zombie, when not nil, picks the orders whose first run stalls past
 	// the lease, is taken over, and then fails (see zombieHandler).
 	zombie func(orderID string) bool
-	// unfenced wraps the store so that Save and Release ignore locked_at.
+	// unfenced wraps the store so that Save and Release ignore the fence.
 	unfenced bool
 
 	logger *slog.Logger // the Middleware's decisions; nil means silent
@@ -412,46 +412,46 @@ func orderOf(r *http.Request) string {
 
 // unfencedStore is the ablation of fencing: Save and Release act on the
 // key's current claim whoever holds it, as SQL without the locked_at
-// condition would (UPDATE … WHERE status = 'in_flight', DELETE … WHERE
-// status = 'in_flight'). Claim and TakeOver are unchanged. It learns the
-// current token from the claims and take-overs that pass through it, so it
-// stands for a store used by one server process.
+// and claim_id conditions would (UPDATE … WHERE status = 'in_flight',
+// DELETE … WHERE status = 'in_flight'). Claim and TakeOver are unchanged.
+// It learns the current fence from the claims and take-overs that pass
+// through it, so it stands for a store used by one server process.
 type unfencedStore struct {
 	testserver.Store
 
 	mu      sync.Mutex
-	current map[[2]string]int64 // (scope, key) → token of the in-flight claim
+	current map[[2]string]testserver.Fence // (scope, key) → fence of the in-flight claim
 }
 
-func (u *unfencedStore) set(scope, key string, token int64, ok bool) {
+func (u *unfencedStore) set(scope, key string, f testserver.Fence, ok bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.current == nil {
-		u.current = map[[2]string]int64{}
+		u.current = map[[2]string]testserver.Fence{}
 	}
 	if ok {
-		u.current[[2]string{scope, key}] = token
+		u.current[[2]string{scope, key}] = f
 	} else {
 		delete(u.current, [2]string{scope, key})
 	}
 }
 
-func (u *unfencedStore) token(scope, key string) (int64, bool) {
+func (u *unfencedStore) fence(scope, key string) (testserver.Fence, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	t, ok := u.current[[2]string{scope, key}]
 	return t, ok
 }
 
-func (u *unfencedStore) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
-	e, claimed, err := u.Store.Claim(ctx, scope, key, fp, token, now)
+func (u *unfencedStore) Claim(ctx context.Context, scope, key, fp string, f testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
+	e, claimed, err := u.Store.Claim(ctx, scope, key, fp, f, now)
 	if err == nil && claimed {
-		u.set(scope, key, token, true)
+		u.set(scope, key, f, true)
 	}
 	return e, claimed, err
 }
 
-func (u *unfencedStore) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
+func (u *unfencedStore) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	won, err := u.Store.TakeOver(ctx, scope, key, old, new)
 	if err == nil && won {
 		u.set(scope, key, new, true)
@@ -459,28 +459,28 @@ func (u *unfencedStore) TakeOver(ctx context.Context, scope, key string, old, ne
 	return won, err
 }
 
-// Save ignores token: it saves over whichever claim is in flight.
-func (u *unfencedStore) Save(ctx context.Context, scope, key string, _ int64, resp testserver.Response) error {
-	cur, ok := u.token(scope, key)
+// Save ignores the fence: it saves over whichever claim is in flight.
+func (u *unfencedStore) Save(ctx context.Context, scope, key string, _ testserver.Fence, resp testserver.Response) error {
+	cur, ok := u.fence(scope, key)
 	if !ok {
 		return testserver.ErrFenced // no claim in flight: 0 rows changed
 	}
 	err := u.Store.Save(ctx, scope, key, cur, resp)
 	if err == nil {
-		u.set(scope, key, 0, false)
+		u.set(scope, key, testserver.Fence{}, false)
 	}
 	return err
 }
 
-// Release ignores token: it deletes whichever claim is in flight.
-func (u *unfencedStore) Release(ctx context.Context, scope, key string, _ int64) (bool, error) {
-	cur, ok := u.token(scope, key)
+// Release ignores the fence: it deletes whichever claim is in flight.
+func (u *unfencedStore) Release(ctx context.Context, scope, key string, _ testserver.Fence) (bool, error) {
+	cur, ok := u.fence(scope, key)
 	if !ok {
 		return false, nil
 	}
 	released, err := u.Store.Release(ctx, scope, key, cur)
 	if err == nil && released {
-		u.set(scope, key, 0, false)
+		u.set(scope, key, testserver.Fence{}, false)
 	}
 	return released, err
 }

@@ -29,7 +29,7 @@ func layout(t *testing.T, pool *pgxpool.Pool) []string {
 // atVersion1 returns a database that the package created at version 1, a
 // pool on it, closed when t ends, and a store on it as that version ran
 // it, holding one claim in flight: key "k-1" of scope "s", token 1.
-func atVersion1(t *testing.T) (dsn string, pool *pgxpool.Pool, old *pgstore.Store) {
+func atVersion1(t *testing.T) (dsn string, pool *pgxpool.Pool, old *pgstore.EarlierStore) {
 	t.Helper()
 	dsn = pgtest.DB(t)
 	pool, err := pgxpool.New(t.Context(), dsn)
@@ -44,7 +44,7 @@ func atVersion1(t *testing.T) (dsn string, pool *pgxpool.Pool, old *pgstore.Stor
 		t.Fatalf("at version 1 the key's column is not in the default collation:\n%s", strings.Join(l, "\n"))
 	}
 	old = pgstore.OnSchema(pool, "public")
-	if _, claimed, err := old.Claim(t.Context(), "s", "k-1", "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := old.Claim(t.Context(), "s", "k-1", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Fatalf("claim at version 1 = %v, %v", claimed, err)
 	}
 	return dsn, pool, old
@@ -83,8 +83,8 @@ func TestKeysCollateBytewise(t *testing.T) {
 			t.Errorf("the store's table lacks %q; it has:\n%s", want, strings.Join(l, "\n"))
 		}
 	}
-	if v := versions(t, s.Pool()); !slices.Equal(v, []int32{1, 2}) {
-		t.Errorf("schema versions = %v; want [1 2]", v)
+	if v := versions(t, s.Pool()); !slices.Equal(v, []int32{1, 2, 3}) {
+		t.Errorf("schema versions = %v; want [1 2 3]", v)
 	}
 }
 
@@ -133,7 +133,7 @@ func TestMigrateToBytewiseKeys(t *testing.T) {
 	}
 	inFlight := [][2]string{{"acct-1", "in-flight-1"}, {"acct 1", "in flight 1"}, {"é-1", "straße-ü"}, {"e-1", "strasse-u"}}
 	for i, c := range inFlight {
-		if _, claimed, err := old.Claim(t.Context(), c[0], c[1], "fp", int64(100+i), t0); err != nil || !claimed {
+		if _, claimed, err := old.Claim(t.Context(), c[0], c[1], "fp", testserver.Fence{Token: int64(100 + i)}, t0); err != nil || !claimed {
 			t.Fatalf("claim of %q in %q at version 1 = %v, %v; want claimed", c[1], c[0], claimed, err)
 		}
 	}
@@ -143,8 +143,8 @@ func TestMigrateToBytewiseKeys(t *testing.T) {
 	}
 
 	s := open(t, dsn, nil)
-	if v := versions(t, pool); !slices.Equal(v, []int32{1, 2}) {
-		t.Errorf("schema versions after Open = %v; want [1 2]", v)
+	if v := versions(t, pool); !slices.Equal(v, []int32{1, 2, 3}) {
+		t.Errorf("schema versions after Open = %v; want [1 2 3]", v)
 	}
 	if got := layout(t, pool); !slices.Equal(got, want) {
 		t.Errorf("the table migrated from version 1:\n%s\nwant it as created at the current version:\n%s",
@@ -174,7 +174,7 @@ func TestMigrateToBytewiseKeys(t *testing.T) {
 		t.Errorf("the handler ran %d times more after the migration; want 0: every key was found", r-runsBefore)
 	}
 	for i, c := range inFlight {
-		e, claimed, err := s.Claim(t.Context(), c[0], c[1], "fp", 1, t0)
+		e, claimed, err := s.Claim(t.Context(), c[0], c[1], "fp", testserver.Fence{Token: 1}, t0)
 		if err != nil || claimed || e.Status != "in_flight" || e.Token != int64(100+i) {
 			t.Errorf("claim of %q in %q after the migration = %+v, claimed %v, %v; want the claim in flight under token %d",
 				c[1], c[0], e, claimed, err, 100+i)
@@ -184,18 +184,19 @@ func TestMigrateToBytewiseKeys(t *testing.T) {
 		t.Errorf("a new key after the migration: %+v; want 201, run", a)
 	}
 	// An instance of the earlier version that was running keeps working
-	// on its connections: its statements are this version's.
-	if e, claimed, err := old.Claim(t.Context(), "é-1", "straße-ü", "fp", 1, t0); err != nil || claimed || e.Token != 102 {
+	// on its connections: its statements name no column the migrations
+	// changed or added.
+	if e, claimed, err := old.Claim(t.Context(), "é-1", "straße-ü", "fp", testserver.Fence{Token: 1}, t0); err != nil || claimed || e.Token != 102 {
 		t.Errorf("claim by the earlier version after the migration = %+v, claimed %v, %v; want the claim in flight under token 102",
 			e, claimed, err)
 	}
-	if _, claimed, err := old.Claim(t.Context(), "acct-1", "a-e", "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := old.Claim(t.Context(), "acct-1", "a-e", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Errorf("claim of a new key by the earlier version after the migration = %v, %v; want claimed", claimed, err)
 	}
 
 	err := pgstore.MigrateTo(t.Context(), pool, 1)
-	if !errors.Is(err, pgstore.ErrSchemaTooNew) || !strings.Contains(err.Error(), "version 2, this package knows up to 1") {
-		t.Errorf("version 1 of the package opening the migrated database: %v; want ErrSchemaTooNew, version 2", err)
+	if !errors.Is(err, pgstore.ErrSchemaTooNew) || !strings.Contains(err.Error(), "version 3, this package knows up to 1") {
+		t.Errorf("version 1 of the package opening the migrated database: %v; want ErrSchemaTooNew, version 3", err)
 	}
 }
 
@@ -273,5 +274,54 @@ func TestMigrateRefusesKeysTwice(t *testing.T) {
 	}
 	if tokens, err := pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || !slices.Equal(tokens, []int64{1, 2}) {
 		t.Errorf("entries of the key after the refused migration: tokens %v, %v; want both, 1 and 2", tokens, err)
+	}
+}
+
+// TestMigrateAddsClaimID opens, with this package, a database at version
+// 2, which kept no claim IDs, holding a claim in flight: Open adds
+// claim_id (version 3), the claim is found under its token with the empty
+// ID, refuses a release under its token with another ID, and is taken
+// over and saved as any other. A store of version 2 still running claims
+// a new key, which the current one takes over.
+func TestMigrateAddsClaimID(t *testing.T) {
+	dsn := pgtest.DB(t)
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pgstore.MigrateTo(t.Context(), pool, 2); err != nil {
+		t.Fatalf("migrating to version 2: %v", err)
+	}
+	old := pgstore.OnSchema(pool, "public")
+	if _, claimed, err := old.Claim(t.Context(), "s", "held", "fp", testserver.Fence{Token: 7}, t0); err != nil || !claimed {
+		t.Fatalf("claim at version 2 = %v, %v", claimed, err)
+	}
+
+	s := open(t, dsn, nil)
+	if v := versions(t, pool); !slices.Equal(v, []int32{1, 2, 3}) {
+		t.Errorf("schema versions after Open = %v; want [1 2 3]", v)
+	}
+	held := testserver.Fence{Token: 7}
+	e, claimed, err := s.Claim(t.Context(), "s", "held", "fp", testserver.Fence{Token: 7, ClaimID: "new"}, t0)
+	if err != nil || claimed || e.Status != testserver.StatusInFlight || e.Fence != held {
+		t.Fatalf("claim after the migration = %+v, claimed %v, %v; want the claim in flight under %+v", e, claimed, err, held)
+	}
+	if ok, err := s.Release(t.Context(), "s", "held", testserver.Fence{Token: 7, ClaimID: "new"}); ok || err != nil {
+		t.Fatalf("Release under its token with another ID = %v, %v; want false", ok, err)
+	}
+	over := testserver.Fence{Token: 8, ClaimID: "over"}
+	if ok, err := s.TakeOver(t.Context(), "s", "held", held, over); !ok || err != nil {
+		t.Fatalf("TakeOver of the claim with the empty ID = %v, %v; want true", ok, err)
+	}
+	if err := s.Save(t.Context(), "s", "held", over, testserver.Response{Status: 201}); err != nil {
+		t.Fatalf("Save after the take-over: %v", err)
+	}
+
+	if _, claimed, err := old.Claim(t.Context(), "s", "new", "fp", testserver.Fence{Token: 7}, t0); err != nil || !claimed {
+		t.Fatalf("claim by the store of version 2 after the migration = %v, %v; want claimed", claimed, err)
+	}
+	if ok, err := s.TakeOver(t.Context(), "s", "new", held, over); !ok || err != nil {
+		t.Fatalf("TakeOver of its claim = %v, %v; want true", ok, err)
 	}
 }

@@ -29,6 +29,13 @@ import (
 // may hold duplicate keys, and the rebuild then fails, and with it the
 // migration, rather than keep them), and a database created now gets
 // them through the same two versions.
+//
+// locked_at holds a claim's token (testserver.Fence.Token): the Unix
+// nanoseconds of its clock's reading. Version 3 adds claim_id, the
+// claim's ID (testserver.Fence.ClaimID), which fences the writes of a
+// claim with its token. Claims in flight when it runs keep the empty ID,
+// which their fences name. PostgreSQL adds a column with a constant
+// default without rewriting the table.
 var migrations = [][]string{
 	{ // 1
 		`CREATE TABLE {schema}.idempotency_keys (
@@ -49,6 +56,9 @@ var migrations = [][]string{
 		`ALTER TABLE {schema}.idempotency_keys
 			ALTER COLUMN scope TYPE text COLLATE "C",
 			ALTER COLUMN key TYPE text COLLATE "C"`,
+	},
+	{ // 3
+		`ALTER TABLE {schema}.idempotency_keys ADD COLUMN claim_id text COLLATE "C" NOT NULL DEFAULT ''`,
 	},
 }
 

@@ -3,8 +3,9 @@
 //
 // Every method is one statement: a claim is an INSERT … ON CONFLICT DO
 // NOTHING on the primary key (scope, key), a takeover an UPDATE that
-// compares and sets locked_at, and saving or releasing a claim is fenced by
-// status and locked_at in its WHERE clause. Each statement runs under its
+// compares and sets the claim's fence (locked_at and claim_id), and saving
+// or releasing a claim is fenced by status and the fence in its WHERE
+// clause. Each statement runs under its
 // own deadline (Options.QueryTimeout), on the server and on the client,
 // inside the caller's context. Any error, a timeout included, is returned
 // as an error: the store never reports a claim it did not make. Open and
@@ -58,9 +59,15 @@
 // stays at version 1), and it fails with the server's unique_violation
 // (a *pgconn.PgError, SQLSTATE 23505), changing nothing, if the old index
 // already let a key in twice: which entry to keep is the operator's call.
-// A store of an earlier version of this package refuses a database at
-// version 2 with ErrSchemaTooNew; one that was running keeps working, its
+// A store of an earlier version of this package refuses a database at a
+// later version with ErrSchemaTooNew; one that was running keeps working, its
 // statements unchanged.
+//
+// Version 3 adds claim_id, the claim's ID (testserver.Fence.ClaimID),
+// without rewriting the table; claims in flight keep the empty ID. A store
+// of an earlier version still running fences its writes by locked_at
+// alone: until it stops, a claim of a newer one that holds the same token
+// is not safe from its releases.
 //
 // A server that restarts, or ends a session (pg_terminate_backend), closes
 // the connections the pool holds. The pool of Open pings a connection before
@@ -77,27 +84,27 @@
 // Claim and Prune fail with the pool's or the server's error: a claim
 // fails closed (the Middleware answers 503, and runs nothing; its caller
 // asks again). A claim whose answer was lost may have been committed all
-// the same: the Middleware releases it, fenced by its token, and when that
-// fails too the key stays in flight, its retries refused with 409 until
-// the lock timeout, when one takes it over. Save, TakeOver and Release try
-// again: each is fenced by the token, so that running it twice does what
-// running it once does, and a lost one would keep the key in flight until the lock timeout, every
-// retry until then refused with 409, and the handler run again after a
-// lost save. When the connection was lost before the method had its
-// answer (none could be made, or the one in use closed; not when the
-// server refused the session), it runs the statement again on another
-// connection, after 50 ms, then twice as long each time up to a second,
-// for up to twice QueryTimeout and within its context; then it returns the
-// last error. An attempt whose answer was lost may have been applied: the
-// next one finds the entry as it left it. Save finds it done under the
-// same token with the same answer, and reports it saved; Release finds it
-// gone, and reports it released. TakeOver finds it no longer in flight
-// under the old token, as it would had another caller, which may have
-// chosen the same new token, taken it over: it cannot tell, and returns an
-// error rather than a win (the Middleware leaves such a take-over in
-// flight, to be taken over again after the lock timeout). A claim is not
-// tried again for the same reason: a claim found under its own token may
-// be another request's, whose handler would then run twice.
+// the same: the Middleware releases it, fenced by its token and its ID,
+// and when that fails too the key stays in flight, its retries refused
+// with 409 until the lock timeout, when one takes it over. Save, TakeOver
+// and Release try again: each is fenced by the claim's token and ID, so
+// that running it twice does what running it once does, and a lost one
+// would keep the key in flight until the lock timeout, every retry until
+// then refused with 409, and the handler run again after a lost save.
+// When the connection was lost before the method had its answer (none
+// could be made, or the one in use closed; not when the server refused the
+// session), it runs the statement again on another connection, after
+// 50 ms, then twice as long each time up to a second, for up to twice
+// QueryTimeout and within its context; then it returns the last error. An
+// attempt whose answer was lost may have been applied: the next one finds
+// the entry as it left it. Save finds it done under the same fence with
+// the same answer, and reports it saved; Release finds it gone, and
+// reports it released. TakeOver finds it no longer in flight under the old
+// fence, as it would had another caller taken it over: it does not tell
+// them apart, and returns an error rather than a win (the Middleware
+// leaves such a take-over in flight, to be taken over again after the
+// lock timeout). Neither is a claim tried again: a second attempt would
+// find the first's claim, when it was made, and report it as another's.
 package pgstore
 
 import (
@@ -323,7 +330,7 @@ func (s *Store) closedOr(err error) error {
 }
 
 // entryColumns are scanned by scanEntry, in this order.
-const entryColumns = `fingerprint, status, response_status, response_header, response_body, locked_at, created`
+const entryColumns = `fingerprint, status, response_status, response_header, response_body, locked_at, claim_id, created`
 
 func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, error) {
 	e := testserver.Entry{Scope: scope, Key: key}
@@ -333,7 +340,7 @@ func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, 
 		body    []byte
 		created int64
 	)
-	dest := append(extra, &e.Fingerprint, &e.Status, &status, &header, &body, &e.Token, &created)
+	dest := append(extra, &e.Fingerprint, &e.Status, &status, &header, &body, &e.Token, &e.ClaimID, &created)
 	if err := row.Scan(dest...); err != nil {
 		return e, err
 	}
@@ -360,12 +367,12 @@ func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, 
 // insert waits for it, the read cannot see it) or deleted meanwhile, the
 // statement returns nothing and runs again. The entry returned may thus be
 // a moment old, as any read is by the time the caller acts on it: every
-// write after it is a compare-and-set on the token, so a stale entry can
+// write after it is a compare-and-set on the fence, so a stale entry can
 // only make a write fail, never succeed wrongly.
-func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, f testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	created := now.UnixNano()
 	for range claimAttempts {
-		e, claimed, err := s.claim(ctx, scope, key, fingerprint, token, created)
+		e, claimed, err := s.claim(ctx, scope, key, fingerprint, f, created)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -377,13 +384,13 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token
 	return testserver.Entry{}, false, fmt.Errorf("pgstore: claim of key %q: the entry changed under %d attempts", key, claimAttempts)
 }
 
-func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token, created int64) (testserver.Entry, bool, error) {
+func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, f testserver.Fence, created int64) (testserver.Entry, bool, error) {
 	conn, ctx, done, err := s.conn(ctx)
 	if err != nil {
 		return testserver.Entry{}, false, err
 	}
 	defer done()
-	row := conn.QueryRow(ctx, s.sql.claim, scope, key, fingerprint, token, created)
+	row := conn.QueryRow(ctx, s.sql.claim, scope, key, fingerprint, f.Token, created, f.ClaimID)
 	var claimed bool
 	e, err := scanEntry(row, scope, key, &claimed)
 	return e, claimed, s.closedOr(err)
@@ -391,8 +398,8 @@ func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, token
 
 // claimSQL inserts an entry in flight or, when the key has one, returns it.
 const claimSQL = `WITH ins AS (
-		INSERT INTO {schema}.idempotency_keys (scope, key, fingerprint, status, locked_at, created)
-		VALUES ($1, $2, $3, 'in_flight', $4, $5)
+		INSERT INTO {schema}.idempotency_keys (scope, key, fingerprint, status, locked_at, created, claim_id)
+		VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)
 		ON CONFLICT (scope, key) DO NOTHING
 		RETURNING ` + entryColumns + `
 	)
@@ -433,7 +440,7 @@ func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx con
 	return lost, s.closedOr(err)
 }
 
-// write runs query, a write fenced by the token, as run does, and returns
+// write runs query, a write fenced by the claim's fence, as run does, and returns
 // how many rows it changed.
 func (s *Store) write(ctx context.Context, until time.Time, query string, args ...any) (n int64, lost, err error) {
 	lost, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
@@ -448,13 +455,13 @@ func (s *Store) write(ctx context.Context, until time.Time, query string, args .
 // is lost before the answer, it runs its statement again (see the package
 // documentation). But when the attempt whose answer was lost had been sent
 // and the next finds the entry no longer in flight under old, TakeOver
-// returns an error: that attempt may have taken the entry over, and so may
-// another caller that chose the same new token, which only the lost answer
-// could tell apart. A win reported wrongly would run the operation twice.
-func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	n, lost, err := s.write(ctx, time.Now().Add(2*s.timeout), s.sql.takeOver, scope, key, old, new)
+// returns an error: that attempt may have taken the entry over, or
+// another caller may have. A win reported wrongly would run the operation
+// twice.
+func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
+	n, lost, err := s.write(ctx, time.Now().Add(2*s.timeout), s.sql.takeOver, scope, key, old.Token, old.ClaimID, new.Token, new.ClaimID)
 	if err == nil && n == 0 && lost != nil {
-		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost: %w", key, old, lost)
+		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost: %w", key, old.Token, lost)
 	}
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over: %w", err)
@@ -462,25 +469,25 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64)
 	return n == 1, nil
 }
 
-// takeOverSQL moves an entry in flight from one token to another.
-const takeOverSQL = `UPDATE {schema}.idempotency_keys SET locked_at = $4
-	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`
+// takeOverSQL moves an entry in flight from one fence to another.
+const takeOverSQL = `UPDATE {schema}.idempotency_keys SET locked_at = $5, claim_id = $6
+	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3 AND claim_id = $4`
 
 // saveSQL marks an entry done with its answer, fenced by its status and
-// token. Its last argument is true when an earlier attempt of the same Save
+// fence. Its last argument is true when an earlier attempt of the same Save
 // may have been applied (the connection was lost after it was sent): an
-// entry done with this token and this very answer is that attempt's work,
+// entry done with this fence and this very answer is that attempt's work,
 // and is saved again as it is rather than refused as fenced.
 const saveSQL = `UPDATE {schema}.idempotency_keys
 	SET status = 'done', response_status = $4, response_header = $5, response_body = $6
-	WHERE scope = $1 AND key = $2 AND locked_at = $3 AND (status = 'in_flight' OR $7::boolean AND
+	WHERE scope = $1 AND key = $2 AND locked_at = $3 AND claim_id = $8 AND (status = 'in_flight' OR $7::boolean AND
 		status = 'done' AND response_status = $4 AND response_header = $5 AND response_body = $6)`
 
 // Save implements testserver.Store. When the connection to the server is
 // lost before the answer (see the package documentation), it runs its
 // statement again on another connection, for up to twice
 // Options.QueryTimeout and within ctx, and then returns the last error.
-func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence, resp testserver.Response) error {
 	header, err := hdrjson.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("pgstore: save: %w", err)
@@ -491,7 +498,7 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 	}
 	var n int64
 	_, err = s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
-		tag, err := conn.Exec(ctx, s.sql.save, scope, key, token, resp.Status, string(header), body, unsure)
+		tag, err := conn.Exec(ctx, s.sql.save, scope, key, f.Token, resp.Status, string(header), body, unsure, f.ClaimID)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -510,9 +517,9 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 // the next deletes nothing, a second statement tells why: an entry that is
 // gone was released, by that attempt or by the worker that took it over,
 // and Release reports it released; one still there is not this call's.
-func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+func (s *Store) Release(ctx context.Context, scope, key string, f testserver.Fence) (bool, error) {
 	until := time.Now().Add(2 * s.timeout)
-	n, lost, err := s.write(ctx, until, s.sql.release, scope, key, token)
+	n, lost, err := s.write(ctx, until, s.sql.release, scope, key, f.Token, f.ClaimID)
 	if err == nil && n == 0 && lost != nil {
 		var there bool
 		_, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
@@ -528,11 +535,11 @@ func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bo
 	return n == 1, nil
 }
 
-// releaseSQL deletes an entry in flight under a token; existsSQL tells
+// releaseSQL deletes an entry in flight under a fence; existsSQL tells
 // whether a key has an entry.
 const (
 	releaseSQL = `DELETE FROM {schema}.idempotency_keys
-		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`
+		WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3 AND claim_id = $4`
 	existsSQL = `SELECT EXISTS (SELECT FROM {schema}.idempotency_keys WHERE scope = $1 AND key = $2)`
 )
 

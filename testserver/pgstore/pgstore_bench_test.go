@@ -63,41 +63,42 @@ func BenchmarkClaimSave(b *testing.B) {
 
 	impls := []struct {
 		name string
-		op   func(ctx context.Context, key string, token int64) error
+		op   func(ctx context.Context, key string, f testserver.Fence) error
 	}{
-		{"store", func(ctx context.Context, key string, token int64) error {
-			if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", token, time.Now()); err != nil || !claimed {
+		{"store", func(ctx context.Context, key string, f testserver.Fence) error {
+			if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", f, time.Now()); err != nil || !claimed {
 				return fmt.Errorf("Claim = %v, %v; want claimed", claimed, err)
 			}
-			return s.Save(ctx, "tenant", key, token, benchResponse)
+			return s.Save(ctx, "tenant", key, f, benchResponse)
 		}},
-		{"rawsql", func(ctx context.Context, key string, token int64) error {
+		{"rawsql", func(ctx context.Context, key string, f testserver.Fence) error {
 			// Store.Claim's statement: the insert, or the existing row.
 			var claimed bool
 			var fp, status string
 			var respStatus *int32
 			var respHeader, respBody []byte
 			var lockedAt, created int64
+			var claimID string
 			err := raw.QueryRow(ctx, `WITH ins AS (
-					INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
-					VALUES ($1, $2, $3, 'in_flight', $4, $5)
+					INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created, claim_id)
+					VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)
 					ON CONFLICT (scope, key) DO NOTHING
-					RETURNING fingerprint, status, response_status, response_header, response_body, locked_at, created
+					RETURNING fingerprint, status, response_status, response_header, response_body, locked_at, claim_id, created
 				)
-				SELECT true, fingerprint, status, response_status, response_header, response_body, locked_at, created FROM ins
+				SELECT true, fingerprint, status, response_status, response_header, response_body, locked_at, claim_id, created FROM ins
 				UNION ALL
-				SELECT false, fingerprint, status, response_status, response_header, response_body, locked_at, created FROM idempotency_keys
+				SELECT false, fingerprint, status, response_status, response_header, response_body, locked_at, claim_id, created FROM idempotency_keys
 				WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`,
-				"tenant", key, "fp", token, time.Now().UnixNano()).
-				Scan(&claimed, &fp, &status, &respStatus, &respHeader, &respBody, &lockedAt, &created)
+				"tenant", key, "fp", f.Token, time.Now().UnixNano(), f.ClaimID).
+				Scan(&claimed, &fp, &status, &respStatus, &respHeader, &respBody, &lockedAt, &claimID, &created)
 			if err != nil || !claimed {
 				return fmt.Errorf("claim = %v, %v; want claimed", claimed, err)
 			}
 			// Store.Save's statement: the fenced update.
 			tag, err := raw.Exec(ctx, `UPDATE idempotency_keys
 				SET status = 'done', response_status = $4, response_header = $5, response_body = $6
-				WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3`,
-				"tenant", key, token, benchResponse.Status, header, benchResponse.Body)
+				WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3 AND claim_id = $7`,
+				"tenant", key, f.Token, benchResponse.Status, header, benchResponse.Body, f.ClaimID)
 			if err != nil {
 				return err
 			}

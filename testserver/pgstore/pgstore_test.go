@@ -43,7 +43,7 @@ var t0 = time.Unix(1_700_000_000, 123_456_789)
 func TestClaimSaveReplayRoundTrip(t *testing.T) {
 	s := open(t, pgtest.DB(t), nil)
 	ctx := t.Context()
-	e, claimed, err := s.Claim(ctx, "tenant", "k1", "fp1", 42, t0)
+	e, claimed, err := s.Claim(ctx, "tenant", "k1", "fp1", testserver.Fence{Token: 42}, t0)
 	if err != nil || !claimed {
 		t.Fatalf("first Claim = %v, %v; want claimed", claimed, err)
 	}
@@ -55,10 +55,10 @@ func TestClaimSaveReplayRoundTrip(t *testing.T) {
 		Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
 		Body:   []byte(`{"id":"ch_1"}` + "\x00\xff"),
 	}
-	if err := s.Save(ctx, "tenant", "k1", 42, resp); err != nil {
+	if err := s.Save(ctx, "tenant", "k1", testserver.Fence{Token: 42}, resp); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
-	e, claimed, err = s.Claim(ctx, "tenant", "k1", "fp2", 43, t0.Add(time.Hour))
+	e, claimed, err = s.Claim(ctx, "tenant", "k1", "fp2", testserver.Fence{Token: 43}, t0.Add(time.Hour))
 	if err != nil || claimed {
 		t.Fatalf("second Claim = %v, %v; want the existing entry", claimed, err)
 	}
@@ -75,7 +75,7 @@ func TestClaimSaveReplayRoundTrip(t *testing.T) {
 	}
 
 	// Another scope never meets this key.
-	if _, claimed, err := s.Claim(ctx, "other", "k1", "fp9", 7, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "other", "k1", "fp9", testserver.Fence{Token: 7}, t0); err != nil || !claimed {
 		t.Errorf("Claim in another scope = %v, %v; want claimed", claimed, err)
 	}
 }
@@ -97,7 +97,7 @@ func TestClaimRace(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			e, claimed, err := stores[i%2].Claim(t.Context(), "s", "race", "fp", int64(i+1), t0)
+			e, claimed, err := stores[i%2].Claim(t.Context(), "s", "race", "fp", testserver.Fence{Token: int64(i + 1)}, t0)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -123,27 +123,28 @@ func TestClaimRace(t *testing.T) {
 func TestTakeOverRace(t *testing.T) {
 	dsn := pgtest.DB(t)
 	stores := []*pgstore.Store{open(t, dsn, nil), open(t, dsn, nil)}
-	if _, _, err := stores[0].Claim(t.Context(), "s", "k", "fp", 100, t0); err != nil {
+	if _, _, err := stores[0].Claim(t.Context(), "s", "k", "fp", testserver.Fence{Token: 100}, t0); err != nil {
 		t.Fatal(err)
 	}
 	const n = 16
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
-		wins []int64
+		wins []testserver.Fence
 	)
 	start := make(chan struct{})
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			ok, err := stores[i%2].TakeOver(t.Context(), "s", "k", 100, int64(200+i))
+			next := testserver.Fence{Token: int64(200 + i), ClaimID: fmt.Sprint("taker-", i)}
+			ok, err := stores[i%2].TakeOver(t.Context(), "s", "k", testserver.Fence{Token: 100}, next)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				t.Errorf("TakeOver: %v", err)
 			}
 			if ok {
-				wins = append(wins, int64(200+i))
+				wins = append(wins, next)
 			}
 		})
 	}
@@ -153,17 +154,17 @@ func TestTakeOverRace(t *testing.T) {
 		t.Fatalf("%d takeovers won; want exactly 1", len(wins))
 	}
 	// The old holder is fenced out; the new one saves.
-	if err := stores[0].Save(t.Context(), "s", "k", 100, testserver.Response{Status: 200}); !errors.Is(err, testserver.ErrFenced) {
+	if err := stores[0].Save(t.Context(), "s", "k", testserver.Fence{Token: 100}, testserver.Response{Status: 200}); !errors.Is(err, testserver.ErrFenced) {
 		t.Errorf("Save with the old token = %v; want ErrFenced", err)
 	}
-	if ok, err := stores[0].Release(t.Context(), "s", "k", 100); ok || err != nil {
+	if ok, err := stores[0].Release(t.Context(), "s", "k", testserver.Fence{Token: 100}); ok || err != nil {
 		t.Errorf("Release with the old token = %v, %v; want false, nil", ok, err)
 	}
 	if err := stores[1].Save(t.Context(), "s", "k", wins[0], testserver.Response{Status: 200}); err != nil {
 		t.Errorf("Save with the new token: %v", err)
 	}
 	// A done entry cannot be taken over, saved again or released.
-	if ok, err := stores[0].TakeOver(t.Context(), "s", "k", wins[0], wins[0]+1); ok || err != nil {
+	if ok, err := stores[0].TakeOver(t.Context(), "s", "k", wins[0], testserver.Fence{Token: wins[0].Token + 1}); ok || err != nil {
 		t.Errorf("TakeOver of a done entry = %v, %v; want false, nil", ok, err)
 	}
 	if err := stores[0].Save(t.Context(), "s", "k", wins[0], testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
@@ -177,16 +178,16 @@ func TestTakeOverRace(t *testing.T) {
 func TestReleaseLetsTheKeyBeClaimedAgain(t *testing.T) {
 	s := open(t, pgtest.DB(t), nil)
 	ctx := t.Context()
-	if _, _, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err != nil {
+	if _, _, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 1}, t0); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.Release(ctx, "s", "k", 2); ok || err != nil {
+	if ok, err := s.Release(ctx, "s", "k", testserver.Fence{Token: 2}); ok || err != nil {
 		t.Fatalf("Release with a wrong token = %v, %v; want false, nil", ok, err)
 	}
-	if ok, err := s.Release(ctx, "s", "k", 1); !ok || err != nil {
+	if ok, err := s.Release(ctx, "s", "k", testserver.Fence{Token: 1}); !ok || err != nil {
 		t.Fatalf("Release = %v, %v; want true, nil", ok, err)
 	}
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 3, t0); !claimed || err != nil {
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 3}, t0); !claimed || err != nil {
 		t.Errorf("Claim after Release = %v, %v; want claimed", claimed, err)
 	}
 }
@@ -231,7 +232,7 @@ func TestWritesSeeRowsCommittedWhileTheyWait(t *testing.T) {
 
 			err := concurrently(`INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
 				VALUES ('s', 'k', 'theirs', 'in_flight', 7, 0)`, func() error {
-				e, claimed, err := s.Claim(ctx, "s", "k", "mine", 8, t0)
+				e, claimed, err := s.Claim(ctx, "s", "k", "mine", testserver.Fence{Token: 8}, t0)
 				if err == nil && (claimed || e.Fingerprint != "theirs" || e.Token != 7) {
 					err = fmt.Errorf("claimed %v, entry %+v; want the committed one, unclaimed", claimed, e)
 				}
@@ -241,7 +242,7 @@ func TestWritesSeeRowsCommittedWhileTheyWait(t *testing.T) {
 				t.Errorf("Claim of a key inserted while it waited: %v", err)
 			}
 			err = concurrently(`UPDATE idempotency_keys SET locked_at = 9 WHERE scope = 's' AND key = 'k'`, func() error {
-				return s.Save(ctx, "s", "k", 7, testserver.Response{Status: 200})
+				return s.Save(ctx, "s", "k", testserver.Fence{Token: 7}, testserver.Response{Status: 200})
 			})
 			if !errors.Is(err, testserver.ErrFenced) {
 				t.Errorf("Save of a claim taken over while it waited = %v; want ErrFenced", err)
@@ -288,7 +289,7 @@ func TestQueryTimeoutFailsClosed(t *testing.T) {
 	dsn := pgtest.DB(t)
 	s := open(t, dsn, &pgstore.Options{QueryTimeout: 300 * time.Millisecond})
 	ctx := t.Context()
-	if _, _, err := s.Claim(ctx, "s", "locked", "fp", 7, t0); err != nil {
+	if _, _, err := s.Claim(ctx, "s", "locked", "fp", testserver.Fence{Token: 7}, t0); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := s.Pool().Begin(ctx)
@@ -308,18 +309,18 @@ func TestQueryTimeoutFailsClosed(t *testing.T) {
 	// The server cancels each statement at the timeout, before the store
 	// gives up waiting: the error is the server's, and nothing is applied
 	// later when the locks go.
-	e, claimed, err := s.Claim(ctx, "s", "pending", "fp", 8, t0)
+	e, claimed, err := s.Claim(ctx, "s", "pending", "fp", testserver.Fence{Token: 8}, t0)
 	if err == nil || claimed {
 		t.Fatalf("Claim blocked past its timeout = %+v, %v, %v; want an error, unclaimed", e, claimed, err)
 	}
 	checkCancelled(t, "Claim", err)
-	ok, err := s.TakeOver(ctx, "s", "locked", 7, 9)
+	ok, err := s.TakeOver(ctx, "s", "locked", testserver.Fence{Token: 7}, testserver.Fence{Token: 9})
 	if ok {
 		t.Error("TakeOver blocked past its timeout reported success")
 	}
 	checkCancelled(t, "TakeOver", err)
-	checkCancelled(t, "Save", s.Save(ctx, "s", "locked", 7, testserver.Response{Status: 200}))
-	ok, err = s.Release(ctx, "s", "locked", 7)
+	checkCancelled(t, "Save", s.Save(ctx, "s", "locked", testserver.Fence{Token: 7}, testserver.Response{Status: 200}))
+	ok, err = s.Release(ctx, "s", "locked", testserver.Fence{Token: 7})
 	if ok {
 		t.Error("Release blocked past its timeout reported success")
 	}
@@ -327,11 +328,11 @@ func TestQueryTimeoutFailsClosed(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e, claimed, err := s.Claim(ctx, "s", "locked", "fp", 10, t0); err != nil || claimed ||
+	if e, claimed, err := s.Claim(ctx, "s", "locked", "fp", testserver.Fence{Token: 10}, t0); err != nil || claimed ||
 		e.Status != testserver.StatusInFlight || e.Token != 7 {
 		t.Errorf("after timed-out writes: %+v, claimed %v, %v; want the entry unchanged", e, claimed, err)
 	}
-	if _, claimed, err := s.Claim(ctx, "s", "pending", "fp", 11, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "pending", "fp", testserver.Fence{Token: 11}, t0); err != nil || !claimed {
 		t.Errorf("the rolled-back key: claimed %v, %v; want it free", claimed, err)
 	}
 }
@@ -363,7 +364,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 		}
 		defer conns[i].Close(context.Background())
 	}
-	if _, _, err := s.Claim(ctx, "s", "busy", "fp", 7, t0); err != nil {
+	if _, _, err := s.Claim(ctx, "s", "busy", "fp", testserver.Fence{Token: 7}, t0); err != nil {
 		t.Fatal(err)
 	}
 	// An uncommitted insert of "k", and a lock on "busy".
@@ -392,7 +393,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 		})
 	}()
 	waitBlocked(t, conns[1], 1)
-	_, claimed, err := s.Claim(ctx, "s", "k", "mine", 8, t0)
+	_, claimed, err := s.Claim(ctx, "s", "k", "mine", testserver.Fence{Token: 8}, t0)
 	if claimed {
 		t.Fatal("Claim of a key locked by another transaction reported claimed")
 	}
@@ -401,7 +402,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkCancelled(t, "the statement holding the pool", <-busy)
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 9, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 9}, t0); err != nil || !claimed {
 		t.Errorf("after the lock was freed: claimed %v, %v; want the key free, not claimed by the failed Claim", claimed, err)
 	}
 }
@@ -422,20 +423,20 @@ func TestServerRestart(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range conns { // every connection of the pool used just now
 		wg.Go(func() {
-			if _, _, err := s.Claim(ctx, "s", fmt.Sprint("before-", i), "fp", 1, t0); err != nil {
+			if _, _, err := s.Claim(ctx, "s", fmt.Sprint("before-", i), "fp", testserver.Fence{Token: 1}, t0); err != nil {
 				t.Error(err)
 			}
 		})
 	}
 	wg.Wait()
 	err := c.Restart(ctx, func() {
-		if _, claimed, err := s.Claim(ctx, "s", "down", "fp", 2, t0); err == nil || claimed {
+		if _, claimed, err := s.Claim(ctx, "s", "down", "fp", testserver.Fence{Token: 2}, t0); err == nil || claimed {
 			t.Errorf("Claim while the server is down = %v, %v; want an error", claimed, err)
 		}
 		// Save tries again until its context ends.
 		sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
-		err := s.Save(sctx, "s", "before-0", 1, testserver.Response{Status: 201})
+		err := s.Save(sctx, "s", "before-0", testserver.Fence{Token: 1}, testserver.Response{Status: 201})
 		if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, testserver.ErrFenced) {
 			t.Errorf("Save while the server is down = %v; want its context's error, not ErrFenced", err)
 		}
@@ -444,18 +445,18 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range conns {
-		if _, claimed, err := s.Claim(ctx, "s", fmt.Sprint("after-", i), "fp", 3, t0); err != nil || !claimed {
+		if _, claimed, err := s.Claim(ctx, "s", fmt.Sprint("after-", i), "fp", testserver.Fence{Token: 3}, t0); err != nil || !claimed {
 			t.Errorf("claim %d after the restart = %v, %v; want claimed", i+1, claimed, err)
 		}
 	}
-	if _, claimed, err := s.Claim(ctx, "s", "down", "fp", 4, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "down", "fp", testserver.Fence{Token: 4}, t0); err != nil || !claimed {
 		t.Errorf("Claim of the key claimed while down = %v, %v; want it free", claimed, err)
 	}
-	if e, claimed, err := s.Claim(ctx, "s", "before-0", "fp", 5, t0); err != nil || claimed ||
+	if e, claimed, err := s.Claim(ctx, "s", "before-0", "fp", testserver.Fence{Token: 5}, t0); err != nil || claimed ||
 		e.Status != testserver.StatusInFlight || e.Token != 1 {
 		t.Errorf("the claim made before = %+v, claimed %v, %v; want it in flight with token 1", e, claimed, err)
 	}
-	if err := s.Save(ctx, "s", "before-0", 1, testserver.Response{Status: 201}); err != nil {
+	if err := s.Save(ctx, "s", "before-0", testserver.Fence{Token: 1}, testserver.Response{Status: 201}); err != nil {
 		t.Errorf("Save after the restart: %v", err)
 	}
 }
@@ -548,29 +549,29 @@ func TestWritesAcrossRestart(t *testing.T) {
 	s := open(t, dsn, nil)
 	ctx := t.Context()
 	for _, k := range []string{"taken", "released"} {
-		if _, claimed, err := s.Claim(ctx, "s", k, "fp", 1, t0); err != nil || !claimed {
+		if _, claimed, err := s.Claim(ctx, "s", k, "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 			t.Fatalf("Claim %s = %v, %v", k, claimed, err)
 		}
 	}
 	var won, released bool
 	err := pgtest.CallDuringRestart(t, c, relay, func() (err error) {
-		won, err = s.TakeOver(ctx, "s", "taken", 1, 2)
+		won, err = s.TakeOver(ctx, "s", "taken", testserver.Fence{Token: 1}, testserver.Fence{Token: 2})
 		return err
 	})
 	if err != nil || !won {
 		t.Errorf("TakeOver across a restart = %v, %v; want won", won, err)
 	}
 	err = pgtest.CallDuringRestart(t, c, relay, func() (err error) {
-		released, err = s.Release(ctx, "s", "released", 1)
+		released, err = s.Release(ctx, "s", "released", testserver.Fence{Token: 1})
 		return err
 	})
 	if err != nil || !released {
 		t.Errorf("Release across a restart = %v, %v; want released", released, err)
 	}
-	if e, claimed, err := s.Claim(ctx, "s", "taken", "fp", 3, t0); err != nil || claimed || e.Token != 2 {
+	if e, claimed, err := s.Claim(ctx, "s", "taken", "fp", testserver.Fence{Token: 3}, t0); err != nil || claimed || e.Token != 2 {
 		t.Errorf("the entry taken over = %+v, claimed %v, %v; want it in flight with token 2", e, claimed, err)
 	}
-	if _, claimed, err := s.Claim(ctx, "s", "released", "fp", 3, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "released", "fp", testserver.Fence{Token: 3}, t0); err != nil || !claimed {
 		t.Errorf("Claim of the key released = %v, %v; want it free", claimed, err)
 	}
 }
@@ -583,7 +584,7 @@ func answerLost(t *testing.T, tag string, call func(*pgstore.Store)) *pgstore.St
 	t.Helper()
 	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
 	s := open(t, dsn, nil)
-	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Fatalf("Claim = %v, %v", claimed, err)
 	}
 	lost := relay.LoseNext(tag)
@@ -603,11 +604,11 @@ func answerLost(t *testing.T, tag string, call func(*pgstore.Store)) *pgstore.St
 func TestReleaseAnswerLost(t *testing.T) {
 	ctx := t.Context()
 	s := answerLost(t, "DELETE", func(s *pgstore.Store) {
-		if released, err := s.Release(ctx, "s", "k", 1); err != nil || !released {
+		if released, err := s.Release(ctx, "s", "k", testserver.Fence{Token: 1}); err != nil || !released {
 			t.Errorf("Release whose answer was lost = %v, %v; want released", released, err)
 		}
 	})
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 2, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 2}, t0); err != nil || !claimed {
 		t.Errorf("Claim after the release = %v, %v; want the key free", claimed, err)
 	}
 }
@@ -621,11 +622,11 @@ func TestReleaseAnswerLost(t *testing.T) {
 func TestTakeOverAnswerLost(t *testing.T) {
 	ctx := t.Context()
 	s := answerLost(t, "UPDATE", func(s *pgstore.Store) {
-		if won, err := s.TakeOver(ctx, "s", "k", 1, 2); err == nil || won {
+		if won, err := s.TakeOver(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Fence{Token: 2}); err == nil || won {
 			t.Errorf("TakeOver whose answer was lost = %v, %v; want an error", won, err)
 		}
 	})
-	if e, claimed, err := s.Claim(ctx, "s", "k", "fp", 3, t0); err != nil || claimed || e.Token != 2 {
+	if e, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 3}, t0); err != nil || claimed || e.Token != 2 {
 		t.Errorf("entry = %+v, claimed %v, %v; want it in flight with token 2", e, claimed, err)
 	}
 }
@@ -637,15 +638,15 @@ func TestTakeOverAnswerLost(t *testing.T) {
 func TestSaveAnswerLost(t *testing.T) {
 	ctx := t.Context()
 	s := answerLost(t, "UPDATE", func(s *pgstore.Store) {
-		if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 201, Body: []byte("charged")}); err != nil {
+		if err := s.Save(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Response{Status: 201, Body: []byte("charged")}); err != nil {
 			t.Errorf("Save whose answer was lost = %v; want nil", err)
 		}
 	})
-	e, _, err := s.Claim(ctx, "s", "k", "fp", 2, t0)
+	e, _, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 2}, t0)
 	if err != nil || e.Status != testserver.StatusDone || e.Response == nil || string(e.Response.Body) != "charged" {
 		t.Errorf("entry = %+v, %v; want done with the answer saved", e, err)
 	}
-	if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
+	if err := s.Save(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
 		t.Errorf("Save of another answer under the same token = %v; want ErrFenced", err)
 	}
 }
@@ -704,7 +705,7 @@ func TestSaveRefusedLoginFailsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Fatalf("Claim = %v, %v", claimed, err)
 	}
 	if _, err := owner.Exec(t.Context(), `ALTER ROLE `+role+` NOLOGIN`); err != nil {
@@ -716,7 +717,7 @@ func TestSaveRefusedLoginFailsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	dials.Store(0)
-	err = s.Save(t.Context(), "s", "k", 1, testserver.Response{Status: 201})
+	err = s.Save(t.Context(), "s", "k", testserver.Fence{Token: 1}, testserver.Response{Status: 201})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "28000" {
 		t.Errorf("Save as a role that may no longer log in = %v; want the server's refusal, SQLSTATE 28000", err)
@@ -741,7 +742,7 @@ func TestCallerDeadlineFailsClosed(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 8, t0); err == nil || claimed || !errors.Is(err, context.DeadlineExceeded) {
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 8}, t0); err == nil || claimed || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Claim past the caller's deadline = claimed %v, %v; want an error wrapping context.DeadlineExceeded", claimed, err)
 	}
 }
@@ -767,16 +768,16 @@ func TestClosedPoolFailsClosed(t *testing.T) {
 	}
 	pool.Close()
 	ctx := t.Context()
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err == nil || claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 1}, t0); err == nil || claimed {
 		t.Errorf("Claim on a closed pool = %v, %v; want an error", claimed, err)
 	}
-	if ok, err := s.TakeOver(ctx, "s", "k", 1, 2); err == nil || ok {
+	if ok, err := s.TakeOver(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Fence{Token: 2}); err == nil || ok {
 		t.Errorf("TakeOver on a closed pool = %v, %v; want an error", ok, err)
 	}
-	if err := s.Save(ctx, "s", "k", 1, testserver.Response{Status: 200}); err == nil || errors.Is(err, testserver.ErrFenced) {
+	if err := s.Save(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Response{Status: 200}); err == nil || errors.Is(err, testserver.ErrFenced) {
 		t.Errorf("Save on a closed pool = %v; want an error other than ErrFenced", err)
 	}
-	if ok, err := s.Release(ctx, "s", "k", 1); err == nil || ok {
+	if ok, err := s.Release(ctx, "s", "k", testserver.Fence{Token: 1}); err == nil || ok {
 		t.Errorf("Release on a closed pool = %v, %v; want an error", ok, err)
 	}
 	if _, err := s.Prune(ctx, t0, 10); err == nil {
@@ -810,18 +811,18 @@ func TestPruneInBatches(t *testing.T) {
 	s := open(t, pgtest.DB(t), &pgstore.Options{PruneBatch: 4})
 	ctx := t.Context()
 	for i := range 25 {
-		if _, _, err := s.Claim(ctx, "s", fmt.Sprintf("old-%d", i), "fp", 1, t0.Add(time.Duration(i)*time.Second)); err != nil {
+		if _, _, err := s.Claim(ctx, "s", fmt.Sprintf("old-%d", i), "fp", testserver.Fence{Token: 1}, t0.Add(time.Duration(i)*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		if i%2 == 0 {
-			if err := s.Save(ctx, "s", fmt.Sprintf("old-%d", i), 1, testserver.Response{Status: 200}); err != nil {
+			if err := s.Save(ctx, "s", fmt.Sprintf("old-%d", i), testserver.Fence{Token: 1}, testserver.Response{Status: 200}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	cutoff := t0.Add(time.Hour)
 	for i := range 5 {
-		if _, _, err := s.Claim(ctx, "s", fmt.Sprintf("new-%d", i), "fp", 1, cutoff.Add(time.Duration(i))); err != nil {
+		if _, _, err := s.Claim(ctx, "s", fmt.Sprintf("new-%d", i), "fp", testserver.Fence{Token: 1}, cutoff.Add(time.Duration(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -832,10 +833,10 @@ func TestPruneInBatches(t *testing.T) {
 		t.Errorf("Prune(limit 10) = %d, %v; want 10", n, err)
 	}
 	// The oldest went first.
-	if _, claimed, err := s.Claim(ctx, "s", "old-9", "fp", 2, t0); !claimed || err != nil {
+	if _, claimed, err := s.Claim(ctx, "s", "old-9", "fp", testserver.Fence{Token: 2}, t0); !claimed || err != nil {
 		t.Errorf("old-9 still there after pruning the 10 oldest (claimed %v, %v)", claimed, err)
 	}
-	if _, claimed, err := s.Claim(ctx, "s", "old-10", "fp", 2, t0); claimed || err != nil {
+	if _, claimed, err := s.Claim(ctx, "s", "old-10", "fp", testserver.Fence{Token: 2}, t0); claimed || err != nil {
 		t.Errorf("old-10 pruned among the 10 oldest (claimed %v, %v)", claimed, err)
 	}
 	// old-10…old-24 and the new old-9 are older than cutoff.
@@ -843,7 +844,7 @@ func TestPruneInBatches(t *testing.T) {
 		t.Errorf("Prune(limit 100) = %d, %v; want 16", n, err)
 	}
 	for i := range 5 {
-		if _, claimed, err := s.Claim(ctx, "s", fmt.Sprintf("new-%d", i), "fp", 2, t0); claimed || err != nil {
+		if _, claimed, err := s.Claim(ctx, "s", fmt.Sprintf("new-%d", i), "fp", testserver.Fence{Token: 2}, t0); claimed || err != nil {
 			t.Errorf("new-%d pruned (claimed %v, %v); want it kept", i, claimed, err)
 		}
 	}
@@ -863,10 +864,10 @@ func TestPruneLimitWithStaleStatistics(t *testing.T) {
 	ctx := t.Context()
 	done := func(key string) {
 		t.Helper()
-		if _, _, err := s.Claim(ctx, "s", key, "fp", 1, t0); err != nil {
+		if _, _, err := s.Claim(ctx, "s", key, "fp", testserver.Fence{Token: 1}, t0); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Save(ctx, "s", key, 1, testserver.Response{Status: 200}); err != nil {
+		if err := s.Save(ctx, "s", key, testserver.Fence{Token: 1}, testserver.Response{Status: 200}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -901,8 +902,8 @@ func TestMigrations(t *testing.T) {
 	}
 	wg.Wait()
 	s := open(t, dsn, nil)
-	if v := versions(t, s.Pool()); !slices.Equal(v, []int32{1, 2}) {
-		t.Errorf("schema versions = %v; want [1 2]", v)
+	if v := versions(t, s.Pool()); !slices.Equal(v, []int32{1, 2, 3}) {
+		t.Errorf("schema versions = %v; want [1 2 3]", v)
 	}
 	if _, err := s.Pool().Exec(t.Context(), `INSERT INTO idempotency_keys_schema (version) VALUES (99)`); err != nil {
 		t.Fatal(err)
@@ -946,7 +947,7 @@ func TestOpenWithoutCreatePrivilege(t *testing.T) {
 		t.Fatalf("Open as a role that cannot create tables: %v", err)
 	}
 	defer s.Close()
-	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Errorf("Claim as that role = %v, %v; want claimed", claimed, err)
 	}
 }
@@ -1044,7 +1045,7 @@ func TestOpenBadOptions(t *testing.T) {
 		t.Errorf("tables after the refused opens: %s; want none", tables)
 	}
 	s := open(t, dsn, &pgstore.Options{QueryTimeout: pgstore.MaxQueryTimeout})
-	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Fatalf("Claim on a store with the longest QueryTimeout = %v, %v; want claimed", claimed, err)
 	}
 }
@@ -1177,7 +1178,7 @@ func TestNewPoolSettings(t *testing.T) {
 		t.Cleanup(pool.Close)
 		s, err := pgstore.New(t.Context(), pool, nil)
 		if err == nil {
-			if _, claimed, err := s.Claim(t.Context(), "s", "k"+c.params, "fp", 1, t0); err != nil || !claimed {
+			if _, claimed, err := s.Claim(t.Context(), "s", "k"+c.params, "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 				t.Errorf("Claim on a pool with %q = %v, %v; want claimed", c.params, claimed, err)
 			}
 			s.Close()
@@ -1207,7 +1208,7 @@ func TestOpenUnrecordedSchema(t *testing.T) {
 	} {
 		dsn := pgtest.DB(t)
 		s := open(t, dsn, nil)
-		if _, _, err := s.Claim(t.Context(), "tenant", "k1", "fp1", 42, t0); err != nil {
+		if _, _, err := s.Claim(t.Context(), "tenant", "k1", "fp1", testserver.Fence{Token: 42}, t0); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Pool().Exec(t.Context(), c.sql); err != nil {

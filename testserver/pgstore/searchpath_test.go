@@ -28,10 +28,10 @@ func keys(t *testing.T, admin *pgx.Conn, schema string) string {
 // claimSave claims key in scope s with token 1 and saves an answer.
 func claimSave(t *testing.T, s testserver.Store, key string) {
 	t.Helper()
-	if _, claimed, err := s.Claim(t.Context(), "s", key, "fp", 1, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(t.Context(), "s", key, "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Fatalf("Claim of %s = %v, %v; want claimed", key, claimed, err)
 	}
-	if err := s.Save(t.Context(), "s", key, 1, testserver.Response{Status: 201, Body: []byte("ok")}); err != nil {
+	if err := s.Save(t.Context(), "s", key, testserver.Fence{Token: 1}, testserver.Response{Status: 201, Body: []byte("ok")}); err != nil {
 		t.Fatalf("Save of %s: %v", key, err)
 	}
 }
@@ -53,14 +53,14 @@ func TestTempTableDoesNotShadow(t *testing.T) {
 	}
 	defer s.Close()
 
-	if e, claimed, err := s.Claim(ctx, "s", "before", "fp", 2, t0); err != nil || claimed || e.Status != testserver.StatusDone {
+	if e, claimed, err := s.Claim(ctx, "s", "before", "fp", testserver.Fence{Token: 2}, t0); err != nil || claimed || e.Status != testserver.StatusDone {
 		t.Errorf("Claim of the key saved before = %+v, %v, %v; want its entry, done", e, claimed, err)
 	}
 	claimSave(t, s, "after")
-	if _, claimed, err := s.Claim(ctx, "s", "released", "fp", 3, t0); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "s", "released", "fp", testserver.Fence{Token: 3}, t0); err != nil || !claimed {
 		t.Fatalf("Claim = %v, %v; want claimed", claimed, err)
 	}
-	if ok, err := s.Release(ctx, "s", "released", 3); err != nil || !ok {
+	if ok, err := s.Release(ctx, "s", "released", testserver.Fence{Token: 3}); err != nil || !ok {
 		t.Fatalf("Release = %v, %v; want released", ok, err)
 	}
 	admin := pgtest.Connect(t, dsn)

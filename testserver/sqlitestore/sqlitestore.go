@@ -27,6 +27,14 @@
 // jar (package keyjar) among them, with ErrNotStore, and leaves it as it
 // was; an application's own tables beside the store's (see Store.DB) are no
 // obstacle.
+//
+// Version 2 of the schema keeps each claim's ID (testserver.Fence.ClaimID)
+// beside its token. Open adds the column to a file of version 1, whose
+// claims in flight keep the empty ID; a store of an earlier version of
+// this package then refuses the file with ErrSchemaTooNew. One that has
+// it open already keeps working, its writes fenced by the token alone: a
+// claim of a newer one at the same token is not safe from its releases
+// until it stops.
 package sqlitestore
 
 import (
@@ -50,7 +58,8 @@ import (
 )
 
 // schemaVersion is PRAGMA user_version once the schema below is in place.
-const schemaVersion = 1
+// Version 1 lacked claim_id; Open adds it (addClaimID).
+const schemaVersion = 2
 
 // ApplicationID is the PRAGMA application_id of a database of this package
 // ("idms"), set when Open creates the schema. A database of an earlier
@@ -71,12 +80,17 @@ CREATE TABLE idempotency_keys (
 	response_status INTEGER,
 	response_header TEXT,    -- JSON object: header name to values
 	response_body   BLOB,
-	locked_at       INTEGER NOT NULL, -- the fencing token, Unix nanoseconds
+	locked_at       INTEGER NOT NULL, -- the claim's token (testserver.Fence.Token), Unix nanoseconds of its clock
 	created         INTEGER NOT NULL, -- Unix nanoseconds
+	claim_id        TEXT    NOT NULL DEFAULT '', -- the claim's ID (testserver.Fence.ClaimID)
 	PRIMARY KEY (scope, key)
 );
 CREATE INDEX idempotency_keys_created ON idempotency_keys (created);
 `
+
+// addClaimID brings a version 1 schema to version 2: its claims in flight
+// keep the empty ID, which their fences name.
+const addClaimID = `ALTER TABLE idempotency_keys ADD COLUMN claim_id TEXT NOT NULL DEFAULT ''`
 
 // DefaultBusyTimeout is how long a statement waits for another
 // connection's write lock when Options.BusyTimeout is zero.
@@ -227,9 +241,9 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 }
 
 // migrate checks that the database at path is the store's, or empty, and
-// creates the schema in an empty one and marks an earlier version's with
-// ApplicationID, all in one IMMEDIATE transaction: another process may be
-// doing the same.
+// creates the schema in an empty one, adds claim_id to a version 1 one
+// and marks an earlier version's with ApplicationID, all in one IMMEDIATE
+// transaction: another process may be doing the same.
 func (s *Store) migrate(ctx context.Context, path string) error {
 	return s.update(ctx, func(tx *sql.Tx) error {
 		var (
@@ -261,14 +275,23 @@ func (s *Store) migrate(ctx context.Context, path string) error {
 				ErrNotStore, path, version, objects)
 		case version > schemaVersion:
 			return fmt.Errorf("%w: version %d, this program knows %d", ErrSchemaTooNew, version, schemaVersion)
-		case version < schemaVersion:
+		case version < 1:
 			return fmt.Errorf("%w: %s has application_id %#x but unknown schema version %d", ErrNotStore, path, app, version)
 		}
-		// The schema of this version: its table has every column used here.
+		// The schema of its version: its table has every column used here,
+		// but claim_id at version 1.
+		columns := "scope, key, fingerprint, status, response_status, response_header, response_body, locked_at, created"
+		if version > 1 {
+			columns += ", claim_id"
+		}
 		var n int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT scope, key, fingerprint, status, response_status,
-			response_header, response_body, locked_at, created FROM idempotency_keys LIMIT 0)`).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT `+columns+` FROM idempotency_keys LIMIT 0)`).Scan(&n); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrNotStore, path, err)
+		}
+		if version == 1 {
+			if _, err := tx.ExecContext(ctx, addClaimID+fmt.Sprintf("; PRAGMA user_version = %d", schemaVersion)); err != nil {
+				return err
+			}
 		}
 		if app == 0 {
 			_, err = tx.ExecContext(ctx, fmt.Sprintf("PRAGMA application_id = %d", ApplicationID))
@@ -333,11 +356,11 @@ func (s *Store) update(ctx context.Context, f func(*sql.Tx) error) error {
 }
 
 // Claim implements testserver.Store.
-func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token int64, now time.Time) (e testserver.Entry, claimed bool, err error) {
+func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, f testserver.Fence, now time.Time) (e testserver.Entry, claimed bool, err error) {
 	err = s.update(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
-			VALUES (?, ?, ?, 'in_flight', ?, ?) ON CONFLICT (scope, key) DO NOTHING`,
-			scope, key, fingerprint, token, now.UnixNano())
+		res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, claim_id, created)
+			VALUES (?, ?, ?, 'in_flight', ?, ?, ?) ON CONFLICT (scope, key) DO NOTHING`,
+			scope, key, fingerprint, f.Token, f.ClaimID, now.UnixNano())
 		if err != nil {
 			return err
 		}
@@ -348,7 +371,7 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, token
 		if n == 1 {
 			claimed = true
 			e = testserver.Entry{Scope: scope, Key: key, Fingerprint: fingerprint, Status: testserver.StatusInFlight,
-				Token: token, Created: time.Unix(0, now.UnixNano())}
+				Fence: f, Created: time.Unix(0, now.UnixNano())}
 			return nil
 		}
 		e, err = get(ctx, tx, scope, key)
@@ -369,9 +392,9 @@ func get(ctx context.Context, tx *sql.Tx, scope, key string) (testserver.Entry, 
 		body    []byte
 		created int64
 	)
-	err := tx.QueryRowContext(ctx, `SELECT fingerprint, status, response_status, response_header, response_body, locked_at, created
+	err := tx.QueryRowContext(ctx, `SELECT fingerprint, status, response_status, response_header, response_body, locked_at, claim_id, created
 		FROM idempotency_keys WHERE scope = ? AND key = ?`, scope, key).
-		Scan(&e.Fingerprint, &e.Status, &status, &header, &body, &e.Token, &created)
+		Scan(&e.Fingerprint, &e.Status, &status, &header, &body, &e.Token, &e.ClaimID, &created)
 	if err != nil {
 		return e, err
 	}
@@ -408,14 +431,15 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 }
 
 // TakeOver implements testserver.Store.
-func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new int64) (bool, error) {
-	n, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = ?
-		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`, new, scope, key, old)
+func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
+	n, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = ?, claim_id = ?
+		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`,
+		new.Token, new.ClaimID, scope, key, old.Token, old.ClaimID)
 	return n == 1, err
 }
 
 // Save implements testserver.Store.
-func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp testserver.Response) error {
+func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence, resp testserver.Response) error {
 	header, err := hdrjson.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: %w", err)
@@ -425,8 +449,8 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 		body = []byte{}
 	}
 	n, err := s.exec(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
-		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`,
-		resp.Status, string(header), body, scope, key, token)
+		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`,
+		resp.Status, string(header), body, scope, key, f.Token, f.ClaimID)
 	if err == nil && n == 0 {
 		err = testserver.ErrFenced
 	}
@@ -434,9 +458,9 @@ func (s *Store) Save(ctx context.Context, scope, key string, token int64, resp t
 }
 
 // Release implements testserver.Store.
-func (s *Store) Release(ctx context.Context, scope, key string, token int64) (bool, error) {
+func (s *Store) Release(ctx context.Context, scope, key string, f testserver.Fence) (bool, error) {
 	n, err := s.exec(ctx, `DELETE FROM idempotency_keys
-		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`, scope, key, token)
+		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`, scope, key, f.Token, f.ClaimID)
 	return n == 1, err
 }
 

@@ -34,25 +34,25 @@ func BenchmarkClaimSave(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer s.Close()
-				storetest.RunCallers(b, callers, func(ctx context.Context, key string, token int64) error {
-					if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", token, time.Now()); err != nil || !claimed {
+				storetest.RunCallers(b, callers, func(ctx context.Context, key string, f testserver.Fence) error {
+					if _, claimed, err := s.Claim(ctx, "tenant", key, "fp", f, time.Now()); err != nil || !claimed {
 						return fmt.Errorf("Claim = %v, %v; want claimed", claimed, err)
 					}
-					return s.Save(ctx, "tenant", key, token, benchResponse)
+					return s.Save(ctx, "tenant", key, f, benchResponse)
 				})
 			})
 			b.Run("impl=rawsql", func(b *testing.B) {
 				db := openRaw(b)
 				header := `{"Content-Type":["application/json"]}`
-				storetest.RunCallers(b, callers, func(ctx context.Context, key string, token int64) error {
+				storetest.RunCallers(b, callers, func(ctx context.Context, key string, f testserver.Fence) error {
 					// Store.Claim: one IMMEDIATE transaction around the insert.
 					tx, err := db.BeginTx(ctx, nil)
 					if err != nil {
 						return err
 					}
-					res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, created)
-						VALUES (?, ?, ?, 'in_flight', ?, ?) ON CONFLICT (scope, key) DO NOTHING`,
-						"tenant", key, "fp", token, time.Now().UnixNano())
+					res, err := tx.ExecContext(ctx, `INSERT INTO idempotency_keys (scope, key, fingerprint, status, locked_at, claim_id, created)
+						VALUES (?, ?, ?, 'in_flight', ?, ?, ?) ON CONFLICT (scope, key) DO NOTHING`,
+						"tenant", key, "fp", f.Token, f.ClaimID, time.Now().UnixNano())
 					if err != nil {
 						tx.Rollback()
 						return err
@@ -66,8 +66,8 @@ func BenchmarkClaimSave(b *testing.B) {
 					}
 					// Store.Save: one fenced update.
 					res, err = db.ExecContext(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
-						WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ?`,
-						benchResponse.Status, header, benchResponse.Body, "tenant", key, token)
+						WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`,
+						benchResponse.Status, header, benchResponse.Body, "tenant", key, f.Token, f.ClaimID)
 					if err != nil {
 						return err
 					}

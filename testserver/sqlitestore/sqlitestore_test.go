@@ -60,7 +60,7 @@ func TestFileModeAndPragmas(t *testing.T) {
 	if mode := fi.Mode().Perm(); mode != 0o600 {
 		t.Errorf("file mode %o; want 600", mode)
 	}
-	pragmas := map[string]string{"journal_mode": "wal", "synchronous": "2", "user_version": "1", "busy_timeout": "5000",
+	pragmas := map[string]string{"journal_mode": "wal", "synchronous": "2", "user_version": "2", "busy_timeout": "5000",
 		"application_id": fmt.Sprint(sqlitestore.ApplicationID), "fullfsync": "1", "checkpoint_fullfsync": "1"}
 	for pragma, want := range pragmas {
 		var got string
@@ -117,7 +117,7 @@ func TestSharedFileOneWinner(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			_, ok, err := s.Claim(ctx, "scope", "key", "fp", now.UnixNano()+int64(i), now)
+			_, ok, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: now.UnixNano() + int64(i)}, now)
 			results <- ok
 			errs <- err
 		}()
@@ -195,10 +195,10 @@ func TestReopenPathOfAnyName(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open(%q): %v", name, err)
 		}
-		if _, ok, err := s.Claim(ctx, "scope", "key", "fp", 7, now); !ok || err != nil {
+		if _, ok, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: 7}, now); !ok || err != nil {
 			t.Fatalf("%q: Claim = %v, %v", name, ok, err)
 		}
-		if err := s.Save(ctx, "scope", "key", 7, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
+		if err := s.Save(ctx, "scope", "key", testserver.Fence{Token: 7}, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Close(); err != nil {
@@ -210,7 +210,7 @@ func TestReopenPathOfAnyName(t *testing.T) {
 			}
 		}
 		s = open(t, path)
-		e, ok, err := s.Claim(ctx, "scope", "key", "fp", 8, now)
+		e, ok, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: 8}, now)
 		if err != nil || ok || e.Status != testserver.StatusDone || string(e.Response.Body) != "saved" {
 			t.Fatalf("%q after reopen: claimed %v, %v, %+v; want the saved entry", name, ok, err, e)
 		}
@@ -391,8 +391,56 @@ func TestOpenForeign(t *testing.T) {
 	}
 }
 
-// TestOpenPreviousVersion opens a database of the previous version, which
-// wrote the same schema and user_version 1 but no application_id, with an
+// TestOpenVersion1 opens a database of schema version 1, which kept no
+// claim IDs, holding an answer saved and a claim in flight: Open adds the
+// column and sets version 2; the answer is replayed, the claim is found
+// under its token with the empty ID, and is fenced, taken over and saved
+// as any other. A store of this version at version 1 would fail every
+// statement, which names claim_id.
+func TestOpenVersion1(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	open(t, path).Close()
+	// Back to version 1, its columns in the order it created them.
+	execRaw(t, path, `ALTER TABLE idempotency_keys DROP COLUMN claim_id; PRAGMA user_version = 1;
+		INSERT INTO idempotency_keys VALUES ('scope', 'done', 'fp', 'done', 201, '{}', X'6f6b', 5, 5);
+		INSERT INTO idempotency_keys VALUES ('scope', 'held', 'fp', 'in_flight', NULL, NULL, NULL, 7, 7);`)
+
+	s := open(t, path)
+	if v := pragma(t, path, "user_version"); v != 2 {
+		t.Fatalf("user_version %d after Open; want 2", v)
+	}
+	now := time.Unix(0, 9)
+	e, ok, err := s.Claim(ctx, "scope", "done", "fp", testserver.Fence{Token: 9, ClaimID: "new"}, now)
+	if err != nil || ok || e.Status != testserver.StatusDone || e.Response == nil || string(e.Response.Body) != "ok" {
+		t.Fatalf("Claim of the answered key = %+v, claimed %v, %v; want its answer", e, ok, err)
+	}
+	held := testserver.Fence{Token: 7}
+	e, ok, err = s.Claim(ctx, "scope", "held", "fp", testserver.Fence{Token: 7, ClaimID: "new"}, now)
+	if err != nil || ok || e.Status != testserver.StatusInFlight || e.Fence != held {
+		t.Fatalf("Claim of the key in flight = %+v, claimed %v, %v; want it in flight under %+v", e, ok, err, held)
+	}
+	if ok, err := s.Release(ctx, "scope", "held", testserver.Fence{Token: 7, ClaimID: "new"}); ok || err != nil {
+		t.Fatalf("Release under its token with another ID = %v, %v; want false", ok, err)
+	}
+	over := testserver.Fence{Token: 8, ClaimID: "over"}
+	if ok, err := s.TakeOver(ctx, "scope", "held", held, over); !ok || err != nil {
+		t.Fatalf("TakeOver of the claim with the empty ID = %v, %v; want true", ok, err)
+	}
+	if err := s.Save(ctx, "scope", "held", over, testserver.Response{Status: 201}); err != nil {
+		t.Fatalf("Save after the take-over: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	open(t, path).Close() // at version 2: opened as it is
+	if v := pragma(t, path, "user_version"); v != 2 {
+		t.Fatalf("user_version %d after a second Open; want 2", v)
+	}
+}
+
+// TestOpenPreviousVersion opens a database of the previous version that
+// set no application_id, which wrote the schema of version 1, with an
 // application's tables beside the store's (as idemserver keeps PayCo's
 // ledger): it opens, keeps its entries, and is marked as the store's.
 func TestOpenPreviousVersion(t *testing.T) {
@@ -400,21 +448,21 @@ func TestOpenPreviousVersion(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	s := open(t, path)
 	now := time.Unix(1_700_000_000, 0)
-	if _, ok, err := s.Claim(ctx, "scope", "key", "fp", 7, now); !ok || err != nil {
+	if _, ok, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: 7}, now); !ok || err != nil {
 		t.Fatalf("Claim = %v, %v", ok, err)
 	}
-	if err := s.Save(ctx, "scope", "key", 7, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
+	if err := s.Save(ctx, "scope", "key", testserver.Fence{Token: 7}, testserver.Response{Status: 201, Body: []byte("saved")}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := payments.NewPayCo(ctx, s.DB()); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	execRaw(t, path, "PRAGMA application_id = 0")
+	execRaw(t, path, "ALTER TABLE idempotency_keys DROP COLUMN claim_id; PRAGMA user_version = 1; PRAGMA application_id = 0")
 
 	for range 2 { // the first Open marks the file, the second finds it marked
 		s = open(t, path)
-		e, ok, err := s.Claim(ctx, "scope", "key", "fp", 8, now)
+		e, ok, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: 8}, now)
 		if err != nil || ok || e.Status != testserver.StatusDone || string(e.Response.Body) != "saved" {
 			t.Fatalf("Claim after Open: claimed %v, %v, %+v; want the saved entry", ok, err, e)
 		}
@@ -468,14 +516,14 @@ func TestClaimCommitFails(t *testing.T) {
 		CREATE TRIGGER orphan AFTER INSERT ON idempotency_keys BEGIN INSERT INTO child VALUES (1); END`); err != nil {
 		t.Fatal(err)
 	}
-	e, claimed, err := s.Claim(ctx, "scope", "key", "fp", 7, now)
+	e, claimed, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: 7}, now)
 	if err == nil || claimed || e != (testserver.Entry{}) {
 		t.Fatalf("Claim whose commit fails = %+v, claimed %v, %v; want the zero entry, unclaimed, an error", e, claimed, err)
 	}
 	if _, err := s.DB().Exec(`DROP TRIGGER orphan`); err != nil {
 		t.Fatal(err)
 	}
-	if _, claimed, err := s.Claim(ctx, "scope", "key", "fp", 8, now); err != nil || !claimed {
+	if _, claimed, err := s.Claim(ctx, "scope", "key", "fp", testserver.Fence{Token: 8}, now); err != nil || !claimed {
 		t.Fatalf("Claim after the failed commit = claimed %v, %v; want the key free", claimed, err)
 	}
 }
@@ -492,7 +540,7 @@ func TestLockedPastBusyTimeout(t *testing.T) {
 	}
 	defer s.Close()
 	now := time.Unix(1_700_000_000, 0)
-	if _, _, err := s.Claim(ctx, "", "held", "fp", 1, now); err != nil {
+	if _, _, err := s.Claim(ctx, "", "held", "fp", testserver.Fence{Token: 1}, now); err != nil {
 		t.Fatal(err)
 	}
 	// Another process holds the write lock.
@@ -502,11 +550,12 @@ func TestLockedPastBusyTimeout(t *testing.T) {
 	}
 	defer conn.ExecContext(ctx, "ROLLBACK")
 
+	held := testserver.Fence{Token: 1}
 	for name, write := range map[string]func() error{
-		"Claim":    func() error { _, _, err := s.Claim(ctx, "", "k", "fp", 2, now); return err },
-		"TakeOver": func() error { _, err := s.TakeOver(ctx, "", "held", 1, 3); return err },
-		"Save":     func() error { return s.Save(ctx, "", "held", 1, testserver.Response{Status: 201}) },
-		"Release":  func() error { _, err := s.Release(ctx, "", "held", 1); return err },
+		"Claim":    func() error { _, _, err := s.Claim(ctx, "", "k", "fp", testserver.Fence{Token: 2}, now); return err },
+		"TakeOver": func() error { _, err := s.TakeOver(ctx, "", "held", held, testserver.Fence{Token: 3}); return err },
+		"Save":     func() error { return s.Save(ctx, "", "held", held, testserver.Response{Status: 201}) },
+		"Release":  func() error { _, err := s.Release(ctx, "", "held", held); return err },
 		"Prune":    func() error { _, err := s.Prune(ctx, now.Add(time.Hour), 10); return err },
 	} {
 		if err := write(); !errors.Is(err, sqlitestore.ErrLocked) {

@@ -28,26 +28,26 @@ func RunClosed(t *testing.T, newStore func(t *testing.T) Closer, errClosed error
 	t.Run("AfterClose", func(t *testing.T) { afterClose(t, newStore(t), errClosed) })
 	t.Run("RacingClose", func(t *testing.T) {
 		s := newStore(t)
-		closetest.RacingClose(t, "store", s.Close, func(g, i int) error { return round(context.Background(), s, fmt.Sprint(g, "-", i), token(2*i)) }, errClosed)
+		closetest.RacingClose(t, "store", s.Close, func(g, i int) error { return round(context.Background(), s, fmt.Sprint(g, "-", i), fence(2*i)) }, errClosed)
 	})
 }
 
 func afterClose(t *testing.T, s Closer, errClosed error) {
-	claim(t, s, "scope", "key", "fp", token(1), base)
+	claim(t, s, "scope", "key", "fp", fence(1), base)
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
 	ctx := context.Background()
-	e, claimed, errClaim := s.Claim(ctx, "scope", "new", "fp", token(2), base)
+	e, claimed, errClaim := s.Claim(ctx, "scope", "new", "fp", fence(2), base)
 	if claimed || e != (testserver.Entry{}) {
 		t.Errorf("Claim after Close = %+v, claimed %v; want the zero entry, unclaimed", e, claimed)
 	}
-	won, errTakeOver := s.TakeOver(ctx, "scope", "key", token(1), token(3))
-	released, errRelease := s.Release(ctx, "scope", "key", token(1))
+	won, errTakeOver := s.TakeOver(ctx, "scope", "key", fence(1), fence(3))
+	released, errRelease := s.Release(ctx, "scope", "key", fence(1))
 	if won || released {
 		t.Errorf("after Close: TakeOver won %v, Release released %v; want neither", won, released)
 	}
-	errSave := s.Save(ctx, "scope", "key", token(1), testserver.Response{Status: 201})
+	errSave := s.Save(ctx, "scope", "key", fence(1), testserver.Response{Status: 201})
 	_, errPrune := s.Prune(ctx, base.Add(time.Hour), 10)
 	_, errPruneNone := s.Prune(ctx, base, 0) // would delete nothing
 	errs := map[string]error{"Claim": errClaim, "TakeOver": errTakeOver, "Save": errSave,
@@ -55,10 +55,10 @@ func afterClose(t *testing.T, s Closer, errClosed error) {
 	// With a context done too, the store is closed first.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	_, _, errs["Claim with a cancelled context"] = s.Claim(cancelled, "scope", "new", "fp", token(2), base)
-	_, errs["TakeOver with a cancelled context"] = s.TakeOver(cancelled, "scope", "key", token(1), token(3))
-	errs["Save with a cancelled context"] = s.Save(cancelled, "scope", "key", token(1), testserver.Response{Status: 201})
-	_, errs["Release with a cancelled context"] = s.Release(cancelled, "scope", "key", token(1))
+	_, _, errs["Claim with a cancelled context"] = s.Claim(cancelled, "scope", "new", "fp", fence(2), base)
+	_, errs["TakeOver with a cancelled context"] = s.TakeOver(cancelled, "scope", "key", fence(1), fence(3))
+	errs["Save with a cancelled context"] = s.Save(cancelled, "scope", "key", fence(1), testserver.Response{Status: 201})
+	_, errs["Release with a cancelled context"] = s.Release(cancelled, "scope", "key", fence(1))
 	_, errs["Prune with a cancelled context"] = s.Prune(cancelled, base.Add(time.Hour), 10)
 	for name, err := range errs {
 		if !errors.Is(err, errClosed) {
@@ -70,23 +70,24 @@ func afterClose(t *testing.T, s Closer, errClosed error) {
 // round claims key, takes it over, saves it, claims and releases another
 // key and prunes. It returns the first error, or one that says which result
 // was not the usual one.
-func round(ctx context.Context, s testserver.Store, key string, tok int64) error {
-	_, claimed, err := s.Claim(ctx, "scope", key, "fp", tok, base)
+func round(ctx context.Context, s testserver.Store, key string, f testserver.Fence) error {
+	_, claimed, err := s.Claim(ctx, "scope", key, "fp", f, base)
 	if err != nil || !claimed {
 		return unusual("a claim of a new key", err)
 	}
-	won, err := s.TakeOver(ctx, "scope", key, tok, tok+1)
+	next := testserver.Fence{Token: f.Token + 1, ClaimID: f.ClaimID + "+1"}
+	won, err := s.TakeOver(ctx, "scope", key, f, next)
 	if err != nil || !won {
 		return unusual("a takeover", err)
 	}
-	if err := s.Save(ctx, "scope", key, tok+1, testserver.Response{Status: 201, Body: []byte(key)}); err != nil {
+	if err := s.Save(ctx, "scope", key, next, testserver.Response{Status: 201, Body: []byte(key)}); err != nil {
 		return fmt.Errorf("a save: %w", err)
 	}
-	_, claimed, err = s.Claim(ctx, "scope", key+"-released", "fp", tok, base)
+	_, claimed, err = s.Claim(ctx, "scope", key+"-released", "fp", f, base)
 	if err != nil || !claimed {
 		return unusual("a claim of a new key", err)
 	}
-	released, err := s.Release(ctx, "scope", key+"-released", tok)
+	released, err := s.Release(ctx, "scope", key+"-released", f)
 	if err != nil || !released {
 		return unusual("a release", err)
 	}

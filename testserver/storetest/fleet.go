@@ -51,7 +51,7 @@ var crashOps = map[string]bool{"crash-before-effect": false, "crash-after-effect
 // instances, ask for each of them: one run takes each over
 // (Claim.TakenOver) and stops before the effect, while the crashed
 // instance's handlers go on, late, as those of a paused process do, and
-// end: their saves, fenced by their tokens, change nothing. Then the runs
+// end: their saves, fenced by their claims, change nothing. Then the runs
 // that took over go on.
 //
 // The handler applies its operation's effect to a ledger that keeps one

@@ -11,10 +11,11 @@
 // also calls RunFleet, with a function that opens another store on the
 // same storage at each call.
 //
-// Run and RunClosed use only the Store interface, times on whole seconds
-// and tokens that are Unix nanoseconds (about 1.7e18, beyond 2^53: a
-// float64 loses them), so any backend that keeps microseconds and 64-bit
-// integers can pass them. RunFleet runs Middlewares over the stores, on
+// Run and RunClosed use only the Store interface, times on whole seconds,
+// tokens that are Unix nanoseconds (about 1.7e18, beyond 2^53: a float64
+// loses them) and claim IDs that are short ASCII strings, the empty one
+// included, so any backend that keeps microseconds, 64-bit integers and
+// text can pass them. RunFleet runs Middlewares over the stores, on
 // the clock of the machine moved forward.
 package storetest
 
@@ -50,6 +51,7 @@ func Run(t *testing.T, newStore func(t *testing.T) testserver.Store) {
 		{"TakeOverOneWinner", takeOverOneWinner},
 		{"TakeOverNeedsInFlightAndToken", takeOverNeedsInFlightAndToken},
 		{"ZombieFenced", zombieFenced},
+		{"FencedByClaimID", fencedByClaimID},
 		{"ReleaseDeletes", releaseDeletes},
 		{"ScopesIsolated", scopesIsolated},
 		{"PruneOnlyDue", pruneOnlyDue},
@@ -65,12 +67,21 @@ func Run(t *testing.T, newStore func(t *testing.T) testserver.Store) {
 	}
 }
 
-func token(i int) int64 { return base.UnixNano() + int64(i) }
+// fence returns the i-th fence of a case: its token counts from base, and
+// its ID is its own.
+func fence(i int) testserver.Fence {
+	return testserver.Fence{Token: base.UnixNano() + int64(i), ClaimID: fmt.Sprint("claim-", i)}
+}
+
+// at returns a fence with token t and an ID of its own.
+func at(t int64) testserver.Fence {
+	return testserver.Fence{Token: t, ClaimID: fmt.Sprint("claim-at-", t)}
+}
 
 // claim claims (scope, key) and fails the test unless it was claimed.
-func claim(t *testing.T, s testserver.Store, scope, key, fp string, tok int64, now time.Time) {
+func claim(t *testing.T, s testserver.Store, scope, key, fp string, f testserver.Fence, now time.Time) {
 	t.Helper()
-	_, ok, err := s.Claim(context.Background(), scope, key, fp, tok, now)
+	_, ok, err := s.Claim(context.Background(), scope, key, fp, f, now)
 	if err != nil || !ok {
 		t.Fatalf("Claim(%q, %q) = claimed %v, %v; want a new claim", scope, key, ok, err)
 	}
@@ -80,7 +91,7 @@ func claim(t *testing.T, s testserver.Store, scope, key, fp string, tok int64, n
 // uses Claim (the interface has no read), and releases a claim it made.
 func peek(t *testing.T, s testserver.Store, scope, key string) (testserver.Entry, bool) {
 	t.Helper()
-	const probe = 1 << 52
+	probe := testserver.Fence{Token: 1 << 52, ClaimID: "peek"}
 	e, claimed, err := s.Claim(context.Background(), scope, key, "peek", probe, base)
 	if err != nil {
 		t.Fatalf("Claim (peek %q, %q): %v", scope, key, err)
@@ -141,73 +152,73 @@ func race(t *testing.T, f func(i int) (bool, error)) []int {
 func claimOneWinner(t *testing.T, s testserver.Store) {
 	var entries sync.Map
 	winners := race(t, func(i int) (bool, error) {
-		e, ok, err := s.Claim(context.Background(), "scope", "key", "fp", token(i), base)
+		e, ok, err := s.Claim(context.Background(), "scope", "key", "fp", fence(i), base)
 		entries.Store(i, e)
 		return ok, err
 	})
 	if len(winners) != 1 {
 		t.Fatalf("%d of %d concurrent claims won; want exactly 1", len(winners), Racers)
 	}
-	want := token(winners[0])
+	want := fence(winners[0])
 	entries.Range(func(k, v any) bool {
-		if e := v.(testserver.Entry); e.Token != want || e.Status != testserver.StatusInFlight || e.Fingerprint != "fp" {
-			t.Errorf("racer %d saw token %d, status %q, fingerprint %q; want the winner's %d, in_flight, fp", k, e.Token, e.Status, e.Fingerprint, want)
+		if e := v.(testserver.Entry); e.Fence != want || e.Status != testserver.StatusInFlight || e.Fingerprint != "fp" {
+			t.Errorf("racer %d saw fence %+v, status %q, fingerprint %q; want the winner's %+v, in_flight, fp", k, e.Fence, e.Status, e.Fingerprint, want)
 		}
 		return true
 	})
 }
 
 func claimReturnsExisting(t *testing.T, s testserver.Store) {
-	claim(t, s, "scope", "key", "first", token(1), base)
-	e, ok, err := s.Claim(context.Background(), "scope", "key", "second", token(2), base.Add(time.Second))
+	claim(t, s, "scope", "key", "first", fence(1), base)
+	e, ok, err := s.Claim(context.Background(), "scope", "key", "second", fence(2), base.Add(time.Second))
 	if err != nil || ok {
 		t.Fatalf("second Claim = claimed %v, %v; want the existing entry", ok, err)
 	}
-	if e.Scope != "scope" || e.Key != "key" || e.Fingerprint != "first" || e.Token != token(1) ||
+	if e.Scope != "scope" || e.Key != "key" || e.Fingerprint != "first" || e.Fence != fence(1) ||
 		e.Status != testserver.StatusInFlight || e.Response != nil || !e.Created.Equal(base) {
-		t.Fatalf("existing entry = %+v; want the first claim's fingerprint, token, status and created time %v", e, base)
+		t.Fatalf("existing entry = %+v; want the first claim's fingerprint, fence, status and created time %v", e, base)
 	}
-	if !e.LockedAt().Equal(time.Unix(0, token(1))) {
-		t.Fatalf("LockedAt = %v; want %v", e.LockedAt(), time.Unix(0, token(1)))
+	if !e.LockedAt().Equal(time.Unix(0, fence(1).Token)) {
+		t.Fatalf("LockedAt = %v; want %v", e.LockedAt(), time.Unix(0, fence(1).Token))
 	}
 }
 
 func takeOverOneWinner(t *testing.T, s testserver.Store) {
-	claim(t, s, "scope", "key", "fp", token(0), base)
+	claim(t, s, "scope", "key", "fp", fence(0), base)
 	winners := race(t, func(i int) (bool, error) {
-		return s.TakeOver(context.Background(), "scope", "key", token(0), token(1+i))
+		return s.TakeOver(context.Background(), "scope", "key", fence(0), fence(1+i))
 	})
 	if len(winners) != 1 {
 		t.Fatalf("%d of %d concurrent take-overs won; want exactly 1", len(winners), Racers)
 	}
-	if e := mustPeek(t, s, "scope", "key"); e.Token != token(1+winners[0]) || e.Status != testserver.StatusInFlight || e.Fingerprint != "fp" {
-		t.Fatalf("after take-over: %+v; want token %d, in flight, fingerprint kept", e, token(1+winners[0]))
+	if e := mustPeek(t, s, "scope", "key"); e.Fence != fence(1+winners[0]) || e.Status != testserver.StatusInFlight || e.Fingerprint != "fp" {
+		t.Fatalf("after take-over: %+v; want fence %+v, in flight, fingerprint kept", e, fence(1+winners[0]))
 	}
 }
 
 func takeOverNeedsInFlightAndToken(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
-	if ok, err := s.TakeOver(ctx, "scope", "missing", token(0), token(1)); ok || err != nil {
+	if ok, err := s.TakeOver(ctx, "scope", "missing", fence(0), fence(1)); ok || err != nil {
 		t.Fatalf("TakeOver of a missing key = %v, %v; want false, nil", ok, err)
 	}
-	claim(t, s, "scope", "key", "fp", token(0), base)
-	if ok, err := s.TakeOver(ctx, "scope", "key", token(5), token(6)); ok || err != nil {
+	claim(t, s, "scope", "key", "fp", fence(0), base)
+	if ok, err := s.TakeOver(ctx, "scope", "key", fence(5), fence(6)); ok || err != nil {
 		t.Fatalf("TakeOver with a wrong old token = %v, %v; want false, nil", ok, err)
 	}
-	if err := s.Save(ctx, "scope", "key", token(0), testserver.Response{Status: 201}); err != nil {
+	if err := s.Save(ctx, "scope", "key", fence(0), testserver.Response{Status: 201}); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
-	if ok, err := s.TakeOver(ctx, "scope", "key", token(0), token(1)); ok || err != nil {
+	if ok, err := s.TakeOver(ctx, "scope", "key", fence(0), fence(1)); ok || err != nil {
 		t.Fatalf("TakeOver of a done key = %v, %v; want false, nil", ok, err)
 	}
-	if e := mustPeek(t, s, "scope", "key"); e.Status != testserver.StatusDone || e.Token != token(0) {
+	if e := mustPeek(t, s, "scope", "key"); e.Status != testserver.StatusDone || e.Fence != fence(0) {
 		t.Fatalf("done entry after refused take-over: %+v; want unchanged", e)
 	}
 }
 
 func zombieFenced(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
-	zombie, owner := token(1), token(2)
+	zombie, owner := fence(1), fence(2)
 	claim(t, s, "scope", "key", "fp", zombie, base)
 	if ok, err := s.TakeOver(ctx, "scope", "key", zombie, owner); !ok || err != nil {
 		t.Fatalf("TakeOver = %v, %v; want true", ok, err)
@@ -217,7 +228,7 @@ func zombieFenced(t *testing.T, s testserver.Store) {
 	if !errors.Is(err, testserver.ErrFenced) {
 		t.Fatalf("zombie Save = %v; want ErrFenced", err)
 	}
-	if e := mustPeek(t, s, "scope", "key"); e.Status != testserver.StatusInFlight || e.Token != owner || e.Response != nil {
+	if e := mustPeek(t, s, "scope", "key"); e.Status != testserver.StatusInFlight || e.Fence != owner || e.Response != nil {
 		t.Fatalf("after fenced Save: %+v; want in flight under the owner's token, no response", e)
 	}
 	if ok, err := s.Release(ctx, "scope", "key", zombie); ok || err != nil {
@@ -230,12 +241,12 @@ func zombieFenced(t *testing.T, s testserver.Store) {
 		t.Fatalf("owner Save: %v", err)
 	}
 	// Once done, nobody can write: not the zombie, not the owner again.
-	for _, tok := range []int64{zombie, owner} {
-		if err := s.Save(ctx, "scope", "key", tok, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
-			t.Fatalf("Save(token %d) on a done entry = %v; want ErrFenced", tok, err)
+	for _, f := range []testserver.Fence{zombie, owner} {
+		if err := s.Save(ctx, "scope", "key", f, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
+			t.Fatalf("Save(%+v) on a done entry = %v; want ErrFenced", f, err)
 		}
-		if ok, err := s.Release(ctx, "scope", "key", tok); ok || err != nil {
-			t.Fatalf("Release(token %d) on a done entry = %v, %v; want false, nil", tok, ok, err)
+		if ok, err := s.Release(ctx, "scope", "key", f); ok || err != nil {
+			t.Fatalf("Release(%+v) on a done entry = %v, %v; want false, nil", f, ok, err)
 		}
 	}
 	e := mustPeek(t, s, "scope", "key")
@@ -244,35 +255,78 @@ func zombieFenced(t *testing.T, s testserver.Store) {
 	}
 }
 
+// fencedByClaimID: a claim whose token is the holder's but whose ID is
+// another (a duplicate on a server whose clock read the same, releasing
+// the claim it may have made) neither releases, saves nor takes over the
+// holder's claim. The empty ID, of a claim an earlier version of a store
+// made, fences as any other.
+func fencedByClaimID(t *testing.T, s testserver.Store) {
+	ctx := context.Background()
+	holder := fence(1)
+	claim(t, s, "scope", "key", "fp", holder, base)
+	for _, other := range []testserver.Fence{{Token: holder.Token, ClaimID: "another"}, {Token: holder.Token}} {
+		if e, ok, err := s.Claim(ctx, "scope", "key", "fp", other, base); err != nil || ok || e.Fence != holder {
+			t.Fatalf("Claim(%+v) = %+v, claimed %v, %v; want the holder's entry", other, e, ok, err)
+		}
+		if ok, err := s.Release(ctx, "scope", "key", other); ok || err != nil {
+			t.Fatalf("Release(%+v) = %v, %v; want false, nil", other, ok, err)
+		}
+		if err := s.Save(ctx, "scope", "key", other, testserver.Response{Status: 201}); !errors.Is(err, testserver.ErrFenced) {
+			t.Fatalf("Save(%+v) = %v; want ErrFenced", other, err)
+		}
+		if ok, err := s.TakeOver(ctx, "scope", "key", other, fence(2)); ok || err != nil {
+			t.Fatalf("TakeOver(%+v) = %v, %v; want false, nil", other, ok, err)
+		}
+	}
+	if e := mustPeek(t, s, "scope", "key"); e.Status != testserver.StatusInFlight || e.Fence != holder || e.Response != nil {
+		t.Fatalf("after the writes of other claims: %+v; want the holder's claim in flight", e)
+	}
+	if ok, err := s.Release(ctx, "scope", "key", holder); !ok || err != nil {
+		t.Fatalf("Release by the holder = %v, %v; want true", ok, err)
+	}
+
+	unnamed := testserver.Fence{Token: holder.Token}
+	claim(t, s, "scope", "unnamed", "fp", unnamed, base)
+	if ok, err := s.TakeOver(ctx, "scope", "unnamed", unnamed, fence(2)); !ok || err != nil {
+		t.Fatalf("TakeOver of a claim with the empty ID = %v, %v; want true", ok, err)
+	}
+	if err := s.Save(ctx, "scope", "unnamed", fence(2), testserver.Response{Status: 201}); err != nil {
+		t.Fatalf("Save after the take-over: %v", err)
+	}
+	if e := mustPeek(t, s, "scope", "unnamed"); e.Status != testserver.StatusDone || e.Fence != fence(2) {
+		t.Fatalf("entry taken over from the empty ID and saved: %+v; want done under %+v", e, fence(2))
+	}
+}
+
 func releaseDeletes(t *testing.T, s testserver.Store) {
-	claim(t, s, "scope", "key", "fp", token(1), base)
-	if ok, err := s.Release(context.Background(), "scope", "key", token(1)); !ok || err != nil {
+	claim(t, s, "scope", "key", "fp", fence(1), base)
+	if ok, err := s.Release(context.Background(), "scope", "key", fence(1)); !ok || err != nil {
 		t.Fatalf("Release by the holder = %v, %v; want true", ok, err)
 	}
 	if _, ok := peek(t, s, "scope", "key"); ok {
 		t.Fatal("entry still there after Release; want it deleted")
 	}
-	claim(t, s, "scope", "key", "other", token(2), base) // the key is free again
+	claim(t, s, "scope", "key", "other", fence(2), base) // the key is free again
 }
 
 func scopesIsolated(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
-	claim(t, s, "tenant-a", "key", "fp-a", token(1), base)
-	claim(t, s, "tenant-b", "key", "fp-b", token(2), base)
-	if err := s.Save(ctx, "tenant-a", "key", token(1), testserver.Response{Status: 201, Body: []byte("a")}); err != nil {
+	claim(t, s, "tenant-a", "key", "fp-a", fence(1), base)
+	claim(t, s, "tenant-b", "key", "fp-b", fence(2), base)
+	if err := s.Save(ctx, "tenant-a", "key", fence(1), testserver.Response{Status: 201, Body: []byte("a")}); err != nil {
 		t.Fatalf("Save in tenant-a: %v", err)
 	}
 	// tenant-a's token means nothing in tenant-b.
-	if err := s.Save(ctx, "tenant-b", "key", token(1), testserver.Response{Status: 201}); !errors.Is(err, testserver.ErrFenced) {
+	if err := s.Save(ctx, "tenant-b", "key", fence(1), testserver.Response{Status: 201}); !errors.Is(err, testserver.ErrFenced) {
 		t.Fatalf("Save in tenant-b with tenant-a's token = %v; want ErrFenced", err)
 	}
-	if ok, err := s.Release(ctx, "tenant-b", "key", token(1)); ok || err != nil {
+	if ok, err := s.Release(ctx, "tenant-b", "key", fence(1)); ok || err != nil {
 		t.Fatalf("Release in tenant-b with tenant-a's token = %v, %v; want false", ok, err)
 	}
-	if ok, err := s.TakeOver(ctx, "tenant-b", "key", token(1), token(3)); ok || err != nil {
+	if ok, err := s.TakeOver(ctx, "tenant-b", "key", fence(1), fence(3)); ok || err != nil {
 		t.Fatalf("TakeOver in tenant-b with tenant-a's token = %v, %v; want false", ok, err)
 	}
-	if b := mustPeek(t, s, "tenant-b", "key"); b.Status != testserver.StatusInFlight || b.Fingerprint != "fp-b" || b.Token != token(2) || b.Response != nil {
+	if b := mustPeek(t, s, "tenant-b", "key"); b.Status != testserver.StatusInFlight || b.Fingerprint != "fp-b" || b.Fence != fence(2) || b.Response != nil {
 		t.Fatalf("tenant-b entry: %+v; want its own in-flight claim", b)
 	}
 	if a := mustPeek(t, s, "tenant-a", "key"); a.Status != testserver.StatusDone || string(a.Response.Body) != "a" {
@@ -287,10 +341,10 @@ func pruneOnlyDue(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
 	ages := []time.Duration{3 * time.Hour, 2 * time.Hour, time.Hour, 0}
 	for i, age := range ages {
-		claim(t, s, "scope", fmt.Sprint("k", i), "fp", base.Add(-age).UnixNano(), base.Add(-age))
+		claim(t, s, "scope", fmt.Sprint("k", i), "fp", at(base.Add(-age).UnixNano()), base.Add(-age))
 	}
 	// k0 is done, k1 abandoned in flight: both due.
-	if err := s.Save(ctx, "scope", "k0", base.Add(-ages[0]).UnixNano(), testserver.Response{Status: 200}); err != nil {
+	if err := s.Save(ctx, "scope", "k0", at(base.Add(-ages[0]).UnixNano()), testserver.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
 	cutoff := base.Add(-time.Hour) // k2 was created exactly at the cutoff: not due
@@ -310,7 +364,7 @@ func pruneOnlyDue(t *testing.T, s testserver.Store) {
 
 func pruneLimit(t *testing.T, s testserver.Store) {
 	for i := range 10 {
-		claim(t, s, "scope", fmt.Sprint("k", i), "fp", base.Add(-48*time.Hour).UnixNano()+int64(i), base.Add(-48*time.Hour))
+		claim(t, s, "scope", fmt.Sprint("k", i), "fp", at(base.Add(-48*time.Hour).UnixNano()+int64(i)), base.Add(-48*time.Hour))
 	}
 	// A limit of 0 or less deletes nothing (unlike a jar's Prune).
 	for _, limit := range []int{0, -1} {
@@ -335,16 +389,16 @@ func pruneLimit(t *testing.T, s testserver.Store) {
 func pruneFarCutoffs(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
 	first, last := time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
-	claim(t, s, "scope", "key", "fp", token(0), base)
-	if err := s.Save(ctx, "scope", "key", token(0), testserver.Response{Status: 200}); err != nil {
+	claim(t, s, "scope", "key", "fp", fence(0), base)
+	if err := s.Save(ctx, "scope", "key", fence(0), testserver.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
-	claim(t, s, "scope", "first", "fp", math.MinInt64, first) // abandoned in flight
-	claim(t, s, "scope", "last", "fp", token(1), last)
-	if err := s.Save(ctx, "scope", "last", token(1), testserver.Response{Status: 200}); err != nil {
+	claim(t, s, "scope", "first", "fp", at(math.MinInt64), first) // abandoned in flight
+	claim(t, s, "scope", "last", "fp", fence(1), last)
+	if err := s.Save(ctx, "scope", "last", fence(1), testserver.Response{Status: 200}); err != nil {
 		t.Fatal(err)
 	}
-	claim(t, s, "scope", "last-token", "fp", math.MaxInt64, base) // claimed at the last nanosecond
+	claim(t, s, "scope", "last-token", "fp", at(math.MaxInt64), base) // claimed at the last nanosecond
 	for _, c := range []struct {
 		before time.Time
 		want   int
@@ -369,21 +423,21 @@ func pruneFarCutoffs(t *testing.T, s testserver.Store) {
 func pruneKeepsLiveClaims(t *testing.T, s testserver.Store) {
 	ctx := context.Background()
 	old := base.Add(-48 * time.Hour)
-	claim(t, s, "scope", "live", "fp", old.UnixNano(), old)
-	if ok, err := s.TakeOver(ctx, "scope", "live", old.UnixNano(), base.UnixNano()); !ok || err != nil {
+	claim(t, s, "scope", "live", "fp", at(old.UnixNano()), old)
+	if ok, err := s.TakeOver(ctx, "scope", "live", at(old.UnixNano()), at(base.UnixNano())); !ok || err != nil {
 		t.Fatalf("TakeOver = %v, %v; want true", ok, err)
 	}
-	claim(t, s, "scope", "abandoned", "fp", old.UnixNano()+1, old)
+	claim(t, s, "scope", "abandoned", "fp", at(old.UnixNano()+1), old)
 	if n, err := s.Prune(ctx, base.Add(-24*time.Hour), 10); err != nil || n != 1 {
 		t.Fatalf("Prune = %d, %v; want 1, the abandoned claim", n, err)
 	}
 	if _, ok := peek(t, s, "scope", "abandoned"); ok {
 		t.Error("the claim abandoned 48 h ago survived Prune")
 	}
-	if e := mustPeek(t, s, "scope", "live"); e.Status != testserver.StatusInFlight || e.Token != base.UnixNano() {
+	if e := mustPeek(t, s, "scope", "live"); e.Status != testserver.StatusInFlight || e.Fence != at(base.UnixNano()) {
 		t.Fatalf("claim taken over now: %+v after Prune; want it in flight under token %d", e, base.UnixNano())
 	}
-	if err := s.Save(ctx, "scope", "live", base.UnixNano(), testserver.Response{Status: 201}); err != nil {
+	if err := s.Save(ctx, "scope", "live", at(base.UnixNano()), testserver.Response{Status: 201}); err != nil {
 		t.Fatalf("holder's Save after Prune: %v; want it saved", err)
 	}
 }
@@ -409,8 +463,8 @@ func responseRoundTrip(t *testing.T, s testserver.Store) {
 	}
 	for i, c := range cases {
 		key := fmt.Sprint("k", i)
-		claim(t, s, "scope", key, "fp", token(i), base)
-		if err := s.Save(context.Background(), "scope", key, token(i), c.resp); err != nil {
+		claim(t, s, "scope", key, "fp", fence(i), base)
+		if err := s.Save(context.Background(), "scope", key, fence(i), c.resp); err != nil {
 			t.Fatalf("%s: Save: %v", c.name, err)
 		}
 		got := mustPeek(t, s, "scope", key).Response
@@ -434,8 +488,8 @@ func responseRoundTrip(t *testing.T, s testserver.Store) {
 func emptyBodyReadsNil(t *testing.T, s testserver.Store) {
 	for i, body := range [][]byte{nil, {}} {
 		key := fmt.Sprint("k", i)
-		claim(t, s, "scope", key, "fp", token(i), base)
-		if err := s.Save(context.Background(), "scope", key, token(i), testserver.Response{Status: 204, Body: body}); err != nil {
+		claim(t, s, "scope", key, "fp", fence(i), base)
+		if err := s.Save(context.Background(), "scope", key, fence(i), testserver.Response{Status: 204, Body: body}); err != nil {
 			t.Fatalf("Save (body %#v): %v", body, err)
 		}
 		if got := mustPeek(t, s, "scope", key).Response; got == nil || got.Status != 204 || got.Body != nil {
@@ -447,7 +501,7 @@ func emptyBodyReadsNil(t *testing.T, s testserver.Store) {
 func cancelledContext(t *testing.T, s testserver.Store) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, ok, err := s.Claim(ctx, "scope", "key", "fp", token(1), base); err == nil || ok {
+	if _, ok, err := s.Claim(ctx, "scope", "key", "fp", fence(1), base); err == nil || ok {
 		t.Fatalf("Claim with a cancelled context = claimed %v, %v; want an error", ok, err)
 	}
 	if _, ok := peek(t, s, "scope", "key"); ok {

@@ -77,10 +77,10 @@ func TestPostgresBackend(t *testing.T) {
 
 	// One key space: a claim through one store is in flight for another.
 	now := time.Now()
-	if _, claimed, err := bs[1].store.Claim(ctx, "s", "k", "fp", now.UnixNano(), now); err != nil || !claimed {
+	if _, claimed, err := bs[1].store.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: now.UnixNano(), ClaimID: "1"}, now); err != nil || !claimed {
 		t.Fatalf("first claim: %v, %v; want claimed", claimed, err)
 	}
-	if e, claimed, err := bs[3].store.Claim(ctx, "s", "k", "fp", now.UnixNano()+1, now); err != nil || claimed || e.Status != testserver.StatusInFlight {
+	if e, claimed, err := bs[3].store.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: now.UnixNano() + 1, ClaimID: "3"}, now); err != nil || claimed || e.Status != testserver.StatusInFlight {
 		t.Fatalf("second claim through another backend: %+v, %v, %v; want the first one's, in flight", e, claimed, err)
 	}
 }
@@ -214,10 +214,10 @@ func testFleetKilledServer(t *testing.T, bin string) {
 		}
 		victimErr <- err
 	}()
-	var token int64 // the victim's claim, once PayCo has charged for it
+	var victimFence testserver.Fence // the victim's claim, once PayCo has charged for it
 	poll(t, 10*time.Second, "the victim to charge", func() bool {
-		err := conn.QueryRow(ctx, `SELECT k.locked_at FROM idempotency_keys k JOIN payco_calls c ON c.order_id = $2
-			WHERE k.key = $1 AND k.status = 'in_flight' AND c.calls = 1`, key, order).Scan(&token)
+		err := conn.QueryRow(ctx, `SELECT k.locked_at, k.claim_id FROM idempotency_keys k JOIN payco_calls c ON c.order_id = $2
+			WHERE k.key = $1 AND k.status = 'in_flight' AND c.calls = 1`, key, order).Scan(&victimFence.Token, &victimFence.ClaimID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false
 		}
@@ -260,25 +260,25 @@ func testFleetKilledServer(t *testing.T, bin string) {
 	}
 
 	// Fenced: the row is the survivor's now, and a write with the
-	// victim's token, as its save would have been, changes nothing.
+	// victim's fence, as its save would have been, changes nothing.
 	var scope, status string
 	var owner int64
 	if err := conn.QueryRow(ctx, `SELECT scope, status, locked_at FROM idempotency_keys WHERE key = $1`, key).Scan(&scope, &status, &owner); err != nil {
 		t.Fatal(err)
 	}
-	if status != "done" || owner <= token {
-		t.Fatalf("row: %s, token %d; want done under a newer token than the victim's %d", status, owner, token)
+	if status != "done" || owner <= victimFence.Token {
+		t.Fatalf("row: %s, token %d; want done under a newer token than the victim's %d", status, owner, victimFence.Token)
 	}
 	store, err := pgstore.Open(ctx, dsn, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	if err := store.Save(ctx, scope, key, token, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
-		t.Fatalf("save with the victim's token: %v; want ErrFenced", err)
+	if err := store.Save(ctx, scope, key, victimFence, testserver.Response{Status: 500}); !errors.Is(err, testserver.ErrFenced) {
+		t.Fatalf("save with the victim's fence: %v; want ErrFenced", err)
 	}
-	if released, err := store.Release(ctx, scope, key, token); err != nil || released {
-		t.Fatalf("release with the victim's token: %v, %v; want nothing released", released, err)
+	if released, err := store.Release(ctx, scope, key, victimFence); err != nil || released {
+		t.Fatalf("release with the victim's fence: %v, %v; want nothing released", released, err)
 	}
 	resp, again, err := survivor.charge(key, order)
 	if err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again, body) {
@@ -371,7 +371,7 @@ func TestPostgresQueryTimeout(t *testing.T) {
 }
 
 // A server started on a database at the keys' schema version 1 migrates it
-// to version 2 within -query-timeout, or within the URL's statement_timeout
+// to the current version within -query-timeout, or within the URL's statement_timeout
 // when it sets one; here another session's lock on the key table keeps the
 // migration waiting past it. run fails (status 1, not a usage error) with
 // the server's 57014 and says which to raise, and the database stays at
@@ -389,8 +389,9 @@ func TestPostgresMigrationTimeout(t *testing.T) {
 	conn := pgtest.Connect(t, dsn)
 	// Back to version 1, as an earlier version of the server left it.
 	for _, stmt := range []string{
+		`ALTER TABLE idempotency_keys DROP COLUMN claim_id`,
 		`ALTER TABLE idempotency_keys ALTER COLUMN scope TYPE text COLLATE "default", ALTER COLUMN key TYPE text COLLATE "default"`,
-		`DELETE FROM idempotency_keys_schema WHERE version = 2`,
+		`DELETE FROM idempotency_keys_schema WHERE version > 1`,
 	} {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			t.Fatal(err)
@@ -503,7 +504,7 @@ func TestPostgresWithoutCreatePrivilege(t *testing.T) {
 	}
 	defer b.close()
 	now := time.Now()
-	if _, claimed, err := b.store.Claim(t.Context(), "s", "k", "fp", now.UnixNano(), now); err != nil || !claimed {
+	if _, claimed, err := b.store.Claim(t.Context(), "s", "k", "fp", testserver.Fence{Token: now.UnixNano()}, now); err != nil || !claimed {
 		t.Fatalf("Claim as that role = %v, %v; want claimed", claimed, err)
 	}
 	c, err := b.payco.Charge(t.Context(), "charge:o-1", "o-1", 1000, "usd")

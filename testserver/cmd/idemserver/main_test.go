@@ -928,10 +928,11 @@ func TestPruneAtStart(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "x.db")
 	st := openFile(t, db)
 	for key, at := range map[string]time.Time{"old": time.Now().Add(-30 * time.Hour), "new": time.Now().Add(-time.Hour)} {
-		if _, claimed, err := st.Claim(ctx, "", key, "fp", at.UnixNano(), at); err != nil || !claimed {
+		f := testserver.Fence{Token: at.UnixNano()}
+		if _, claimed, err := st.Claim(ctx, "", key, "fp", f, at); err != nil || !claimed {
 			t.Fatalf("claim %s: %v, %v", key, claimed, err)
 		}
-		if err := st.Save(ctx, "", key, at.UnixNano(), testserver.Response{Status: http.StatusCreated}); err != nil {
+		if err := st.Save(ctx, "", key, f, testserver.Response{Status: http.StatusCreated}); err != nil {
 			t.Fatal(err)
 		}
 	}
