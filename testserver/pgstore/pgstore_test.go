@@ -908,7 +908,7 @@ func TestMigrations(t *testing.T) {
 	if _, err := s.Pool().Exec(t.Context(), `INSERT INTO idempotency_keys_schema (version) VALUES (99)`); err != nil {
 		t.Fatal(err)
 	}
-	const want = `pgstore: database schema is newer than this program: in schema "public", version 99, this package knows up to 2`
+	const want = `pgstore: database schema is newer than this program: in schema "public", version 99, this package knows up to 3`
 	if _, err := pgstore.Open(t.Context(), dsn, nil); !errors.Is(err, pgstore.ErrSchemaTooNew) || err.Error() != want {
 		t.Errorf("Open of a newer schema = %v; want ErrSchemaTooNew: %s", err, want)
 	}
