@@ -44,12 +44,12 @@ type hangingStore struct {
 	key string
 }
 
-func (s hangingStore) Claim(ctx context.Context, scope, key, fp string, token int64, now time.Time) (testserver.Entry, bool, error) {
+func (s hangingStore) Claim(ctx context.Context, scope, key, fp string, f testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	if key == s.key {
 		<-ctx.Done()
 		return testserver.Entry{}, false, ctx.Err()
 	}
-	return s.Store.Claim(ctx, scope, key, fp, token, now)
+	return s.Store.Claim(ctx, scope, key, fp, f, now)
 }
 
 // TestFleetEndsItsCallersWhenAStepFails: a step that fails (here the
