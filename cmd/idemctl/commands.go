@@ -515,6 +515,12 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to %s (--host), which the headers are for; resume it by name with its own host's --host and headers\n", cell(op, 0), cell(opHost(r), 0), cell(host, 0))
 			return
 		}
+		if r.Holder != "" && time.Now().Before(r.LeaseUntil) && !idem.HolderGone(r.Holder) {
+			// Resume waits for the lease, a minute by default: say so,
+			// rather than leave the shell silent.
+			fmt.Fprintf(s.stderr, "idemctl: %s: another process holds its lease, until %s: waiting for it to be given back (Ctrl-C to stop: it stays pending)\n",
+				cell(op, 0), stamp(r.LeaseUntil))
+		}
 		resp, err := c.Resume(ctx, op)
 		if errors.Is(err, client.ErrBodyNotStored) {
 			err = fmt.Errorf("the jar does not hold its request's body (larger than the program's MaxStoredBody): %s; or abandon it once you know it did not happen and is not running", onlyItsProgram)

@@ -425,8 +425,8 @@ func pendingInMemory(t *testing.T, url string) *idem.MemoryJar {
 // TestResumeOfAnOperationFinishedMeanwhile: resume waits for the lease of
 // another process still sending the operation, which finishes it
 // meanwhile. Nothing is sent (without --header, the server would take it
-// for a new request and run it again), and the line says the operation is
-// done and nothing was sent.
+// for a new request and run it again): a line says that resume waits, and
+// the next that the operation is done and nothing was sent.
 func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	srv := newServer(t)
 	synctest.Test(t, func(t *testing.T) {
@@ -449,14 +449,55 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 		resumeFlags(set)
 		err := resume(ctx, s, set, []string{"charge:p1"})
 		t.Logf("stderr: %s", stderr.String())
-		line := stderr.String()
+		waiting, line, _ := strings.Cut(stderr.String(), "\n")
+		if !strings.Contains(waiting, "waiting for it to be given back") {
+			t.Errorf("stderr's first line %q; want it to say resume waits for the lease", waiting)
+		}
 		if !errors.Is(err, errFailed) || stdout.Len() != 0 || strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "idemctl: charge:p1: ") ||
 			!strings.Contains(line, "is done") || !strings.Contains(line, "nothing was sent") {
-			t.Fatalf("resume: %v, stdout %q, stderr %q; want it failed, one line saying charge:p1 is done and nothing was sent", err, stdout.String(), line)
+			t.Fatalf("resume: %v, stdout %q, stderr %q; want it failed, a line saying charge:p1 is done and nothing was sent after the wait's", err, stdout.String(), stderr.String())
 		}
 	})
 	if len(srv.keys) != 0 {
 		t.Fatalf("the server got %d requests; want none", len(srv.keys))
+	}
+}
+
+// TestResumeSaysItWaitsForALease: resume of an operation that another
+// process is still sending waits for that process's lease, up to a minute
+// by default; before it waits, a line says so and until when, rather than
+// leave the shell silent. Once the lease is given back, still pending, the
+// operation is sent.
+func TestResumeSaysItWaitsForALease(t *testing.T) {
+	srv := newServer(t)
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		jar := pendingInMemory(t, srv.URL+"/v1/charges")
+		until := time.Now().Add(time.Minute)
+		if _, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr bytes.Buffer
+		s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
+		set := flag.NewFlagSet("resume", flag.ContinueOnError)
+		resumeFlags(set)
+		if err := set.Parse([]string{"--header", "Authorization: Bearer t"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := resume(ctx, s, set, []string{"charge:p1"}); err != nil {
+			t.Fatalf("resume: %v; stderr %q", err, stderr.String())
+		}
+		want := "idemctl: charge:p1: another process holds its lease, until " + stamp(until) +
+			": waiting for it to be given back (Ctrl-C to stop: it stays pending)\n"
+		if stderr.String() != want {
+			t.Errorf("stderr %q; want %q", stderr.String(), want)
+		}
+		if !strings.HasPrefix(stdout.String(), "charge:p1: 201 Created") {
+			t.Errorf("stdout %q; want charge:p1 sent and created", stdout.String())
+		}
+	})
+	if len(srv.keys) != 1 {
+		t.Fatalf("the server got %d requests; want one", len(srv.keys))
 	}
 }
 
