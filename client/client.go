@@ -751,7 +751,7 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 		return rec, fmt.Errorf("client: resume %q: %w", op, err)
 	}
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
-		return rec, &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "resume"}
+		return rec, &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "resume", detail: ", not pending; nothing was sent"}
 	}
 	if !c.keyed(rec.Method) {
 		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through a Client whose Options.Methods include %s",

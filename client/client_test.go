@@ -911,9 +911,9 @@ func TestStateErrorSaysTheState(t *testing.T) {
 	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateAbandoned} {
 		op := "op:" + string(st)
 		_, err := c.Resume(ctx, op)
-		check("Resume "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s: %v", op, st, client.ErrState))
+		check("Resume "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s, not pending; nothing was sent: %v", op, st, client.ErrState))
 		_, err = c.ResumeWithBody(ctx, op, func() (io.ReadCloser, error) { return http.NoBody, nil })
-		check("ResumeWithBody "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s: %v", op, st, client.ErrState))
+		check("ResumeWithBody "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s, not pending; nothing was sent: %v", op, st, client.ErrState))
 	}
 	check("Abandon op:done", c.Abandon(ctx, "op:done", "checked"), idem.StateDone,
 		`client: abandon "op:done": the operation is done, its outcome is known: `+client.ErrState.Error())
