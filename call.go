@@ -441,6 +441,9 @@ func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 	if !more {
 		return false
 	}
+	e := c.event(0, nil)
+	e.Wait, e.Reason = wait, "operation leased by another holder"
+	c.log(ctx, slog.LevelInfo, "idem: waiting for another holder's lease", e)
 	if err := sleepUntil(ctx, time.Now().Add(wait)); err != nil {
 		c.lastErr = err
 		return false

@@ -430,3 +430,65 @@ func TestLoggerSaysOutcomeNotRecorded(t *testing.T) {
 		t.Fatalf("log:\n%s\nwant a line %s with the jar's error", logs.String(), want)
 	}
 }
+
+// TestLoggerSaysWhenACallWaitsForALease: a call that finds its operation
+// leased by another holder alive (another process still sending it) waits
+// for the lease, up to a minute by default. The Logger gets a record
+// (Info) before each wait, with how long it waits, so that a program that
+// seems hung says why.
+func TestLoggerSaysWhenACallWaitsForALease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		var logs bytes.Buffer
+		tr.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		ctx := idem.WithOperation(context.Background(), "op")
+		now := time.Now()
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k-other", Fingerprint: fingerprintOf(t, `{}`), State: idem.StatePending,
+			Created: now, Updated: now, Holder: "other", LeaseUntil: now.Add(5 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := post(t, ctx, tr, `{}`); err != nil || resp.StatusCode != 201 || rec.attempts() != 1 {
+			t.Fatalf("got %v, %v after %d attempts; want 201 once the lease ended", resp, err, rec.attempts())
+		}
+		var waited time.Duration
+		for line := range strings.Lines(logs.String()) {
+			if !strings.Contains(line, `msg="idem: waiting for another holder's lease"`) {
+				continue
+			}
+			if !strings.Contains(line, "level=INFO") || !strings.Contains(line, "op=op key=k-other") ||
+				!strings.Contains(line, `reason="operation leased by another holder"`) {
+				t.Errorf("record %q; want Info, the operation, its key and why it waits", line)
+			}
+			_, w, _ := strings.Cut(line, " wait=")
+			w, _, _ = strings.Cut(w, " ")
+			d, err := time.ParseDuration(w)
+			if err != nil {
+				t.Errorf("record %q: wait: %v", line, err)
+			}
+			waited += d
+		}
+		if waited != 5*time.Second {
+			t.Errorf("the records' waits add up to %v; want the 5 s left of the lease; logs:\n%s", waited, logs.String())
+		}
+
+		// A Logger that panics on that record: the panic reaches the
+		// caller, and the other holder's lease and record are left alone.
+		ctx2 := idem.WithOperation(context.Background(), "op2")
+		if _, _, err := jar.Begin(ctx2, idem.Record{Op: "op2", Key: "k2", Fingerprint: fingerprintOf(t, `{}`), State: idem.StatePending,
+			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: time.Now().Add(5 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+		tr.Logger = slog.New(panicHandler{msg: "idem: waiting for another holder's lease", v: "boom"})
+		func() {
+			defer func() {
+				if v := recover(); v != "boom" {
+					t.Errorf("recovered %v; want the Logger's panic", v)
+				}
+			}()
+			_, _ = post(t, ctx2, tr, `{}`)
+		}()
+		if r, err := jar.Get(ctx2, "op2"); err != nil || r.Holder != "other" || r.Attempts != 1 || r.State != idem.StatePending || rec.attempts() != 1 {
+			t.Errorf("after the panic: %+v, %v, %d sent; want op2 pending, leased by the other holder, 1 attempt, nothing sent", r, err, rec.attempts())
+		}
+	})
+}
