@@ -430,7 +430,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		return nil, wrapf(err, "open %s", abs)
 	}
 	if version == 0 && o.MustExist {
-		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
+		return nil, errEmpty(abs)
 	}
 	// On a file already in WAL mode, which the look found, this changes
 	// nothing and takes no lock; switching another file to WAL mode does.
@@ -509,7 +509,7 @@ func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
 		return nil, err
 	}
 	if len(head) == 0 {
-		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
+		return nil, errEmpty(abs)
 	}
 	target, err := filepath.EvalSymlinks(abs)
 	if err != nil {
@@ -546,7 +546,7 @@ func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
 		return nil, openError(abs, err, true)
 	}
 	if version == 0 {
-		return nil, fmt.Errorf("%w: %s is empty", ErrCorrupt, abs)
+		return nil, errEmpty(abs)
 	}
 	if version < schemaVersion {
 		return nil, wrapf(older(version), "open %s", abs)
@@ -897,4 +897,12 @@ func (j *Jar) closeDBs() error {
 		errs = append(errs, j.writer.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// errEmpty is the error of an open that needs a jar and finds an empty
+// file at abs, or a SQLite file without the jar's tables: what a program
+// killed while it created its jar leaves, and its next Open that may
+// create one makes a jar.
+func errEmpty(abs string) error {
+	return fmt.Errorf("%w: %s is empty: it holds no operation (a program stopped while it created its jar leaves such a file, which the program makes a jar when it next opens it)", ErrCorrupt, abs)
 }

@@ -340,8 +340,8 @@ func TestOpenWithoutCreating(t *testing.T) {
 	}
 
 	writeFile(nil)(t, path)
-	if _, err := keyjar.Open(ctx, path, opts); !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "is empty") {
-		t.Fatalf("an empty file: %v; want ErrCorrupt saying it is empty", err)
+	if _, err := keyjar.Open(ctx, path, opts); !errors.Is(err, keyjar.ErrCorrupt) || !strings.Contains(err.Error(), "is empty: it holds no operation") {
+		t.Fatalf("an empty file: %v; want ErrCorrupt saying it is empty and holds no operation", err)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Size() != 0 {
 		t.Fatalf("the empty file after the open: %v, %v; want it left empty", fi, err)

@@ -262,7 +262,7 @@ func TestReadOnlyOpenErrors(t *testing.T) {
 		says  string
 	}{
 		{"missing file", func(*testing.T, string) {}, fs.ErrNotExist, ""},
-		{"empty file", writeFile(nil), keyjar.ErrCorrupt, "is empty"},
+		{"empty file", writeFile(nil), keyjar.ErrCorrupt, "is empty: it holds no operation"},
 		{"random bytes", writeFile(random), keyjar.ErrCorrupt, "not a SQLite database"},
 		{"truncated header", writeFile([]byte("SQLite format 3\x00\x10\x00")), keyjar.ErrCorrupt, ""},
 		{"another program's database", func(t *testing.T, path string) {
