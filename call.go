@@ -236,6 +236,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if wait > c.policy.MaxRetryAfter || c.sched.Elapsed()+wait > c.policy.MaxElapsed {
 				return nil, c.stop(ctx, nil)
 			}
+			e := c.event(0, nil)
+			e.Wait, e.Reason = wait, "the server's Retry-After, stored in the jar"
+			c.log(ctx, slog.LevelInfo, "idem: waiting for the operation's next attempt time", e)
 			if err := sleepUntil(ctx, c.rec.NextAttempt); err != nil {
 				return nil, c.stop(ctx, err)
 			}

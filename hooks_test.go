@@ -431,64 +431,87 @@ func TestLoggerSaysOutcomeNotRecorded(t *testing.T) {
 	}
 }
 
-// TestLoggerSaysWhenACallWaitsForALease: a call that finds its operation
-// leased by another holder alive (another process still sending it) waits
-// for the lease, up to a minute by default. The Logger gets a record
-// (Info) before each wait, with how long it waits, so that a program that
-// seems hung says why.
-func TestLoggerSaysWhenACallWaitsForALease(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tr, rec, jar := newTransport(t, status(201))
-		var logs bytes.Buffer
-		tr.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		ctx := idem.WithOperation(context.Background(), "op")
-		now := time.Now()
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k-other", Fingerprint: fingerprintOf(t, `{}`), State: idem.StatePending,
-			Created: now, Updated: now, Holder: "other", LeaseUntil: now.Add(5 * time.Second)}); err != nil {
-			t.Fatal(err)
-		}
-		if resp, err := post(t, ctx, tr, `{}`); err != nil || resp.StatusCode != 201 || rec.attempts() != 1 {
-			t.Fatalf("got %v, %v after %d attempts; want 201 once the lease ended", resp, err, rec.attempts())
-		}
-		var waited time.Duration
-		for line := range strings.Lines(logs.String()) {
-			if !strings.Contains(line, `msg="idem: waiting for another holder's lease"`) {
-				continue
-			}
-			if !strings.Contains(line, "level=INFO") || !strings.Contains(line, "op=op key=k-other") ||
-				!strings.Contains(line, `reason="operation leased by another holder"`) {
-				t.Errorf("record %q; want Info, the operation, its key and why it waits", line)
-			}
-			_, w, _ := strings.Cut(line, " wait=")
-			w, _, _ = strings.Cut(w, " ")
-			d, err := time.ParseDuration(w)
-			if err != nil {
-				t.Errorf("record %q: wait: %v", line, err)
-			}
-			waited += d
-		}
-		if waited != 5*time.Second {
-			t.Errorf("the records' waits add up to %v; want the 5 s left of the lease; logs:\n%s", waited, logs.String())
-		}
-
-		// A Logger that panics on that record: the panic reaches the
-		// caller, and the other holder's lease and record are left alone.
-		ctx2 := idem.WithOperation(context.Background(), "op2")
-		if _, _, err := jar.Begin(ctx2, idem.Record{Op: "op2", Key: "k2", Fingerprint: fingerprintOf(t, `{}`), State: idem.StatePending,
-			Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: time.Now().Add(5 * time.Second)}); err != nil {
-			t.Fatal(err)
-		}
-		tr.Logger = slog.New(panicHandler{msg: "idem: waiting for another holder's lease", v: "boom"})
-		func() {
-			defer func() {
-				if v := recover(); v != "boom" {
-					t.Errorf("recovered %v; want the Logger's panic", v)
+// TestLoggerSaysWhenACallWaits: a call that finds its operation leased by
+// another holder alive (another process still sending it) waits for the
+// lease, up to a minute by default, and one that finds a next attempt time
+// a killed run stored (the server's Retry-After) waits for it, up to
+// Policy.MaxRetryAfter. The Logger gets a record (Info) before each wait,
+// with how long it waits, so that a program that seems hung says why. A
+// Logger that panics on it ends the call, after it gave back a lease it
+// held, nothing sent, and leaves another holder's lease alone.
+func TestLoggerSaysWhenACallWaits(t *testing.T) {
+	for _, c := range []struct {
+		name, msg, reason string
+		rec               func(now time.Time) idem.Record // the operation as another call left it
+		holder            string                          // its holder after a Logger's panic
+	}{
+		{
+			name: "lease", msg: "idem: waiting for another holder's lease", reason: "operation leased by another holder",
+			rec: func(now time.Time) idem.Record {
+				return idem.Record{Attempts: 1, Holder: "other", LeaseUntil: now.Add(5 * time.Second)}
+			},
+			holder: "other",
+		},
+		{
+			name: "next attempt", msg: "idem: waiting for the operation's next attempt time", reason: "the server's Retry-After, stored in the jar",
+			rec: func(now time.Time) idem.Record {
+				return idem.Record{Attempts: 1, LastStatus: 503, NextAttempt: now.Add(5 * time.Second)}
+			},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, sent, jar := newTransport(t, status(201))
+				var logs bytes.Buffer
+				tr.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+				begin := func(op string) context.Context {
+					ctx := idem.WithOperation(context.Background(), op)
+					r := c.rec(time.Now())
+					r.Op, r.Key, r.Fingerprint, r.State, r.Created, r.Updated = op, "k-"+op, fingerprintOf(t, `{}`), idem.StatePending, time.Now(), time.Now()
+					if _, _, err := jar.Begin(ctx, r); err != nil {
+						t.Fatal(err)
+					}
+					return ctx
 				}
-			}()
-			_, _ = post(t, ctx2, tr, `{}`)
-		}()
-		if r, err := jar.Get(ctx2, "op2"); err != nil || r.Holder != "other" || r.Attempts != 1 || r.State != idem.StatePending || rec.attempts() != 1 {
-			t.Errorf("after the panic: %+v, %v, %d sent; want op2 pending, leased by the other holder, 1 attempt, nothing sent", r, err, rec.attempts())
-		}
-	})
+				ctx := begin("op")
+				if resp, err := post(t, ctx, tr, `{}`); err != nil || resp.StatusCode != 201 || sent.attempts() != 1 {
+					t.Fatalf("got %v, %v after %d attempts; want 201 after the wait", resp, err, sent.attempts())
+				}
+				var waited time.Duration
+				for line := range strings.Lines(logs.String()) {
+					if !strings.Contains(line, `msg="`+c.msg+`"`) {
+						continue
+					}
+					if !strings.Contains(line, "level=INFO") || !strings.Contains(line, "op=op key=k-op") ||
+						!strings.Contains(line, `reason="`+c.reason+`"`) {
+						t.Errorf("record %q; want Info, the operation, its key and why it waits", line)
+					}
+					_, w, _ := strings.Cut(line, " wait=")
+					w, _, _ = strings.Cut(w, " ")
+					d, err := time.ParseDuration(w)
+					if err != nil {
+						t.Errorf("record %q: wait: %v", line, err)
+					}
+					waited += d
+				}
+				if waited != 5*time.Second {
+					t.Errorf("the records' waits add up to %v; want 5 s; logs:\n%s", waited, logs.String())
+				}
+
+				ctx = begin("op2")
+				tr.Logger = slog.New(panicHandler{msg: c.msg, v: "boom"})
+				func() {
+					defer func() {
+						if v := recover(); v != "boom" {
+							t.Errorf("recovered %v; want the Logger's panic", v)
+						}
+					}()
+					_, _ = post(t, ctx, tr, `{}`)
+				}()
+				if r, err := jar.Get(ctx, "op2"); err != nil || r.Holder != c.holder || r.Attempts != 1 || r.State != idem.StatePending || sent.attempts() != 1 {
+					t.Errorf("after the Logger's panic: %+v, %v, %d sent; want op2 pending, held by %q, 1 attempt, nothing sent", r, err, sent.attempts(), c.holder)
+				}
+			})
+		})
+	}
 }

@@ -246,9 +246,10 @@ type Transport struct {
 	// closed the response it held (see Hooks).
 	Hooks Hooks
 
-	// Logger receives a record per retry and per wait for another
-	// holder's lease (Info), give-up and reconciliation (Warn), and
-	// attempt (Debug), and one (Warn) when the
+	// Logger receives a record per retry, per wait for another holder's
+	// lease and per wait for the next attempt time an earlier call stored
+	// (Info), give-up and reconciliation (Warn), and attempt (Debug), and
+	// one (Warn) when the
 	// jar does not take a change of a call's progress (its outcome, which
 	// leaves the operation pending while the caller gets the answer; a
 	// Retry-After; its lease's release), with the jar's error: a jar
