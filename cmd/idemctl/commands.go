@@ -515,11 +515,17 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to %s (--host), which the headers are for; resume it by name with its own host's --host and headers\n", cell(op, 0), cell(opHost(r), 0), cell(host, 0))
 			return
 		}
-		if r.Holder != "" && time.Now().Before(r.LeaseUntil) && !idem.HolderGone(r.Holder) {
-			// Resume waits for the lease, a minute by default: say so,
-			// rather than leave the shell silent.
+		// Resume waits for a lease, a minute by default, and for the next
+		// attempt time the server asked for, up to MaxRetryAfter: say so,
+		// rather than leave the shell silent.
+		now := time.Now()
+		switch {
+		case r.Holder != "" && now.Before(r.LeaseUntil) && !idem.HolderGone(r.Holder):
 			fmt.Fprintf(s.stderr, "idemctl: %s: another process holds its lease, until %s: waiting for it to be given back (Ctrl-C to stop: it stays pending)\n",
 				cell(op, 0), stamp(r.LeaseUntil))
+		case now.Before(r.NextAttempt) && r.NextAttempt.Sub(now) <= policy.Defaults().MaxRetryAfter:
+			fmt.Fprintf(s.stderr, "idemctl: %s: the server asked for its next attempt at %s: waiting for it (Ctrl-C to stop: it stays pending)\n",
+				cell(op, 0), stamp(r.NextAttempt))
 		}
 		resp, err := c.Resume(ctx, op)
 		if errors.Is(err, client.ErrBodyNotStored) {

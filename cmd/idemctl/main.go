@@ -51,8 +51,9 @@
 // network in the clear, is refused with a usage error and nothing is
 // sent; so is resume --all when any pending operation goes elsewhere:
 // resume those by name, each with its own --host. resume waits for the lease of a
-// program still sending an operation (a line on stderr says so, and when
-// the lease ends), and sends it only if it is still
+// program still sending an operation, and for a next attempt time the
+// server asked for (Retry-After), up to 30 s: a line on stderr says which,
+// and until when. It sends an operation only if it is still
 // pending then: one that the program finished, or that was abandoned or
 // forgotten, meanwhile is not sent again, and resume says so and fails.
 // Neither is one whose body the jar did not store (larger than the

@@ -463,41 +463,68 @@ func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	}
 }
 
-// TestResumeSaysItWaitsForALease: resume of an operation that another
-// process is still sending waits for that process's lease, up to a minute
-// by default; before it waits, a line says so and until when, rather than
-// leave the shell silent. Once the lease is given back, still pending, the
+// TestResumeSaysItWaits: resume of an operation that another process is
+// still sending waits for that process's lease, up to a minute by
+// default, and of one whose server asked for a later next attempt
+// (Retry-After) waits for that time, up to 30 s; before it waits, a line
+// says so and until when, rather than leave the shell silent. Then the
 // operation is sent.
-func TestResumeSaysItWaitsForALease(t *testing.T) {
+func TestResumeSaysItWaits(t *testing.T) {
 	srv := newServer(t)
-	synctest.Test(t, func(t *testing.T) {
-		ctx := context.Background()
-		jar := pendingInMemory(t, srv.URL+"/v1/charges")
-		until := time.Now().Add(time.Minute)
-		if _, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		var stdout, stderr bytes.Buffer
-		s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
-		set := flag.NewFlagSet("resume", flag.ContinueOnError)
-		resumeFlags(set)
-		if err := set.Parse([]string{"--header", "Authorization: Bearer t"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := resume(ctx, s, set, []string{"charge:p1"}); err != nil {
-			t.Fatalf("resume: %v; stderr %q", err, stderr.String())
-		}
-		want := "idemctl: charge:p1: another process holds its lease, until " + stamp(until) +
-			": waiting for it to be given back (Ctrl-C to stop: it stays pending)\n"
-		if stderr.String() != want {
-			t.Errorf("stderr %q; want %q", stderr.String(), want)
-		}
-		if !strings.HasPrefix(stdout.String(), "charge:p1: 201 Created") {
-			t.Errorf("stdout %q; want charge:p1 sent and created", stdout.String())
-		}
-	})
-	if len(srv.keys) != 1 {
-		t.Fatalf("the server got %d requests; want one", len(srv.keys))
+	for _, c := range []struct {
+		name string
+		set  func(jar *idem.MemoryJar, until time.Time) // how the operation is left to wait for until
+		want string                                     // the line, before the time
+	}{
+		{
+			name: "lease",
+			set: func(jar *idem.MemoryJar, until time.Time) {
+				if _, err := jar.Acquire(context.Background(), "charge:p1", "other", time.Now(), time.Until(until)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: "idemctl: charge:p1: another process holds its lease, until %s: waiting for it to be given back (Ctrl-C to stop: it stays pending)\n",
+		},
+		{
+			name: "next attempt",
+			set: func(jar *idem.MemoryJar, until time.Time) {
+				ctx := context.Background()
+				if _, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := jar.Update(ctx, "charge:p1", "other", idem.Change{Now: time.Now(), LastStatus: 503, NextAttempt: until, Release: true}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: "idemctl: charge:p1: the server asked for its next attempt at %s: waiting for it (Ctrl-C to stop: it stays pending)\n",
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				jar := pendingInMemory(t, srv.URL+"/v1/charges")
+				until := time.Now().Add(20 * time.Second)
+				c.set(jar, until)
+				var stdout, stderr bytes.Buffer
+				s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
+				set := flag.NewFlagSet("resume", flag.ContinueOnError)
+				resumeFlags(set)
+				if err := set.Parse([]string{"--header", "Authorization: Bearer t"}); err != nil {
+					t.Fatal(err)
+				}
+				if err := resume(context.Background(), s, set, []string{"charge:p1"}); err != nil {
+					t.Fatalf("resume: %v; stderr %q", err, stderr.String())
+				}
+				if want := fmt.Sprintf(c.want, stamp(until)); stderr.String() != want {
+					t.Errorf("stderr %q; want %q", stderr.String(), want)
+				}
+				if !strings.HasPrefix(stdout.String(), "charge:p1: 201 Created") || !time.Now().Equal(until) {
+					t.Errorf("stdout %q at %v; want charge:p1 sent and created at %v", stdout.String(), time.Now(), until)
+				}
+			})
+		})
+	}
+	if len(srv.keys) != 2 {
+		t.Fatalf("the server got %d requests; want one for each case", len(srv.keys))
 	}
 }
 
