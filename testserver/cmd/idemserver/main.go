@@ -12,7 +12,7 @@
 //	go run ./testserver/cmd/idemserver -db 'postgres://idem@db:5432/idem?sslmode=verify-full'
 //
 // It prints the address it listens on. Once it serves, and then every
-// -prune-every (1 h; 0 never), it deletes the keys older than -retention
+// -prune-every (1 h; at least 1 s; 0 never), it deletes the keys older than -retention
 // (25 h), and logs how many to stderr when it deleted some, and the error,
 // at ERROR, when it failed. On SIGINT or
 // SIGTERM it stops
@@ -132,6 +132,12 @@ const stopWait = readTimeout + saveTimeout
 // answers 503 (the claim outlasted the lease) or 502, which no client
 // retries into a success. 100 ms holds both writes with room to spare.
 const minLockTimeout = 100 * time.Millisecond
+
+// minPruneEvery is the shortest -prune-every but 0. Keys are kept a day
+// at least: a prune a second deletes, each time, what a second aged past
+// -retention; a shorter interval only keeps the store busy deleting
+// nothing, and 1ns runs one prune after another.
+const minPruneEvery = time.Second
 
 // maxLockTimeout is the largest -lock-timeout: one more and the wait of a
 // stop, the lock timeout and stopWait, overflows time.Duration.
@@ -370,7 +376,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		db          = fs.String("db", "idemserver.db", "the keys and the PayCo ledger: a SQLite file, or a postgres:// URL")
 		lockTimeout = cliflag.Duration(fs, "lock-timeout", testserver.DefaultLockTimeout, fmt.Sprintf("how long (a `duration`, at least %v and below -retention) a claim is honoured before a retry may take it over", minLockTimeout))
 		retention   = cliflag.Duration(fs, "retention", testserver.DefaultRetention, "how long (a `duration`, at least 24h) keys are kept")
-		pruneEvery  = cliflag.Duration(fs, "prune-every", time.Hour, "how often (a `duration`; 0: never) keys older than -retention are deleted")
+		pruneEvery  = cliflag.Duration(fs, "prune-every", time.Hour, "how often (a `duration`, at least 1s; 0: never) keys older than -retention are deleted")
 		stmtTimeout = cliflag.Duration(fs, "query-timeout", pgstore.DefaultQueryTimeout, fmt.Sprintf("with a postgres:// -db, how long (a `duration`, at most %v) each statement may run, the schema's migration at start included", pgstore.MaxQueryTimeout))
 		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
 		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
@@ -430,8 +436,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *delay < 0 {
 		return cliflag.Usagef("-delay %v: want a positive duration, or 0 for none", *delay)
 	}
-	if *pruneEvery < 0 {
-		return cliflag.Usagef("-prune-every %v: want a positive duration, or 0 to never prune", *pruneEvery)
+	if *pruneEvery < 0 || (*pruneEvery > 0 && *pruneEvery < minPruneEvery) {
+		return cliflag.Usagef("-prune-every %v: want at least %v, or 0 to never prune", *pruneEvery, minPruneEvery)
 	}
 	if *retention < testserver.MinRetention {
 		return cliflag.Usagef("-retention %v: keys must be kept at least %v", *retention, testserver.MinRetention)

@@ -602,6 +602,10 @@ func TestFlagValues(t *testing.T) {
 		{"-lock-timeout", "0"},
 		{"-lock-timeout", "-5s"},
 		{"-prune-every", "-1h"},
+		// A prune after a prune, in a tight loop: the store busy deleting
+		// nothing.
+		{"-prune-every", "1ns"},
+		{"-prune-every", "999ms"},
 		{"-delay", "-1s"},
 		{"-lock-timeout", "5"}, // the reason, a missing unit, is checked below
 		// Shorter than a claim and a charge take: every request would
@@ -630,6 +634,10 @@ func TestFlagValues(t *testing.T) {
 			(err == nil || !strings.Contains(err.Error(), "at least 100ms")) {
 			t.Errorf("run(%s %s): %v; want it to name the minimum, 100ms", flag[0], flag[1], err)
 		}
+		if d, perr := time.ParseDuration(flag[1]); flag[0] == "-prune-every" && perr == nil && d > 0 &&
+			(err == nil || !strings.Contains(err.Error(), "at least 1s")) {
+			t.Errorf("run(%s %s): %v; want it to name the minimum, 1s", flag[0], flag[1], err)
+		}
 	}
 	// The longest lock timeout whose wait can be told, and the longest
 	// query timeout, are taken: run goes on to the address, which it cannot
@@ -639,6 +647,8 @@ func TestFlagValues(t *testing.T) {
 		{"-lock-timeout", (testserver.DefaultRetention - time.Nanosecond).String()},
 		{"-lock-timeout", "100ms"},
 		{"-query-timeout", pgstore.MaxQueryTimeout.String()},
+		{"-prune-every", "1s"},
+		{"-prune-every", "0"},
 	} {
 		args := []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}
 		if flag[1] == (math.MaxInt64 - stopWait).String() { // below -retention, as long as it may be
@@ -667,7 +677,7 @@ func TestHelpSaysTheBounds(t *testing.T) {
 		"-lock-timeout duration\n    \thow long (a duration, at least 100ms and below -retention)",
 		"-fail-after-charge float\n    \tfault: probability (0 to 1)",
 		"-crash-after-charge float\n    \tfault: probability (0 to 1)",
-		"-prune-every duration\n    \thow often (a duration; 0: never)",
+		"-prune-every duration\n    \thow often (a duration, at least 1s; 0: never)",
 		"-query-timeout duration\n    \twith a postgres:// -db, how long (a duration, at most " + pgstore.MaxQueryTimeout.String() + ")",
 	} {
 		if !strings.Contains(stderr.String(), want) {
