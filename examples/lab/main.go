@@ -46,13 +46,15 @@
 // that does not parse, a value out of range, an argument) exits with
 // status 2, and a run that fails with status 1, as the go tools do; a flag
 // that does not parse is told once, by the flag package, above the flags.
-// SIGINT (Ctrl-C) or SIGTERM stops the run: the row under way closes its
-// server and proxy and removes its temporary directory, no table is
-// printed, and the process ends by that signal, which a shell reports as
-// status 130 for SIGINT and 143 for SIGTERM (started with SIGINT ignored,
-// it exits with status 130). A terminal's Ctrl-C, which signals the
-// client processes of idem + client restarts too, stops it the same way:
-// they ignore SIGINT and SIGTERM, and the lab ends them. A second signal
+// SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal closed) stops the run:
+// the row under way closes its server and proxy and removes its temporary
+// directory, no table is printed, and the process ends by that signal,
+// which a shell reports as status 130 for SIGINT and 143 for SIGTERM
+// (started with SIGINT ignored, it exits with status 130; started with
+// SIGHUP ignored, as by nohup, it ignores SIGHUP). A terminal's Ctrl-C or
+// closing, which signals the client processes of idem + client restarts
+// too, stops it the same way: they ignore SIGINT, SIGTERM and SIGHUP, and
+// the lab ends them. A second signal
 // ends it at once. However the lab ends (a second signal, a SIGKILL, a
 // crash), its client processes end with it: each reads EOF on its stdin, a
 // pipe only the lab holds open.

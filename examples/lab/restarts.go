@@ -132,15 +132,15 @@ func runRestarts(ctx context.Context, e *env) error {
 // for; it decides only what to send. With -fresh-jar each run opens an
 // empty jar: keys do not survive the restart (the bug the jar prevents).
 func childMain(args []string) int {
-	// A terminal's Ctrl-C signals the whole process group, this process
-	// with its lab, and may reach it first: dead of it, it would look to
-	// the lab like a client that failed on its own, before the lab knew
-	// of the signal. The lab ends this process (SIGKILL, at its kill
-	// points and when it stops, by exec.CommandContext), so it ignores
-	// SIGINT and SIGTERM: one process answers them, the one that knows
-	// what they mean, as the go command leaves them to the program that
-	// go run runs.
-	signal.Ignore(os.Interrupt, syscall.SIGTERM)
+	// A terminal's Ctrl-C, or its closing (SIGHUP), signals the whole
+	// process group, this process with its lab, and may reach it first:
+	// dead of it, it would look to the lab like a client that failed on
+	// its own, before the lab knew of the signal. The lab ends this
+	// process (SIGKILL, at its kill points and when it stops, by
+	// exec.CommandContext), so it ignores SIGINT, SIGTERM and SIGHUP: one
+	// process answers them, the one that knows what they mean, as the go
+	// command leaves them to the program that go run runs.
+	signal.Ignore(os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	// A lab that ends at once (a second signal, a SIGKILL, a crash) cannot
 	// end this process. Its next write to the lab's pipe would, by SIGPIPE,
 	// but not while a call waits (a backoff, a Retry-After). Its stdin is

@@ -42,6 +42,9 @@ func TestCommandStopsOnSignal(t *testing.T) {
 		{"SIGINT, SIGINT ignored at start", true, false, syscall.SIGINT, 0, 130},
 		{"SIGINT to the process group", false, true, syscall.SIGINT, syscall.SIGINT, 0},
 		{"SIGTERM to the process group", false, true, syscall.SIGTERM, syscall.SIGTERM, 0},
+		// A terminal closed: SIGHUP to the process group.
+		{"SIGHUP", false, false, syscall.SIGHUP, syscall.SIGHUP, 0},
+		{"SIGHUP to the process group", false, true, syscall.SIGHUP, syscall.SIGHUP, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tmp := t.TempDir()

@@ -1,6 +1,9 @@
-// Package stopsig stops a command on SIGINT or SIGTERM, as idemserver and
-// the lab stop: the first signal cancels the command's context, for a
-// clean stop; a second one ends the process at once, by that signal.
+// Package stopsig stops a command on SIGINT, SIGTERM or SIGHUP, as
+// idemserver and the lab stop: the first signal cancels the command's
+// context, for a clean stop; a second one ends the process at once, by that
+// signal. SIGHUP, which a closed terminal and some supervisors send, would
+// otherwise end the process at once, cutting off what it was doing; a
+// process started with SIGHUP ignored (nohup) keeps ignoring it.
 package stopsig
 
 import (
@@ -12,7 +15,7 @@ import (
 	"time"
 )
 
-// Stop is a command's stop on SIGINT or SIGTERM.
+// Stop is a command's stop on SIGINT, SIGTERM or SIGHUP.
 type Stop struct {
 	// intIgnored: the process was started with SIGINT ignored (a
 	// background job of a non-interactive shell), and cannot die by it.
@@ -22,22 +25,27 @@ type Stop struct {
 	first os.Signal
 }
 
-// Notify calls cancel on the first SIGINT or SIGTERM, and makes a second
-// one end the process at once, by Exit.
+// Notify calls cancel on the first SIGINT, SIGTERM or SIGHUP, and makes a
+// second one end the process at once, by Exit.
 func Notify(cancel context.CancelFunc) *Stop {
 	// A process started with SIGINT ignored gets it once Notify asks for
 	// it, and would ignore it again once Notify no longer does. Read
 	// before Notify.
 	st := &Stop{intIgnored: signal.Ignored(os.Interrupt)}
+	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		// Notify would undo nohup's ignore.
+		sigs = append(sigs, syscall.SIGHUP)
+	}
 	c := make(chan os.Signal, 2)
-	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(c, sigs...)
 	go func() {
 		s := <-c
 		// The default behaviour of the signals is back before the command
 		// sees the first, so that a second one ends the process by that
 		// signal, whatever it is doing; but for a SIGINT ignored at start,
 		// which Reset would ignore again: c keeps it.
-		signal.Reset(syscall.SIGTERM)
+		signal.Reset(sigs[1:]...) // SIGTERM, and SIGHUP unless ignored at start
 		if !st.intIgnored {
 			signal.Reset(os.Interrupt)
 		}
@@ -52,7 +60,7 @@ func Notify(cancel context.CancelFunc) *Stop {
 	return st
 }
 
-// Signal returns the first SIGINT or SIGTERM, nil before one came.
+// Signal returns the first SIGINT, SIGTERM or SIGHUP, nil before one came.
 func (st *Stop) Signal() os.Signal {
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -14,14 +14,14 @@
 // It prints the address it listens on. Once it serves, and then every
 // -prune-every (1 h; at least 1 s; 0 never), it deletes the keys older than -retention
 // (25 h), and logs how many to stderr when it deleted some, and the error,
-// at ERROR, when it failed. On SIGINT or
-// SIGTERM it stops
+// at ERROR, when it failed. On SIGINT, SIGTERM or SIGHUP (its terminal
+// closed; started with SIGHUP ignored, as by nohup, it ignores it) it stops
 // listening and waits for the requests in flight to be answered, up to the
 // time a request with an Idempotency-Key may take: 30 s for its body to
 // arrive, -lock-timeout, which ends its handler, and 10 s to save its
 // answer. A request without a key
-// (-optional-key) that -delay holds longer is cut off. A second SIGINT or
-// SIGTERM ends the process at once, also when it was started with SIGINT
+// (-optional-key) that -delay holds longer is cut off. A second SIGINT,
+// SIGTERM or SIGHUP ends the process at once, also when it was started with SIGINT
 // ignored, as a non-interactive shell starts a background job. Several
 // processes may serve the same -db at once: on one machine a SQLite file,
 // across machines a PostgreSQL database, where they share the keys and the
@@ -145,7 +145,7 @@ const maxLockTimeout = math.MaxInt64 - stopWait
 
 func main() {
 	ctx, cancel := context.WithCancel(context.Background())
-	// The first SIGINT or SIGTERM stops the server gracefully; a second one
+	// The first SIGINT, SIGTERM or SIGHUP stops the server gracefully; a second one
 	// ends the process at once.
 	stopsig.Notify(cancel)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -452,7 +452,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	b, err := openBackend(ctx, *db, &pgstore.Options{QueryTimeout: *stmtTimeout})
 	if err != nil {
 		if ctx.Err() != nil {
-			// SIGINT or SIGTERM while connecting or migrating, which it cut
+			// SIGINT, SIGTERM or SIGHUP while connecting or migrating, which it cut
 			// off: a stop asked for, and done, as once serving (as
 			// http.Server's Serve returns ErrServerClosed after Shutdown),
 			// not a start that failed.
@@ -515,7 +515,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-ctx.Done():
 	}
 	grace := mw.LockTimeout + stopWait
-	fmt.Fprintf(stdout, "idemserver: stopping: waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)\n", grace)
+	fmt.Fprintf(stdout, "idemserver: stopping: waiting up to %v for requests in flight (SIGINT, SIGTERM or SIGHUP again stops at once)\n", grace)
 	if err := shutdown(srv, grace); err != nil {
 		return err
 	}

@@ -52,6 +52,7 @@ func TestProcesses(t *testing.T) {
 	t.Run("a stop while connecting to the database", func(t *testing.T) { testStopWhileConnecting(t, bin) })
 	t.Run("a stop waits for a charge in flight", func(t *testing.T) { testStopWaits(t, bin) })
 	t.Run("a second signal stops at once", func(t *testing.T) { testSecondSignal(t, bin) })
+	t.Run("SIGHUP ignored at start is ignored", func(t *testing.T) { testHangupIgnored(t, bin) })
 	t.Run("fleet: one execution across two servers", func(t *testing.T) { testFleetOneExecution(t, bin) })
 	t.Run("fleet: a killed server's claim is taken over", func(t *testing.T) { testFleetKilledServer(t, bin) })
 }
@@ -482,7 +483,7 @@ func testStopWaits(t *testing.T, bin string) {
 	}
 }
 
-// testSecondSignal: a second SIGINT or SIGTERM, while the first waits for
+// testSecondSignal: a second SIGINT, SIGTERM or SIGHUP, while the first waits for
 // a charge in flight, ends the process at once, by the signal. A process
 // started with SIGINT ignored, as a non-interactive shell starts a
 // background job, cannot die by SIGINT: a second SIGINT ends it with exit
@@ -500,6 +501,9 @@ func testSecondSignal(t *testing.T, bin string) {
 		{"SIGINT twice, SIGINT ignored at start", true, syscall.SIGINT, syscall.SIGINT, 0, 130},
 		{"SIGTERM then SIGINT, SIGINT ignored at start", true, syscall.SIGTERM, syscall.SIGINT, 0, 130},
 		{"SIGINT then SIGTERM, SIGINT ignored at start", true, syscall.SIGINT, syscall.SIGTERM, syscall.SIGTERM, 0},
+		// A terminal closed, or a supervisor's stop.
+		{"SIGHUP twice", false, syscall.SIGHUP, syscall.SIGHUP, syscall.SIGHUP, 0},
+		{"SIGHUP then SIGTERM", false, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGTERM, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := inFlightArgs("-db", filepath.Join(t.TempDir(), "idem.db")) // the default lock timeout, a minute
@@ -515,7 +519,7 @@ func testSecondSignal(t *testing.T, bin string) {
 			}
 			// The line comes once a second signal stops the process.
 			line, err := stdout.ReadString('\n')
-			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT or SIGTERM again stops at once)", testserver.DefaultLockTimeout+stopWait)
+			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT, SIGTERM or SIGHUP again stops at once)", testserver.DefaultLockTimeout+stopWait)
 			if err != nil || !strings.Contains(line, want) {
 				t.Fatalf("after %v: %q, %v; want a line saying %q", tc.first, line, err, want)
 			}
@@ -536,6 +540,37 @@ func testSecondSignal(t *testing.T, bin string) {
 				t.Fatalf("the charge in flight: %d %q; want the connection dropped", a.status, a.body)
 			}
 		})
+	}
+}
+
+// testHangupIgnored: a server started with SIGHUP ignored (nohup, to
+// outlive its terminal) keeps ignoring it. SIGHUP then SIGTERM stops it
+// gracefully; a SIGHUP that stopped it would make the SIGTERM a second
+// signal, which ends the process at once, by SIGTERM.
+func testHangupIgnored(t *testing.T, bin string) {
+	cmd := exec.Command("sh", "-c", `trap '' HUP; exec "$0" "$@"`, bin, "-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "idem.db"))
+	var stdout bytes.Buffer
+	r, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill() // when the test fails before it ends
+	br := bufio.NewReader(r)
+	if line, err := br.ReadString('\n'); err != nil || !strings.Contains(line, "listening on") {
+		t.Fatalf("first line %q, %v; want the address", line, err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM} {
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	io.Copy(&stdout, br)
+	cmd.Wait()
+	if !cmd.ProcessState.Success() || !strings.Contains(stdout.String(), "idemserver: stopped") {
+		t.Fatalf("SIGHUP then SIGTERM, SIGHUP ignored at start: %v, stdout %q; want a graceful stop", cmd.ProcessState, stdout.String())
 	}
 }
 
