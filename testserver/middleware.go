@@ -602,6 +602,12 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			m.inFlight(w, key, wait)
 			return
 		}
+		if e.Token == math.MaxInt64 {
+			// No larger token to fence the old holder out: e.Token+1 wraps
+			// around to the smallest. Fail closed, the claim left as it is.
+			m.storeFailed(w, r, key, fmt.Errorf("testserver: stale claim of token %d (the largest) cannot be taken over with a larger one", e.Token))
+			return
+		}
 		next := Fence{Token: max(f.Token, e.Token+1), ClaimID: f.ClaimID}
 		won, err := m.Store.TakeOver(ctx, scope, key, e.Fence, next)
 		if err != nil {

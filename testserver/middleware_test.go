@@ -835,6 +835,30 @@ func TestStaleClaimOneWinner(t *testing.T) {
 	})
 }
 
+// TestTakeOverOfTheLastToken: a stale claim whose token is the largest
+// (locked at the end of time.Duration's range, with a clock past it) has no
+// larger token to fence it with: max(now, token+1) wrapped around to the
+// smallest. The take-over is refused as a store error, the handler not run
+// and the claim left as it was, rather than made with a smaller token.
+func TestTakeOverOfTheLastToken(t *testing.T) {
+	store := new(testserver.MemoryStore)
+	r := request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")
+	fp := testserver.Fingerprint(r, "", []byte(chargeBody))
+	last := testserver.Fence{Token: math.MaxInt64, ClaimID: "another worker's"}
+	lockedAt := time.Unix(0, math.MaxInt64)
+	if _, _, err := store.Claim(context.Background(), "", "k", fp, last, lockedAt); err != nil {
+		t.Fatal(err)
+	}
+	h := &charges{}
+	mw := &testserver.Middleware{Store: store, Now: func() time.Time { return lockedAt.Add(testserver.DefaultLockTimeout) }, Logger: slog.New(slog.DiscardHandler)}
+	w := serve(mw.Wrap(h), r)
+	wantProblem(t, w, http.StatusServiceUnavailable, testserver.ProblemStoreUnavailable)
+	e, _, err := store.Claim(context.Background(), "", "k", fp, testserver.Fence{Token: 1, ClaimID: "probe"}, lockedAt)
+	if err != nil || e.Fence != last || h.runs.Load() != 0 || mw.Stats().Takeovers != 0 {
+		t.Fatalf("after a take-over of token MaxInt64: entry %+v, %v, %d runs, %+v; want the claim left with its fence, no run", e, err, h.runs.Load(), mw.Stats())
+	}
+}
+
 // 64 identical requests at once over HTTP: one run; the others get 409
 // while it runs, and every later request the byte-identical replay.
 func TestConcurrentIdenticalRequests(t *testing.T) {
