@@ -65,7 +65,7 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 	n := 0
 	err := eachPage(ctx, s.jar, idem.Filter{State: st}, func(page []idem.Record) error {
 		if n == 0 && len(page) > 0 {
-			fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tKEY STORED\tLAST\tNEXT ATTEMPT\tNOTE")
+			fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tSTORED\tLAST\tNEXT ATTEMPT\tNOTE")
 		}
 		for _, r := range page {
 			if err := ctx.Err(); err != nil {
@@ -81,7 +81,12 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		return err
 	}
 	if n == 0 {
-		fmt.Fprintln(s.stdout, "no operations")
+		// With --status, "no operations" would read as an empty jar.
+		what := "operations"
+		if st != "" {
+			what = string(st) + " " + what
+		}
+		fmt.Fprintln(s.stdout, "no", what)
 	}
 	return nil
 }
