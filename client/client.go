@@ -828,7 +828,8 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 		rec, err = c.jar.Acquire(ctx, op, holder, now, time.Minute)
 	}
 	if errors.Is(err, idem.ErrLeased) {
-		return fmt.Errorf("client: abandon %q: held by %q until %s: %w", op, rec.Holder, rec.LeaseUntil.Format(time.RFC3339), err)
+		return fmt.Errorf("client: abandon %q: held by %q until %s: %w; wait for that process to finish sending it, or stop it, then abandon it again",
+			op, rec.Holder, rec.LeaseUntil.Format(time.RFC3339), err)
 	}
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)

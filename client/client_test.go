@@ -631,6 +631,10 @@ func TestAbandonThenNewKey(t *testing.T) {
 	if !strings.Contains(err.Error(), `held by "other" until `) {
 		t.Errorf("abandon while leased: %q; want it to name the holder and when its lease ends", err)
 	}
+	// And what to do about it, past the jar's error.
+	if want := "wait for that process to finish sending it, or stop it, then abandon it again"; !strings.HasSuffix(err.Error(), want) {
+		t.Errorf("abandon while leased: %q; want it to end saying %q", err, want)
+	}
 	if _, err := c.Jar().Update(ctx, "charge:o1", "other", idem.Change{Now: time.Now(), Release: true}); err != nil {
 		t.Fatal(err)
 	}
