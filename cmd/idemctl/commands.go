@@ -393,10 +393,14 @@ func originOf(scheme, host string) string {
 }
 
 // elsewhere reports whether a request that goes to where, as opHost says
-// it, goes to another host than host, the origin of --host ("" for any).
-// Both are originOf's: schemes and hosts match in any case, as DNS names
-// do, and a default port written or not.
-func elsewhere(host, where string) bool { return host != "" && where != host }
+// it, goes to another host than host, the origin of --host ("" for any):
+// whether its URL's origin is another, whatever Host it names there. Both
+// are originOf's: schemes and hosts match in any case, as DNS names do,
+// and a default port written or not.
+func elsewhere(host, where string) bool {
+	addr, _, _ := strings.Cut(where, " ")
+	return host != "" && addr != host
+}
 
 // addHeaders adds h to r, a request that resume sends, unless r goes to
 // another host than host (elsewhere): its record was rewritten in the jar
@@ -472,9 +476,10 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			return err
 		}
 		for h := range hosts {
-			if elsewhere(host, h) {
+			if elsewhere(host, h) || (host != "" && len(hosts) > 1) {
 				// Every request gets the same headers: one API's
-				// credential would reach the others.
+				// credential would reach the others, virtual hosts at
+				// --host's address included.
 				return &cliflag.UsageError{Err: &hostError{Host: host, Hosts: slices.Sorted(maps.Keys(hosts))}}
 			}
 		}
@@ -933,10 +938,11 @@ func (s *session) unknown(op string, err error) error {
 }
 
 // opHost returns where a stored request goes, which the credentials of
-// resume's headers are for: its URL's scheme, and its Host, kept in its
-// header when it was not its URL's (a virtual host reached by address),
-// else its URL's host (and port). The scheme counts: a credential for an
-// https API must not go to the same host over plain http, in the clear.
+// resume's headers are for: its URL's scheme and host (and port), where
+// the request and its credential go, followed by " (Host h)" when its
+// header keeps a Host h that was not its URL's (a virtual host reached
+// by address). The scheme counts: a credential for an https API must not
+// go to the same host over plain http, in the clear.
 // For a URL that does not parse, it is a placeholder rather than the URL,
 // whose query may hold a credential.
 func opHost(r idem.Record) string {
@@ -948,12 +954,13 @@ func opHost(r idem.Record) string {
 }
 
 // reqHost returns where a request to u with Host host goes, as opHost
-// says it: host, when not "", else u's.
+// says it.
 func reqHost(u *url.URL, host string) string {
-	if host == "" {
-		host = u.Host
+	addr := originOf(u.Scheme, u.Host)
+	if host != "" && originOf(u.Scheme, host) != addr {
+		return addr + " (Host " + strings.ToLower(host) + ")"
 	}
-	return originOf(u.Scheme, host)
+	return addr
 }
 
 // onlyItsProgram says who can resume an operation whose body the jar did

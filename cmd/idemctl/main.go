@@ -45,12 +45,14 @@
 // to the scheme and host that --host names (https://api.example.com, in
 // any case, with the port unless it is the scheme's default, 80 or 443), which
 // headers need: the jar says where each operation goes, and whoever can
-// write it can point one elsewhere. An operation that goes to another host (a
-// request's Host, when it was sent to an address under another), or to
-// that host over the other scheme, where the credential could cross the
-// network in the clear, is refused with a usage error and nothing is
-// sent; so is resume --all when any pending operation goes elsewhere:
-// resume those by name, each with its own --host. resume waits for the lease of a
+// write it can point one elsewhere. An operation whose URL goes to
+// another host (whatever Host it names there: a request sent to an
+// address under another Host goes to that address, which --host names),
+// or to that host over the other scheme, where the credential could cross
+// the network in the clear, is refused with a usage error and nothing is
+// sent; so is resume --all when any pending operation goes elsewhere, or
+// to more than one Host at that address: resume those by name, each with
+// its own --host. resume waits for the lease of a
 // program still sending an operation, and for a next attempt time the
 // server asked for (Retry-After), up to 30 s: a line on stderr says which,
 // and until when. It sends an operation only if it is still

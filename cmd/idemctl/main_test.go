@@ -1756,8 +1756,12 @@ func TestHeadersAddedOnlyForTheHost(t *testing.T) {
 		{"https://evil.example/v1/charges", "", "https://api.example.com", false},
 		{"http://api.example.com/v1/charges", "", "https://api.example.com", false},
 		{"https://api.example.com:8443/v1/charges", "", "https://api.example.com", false},
-		{"https://10.0.0.1/v1/charges", "api.example.com", "https://api.example.com", true},
-		{"https://api.example.com/v1/charges", "evil.example", "https://api.example.com", false},
+		// The credential goes where the URL points: a Host names a
+		// virtual host there, not another address.
+		{"https://10.0.0.1/v1/charges", "api.example.com", "https://10.0.0.1", true},
+		{"https://10.0.0.1/v1/charges", "api.example.com", "https://api.example.com", false},
+		{"https://evil.example/v1/charges", "api.example.com", "https://api.example.com", false},
+		{"https://api.example.com/v1/charges", "evil.example", "https://api.example.com", true},
 		// A scheme's default port is its host's, written or not.
 		{"https://api.example.com:443/v1/charges", "", "https://api.example.com", true},
 		{"https://api.example.com/v1/charges", "", "https://api.example.com:443", true},
@@ -1788,10 +1792,42 @@ func TestHeadersAddedOnlyForTheHost(t *testing.T) {
 	}
 }
 
+// TestResumeSendsHeadersToTheURLsHost: a record's Host names a virtual
+// host at its URL's address, but the request, and the credential with it,
+// goes to that address. A record whose URL points elsewhere under the
+// Host of --host (a jar rewritten) is refused, nothing sent; one sent to
+// an address under a Host is resumed with the address as --host.
+func TestResumeSendsHeadersToTheURLsHost(t *testing.T) {
+	srv, evil := newServer(t), newServer(t)
+	path := filepath.Join(t.TempDir(), "keys.db")
+	sendUnanswered(t, path, func(c *client.Client) {
+		req, _ := http.NewRequest(http.MethodPost, evil.URL+"/v1/charges", strings.NewReader(`{"n":1}`))
+		req.Host = srv.Listener.Addr().String()
+		if _, err := c.Do(context.Background(), "op:rewritten", req); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("seeding: %v; want pending", err)
+		}
+	})
+	for _, c := range []struct{ arg, want string }{
+		{"op:rewritten", "goes to " + evil.URL},
+		{"--all", "go to " + evil.URL},
+	} {
+		code, _, errOut := idemctl("--jar", path, "resume", c.arg, "--header", "Authorization: "+secret, "--host", srv.URL)
+		wantError(t, code, errOut, 2, c.want)
+		if len(evil.auths)+len(srv.auths) != 0 {
+			t.Fatalf("resume %s: sent %q to the URL's host, %q to --host's; want nothing sent", c.arg, evil.auths, srv.auths)
+		}
+	}
+	code, out, errOut := idemctl("--jar", path, "resume", "op:rewritten", "--header", "Authorization: "+secret, "--host", evil.URL)
+	if code != 0 || !strings.Contains(out, "201 Created") || len(evil.auths) != 1 {
+		t.Fatalf("resume --host %s: exit %d, %q, %q, auths %q; want it sent there", evil.URL, code, out, errOut, evil.auths)
+	}
+}
+
 // TestResumeAllKeepsCredentialsToOneVirtualHost: two operations sent to
 // one address under two Hosts (virtual hosts reached by address) go to two
 // hosts, each with its own credential: resume --all with headers refuses
-// them, as it refuses two addresses, and sends nothing.
+// them, as it refuses two addresses, and sends nothing, --host naming
+// their address or one of the Hosts.
 func TestResumeAllKeepsCredentialsToOneVirtualHost(t *testing.T) {
 	srv := newServer(t)
 	path := filepath.Join(t.TempDir(), "keys.db")
@@ -1805,13 +1841,15 @@ func TestResumeAllKeepsCredentialsToOneVirtualHost(t *testing.T) {
 		}
 	})
 
-	code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", "http://payments.example")
-	wantError(t, code, errOut, 2, "2 hosts")
-	if !strings.Contains(errOut, "hooks.example") || !strings.Contains(errOut, "payments.example") {
-		t.Errorf("the error does not name both hosts: %q", errOut)
-	}
-	if len(srv.keys) != 0 {
-		t.Fatalf("sent %d requests; want none", len(srv.keys))
+	for _, host := range []string{srv.URL, "http://payments.example"} {
+		code, _, errOut := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", host)
+		wantError(t, code, errOut, 2, "2 hosts")
+		if !strings.Contains(errOut, "hooks.example") || !strings.Contains(errOut, "payments.example") {
+			t.Errorf("--host %s: the error does not name both hosts: %q", host, errOut)
+		}
+		if len(srv.keys) != 0 {
+			t.Fatalf("--host %s: sent %d requests; want none", host, len(srv.keys))
+		}
 	}
 }
 
