@@ -2,18 +2,15 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/keyjar"
 )
 
 // TestExportIsLossless: a jar file stores any bytes in a record's strings
@@ -38,21 +35,13 @@ func TestExportIsLossless(t *testing.T) {
 			fields = append(fields, f.Name)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
-	for _, r := range []idem.Record{rec, plain} {
+	recs := []idem.Record{rec, plain}
+	for i, r := range recs {
 		r.Method, r.URL, r.Created, r.Updated = cmp.Or(r.Method, "POST"), cmp.Or(r.URL, "http://127.0.0.1/v1/charges"), now, now
-		if _, _, err := j.Begin(context.Background(), r); err != nil {
-			t.Fatal(err)
-		}
+		recs[i] = r
 	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := jarWith(t, recs...)
 
 	code, out, errOut := idemctl("--jar", path, "export", "--json")
 	if code != 0 || errOut != "" {

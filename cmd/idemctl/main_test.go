@@ -104,6 +104,27 @@ func seedFile(t *testing.T, srv *server, path string) {
 
 // seedPostgres creates a jar in a fresh PostgreSQL database holding the
 // operations fill makes and returns the database's URL.
+// jarWith returns the path of a new SQLite jar holding recs, each written
+// by Begin, as a program writes it.
+func jarWith(t *testing.T, recs ...idem.Record) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	j, err := keyjar.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if _, _, err := j.Begin(context.Background(), r); err != nil {
+			j.Close()
+			t.Fatal(err)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func seedPostgres(t *testing.T, srv *server) string {
 	t.Helper()
 	dsn := pgtest.DB(t)
@@ -1370,20 +1391,10 @@ func TestURLPasswordOfEarlierRecordsNotPrinted(t *testing.T) {
 	srv := newServer(t)
 	withUser := "http://ops:" + pw + "@" + strings.TrimPrefix(srv.URL, "http://") + "/v1/charges"
 	fp := sha256.Sum256([]byte("POST\n" + withUser + "\n{}")) // as those versions fingerprinted it
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
-	if _, _, err := j.Begin(context.Background(), idem.Record{Op: "charge:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]),
+	path := jarWith(t, idem.Record{Op: "charge:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]),
 		State: idem.StatePending, Method: "POST", URL: withUser, Header: http.Header{"Content-Type": {"application/json"}},
-		Body: []byte(`{}`), BodySize: 2, Created: now, Updated: now, Attempts: 1, LastError: `Post "` + withUser + `": EOF`}); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
+		Body: []byte(`{}`), BodySize: 2, Created: now, Updated: now, Attempts: 1, LastError: `Post "` + withUser + `": EOF`})
 	for _, cmd := range []string{"list", "show", "export"} {
 		args := []string{"--jar", path, cmd}
 		if cmd == "show" {
@@ -1424,20 +1435,10 @@ func TestSecretHeadersOfEarlierRecordsNotPrinted(t *testing.T) {
 	defer srv.Close()
 	u := srv.URL + "/v1/orders"
 	fp := sha256.Sum256([]byte("POST\n" + u + "\n{}"))
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	h := http.Header{"Content-Type": {"application/json"}, "Cb-Access-Passphrase": {pass}, "X-Api-Key": {apiKey}}
-	if _, _, err := j.Begin(context.Background(), idem.Record{Op: "order:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]),
-		State: idem.StatePending, Method: "POST", URL: u, Header: h, Body: []byte(`{}`), BodySize: 2, Created: now, Updated: now}); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := jarWith(t, idem.Record{Op: "order:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]),
+		State: idem.StatePending, Method: "POST", URL: u, Header: h, Body: []byte(`{}`), BodySize: 2, Created: now, Updated: now})
 	// The jar drops them now: the record is written as those versions did.
 	stored, err := hdrjson.Marshal(h)
 	if err != nil {
@@ -1988,19 +1989,9 @@ func TestTerminalEscapesNotPrinted(t *testing.T) {
 		}
 	}
 
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
-	if _, _, err := j.Begin(context.Background(), idem.Record{Op: "search:1", Key: "key-1", Fingerprint: "fp", State: idem.StatePending,
-		Method: "POST", URL: srv.URL + "/v1/search?q=" + esc, Created: now, Updated: now}); err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := jarWith(t, idem.Record{Op: "search:1", Key: "key-1", Fingerprint: "fp", State: idem.StatePending,
+		Method: "POST", URL: srv.URL + "/v1/search?q=" + esc, Created: now, Updated: now})
 	code, out, errOut := idemctl("--jar", path, "show", "search:1")
 	if code != 0 || !strings.Contains(out, `/v1/search?q=\x1b]0;owned\a\x1b[2J\u009b31m\xff\u202e\u2066`) {
 		t.Fatalf("show: exit %d, stderr %q, stdout:\n%s\nwant the URL, escaped", code, errOut, out)
@@ -2027,22 +2018,13 @@ func (w *cancelOnWrite) Write(p []byte) (int, error) {
 // records and fails, rather than printing the whole jar first.
 func TestInterruptedWhilePrinting(t *testing.T) {
 	const n = 200
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
-	for i := range n {
-		r := idem.Record{Op: fmt.Sprintf("charge:%03d", i), Key: fmt.Sprintf("key-%03d", i), Fingerprint: "fp", State: idem.StateDone,
+	recs := make([]idem.Record, n)
+	for i := range recs {
+		recs[i] = idem.Record{Op: fmt.Sprintf("charge:%03d", i), Key: fmt.Sprintf("key-%03d", i), Fingerprint: "fp", State: idem.StateDone,
 			Method: "POST", URL: "http://127.0.0.1/v1/charges", Created: now, Updated: now, Attempts: 1, LastStatus: 201}
-		if _, _, err := j.Begin(context.Background(), r); err != nil {
-			t.Fatal(err)
-		}
 	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := jarWith(t, recs...)
 	for _, args := range [][]string{{"list"}, {"list", "--status", "done"}, {"export", "--json"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -2502,23 +2484,15 @@ func (j pageIgnored) List(ctx context.Context, f idem.Filter) ([]idem.Record, er
 func TestURLWithAtInPathPrintedAsItIs(t *testing.T) {
 	const plain = "https://api.example.com:8443/users/a@b"
 	const withUser = "https://ops:s3cretPW@api.example.com:8443/users/a@b"
-	path := filepath.Join(t.TempDir(), "keys.db")
-	j, err := keyjar.Open(context.Background(), path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
+	var recs []idem.Record
 	for i, u := range []string{plain, withUser} {
 		fp := sha256.Sum256([]byte(u))
-		if _, _, err := j.Begin(context.Background(), idem.Record{Op: fmt.Sprintf("charge:o%d", i), Key: fmt.Sprintf("key-%d", i),
+		recs = append(recs, idem.Record{Op: fmt.Sprintf("charge:o%d", i), Key: fmt.Sprintf("key-%d", i),
 			Fingerprint: hex.EncodeToString(fp[:]), State: idem.StatePending, Method: "POST", URL: u,
-			Created: now, Updated: now}); err != nil {
-			t.Fatal(err)
-		}
+			Created: now, Updated: now})
 	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
+	path := jarWith(t, recs...)
 	for _, cmd := range [][]string{{"show", "charge:o0"}, {"show", "charge:o1"}, {"export"}} {
 		code, out, errOut := idemctl(append([]string{"--jar", path}, cmd...)...)
 		want := plain
