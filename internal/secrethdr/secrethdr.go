@@ -24,31 +24,46 @@ func Is(name string) bool {
 	case "Idempotency-Key", "Signature-Input":
 		return false
 	}
-	for _, s := range []string{"auth", "token", "secret", "password", "passwd", "passphrase", "api-key", "api_key", "apikey",
-		"session", "credential", "jwt", "assertion", "signature", "hmac"} {
-		if containsFold(name, s) {
-			return true
+	// One pass over the name, trying at each byte only the words that
+	// begin with it: a request's every header name is checked, on every
+	// call of a Transport.
+	for i := range len(name) {
+		for _, w := range byFirst[lower(name[i])] {
+			if hasPrefixFold(name[i:], w) {
+				return true
+			}
 		}
 	}
-	if n := len(name); n >= 4 && containsFold(name[n-4:], "sign") && (n == 4 || name[n-5] == '-' || name[n-5] == '_') {
+	if n := len(name); n >= 4 && hasPrefixFold(name[n-4:], "sign") && (n == 4 || name[n-5] == '-' || name[n-5] == '_') {
 		return true
 	}
-	return len(name) >= 3 && containsFold(name[len(name)-3:], "key")
+	return len(name) >= 3 && hasPrefixFold(name[len(name)-3:], "key")
 }
 
-// containsFold reports whether s contains sub, ignoring ASCII case; sub is
-// lower case. Unlike strings.ToLower it does not allocate.
-func containsFold(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		k := 0
-		for k < len(sub) && lower(s[i+k]) == sub[k] {
-			k++
-		}
-		if k == len(sub) {
-			return true
+// byFirst are the words that make a header name secret wherever they
+// are in it, by their first letter.
+var byFirst = [256][]string{
+	'a': {"auth", "api-key", "api_key", "apikey", "assertion"},
+	'c': {"credential"},
+	'h': {"hmac"},
+	'j': {"jwt"},
+	'p': {"password", "passwd", "passphrase"},
+	's': {"secret", "session", "signature"},
+	't': {"token"},
+}
+
+// hasPrefixFold reports whether s begins with prefix, ignoring ASCII case;
+// prefix is lower case. Unlike strings.ToLower it does not allocate.
+func hasPrefixFold(s, prefix string) bool {
+	if len(s) < len(prefix) {
+		return false
+	}
+	for i := range len(prefix) {
+		if lower(s[i]) != prefix[i] {
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 func lower(c byte) byte {
