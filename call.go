@@ -533,13 +533,19 @@ func (c *call) reconcile(ctx context.Context) error {
 
 // begin finds or creates the operation in the jar, durably, before the
 // first send; for a resume, it leaves finding it to the run's Acquire.
-func (c *call) begin(ctx context.Context) error {
-	holder, err := NewHolder()
+func (c *call) begin(ctx context.Context) (err error) {
+	now := time.Now()
+	var op string
+	c.key, c.resuming = resume.Key(ctx)
+	if c.resuming || c.callerKey != "" {
+		c.holder, err = NewHolder()
+	} else {
+		c.key, op, c.holder, err = newIDs(now)
+	}
 	if err != nil {
 		return err
 	}
-	c.holder = holder
-	if c.key, c.resuming = resume.Key(ctx); c.resuming {
+	if c.resuming {
 		c.bodyless = resume.BodyMissing(ctx)
 		// A resume takes up the operation it found, under its key, and
 		// never begins one: Begin would create a name forgotten since, or
@@ -547,19 +553,15 @@ func (c *call) begin(ctx context.Context) error {
 		// run's Acquire finds it under its lease, or fails.
 		return nil
 	}
-	now := time.Now()
-	c.key = c.callerKey
-	if c.key == "" {
-		var op string
-		if c.key, op, err = newKey(now); err != nil {
-			return err
-		}
-		if c.op == "" {
-			c.op = op
-		}
+	if c.callerKey != "" {
+		c.key = c.callerKey
 	}
-	if c.op == "" {
+	switch {
+	case c.op != "": // named by WithOperation
+	case c.callerKey != "":
 		c.op = c.key // named by the caller's key
+	default:
+		c.op = op
 	}
 	r := Record{
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,

@@ -91,7 +91,12 @@ func NewHolder() (string, error) {
 		return "", err
 	}
 	var buf [128]byte // one allocation, the string, when the prefix fits
-	return string(strconv.AppendUint(append(buf[:0], prefix...), holderCount.Add(1), 10)), nil
+	return string(appendHolder(buf[:0], prefix)), nil
+}
+
+// appendHolder appends a new holder id of prefix, holderPrefix's.
+func appendHolder(dst []byte, prefix string) []byte {
+	return strconv.AppendUint(append(dst, prefix...), holderCount.Add(1), 10)
 }
 
 // HolderGone reports whether holder, the lease holder of a Record written

@@ -18,8 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/canon"
 	"github.com/idemkit/idem/internal/keyhdr"
@@ -639,16 +637,56 @@ const maxPooledCanon = 64 << 10
 // (BENCHMARKS.md has the figures). newKey fails closed when the system's
 // random source does.
 func newKey(now time.Time) (key, op string, err error) {
+	var buf [72]byte
+	text, err := appendKey(buf[:0], now)
+	if err != nil {
+		return "", "", err
+	}
+	s := string(text) // one allocation for the two
+	return s[:36], s[36:], nil
+}
+
+// newIDs returns newKey's key and name, and a lease holder id as NewHolder
+// makes it: one allocation for the three.
+func newIDs(now time.Time) (key, op, holder string, err error) {
+	prefix, err := holderPrefix()
+	if err != nil {
+		return "", "", "", err
+	}
+	var buf [256]byte
+	text, err := appendKey(buf[:0], now)
+	if err != nil {
+		return "", "", "", err
+	}
+	s := string(appendHolder(text, prefix))
+	return s[:36], s[36:72], s[72:], nil
+}
+
+// appendKey appends the text of newKey's key and name to dst.
+func appendKey(dst []byte, now time.Time) ([]byte, error) {
 	var b [32]byte // drawn here, not by the uuid package, to stay on the stack
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", "", fmt.Errorf("idem: generating key: %w", err)
+		return nil, fmt.Errorf("idem: generating key: %w", err)
 	}
-	k, o := uuid.UUID(b[:16]), uuid.UUID(b[16:])
+	k, o := b[:16], b[16:]
 	k[6] = k[6]&0x0f | 0x40 // version 4
 	k[8] = k[8]&0x3f | 0x80 // variant 10
 	ms := uint64(now.UnixMilli())
 	o[0], o[1], o[2], o[3], o[4], o[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
 	o[6] = o[6]&0x0f | 0x70 // version 7
 	o[8] = o[8]&0x3f | 0x80
-	return k.String(), o.String(), nil
+	return appendUUID(appendUUID(dst, k), o), nil
+}
+
+// appendUUID appends the canonical text of the UUID u (16 bytes), as
+// uuid.UUID.String writes it.
+func appendUUID(dst, u []byte) []byte {
+	const digits = "0123456789abcdef"
+	for i, b := range u[:16] {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			dst = append(dst, '-')
+		}
+		dst = append(dst, digits[b>>4], digits[b&0x0f])
+	}
+	return dst
 }

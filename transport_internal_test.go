@@ -63,14 +63,28 @@ func TestNewHolderCountsCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A call that generates its key takes its holder id with it.
+	key, op, c, err := newIDs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, err := uuid.Parse(key); err != nil || u.String() != key || u.Version() != 4 {
+		t.Fatalf("newIDs's key %q: want a UUID v4 (%v)", key, err)
+	}
+	if u, err := uuid.Parse(op); err != nil || u.String() != op || u.Version() != 7 {
+		t.Fatalf("newIDs's name %q: want a UUID v7 (%v)", op, err)
+	}
 	prefix, _ := holderPrefix()
 	if !strings.HasPrefix(prefix, processPrefix()+"/") || !strings.HasSuffix(prefix, ".") {
 		t.Fatalf("prefix %q; want %q, a random id and a dot", prefix, processPrefix()+"/")
 	}
-	na, errA := strconv.ParseUint(strings.TrimPrefix(a, prefix), 10, 64)
-	nb, errB := strconv.ParseUint(strings.TrimPrefix(b, prefix), 10, 64)
-	if !strings.HasPrefix(a, prefix) || !strings.HasPrefix(b, prefix) || errA != nil || errB != nil || nb <= na {
-		t.Fatalf("holders %q, %q; want %q followed by a growing counter", a, b, prefix)
+	var last uint64
+	for _, h := range []string{a, b, c} {
+		n, err := strconv.ParseUint(strings.TrimPrefix(h, prefix), 10, 64)
+		if !strings.HasPrefix(h, prefix) || err != nil || n <= last {
+			t.Fatalf("holders %q, %q, %q; want %q followed by a growing counter", a, b, c, prefix)
+		}
+		last = n
 	}
 }
 
