@@ -80,31 +80,36 @@
 // New keeps its own ShouldPing: pgxpool's default lets each connection
 // idle for less than a second fail one statement after a restart.
 //
-// While the server is down, or when a connection breaks under a statement,
-// Claim and Prune fail with the pool's or the server's error: a claim
-// fails closed (the Middleware answers 503, and runs nothing; its caller
-// asks again). A claim whose answer was lost may have been committed all
-// the same: the Middleware releases it, fenced by its token and its ID,
-// and when that fails too the key stays in flight, its retries refused
-// with 409 until the lock timeout, when one takes it over. Save, TakeOver
-// and Release try again: each is fenced by the claim's token and ID, so
-// that running it twice does what running it once does, and a lost one
-// would keep the key in flight until the lock timeout, every retry until
-// then refused with 409, and the handler run again after a lost save.
-// When the connection was lost before the method had its answer (none
-// could be made, or the one in use closed; not when the server refused the
-// session), it runs the statement again on another connection, after
-// 50 ms, then twice as long each time up to a second, for up to twice
-// QueryTimeout and within its context; then it returns the last error. An
-// attempt whose answer was lost may have been applied: the next one finds
-// the entry as it left it. Save finds it done under the same fence with
-// the same answer, and reports it saved; Release finds it gone, and
-// reports it released. TakeOver finds it no longer in flight under the old
-// fence, as it would had another caller taken it over: it does not tell
-// them apart, and returns an error rather than a win (the Middleware
-// leaves such a take-over in flight, to be taken over again after the
-// lock timeout). Neither is a claim tried again: a second attempt would
-// find the first's claim, when it was made, and report it as another's.
+// While the server is down, Claim and Prune fail with the pool's or the
+// server's error: a claim that could not be sent made nothing, and fails
+// closed at once (the Middleware answers 503, and runs nothing; its caller
+// asks again). Save, TakeOver and Release try again: each is fenced by the
+// claim's token and ID, so that running it twice does what running it
+// once does, and a lost one would keep the key in flight until the lock
+// timeout, every retry until then refused with 409, and the handler run
+// again after a lost save. When the connection was lost before the method
+// had its answer (none could be made, or the one in use closed; not when
+// the server refused the session), it runs the statement again on another
+// connection, after 50 ms, then twice as long each time up to a second,
+// for up to twice QueryTimeout and within its context; then it returns
+// the last error. So does Claim once a statement it sent lost its answer.
+// An attempt whose answer was lost may have been applied: the next one
+// finds the entry as it left it. Save finds it done under the same fence
+// with the same answer, and reports it saved; Release finds it gone, and
+// reports it released. Claim, and TakeOver, find it in flight under the
+// caller's fence (TakeOver's new one), token and ClaimID: no other claim
+// holds that random ID (see testserver.Fence), and they report it claimed,
+// or won. Under another fence, the entry is another's: Claim returns it,
+// not claimed, and TakeOver returns an error rather than a win (its
+// attempt may have taken the entry over before another caller did, or
+// not: it cannot tell). A caller's fence with no ClaimID proves nothing
+// (the entries claimed before version 3 have none): Claim and TakeOver
+// then return an error. A claim that fails after its answer was lost may
+// have been made all the same: the Middleware releases it, fenced by its
+// token and its ID, and when that fails too the key stays in flight, its
+// retries refused with 409 until the lock timeout, when one takes it
+// over. A take-over that fails so the Middleware leaves in flight, to be
+// taken over again after the lock timeout.
 package pgstore
 
 import (
@@ -369,12 +374,48 @@ func scanEntry(row pgx.Row, scope, key string, extra ...any) (testserver.Entry, 
 // a moment old, as any read is by the time the caller acts on it: every
 // write after it is a compare-and-set on the fence, so a stale entry can
 // only make a write fail, never succeed wrongly.
+//
+// When the connection it sent its statement on is lost before the answer,
+// Claim runs the statement again (see the package documentation); one
+// that could not be sent fails at once, having made nothing. An attempt
+// whose answer was lost may have made the claim: the next finds the entry
+// in flight under f, token and ClaimID, and reports it claimed. An entry
+// under another fence is another's, and is returned as such; one under f
+// when f has no ClaimID, which proves nothing, fails the call.
 func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, f testserver.Fence, now time.Time) (testserver.Entry, bool, error) {
 	created := now.UnixNano()
+	until := time.Now().Add(2 * s.timeout)
+	var unsure error // the first attempt whose answer was lost: it may have made the claim
 	for range claimAttempts {
-		e, claimed, err := s.claim(ctx, scope, key, fingerprint, f, created)
+		var (
+			e       testserver.Entry
+			claimed bool
+		)
+		// One attempt, while none was lost: a claim that could not be sent
+		// made nothing, and fails at once.
+		last := time.Now()
+		if unsure != nil {
+			last = until
+		}
+		lost, err := s.run(ctx, last, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+			row := conn.QueryRow(ctx, s.sql.claim, scope, key, fingerprint, f.Token, created, f.ClaimID)
+			var err error
+			e, err = scanEntry(row, scope, key, &claimed)
+			return err
+		})
+		if unsure == nil && lost != nil {
+			unsure = lost // and tried again, until until
+			continue
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
+		}
+		if err == nil && !claimed && unsure != nil && e.Fence == f {
+			if f.ClaimID == "" || e.Status != testserver.StatusInFlight {
+				return testserver.Entry{}, false, fmt.Errorf("pgstore: claim: key %q %s under the caller's fence (token %d, ClaimID %q) "+
+					"after an attempt whose answer was lost, which cannot tell whose it is: %w", key, e.Status, f.Token, f.ClaimID, unsure)
+			}
+			claimed = true // the attempt whose answer was lost made it
 		}
 		if err != nil {
 			return testserver.Entry{}, false, fmt.Errorf("pgstore: claim: %w", err)
@@ -382,18 +423,6 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, f tes
 		return e, claimed, nil
 	}
 	return testserver.Entry{}, false, fmt.Errorf("pgstore: claim of key %q: the entry changed under %d attempts", key, claimAttempts)
-}
-
-func (s *Store) claim(ctx context.Context, scope, key, fingerprint string, f testserver.Fence, created int64) (testserver.Entry, bool, error) {
-	conn, ctx, done, err := s.conn(ctx)
-	if err != nil {
-		return testserver.Entry{}, false, err
-	}
-	defer done()
-	row := conn.QueryRow(ctx, s.sql.claim, scope, key, fingerprint, f.Token, created, f.ClaimID)
-	var claimed bool
-	e, err := scanEntry(row, scope, key, &claimed)
-	return e, claimed, s.closedOr(err)
 }
 
 // claimSQL inserts an entry in flight or, when the key has one, returns it.
@@ -453,15 +482,22 @@ func (s *Store) write(ctx context.Context, until time.Time, query string, args .
 
 // TakeOver implements testserver.Store. When the connection to the server
 // is lost before the answer, it runs its statement again (see the package
-// documentation). But when the attempt whose answer was lost had been sent
-// and the next finds the entry no longer in flight under old, TakeOver
-// returns an error: that attempt may have taken the entry over, or
-// another caller may have. A win reported wrongly would run the operation
-// twice.
+// documentation). An attempt whose answer was lost may have taken the
+// entry over: the next finds it in flight under new, token and ClaimID,
+// and reports it won. When it finds the entry otherwise (under another
+// fence, done or gone), or under new when new has no ClaimID, which proves
+// nothing, TakeOver returns an error: that attempt may have taken the
+// entry over, or another caller may have. A win reported wrongly would run
+// the operation twice.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
-	n, lost, err := s.write(ctx, time.Now().Add(2*s.timeout), s.sql.takeOver, scope, key, old.Token, old.ClaimID, new.Token, new.ClaimID)
+	var n int64
+	lost, err := s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+		tag, err := conn.Exec(ctx, s.sql.takeOver, scope, key, old.Token, old.ClaimID, new.Token, new.ClaimID, unsure)
+		n = tag.RowsAffected()
+		return err
+	})
 	if err == nil && n == 0 && lost != nil {
-		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost: %w", key, old.Token, lost)
+		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost, nor under the new fence with a ClaimID: %w", key, old.Token, lost)
 	}
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over: %w", err)
@@ -469,9 +505,13 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testse
 	return n == 1, nil
 }
 
-// takeOverSQL moves an entry in flight from one fence to another.
+// takeOverSQL moves an entry in flight from one fence to another. Its last
+// argument is true when an earlier attempt of the same TakeOver may have
+// been applied (see saveSQL): an entry in flight under the new fence, its
+// ClaimID not empty, is that attempt's work, and is set again as it is.
 const takeOverSQL = `UPDATE {schema}.idempotency_keys SET locked_at = $5, claim_id = $6
-	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND locked_at = $3 AND claim_id = $4`
+	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND (locked_at = $3 AND claim_id = $4 OR
+		$7::boolean AND $6 <> '' AND locked_at = $5 AND claim_id = $6)`
 
 // saveSQL marks an entry done with its answer, fenced by its status and
 // fence. Its last argument is true when an earlier attempt of the same Save

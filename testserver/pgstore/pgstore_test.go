@@ -408,7 +408,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 }
 
 // TestServerRestart restarts PostgreSQL (as pg_ctl restart -m fast) under a
-// store in use. While it is down, a claim fails, and so does the save of a
+// store in use. While it is down, a claim fails at once, and so does the save of a
 // claim made before, once its context ends (not with ErrFenced); neither
 // changes anything. After it,
 // every call succeeds, the first one included: the pool hands no statement
@@ -418,7 +418,7 @@ func TestPoolWaitLeavesTheServerFirst(t *testing.T) {
 func TestServerRestart(t *testing.T) {
 	c, dsn := pgtest.Own(t)
 	const conns = 4
-	s := open(t, fmt.Sprintf("%s&pool_max_conns=%d", dsn, conns), nil)
+	s := open(t, fmt.Sprintf("%s&pool_max_conns=%d", dsn, conns), &pgstore.Options{QueryTimeout: time.Hour})
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	for i := range conns { // every connection of the pool used just now
@@ -430,8 +430,12 @@ func TestServerRestart(t *testing.T) {
 	}
 	wg.Wait()
 	err := c.Restart(ctx, func() {
-		if _, claimed, err := s.Claim(ctx, "s", "down", "fp", testserver.Fence{Token: 2}, t0); err == nil || claimed {
-			t.Errorf("Claim while the server is down = %v, %v; want an error", claimed, err)
+		// A claim sent nowhere made nothing: it fails at once, where one
+		// tried again would wait for the server until its context ended.
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if _, claimed, err := s.Claim(cctx, "s", "down", "fp", testserver.Fence{Token: 2, ClaimID: "down"}, t0); err == nil || claimed || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Claim while the server is down = %v, %v; want an error at once", claimed, err)
 		}
 		// Save tries again until its context ends.
 		sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -613,21 +617,120 @@ func TestReleaseAnswerLost(t *testing.T) {
 	}
 }
 
+// TestClaimAnswerLost loses the answer to a Claim that the server
+// applied. Run again, the claim finds the entry in flight under its own
+// fence, token and ClaimID, and reports it claimed. Before, Claim was not
+// run again: it returned the lost connection's error, and the Middleware
+// answered 503 to a request whose claim was made. A claim of a key that
+// holds another's entry, under the same token but another ClaimID, or
+// none, is not a win: the entry is another's, or, with the caller's own
+// fence but no ClaimID to prove it, unknown, and Claim fails closed.
+func TestClaimAnswerLost(t *testing.T) {
+	ctx := t.Context()
+	mine := testserver.Fence{Token: 2, ClaimID: "mine"}
+	s := answerLost(t, "SELECT", func(s *pgstore.Store) {
+		if e, claimed, err := s.Claim(ctx, "s", "c", "fp", mine, t0); err != nil || !claimed || e.Fence != mine {
+			t.Errorf("Claim whose answer was lost = %+v, claimed %v, %v; want claimed with fence %+v", e, claimed, err, mine)
+		}
+	})
+	if e, claimed, err := s.Claim(ctx, "s", "c", "fp", testserver.Fence{Token: 3, ClaimID: "next"}, t0); err != nil || claimed || e.Fence != mine {
+		t.Errorf("entry = %+v, claimed %v, %v; want it in flight with fence %+v", e, claimed, err, mine)
+	}
+	// "k" is in flight under token 1 and no ClaimID (see answerLost).
+	answerLost(t, "SELECT", func(s *pgstore.Store) {
+		if e, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 1, ClaimID: "other"}, t0); err != nil || claimed || e.Token != 1 || e.ClaimID != "" {
+			t.Errorf("Claim of another's entry whose answer was lost = %+v, claimed %v, %v; want that entry, not claimed", e, claimed, err)
+		}
+	})
+	answerLost(t, "SELECT", func(s *pgstore.Store) {
+		if _, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 1}, t0); err == nil || claimed {
+			t.Errorf("Claim with no ClaimID whose answer was lost = %v, %v; want an error", claimed, err)
+		}
+	})
+}
+
 // TestTakeOverAnswerLost loses the answer to a TakeOver that the server
-// applied. Run again, it finds the entry in flight under the new token,
-// as it would had another caller that chose the same token won: it cannot
-// tell, and fails closed with an error, not a win (which could run the
-// handler twice) nor a loss (which would leave its own claim unused).
-// The entry stays in flight under the new token.
+// applied. Run again, it finds the entry in flight under its new fence,
+// token and ClaimID, and reports it won. Before, it could not tell that
+// from another caller's win and returned an error, and the Middleware
+// answered 503 to a request that held the claim. A new fence with no
+// ClaimID proves nothing, whatever the token: such a take-over still
+// fails closed with an error, not a win (which could run the handler
+// twice) nor a loss (which would leave its own claim unused), and the
+// entry stays in flight under the new token.
 func TestTakeOverAnswerLost(t *testing.T) {
 	ctx := t.Context()
+	mine := testserver.Fence{Token: 2, ClaimID: "mine"}
 	s := answerLost(t, "UPDATE", func(s *pgstore.Store) {
+		if won, err := s.TakeOver(ctx, "s", "k", testserver.Fence{Token: 1}, mine); err != nil || !won {
+			t.Errorf("TakeOver whose answer was lost = %v, %v; want won", won, err)
+		}
+	})
+	if e, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 3}, t0); err != nil || claimed || e.Fence != mine {
+		t.Errorf("entry = %+v, claimed %v, %v; want it in flight with fence %+v", e, claimed, err, mine)
+	}
+	s = answerLost(t, "UPDATE", func(s *pgstore.Store) {
 		if won, err := s.TakeOver(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Fence{Token: 2}); err == nil || won {
-			t.Errorf("TakeOver whose answer was lost = %v, %v; want an error", won, err)
+			t.Errorf("TakeOver to no ClaimID whose answer was lost = %v, %v; want an error", won, err)
 		}
 	})
 	if e, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 3}, t0); err != nil || claimed || e.Token != 2 {
 		t.Errorf("entry = %+v, claimed %v, %v; want it in flight with token 2", e, claimed, err)
+	}
+}
+
+// TestMiddlewareAnswerLost loses the answer to the Middleware's claim of a
+// key, and to its take-over of a stale claim: the request gets the
+// handler's answer, the handler having run once (and known the take-over
+// for one), and its retry the replay. Before, it got 503, and its retry
+// 409 until the lock timeout.
+func TestMiddlewareAnswerLost(t *testing.T) {
+	for _, tc := range []struct {
+		name, tag string
+		stale     bool // a stale claim of the key is there to take over
+	}{
+		{"claim", "SELECT", false},
+		{"take-over", "UPDATE", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+			s := open(t, dsn, nil)
+			const body = `{"amount":1}`
+			var runs, takenOver atomic.Int64
+			mw := &testserver.Middleware{Store: s, LockTimeout: time.Minute, Now: func() time.Time { return t0.Add(2 * time.Minute) }}
+			srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if c, _ := testserver.ClaimFrom(r.Context()); c.TakenOver {
+					takenOver.Add(1)
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "charge %d", runs.Add(1))
+			})))
+			defer srv.Close()
+			if tc.stale {
+				fp := testserver.Fingerprint(httptest.NewRequest(http.MethodPost, "/", nil), "", []byte(body)) // post's
+				if _, claimed, err := s.Claim(t.Context(), "", "k", fp, testserver.Fence{Token: t0.UnixNano(), ClaimID: "stale"}, t0); err != nil || !claimed {
+					t.Fatalf("stale Claim = %v, %v", claimed, err)
+				}
+			}
+			lost := relay.LoseNext(tc.tag)
+			if a := post(t, srv, "k", "", body); a.status != http.StatusCreated || a.body != "charge 1" {
+				t.Errorf("request whose %s's answer was lost = %d %q; want 201 charge 1", tc.name, a.status, a.body)
+			}
+			select {
+			case <-lost:
+			default:
+				t.Fatal("the relay lost no answer")
+			}
+			if a := post(t, srv, "k", "", body); a.status != http.StatusCreated || a.body != "charge 1" || a.replayed != "true" {
+				t.Errorf("retry = %d %q, replayed %q; want the replay of 201 charge 1", a.status, a.body, a.replayed)
+			}
+			if n := runs.Load(); n != 1 {
+				t.Errorf("the handler ran %d times; want 1", n)
+			}
+			if n, want := takenOver.Load(), map[bool]int64{true: 1}[tc.stale]; n != want {
+				t.Errorf("the handler ran %d times taking over; want %d", n, want)
+			}
+		})
 	}
 }
 
