@@ -59,10 +59,14 @@ type Schema struct {
 	NoSchema error
 	// Privilege is returned by Migrate, wrapped (see Denied), when the
 	// role may not create or upgrade the schema: the creation of Table or
-	// a migration failed with SQLSTATE 42501; and when it may not take
+	// a migration failed with SQLSTATE 42501; when it may not take
 	// Lock: EXECUTE on pg_advisory_xact_lock(bigint), which PUBLIC has by
-	// default, was revoked from it.
+	// default, was revoked from it; and when it could never write Writes:
+	// its transactions are read-only, or it lacks one of SELECT, INSERT,
+	// UPDATE and DELETE on Writes.
 	Privilege error
+	// Writes is the table of Objects that the package's statements write.
+	Writes string
 }
 
 // Placeholder stands, in a statement, for the schema's name; Qualify
@@ -103,6 +107,9 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 		}
 		var err error
 		if schema, err = s.current(ctx, tx); err != nil {
+			return err
+		}
+		if err := s.readOnly(ctx, tx); err != nil {
 			return err
 		}
 		table := pgx.Identifier{schema, s.Table}.Sanitize()
@@ -147,7 +154,10 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 				return err
 			}
 		}
-		return s.whole(ctx, tx, schema)
+		if err := s.whole(ctx, tx, schema); err != nil {
+			return err
+		}
+		return s.writable(ctx, tx, schema)
 	})
 	if err != nil {
 		return "", err
@@ -179,6 +189,46 @@ func (s Schema) lockDenied(err error) error {
 	return fmt.Errorf("%w: it may not execute pg_catalog.pg_advisory_xact_lock(bigint), the lock under which "+
 		"the processes that open the database together migrate it once; GRANT EXECUTE ON FUNCTION "+
 		"pg_catalog.pg_advisory_xact_lock(bigint) to the role: %w", s.Privilege, err)
+}
+
+// readOnly returns s.Privilege, saying what to do, when the transaction
+// q runs in is read-only, as each of the connection's would be: a hot
+// standby, or default_transaction_read_only set for the role, the
+// database or in the DSN. Such a connection opens a current schema, and
+// every statement that writes it then fails.
+func (s Schema) readOnly(ctx context.Context, q querier) error {
+	var ro string
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('transaction_read_only')`).Scan(&ro); err != nil {
+		return err
+	}
+	if ro != "off" {
+		return fmt.Errorf("%w: its transactions are read-only (a hot standby, or default_transaction_read_only "+
+			"set for the role, the database or in the DSN); connect to the primary, with transactions that may write", s.Privilege)
+	}
+	return nil
+}
+
+// writable returns s.Privilege, naming what to grant, unless the role may
+// select, insert, update and delete in s.Writes (in schema), which a role
+// that may use the tables is granted on them rather than create them. A
+// grant on some of the table's columns counts as one on the table.
+func (s Schema) writable(ctx context.Context, q querier, schema string) error {
+	if s.Writes == "" {
+		return nil
+	}
+	table := pgx.Identifier{schema, s.Writes}.Sanitize()
+	var missing []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(p ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS o(p, n)
+		WHERE NOT CASE p WHEN 'DELETE' THEN pg_catalog.has_table_privilege($1, p)
+			ELSE pg_catalog.has_any_column_privilege($1, p) END`, table, []string{"SELECT", "INSERT", "UPDATE", "DELETE"}).Scan(&missing)
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: it may not %s on %s; GRANT SELECT, INSERT, UPDATE, DELETE ON %s to the role",
+			s.Privilege, strings.Join(missing, ", "), table, table)
+	}
+	return nil
 }
 
 // insufficient reports whether err is the server's SQLSTATE 42501,

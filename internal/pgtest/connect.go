@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"io"
 	"net/url"
 	"strings"
 	"testing"
@@ -150,5 +151,45 @@ func RefusedLock(t testing.TB, dsn string, privilege error, open func() error) {
 		!errors.As(err, &pgErr) || pgErr.Code != "42501" {
 		t.Errorf("opened as a role that may not execute pg_advisory_xact_lock: %v; "+
 			"want %v naming the function, wrapping SQLSTATE 42501", err, privilege)
+	}
+}
+
+// RefusedWrite checks that open, which opens a package's tables (in
+// schema public) in the database a DSN names, refuses with privilege (errors.Is) a connection that could open them
+// but never write them: one whose transactions are read-only
+// (default_transaction_read_only, as on a hot standby), on a database
+// without the tables (and creates none) and on one that holds them; and a
+// role that may only read table, the one the package writes. Each error
+// must say read-only or name table with what to grant. Before, the last
+// two opened, and every call that wrote then failed.
+func RefusedWrite(t testing.TB, privilege error, table string, openCloser func(dsn string) (io.Closer, error)) {
+	t.Helper()
+	open := func(dsn string) error {
+		c, err := openCloser(dsn)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	const readOnly = "&default_transaction_read_only=on"
+	empty := DB(t)
+	if err := open(empty + readOnly); !errors.Is(err, privilege) || !strings.Contains(err.Error(), "read-only") {
+		t.Errorf("opened read-only, on a database without the tables: %v; want %v saying read-only", err, privilege)
+	}
+	if tables := Tables(t, empty); tables != "" {
+		t.Errorf("tables %s after that; want none", tables)
+	}
+	dsn := DB(t)
+	if err := open(dsn); err != nil {
+		t.Fatalf("open as the owner: %v", err)
+	}
+	if err := open(dsn + readOnly); !errors.Is(err, privilege) || !strings.Contains(err.Error(), "read-only") {
+		t.Errorf("opened read-only, on a database that holds the tables: %v; want %v saying read-only", err, privilege)
+	}
+	reader := AppRole(t, dsn, `GRANT SELECT ON ALL TABLES IN SCHEMA public`)
+	if err := open(reader); !errors.Is(err, privilege) || !strings.Contains(err.Error(), table) ||
+		!strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
+		t.Errorf("opened as a role that may only read the tables: %v; want %v naming %s and what to grant",
+			err, privilege, table)
 	}
 }

@@ -3,6 +3,7 @@ package pgjar_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"strings"
@@ -365,4 +366,14 @@ func TestOpenBadOptions(t *testing.T) {
 		t.Fatalf("Open with the longest QueryTimeout: %v; want it open", err)
 	}
 	j.Close()
+}
+
+// TestOpenThatCannotWrite: Open refuses a connection that could never
+// write the jar (read-only transactions, or a role that may only read
+// idem_operations) with ErrPrivilege, where it opened one on a current
+// schema and every call then failed with a *idem.JarError.
+func TestOpenThatCannotWrite(t *testing.T) {
+	pgtest.RefusedWrite(t, pgjar.ErrPrivilege, "idem_operations", func(dsn string) (io.Closer, error) {
+		return pgjar.Open(t.Context(), dsn, nil)
+	})
 }

@@ -224,8 +224,11 @@ var (
 	// Open lists. It is returned too, naming the function, when the role
 	// may not execute pg_advisory_xact_lock(bigint) (EXECUTE revoked from
 	// PUBLIC), the lock the migration takes even when the schema is
-	// current. Nothing is created.
-	ErrPrivilege = errors.New("pgjar: this role may not create the jar's tables")
+	// current; and, saying what to do, when no call could write the jar:
+	// the connection's transactions are read-only (a hot standby,
+	// default_transaction_read_only), or the role lacks one of SELECT,
+	// INSERT, UPDATE and DELETE on idem_operations. Nothing is created.
+	ErrPrivilege = errors.New("pgjar: this role may not create or write the jar's tables")
 
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
@@ -351,7 +354,9 @@ var (
 // MustExist is set, EXECUTE on pg_advisory_xact_lock(bigint), which PUBLIC
 // has by default. Such a role is refused with ErrPrivilege where the
 // schema is missing or older (with MustExist, ErrNoJar), or where it may
-// not execute that function.
+// not execute that function; and so is, without MustExist, a role that
+// lacks one of the four on idem_operations, or whose transactions are
+// read-only, where every call would fail.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	o, err := withDefaults(opts)
 	if err != nil {

@@ -69,6 +69,7 @@ var schema = pgmigrate.Schema{
 	Incomplete: ErrSchema,
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
+	Writes:     "idem_operations",
 }
 
 // migrate brings the schema to len(migrations) (see pgmigrate), and

@@ -97,8 +97,12 @@ var (
 	// privileges that Open lists. It is returned too, naming the function,
 	// when the role may not execute pg_advisory_xact_lock(bigint) (EXECUTE
 	// revoked from PUBLIC), the lock the migration takes even when the
-	// schema is current. Nothing is created.
-	ErrPrivilege = errors.New("pgstore: this role may not create the store's tables")
+	// schema is current; and, saying what to do, when no request could
+	// claim a key: the connection's transactions are read-only (a hot
+	// standby, default_transaction_read_only), or the role lacks one of
+	// SELECT, INSERT, UPDATE and DELETE on idempotency_keys. Nothing is
+	// created.
+	ErrPrivilege = errors.New("pgstore: this role may not create or write the store's tables")
 )
 
 // schema is pgstore's tables, recorded in idempotency_keys_schema.
@@ -111,6 +115,7 @@ var schema = pgmigrate.Schema{
 	Incomplete: ErrSchema,
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
+	Writes:     "idempotency_keys",
 }
 
 // migrate brings the schema to len(migrations) (see pgmigrate), and

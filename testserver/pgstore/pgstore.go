@@ -218,7 +218,9 @@ var (
 // SELECT, INSERT, UPDATE and DELETE on idempotency_keys, and EXECUTE on
 // pg_advisory_xact_lock(bigint), which PUBLIC has by default. Such a role
 // is refused with ErrPrivilege where the schema is missing or older, or
-// where it may not execute that function.
+// where it may not execute that function; and so is a role that lacks
+// one of the four on idempotency_keys, or whose transactions are
+// read-only, where every request would get a 503.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	o, err := withDefaults(opts)
 	if err != nil {

@@ -1358,3 +1358,13 @@ func TestFleet(t *testing.T) {
 	dsn := pgtest.DB(t)
 	storetest.RunFleet(t, func(t *testing.T) testserver.Store { return open(t, dsn, nil) })
 }
+
+// TestOpenThatCannotWrite: Open refuses a connection that could never
+// write the store (read-only transactions, or a role that may only read
+// idempotency_keys) with ErrPrivilege, where it opened one on a current
+// schema and every request then got a 503.
+func TestOpenThatCannotWrite(t *testing.T) {
+	pgtest.RefusedWrite(t, pgstore.ErrPrivilege, "idempotency_keys", func(dsn string) (io.Closer, error) {
+		return pgstore.Open(t.Context(), dsn, nil)
+	})
+}
