@@ -199,6 +199,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			case errors.Is(err, ErrNotFound) && c.resuming && c.attempts == 0:
 				// Forgotten since Resume read it: a resume creates nothing.
 				return nil, &resume.StateError{Op: c.op, Key: c.key}
+			case errors.Is(err, ErrNotFound) && c.attempts == 0:
+				// Settled by the holder it waited for and pruned, or
+				// forgotten: the jar did not fail, and a call that begins
+				// it again does so under a new key, which the server
+				// takes for a new request.
+				return nil, fmt.Errorf("idem: operation %q (key %q): %w: pruned or forgotten while this call waited "+
+					"for its lease; nothing was sent. Another call may have sent it under this key: ask the server "+
+					"before calling under its name again, which begins it anew under a new key", c.op, c.key, ErrNotFound)
 			case err != nil:
 				if ctxErr := retry.CtxErr(ctx); ctxErr != nil {
 					return nil, c.stop(ctx, ctxErr) // the caller's context, not the jar, ended the call

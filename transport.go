@@ -130,7 +130,8 @@ func Operation(ctx context.Context) string {
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey, ErrInvalidURL,
-//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned wrapped), or the
+//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned, ErrNotFound
+//     wrapped), or the
 //     context's error, matching its cause too, when the request's context
 //     was done before the call; never a *url.Error, which http.Client
 //     adds. http.Client.Timeout bounds the whole call, retries and waits

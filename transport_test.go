@@ -1214,11 +1214,13 @@ func TestLateOutcomeFenced(t *testing.T) {
 // TestAbandonedWhileWaiting: a call that waited for another holder's lease
 // sends nothing when, meanwhile, the operation was abandoned (ErrAbandoned),
 // or abandoned and begun again under a new key (*MismatchError): its key
-// is no longer the operation's.
+// is no longer the operation's; or settled by that holder and pruned: an
+// error matching ErrNotFound that says a call under its name begins it
+// anew under a new key, not a *JarError, which says the jar failed.
 func TestAbandonedWhileWaiting(t *testing.T) {
 	fp := fingerprintOf(t, `{}`)
-	for _, again := range []bool{false, true} {
-		t.Run(fmt.Sprintf("begun again=%v", again), func(t *testing.T) {
+	for _, then := range []string{"abandoned", "begun again", "pruned"} {
+		t.Run(then, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tr, rec, jar := newTransport(t, status(201))
 				tr.Policy.MaxElapsed = time.Minute
@@ -1227,28 +1229,40 @@ func TestAbandonedWhileWaiting(t *testing.T) {
 				var wg sync.WaitGroup
 				wg.Go(func() {
 					time.Sleep(2 * time.Second) // the call waits for the lease meanwhile
-					if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateAbandoned, Release: true}); err != nil {
+					st := idem.StateAbandoned
+					if then == "pruned" {
+						st = idem.StateDone
+					}
+					if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: st, Release: true}); err != nil {
 						t.Error(err)
 					}
-					if again {
+					switch then {
+					case "begun again":
 						if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, State: idem.StatePending,
 							Created: time.Now(), Holder: "new", LeaseUntil: time.Now().Add(time.Hour)}); err != nil {
 							t.Error(err)
+						}
+					case "pruned":
+						if n, err := jar.Prune(ctx, time.Now().Add(time.Second), 0); n != 1 || err != nil {
+							t.Errorf("Prune = %d, %v; want the done operation pruned", n, err)
 						}
 					}
 				})
 				_, err := post(t, ctx, tr, `{}`)
 				wg.Wait()
-				want := idem.ErrAbandoned
-				if again {
-					want = idem.ErrMismatch
+				want := map[string]error{"abandoned": idem.ErrAbandoned, "begun again": idem.ErrMismatch, "pruned": idem.ErrNotFound}[then]
+				var je *idem.JarError
+				if !errors.Is(err, want) || errors.As(err, &je) || rec.attempts() != 0 {
+					t.Fatalf("got %v after %d sends; want %v, no *JarError, nothing sent", err, rec.attempts(), want)
 				}
-				if !errors.Is(err, want) || rec.attempts() != 0 {
-					t.Fatalf("got %v after %d sends; want %v, nothing sent", err, rec.attempts(), want)
-				}
-				if !again {
-					if r, _ := jar.Get(ctx, "op"); r.State != idem.StateAbandoned || r.Holder != "" {
+				switch r, err := jar.Get(ctx, "op"); then {
+				case "abandoned":
+					if r.State != idem.StateAbandoned || r.Holder != "" {
 						t.Fatalf("record %s held by %q; want abandoned, its lease given back", r.State, r.Holder)
+					}
+				case "pruned":
+					if !errors.Is(err, idem.ErrNotFound) {
+						t.Fatalf("record %+v, %v after the call; want none", r, err)
 					}
 				}
 			})
