@@ -193,3 +193,25 @@ func RefusedWrite(t testing.TB, privilege error, table string, openCloser func(d
 			err, privilege, table)
 	}
 }
+
+// UnparsedDSNs are connection strings that pgx cannot parse, each with the
+// password "sec ret" (or "s3cret" whole) that an error must not show any
+// piece of: pgx masks a key=value password to its first space, escaped or
+// not, which leaves "ret" of "sec\ ret" in its message.
+var UnparsedDSNs = []string{
+	`host=127.0.0.1 password=sec\ ret sslmode=bogus`,
+	`host=127.0.0.1 password='sec ret' sslmode=bogus`,
+	`postgres://u:sec%20ret@127.0.0.1/x?sslmode=bogus`,
+	`host=127.0.0.1 password=s3cret connect_timeout=zz`,
+}
+
+// RefusedUnparsed fails t unless err, what open returned for dsn, one of
+// UnparsedDSNs, wraps a *pgconn.ParseConfigError and shows no piece of
+// its password.
+func RefusedUnparsed(t testing.TB, dsn string, err error) {
+	t.Helper()
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) || strings.Contains(err.Error(), "ret") {
+		t.Errorf("open %s: %v; want a *pgconn.ParseConfigError that shows no piece of the password", dsn, err)
+	}
+}

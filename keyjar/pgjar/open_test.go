@@ -330,6 +330,15 @@ func TestNewMustExist(t *testing.T) {
 // QueryTimeout above PostgreSQL's longest statement_timeout failed every
 // connection with the server's error (Open) or, past 146 years, made every
 // wait of twice it overflow into none (New).
+// TestOpenUnparsedDSNMasksPassword: Open's error for a connection string
+// that pgx cannot parse shows none of its password.
+func TestOpenUnparsedDSNMasksPassword(t *testing.T) {
+	for _, dsn := range pgtest.UnparsedDSNs {
+		_, err := pgjar.Open(t.Context(), dsn, nil)
+		pgtest.RefusedUnparsed(t, dsn, err)
+	}
+}
+
 func TestOpenBadOptions(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)

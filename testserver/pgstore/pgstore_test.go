@@ -1114,6 +1114,15 @@ func TestOpenBadDSN(t *testing.T) {
 // PostgreSQL's longest statement_timeout failed Open's first connection
 // with the server's error or, past 146 years, made New's waits of twice it
 // overflow into none.
+// TestOpenUnparsedDSNMasksPassword: Open's error for a connection string
+// that pgx cannot parse shows none of its password.
+func TestOpenUnparsedDSNMasksPassword(t *testing.T) {
+	for _, dsn := range pgtest.UnparsedDSNs {
+		_, err := pgstore.Open(t.Context(), dsn, nil)
+		pgtest.RefusedUnparsed(t, dsn, err)
+	}
+}
+
 func TestOpenBadOptions(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)
