@@ -499,7 +499,11 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// attempt.
 		return fmt.Errorf("%s: %w", where, pgErr)
 	case errors.As(err, &connectErr):
-		return fmt.Errorf("%s: %w", where, connectErr)
+		// No answer (a dial error, a timeout): pgx tries each address
+		// with TLS and then without, and lists each attempt's error, the
+		// same one twice. Each line once.
+		lines := slices.Compact(strings.Split(connectErr.Error(), "\n"))
+		return fmt.Errorf("%s: %s", where, strings.Join(lines, "\n"))
 	case errors.As(err, &parseErr):
 		return fmt.Errorf("%s: %w", where, parseErr)
 	}

@@ -55,6 +55,11 @@ func TestPostgresJarErrors(t *testing.T) {
 		if strings.Contains(errOut, "hunter2") {
 			t.Fatalf("stderr %q shows the password", errOut)
 		}
+		// pgx tries the address with TLS and then without (sslmode
+		// prefer), and lists each attempt's error: the same one twice.
+		if n := strings.Count(errOut, c.want); n != 1 {
+			t.Errorf("stderr %q says %q %d times; want once", errOut, c.want, n)
+		}
 	}
 
 	// The server's own refusal, not the TLS attempt before it (sslmode
