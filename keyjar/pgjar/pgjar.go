@@ -144,7 +144,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	pgdsn "github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/errprefix"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
@@ -364,7 +364,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgjar: %w", pgdsn.ParseError(err))
+		return nil, fmt.Errorf("pgjar: %w", pgmigrate.ParseError(err))
 	}
 	updateCommit := "off"
 	if v, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; set {
@@ -885,7 +885,7 @@ func (j *Jar) changeArgs(op, holder string, c idem.Change) ([]any, error) {
 func storable(fields ...string) error {
 	for i := 0; i+1 < len(fields); i += 2 {
 		if v := fields[i+1]; !pgtext.Holds(v) {
-			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], pgdsn.MaskPasswords(v))
+			return fmt.Errorf("%w: %s %q holds a NUL byte or bytes that are not UTF-8", ErrInvalid, fields[i], dsn.MaskPasswords(v))
 		}
 	}
 	return nil

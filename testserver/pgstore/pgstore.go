@@ -121,7 +121,6 @@ import (
 	"time"
 
 	cutoffpkg "github.com/idemkit/idem/internal/cutoff"
-	pgdsn "github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
@@ -229,7 +228,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: %w", pgdsn.ParseError(err))
+		return nil, fmt.Errorf("pgstore: %w", pgmigrate.ParseError(err))
 	}
 	for name, value := range map[string]string{
 		"synchronous_commit": "on",
