@@ -131,10 +131,9 @@ func Operation(ctx context.Context) string {
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey, ErrInvalidURL,
 //     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned, ErrNotFound
-//     wrapped), or the
-//     context's error, matching its cause too, when the request's context
-//     was done before the call; never a *url.Error, which http.Client
-//     adds. http.Client.Timeout bounds the whole call, retries and waits
+//     wrapped), or the context's error, matching its cause too, when the
+//     request's context was done before the call; never a *url.Error,
+//     which http.Client adds. http.Client.Timeout bounds the whole call, retries and waits
 //     included, and when it fires http.Client may replace this error with
 //     its own, which only says that the time ran out (it does when its own
 //     timer is seen before the Transport returns, a race): errors.Is(err,
