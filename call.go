@@ -425,9 +425,10 @@ func (c *call) notOurs() error {
 }
 
 // releasing is the change that gives rec's lease back and leaves the rest
-// of it as it is.
+// of it as it is, but for the passwords its LastError quotes, masked as
+// storedError masks them: an earlier version stored it as it was.
 func releasing(rec Record, now time.Time) Change {
-	return Change{Now: now, LastStatus: rec.LastStatus, LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true}
+	return Change{Now: now, LastStatus: rec.LastStatus, LastError: dsn.MaskPasswords(rec.LastError), NextAttempt: rec.NextAttempt, Release: true}
 }
 
 // reconcileError is the error of a call that finds rec in StateReconcile.

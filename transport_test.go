@@ -11,6 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1648,6 +1651,66 @@ func TestStoredLastErrorMasked(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestStoredLastErrorMaskedWhenWrittenBack: a LastError that an earlier
+// version stored with a password in it is masked the first time a call
+// writes the record again, also where it only gives a lease back and
+// leaves the rest as it was: the release of a killed holder's lease, and
+// that of a lease a resume took on an operation settled meanwhile.
+func TestStoredLastErrorMaskedWhenWrittenBack(t *testing.T) {
+	const pw = "s3cretPW"
+	stored := `Post "https://ops:` + pw + `@api.example.test/v1/charges": EOF`
+	fp := fingerprintOf(t, `{}`)
+	holder, err := idem.NewHolder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _, _ := strings.Cut(holder, "/")
+	for _, tt := range []struct {
+		name  string
+		state idem.State
+		ctx   func(context.Context) context.Context
+		gone  bool // leased to a process that is gone
+	}{
+		{"killed holder's lease", idem.StatePending, func(ctx context.Context) context.Context { return idem.WithOperation(ctx, "op") }, true},
+		{"resume of a settled operation", idem.StateDone, func(ctx context.Context) context.Context { return resume.Mark(idem.WithOperation(ctx, "op"), "k1") }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: tt.state, Method: http.MethodPost, URL: chargeURL,
+				Created: time.Now(), Updated: time.Now(), Attempts: 1, LastError: stored}
+			if tt.gone {
+				if runtime.GOOS == "windows" {
+					t.Skip("process liveness is not checked on windows: leases are waited out")
+				}
+				child := exec.Command(os.Args[0], "-test.run=^$")
+				if err := child.Run(); err != nil {
+					t.Fatal(err)
+				}
+				r.Holder, r.LeaseUntil = fmt.Sprintf("%s/%d/x.1", host, child.ProcessState.Pid()), time.Now().Add(time.Hour)
+			}
+			tr, _, mem := newTransport(t, status(201))
+			jar := &heldJar{MemoryJar: mem}
+			tr.Jar = jar
+			if _, _, err := mem.Begin(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+			resp, _ := post(t, tt.ctx(context.Background()), tr, `{}`)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			jar.flush()
+			written := append(jar.updated, jar.deferred...)
+			if len(written) == 0 {
+				t.Fatal("the call wrote nothing to the jar; want the lease given back at least")
+			}
+			for i, c := range written {
+				if strings.Contains(c.LastError, pw) {
+					t.Errorf("change %d of %d: LastError %q; want the stored URL's password masked, ops:xxxxx@", i+1, len(written), c.LastError)
+				}
+			}
+		})
+	}
 }
 
 // TestBaseBreakingItsContract: a base transport that returns a response and

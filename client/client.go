@@ -819,7 +819,7 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 		// with the holder's own id (fenced) and take it, as the Transport
 		// would, rather than wait it out.
 		_, uerr := c.jar.Update(ctx, op, rec.Holder, idem.Change{Now: now, LastStatus: rec.LastStatus,
-			LastError: rec.LastError, NextAttempt: rec.NextAttempt, Release: true})
+			LastError: dsn.MaskPasswords(rec.LastError), NextAttempt: rec.NextAttempt, Release: true})
 		if uerr != nil && !errors.Is(uerr, idem.ErrLeaseLost) && !errors.Is(uerr, idem.ErrNotFound) {
 			// The jar failed (a lock timeout, the database down): say so,
 			// rather than report the lease of a holder that is gone.
@@ -834,10 +834,12 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	if err != nil {
 		return fmt.Errorf("client: abandon %q: %w", op, err)
 	}
-	// release gives the lease back and leaves the record as it is. It runs
-	// whatever ended ctx: this process is alive, and nothing should wait
-	// out its lease.
-	release := idem.Change{Now: now, Release: true, LastStatus: rec.LastStatus, LastError: rec.LastError,
+	// release gives the lease back and leaves the record as it is, but for
+	// the passwords its LastError quotes, which an earlier version stored
+	// as they were: masked, as the Transport writes them. It runs whatever
+	// ended ctx: this process is alive, and nothing should wait out its
+	// lease.
+	release := idem.Change{Now: now, Release: true, LastStatus: rec.LastStatus, LastError: dsn.MaskPasswords(rec.LastError),
 		NextAttempt: rec.NextAttempt}
 	if rec.State != idem.StatePending && rec.State != idem.StateReconcile {
 		// It finished, or was abandoned, between the two reads: leave it

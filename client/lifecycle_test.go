@@ -824,21 +824,14 @@ func TestHeaderNotSentToAnotherHost(t *testing.T) {
 // host that is gone (kill -9) does not stop Abandon: nothing is sending
 // the operation. A live holder's lease does.
 func TestAbandonAfterItsHolderWasKilled(t *testing.T) {
-	if runtime.GOOS == "windows" {
-		t.Skip("process liveness is not checked on windows: leases are waited out")
-	}
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	if err := child.Run(); err != nil {
-		t.Fatal(err)
-	}
-	host := holderHost(t)
+	killed := killedHolder(t)
 	for _, tt := range []struct {
 		name   string
 		holder string
 		want   error
 	}{
-		{"killed", fmt.Sprintf("%s/%d/x.1", host, child.ProcessState.Pid()), nil},
-		{"alive", fmt.Sprintf("%s/%d/x.1", host, os.Getpid()), idem.ErrLeased},
+		{"killed", killed, nil},
+		{"alive", fmt.Sprintf("%s/%d/x.1", holderHost(t), os.Getpid()), idem.ErrLeased},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -855,6 +848,76 @@ func TestAbandonAfterItsHolderWasKilled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lastErrorSpy is a client.Jar that records the LastError of every change
+// written through it.
+type lastErrorSpy struct {
+	client.Jar
+	mu      sync.Mutex
+	written []string
+}
+
+func (j *lastErrorSpy) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	j.mu.Lock()
+	j.written = append(j.written, c.LastError)
+	j.mu.Unlock()
+	return j.Jar.Update(ctx, op, holder, c)
+}
+
+// TestAbandonMasksAStoredLastError: a LastError that an earlier version
+// stored with a password in it is masked the first time Abandon writes the
+// record: when it releases a killed holder's lease as when it abandons
+// the operation, neither of which writes the record's LastError anew.
+func TestAbandonMasksAStoredLastError(t *testing.T) {
+	const pw = "s3cretPW"
+	stored := `Post "https://ops:` + pw + `@api.example.test/v1/charges": EOF`
+	for _, killed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("killed holder %v", killed), func(t *testing.T) {
+			ctx := context.Background()
+			spy := &lastErrorSpy{Jar: &idem.MemoryJar{}}
+			now := time.Now()
+			r := idem.Record{Op: "charge:o1", Key: "k1", Fingerprint: "fp", State: idem.StatePending, Method: "POST", URL: chargesURL,
+				Created: now, Updated: now, Attempts: 1, LastError: stored}
+			if killed {
+				r.Holder, r.LeaseUntil = killedHolder(t), now.Add(time.Hour)
+			}
+			if _, _, err := spy.Begin(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			c, err := client.New(ctx, "", &client.Options{Jar: spy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := c.Abandon(ctx, "charge:o1", "the ledger shows no charge"); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{false: 1, true: 2}[killed]; len(spy.written) != want {
+				t.Fatalf("Abandon wrote the record %d times; want %d", len(spy.written), want)
+			}
+			for i, w := range spy.written {
+				if strings.Contains(w, pw) || !strings.Contains(w, "ops:xxxxx@") {
+					t.Errorf("write %d: LastError %q; want the stored URL's password masked, ops:xxxxx@", i+1, w)
+				}
+			}
+		})
+	}
+}
+
+// killedHolder returns a lease holder id of a process of this host that
+// has ended, as one killed does (idem.HolderGone reports it gone). It
+// skips on windows, where leases are waited out.
+func killedHolder(t *testing.T) string {
+	t.Helper()
+	if runtime.GOOS == "windows" {
+		t.Skip("process liveness is not checked on windows: leases are waited out")
+	}
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s/%d/x.1", holderHost(t), child.ProcessState.Pid())
 }
 
 // holderHost returns the host part of the lease holder ids this process
@@ -944,14 +1007,7 @@ func (j failingUpdateJar) Update(ctx context.Context, op, holder string, c idem.
 // Abandon returns that failure, not the holder's lease, which would send
 // the operator to wait until it ends for nothing.
 func TestAbandonReportsTheFailedRelease(t *testing.T) {
-	if runtime.GOOS == "windows" {
-		t.Skip("process liveness is not checked on windows: leases are waited out")
-	}
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	if err := child.Run(); err != nil {
-		t.Fatal(err)
-	}
-	holder := fmt.Sprintf("%s/%d/x.1", holderHost(t), child.ProcessState.Pid())
+	holder := killedHolder(t)
 	ctx := context.Background()
 	_, c := pendingCharge(t, nil)
 	if _, err := c.Jar().Acquire(ctx, "charge:o1", holder, time.Now(), time.Hour); err != nil {
