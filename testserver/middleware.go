@@ -640,8 +640,8 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 // a claim this request did not make is left alone, whatever its token. A
 // caller still there gets its 503 first: with the store down, the release
 // may wait as long as any store write (storeWriteTimeout) before it fails
-// too, silently (the failure is logged already, and a claim the store made
-// is taken over after the lease). An HTTP/1.1
+// too, a store error of its own, counted and logged (a claim the store
+// made is then taken over after the lease). An HTTP/1.1
 // connection, which serves nothing more until the release returns, is
 // closed after the answer; an HTTP/2 stream ends once it returns, and the
 // connection stays (net/http's HTTP/2 server takes Connection: close for a
@@ -657,7 +657,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, 
 	}
 	writeProblem(w, m.storeProblem(r, key, err), 1, true)
 	_ = http.NewResponseController(w).Flush()
-	_ = m.release(r, scope, key, f) // its error: see above
+	m.releaseUnrun(r, scope, key, f)
 }
 
 // releaseUnrun releases the claim with fence f, whose handler will not

@@ -1038,16 +1038,21 @@ func TestStoreErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Claim fails, on a closed store too, and a nil Store: 503, the
-	// handler never runs.
-	for name, mw := range map[string]*testserver.Middleware{
-		"claim":        {Store: &failingStore{claim: true}},
-		"closed store": {Store: closed},
-		"nil store":    {},
+	// handler never runs. A closed store fails the release that follows
+	// the failed claim too: two store errors.
+	for _, tc := range []struct {
+		name   string
+		mw     *testserver.Middleware
+		errors int64
+	}{
+		{"claim", &testserver.Middleware{Store: &failingStore{claim: true}}, 1},
+		{"closed store", &testserver.Middleware{Store: closed}, 2},
+		{"nil store", &testserver.Middleware{}, 1},
 	} {
-		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		w := serve(tc.mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
 		wantProblem(t, w, 503, testserver.ProblemStoreUnavailable)
-		if w.Header().Get("Retry-After") == "" || h.runs.Load() != 0 || mw.Stats().StoreErrors != 1 {
-			t.Fatalf("%s: Retry-After %q, runs %d, %+v; want a Retry-After, no run, one store error", name, w.Header().Get("Retry-After"), h.runs.Load(), mw.Stats())
+		if st := tc.mw.Stats(); w.Header().Get("Retry-After") == "" || h.runs.Load() != 0 || st.StoreErrors != tc.errors {
+			t.Fatalf("%s: Retry-After %q, runs %d, %+v; want a Retry-After, no run, %d store errors", tc.name, w.Header().Get("Retry-After"), h.runs.Load(), st, tc.errors)
 		}
 	}
 
@@ -2201,7 +2206,8 @@ func (failingRelease) Release(context.Context, string, string, testserver.Fence)
 // TestReleaseErrors: a Release that fails is a store error, counted in
 // Stats.StoreErrors, whichever release it is: the one after a handler's
 // error answer or panic (ReleaseClaim), or that of a claim whose handler
-// never runs, made too late for its lease or while its caller hung up.
+// never runs, made too late for its lease, while its caller hung up, or
+// by a Claim that failed.
 func TestReleaseErrors(t *testing.T) {
 	fail := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "down", http.StatusServiceUnavailable)
@@ -2237,6 +2243,15 @@ func TestReleaseErrors(t *testing.T) {
 				t.Fatalf("runs %d, %+v; want no run, two store errors", h.runs.Load(), st)
 			}
 		})
+	})
+	t.Run("claim failed", func(t *testing.T) {
+		h := &charges{}
+		mw := &testserver.Middleware{Store: failingRelease{&failingStore{claim: true}}, Logger: slog.New(slog.DiscardHandler)}
+		wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 503, testserver.ProblemStoreUnavailable)
+		// The claim, and the release of what it may have made all the same.
+		if st := mw.Stats(); h.runs.Load() != 0 || st.StoreErrors != 2 {
+			t.Fatalf("runs %d, %+v; want no run, two store errors", h.runs.Load(), st)
+		}
 	})
 	t.Run("caller hung up during the claim", func(t *testing.T) {
 		h := &charges{}
