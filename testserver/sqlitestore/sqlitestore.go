@@ -158,8 +158,11 @@ var (
 // working directory, as it does for package keyjar. ":memory:" alone opens
 // a private in-memory database. It fails with ErrOptions for an option out
 // of range, creating nothing, with ErrNotStore for a file that is not a
-// SQLite database or is another program's database, and with
-// ErrSchemaTooNew for one of a newer version of this package.
+// SQLite database or is another program's database, with ErrSchemaTooNew
+// for one of a newer version of this package, and with an error matching
+// fs.ErrPermission, as os.OpenFile's does, for a file, or a directory
+// (where the store keeps the file's -wal and -shm files), that this user
+// may not write or that is on a read-only file system: it says which.
 func Open(ctx context.Context, path string, opts *Options) (*Store, error) {
 	return open(ctx, path, opts, nil, nil)
 }
@@ -190,6 +193,9 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	if path != ":memory:" {
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
+			if werr := notWritable(path, err); werr != nil {
+				return nil, werr
+			}
 			return nil, fmt.Errorf("sqlitestore: %w", err)
 		}
 		f.Close()
@@ -215,6 +221,9 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	s := &Store{db: db}
 	if err := s.migrate(ctx, path); err != nil {
 		db.Close()
+		if werr := notWritable(path, err); werr != nil {
+			return nil, werr
+		}
 		if se := (*sqlite.Error)(nil); errors.As(err, &se) {
 			switch se.Code() & 0xff {
 			case sqlite3.SQLITE_NOTADB:
@@ -235,9 +244,47 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	}
 	if _, err := sqliteopt.SetWAL(ctx, db, busy); err != nil {
 		db.Close()
+		if werr := notWritable(path, err); werr != nil {
+			return nil, werr
+		}
 		return nil, s.fail(err) // ErrLocked, when another process holds the file
 	}
 	return s, nil
+}
+
+// notWritable returns Open's error for a store at path that this user may
+// not write, err being what refused it (os.OpenFile's error or SQLite's):
+// one matching fs.ErrPermission, as os.OpenFile's does, that says what
+// cannot be written and what to do. It returns nil for an err of another
+// kind.
+func notWritable(path string, err error) error {
+	dir := filepath.Dir(path)
+	var (
+		se *sqlite.Error
+		pe *fs.PathError
+	)
+	errors.As(err, &se)
+	cause := err
+	switch {
+	case se != nil && se.Code() == sqlite3.SQLITE_READONLY_DIRECTORY:
+		// The file may be written, but not the -wal and -shm files that
+		// SQLite creates beside it.
+		return fmt.Errorf("sqlitestore: open %s: %w (%w): the directory %s cannot be written, and the store keeps the file's -wal and -shm files there: open it as a user who may write that directory, or give a path in another one",
+			path, fs.ErrPermission, se, dir)
+	case se != nil && se.Code()&0xff == sqlite3.SQLITE_READONLY:
+		cause = se
+	case errors.As(err, &pe) && (errors.Is(pe.Err, fs.ErrPermission) || errors.Is(pe.Err, syscall.EROFS)):
+		cause = pe.Err // the path is said below
+	default:
+		return nil
+	}
+	if !errors.Is(cause, fs.ErrPermission) {
+		// SQLite's, or a read-only file system's (EROFS), which does not
+		// match it by itself.
+		cause = fmt.Errorf("%w (%w)", fs.ErrPermission, cause)
+	}
+	return fmt.Errorf("sqlitestore: open %s: %w: the store writes the file, and its -wal and -shm files beside it in %s: open it as a user who may write them and the directory, or give another path",
+		path, cause, dir)
 }
 
 // migrate checks that the database at path is the store's, or empty, and
