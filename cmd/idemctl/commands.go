@@ -844,7 +844,7 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 }
 
 // interruptible is a command's stdout that refuses to write once ctx is
-// done (SIGINT or SIGTERM): a command printing a large jar stops at its
+// done (SIGINT, SIGTERM or SIGHUP): a command printing a large jar stops at its
 // next write instead of printing all of it first.
 type interruptible struct {
 	ctx context.Context

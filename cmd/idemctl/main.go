@@ -77,7 +77,8 @@
 // attempts all timed out may have happened: resume says that its outcome
 // is unknown, keeps it pending under its key, and exits with status 1; a
 // later resume sends the same key, and the server replays its answer if
-// the request got through. SIGINT (Ctrl-C) or SIGTERM stops resume --all,
+// the request got through. SIGINT (Ctrl-C), SIGTERM or SIGHUP (the
+// terminal closed; under nohup, ignored) stops resume --all,
 // cutting off the operation it is sending, which stays pending under its
 // key: one line says how many it did not resume, that one included, which
 // stay pending, and it exits with status 1.
@@ -95,7 +96,7 @@
 // abandon it (it did not happen: a new call gets a new key) or resume it.
 //
 // prune deletes in batches of up to 1000 operations, each whole or not at
-// all. SIGINT (Ctrl-C) or SIGTERM stops it: one line says how many it had
+// all. SIGINT (Ctrl-C), SIGTERM or SIGHUP stops it: one line says how many it had
 // deleted (the batch it was deleting then may be gone too, uncounted), and
 // it exits with status 1. A prune that fails (a jar locked past
 // --lock-timeout, a database error) says so in the same way, on the line
@@ -138,8 +139,10 @@
 // reads the pending operations twice: for their hosts and methods (the
 // check of --host above), then to resume them, up to the last one its
 // first walk read; one pending since that is after it is left for the
-// next resume. SIGINT (Ctrl-C) or SIGTERM stops list and export, while
-// they read or print, with exit status 1.
+// next resume. SIGINT (Ctrl-C), SIGTERM or SIGHUP stops list and export,
+// while they read or print, with exit status 1. A second such signal ends
+// idemctl at once, by that signal: an operation it was sending stays
+// pending under its key, as after the first.
 //
 // Exit status: 0 on success, 1 when the jar cannot be used (missing,
 // locked, corrupt, or a PostgreSQL jar that lost a table, an index or the
@@ -173,10 +176,8 @@ import (
 	"io/fs"
 	"math"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -184,15 +185,19 @@ import (
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/stopsig"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	// The first SIGINT, SIGTERM or SIGHUP stops the command; a second one
+	// ends the process at once.
+	stopsig.Notify(cancel)
 	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	cancel()
 	os.Exit(code)
 }
 

@@ -44,12 +44,13 @@ import (
 const secret = "Bearer sk_test_idemctl_SECRET"
 
 // asIdemctl, set in its environment, makes the test binary idemctl: it
-// runs the command line it was given (TestReadWithoutWriteAccess).
+// runs the command line it was given, as main does, signals included
+// (TestReadWithoutWriteAccess, TestResumeAllStoppedBySignal).
 const asIdemctl = "IDEMCTL_TEST_AS_IDEMCTL"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(asIdemctl) != "" {
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+		main()
 	}
 	pgtest.Main(m)
 }
@@ -2073,10 +2074,20 @@ func TestResumeAllInterrupted(t *testing.T) {
 func TestResumeAllInterruptedWhileSending(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	testResumeAllStoppedWhileSending(t, cancel, func(args ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		code := runContext(ctx, args, &stdout, &stderr)
+		return code, stdout.String(), stderr.String()
+	})
+}
+
+// testResumeAllStoppedWhileSending runs resume --all with idemctl, which
+// stop stops (as SIGINT does) while the server holds the first request.
+func testResumeAllStoppedWhileSending(t *testing.T, stop func(), idemctl func(args ...string) (int, string, string)) {
 	srv := &server{}
 	srv.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body) // so that the server sees the client go
-		cancel()                    // SIGINT while this request is in flight
+		stop()                      // SIGINT while this request is in flight
 		select {
 		case <-r.Context().Done():
 		case <-time.After(10 * time.Second):
@@ -2093,10 +2104,9 @@ func TestResumeAllInterruptedWhileSending(t *testing.T) {
 		}
 		keys = append(keys, r.Key)
 	}
-	var stdout, stderr bytes.Buffer
-	code := runContext(ctx, []string{"--jar", path, "resume", "--all", "--header", "Authorization: " + secret, "--host", srv.URL}, &stdout, &stderr)
-	if code != 1 || stdout.Len() != 0 || !strings.HasSuffix(stderr.String(), "idemctl: interrupted: 2 operation(s) not resumed, still pending\n") {
-		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and a last line saying that both stay pending", code, stdout.String(), stderr.String())
+	code, stdout, stderr := idemctl("--jar", path, "resume", "--all", "--header", "Authorization: "+secret, "--host", srv.URL)
+	if code != 1 || stdout != "" || !strings.HasSuffix(stderr, "idemctl: interrupted: 2 operation(s) not resumed, still pending\n") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and a last line saying that both stay pending", code, stdout, stderr)
 	}
 	for i, op := range []string{"charge:p1", "charge:p2"} {
 		r, err := jarState(t, path, op)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -258,6 +259,39 @@ func idemctlWithoutWriteAccess(t *testing.T, top, path string) func(args ...stri
 			t.Fatal(err)
 		}
 		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	}
+}
+
+// TestResumeAllStoppedBySignal: SIGINT (Ctrl-C), SIGTERM or SIGHUP (the
+// terminal closed) while resume --all sends an operation stops it as a
+// cancelled context does (TestResumeAllInterruptedWhileSending): that
+// operation and those not reached stay pending under their keys, one line
+// says so, and the exit status is 1.
+func TestResumeAllStoppedBySignal(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			started := make(chan *os.Process, 1)
+			var once sync.Once
+			stop := func() { once.Do(func() { (<-started).Signal(sig) }) }
+			testResumeAllStoppedWhileSending(t, stop, func(args ...string) (int, string, string) {
+				var stdout, stderr bytes.Buffer
+				cmd := exec.CommandContext(ctx, self, args...)
+				cmd.Env = append(os.Environ(), asIdemctl+"=1")
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				started <- cmd.Process
+				cmd.Wait()
+				return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+			})
+		})
 	}
 }
 
