@@ -15,9 +15,10 @@
 // reference server's: as long as the first attempt has run, at most its
 // lease left), waits for it, asks again, and then gets the answer.
 //
-// Ctrl-C (SIGINT) or SIGTERM stops the run: the charge in flight stays
-// pending, for the next run to resume, and no other order is sent; stderr
-// says how many were not, and the exit status is 1.
+// Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal closed; not under
+// nohup) stops the run: the charge in flight stays pending, for the next
+// run to resume, and no other order is sent; stderr says how many were
+// not, and the exit status is 1.
 //
 // A run killed mid-charge leaves that charge leased in the jar: a restart
 // on the same host sees that the holder process is gone and resumes at
@@ -67,7 +68,11 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) { // started under nohup: it stays ignored
+		sigs = append(sigs, syscall.SIGHUP) // a terminal closed
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), sigs...)
 	code := run(ctx, os.Args[1:], os.Getenv("CHARGE_TOKEN"), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -158,7 +163,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 			continue
 		}
 		if ctx.Err() != nil {
-			notSent++ // interrupted (SIGINT, SIGTERM): nothing more is sent
+			notSent++ // interrupted (SIGINT, SIGTERM, SIGHUP): nothing more is sent
 			continue
 		}
 		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State != idem.StateAbandoned {

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unicode"
@@ -442,10 +443,17 @@ func orderOf(r *http.Request) string {
 
 // Ctrl-C (SIGINT) while a charge is in flight stops the run: the charge
 // in flight stays pending, and no other order is sent, nor said to be
-// charging. The exit status is 1, some orders not charged.
+// charging. The exit status is 1, some orders not charged. So does SIGHUP,
+// which a terminal closed sends, and SIGTERM.
 func TestInterruptStopsTheRun(t *testing.T) {
+	bin := buildCharge(t, t.TempDir())
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) { testStoppedBy(t, bin, sig) })
+	}
+}
+
+func testStoppedBy(t *testing.T, bin string, sig os.Signal) {
 	dir := t.TempDir()
-	bin := buildCharge(t, dir)
 	payco, mw := newServer(t, dir)
 	api := (&payments.App{PayCo: payco, Idempotency: mw}).Handler()
 
@@ -465,7 +473,7 @@ func TestInterruptStopsTheRun(t *testing.T) {
 			return
 		}
 		// A long request, interrupted: held until the client gives up on it.
-		once.Do(func() { (<-started).Signal(os.Interrupt) })
+		once.Do(func() { (<-started).Signal(sig) })
 		<-r.Context().Done()
 	}))
 	defer srv.Close()
@@ -497,8 +505,8 @@ func TestInterruptStopsTheRun(t *testing.T) {
 	if !strings.Contains(stdout.String(), "order-1: outcome unknown, still pending") {
 		t.Errorf("order-1 is not reported pending:\n%s", stdout.String())
 	}
-	if !strings.Contains(stderr.String(), "interrupt") {
-		t.Errorf("stderr %q; want it to say the run was interrupted", stderr.String())
+	if want := "charge: stopped: " + sig.String(); !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr %q; want it to say the run was stopped, and by what: %q", stderr.String(), want)
 	}
 }
 
