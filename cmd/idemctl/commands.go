@@ -801,7 +801,7 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			// The password of a URL that a record of an earlier version
 			// keeps in its userinfo, and in an error that quotes it, is
 			// masked, and so are its credential headers.
-			u, lastErr, h := dsn.MaskURL(r.URL), dsn.MaskPasswords(r.LastError), shownHeader(r.Header)
+			u, lastErr, h := dsn.MaskURL(r.URL), lastError(r), shownHeader(r.Header)
 			e := exported{Op: r.Op, Key: r.Key, State: r.State, Fingerprint: r.Fingerprint, Method: r.Method, URL: u,
 				Header: h, BodySize: r.BodySize, BodyStored: r.BodyStored(), Created: r.Created, Updated: r.Updated,
 				Attempts: r.Attempts, LastStatus: r.LastStatus, LastError: lastErr, Note: r.Note, Holder: r.Holder,
@@ -867,11 +867,10 @@ func optTime(t time.Time) *time.Time {
 	return &t
 }
 
-// last is the outcome of an operation's last attempt, in a few words: the
-// password of a URL its error quotes masked, as a record of an earlier
-// version may hold it.
+// last is the outcome of an operation's last attempt, in a few words, its
+// error as lastError gives it.
 func last(r idem.Record) string {
-	lastErr := dsn.MaskPasswords(r.LastError)
+	lastErr := lastError(r)
 	switch {
 	case lastErr != "" && r.LastStatus != 0:
 		return strconv.Itoa(r.LastStatus) + ": " + lastErr
@@ -881,6 +880,18 @@ func last(r idem.Record) string {
 		return strconv.Itoa(r.LastStatus) + " " + http.StatusText(r.LastStatus)
 	}
 	return "-"
+}
+
+// lastError is r's LastError fit to print: the passwords it quotes masked
+// (dsn.MaskPasswords), as a record of an earlier version may hold them,
+// and r's URL, where it quotes it (as net/http's errors quote a request's),
+// masked as show and export print it (dsn.MaskURL): its query's secrets.
+func lastError(r idem.Record) string {
+	s := r.LastError
+	if r.URL != "" {
+		s = strings.ReplaceAll(s, r.URL, dsn.MaskURL(r.URL))
+	}
+	return dsn.MaskPasswords(s)
 }
 
 func stamp(t time.Time) string {

@@ -161,6 +161,11 @@
 // password masked, user:xxxxx@, as url.URL.Redacted does (export's
 // url_base64 and last_error_base64 too). The jar keeps it, and resume
 // sends the URL as it is, its userinfo as Basic credentials. So too a
+// URL's query parameters whose names say they hold a secret, as a header's
+// name says it to idem.SecretHeader (password, sslpassword, api_key,
+// access_token, X-Amz-Signature…): list, show and export print their
+// values as xxxxx, in the URL and where its last error quotes it; the jar
+// keeps them (a resume needs the URL as it was), and resume sends them. So too a
 // record written by a version whose idem.SecretHeader named fewer headers
 // may hold one that it names now (an exchange's CB-ACCESS-PASSPHRASE): show
 // and export print its value as xxxxx (export's header_base64 too), the jar

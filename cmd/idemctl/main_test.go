@@ -2514,3 +2514,30 @@ func TestURLWithAtInPathPrintedAsItIs(t *testing.T) {
 		}
 	}
 }
+
+// TestURLQuerySecretsMasked: show and export print the values of a stored
+// URL's query parameters that name a secret (a password, as a PostgreSQL
+// URL's password= and sslpassword=, an API key, a token) as xxxxx, in the
+// URL and where its last error quotes it (list too), as they print its
+// userinfo's password; the other parameters as they are.
+func TestURLQuerySecretsMasked(t *testing.T) {
+	const u = "https://ops:PW1@api.example.com/v1/charges?api_key=SECRET2&password=SECRET3&sslpassword=SECRET4&access_token=SECRET5&order=o1"
+	const want = "https://ops:xxxxx@api.example.com/v1/charges?api_key=xxxxx&password=xxxxx&sslpassword=xxxxx&access_token=xxxxx&order=o1"
+	now := time.Now()
+	fp := sha256.Sum256([]byte(u))
+	path := jarWith(t, idem.Record{Op: "charge:o1", Key: "key-1", Fingerprint: hex.EncodeToString(fp[:]), State: idem.StatePending,
+		Method: "POST", URL: u, Created: now, Updated: now, Attempts: 1, LastError: `Post "` + u + `": EOF`})
+	for _, cmd := range [][]string{{"show", "charge:o1"}, {"export"}, {"list"}} {
+		code, out, errOut := idemctl(append([]string{"--jar", path}, cmd...)...)
+		if code != 0 || strings.Contains(out, "PW1") || strings.Contains(out, "SECRET") {
+			t.Errorf("idemctl %s: exit %d, stderr %q, stdout:\n%s\nwant every secret of the URL masked", cmd, code, errOut, out)
+		}
+		printed := want
+		if cmd[0] == "export" {
+			printed = strings.ReplaceAll(want, "&", `\u0026`) // as encoding/json writes it
+		}
+		if n := strings.Count(out, printed); cmd[0] != "list" && n != 2 { // list cuts the last error short
+			t.Errorf("idemctl %s: stdout:\n%s\nwant %q, in the URL and in the last error", cmd, out, printed)
+		}
+	}
+}

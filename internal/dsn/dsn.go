@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // Redacted returns the postgres:// or postgresql:// URL s fit to print: the
@@ -65,18 +67,58 @@ func Redacted(s, what string) string {
 
 // MaskURL returns s, one URL (a stored request's), fit to print: when it
 // parses, with its userinfo's password masked as url.URL.Redacted writes
-// it ("user:xxxxx@") and the rest as it is; else as MaskPasswords gives it.
-// MaskPasswords, made for free text where a URL's end is a guess, would
-// take the port of a URL with an '@' in its path for a password.
+// it ("user:xxxxx@"), and the value of each query parameter whose name,
+// decoded as url.ParseQuery decodes it, says that it holds a secret as
+// secrethdr.Is says it of a header's name ("password", "sslpassword",
+// "api_key", "access_token", "X-Amz-Signature"…) as "xxxxx" (an empty
+// one stays empty); the rest as it is. Else it returns s as MaskPasswords
+// gives it. MaskPasswords, made for free text where a URL's end is a
+// guess, would take the port of a URL with an '@' in its path for a
+// password.
 func MaskURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil {
 		return MaskPasswords(s)
 	}
-	if _, ok := u.User.Password(); !ok {
+	// The query as url.Parse splits it: after the first '?' before the
+	// first '#'.
+	beforeFragment, fragment, hasFragment := strings.Cut(s, "#")
+	head, query, hasQuery := strings.Cut(beforeFragment, "?")
+	if hasQuery {
+		query = maskQuery(query)
+	}
+	if _, ok := u.User.Password(); ok {
+		u.RawQuery = query
+		return u.Redacted()
+	}
+	if !hasQuery {
 		return s
 	}
-	return u.Redacted()
+	s = head + "?" + query
+	if hasFragment {
+		s += "#" + fragment
+	}
+	return s
+}
+
+// maskQuery returns the raw query q with the value of each parameter whose
+// name is a secret's (secrethdr.Is) as "xxxxx".
+func maskQuery(q string) string {
+	pairs := strings.Split(q, "&")
+	for i, pair := range pairs {
+		key, value, _ := strings.Cut(pair, "=")
+		if value == "" {
+			continue
+		}
+		name, err := url.QueryUnescape(key)
+		if err != nil {
+			name = key
+		}
+		if secrethdr.Is(strings.TrimSpace(name)) {
+			pairs[i] = key + "=xxxxx"
+		}
+	}
+	return strings.Join(pairs, "&")
 }
 
 // MaskPasswords returns s, a text that may quote URLs and connection

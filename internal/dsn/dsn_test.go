@@ -5,8 +5,22 @@ import (
 	"testing"
 )
 
+// masks is a table of texts and how a masking function prints them.
+type masks []struct{ in, want string }
+
+// check checks f, called name, against each case: no result may hold
+// "s3cret", the password of every case.
+func (cases masks) check(t *testing.T, name string, f func(string) string) {
+	t.Helper()
+	for _, c := range cases {
+		if got := f(c.in); got != c.want || strings.Contains(got, "s3cret") {
+			t.Errorf("%s(%q) = %q; want %q", name, c.in, got, c.want)
+		}
+	}
+}
+
 func TestRedacted(t *testing.T) {
-	for _, c := range []struct{ in, want string }{
+	masks{
 		{"postgres://ops:s3cret@db:5432/jar", "postgres://ops:xxxxx@db:5432/jar"},
 		{"postgresql://ops@db/jar?password=s3cret&sslmode=disable", "postgresql://ops@db/jar?password=xxxxx&sslmode=disable"},
 		{"postgres://db/jar?sslpassword=s3cret", "postgres://db/jar?sslpassword=xxxxx"},
@@ -23,16 +37,37 @@ func TestRedacted(t *testing.T) {
 		{"postgres://ops@db/jar#?password=s3cret", "postgres://ops@db/jar#?password=xxxxx"},
 		// The userinfo ends at the first '@' before a '/', as pgx reads it.
 		{"postgres://ops:123?s3cret@db/jar", "postgres://ops:xxxxx@db/jar"},
-	} {
-		got := Redacted(c.in, "the database")
-		if got != c.want || strings.Contains(got, "s3cret") {
-			t.Errorf("Redacted(%q) = %q; want %q", c.in, got, c.want)
-		}
-	}
+	}.check(t, "Redacted", func(s string) string { return Redacted(s, "the database") })
+}
+
+// TestMaskURL: a stored URL is printed with the password of its userinfo
+// masked, and the value of each query parameter whose name says it holds a
+// secret (as secrethdr says it of a header's name: a password, a token, an
+// API key, a signature…), as a PostgreSQL URL's password= and sslpassword=;
+// the rest as it is.
+func TestMaskURL(t *testing.T) {
+	masks{
+		{"https://api.example/v1/charges", "https://api.example/v1/charges"},
+		{"https://api.example/users/a@b?order=o1", "https://api.example/users/a@b?order=o1"},
+		{"https://ops:s3cret@api.example/v1", "https://ops:xxxxx@api.example/v1"},
+		{"https://api.example/v1?password=s3cret&order=o1", "https://api.example/v1?password=xxxxx&order=o1"},
+		{"https://api.example/v1?sslpassword=s3cret", "https://api.example/v1?sslpassword=xxxxx"},
+		{"https://api.example/v1?api_key=s3cret&key=s3cret&access_token=s3cret", "https://api.example/v1?api_key=xxxxx&key=xxxxx&access_token=xxxxx"},
+		{"https://s3.example/o?X-Amz-Credential=s3cret&X-Amz-Signature=s3cret&X-Amz-Expires=60", "https://s3.example/o?X-Amz-Credential=xxxxx&X-Amz-Signature=xxxxx&X-Amz-Expires=60"},
+		{"https://api.example/v1?Client_Secret=s3cret", "https://api.example/v1?Client_Secret=xxxxx"},
+		// A key as a server decodes it.
+		{"https://api.example/v1?api%5Fkey=s3cret", "https://api.example/v1?api%5Fkey=xxxxx"},
+		{"https://api.example/v1?api+key=s3cret", "https://api.example/v1?api+key=xxxxx"},
+		{"https://ops:s3cret@api.example/v1?token=s3cret&order=o1#top", "https://ops:xxxxx@api.example/v1?token=xxxxx&order=o1#top"},
+		// An empty value, or a key without one, holds nothing to mask; the
+		// fragment is no query.
+		{"https://api.example/v1?token=&order=o1&secret", "https://api.example/v1?token=&order=o1&secret"},
+		{"https://api.example/v1#token=abc", "https://api.example/v1#token=abc"},
+	}.check(t, "MaskURL", MaskURL)
 }
 
 func TestMaskPasswords(t *testing.T) {
-	for _, c := range []struct{ in, want string }{
+	masks{
 		{"https://ops:s3cret@api.example/v1", "https://ops:xxxxx@api.example/v1"},
 		{"https://ops:@api.example", "https://ops:xxxxx@api.example"},
 		{"https://ops@api.example/a:b@c", "https://ops@api.example/a:b@c"},
@@ -82,12 +117,7 @@ func TestMaskPasswords(t *testing.T) {
 		{`Post "https://api.example:8443/v1": EOF; ask ops@example.com`, `Post "https://api.example:8443/v1": EOF; ask ops@example.com`},
 		{"http://[::1]:80/x", "http://[::1]:80/x"},
 		{"// note: the password is wrong", "// note: the password is wrong"},
-	} {
-		got := MaskPasswords(c.in)
-		if got != c.want || strings.Contains(got, "s3cret") {
-			t.Errorf("MaskPasswords(%q) = %q; want %q", c.in, got, c.want)
-		}
-	}
+	}.check(t, "MaskPasswords", MaskPasswords)
 }
 
 func TestRefused(t *testing.T) {
