@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -256,61 +255,6 @@ func TestOpenEmptyPath(t *testing.T) {
 	}
 	if got, err := os.ReadDir(dir); err != nil || len(got) != 0 {
 		t.Errorf("after the refused Open, the working directory holds %v (%v); want nothing", got, err)
-	}
-}
-
-// TestOpenWithoutWriteAccess: a store file, or its directory, that the
-// user may not write (the store writes the file and keeps its -wal and
-// -shm files beside it) is refused with an error matching fs.ErrPermission
-// that names what cannot be written and says what to do, where SQLite's
-// own error named neither the file nor the directory.
-func TestOpenWithoutWriteAccess(t *testing.T) {
-	if runtime.GOOS == "windows" {
-		t.Skip("file modes do not take the write permission away from a directory on windows")
-	}
-	if os.Geteuid() == 0 {
-		t.Skip("running as root, whom file modes do not stop: the read-only file and directory would be written all the same")
-	}
-	for _, tc := range []struct {
-		name         string
-		exists       bool // the store's file exists, created by an Open before
-		fileReadOnly bool // the file is read-only, else its directory
-		namesTheDir  bool // the error names the directory as what cannot be written
-	}{
-		{"read-only file", true, true, false},
-		{"read-only directory", true, false, true},
-		{"new file in a read-only directory", false, false, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "store")
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(dir, "keys.db")
-			if tc.exists {
-				open(t, path).Close()
-			}
-			readOnly, mode := dir, os.FileMode(0o500)
-			if tc.fileReadOnly {
-				readOnly, mode = path, 0o400
-			}
-			if err := os.Chmod(readOnly, mode); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.Chmod(readOnly, 0o700) })
-			s, err := sqlitestore.Open(context.Background(), path, nil)
-			if err == nil {
-				s.Close()
-				t.Fatal("Open succeeded; want it refused")
-			}
-			want := "as a user who may write them"
-			if tc.namesTheDir {
-				want = "the directory " + dir + " cannot be written"
-			}
-			if msg := err.Error(); !errors.Is(err, fs.ErrPermission) || !strings.Contains(msg, path) || !strings.Contains(msg, want) {
-				t.Errorf("Open = %v; want fs.ErrPermission, naming %s and saying %q", err, path, want)
-			}
-		})
 	}
 }
 
