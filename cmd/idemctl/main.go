@@ -78,10 +78,10 @@
 // is unknown, keeps it pending under its key, and exits with status 1; a
 // later resume sends the same key, and the server replays its answer if
 // the request got through. SIGINT (Ctrl-C), SIGTERM or SIGHUP (the
-// terminal closed; under nohup, ignored) stops resume --all,
-// cutting off the operation it is sending, which stays pending under its
-// key: one line says how many it did not resume, that one included, which
-// stay pending, and it exits with status 1.
+// terminal closed; under nohup, ignored) stops resume --all, cutting off
+// the operation it is sending, which stays pending under its key: one
+// line says how many it did not resume, that one included, which stay
+// pending, and it exits with status 1.
 //
 // resume does not send an operation first sent longer ago than --horizon,
 // 24h by default: it marks it for reconciliation, as the program that sent
@@ -96,9 +96,9 @@
 // abandon it (it did not happen: a new call gets a new key) or resume it.
 //
 // prune deletes in batches of up to 1000 operations, each whole or not at
-// all. SIGINT (Ctrl-C), SIGTERM or SIGHUP stops it: one line says how many it had
-// deleted (the batch it was deleting then may be gone too, uncounted), and
-// it exits with status 1. A prune that fails (a jar locked past
+// all. SIGINT (Ctrl-C), SIGTERM or SIGHUP stops it: one line says how
+// many it had deleted (the batch it was deleting then may be gone too,
+// uncounted), and it exits with status 1. A prune that fails (a jar locked past
 // --lock-timeout, a database error) says so in the same way, on the line
 // of its error: the jar holds every other operation as it was.
 //
@@ -165,11 +165,12 @@
 // name says it to idem.SecretHeader (password, sslpassword, api_key,
 // access_token, X-Amz-Signature…): list, show and export print their
 // values as xxxxx, in the URL and where its last error quotes it; the jar
-// keeps them (a resume needs the URL as it was), and resume sends them. So too a
-// record written by a version whose idem.SecretHeader named fewer headers
-// may hold one that it names now (an exchange's CB-ACCESS-PASSPHRASE): show
-// and export print its value as xxxxx (export's header_base64 too), the jar
-// keeps it, and resume sends it, unless --header gives that header.
+// keeps them (a resume needs the URL as it was), and resume sends them.
+// So too a record written by a version whose idem.SecretHeader named fewer
+// headers may hold one that it names now (an exchange's
+// CB-ACCESS-PASSPHRASE): show and export print its value as xxxxx
+// (export's header_base64 too), the jar keeps it, and resume sends it,
+// unless --header gives that header.
 package main
 
 import (
