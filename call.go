@@ -112,11 +112,12 @@ func (c *call) fill(ch *Change) {
 }
 
 // errorText is err's message as a record keeps it: the passwords it
-// quotes masked (dsn.MaskPasswords: a URL's, a connection string's), and
-// valid UTF-8 without a NUL byte, which every jar can store (PostgreSQL's
-// text holds neither). A base transport's error may quote any bytes, and
-// a URL with its password: net/http's for a malformed proxy URL
-// (HTTPS_PROXY), another transport's *url.Error.
+// quotes masked (dsn.MaskPasswords: a URL's, a connection string's, and
+// the secrets of a URL's query, ?api_key=xxxxx), and valid UTF-8 without
+// a NUL byte, which every jar can store (PostgreSQL's text holds neither).
+// A base transport's error may quote any bytes, and a URL with its
+// password or its query's secrets: net/http's for a malformed proxy URL
+// (HTTPS_PROXY), a *url.Error, which quotes the request's URL whole.
 func errorText(err error) string {
 	s := dsn.MaskPasswords(err.Error())
 	if pgtext.Holds(s) {

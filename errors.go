@@ -170,7 +170,7 @@ type PendingError struct {
 	// earlier answer's Retry-After, or, for an operation another holder
 	// leases, the end of its lease (unless that holder ends it first).
 	NextAttempt time.Time
-	Err         error // the last error (a network or context error, ErrLeased; the jar's LastError, masked, where this call sent nothing), or nil; Error quotes it with the passwords it quotes masked (a URL's user:xxxxx@, a connection string's password=xxxxx)
+	Err         error // the last error (a network or context error, ErrLeased; the jar's LastError, masked, where this call sent nothing), or nil; Error quotes it with the passwords it quotes masked (a URL's user:xxxxx@ and its query's secrets, ?api_key=xxxxx; a connection string's password=xxxxx)
 	// State is the operation's state as the call last read it from the
 	// jar: StatePending (or "", the same), or StateDone or StateFailed for
 	// an operation sent again for the server's saved answer. Such an

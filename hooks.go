@@ -62,7 +62,8 @@ func (c *call) log(ctx context.Context, level slog.Level, msg string, e Event) {
 		attrs = append(attrs, slog.Int("status", e.Status))
 	}
 	if e.Err != nil {
-		// As a record keeps it: a URL it quotes without its password.
+		// As a record keeps it: a URL it quotes without its password and
+		// its query's secrets.
 		attrs = append(attrs, slog.String("err", dsn.MaskPasswords(e.Err.Error())))
 	}
 	if e.Wait != 0 {

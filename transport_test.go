@@ -1616,6 +1616,37 @@ func TestLastErrorHidesURLPasswords(t *testing.T) {
 	}
 }
 
+// TestLastErrorHidesQuerySecrets: a base transport's error that quotes the
+// request's URL whole, as net/http's *url.Error does, is stored as
+// LastError, logged and put in the *PendingError's message with the values
+// of the query's secret parameters masked (an API key, an access token, a
+// presigned URL's signature), the others as they are.
+func TestLastErrorHidesQuerySecrets(t *testing.T) {
+	const secret = "s3cretQS"
+	var logs bytes.Buffer
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return nil, &url.Error{Op: "Post", URL: r.URL.String(), Err: errors.New("dial tcp 127.0.0.1:1: connect: connection refused")}
+		})}
+	ctx := idem.WithOperation(context.Background(), "op")
+	u := chargeURL + "?api_key=" + secret + "&order=o1&access_token=" + secret + "&X-Amz-Signature=" + secret
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(`{}`))
+	_, err := tr.RoundTrip(req)
+	var pe *idem.PendingError
+	if !errors.As(err, &pe) {
+		t.Fatalf("got %v; want a *PendingError", err)
+	}
+	r, _ := jar.Get(ctx, "op")
+	const want = "?api_key=xxxxx&order=o1&access_token=xxxxx&X-Amz-Signature=xxxxx"
+	for _, msg := range []string{err.Error(), r.LastError, logs.String()} {
+		if strings.Contains(msg, secret) || !strings.Contains(msg, want) {
+			t.Errorf("%q; want the query's secrets masked, %s", msg, want)
+		}
+	}
+}
+
 // TestStoredLastErrorMasked: a LastError that an earlier version stored
 // with a password in it, as the call's last error when it stops before
 // sending (the server asked for a wait longer than MaxRetryAfter), is

@@ -151,8 +151,9 @@
 // the jar's state (resume's refusal of an operation that goes to another
 // host than --host, which reads the jar, comes after).
 // Every error is one line on stderr, the password of a URL it quotes
-// masked (user:xxxxx@): a transport's error may quote one, as net/http's
-// does for a malformed HTTPS_PROXY. What idemctl prints of a jar's
+// masked (user:xxxxx@), and its query's secrets (?api_key=xxxxx): a
+// transport's error may quote one, as net/http's does for a malformed
+// HTTPS_PROXY, and net/http's quote a request's URL. What idemctl prints of a jar's
 // records and of a server's answers (a status, an error's body) has its
 // control characters and bidi format characters escaped (\x1b, \u202e),
 // never sent to the terminal as they are. A record written by a version
@@ -593,9 +594,9 @@ func isJarDeadline(err error) bool {
 // bidi format characters and bytes that are not UTF-8 are escaped (\x1b,
 // \a, \u202e) by ctlesc.Escape, as they may come from a server's answer or
 // a jar, and a terminal would run them or reorder what it shows. The
-// passwords of the URLs it quotes are masked (dsn.MaskPasswords), as a
-// transport's error may quote one (net/http's, for a malformed
-// HTTPS_PROXY), which the jar keeps masked.
+// passwords of the URLs it quotes, and their queries' secrets, are masked
+// (dsn.MaskPasswords), as a transport's error may quote one (net/http's,
+// for a malformed HTTPS_PROXY), which the jar keeps masked.
 func oneLine(s string) string {
 	return ctlesc.Escape(dsn.MaskPasswords(strings.Join(strings.Fields(s), " ")))
 }

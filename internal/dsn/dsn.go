@@ -67,9 +67,8 @@ func Redacted(s, what string) string {
 
 // MaskURL returns s, one URL (a stored request's), fit to print: when it
 // parses, with its userinfo's password masked as url.URL.Redacted writes
-// it ("user:xxxxx@"), and the value of each query parameter whose name,
-// decoded as url.ParseQuery decodes it, says that it holds a secret as
-// secrethdr.Is says it of a header's name ("password", "sslpassword",
+// it ("user:xxxxx@"), and the value of each query parameter whose name
+// says that it holds a secret (secretParam: "password", "sslpassword",
 // "api_key", "access_token", "X-Amz-Signature"…) as "xxxxx" (an empty
 // one stays empty); the rest as it is. Else it returns s as MaskPasswords
 // gives it. MaskPasswords, made for free text where a URL's end is a
@@ -102,23 +101,62 @@ func MaskURL(s string) string {
 }
 
 // maskQuery returns the raw query q with the value of each parameter whose
-// name is a secret's (secrethdr.Is) as "xxxxx".
+// name is a secret's (secretParam) as "xxxxx".
 func maskQuery(q string) string {
-	pairs := strings.Split(q, "&")
-	for i, pair := range pairs {
-		key, value, _ := strings.Cut(pair, "=")
-		if value == "" {
+	masks := queryMasks(nil, q, 0, len(q))
+	if len(masks) == 0 {
+		return q
+	}
+	var b strings.Builder
+	done := 0 // q[:done] is in b
+	for _, m := range masks {
+		b.WriteString(q[done:m[0]])
+		b.WriteString("xxxxx")
+		done = m[1]
+	}
+	b.WriteString(q[done:])
+	return b.String()
+}
+
+// queryMasks appends to masks the byte ranges of s[from:to], a URL's raw
+// query, that are the values of parameters whose names are a secret's
+// (secretParam), in order: a name begins after an '&' or a '?' (a URL's
+// given as a value: ?next=/a?token=…), a value runs to the next '&', and
+// an empty value holds nothing to mask.
+func queryMasks(masks [][2]int, s string, from, to int) [][2]int {
+	for p := from; p < to; {
+		end := to // of the name and the value, if the value is no secret
+		if i := strings.IndexAny(s[p:to], "&?"); i >= 0 {
+			end = p + i
+		}
+		eq := strings.IndexByte(s[p:end], '=')
+		if eq < 0 || !secretParam(s[p:p+eq]) {
+			p = end + 1
 			continue
 		}
-		name, err := url.QueryUnescape(key)
-		if err != nil {
-			name = key
+		v := p + eq + 1
+		end = to
+		if i := strings.IndexByte(s[v:to], '&'); i >= 0 {
+			end = v + i
 		}
-		if secrethdr.Is(strings.TrimSpace(name)) {
-			pairs[i] = key + "=xxxxx"
+		if end > v {
+			masks = append(masks, [2]int{v, end})
 		}
+		p = end + 1
 	}
-	return strings.Join(pairs, "&")
+	return masks
+}
+
+// secretParam reports whether a URL query parameter named key (raw, as the
+// URL holds it) holds a secret: its name, decoded as url.ParseQuery decodes
+// it and trimmed, is a secret's as secrethdr.Is says it of a header's name
+// ("password", "api_key", "access_token", "X-Amz-Signature"…).
+func secretParam(key string) bool {
+	name, err := url.QueryUnescape(key)
+	if err != nil {
+		name = key
+	}
+	return secrethdr.Is(strings.TrimSpace(name))
 }
 
 // MaskPasswords returns s, a text that may quote URLs and connection
@@ -127,7 +165,10 @@ func maskQuery(q string) string {
 // ("scheme://user:xxxxx@host", "//user:xxxxx@host" without a scheme), the
 // value of a query parameter whose key holds "password" (?password=xxxxx,
 // &sslpassword=xxxxx), and a libpq key=value string's (password=xxxxx,
-// for a value in single quotes too).
+// for a value in single quotes too); and the secrets of a URL's query as
+// MaskURL masks them (?api_key=xxxxx, &X-Amz-Signature=xxxxx), as
+// net/http's errors quote a request's URL whole. Such a query runs from a
+// '?' to where the URL ends, its '#' in it.
 //
 // A URL's userinfo is what url.Parse takes for it in a URL that runs to
 // the end of s: after "//", the authority runs to the first '/', '?' or
@@ -184,6 +225,19 @@ func MaskPasswords(s string) string {
 		if authority[0] != '[' && strings.Trim(port, "0123456789") != "" {
 			masks = append(masks, [2]int{start + colon + 1, min(end, w)})
 		}
+	}
+	// The secrets of each URL's query, as MaskURL masks them: a query
+	// runs from a '?' to where a URL ends (its '#' in it, masked with a
+	// value it may end: more, never less).
+	for from := 0; ; {
+		i := strings.IndexByte(s[from:], '?')
+		if i < 0 {
+			break
+		}
+		q := from + i + 1
+		end := t.wordEnd(q)
+		masks = queryMasks(masks, s, q, end)
+		from = max(q, end)
 	}
 	lower := []byte(s) // in ASCII lower case, byte for byte
 	for i, c := range lower {

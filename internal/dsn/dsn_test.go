@@ -63,6 +63,8 @@ func TestMaskURL(t *testing.T) {
 		// fragment is no query.
 		{"https://api.example/v1?token=&order=o1&secret", "https://api.example/v1?token=&order=o1&secret"},
 		{"https://api.example/v1#token=abc", "https://api.example/v1#token=abc"},
+		// A name after a '?' in a value is a name: a URL given as a value.
+		{"https://api.example/v1?next=/a?token=s3cret&x=1", "https://api.example/v1?next=/a?token=xxxxx&x=1"},
 	}.check(t, "MaskURL", MaskURL)
 }
 
@@ -112,6 +114,23 @@ func TestMaskPasswords(t *testing.T) {
 		{"cannot parse `password=s3cret`: x", "cannot parse `password=xxxxx`: x"},
 		// Passwords that overlap: one mask.
 		{"`host=db password=a//ops:s3 cret@x`", "`host=db password=xxxxx@x`"},
+		// A URL's query parameters that hold a secret, as MaskURL masks
+		// them, where net/http's error quotes the URL whole: a value runs
+		// to the next '&' or to the URL's end, and a '?' or an '&' begins
+		// a name, as in a URL given as a value.
+		{`Post "https://api.example/v1/charges?api_key=s3cret&order=o1": dial tcp: connection refused`,
+			`Post "https://api.example/v1/charges?api_key=xxxxx&order=o1": dial tcp: connection refused`},
+		{"GET https://s3.example/o?X-Amz-Credential=s3cret&X-Amz-Expires=60&X-Amz-Signature=s3cret failed",
+			"GET https://s3.example/o?X-Amz-Credential=xxxxx&X-Amz-Expires=60&X-Amz-Signature=xxxxx failed"},
+		{`Get "https://api.example/v1?access_token=s3cret#top": EOF`, `Get "https://api.example/v1?access_token=xxxxx": EOF`},
+		{`Get "https://api.example/v1?next=/a?token=s3cret&x=1": EOF`, `Get "https://api.example/v1?next=/a?token=xxxxx&x=1": EOF`},
+		{`Get "https://api.example/v1?next=https://b.example/?key=s3cret": EOF`, `Get "https://api.example/v1?next=https://b.example/?key=xxxxx": EOF`},
+		{`Get "/v1?Client%5FSecret=s3cret": EOF`, `Get "/v1?Client%5FSecret=xxxxx": EOF`},
+		{"Get https://ops:s3cret@api.example/v1?token=s3cret", "Get https://ops:xxxxx@api.example/v1?token=xxxxx"},
+		// Not secrets: a query's other parameters, an empty value, a '?'
+		// of a sentence.
+		{`Post "https://api.example/v1?order=o1&token=": EOF`, `Post "https://api.example/v1?order=o1&token=": EOF`},
+		{"why? token=a:b", "why? token=a:b"},
 		// Not passwords: a port, a path's '@' after a quoted URL's end, a
 		// password named, not given.
 		{`Post "https://api.example:8443/v1": EOF; ask ops@example.com`, `Post "https://api.example:8443/v1": EOF; ask ops@example.com`},

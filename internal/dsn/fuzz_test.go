@@ -79,10 +79,13 @@ func FuzzRedacted(f *testing.F) {
 // quotes a password, in a URL (quoted as %q quotes it, or not, with a
 // scheme or without), a PostgreSQL URL's query (as pgx quotes it, in
 // backquotes) or a libpq key=value string, the masked text does not hold
-// it. The text around it holds no quote that would pair with one of the
-// URL's or the string's; a password that a quote, a space or an '&'
-// would end where it is quoted is not given where it would, nor one that
-// url.Parse would end at an '@' of it (one before a '/', '?' or '#').
+// it; nor the value of a URL query's parameter named as a secret
+// (api_key, access_token, X-Amz-Signature…), in a URL quoted as
+// net/http's error quotes it, or not. The text around it holds no quote
+// that would pair with one of the URL's or the string's; a password that
+// a quote, a space or an '&' would end where it is quoted is not given
+// where it would, nor one that url.Parse would end at an '@' of it (one
+// before a '/', '?' or '#').
 func FuzzMaskPasswords(f *testing.F) {
 	for _, s := range []string{
 		"https://ops:s3cret@api.example/v1",
@@ -94,22 +97,24 @@ func FuzzMaskPasswords(f *testing.F) {
 	} {
 		f.Add(s, "s3/cret", uint8(0))
 	}
-	for form, pw := range []string{"s3/cret", "12/c d?e#f", "s3&cret", "s3 cret'\\", "a://b@c", "s3#cret"} {
+	for form, pw := range []string{"s3/cret", "12/c d?e#f", "s3&cret", "s3 cret'\\", "a://b@c", "s3#cret", "s3?c=r#et", "s3/c?et"} {
 		f.Add("dial: ", pw, uint8(form))
 	}
+	f.Add("", "s3cret", uint8(6+8))
+	f.Add("x ", "s3?cret=", uint8(7+2*8))
 	f.Fuzz(func(t *testing.T, s, pw string, form uint8) {
 		maskedURL(t, s)
 		before, after := s[:len(s)/2], s[len(s)/2:]
 		if strings.ContainsAny(before+after, "\"`") {
 			return
 		}
-		if at := strings.IndexByte(pw, '@'); at >= 0 && strings.ContainsAny(pw[at:], "/?#") && form%6 < 3 {
+		if at := strings.IndexByte(pw, '@'); at >= 0 && strings.ContainsAny(pw[at:], "/?#") && form%8 < 3 {
 			// url.Parse ends the userinfo at the '@' before them: the
 			// rest is the host, a path, a query or a fragment.
 			return
 		}
 		var text string
-		switch form % 6 {
+		switch form % 8 {
 		case 0:
 			if strings.ContainsAny(pw, " \t\n\r\f\v\"`") {
 				return
@@ -141,6 +146,23 @@ func FuzzMaskPasswords(f *testing.F) {
 				return
 			}
 			text = before + " host=db password=" + pw + " dbname=jar" + after
+		case 6, 7:
+			if strings.ContainsAny(pw, "&`") {
+				return
+			}
+			names := []string{"api_key", "access_token", "X-Amz-Signature", "key", "Client%5FSecret"}
+			u := "https://api.example/v1?order=o1&" + names[int(form/8)%len(names)] + "=" + pw + "&x=y"
+			if form%8 == 6 {
+				if strconv.Quote(u) != `"`+u+`"` {
+					return
+				}
+				text = before + "Post " + strconv.Quote(u) + ": EOF" + after
+			} else {
+				if strings.ContainsAny(pw, " \t\n\r\f\v\"") {
+					return
+				}
+				text = before + u + after
+			}
 		}
 		// The password is found once in the text, and cannot be made of
 		// the mask and what is around it.
