@@ -150,14 +150,35 @@ func queryMasks(masks [][2]int, s string, from, to int) [][2]int {
 // secretParam reports whether a URL query parameter named key (raw, as the
 // URL holds it) holds a secret: its name, decoded as url.ParseQuery decodes
 // it and trimmed, is a secret's as secrethdr.Is says it of a header's name
-// ("password", "api_key", "access_token", "X-Amz-Signature"…).
+// ("password", "api_key", "access_token", "X-Amz-Signature"…), or one
+// that says it in a query alone ("sig", an Azure SAS's signature; "pwd";
+// "pass"); but not the idempotency key's, however it is spelt
+// (idempotency_key, idempotencyKey): a jar keeps it, and idemctl and a
+// *PendingError print it.
+//
+// The rule errs on the side of masking: a name that merely holds one of
+// Is's words (author its "auth", monkey its "key") has its value masked
+// too. Such a mask hides a value from printed text, nothing more; and a
+// query's names run their words together (appkey, authkey, sessionid)
+// where a header's split them with '-', so that no narrower rule tells
+// them from a secret's without missing some.
 func secretParam(key string) bool {
 	name, err := url.QueryUnescape(key)
 	if err != nil {
 		name = key
 	}
-	return secrethdr.Is(strings.TrimSpace(name))
+	name = strings.TrimSpace(name)
+	switch strings.ToLower(paramSeparators.Replace(name)) {
+	case "idempotencykey":
+		return false
+	case "sig", "pwd", "pass":
+		return true
+	}
+	return secrethdr.Is(name)
 }
+
+// paramSeparators drops the separators of a name's words, for secretParam.
+var paramSeparators = strings.NewReplacer("-", "", "_", "")
 
 // MaskPasswords returns s, a text that may quote URLs and connection
 // strings (an error's message), with each password in it replaced by

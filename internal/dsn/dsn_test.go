@@ -65,6 +65,14 @@ func TestMaskURL(t *testing.T) {
 		{"https://api.example/v1#token=abc", "https://api.example/v1#token=abc"},
 		// A name after a '?' in a value is a name: a URL given as a value.
 		{"https://api.example/v1?next=/a?token=s3cret&x=1", "https://api.example/v1?next=/a?token=xxxxx&x=1"},
+		// Names that say a secret as no header's does: an Azure SAS's sig,
+		// a password's pwd and pass.
+		{"https://blob.example/c/b?sv=2024&SIG=s3cret&pwd=s3cret&pass=s3cret", "https://blob.example/c/b?sv=2024&SIG=xxxxx&pwd=xxxxx&pass=xxxxx"},
+		// The idempotency key, in any spelling, is no secret: a jar holds
+		// it and idemctl prints it. Names that merely hold a secret's word
+		// (author, monkey) are masked: see secretParam.
+		{"https://api.example/v1?idempotency_key=k1&Idempotency-Key=k2&idempotencyKey=k3", "https://api.example/v1?idempotency_key=k1&Idempotency-Key=k2&idempotencyKey=k3"},
+		{"https://api.example/v1?author=ann&monkey=bob", "https://api.example/v1?author=xxxxx&monkey=xxxxx"},
 	}.check(t, "MaskURL", MaskURL)
 }
 
@@ -127,9 +135,10 @@ func TestMaskPasswords(t *testing.T) {
 		{`Get "https://api.example/v1?next=https://b.example/?key=s3cret": EOF`, `Get "https://api.example/v1?next=https://b.example/?key=xxxxx": EOF`},
 		{`Get "/v1?Client%5FSecret=s3cret": EOF`, `Get "/v1?Client%5FSecret=xxxxx": EOF`},
 		{"Get https://ops:s3cret@api.example/v1?token=s3cret", "Get https://ops:xxxxx@api.example/v1?token=xxxxx"},
-		// Not secrets: a query's other parameters, an empty value, a '?'
-		// of a sentence.
-		{`Post "https://api.example/v1?order=o1&token=": EOF`, `Post "https://api.example/v1?order=o1&token=": EOF`},
+		{"https://blob.example/c/b?sv=2024&sig=s3cret", "https://blob.example/c/b?sv=2024&sig=xxxxx"},
+		// Not secrets: a query's other parameters, an empty value, the
+		// idempotency key, a '?' of a sentence.
+		{`Post "https://api.example/v1?order=o1&token=&idempotency_key=k1": EOF`, `Post "https://api.example/v1?order=o1&token=&idempotency_key=k1": EOF`},
 		{"why? token=a:b", "why? token=a:b"},
 		// Not passwords: a port, a path's '@' after a quoted URL's end, a
 		// password named, not given.
