@@ -193,6 +193,7 @@ import (
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/stopsig"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/keyjar/pgjar"
@@ -514,9 +515,8 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 	case errors.As(err, &connectErr):
 		// No answer (a dial error, a timeout): pgx tries each address
 		// with TLS and then without, and lists each attempt's error, the
-		// same one twice. Each line once.
-		lines := slices.Compact(strings.Split(connectErr.Error(), "\n"))
-		return fmt.Errorf("%s: %s", where, strings.Join(lines, "\n"))
+		// same one twice. Each once.
+		return fmt.Errorf("%s: %s", where, pgmigrate.Unreachable(err))
 	case errors.As(err, &parseErr):
 		return fmt.Errorf("%s: %w", where, parseErr)
 	}

@@ -1,7 +1,9 @@
 // Package pgmigrate brings a PostgreSQL schema up to date, once among the
 // processes that open it together, and checks that a schema is whole: the
 // schemas of pgstore and pgjar. It also checks the options those two
-// share (Limits) and a caller's pool (CheckPool).
+// share (Limits) and a caller's pool (CheckPool), and tells pgx's errors
+// for a connection string it cannot parse (ParseError) and a connection
+// that failed (Unreachable) without their noise.
 package pgmigrate
 
 import (

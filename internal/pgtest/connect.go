@@ -3,12 +3,14 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -213,5 +215,45 @@ func RefusedUnparsed(t testing.TB, dsn string, err error) {
 	var pce *pgconn.ParseConfigError
 	if !errors.As(err, &pce) || strings.Contains(err.Error(), "ret") {
 		t.Errorf("open %s: %v; want a *pgconn.ParseConfigError that shows no piece of the password", dsn, err)
+	}
+}
+
+// RefusedConnect fails t unless open, pgjar's or pgstore's Open, refuses
+// to connect, with the password hunter2 in the DSN, to a database that
+// does not exist and to a server that is down (an address of
+// refusetest.Addr) with an error that begins "pkg: connection to the
+// database failed", says why once (the server's refusal, the refused
+// dial) without the password, pgx's TLS attempt before it (sslmode
+// prefer, the default) or the word migrate, and still matches the
+// *pgconn.ConnectError and the server's *pgconn.PgError with errors.As.
+func RefusedConnect(t testing.TB, dsn, pkg string, open func(dsn string) (io.Closer, error)) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(u.User.Username(), "hunter2")
+	u.Path, u.RawQuery = "/no_such_db", "connect_timeout=5" // sslmode prefer, pgx's default
+	missing := u.String()
+	down := "postgres://postgres:hunter2@" + refusetest.Addr(t) + "/idem?connect_timeout=5"
+	for _, c := range []struct{ dsn, why, code string }{
+		{missing, `database "no_such_db" does not exist (SQLSTATE 3D000)`, "3D000"},
+		{down, "connection refused", ""},
+	} {
+		closer, err := open(c.dsn)
+		if err == nil {
+			closer.Close()
+		}
+		var (
+			ce *pgconn.ConnectError
+			pe *pgconn.PgError
+		)
+		msg := fmt.Sprint(err)
+		if !strings.HasPrefix(msg, pkg+": connection to the database failed") || strings.Count(msg, c.why) != 1 ||
+			strings.Contains(msg, "hunter2") || strings.Contains(msg, "tls") || strings.Contains(msg, "migrate") ||
+			!errors.As(err, &ce) || (c.code != "" && (!errors.As(err, &pe) || pe.Code != c.code)) {
+			t.Errorf("open %s: %v; want %q, saying %q once, without the password, pgx's TLS attempt or \"migrate\", matching *pgconn.ConnectError (and *pgconn.PgError %s)",
+				c.dsn, err, pkg+": connection to the database failed", c.why, c.code)
+		}
 	}
 }

@@ -330,6 +330,16 @@ func TestNewMustExist(t *testing.T) {
 // QueryTimeout above PostgreSQL's longest statement_timeout failed every
 // connection with the server's error (Open) or, past 146 years, made every
 // wait of twice it overflow into none (New).
+// TestOpenUnreachable: Open's error for a database that refuses the
+// connection, or a server that is down, says the connection failed and
+// why, in words of its own rather than "migrate: failed to connect"
+// followed by pgx's refused TLS attempt.
+func TestOpenUnreachable(t *testing.T) {
+	pgtest.RefusedConnect(t, pgtest.DB(t), "pgjar", func(dsn string) (io.Closer, error) {
+		return pgjar.Open(t.Context(), dsn, nil)
+	})
+}
+
 // TestOpenUnparsedDSNMasksPassword: Open's error for a connection string
 // that pgx cannot parse shows none of its password.
 func TestOpenUnparsedDSNMasksPassword(t *testing.T) {

@@ -356,7 +356,10 @@ var (
 // schema is missing or older (with MustExist, ErrNoJar), or where it may
 // not execute that function; and so is, without MustExist, a role that
 // lacks one of the four on idem_operations, or whose transactions are
-// read-only, where every call would fail.
+// read-only, where every call would fail. When no connection could be
+// made, its error says that the connection to the database failed and
+// why (the server's refusal, or the dial's error), and errors.As finds
+// pgx's *pgconn.ConnectError in it, and the server's *pgconn.PgError.
 func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	o, err := withDefaults(opts)
 	if err != nil {

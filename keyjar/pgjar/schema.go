@@ -92,8 +92,12 @@ func present(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 }
 
 // schemaError returns err, prefixed with the package and verb unless it is
-// one of the package's own errors.
+// one of the package's own errors, or with the package alone and saying
+// so when no connection could be made (see pgmigrate.Unreachable).
 func schemaError(verb string, err error) error {
+	if c := pgmigrate.Unreachable(err); c != nil {
+		return fmt.Errorf("pgjar: %w", c)
+	}
 	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) &&
 		!errors.Is(err, ErrNoSchema) && !errors.Is(err, ErrPrivilege) {
 		return wrapf(err, "%s", verb)

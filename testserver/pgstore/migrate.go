@@ -124,6 +124,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (st
 	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
 	name, err := schema.Migrate(ctx, pool)
+	if c := pgmigrate.Unreachable(err); c != nil {
+		return "", fmt.Errorf("pgstore: %w", c)
+	}
 	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoSchema) &&
 		!errors.Is(err, ErrPrivilege) {
 		return "", fmt.Errorf("pgstore: migrate: %w", err)

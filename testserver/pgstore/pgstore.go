@@ -220,7 +220,11 @@ var (
 // is refused with ErrPrivilege where the schema is missing or older, or
 // where it may not execute that function; and so is a role that lacks
 // one of the four on idempotency_keys, or whose transactions are
-// read-only, where every request would get a 503.
+// read-only, where every request would get a 503. When no connection
+// could be made, its error says that the connection to the database
+// failed and why (the server's refusal, or the dial's error), and
+// errors.As finds pgx's *pgconn.ConnectError in it, and the server's
+// *pgconn.PgError.
 func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	o, err := withDefaults(opts)
 	if err != nil {

@@ -1114,6 +1114,16 @@ func TestOpenBadDSN(t *testing.T) {
 // PostgreSQL's longest statement_timeout failed Open's first connection
 // with the server's error or, past 146 years, made New's waits of twice it
 // overflow into none.
+// TestOpenUnreachable: Open's error for a database that refuses the
+// connection, or a server that is down, says the connection failed and
+// why, in words of its own rather than "migrate: failed to connect"
+// followed by pgx's refused TLS attempt.
+func TestOpenUnreachable(t *testing.T) {
+	pgtest.RefusedConnect(t, pgtest.DB(t), "pgstore", func(dsn string) (io.Closer, error) {
+		return pgstore.Open(t.Context(), dsn, nil)
+	})
+}
+
 // TestOpenUnparsedDSNMasksPassword: Open's error for a connection string
 // that pgx cannot parse shows none of its password.
 func TestOpenUnparsedDSNMasksPassword(t *testing.T) {

@@ -86,13 +86,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemkit/idem/internal/cliflag"
 	dsnpkg "github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/internal/stopsig"
 	"github.com/idemkit/idem/testserver"
@@ -192,7 +192,8 @@ func redact(dsn string) string {
 
 // connectError is a connection to the database that failed, told in one
 // line, as net's errors are: what failed, connecting to the database at its
-// URL without the password, and why. pgx's own message takes a line per
+// URL without the password, and why: each attempt's error once, as
+// pgmigrate.Attempts gives them. pgx's own message takes a line per
 // attempt (two for one host under sslmode=prefer) under a prefix that names
 // neither the host nor the port. errors.As still finds pgx's error.
 type connectError struct {
@@ -201,20 +202,7 @@ type connectError struct {
 }
 
 func (e *connectError) Error() string {
-	detail := e.err.Error()
-	if cause := e.err.Unwrap(); cause != nil {
-		detail = cause.Error()
-	}
-	// One line: the attempts' messages, each once. A line that a kept one
-	// ends with is the cause that line already gives.
-	var kept []string
-	for line := range strings.SplitSeq(detail, "\n") {
-		line = strings.TrimSpace(line)
-		if line != "" && !slices.ContainsFunc(kept, func(k string) bool { return k == line || strings.HasSuffix(k, ": "+line) }) {
-			kept = append(kept, line)
-		}
-	}
-	return "connecting to the database at " + e.dsn + ": " + strings.Join(kept, "; ")
+	return "connecting to the database at " + e.dsn + ": " + strings.Join(pgmigrate.Attempts(e.err), "; ")
 }
 
 func (e *connectError) Unwrap() error { return e.err }
