@@ -100,9 +100,11 @@
 // caller's fence (TakeOver's new one), token and ClaimID: no other claim
 // holds that random ID (see testserver.Fence), and they report it claimed,
 // or won. Under another fence, the entry is another's: Claim returns it,
-// not claimed, and TakeOver returns an error rather than a win (its
-// attempt may have taken the entry over before another caller did, or
-// not: it cannot tell). A caller's fence with no ClaimID proves nothing
+// not claimed, and TakeOver reports it not won, as it does done or gone
+// (its attempt may have taken the entry over before another caller did,
+// or not, but nothing is left under the caller's fence either way), and
+// the Middleware answers as for another's claim: 409, the saved answer,
+// or a claim afresh. A caller's fence with no ClaimID proves nothing
 // (the entries claimed before version 3 have none): Claim and TakeOver
 // then return an error. A claim that fails after its answer was lost may
 // have been made all the same: the Middleware releases it, fenced by its
@@ -491,10 +493,13 @@ func (s *Store) write(ctx context.Context, until time.Time, query string, args .
 // documentation). An attempt whose answer was lost may have taken the
 // entry over: the next finds it in flight under new, token and ClaimID,
 // and reports it won. When it finds the entry otherwise (under another
-// fence, done or gone), or under new when new has no ClaimID, which proves
-// nothing, TakeOver returns an error: that attempt may have taken the
-// entry over, or another caller may have. A win reported wrongly would run
-// the operation twice.
+// fence, done or gone), it reports it not won, as without a lost answer:
+// whether or not that attempt took the entry over, another caller has
+// taken it over, saved or released it since, and nothing is left under
+// new for the caller to run the operation under. Under new when new has
+// no ClaimID, which proves nothing, TakeOver returns an error: that
+// attempt may have taken the entry over, or another caller may have. A
+// win reported wrongly would run the operation twice.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	var n int64
 	lost, err := s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
@@ -502,8 +507,8 @@ func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testse
 		n = tag.RowsAffected()
 		return err
 	})
-	if err == nil && n == 0 && lost != nil {
-		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost, nor under the new fence with a ClaimID: %w", key, old.Token, lost)
+	if err == nil && n == 0 && lost != nil && new.ClaimID == "" {
+		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost, and the new fence has no ClaimID to tell the attempt's take-over from another's: %w", key, old.Token, lost)
 	}
 	if err != nil {
 		return false, fmt.Errorf("pgstore: take over: %w", err)

@@ -586,11 +586,19 @@ func TestWritesAcrossRestart(t *testing.T) {
 // no answer was lost, and returns the store.
 func answerLost(t *testing.T, tag string, call func(*pgstore.Store)) *pgstore.Store {
 	t.Helper()
+	return answerLostAfter(t, tag, func(*pgstore.Store) {}, call)
+}
+
+// answerLostAfter is answerLost with before run on the store after the
+// claim, before the relay is made to lose an answer.
+func answerLostAfter(t *testing.T, tag string, before, call func(*pgstore.Store)) *pgstore.Store {
+	t.Helper()
 	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
 	s := open(t, dsn, nil)
 	if _, claimed, err := s.Claim(t.Context(), "s", "k", "fp", testserver.Fence{Token: 1}, t0); err != nil || !claimed {
 		t.Fatalf("Claim = %v, %v", claimed, err)
 	}
+	before(s)
 	lost := relay.LoseNext(tag)
 	call(s)
 	select {
@@ -676,6 +684,50 @@ func TestTakeOverAnswerLost(t *testing.T) {
 	})
 	if e, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 3}, t0); err != nil || claimed || e.Token != 2 {
 		t.Errorf("entry = %+v, claimed %v, %v; want it in flight with token 2", e, claimed, err)
+	}
+}
+
+// TestTakeOverAnswerLostToAnother loses the answer to a TakeOver of an
+// entry that another caller took over, saved or released first. Run again,
+// it finds the entry under a third fence, done or gone, with nothing under
+// its own new fence: it reports the take-over not won, as it does without
+// a lost answer, and the Middleware answers as for another's claim (409,
+// or the saved answer, or a claim of the key afresh). Before, it returned
+// an error, and the Middleware answered 503.
+func TestTakeOverAnswerLostToAnother(t *testing.T) {
+	ctx := t.Context()
+	other := testserver.Fence{Token: 3, ClaimID: "other"}
+	for _, c := range []struct {
+		name   string
+		before func(*pgstore.Store) error
+		after  func(testserver.Entry, bool) bool // the entry Claim then finds, and whether it claimed it
+	}{
+		{"taken over", func(s *pgstore.Store) error {
+			_, err := s.TakeOver(ctx, "s", "k", testserver.Fence{Token: 1}, other)
+			return err
+		}, func(e testserver.Entry, claimed bool) bool { return !claimed && e.Fence == other }},
+		{"saved", func(s *pgstore.Store) error {
+			return s.Save(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Response{Status: http.StatusCreated})
+		}, func(e testserver.Entry, claimed bool) bool { return !claimed && e.Status == testserver.StatusDone }},
+		{"released", func(s *pgstore.Store) error {
+			_, err := s.Release(ctx, "s", "k", testserver.Fence{Token: 1})
+			return err
+		}, func(_ testserver.Entry, claimed bool) bool { return claimed }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := answerLostAfter(t, "UPDATE", func(s *pgstore.Store) {
+				if err := c.before(s); err != nil {
+					t.Fatal(err)
+				}
+			}, func(s *pgstore.Store) {
+				if won, err := s.TakeOver(ctx, "s", "k", testserver.Fence{Token: 1}, testserver.Fence{Token: 2, ClaimID: "mine"}); err != nil || won {
+					t.Errorf("TakeOver whose answer was lost, of an entry %s by another = %v, %v; want not won, no error", c.name, won, err)
+				}
+			})
+			if e, claimed, err := s.Claim(ctx, "s", "k", "fp", testserver.Fence{Token: 4, ClaimID: "next"}, t0); err != nil || !c.after(e, claimed) {
+				t.Errorf("then Claim = %+v, claimed %v, %v; want the entry as the other left it", e, claimed, err)
+			}
+		})
 	}
 }
 
