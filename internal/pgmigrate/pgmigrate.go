@@ -212,23 +212,38 @@ func (s Schema) readOnly(ctx context.Context, q querier) error {
 
 // writable returns s.Privilege, naming what to grant, unless the role may
 // select, insert, update and delete in s.Writes (in schema), which a role
-// that may use the tables is granted on them rather than create them. A
-// grant on some of the table's columns counts as one on the table.
+// that may use the tables is granted on them rather than create them.
 func (s Schema) writable(ctx context.Context, q querier, schema string) error {
 	if s.Writes == "" {
 		return nil
 	}
-	table := pgx.Identifier{schema, s.Writes}.Sanitize()
-	var missing []string
-	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(p ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS o(p, n)
-		WHERE NOT CASE p WHEN 'DELETE' THEN pg_catalog.has_table_privilege($1, p)
-			ELSE pg_catalog.has_any_column_privilege($1, p) END`, table, []string{"SELECT", "INSERT", "UPDATE", "DELETE"}).Scan(&missing)
-	if err != nil {
+	return Grants(func(query string, args ...any) func(dest ...any) error { return q.QueryRow(ctx, query, args...).Scan },
+		s.Privilege, schema, s.Writes, "SELECT", "INSERT", "UPDATE", "DELETE")
+}
+
+// grantsQuery reads which of the privileges $2 (comma-separated) the
+// role lacks on the table $1, in their order, comma-separated: "" for
+// none.
+const grantsQuery = `SELECT coalesce(string_agg(p, ', ' ORDER BY n), '')
+	FROM unnest(pg_catalog.string_to_array($2, ',')) WITH ORDINALITY AS o(p, n)
+	WHERE NOT CASE p WHEN 'DELETE' THEN pg_catalog.has_table_privilege($1, p)
+		ELSE pg_catalog.has_any_column_privilege($1, p) END`
+
+// Grants returns privilege, naming what the role lacks and what to grant,
+// unless it has each of privileges (SELECT, INSERT, UPDATE or DELETE) on
+// table in schema. A grant on some of the table's columns counts as one
+// on the table. query runs a statement that returns one row and returns
+// the row's Scan method: pgx's QueryRow or database/sql's QueryRowContext,
+// on the connection or transaction whose role is checked.
+func Grants(query func(stmt string, args ...any) func(dest ...any) error, privilege error, schema, table string, privileges ...string) error {
+	name := pgx.Identifier{schema, table}.Sanitize()
+	var missing string
+	if err := query(grantsQuery, name, strings.Join(privileges, ","))(&missing); err != nil {
 		return err
 	}
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: it may not %s on %s; GRANT SELECT, INSERT, UPDATE, DELETE ON %s to the role",
-			s.Privilege, strings.Join(missing, ", "), table, table)
+	if missing != "" {
+		return fmt.Errorf("%w: it may not %s on %s; GRANT %s ON %s to the role",
+			privilege, missing, name, strings.Join(privileges, ", "), name)
 	}
 	return nil
 }

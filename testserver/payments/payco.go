@@ -55,8 +55,10 @@ var ErrNoSchema = errors.New("payments: no schema to hold the PayCo ledger")
 // (SQLSTATE 42501, insufficient_privilege). The schema, what to do and
 // the server's error (a *pgconn.PgError) follow it. Create the ledger
 // once as a role that may create tables in that schema, such as its owner
-// (by starting idemserver once as that role). Nothing is created.
-var ErrPrivilege = errors.New("payments: this role may not create the PayCo ledger")
+// (by starting idemserver once as that role). Nothing is created. It is
+// returned too, naming the table and what to grant, when the tables exist
+// and the role lacks a privilege that every charge needs (see NewPayCo).
+var ErrPrivilege = errors.New("payments: this role may not create or write the PayCo ledger")
 
 // ErrDriver is returned by NewPayCo, followed by the driver's type, for a
 // database/sql handle of a driver other than SQLite's (modernc.org/sqlite)
@@ -132,13 +134,25 @@ func ledgerSchema(pg bool) string {
 // paycoObjects are the relations paycoSchema creates.
 var paycoObjects = []string{"payco_calls", "payco_charges", "payco_charges_order"}
 
+// paycoWrites are the privileges that PayCo's statements need on its
+// tables: a charge counts its call with an upsert, and inserts its charge.
+var paycoWrites = []struct {
+	table      string
+	privileges []string
+}{
+	{"payco_calls", []string{"SELECT", "INSERT", "UPDATE"}},
+	{"payco_charges", []string{"SELECT", "INSERT"}},
+}
+
 // NewPayCo creates PayCo's tables in db if they are missing. db is SQLite
 // through modernc.org/sqlite (sqlitestore's DB) or PostgreSQL through
 // github.com/jackc/pgx/v5/stdlib; another driver, or a nil db, is
 // ErrDriver. The SQL is the same on both, but for the collation of the
 // ids (see paycoSchema). On PostgreSQL, tables that exist are only used,
 // never altered: a role that may not create tables opens them with
-// SELECT, INSERT, UPDATE and DELETE on payco_calls and payco_charges.
+// SELECT, INSERT and UPDATE on payco_calls and SELECT and INSERT on
+// payco_charges, and a role without one of those is refused with
+// ErrPrivilege, saying what to grant, where every charge would fail.
 //
 // On PostgreSQL, NewPayCo finds the tables, or creates them, in
 // current_schema() of the connection it runs on: the first schema of its
@@ -206,6 +220,14 @@ func createIn(ctx context.Context, db *sql.DB) (string, error) {
 	if found < len(paycoObjects) {
 		if _, err := tx.ExecContext(ctx, pgmigrate.Qualify(ledgerSchema(true), schema)); err != nil {
 			return "", pgmigrate.Denied(err, ErrPrivilege, schema)
+		}
+	}
+	query := func(stmt string, args ...any) func(dest ...any) error {
+		return tx.QueryRowContext(ctx, stmt, args...).Scan
+	}
+	for _, w := range paycoWrites {
+		if err := pgmigrate.Grants(query, ErrPrivilege, schema, w.table, w.privileges...); err != nil {
+			return "", err
 		}
 	}
 	return schema, tx.Commit()

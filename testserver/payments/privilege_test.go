@@ -1,6 +1,9 @@
 package payments_test
 
 import (
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/internal/pgtest"
@@ -51,4 +54,38 @@ func TestNewPayCoWithoutCreatePrivilegeNoLedger(t *testing.T) {
 	defer db.Close()
 	_, err = payments.NewPayCo(t.Context(), db)
 	pgtest.RefusedCreate(t, dsn, err, payments.ErrPrivilege, "public")
+}
+
+// TestNewPayCoWithoutWritePrivilege opens the ledger, created by its
+// owner, as a role that may not write one of its tables: NewPayCo returns
+// ErrPrivilege naming the table and what to grant. Before, it opened, and
+// every charge then failed ("permission denied for table payco_calls"),
+// which idemserver answered 502, having started as if all was well.
+func TestNewPayCoWithoutWritePrivilege(t *testing.T) {
+	for _, c := range []struct{ grant, want string }{
+		{`GRANT SELECT ON payco_calls, payco_charges`, "GRANT SELECT, INSERT, UPDATE ON \"public\".\"payco_calls\""},
+		{`GRANT SELECT, INSERT, UPDATE ON payco_calls, payco_charges`, ""}, // what a charge needs
+		{`GRANT SELECT, UPDATE ON payco_calls, payco_charges`, "may not INSERT on \"public\".\"payco_calls\""},
+		{`GRANT SELECT, INSERT, UPDATE ON payco_calls; GRANT SELECT ON payco_charges`, "GRANT SELECT, INSERT ON \"public\".\"payco_charges\""},
+	} {
+		dsn := pgtest.DB(t)
+		ledger(t, dsn) // the tables, created by the superuser
+		cfg, err := pgx.ParseConfig(pgtest.AppRole(t, dsn, strings.Split(c.grant, "; ")...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := stdlib.OpenDB(*cfg)
+		defer db.Close()
+		p, err := payments.NewPayCo(t.Context(), db)
+		if c.want == "" {
+			if err != nil {
+				t.Fatalf("%s: NewPayCo = %v; want the ledger opened", c.grant, err)
+			}
+			charge(t, p, "charge:o-1", "o-1")
+			continue
+		}
+		if !errors.Is(err, payments.ErrPrivilege) || !strings.Contains(fmt.Sprint(err), c.want) {
+			t.Errorf("%s: NewPayCo = %v; want %v saying %q", c.grant, err, payments.ErrPrivilege, c.want)
+		}
+	}
 }

@@ -480,6 +480,21 @@ func TestPostgresPoolParameters(t *testing.T) {
 	}
 }
 
+// ownedTables returns a new database in which a server started once as
+// the owner created the keys' and the ledger's tables.
+func ownedTables(t *testing.T) string {
+	t.Helper()
+	dsn := pgtest.DB(t)
+	b, err := openBackend(t.Context(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.close(); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
 // An operator creates the tables by starting a server once as their
 // owner, then runs the servers as a role that may read and write them but
 // create nothing (PostgreSQL 15 grants no one CREATE on public; revoked
@@ -488,17 +503,10 @@ func TestPostgresPoolParameters(t *testing.T) {
 // CREATE on the schema even when the tables exist, kept it from starting
 // with SQLSTATE 42501.
 func TestPostgresWithoutCreatePrivilege(t *testing.T) {
-	dsn := pgtest.DB(t)
-	b, err := openBackend(t.Context(), dsn, nil) // as the owner: creates the tables
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.close(); err != nil {
-		t.Fatal(err)
-	}
+	dsn := ownedTables(t)
 	appDSN := pgtest.AppRole(t, dsn, `GRANT SELECT ON idempotency_keys_schema`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys, payco_calls, payco_charges`)
-	b, err = openBackend(t.Context(), appDSN, nil)
+	b, err := openBackend(t.Context(), appDSN, nil)
 	if err != nil {
 		t.Fatalf("openBackend as a role that may not create tables: %v", err)
 	}
@@ -513,6 +521,23 @@ func TestPostgresWithoutCreatePrivilege(t *testing.T) {
 	}
 	if again, err := b.payco.Charge(t.Context(), "charge:o-1", "o-1", 1000, "usd"); err != nil || again != c {
 		t.Fatalf("Charge again with the same key = %+v, %v; want %+v", again, err, c)
+	}
+}
+
+// A server run as a role that may write the keys but only read PayCo's
+// tables does not start: openBackend fails with payments.ErrPrivilege,
+// saying what to grant. Before, it started, and answered every charge
+// 502 ("permission denied for table payco_calls").
+func TestPostgresLedgerReadOnlyRole(t *testing.T) {
+	dsn := ownedTables(t)
+	appDSN := pgtest.AppRole(t, dsn, `GRANT SELECT ON idempotency_keys_schema, payco_calls, payco_charges`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys`)
+	b, err := openBackend(t.Context(), appDSN, nil)
+	if err == nil {
+		b.close()
+	}
+	if !errors.Is(err, payments.ErrPrivilege) || err == nil || !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE ON") {
+		t.Fatalf("openBackend as a role that may only read the ledger = %v; want %v saying what to grant", err, payments.ErrPrivilege)
 	}
 }
 
