@@ -324,12 +324,6 @@ func TestNewMustExist(t *testing.T) {
 	}
 }
 
-// TestOpenBadOptions: each option out of range is ErrOptions from Open and
-// New, naming the field, with "pgjar:" once, and nothing is created. A
-// negative QueryTimeout or PruneBatch was taken for the default, and a
-// QueryTimeout above PostgreSQL's longest statement_timeout failed every
-// connection with the server's error (Open) or, past 146 years, made every
-// wait of twice it overflow into none (New).
 // TestOpenUnreachable: Open's error for a database that refuses the
 // connection, or a server that is down, says the connection failed and
 // why, in words of its own rather than "migrate: failed to connect"
@@ -349,6 +343,12 @@ func TestOpenUnparsedDSNMasksPassword(t *testing.T) {
 	}
 }
 
+// TestOpenBadOptions: each option out of range is ErrOptions from Open and
+// New, naming the field, with "pgjar:" once, and nothing is created. A
+// negative QueryTimeout or PruneBatch was taken for the default, and a
+// QueryTimeout above PostgreSQL's longest statement_timeout failed every
+// connection with the server's error (Open) or, past 146 years, made every
+// wait of twice it overflow into none (New).
 func TestOpenBadOptions(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)

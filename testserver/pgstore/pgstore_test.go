@@ -1159,13 +1159,6 @@ func TestOpenBadDSN(t *testing.T) {
 	}
 }
 
-// TestOpenBadOptions: each option pgstore cannot honour is ErrOptions from
-// Open and New, naming the field, with "pgstore:" once, and nothing is
-// created: New takes no connection of its pool. A negative QueryTimeout or
-// PruneBatch was taken for the default, and a QueryTimeout above
-// PostgreSQL's longest statement_timeout failed Open's first connection
-// with the server's error or, past 146 years, made New's waits of twice it
-// overflow into none.
 // TestOpenUnreachable: Open's error for a database that refuses the
 // connection, or a server that is down, says the connection failed and
 // why, in words of its own rather than "migrate: failed to connect"
@@ -1185,6 +1178,13 @@ func TestOpenUnparsedDSNMasksPassword(t *testing.T) {
 	}
 }
 
+// TestOpenBadOptions: each option pgstore cannot honour is ErrOptions from
+// Open and New, naming the field, with "pgstore:" once, and nothing is
+// created: New takes no connection of its pool. A negative QueryTimeout or
+// PruneBatch was taken for the default, and a QueryTimeout above
+// PostgreSQL's longest statement_timeout failed Open's first connection
+// with the server's error or, past 146 years, made New's waits of twice it
+// overflow into none.
 func TestOpenBadOptions(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)
