@@ -2420,6 +2420,11 @@ func TestResumeAllInPages(t *testing.T) {
 			if _, err := c.PostJSON(ctx, op, srv.URL+"/v1/charges", map[string]int{"amount": 1}, nil); !errors.Is(err, idem.ErrPending) {
 				t.Fatalf("seeding %s: %v; want pending", op, err)
 			}
+			// Get waits for the release the call deferred: idemctl, another
+			// process, would otherwise find the lease still held.
+			if _, err := j.Get(ctx, op); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
