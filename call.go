@@ -36,7 +36,7 @@ type call struct {
 	key      string
 	holder   string // this call's lease holder id
 	rec      Record
-	sched    *retry.Schedule
+	sched    retry.Schedule
 	attempts int  // attempts sent by this call
 	cost     int  // what Transport.Budget charged for this call's last retry
 	costDue  bool // that retry is not sent yet: the cost goes back if it never is
@@ -138,7 +138,7 @@ func storedError(rec Record) error {
 }
 
 func (c *call) run(ctx context.Context) (*http.Response, error) {
-	c.sched = c.policy.Schedule()
+	c.sched.Reset(c.policy)
 	named := c.op != "" // from ctx, by WithOperation
 	// Each attempt's body is opened before the attempt is counted: the
 	// first one before Begin, which counts a new operation's first attempt,

@@ -366,7 +366,7 @@ func (p Policy) Expired(created, now time.Time) bool {
 }
 
 // Schedule is the retry schedule of one call. It is not safe for
-// concurrent use: make one per call with Policy.Schedule.
+// concurrent use: make one per call with Policy.Schedule (or Reset).
 type Schedule struct {
 	p    Policy
 	b    backoff.ExponentialBackOff // by value: one allocation per call
@@ -375,8 +375,17 @@ type Schedule struct {
 
 // Schedule starts the schedule of one call at the current time.
 func (p Policy) Schedule() *Schedule {
+	s := new(Schedule)
+	s.Reset(p)
+	return s
+}
+
+// Reset starts s anew as the schedule of one call under p at the current
+// time, as Policy.Schedule makes one: for a Schedule kept by value in a
+// struct of the caller's, which spares an allocation per call.
+func (s *Schedule) Reset(p Policy) {
 	p = p.Defaults()
-	s := &Schedule{p: p, rand: rand.Float64, b: backoff.ExponentialBackOff{
+	*s = Schedule{p: p, rand: rand.Float64, b: backoff.ExponentialBackOff{
 		// backoff caps an interval only when it grows: cap the first here.
 		InitialInterval:     min(p.InitialInterval, p.MaxInterval),
 		RandomizationFactor: 0, // full jitter is applied below
@@ -387,7 +396,6 @@ func (p Policy) Schedule() *Schedule {
 		Clock:               backoff.SystemClock,
 	}}
 	s.b.Reset()
-	return s
 }
 
 // Elapsed returns the time since the schedule started.

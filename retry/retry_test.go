@@ -185,6 +185,34 @@ func TestScheduleExponentialWithoutJitter(t *testing.T) {
 	})
 }
 
+// TestScheduleReset: a Schedule kept by value and Reset starts anew, under
+// the new policy with its defaults: its budget from the time of Reset, its
+// intervals from the first.
+func TestScheduleReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var s retry.Schedule
+		s.Reset(retry.Policy{InitialInterval: time.Second, MaxInterval: 8 * time.Second, NoJitter: true, MaxElapsed: 5 * time.Second})
+		for range 2 {
+			wait, _, _ := s.Next(0, false)
+			time.Sleep(wait)
+		}
+		if _, more, _ := s.Next(0, false); more {
+			t.Fatalf("after %v of a 5s budget: got more; want budget spent", s.Elapsed())
+		}
+		s.Reset(retry.Policy{InitialInterval: 2 * time.Second, NoJitter: true})
+		if e := s.Elapsed(); e != 0 {
+			t.Fatalf("after Reset: elapsed %v; want 0", e)
+		}
+		for i, want := range []time.Duration{2, 4, 8, 10} { // MaxInterval's default, 10 s
+			wait, more, _ := s.Next(0, false)
+			if !more || wait != want*time.Second {
+				t.Fatalf("retry %d after Reset: got %v, more=%v; want %v, true (MaxElapsed's default, a minute)", i, wait, more, want*time.Second)
+			}
+			time.Sleep(wait)
+		}
+	})
+}
+
 func TestScheduleFullJitterBounded(t *testing.T) {
 	s := retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second}.Schedule()
 	seen := map[time.Duration]bool{}
