@@ -38,11 +38,36 @@ type opKey struct{}
 // time (the key it gets stays a random UUID v4). A jar may bound a name's
 // length: pgjar stores names of up to 2048 bytes.
 func WithOperation(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, opKey{}, name)
+	if ctx == nil {
+		panic("idem: WithOperation of a nil context") // as context.WithValue
+	}
+	return &opCtx{ctx, name}
+}
+
+// opCtx is a context that names an operation: context.WithValue's, but
+// for one allocation where WithValue makes two (its context and the
+// name, boxed), in each unnamed call.
+type opCtx struct {
+	context.Context
+	op string
+}
+
+func (c *opCtx) Value(key any) any {
+	if _, ok := key.(opKey); ok {
+		return c.op
+	}
+	return c.Context.Value(key)
+}
+
+func (c *opCtx) String() string {
+	return fmt.Sprintf("%v.WithOperation(%q)", c.Context, c.op)
 }
 
 // Operation returns the operation name set by WithOperation, or "".
 func Operation(ctx context.Context) string {
+	if c, ok := ctx.(*opCtx); ok {
+		return c.op // without boxing it
+	}
 	name, _ := ctx.Value(opKey{}).(string)
 	return name
 }

@@ -188,6 +188,65 @@ func TestOperationNames(t *testing.T) {
 	})
 }
 
+// TestWithOperationIsAContext: WithOperation's context behaves as
+// context.WithValue's would: its name seen through contexts derived from
+// it, the innermost name winning, the parent's values, deadline and
+// cancellation passed through, and a cancel of a child that needs no
+// goroutine of its own (as for context.WithValue's).
+func TestWithOperationIsAContext(t *testing.T) {
+	type otherKey struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), otherKey{}, "v"))
+	ctx := idem.WithOperation(parent, "charge:1")
+	if got := idem.Operation(ctx); got != "charge:1" {
+		t.Fatalf("Operation = %q; want charge:1", got)
+	}
+	if got := ctx.Value(otherKey{}); got != "v" {
+		t.Fatalf("parent's value = %v; want v", got)
+	}
+	child, stop := context.WithTimeout(ctx, time.Hour)
+	defer stop()
+	if got := idem.Operation(child); got != "charge:1" {
+		t.Fatalf("Operation of a derived context = %q; want charge:1", got)
+	}
+	if got := idem.Operation(idem.WithOperation(child, "charge:2")); got != "charge:2" {
+		t.Fatalf("Operation of a context named twice = %q; want the inner name, charge:2", got)
+	}
+	if got := idem.Operation(parent); got != "" {
+		t.Fatalf("Operation of the parent = %q; want none", got)
+	}
+	if s := fmt.Sprint(ctx); !strings.Contains(s, `WithOperation("charge:1")`) {
+		t.Fatalf("String = %q; want the name in it", s)
+	}
+	before := runtime.NumGoroutine()
+	var stops []context.CancelFunc
+	for range 200 {
+		_, stop := context.WithCancel(ctx)
+		stops = append(stops, stop)
+	}
+	if n := runtime.NumGoroutine() - before; n >= 100 {
+		t.Errorf("200 contexts derived with WithCancel started %d goroutines; want none (the parent's cancellation found through Value)", n)
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	cancel()
+	select {
+	case <-child.Done():
+	default:
+		t.Fatal("a context derived from WithOperation's is not cancelled with its parent")
+	}
+	if !errors.Is(child.Err(), context.Canceled) || !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("Err = %v, %v; want context.Canceled", child.Err(), ctx.Err())
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("WithOperation of a nil context did not panic, as context.WithValue does")
+		}
+	}()
+	var none context.Context
+	idem.WithOperation(none, "x")
+}
+
 func TestConflictThenCreated(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(409, "Retry-After", "1"), status(201))
