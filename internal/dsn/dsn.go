@@ -197,8 +197,16 @@ var paramSeparators = strings.NewReplacer("-", "", "_", "")
 // '@', but an '@' after it in the URL, is taken for a password holding a
 // '/', '?', '#' or "://" not percent-encoded, running to the URL's last
 // '@' (as MaskURLError takes it); with no '@' after it, a port that is
-// not a number is taken for the start of a password that a '#' cut
-// (url.Parse's error quotes the URL to its '#'). A URL runs to the quote
+// not a number is taken for a password that a '#' cut (url.Parse's error
+// quotes the URL to its '#'), masked to where the URL ends: what follows
+// it ("/…", "?…") is the rest of the password. A port of digits is taken
+// for a port, but in the URL that url.Parse's error quotes (`parse "…":
+// …`): url.Parse refuses no URL for a port of digits, so that the URL
+// has another fault or is one whose password of digits a '#' cut, which
+// the text cannot tell apart; there the port is masked, and what follows
+// it. Elsewhere ("http://127.0.0.1:8080", dial tcp's address) a port of
+// digits is printed: a password of digits cut at a '#' by other text
+// than url.Parse's error is printed too. A URL runs to the quote
 // that closes it where it is quoted (as %q quotes it, escapes skipped, or
 // in backquotes, as pgx quotes a connection string), else to the first
 // space. A value runs as pgx reads it: a query's to the next '&', a libpq
@@ -240,11 +248,19 @@ func MaskPasswords(s string) string {
 			continue
 		}
 		// No '@': a port that is not one may be the start of a password
-		// cut at a '#', as url.Parse's error quotes the URL. A port that
-		// punctuation of a sentence follows ("…:8443, not…") is one.
+		// cut at a '#', as url.Parse's error quotes the URL, what follows
+		// it (a '/', a '?') the rest of the password. A port that
+		// punctuation of a sentence follows ("…:8443, not…") is one. A
+		// port of digits is one too, but in url.Parse's error, which no
+		// port of digits causes: there the URL is refused for another
+		// fault, or a password of digits was cut at a '#', and the text
+		// cannot tell which.
+		if authority[0] == '[' {
+			continue // an IPv6 address's colons
+		}
 		port := strings.TrimRight(s[start+colon+1:min(end, w)], ".,;:!)]}>")
-		if authority[0] != '[' && strings.Trim(port, "0123456789") != "" {
-			masks = append(masks, [2]int{start + colon + 1, min(end, w)})
+		if strings.Trim(port, "0123456789") != "" || t.parseErrorURL(start) {
+			masks = append(masks, [2]int{start + colon + 1, w})
 		}
 	}
 	// The secrets of each URL's query, as MaskURL masks them: a query
@@ -389,11 +405,27 @@ func quotedSpans(s string) [][2]int {
 
 // span returns the closing quote of the piece of s quoted around i.
 func (t *text) span(i int) (int, bool) {
+	sp, ok := t.spanAround(i)
+	return sp[1], ok
+}
+
+// spanAround returns the piece of s quoted around i, from its opening
+// quote to its closing one.
+func (t *text) spanAround(i int) ([2]int, bool) {
 	n, _ := slices.BinarySearchFunc(t.spans, i, func(sp [2]int, i int) int { return sp[0] - i })
 	if n > 0 && i <= t.spans[n-1][1] {
-		return t.spans[n-1][1], true
+		return t.spans[n-1], true
 	}
-	return 0, false
+	return [2]int{}, false
+}
+
+// parseErrorURL reports whether the "//" that ends before i begins the
+// URL that url.Parse's error quotes (`parse "scheme://…": …`, as
+// url.Error prints it for the Op "parse").
+func (t *text) parseErrorURL(i int) bool {
+	sp, ok := t.spanAround(i)
+	return ok && t.s[sp[0]] == '"' && strings.HasSuffix(t.s[:sp[0]], "parse ") &&
+		!strings.ContainsAny(t.s[sp[0]+1:i-len("//")], "/?#")
 }
 
 // spanEnd returns the closing quote of the piece of s quoted around i, or

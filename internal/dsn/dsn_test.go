@@ -1,6 +1,7 @@
 package dsn
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -102,6 +103,28 @@ func TestMaskPasswords(t *testing.T) {
 		{`invalid proxy address "http://ops:s3cret?x@proxy:3128": parse "http://ops:s3cret?x@proxy:3128": invalid port ":s3cret" after host`,
 			`invalid proxy address "http://ops:xxxxx@proxy:3128": parse "http://ops:xxxxx@proxy:3128": invalid port "xxxxx" after host`},
 		{`parse "http://ops:s3cret": invalid port ":s3cret" after host`, `parse "http://ops:xxxxx": invalid port "xxxxx" after host`}, // a '#' cut it
+		// A password cut at a '#' that holds a '/' or a '?' before it:
+		// url.Parse's error quotes the URL to the '#', the rest of the
+		// password as a path or a query. The quote's end is the URL's.
+		{`parse "http://ops:s3cret/x": invalid port ":s3cret" after host`, `parse "http://ops:xxxxx": invalid port "xxxxx" after host`},
+		{`parse "http://ops:s3cret?x=1": invalid port ":s3cret" after host`, `parse "http://ops:xxxxx": invalid port "xxxxx" after host`},
+		{"dial http://ops:s3cret/x failed", "dial http://ops:xxxxx failed"},
+		// Whatever of '/', '?' and '#' it holds, a password runs to the
+		// last '@' of the URL's word.
+		{`Post "https://ops:s3/cr?et#x@api.example/v1": EOF`, `Post "https://ops:xxxxx@api.example/v1": EOF`},
+		{"dial https://ops:s3#cret@host failed", "dial https://ops:xxxxx@host failed"},
+		{"dial https://ops:s3?c#r/et@host failed", "dial https://ops:xxxxx@host failed"},
+		// A password of digits cut at a '#' reads as a port; url.Parse
+		// refuses none, so that where its error quotes a URL with a port
+		// and without an '@', the port is masked. A port elsewhere is a
+		// port.
+		{`parse "http://ops:1234": invalid port ":1234" after host`, `parse "http://ops:xxxxx": invalid port "xxxxx" after host`},
+		{`parse "http://o%zzps:1234": invalid URL escape "%zz"`, `parse "http://o%zzps:xxxxx": invalid URL escape "%zz"`},
+		{`parse "http://o%zzps:12/34": invalid URL escape "%zz"`, `parse "http://o%zzps:xxxxx": invalid URL escape "%zz"`},
+		{"http://127.0.0.1:8080", "http://127.0.0.1:8080"},
+		{`Post "http://127.0.0.1:8080/v1": dial tcp 127.0.0.1:8080: connect: connection refused`,
+			`Post "http://127.0.0.1:8080/v1": dial tcp 127.0.0.1:8080: connect: connection refused`},
+		{`parse "http://[::1]:8080/%zz": invalid URL escape "%zz"`, `parse "http://[::1]:8080/%zz": invalid URL escape "%zz"`},
 		// A port followed by punctuation, in a sentence, is a port.
 		{"it goes to http://127.0.0.1:39809, not to https://api.example.com", "it goes to http://127.0.0.1:39809, not to https://api.example.com"},
 		{"(at http://api.example:8443).", "(at http://api.example:8443)."},
@@ -120,6 +143,12 @@ func TestMaskPasswords(t *testing.T) {
 		{`host=db password = 's3\' cret' port=x`, "host=db password = xxxxx port=x"},
 		{`host=db password=s3\ cret`, "host=db password=xxxxx"},
 		{"cannot parse `password=s3cret`: x", "cannot parse `password=xxxxx`: x"},
+		// As pgx reads a keyword: spaces of any kind around its '=', a
+		// keyword right after the closing quote of a value.
+		{"cannot parse `host=db\tpassword\n=\ts3cret dbname=jar`: x", "cannot parse `host=db\tpassword\n=\txxxxx dbname=jar`: x"},
+		{"host=db sslpassword= 's3cret' user=ops", "host=db sslpassword= xxxxx user=ops"},
+		{"host=db password='a'password=s3cret", "host=db password=xxxxxpassword=xxxxx"},
+		{"host=db PASSWORD=s3cret", "host=db PASSWORD=xxxxx"},
 		// Passwords that overlap: one mask.
 		{"`host=db password=a//ops:s3 cret@x`", "`host=db password=xxxxx@x`"},
 		// A URL's query parameters that hold a secret, as MaskURL masks
@@ -134,6 +163,9 @@ func TestMaskPasswords(t *testing.T) {
 		{`Get "https://api.example/v1?next=/a?token=s3cret&x=1": EOF`, `Get "https://api.example/v1?next=/a?token=xxxxx&x=1": EOF`},
 		{`Get "https://api.example/v1?next=https://b.example/?key=s3cret": EOF`, `Get "https://api.example/v1?next=https://b.example/?key=xxxxx": EOF`},
 		{`Get "/v1?Client%5FSecret=s3cret": EOF`, `Get "/v1?Client%5FSecret=xxxxx": EOF`},
+		// A name percent-encoded.
+		{`Get "https://api.example/v1?pass%77ord=s3cret&api%5Fkey=s3cret": EOF`, `Get "https://api.example/v1?pass%77ord=xxxxx&api%5Fkey=xxxxx": EOF`},
+		{"postgres://ops@db/jar?%70assword=s3cret&sslpass%77ord=s3cret", "postgres://ops@db/jar?%70assword=xxxxx&sslpass%77ord=xxxxx"},
 		{"Get https://ops:s3cret@api.example/v1?token=s3cret", "Get https://ops:xxxxx@api.example/v1?token=xxxxx"},
 		{"https://blob.example/c/b?sv=2024&sig=s3cret", "https://blob.example/c/b?sv=2024&sig=xxxxx"},
 		// Not secrets: a query's other parameters, an empty value, the
@@ -244,6 +276,34 @@ func TestMaskPiecesQuotes(t *testing.T) {
 	} {
 		if got := maskPieces(c.in, []string{"s3cret%zz"}); got != c.want {
 			t.Errorf("maskPieces(%q) = %q; want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestMaskPasswordsParseErrors: url.Parse's own errors for URLs whose
+// password holds a '/', a '?' or a '#' not percent-encoded, or is made of
+// digits, print no piece of the password once masked. The error quotes
+// the URL to its '#' only, and a piece of it (a port that is not one).
+func TestMaskPasswordsParseErrors(t *testing.T) {
+	for _, c := range []struct{ url, password string }{
+		{"http://ops:QZ/ZQ#QQ@proxy:3128", "QZ/ZQ#QQ"},
+		{"http://ops:QZ?ZQ#QQ@proxy:3128", "QZ?ZQ#QQ"},
+		{"http://ops:QZ?Z=Q#QQ@proxy:3128/v1", "QZ?Z=Q#QQ"},
+		{"http://ops:QZ/Z?Q#Q/Q?Q@proxy", "QZ/Z?Q#Q/Q?Q"},
+		{"http://o%zzps:9797#97@proxy", "9797#97"},   // the user's bad escape: digits before the '#'
+		{"http://o%zzps:97/97#97@proxy", "97/97#97"}, // and a '/'
+		{"http://ops\x7f:9797#97@proxy", "9797#97"},  // a control byte
+		{"http://ops:QZ%zz#ZQ@proxy", "QZ%zz#ZQ"},
+	} {
+		_, err := url.Parse(c.url)
+		if err == nil {
+			t.Fatalf("url.Parse(%q) takes it; want an error", c.url)
+		}
+		got := MaskPasswords(err.Error())
+		for _, piece := range strings.FieldsFunc(c.password, func(r rune) bool { return strings.ContainsRune("/?#=%", r) }) {
+			if strings.Contains(got, piece) {
+				t.Errorf("MaskPasswords(%q) = %q: it holds %q, of the password %q", err, got, piece, c.password)
+			}
 		}
 	}
 }
