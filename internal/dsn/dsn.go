@@ -149,7 +149,7 @@ func queryMasks(masks [][2]int, s string, from, to int) [][2]int {
 
 // secretParam reports whether a URL query parameter named key (raw, as the
 // URL holds it) holds a secret: its name, decoded as url.ParseQuery decodes
-// it and trimmed, is a secret's as secrethdr.Is says it of a header's name
+// it (where an escape is bad, the others still decoded) and trimmed, is a secret's as secrethdr.Is says it of a header's name
 // ("password", "api_key", "access_token", "X-Amz-Signature"…), or one
 // that says it in a query alone ("sig", an Azure SAS's signature; "pwd";
 // "pass"); but not the idempotency key's, however it is spelt
@@ -165,7 +165,9 @@ func queryMasks(masks [][2]int, s string, from, to int) [][2]int {
 func secretParam(key string) bool {
 	name, err := url.QueryUnescape(key)
 	if err != nil {
-		name = key
+		// A bad escape: the others decoded all the same, as a lenient
+		// server (and Redacted, of a PostgreSQL URL) reads them.
+		name = decodeKey(strings.ReplaceAll(key, "+", " "))
 	}
 	name = strings.TrimSpace(name)
 	switch strings.ToLower(paramSeparators.Replace(name)) {
