@@ -6,6 +6,7 @@ package dsn
 import (
 	"bytes"
 	"errors"
+	"index/suffixarray"
 	"net/url"
 	"slices"
 	"strconv"
@@ -523,8 +524,12 @@ func skipSpaces(s string, i int) int {
 // maskPieces returns s with each string quoted in it (as %q quotes it)
 // that is part of one of passwords, a ':' before it counted (url.Parse's
 // error quotes a port that is not one with it), as "xxxxx". Quotes pair
-// from the left, each byte read once.
+// from the left, each byte read once. The passwords are looked up in one
+// suffix array, not each in turn: a text that quotes many strings and many
+// passwords is masked in a time that grows as n log n with its length, not
+// as the number of quoted strings times the passwords' length.
 func maskPieces(s string, passwords []string) string {
+	var pieces *pieceIndex // built at the first quoted string
 	var b strings.Builder
 	done := 0 // s[:done] is in b
 	for i := strings.IndexByte(s, '"'); i >= 0 && i < len(s); {
@@ -539,7 +544,10 @@ func maskPieces(s string, passwords []string) string {
 			break
 		}
 		u, err := strconv.Unquote(s[i : j+1])
-		if err == nil && u != "" && slices.ContainsFunc(passwords, func(p string) bool { return strings.Contains(":"+p, u) }) {
+		if err == nil && u != "" && pieces == nil {
+			pieces = newPieceIndex(passwords)
+		}
+		if err == nil && u != "" && pieces.has(u) {
 			b.WriteString(s[done:i])
 			b.WriteString(`"xxxxx"`)
 			done = j + 1
@@ -555,6 +563,49 @@ func maskPieces(s string, passwords []string) string {
 	}
 	b.WriteString(s[done:])
 	return b.String()
+}
+
+// pieceIndex tells whether a string is part of one of a set of passwords,
+// a ':' before each counted.
+type pieceIndex struct {
+	index *suffixarray.Index // of the passwords, each after sep and a ':'
+	sep   byte
+	exact bool   // sep is in no password
+	buf   []byte // the string looked up, kept for the next
+}
+
+func newPieceIndex(passwords []string) *pieceIndex {
+	var used [256]bool
+	used[':'] = true
+	n := 0
+	for _, p := range passwords {
+		for i := range len(p) {
+			used[p[i]] = true
+		}
+		n += 2 + len(p)
+	}
+	x := &pieceIndex{}
+	if i := slices.Index(used[:], false); i >= 0 {
+		x.sep, x.exact = byte(i), true
+	}
+	data := make([]byte, 0, n)
+	for _, p := range passwords {
+		data = append(data, x.sep, ':')
+		data = append(data, p...)
+	}
+	x.index = suffixarray.New(data)
+	return x
+}
+
+// has reports whether u is part of a password, a ':' before it counted.
+// Where every byte is in some password, so that no separator is in none,
+// u may be found across two of them: more is masked then, never less.
+func (x *pieceIndex) has(u string) bool {
+	if x.exact && strings.IndexByte(u, x.sep) >= 0 {
+		return false
+	}
+	x.buf = append(x.buf[:0], u...)
+	return len(x.index.Lookup(x.buf, 1)) > 0
 }
 
 // MaskURLError masks, in ue, url.Parse's error for s, the password of s's
