@@ -219,7 +219,8 @@ var paramSeparators = strings.NewReplacer("-", "", "_", "")
 // may be a later word's, and the port of a URL with an '@' in its path is
 // taken for a password: more is masked then, never less. A quoted piece
 // of a password masked ("%zz": url.Parse's error quotes an escape that is
-// not one) is masked too.
+// not one) is masked too. The time it takes grows as n log n with the
+// length of s, however many quoted strings and passwords s holds.
 func MaskPasswords(s string) string {
 	t := &text{s: s, spans: quotedSpans(s)}
 	var masks [][2]int // the byte ranges of s to print as xxxxx
