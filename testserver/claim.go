@@ -26,7 +26,9 @@ type Claim struct {
 	// token and the claim's random ID (Fence.ClaimID), which is this run's
 	// alone. A handler fences its own writes by the token: it stores the
 	// token with what it writes, and changes a row only while the token
-	// stored there is not greater than its own. A run that takes a stale
+	// stored there is not greater than its own (and, to tell its own rows
+	// from those of a run whose token equals its own, stores ClaimID with
+	// it). A run that takes a stale
 	// claim over gets a token greater than the one it took over, so that
 	// the run it took over, waking late, cannot overwrite what its
 	// successor wrote; the Middleware then answers that run's caller 409
@@ -38,6 +40,14 @@ type Claim struct {
 	// refused answers 503, so that, under ReleaseClaim, the claim is
 	// released and the caller's retry comes back with a later token.
 	Token int64
+
+	// ClaimID is the claim's random ID (Fence.ClaimID): this run's alone,
+	// on one server or many, where Token may be another run's too (a claim
+	// made afresh after a release, on a clock that reads as the released
+	// run's did). A handler that stores it with the token changes a row
+	// only while the token stored there is less than its own, or equal to
+	// it with its own ClaimID, as the Middleware's Save and Release do.
+	ClaimID string
 
 	// TakenOver reports that this run took the key over from a stale
 	// claim: an earlier run with the same key neither saved nor released

@@ -75,8 +75,8 @@ func TestClaimFrom(t *testing.T) {
 			t.Fatalf("ClaimFrom in a first claim = %+v; want the credential's scope, key k1, a first claim, token %d", c, now)
 		}
 		saved := st.last()
-		if saved.Token != c.Token || saved.ClaimID == "" {
-			t.Errorf("the Middleware saved with fence %+v; the handler was told token %d; want that token and an ID", saved, c.Token)
+		if saved.Token != c.Token || saved.ClaimID == "" || saved.ClaimID != c.ClaimID {
+			t.Errorf("the Middleware saved with fence %+v; the handler was told token %d and ID %q; want those, an ID not empty", saved, c.Token, c.ClaimID)
 		}
 
 		// The Middleware's Scope function names the scope.
@@ -112,13 +112,13 @@ func TestClaimFrom(t *testing.T) {
 			t.Errorf("the stale run was told it took over: %+v", first)
 		}
 		over := st.last()
-		if over.Token != got.Token || over.ClaimID == "" {
-			t.Errorf("the Middleware saved the take-over's answer with fence %+v; the handler was told token %d; want that token and an ID", over, got.Token)
+		if over.Token != got.Token || over.ClaimID == "" || over.ClaimID != got.ClaimID {
+			t.Errorf("the Middleware saved the take-over's answer with fence %+v; the handler was told token %d and ID %q; want those, an ID not empty", over, got.Token, got.ClaimID)
 		}
 		close(unblock)
 		<-seen
 		wantProblem(t, <-a, 409, testserver.ProblemTakenOver)
-		if stale := st.last(); stale.Token != first.Token || stale.ClaimID == "" || stale.ClaimID == over.ClaimID {
+		if stale := st.last(); stale.Token != first.Token || stale.ClaimID != first.ClaimID || stale.ClaimID == "" || stale.ClaimID == over.ClaimID {
 			t.Errorf("the stale run's save was fenced with %+v; want its token %d and an ID other than the take-over's %q", stale, first.Token, over.ClaimID)
 		}
 

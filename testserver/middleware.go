@@ -577,7 +577,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			return
 		case claimed:
 			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", f.Token)
-			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token}, f.ClaimID, body)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token, ClaimID: f.ClaimID}, body)
 			return
 		case e.Fingerprint != fp:
 			m.stats.mismatches.Add(1)
@@ -620,7 +620,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		}
 		if won {
 			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next.Token)
-			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next.Token, TakenOver: true}, next.ClaimID, body)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next.Token, ClaimID: next.ClaimID, TakenOver: true}, body)
 			return
 		}
 		// Another request took it over, saved or released it first: look again.
@@ -761,12 +761,11 @@ func (m *Middleware) replayable(name string, head bool) bool {
 	return slices.ContainsFunc(list, func(s string) bool { return http.CanonicalHeaderKey(s) == name })
 }
 
-// run executes the handler under the claim c, whose ClaimID is id and
-// which its request's context carries, then saves or releases the claim,
-// and answers.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, id string, body []byte) {
+// run executes the handler under the claim c, which its request's context
+// carries, then saves or releases the claim, and answers.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, body []byte) {
 	scope, key, token := c.Scope, c.Key, c.Token
-	fence := Fence{Token: token, ClaimID: id}
+	fence := Fence{Token: token, ClaimID: c.ClaimID}
 	limit := m.MaxSavedResponse
 	if limit <= 0 {
 		limit = DefaultMaxSavedResponse
