@@ -297,7 +297,11 @@ type Middleware struct {
 	OnError ErrorPolicy
 
 	// Now returns the current time. Nil means time.Now. Claim tokens,
-	// lease ages and retention are measured with it.
+	// lease ages and retention are measured with it. A reading that a
+	// token, Unix nanoseconds in an int64, cannot hold (before 1678 or
+	// after 2262: the zero time.Time of a Now not set up) fails closed: the
+	// request is refused with 503 (ProblemStoreUnavailable), and Prune
+	// with ErrOptions, rather than take a running claim for a stale one.
 	Now func() time.Time
 
 	// Logger receives one record per decision (a request refused for its
@@ -516,6 +520,19 @@ func newFence(now time.Time) Fence {
 	return Fence{Token: now.UnixNano(), ClaimID: rand.Text()}
 }
 
+// tokenTime returns ErrOptions for a reading of Now that a fencing token
+// cannot hold: time.Time.UnixNano is undefined before 1678 and after
+// 2262, and the token it gave would put a running claim's age anywhere,
+// past LockTimeout (taken over while it runs) or past Retention (pruned).
+func tokenTime(now time.Time) error {
+	if now.Before(minToken) || now.After(maxToken) {
+		return fmt.Errorf("%w: Now read %v, outside the years 1678–2262 whose Unix nanoseconds a fencing token holds", ErrOptions, now)
+	}
+	return nil
+}
+
+var minToken, maxToken = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+
 func (m *Middleware) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
@@ -569,6 +586,10 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 	}
 	for range maxDecisions {
 		now := m.now()
+		if err := tokenTime(now); err != nil {
+			m.storeFailed(w, r, key, err)
+			return
+		}
 		f := newFence(now)
 		e, claimed, err := m.Store.Claim(ctx, scope, key, fp, f, now)
 		switch {
@@ -1009,8 +1030,9 @@ func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args
 // starts and then periodically: a server restarted more often than the
 // period never prunes if the first run waits a period. With a
 // nil Store it deletes nothing and returns ErrNoStore; with a negative
-// LockTimeout or PruneBatch, a LockTimeout not below Retention, or an
-// OnError that is neither policy, ErrOptions.
+// LockTimeout or PruneBatch, a LockTimeout not below Retention, an
+// OnError that is neither policy, or a Now that reads outside the years
+// 1678–2262, ErrOptions.
 func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if err := m.usable(); err != nil {
 		return 0, err
@@ -1020,7 +1042,11 @@ func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if batch <= 0 {
 		batch = DefaultPruneBatch
 	}
-	before := m.now().Add(-retention)
+	now := m.now()
+	before := now.Add(-retention)
+	if err := tokenTime(now); err != nil {
+		return 0, err
+	}
 	total := 0
 	for range maxPruneBatches {
 		n, err := m.Store.Prune(ctx, before, batch)

@@ -1190,7 +1190,8 @@ func TestPruneNilStore(t *testing.T) {
 	}
 }
 
-// TestBadOptions: a negative LockTimeout or PruneBatch is refused as a nil
+// TestBadOptions: a negative LockTimeout or PruneBatch (or a Now out of a
+// token's range) is refused as a nil
 // Store is, not taken for the default: Prune returns ErrOptions naming the
 // field and deletes nothing, and a protected request is answered 503
 // without running the handler, the error logged once.
@@ -1204,6 +1205,13 @@ func TestBadOptions(t *testing.T) {
 		{"OnError", func(mw *testserver.Middleware) { mw.OnError = testserver.SaveError + 1 }},
 		// Prune would delete the claim of a handler still running.
 		{"Retention", func(mw *testserver.Middleware) { mw.LockTimeout = testserver.DefaultRetention }},
+		// A clock whose readings no token holds: the zero time of a Now
+		// not set up, and one past 2262, under which every entry would be
+		// due for Prune and every claim stale.
+		{"Now", func(mw *testserver.Middleware) { mw.Now = func() time.Time { return time.Time{} } }},
+		{"Now", func(mw *testserver.Middleware) {
+			mw.Now = func() time.Time { return time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC) }
+		}},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			clk := newClock()
