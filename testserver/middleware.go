@@ -1043,10 +1043,10 @@ func (m *Middleware) Prune(ctx context.Context) (int, error) {
 		batch = DefaultPruneBatch
 	}
 	now := m.now()
-	before := now.Add(-retention)
 	if err := tokenTime(now); err != nil {
 		return 0, err
 	}
+	before := now.Add(-retention)
 	total := 0
 	for range maxPruneBatches {
 		n, err := m.Store.Prune(ctx, before, batch)

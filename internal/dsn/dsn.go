@@ -545,13 +545,15 @@ func maskPieces(s string, passwords []string) string {
 			break
 		}
 		u, err := strconv.Unquote(s[i : j+1])
-		if err == nil && u != "" && pieces == nil {
-			pieces = newPieceIndex(passwords)
-		}
-		if err == nil && u != "" && pieces.has(u) {
-			b.WriteString(s[done:i])
-			b.WriteString(`"xxxxx"`)
-			done = j + 1
+		if err == nil && u != "" {
+			if pieces == nil {
+				pieces = newPieceIndex(passwords)
+			}
+			if pieces.has(u) {
+				b.WriteString(s[done:i])
+				b.WriteString(`"xxxxx"`)
+				done = j + 1
+			}
 		}
 		k := strings.IndexByte(s[j+1:], '"')
 		if k < 0 {
