@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/resume"
+	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -626,7 +627,8 @@ func (c *call) begin(ctx context.Context) (err error) {
 }
 
 // storedHeader returns the request header as a record keeps it: without
-// credentials (SecretHeader) or the key, and with a Host entry when the
+// the values of credentials (SecretHeader: their names stay, with no
+// values, for Record.Withheld) or the key, and with a Host entry when the
 // request's Host is not its URL's (Record.NewRequest sets it back). A Host
 // entry of the caller's, in any case ("host" too), is not kept: net/http
 // takes the Host from Request.Host, and a resume would send the entry as
@@ -651,7 +653,7 @@ func storedHeader(req *http.Request) http.Header {
 			return h
 		}
 	}
-	h = PublicHeader(h)
+	h = secrethdr.Withhold(h)
 	for name := range h {
 		if keyhdr.Is(name) || isHostHeader(name) {
 			delete(h, name)

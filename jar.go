@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // State is where an operation stands in a Jar.
@@ -69,9 +70,11 @@ type Record struct {
 	// The request, so that it can be resumed after a restart. URL and
 	// Header never hold credentials: the URL has no userinfo (a record of
 	// an earlier version, which kept it, may; its resume sends it), and
-	// the header none of what SecretHeader names (a record of a version
-	// whose SecretHeader named fewer may; its resume sends them too, see
-	// NewRequest). Nor does the URL hold a #fragment, which net/http does
+	// the header no value of what SecretHeader names: each such header the
+	// request carried is kept by name with no values (see Withheld), which
+	// a resume must add again. (A record of a version whose SecretHeader
+	// named fewer may hold one with its values; its resume sends them too,
+	// see NewRequest.) Nor does the URL hold a #fragment, which net/http does
 	// not send (a record of an earlier version may). Header holds a "Host" entry
 	// when the request's Host was not its URL's host (a virtual host reached
 	// by address); NewRequest makes it the request's Host again. Body is
@@ -103,6 +106,16 @@ type Record struct {
 // BodyStored reports whether the record holds the whole request body.
 func (r Record) BodyStored() bool { return int64(len(r.Body)) == r.BodySize }
 
+// Withheld returns the names, canonical and sorted, of the credentials the
+// operation's first send carried and the jar does not keep: the headers
+// SecretHeader names that Header holds with no values. A resume without
+// them is a request the server may refuse, or, where it scopes keys by
+// credential, take for a new one and run again: client.Resume refuses to
+// send it when its Client cannot add them (client.ErrCredentials), and a
+// caller of NewRequest adds them before sending. A record written before
+// the jars kept these names withholds none.
+func (r Record) Withheld() []string { return secrethdr.Withheld(r.Header) }
+
 // ErrBodyNotStored is returned, wrapped with the operation's name, by
 // Record.NewRequest for a record that does not hold its request's body (it
 // was larger than Transport.MaxStoredBody): the caller must supply the body
@@ -118,7 +131,8 @@ var ErrBodyNotStored = errors.New("idem: the request body is not stored in the j
 // was abandoned or forgotten meanwhile, when the name begins a new
 // operation under a new key (client.Resume sends only a pending one). The
 // header has no credentials (see SecretHeader), but those a record of an
-// earlier version may hold, which it keeps: add them before sending.
+// earlier version may hold, which it keeps: add them before sending, those
+// r.Withheld names at least, which it leaves out.
 // NewRequest returns an error wrapping ErrBodyNotStored when r does not
 // hold the whole body, and an error, as http.NewRequestWithContext does,
 // for a nil ctx, and for a URL that does not parse (url.Parse's *url.Error,
@@ -159,9 +173,12 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 			req.Host = h[0]
 		}
 		// A record written before storedHeader matched Host in any case
-		// may hold the caller's "host" too.
-		for name := range req.Header {
-			if isHostHeader(name) {
+		// may hold the caller's "host" too. A withheld credential's name
+		// is left out, for the caller to set: an entry with no values is
+		// not a header net/http sends, but one a caller who ranges over
+		// the header or tests its keys would take for set.
+		for name, vs := range req.Header {
+			if isHostHeader(name) || (len(vs) == 0 && SecretHeader(name)) {
 				delete(req.Header, name)
 			}
 		}
@@ -207,8 +224,10 @@ type Change struct {
 //     Change whose State is neither "" nor Valid: it returns an error and
 //     writes nothing. The error is the jar's own (ErrInvalidRecord for
 //     MemoryJar); a jar may also refuse what it cannot store.
-//   - Credentials are never written: callers strip them (see SecretHeader),
-//     and a jar may strip them again.
+//   - Credentials are never written: callers keep the names of the
+//     headers SecretHeader names with no values (see Record.Withheld), and
+//     a jar may take their values out again; a jar that drops the names
+//     too loses only what Withheld reports.
 //   - Begin copies what it keeps of r: r.Header and r.Body may be the
 //     caller's own, as the Transport passes its request's. A caller that
 //     changes them after Begin, or changes a record a jar returned,

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // Filter selects records for a jar's List method, which returns them in
@@ -399,7 +401,8 @@ func (j *MemoryJar) each(fn func(op string, i uint32, m *memRecord) bool) {
 // a uvarint. A header is its number of names (4 bytes, little-endian), then
 // each name, its number of values as a uvarint and its values: a name
 // without values is kept, as the other jars keep it (net/http sends no
-// User-Agent for one, where it sends its own for no name).
+// User-Agent for one, where it sends its own for no name), and a
+// credential's name (SecretHeader) has none.
 
 func encodeHead(b []byte, r *Record) (_ []byte, dropped bool) {
 	b = appendString(b, r.Op)
@@ -421,8 +424,9 @@ func encodeHead(b []byte, r *Record) (_ []byte, dropped bool) {
 	n := 0
 	for name, vs := range r.Header {
 		if SecretHeader(name) {
-			dropped = true
-			continue
+			// Its name, with no values (see Record.Withheld).
+			dropped = dropped || len(vs) > 0
+			vs = nil
 		}
 		b = binary.AppendUvarint(appendString(b, name), uint64(len(vs)))
 		for _, v := range vs {
@@ -522,7 +526,7 @@ func (j *MemoryJar) Begin(ctx context.Context, r Record) (Record, bool, error) {
 	j.compact()
 	switch {
 	case dropped:
-		r.Header = PublicHeader(r.Header) // the record as kept
+		r.Header = secrethdr.Withhold(r.Header) // the record as kept
 	case r.Header == nil:
 		r.Header = http.Header{} // as Get returns it
 	}

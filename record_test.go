@@ -283,3 +283,65 @@ func TestRecordKeepsHost(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordWithheld: a record names the credentials its first send
+// carried, by the headers SecretHeader names that it holds with no values,
+// canonical and sorted; NewRequest leaves them out, for the caller to set.
+// A header with no values that is no credential (a User-Agent the caller
+// silenced), and a credential a record of an earlier version holds with
+// its value, are not withheld: NewRequest sends them as stored.
+func TestRecordWithheld(t *testing.T) {
+	jar := &idem.MemoryJar{}
+	var sent http.Header
+	tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1}, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent = r.Header.Clone()
+		return &http.Response{StatusCode: 503, Body: http.NoBody, Request: r}, nil
+	})}
+	ctx := idem.WithOperation(context.Background(), "op")
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer sk_live_secret")
+	req.Header["x-api-key"] = []string{"k"} // not canonical, as a caller may set it
+	req.Header["User-Agent"] = nil
+	req.Header.Set("X-Request-Source", "test")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if sent.Get("Authorization") == "" || len(sent["x-api-key"]) == 0 {
+		t.Fatalf("the first send carried %v; want the caller's credentials", sent)
+	}
+	rec, err := jar.Get(ctx, "op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rec.Withheld(), []string{"Authorization", "X-Api-Key"}; !slices.Equal(got, want) {
+		t.Fatalf("Withheld() = %q (header %v); want %q", got, rec.Header, want)
+	}
+	rreq, err := rec.NewRequest(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Authorization", "x-api-key"} {
+		if _, ok := rreq.Header[name]; ok {
+			t.Errorf("NewRequest's header holds %s: %v; want it left out for the caller", name, rreq.Header)
+		}
+	}
+	if vs, ok := rreq.Header["User-Agent"]; !ok || len(vs) != 0 || rreq.Header.Get("X-Request-Source") != "test" {
+		t.Errorf("NewRequest's header = %v; want the silenced User-Agent and X-Request-Source kept", rreq.Header)
+	}
+
+	// A record of an earlier version: its credential kept with its value,
+	// which NewRequest sends; nothing is withheld.
+	old := rec
+	old.Header = http.Header{"Cb-Access-Passphrase": {"p"}, "Authorization": {}, "User-Agent": nil}
+	if got, want := old.Withheld(), []string{"Authorization"}; !slices.Equal(got, want) {
+		t.Errorf("Withheld() of %v = %q; want %q", old.Header, got, want)
+	}
+	if rreq, err = old.NewRequest(context.Background()); err != nil || rreq.Header.Get("Cb-Access-Passphrase") != "p" {
+		t.Errorf("NewRequest of %v: %v, %v; want the stored passphrase sent", old.Header, rreq, err)
+	}
+	if got := (idem.Record{}).Withheld(); got != nil {
+		t.Errorf("Withheld() of a record without header = %q; want none", got)
+	}
+}

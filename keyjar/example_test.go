@@ -64,6 +64,7 @@ func ExampleOpen() {
 	}
 	fmt.Println("after restart:", rec.Key, "created:", created)
 	fmt.Printf("stored headers: %v\n", rec.Header)
+	fmt.Printf("withheld, for a resume to add: %v\n", rec.Withheld())
 	fi, err := os.Stat(path)
 	if err != nil {
 		log.Fatal(err)
@@ -72,7 +73,8 @@ func ExampleOpen() {
 	// Output:
 	// first run: 5f0c6d1e-8a4b-4c3d-9e2f-1a2b3c4d5e6f created: true
 	// after restart: 5f0c6d1e-8a4b-4c3d-9e2f-1a2b3c4d5e6f created: false
-	// stored headers: map[Content-Type:[application/json]]
+	// stored headers: map[Authorization:[] Content-Type:[application/json]]
+	// withheld, for a resume to add: [Authorization]
 	// file mode: -rw-------
 }
 

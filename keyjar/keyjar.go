@@ -98,8 +98,9 @@
 // only when SQLite reads what was damaged, which its writer, holding the
 // pages it wrote in its cache, may not do before Close.
 //
-// Credentials never reach the file: Begin drops every header that
-// idem.SecretHeader names, even when the caller forgot to.
+// Credentials never reach the file: Begin keeps every header that
+// idem.SecretHeader names by its name alone, without its values, even when
+// the caller forgot to take them out (idem.Record.Withheld lists them).
 //
 // The file keeps every operation, done ones and unnamed ones included, until
 // Prune (or idemctl prune) deletes it: nothing is pruned on its own, and

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // Begin implements idem.Jar: it returns op's record, creating it from r
 // (created=true) when the jar holds none or holds one in StateAbandoned. A
 // created record is on stable storage before Begin returns. Headers that
-// idem.SecretHeader names are dropped; an empty State means StatePending.
+// idem.SecretHeader names are kept by name alone, without their values
+// (see idem.Record.Withheld); an empty State means StatePending.
 //
 // Begin returns ErrInvalid for a record without Op or Key, with an invalid
 // State or with a time that cannot be stored, and ErrMoved, committing
@@ -38,7 +40,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 	if !r.State.Valid() {
 		return idem.Record{}, false, fmt.Errorf("%w: op %q: state %q", ErrInvalid, r.Op, r.State)
 	}
-	r.Header = idem.PublicHeader(r.Header)
+	r.Header = secrethdr.Withhold(r.Header)
 	w, err := encode(r)
 	if err != nil {
 		return idem.Record{}, false, wrapf(err, "begin %q", r.Op)

@@ -3,7 +3,43 @@
 // (never saved for replay).
 package secrethdr
 
-import "net/textproto"
+import (
+	"net/http"
+	"net/textproto"
+	"slices"
+)
+
+// Withhold returns a copy of h in which each header that Is names has no
+// values: a jar keeps the name, so that a resume knows which credentials
+// the first send carried (idem.Record.Withheld), and not the credential.
+// It is idempotent: the jars apply it to what the Transport already did.
+func Withhold(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		if Is(k) {
+			out[k] = []string{}
+		} else {
+			out[k] = slices.Clone(v)
+		}
+	}
+	return out
+}
+
+// Withheld returns the canonical names of the headers of h that Is names
+// and that have no values, sorted: those Withhold left without their
+// credential. A header of a record written before the jars kept these
+// names, or by a version whose Is named fewer, holds its values instead:
+// it is not withheld.
+func Withheld(h http.Header) []string {
+	var names []string
+	for k, v := range h {
+		if len(v) == 0 && Is(k) {
+			names = append(names, textproto.CanonicalMIMEHeaderKey(k))
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
 
 // Is reports whether a header carries a credential: Authorization,
 // Proxy-Authorization, Cookie, Set-Cookie, any header whose name contains

@@ -1082,20 +1082,28 @@ func testSecretHeaders(t *testing.T, j Jar) {
 		"Cookie":              {"session=secret"},
 		"X-Api-Key":           {"secret-api-key"},
 		"X-Auth-Token":        {"secret-token"},
+		"x-session-id":        {"secret-session"}, // as a caller may set it, not canonical
 		"Content-Type":        {"application/json"},
 		"Accept":              {"application/json", "text/plain"},
 	}
 	in := r.Header.Clone()
-	want := http.Header{"Content-Type": {"application/json"}, "Accept": {"application/json", "text/plain"}}
+	// The credentials' names stay, without their values: a resume must
+	// send them again.
+	want := http.Header{"Content-Type": {"application/json"}, "Accept": {"application/json", "text/plain"},
+		"Authorization": nil, "Proxy-Authorization": nil, "Cookie": nil, "X-Api-Key": nil, "X-Auth-Token": nil, "x-session-id": nil}
+	withheld := []string{"Authorization", "Cookie", "Proxy-Authorization", "X-Api-Key", "X-Auth-Token", "X-Session-Id"}
 	check := func(what string, h http.Header) {
 		t.Helper()
-		for k := range h {
-			if idem.SecretHeader(k) {
-				t.Errorf("%s holds secret header %s", what, k)
+		for k, vs := range h {
+			if idem.SecretHeader(k) && len(vs) > 0 {
+				t.Errorf("%s holds the value of secret header %s", what, k)
 			}
 		}
 		if !headerEqual(h, want) {
 			t.Errorf("%s header = %v; want %v", what, h, want)
+		}
+		if got := (idem.Record{Header: h}).Withheld(); !slices.Equal(got, withheld) {
+			t.Errorf("%s: Withheld() = %q; want %q", what, got, withheld)
 		}
 	}
 	got := begin(t, j, r)

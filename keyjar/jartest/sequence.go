@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/secrethdr"
 )
 
 // testSequences runs Sequence with steps drawn from fixed seeds, on one jar
@@ -79,7 +80,7 @@ func sequence(t *testing.T, j Jar, steps []byte, prefix string) {
 				t.Fatalf("%s: Begin created %v, %v; want %v", what, created, err, want)
 			}
 			if !ok || old.State == idem.StateAbandoned {
-				r.Header = idem.PublicHeader(r.Header)
+				r.Header = secrethdr.Withhold(r.Header)
 				r.Body = bytes.Clone(r.Body)
 				m[op] = r
 			}

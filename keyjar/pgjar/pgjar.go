@@ -150,6 +150,7 @@ import (
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/reconnect"
+	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -583,7 +584,8 @@ const getSQL = `SELECT ` + columns + ` FROM {schema}.idem_operations WHERE op = 
 // Begin implements idem.Jar: it returns op's record, creating it from r
 // (created=true) when the jar holds none or holds one in StateAbandoned. A
 // created record is on stable storage before Begin returns. Headers that
-// idem.SecretHeader names are dropped; an empty State means StatePending.
+// idem.SecretHeader names are kept by name alone, without their values
+// (see idem.Record.Withheld); an empty State means StatePending.
 // When the connection to the server is lost, Begin runs its statements
 // again (see the package documentation).
 //
@@ -623,7 +625,7 @@ func (j *Jar) Begin(ctx context.Context, r idem.Record) (idem.Record, bool, erro
 			return idem.Record{}, false, wrapf(err, "begin %q", r.Op)
 		}
 	}
-	header, err := hdrjson.Marshal(idem.PublicHeader(r.Header))
+	header, err := hdrjson.Marshal(secrethdr.Withhold(r.Header))
 	if err != nil {
 		return idem.Record{}, false, wrapf(fmt.Errorf("%w: header: %v", ErrInvalid, err), "begin %q", r.Op)
 	}
