@@ -188,6 +188,7 @@ type Client struct {
 	hc           *http.Client
 	maxErrorBody int64
 	maxJSONBody  int64
+	addsHeader   bool // Options.Header is set: a resume can add credentials
 
 	mu     sync.Mutex     // guards closed and the calls' Add
 	closed bool           // Close began: no call may start
@@ -214,7 +215,7 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	if opts != nil {
 		o = *opts
 	}
-	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody, maxJSONBody: o.MaxJSONBody}
+	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody, maxJSONBody: o.MaxJSONBody, addsHeader: o.Header != nil}
 	if c.maxJSONBody <= 0 {
 		c.maxJSONBody = 16 << 20
 	}
@@ -649,8 +650,11 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // method the Client does not key, an *idem.ReconcileError for one past its
 // horizon (StateReconcile, or pending and first sent longer ago than
 // Policy.Horizon, which Resume marks StateReconcile as the Transport does,
-// whether or not the jar stored its body), and ErrBodyNotStored when the
-// body was too large to store: use ResumeWithBody.
+// whether or not the jar stored its body), ErrBodyNotStored when the
+// body was too large to store: use ResumeWithBody, and a
+// *CredentialsError (ErrCredentials) when the first send carried
+// credentials (idem.Record.Withheld) and the Client has no Options.Header
+// to add them: nothing is sent.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	if err := c.enter(ctx); err != nil {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)
@@ -756,6 +760,15 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 	if !c.keyed(rec.Method) {
 		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through a Client whose Options.Methods include %s",
 			op, rec.Method, ErrMethod, rec.Method)
+	}
+	if w := rec.Withheld(); len(w) > 0 && !c.addsHeader && rec.State == idem.StatePending &&
+		!c.tr.Policy.Expired(rec.Created, time.Now()) {
+		// Checked before the lease, and not past the horizon, where the
+		// resume sends nothing but marks the operation for reconciliation.
+		// With Options.Header, what it adds is known only when it runs, on
+		// each attempt: a server that refuses the credentials it lacks
+		// answers 401 or 407, which leaves the operation pending.
+		return rec, &CredentialsError{Op: op, Key: rec.Key, Missing: w}
 	}
 	return rec, nil
 }

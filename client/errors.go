@@ -46,6 +46,31 @@ var (
 	ErrTooLarge = errors.New("client: the answer is larger than MaxJSONBody")
 )
 
+// ErrCredentials is matched by the *CredentialsError of Resume, ResumeJSON
+// and ResumeWithBody.
+var ErrCredentials = errors.New("client: the resume lacks the credentials of the first send")
+
+// CredentialsError is returned by Resume, ResumeJSON and ResumeWithBody for
+// a pending operation whose first send carried credentials
+// (idem.Record.Withheld: the jar keeps their names, not their values)
+// when the Client has no Options.Header to add them: sent without them,
+// the request would be refused, or taken for a new one and run again by a
+// server that scopes keys by credential. Nothing was sent or changed:
+// resume it through a Client whose Options.Header adds them. It matches
+// ErrCredentials.
+type CredentialsError struct {
+	Op, Key string
+	Missing []string // the headers' names, canonical and sorted
+}
+
+func (e *CredentialsError) Error() string {
+	return fmt.Sprintf("client: resume %q: its first send carried %s, which the jar does not keep, and the Client has no Options.Header to add them; nothing was sent: %s",
+		e.Op, ctlesc.Escape(strings.Join(e.Missing, ", ")), ErrCredentials.Error())
+}
+
+// Is reports whether target is ErrCredentials.
+func (e *CredentialsError) Is(target error) bool { return target == ErrCredentials }
+
 // ErrOptions is returned by New for arguments that name no jar, or two:
 // neither a path nor Options.Jar, or both.
 var ErrOptions = errors.New("client: invalid options")

@@ -9,8 +9,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 
 	"github.com/idemkit/idem"
@@ -213,5 +215,89 @@ func TestStatusErrorEscapesTheServersControlCharacters(t *testing.T) {
 	}
 	if se.Status != status || string(se.Body) != body {
 		t.Errorf("Status %q, Body %q; want them as the server sent them", se.Status, se.Body)
+	}
+}
+
+// TestResumeRefusesWithoutTheWithheldCredentials: a first send that
+// carried a credential set on the request itself leaves its name in the
+// jar (idem.Record.Withheld). A Client with no Options.Header, which could
+// not add it, refuses to resume the operation with a *CredentialsError
+// naming it: nothing is sent, counted or leased, by Resume, ResumeJSON or
+// ResumeWithBody alike. A Client whose Options.Header adds it resumes the
+// operation under its key; past the horizon a Client without one marks it
+// for reconciliation as it would any other, sending nothing.
+func TestResumeRefusesWithoutTheWithheldCredentials(t *testing.T) {
+	ctx := context.Background()
+	s := newShop()
+	s.failNext(503)
+	jar := &idem.MemoryJar{}
+	bare, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{s}, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	req, _ := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o1","amount":5}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Api-Key", "sk_set_on_the_request")
+	if _, err := bare.Do(ctx, "charge:o1", req); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("first call: %v; want pending", err)
+	}
+	before, err := jar.Get(ctx, "charge:o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, resume := range map[string]func() (*client.Response, error){
+		"Resume":     func() (*client.Response, error) { return bare.Resume(ctx, "charge:o1") },
+		"ResumeJSON": func() (*client.Response, error) { return bare.ResumeJSON(ctx, "charge:o1", nil) },
+		"ResumeWithBody": func() (*client.Response, error) {
+			return bare.ResumeWithBody(ctx, "charge:o1", func() (io.ReadCloser, error) {
+				return io.NopCloser(strings.NewReader(`{"order":"o1","amount":5}`)), nil
+			})
+		},
+	} {
+		resp, err := resume()
+		var ce *client.CredentialsError
+		if resp != nil || !errors.As(err, &ce) || !errors.Is(err, client.ErrCredentials) ||
+			!slices.Equal(ce.Missing, []string{"X-Api-Key"}) || ce.Op != "charge:o1" || ce.Key != before.Key {
+			t.Fatalf("%s: %v, %v; want a *CredentialsError for charge:o1 missing X-Api-Key", name, resp, err)
+		}
+		if !strings.Contains(err.Error(), "X-Api-Key") || !strings.Contains(err.Error(), "Options.Header") {
+			t.Errorf("%s: %q; want the header and the remedy named", name, err)
+		}
+		after, err := jar.Get(ctx, "charge:o1")
+		if err != nil || after.Attempts != before.Attempts || after.Holder != "" || after.State != idem.StatePending || s.sends() != 1 {
+			t.Fatalf("%s: after the refusal: %+v, %v, %d sends; want the record as it was, nothing sent", name, after, err, s.sends())
+		}
+	}
+
+	adds, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{s}, Header: func(r *http.Request) error {
+		r.Header.Set("X-Api-Key", "sk_from_options_header")
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adds.Close()
+	resp, err := adds.Resume(ctx, "charge:o1")
+	if err != nil || resp.StatusCode != 201 || s.key(1) != s.key(0) || s.charges("o1") != 1 {
+		t.Fatalf("resume with Options.Header: %v, %v; want 201 under the first key", resp, err)
+	}
+	resp.Body.Close()
+
+	// Past the horizon: reconciled, not refused.
+	s.failNext(503)
+	req, _ = http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"o2","amount":5}`))
+	req.Header.Set("Authorization", "Bearer sk_set_on_the_request")
+	if _, err := bare.Do(ctx, "charge:o2", req); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("first call of charge:o2: %v; want pending", err)
+	}
+	backdate(t, jar, "charge:o2", time.Now().Add(-25*time.Hour))
+	sends := s.sends()
+	var re *idem.ReconcileError
+	if _, err := bare.Resume(ctx, "charge:o2"); !errors.As(err, &re) || errors.Is(err, client.ErrCredentials) || s.sends() != sends {
+		t.Fatalf("resume past the horizon: %v; want an *idem.ReconcileError, nothing sent", err)
+	}
+	if st := state(t, jar, "charge:o2"); st != idem.StateReconcile {
+		t.Fatalf("state %s; want reconcile", st)
 	}
 }
