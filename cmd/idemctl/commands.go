@@ -196,6 +196,10 @@ func showRecord(s *session, r idem.Record) error {
 	field("request", cell(r.Method+" "+dsn.MaskURL(r.URL), 0))
 	h := shownHeader(r.Header)
 	for _, name := range sortedKeys(h) {
+		if len(h[name]) == 0 && idem.SecretHeader(name) {
+			// Withheld: the first send carried it, a resume must too.
+			field("header", cell(name, 0)+" (not stored)")
+		}
 		for _, v := range h[name] {
 			field("header", cell(name+": "+v, 0))
 		}
@@ -292,6 +296,8 @@ func resumeFlags(fs *flag.FlagSet) {
 	fs.Var(&headerFlag{}, "header", "a header to send, 'Name: value' (repeatable); also $IDEM_HEADER, one per line")
 	fs.String("host", "", "the scheme and host the headers are for, as https://api.example.com, which headers need: "+
 		"an operation that goes to another is not sent")
+	fs.Bool("without-credentials", false, "send an operation whose first send carried credentials (shown as 'not stored') "+
+		"without those the headers given lack, rather than refuse it")
 	// The default is the retry policy's MaxElapsed, a minute: an attempt
 	// that hangs that long spends the call's budget, so that a resume ends
 	// after about a minute an operation whose server never answers.
@@ -498,6 +504,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			return &cliflag.UsageError{Err: &hostError{Host: host, Op: r.Op, Hosts: []string{opHost(r)}}}
 		}
 	}
+	withoutCredentials := flagString(fs, "without-credentials") == "true"
 	var warned bool
 	header := func(r *http.Request) error {
 		if len(hf.h) == 0 && !warned {
@@ -523,6 +530,14 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			// elsewhere: the headers are not for it.
 			failed++
 			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to %s (--host), which the headers are for; resume it by name with its own host's --host and headers\n", cell(op, 0), cell(opHost(r), 0), cell(host, 0))
+			return
+		}
+		if missing := lacking(r, hf.h); len(missing) > 0 && !withoutCredentials {
+			// Refused per operation, as client.Resume refuses one it has
+			// no Options.Header for: resume --all sends the others.
+			failed++
+			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: its first send carried %s, which the jar does not keep: give them with --header or IDEM_HEADER (or, to send it without them, --without-credentials)\n",
+				cell(op, 0), cell(strings.Join(missing, ", "), 0))
 			return
 		}
 		// Resume waits for a lease, a minute by default, and for the next
@@ -595,6 +610,18 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return errFailed
 	}
 	return nil
+}
+
+// lacking returns the names of the credentials that r's first send carried
+// (idem.Record.Withheld) and that h, the headers given, does not hold.
+func lacking(r idem.Record, h http.Header) []string {
+	var missing []string
+	for _, name := range r.Withheld() {
+		if len(h.Values(name)) == 0 {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }
 
 // errWalked ends resume --all's second walk at the last operation its

@@ -39,8 +39,13 @@
 // a value are taken off, as net/http takes them off a value it writes, and
 // nothing else. Give the credential of the first send: a server that
 // scopes keys by credential (as the reference server does) would take
-// another one's request for a new operation. A resume that sends without any
-// header given says so on stderr. The headers go with every request sent,
+// another one's request for a new operation. The jar keeps the names of
+// the credentials a first send carried on its request (show prints them
+// as "not stored"): resume does not send an operation when the headers
+// given lack one of them, but says which on stderr and counts it failed,
+// unless --without-credentials is given. (Credentials a program added
+// another way, as client.Options.Header adds them, leave no name.) A
+// resume that sends without any header given says so on stderr. The headers go with every request sent,
 // but an Idempotency-Key, which is always the operation's own, and only
 // to the scheme and host that --host names (https://api.example.com, in
 // any case, with the port unless it is the scheme's default, 80 or 443), which
@@ -226,9 +231,10 @@ commands:
          --host URL]                     attempt without an answer after D (default 1m, at most H);
          [--attempt-timeout D]           one first sent more than H ago (default 24h) is marked reconcile;
          [--horizon H]                   the jar keeps no credential: give the first send's with --header
-                                         or, out of the process list, in $IDEM_HEADER ('N: V', one per line),
+         [--without-credentials]         or, out of the process list, in $IDEM_HEADER ('N: V', one per line),
                                          and with --host the scheme and host it is for (https://api.example.com):
-                                         an operation that goes elsewhere is not sent
+                                         an operation that goes elsewhere is not sent, nor one whose credentials
+                                         (show: "not stored") are not all given, unless --without-credentials
   abandon OP --reason R                  record that OP did not happen and is not running
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)

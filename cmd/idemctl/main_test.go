@@ -160,8 +160,9 @@ func eachJar(t *testing.T, f func(t *testing.T, srv *server, jar string)) {
 }
 
 // fill puts in j two pending operations (charge:p1 and charge:p2, sent
-// once to srv while it was unreachable, with the secret credential) and
-// one operation in each other state, last updated two days ago.
+// once to srv while it was unreachable, with the secret credentials, which
+// Options.Header added: the jar knows nothing of them) and one operation in
+// each other state, last updated two days ago.
 func fill(t *testing.T, srv *server, j client.Jar) {
 	t.Helper()
 	ctx := context.Background()
@@ -169,14 +170,17 @@ func fill(t *testing.T, srv *server, j client.Jar) {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
 	})
 	c, err := client.New(ctx, "", &client.Options{Jar: j, Base: refused, Policy: retry.Policy{MaxAttempts: 1},
-		Header: func(r *http.Request) error { r.Header.Set("Authorization", secret); return nil }})
+		Header: func(r *http.Request) error {
+			r.Header.Set("Authorization", secret)
+			r.Header.Set("X-Api-Key", secret)
+			return nil
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range []string{"charge:p1", "charge:p2"} {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"order_id":"`+op+`","amount":100}`))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Api-Key", secret)
 		if _, err := c.Do(ctx, op, req); !errors.Is(err, idem.ErrPending) {
 			t.Fatalf("seeding %s: %v; want pending", op, err)
 		}
