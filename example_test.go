@@ -93,6 +93,7 @@ func ExampleHooks() {
 // server ran the charge the first time and replays its answer. (Package
 // client does the same with Client.Pending and Client.Resume.)
 func ExampleRecord_NewRequest() {
+	const token = "sk_test_example" // a credential, which the jar never keeps
 	var charges atomic.Int32
 	mw := &testserver.Middleware{Store: &testserver.MemoryStore{}}
 	charge := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -128,6 +129,7 @@ func ExampleRecord_NewRequest() {
 		log.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token) // the server scopes keys by it
 	_, err = hc.Do(req)
 	fmt.Println("first run, outcome unknown:", errors.Is(err, idem.ErrPending))
 	if err := jar.Close(); err != nil {
@@ -153,7 +155,16 @@ func ExampleRecord_NewRequest() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		// The stored header has no credentials: add them here.
+		// The stored header has no credentials: add those the first send
+		// carried. Without its Authorization, this server would take the
+		// request for a new one, and charge again.
+		fmt.Println("next run:", rec.Op, "withheld:", rec.Withheld())
+		for _, name := range rec.Withheld() {
+			if name != "Authorization" {
+				log.Fatalf("no credential for %s", name)
+			}
+			req.Header.Set(name, "Bearer "+token)
+		}
 		resp, err := hc.Do(req)
 		if err != nil {
 			log.Fatal(err) // an *idem.PendingError: still unknown, try on the next run
@@ -168,6 +179,7 @@ func ExampleRecord_NewRequest() {
 	fmt.Println("charges:", charges.Load())
 	// Output:
 	// first run, outcome unknown: true
+	// next run: charge:order-42 withheld: [Authorization]
 	// next run: charge:order-42 201 {"id":"ch_1"} replayed: true
 	// charges: 1
 }

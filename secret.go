@@ -20,8 +20,10 @@ import (
 // last word is "sign" (a signature too, as an exchange's CB-ACCESS-SIGN or
 // KC-API-SIGN), and any whose name ends in "key" (such as
 // Ocp-Apim-Subscription-Key or DD-Application-Key), but Idempotency-Key,
-// whatever its case. It errs towards secret: such a header is not stored,
-// so a resume after a restart sends the request without it.
+// whatever its case. It errs towards secret: such a header's value is not
+// stored, so a resume after a restart sends the request without it unless
+// the caller adds it again; the jar keeps its name (Record.Withheld), which
+// client.Resume and idemctl resume check.
 func SecretHeader(name string) bool { return secrethdr.Is(name) }
 
 // PublicHeader returns a copy of h without the headers SecretHeader names.

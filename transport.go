@@ -135,7 +135,8 @@ func Operation(ctx context.Context) string {
 //     operation called again with a different request is refused with a
 //     *MismatchError: nothing is sent. No credential is stored: the URL is
 //     stored and fingerprinted without its userinfo (user:password@), and
-//     the header without what SecretHeader names. Nor is the URL's
+//     the header without the values of what SecretHeader names (their
+//     names stay, for Record.Withheld). Nor is the URL's
 //     #fragment, which net/http does not send: requests that differ in
 //     it alone are the same request.
 //   - It interprets responses only to decide on a retry (retry.Classify:

@@ -1,6 +1,6 @@
 // Package secrethdr tells the header names that carry a credential, for
-// idem.SecretHeader (never stored in a jar) and testserver's Middleware
-// (never saved for replay).
+// idem.SecretHeader (a jar keeps their names, never their values) and
+// testserver's Middleware (never saved for replay).
 package secrethdr
 
 import (

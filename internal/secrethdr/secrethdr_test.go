@@ -1,7 +1,10 @@
 package secrethdr
 
 import (
+	"net/http"
 	"net/textproto"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -62,5 +65,39 @@ func BenchmarkIs(b *testing.B) {
 				sink = Is(n)
 			}
 		})
+	}
+}
+
+// TestWithhold: Withhold keeps every name, each credential's without its
+// values, copies the rest and leaves its input alone; applied again it
+// changes nothing, as a jar applies it to what the Transport withheld.
+// Withheld names the credentials left without values, canonical, sorted
+// and once each, and not a credential that holds its values, nor another
+// header without values.
+func TestWithhold(t *testing.T) {
+	in := http.Header{"Authorization": {"Bearer s"}, "x-api-key": {"k"}, "X-Api-Key": {"k2"}, "Accept": {"a", "b"},
+		"User-Agent": {}, "Cookie": {}}
+	orig := in.Clone()
+	out := Withhold(in)
+	want := http.Header{"Authorization": {}, "x-api-key": {}, "X-Api-Key": {}, "Accept": {"a", "b"}, "User-Agent": {}, "Cookie": {}}
+	if !reflect.DeepEqual(out, want) {
+		t.Fatalf("Withhold(%v) = %v; want %v", in, out, want)
+	}
+	if !reflect.DeepEqual(in, orig) {
+		t.Fatalf("Withhold changed its input: %v; was %v", in, orig)
+	}
+	out["Accept"][0] = "changed"
+	if in["Accept"][0] != "a" {
+		t.Fatal("Withhold's copy shares its values with the input")
+	}
+	out["Accept"][0] = "a"
+	if again := Withhold(out); !reflect.DeepEqual(again, out) {
+		t.Fatalf("Withhold of its own result = %v; want %v", again, out)
+	}
+	if got, want := Withheld(out), []string{"Authorization", "Cookie", "X-Api-Key"}; !slices.Equal(got, want) {
+		t.Fatalf("Withheld(%v) = %q; want %q", out, got, want)
+	}
+	if got := Withheld(in); !slices.Equal(got, []string{"Cookie"}) {
+		t.Fatalf("Withheld(%v) = %q; want [Cookie]: the others hold their values", in, got)
 	}
 }
