@@ -276,6 +276,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		c.unsent, c.costDue = false, false
 		resp, err := c.send(ctx, nextBody)
 		nextBody = nil // the base transport closes it
+		if err != nil && errors.Is(err, ErrNotSent) {
+			return nil, c.notSent(ctx, err)
+		}
 		c.lastErr, c.resp = err, resp
 		if resp != nil {
 			c.lastCode = resp.StatusCode
@@ -472,6 +475,32 @@ func (c *call) stop(ctx context.Context, err error) error {
 	}
 	c.release(ctx)
 	c.giveUp(ctx, err, "stopped")
+	return c.pending(err, c.rec.NextAttempt)
+}
+
+// notSent ends the call whose attempt the base transport says it did not
+// send (ErrNotSent): the attempt is given back, uncounted in the jar and
+// its retry's cost to the Budget, and not retried. The operation keeps
+// its state and last outcome, as stop leaves it; but one that no call can
+// name (unnamed) and that was never sent is abandoned, durably: nothing of
+// it happened, and a resume of every pending operation would send what
+// its caller was told failed.
+func (c *call) notSent(ctx context.Context, err error) error {
+	c.attempts--
+	c.unsent = true
+	c.costDue = c.attempts > 0 && c.t.Budget != nil
+	if c.unnamed() && c.created && c.attempts == 0 {
+		_, jerr := c.t.Jar.Update(detach(ctx), c.op, c.holder, Change{Now: time.Now(), State: StateAbandoned,
+			Attempts: -1, Release: true, Note: "never sent: " + errorText(err)})
+		if jerr == nil {
+			c.held = false
+			c.giveUp(ctx, err, "not sent; the operation, never sent, abandoned")
+			return fmt.Errorf("idem: operation %q (key %q): nothing was sent, and the operation, which no call can name, is abandoned: %w",
+				c.op, c.key, err)
+		}
+	}
+	c.release(ctx)
+	c.giveUp(ctx, err, "not sent")
 	return c.pending(err, c.rec.NextAttempt)
 }
 

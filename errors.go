@@ -60,6 +60,20 @@ var (
 	ErrReconcile = errors.New("idem: operation past its retry horizon")
 	// ErrPending matches *PendingError.
 	ErrPending = errors.New("idem: operation outcome unknown")
+	// ErrNotSent is for a base transport to wrap in the error of an
+	// attempt that it did not send at all, and says so for certain: a
+	// circuit breaker or rate limiter that refused it, credentials it
+	// could not get (client.Options.Header's error is wrapped in it). The
+	// Transport does not count the attempt, nor retry it: RoundTrip
+	// returns a *PendingError wrapping the error, the operation as it was
+	// (the Budget gets the retry's cost back). An operation sent without a
+	// name (neither WithOperation nor a key of the caller's) that was
+	// never sent is abandoned instead, and the error, which wraps
+	// ErrNotSent, is not a *PendingError: no call can name it, and a resume
+	// of every pending operation would send it. A base transport must not
+	// wrap it in an error after any byte of the request may have left:
+	// the operation would be taken for one that did not happen.
+	ErrNotSent = errors.New("idem: the base transport did not send the attempt")
 )
 
 // MismatchError is returned by Transport.RoundTrip, before anything is sent,

@@ -153,11 +153,16 @@ func Operation(ctx context.Context) string {
 //     it had, but for a call without a name refused at its only send,
 //     which is done: no call can name it to resume it. A 101 Switching Protocols answer is final, and its Body is
 //     the upgraded connection, an io.ReadWriteCloser, as net/http gives it.
+//   - An error of Base counts as an attempt that may have been sent, and
+//     is retried as retry.Classify says, unless it wraps ErrNotSent: Base
+//     says it sent nothing of the attempt (a circuit breaker, a rate
+//     limiter, credentials it could not get), which is neither counted
+//     nor retried (see ErrNotSent).
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey, ErrInvalidURL,
-//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned, ErrNotFound
-//     wrapped), or the context's error, matching its cause too, when the
+//     ErrBodyNotRewindable, ErrRequestBody, ErrAbandoned, ErrNotFound,
+//     ErrNotSent wrapped), or the context's error, matching its cause too, when the
 //     request's context was done before the call; never a *url.Error,
 //     which http.Client adds. http.Client.Timeout bounds the whole call, retries and waits
 //     included, and when it fires http.Client may replace this error with

@@ -1086,3 +1086,60 @@ func attemptTimeoutSaysNoCancel(t *testing.T, wrap func(error) error) {
 		}
 	})
 }
+
+// notSent is a base transport's refusal of an attempt that it did not
+// send, as a circuit breaker that is open gives it.
+func notSent() (*http.Response, error) {
+	return nil, fmt.Errorf("circuit breaker open: %w", idem.ErrNotSent)
+}
+
+// TestBaseNotSent: an attempt that the base transport says it did not send
+// (ErrNotSent) is not counted in the jar nor retried; the call returns a
+// *PendingError wrapping it, and the operation keeps its last outcome. A
+// retry not sent gives its cost back to the Budget. An operation without a
+// name that was never sent is abandoned, not left pending for a resume.
+func TestBaseNotSent(t *testing.T) {
+	t.Run("first attempt", func(t *testing.T) {
+		tr, rec, jar := newTransport(t, notSent, status(201))
+		_, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || !errors.Is(err, idem.ErrNotSent) || pe.Attempts != 0 || rec.attempts() != 1 {
+			t.Fatalf("got %v (%+v) after %d calls of the base; want a *PendingError wrapping ErrNotSent, 0 attempts, no retry", err, pe, rec.attempts())
+		}
+		r, err := jar.Get(context.Background(), "op")
+		if err != nil || r.State != idem.StatePending || r.Attempts != 0 || r.Holder != "" || r.LastError != "" {
+			t.Fatalf("record %+v, %v; want pending, no attempt, no lease, no last error", r, err)
+		}
+	})
+	t.Run("a retry", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tr, rec, jar := newTransport(t, status(503), notSent, status(201))
+			tr.Budget = &retry.Budget{}
+			full := tr.Budget.Available()
+			_, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+			var pe *idem.PendingError
+			if !errors.As(err, &pe) || !errors.Is(err, idem.ErrNotSent) || pe.Attempts != 1 || rec.attempts() != 2 {
+				t.Fatalf("got %v after %d calls of the base; want a *PendingError wrapping ErrNotSent after 1 attempt", err, rec.attempts())
+			}
+			r, _ := jar.Get(context.Background(), "op")
+			if r.Attempts != 1 || r.LastStatus != 503 || r.State != idem.StatePending || r.Holder != "" {
+				t.Fatalf("record %+v; want pending, 1 attempt, its 503 kept, no lease", r)
+			}
+			if got := tr.Budget.Available(); got != full {
+				t.Fatalf("Budget holds %d after the retry not sent; want %d, its cost given back", got, full)
+			}
+		})
+	})
+	t.Run("unnamed", func(t *testing.T) {
+		tr, rec, jar := newTransport(t, notSent)
+		_, err := post(t, context.Background(), tr, `{}`)
+		if !errors.Is(err, idem.ErrNotSent) || errors.Is(err, idem.ErrPending) || rec.attempts() != 1 {
+			t.Fatalf("got %v; want an error wrapping ErrNotSent, not ErrPending", err)
+		}
+		all, lerr := jar.List(context.Background(), idem.Filter{})
+		if lerr != nil || len(all) != 1 || all[0].State != idem.StateAbandoned || all[0].Attempts != 0 ||
+			!strings.Contains(all[0].Note, "never sent") || all[0].Holder != "" {
+			t.Fatalf("jar holds %+v, %v; want one operation, abandoned as never sent", all, lerr)
+		}
+	})
+}
