@@ -123,8 +123,12 @@ type Options struct {
 	// Do, which net/http would send there (an X-Api-Key to any host, an
 	// Authorization over http). It cannot change a keyed request's
 	// Idempotency-Key: the operation's key is sent whatever Header sets or
-	// removes. An error stops the attempt before it is sent; the operation
-	// stays pending.
+	// removes. An error stops the call before the attempt is sent: the
+	// error wraps idem.ErrNotSent, and the attempt is neither counted nor
+	// retried; the operation stays pending (one without a name, never
+	// sent, is abandoned). So does a resume's Header that does not add
+	// the credentials the first send carried on its request
+	// (*CredentialsError).
 	//
 	// Resume sends the method, URL and Host the jar holds, and Header adds
 	// its credentials to whatever they are: whoever can write the jar can
@@ -133,6 +137,13 @@ type Options struct {
 	// with those the credentials are for, and return an error for any
 	// other, so that nothing is sent there (ExampleOptions_header).
 	Header func(*http.Request) error
+
+	// ResumeWithoutCredentials lets Resume, ResumeJSON and ResumeWithBody
+	// send an operation whose first send carried credentials on its
+	// request (idem.Record.Withheld) without those Header does not add,
+	// instead of refusing it with a *CredentialsError: for a server known
+	// not to need them (idemctl resume --without-credentials).
+	ResumeWithoutCredentials bool
 
 	// Policy is the retry policy of each call; the zero value is the
 	// default (see retry.Policy).
@@ -189,6 +200,7 @@ type Client struct {
 	maxErrorBody int64
 	maxJSONBody  int64
 	addsHeader   bool // Options.Header is set: a resume can add credentials
+	noCredCheck  bool // Options.ResumeWithoutCredentials
 
 	mu     sync.Mutex     // guards closed and the calls' Add
 	closed bool           // Close began: no call may start
@@ -215,7 +227,8 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	if opts != nil {
 		o = *opts
 	}
-	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody, maxJSONBody: o.MaxJSONBody, addsHeader: o.Header != nil}
+	c := &Client{jar: o.Jar, maxErrorBody: o.MaxErrorBody, maxJSONBody: o.MaxJSONBody, addsHeader: o.Header != nil,
+		noCredCheck: o.ResumeWithoutCredentials}
 	if c.maxJSONBody <= 0 {
 		c.maxJSONBody = 16 << 20
 	}
@@ -761,13 +774,12 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 		return rec, fmt.Errorf("client: resume %q: a %s: %w; resume it through a Client whose Options.Methods include %s",
 			op, rec.Method, ErrMethod, rec.Method)
 	}
-	if w := rec.Withheld(); len(w) > 0 && !c.addsHeader && rec.State == idem.StatePending &&
+	if w := rec.Withheld(); len(w) > 0 && !c.addsHeader && !c.noCredCheck && rec.State == idem.StatePending &&
 		!c.tr.Policy.Expired(rec.Created, time.Now()) {
 		// Checked before the lease, and not past the horizon, where the
 		// resume sends nothing but marks the operation for reconciliation.
-		// With Options.Header, what it adds is known only when it runs, on
-		// each attempt: a server that refuses the credentials it lacks
-		// answers 401 or 407, which leaves the operation pending.
+		// With Options.Header, what it adds is known only when it runs:
+		// the sender checks it there, before each attempt.
 		return rec, &CredentialsError{Op: op, Key: rec.Key, Missing: w}
 	}
 	return rec, nil
@@ -776,7 +788,11 @@ func (c *Client) resumable(ctx context.Context, op string) (idem.Record, error) 
 // resume sends req, the request rec stores, as the resume of rec's
 // operation.
 func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request) (*Response, error) {
-	resp, err := c.do(resume.Mark(ctx, rec.Key), rec.Op, req)
+	ctx = resume.Mark(ctx, rec.Key)
+	if w := rec.Withheld(); len(w) > 0 && !c.noCredCheck {
+		ctx = context.WithValue(ctx, withheldKey{}, &CredentialsError{Op: rec.Op, Key: rec.Key, Missing: w})
+	}
+	resp, err := c.do(ctx, rec.Op, req)
 	if se := (*resume.StateError)(nil); errors.As(err, &se) {
 		if se.State == "" {
 			return nil, fmt.Errorf("client: resume %q: the operation was forgotten by another call or process after Resume found it pending; nothing was sent: %w",
@@ -922,18 +938,27 @@ type sender struct {
 
 func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	key := r.Header.Values(idem.KeyHeader)
-	if len(key) > 0 {
-		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
-			t.sent(idem.Operation(r.Context()), key[0])
-		}
-	}
 	if s.header != nil && sameOrigin(r) {
 		r = r.Clone(r.Context())
-		if err := s.header(r); err != nil {
+		err := s.header(r)
+		if err != nil {
+			err = fmt.Errorf("client: Options.Header: %w: %w", idem.ErrNotSent, err)
+		} else if w, ok := r.Context().Value(withheldKey{}).(*CredentialsError); ok {
+			// A resume: Header must add the credentials the first send
+			// carried on its request.
+			if missing := lacking(r.Header, w.Missing); len(missing) > 0 {
+				ce := *w
+				ce.Missing, ce.header = missing, true
+				err = fmt.Errorf("%w: %w", idem.ErrNotSent, &ce)
+			}
+		}
+		if err != nil {
+			// Nothing was sent: the Transport neither counts nor retries
+			// the attempt.
 			if r.Body != nil {
 				r.Body.Close()
 			}
-			return nil, fmt.Errorf("client: Options.Header: %w", err)
+			return nil, err
 		}
 		if len(key) > 0 {
 			// The operation's key, not one Header set or removed, in any
@@ -942,7 +967,35 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 			r.Header[idem.KeyHeader] = slices.Clone(key)
 		}
 	}
+	if len(key) > 0 {
+		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
+			t.sent(idem.Operation(r.Context()), key[0])
+		}
+	}
 	return s.base.RoundTrip(r)
+}
+
+// withheldKey is the context key of a resume's *CredentialsError template:
+// the operation and the credentials its first send carried.
+type withheldKey struct{}
+
+// lacking returns the names of want that h holds no value of, in any case
+// of the name.
+func lacking(h http.Header, want []string) []string {
+	var missing []string
+	for _, name := range want {
+		found := false
+		for k, vs := range h {
+			if len(vs) > 0 && strings.EqualFold(k, name) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }
 
 // sameOrigin reports whether every request of r's redirect chain went to

@@ -683,12 +683,30 @@ func TestForgetRefusesPending(t *testing.T) {
 	}
 }
 
+// TestHeaderErrorSendsNothing: an error of Options.Header stops the call
+// before its attempt is sent: the error wraps idem.ErrNotSent, the attempt
+// is neither retried nor counted, and the operation stays pending. Without
+// a name, the operation, never sent, is abandoned.
 func TestHeaderErrorSendsNothing(t *testing.T) {
 	s := newShop()
-	c := newClient(t, s, &client.Options{Header: func(*http.Request) error { return errors.New("token expired") }})
+	calls := 0
+	c := newClient(t, s, &client.Options{Header: func(*http.Request) error { calls++; return errors.New("token expired") }})
 	_, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
-	if !errors.Is(err, idem.ErrPending) || !strings.Contains(err.Error(), "token expired") || s.sends() != 0 {
-		t.Fatalf("got %v after %d sends; want a pending error naming the cause, nothing sent", err, s.sends())
+	if !errors.Is(err, idem.ErrPending) || !errors.Is(err, idem.ErrNotSent) || !strings.Contains(err.Error(), "token expired") ||
+		s.sends() != 0 || calls != 1 {
+		t.Fatalf("got %v after %d sends, Options.Header called %d times; want a pending error wrapping ErrNotSent and naming the cause, nothing sent, no retry",
+			err, s.sends(), calls)
+	}
+	if r, err := c.Jar().Get(context.Background(), "charge:o1"); err != nil || r.Attempts != 0 || r.State != idem.StatePending {
+		t.Fatalf("record %+v, %v; want pending with no attempt counted", r, err)
+	}
+	_, err = c.PostJSON(context.Background(), "", chargesURL, chargeReq{Order: "o2"}, nil)
+	if !errors.Is(err, idem.ErrNotSent) || errors.Is(err, idem.ErrPending) {
+		t.Fatalf("without a name: %v; want ErrNotSent, not pending", err)
+	}
+	pending, err := c.Pending(context.Background())
+	if err != nil || len(pending) != 1 || pending[0].Op != "charge:o1" {
+		t.Fatalf("pending: %v, %v; want charge:o1 alone, the unnamed one abandoned", pending, err)
 	}
 }
 

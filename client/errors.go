@@ -51,21 +51,30 @@ var (
 var ErrCredentials = errors.New("client: the resume lacks the credentials of the first send")
 
 // CredentialsError is returned by Resume, ResumeJSON and ResumeWithBody for
-// a pending operation whose first send carried credentials
+// a pending operation whose first send carried credentials on its request
 // (idem.Record.Withheld: the jar keeps their names, not their values)
-// when the Client has no Options.Header to add them: sent without them,
-// the request would be refused, or taken for a new one and run again by a
-// server that scopes keys by credential. Nothing was sent or changed:
-// resume it through a Client whose Options.Header adds them. It matches
+// when the Client has no Options.Header to add them, or when
+// Options.Header did not add them all: sent without them, the request
+// would be refused, or taken for a new one and run again by a server that
+// scopes keys by credential. Nothing was sent. Without Options.Header
+// nothing changed either; when Options.Header left one out, the error is
+// a *idem.PendingError's, which wraps it and idem.ErrNotSent: the
+// attempt is not counted, and the operation stays pending. It matches
 // ErrCredentials.
 type CredentialsError struct {
 	Op, Key string
 	Missing []string // the headers' names, canonical and sorted
+
+	header bool // Options.Header ran and did not add them
 }
 
 func (e *CredentialsError) Error() string {
-	return fmt.Sprintf("client: resume %q: its first send carried %s, which the jar does not keep, and the Client has no Options.Header to add them; nothing was sent: %s",
-		e.Op, ctlesc.Escape(strings.Join(e.Missing, ", ")), ErrCredentials.Error())
+	why := "the Client has no Options.Header to add them"
+	if e.header {
+		why = "Options.Header did not add them"
+	}
+	return fmt.Sprintf("client: resume %q: its first send carried %s, which the jar does not keep, and %s; nothing was sent: %s",
+		e.Op, ctlesc.Escape(strings.Join(e.Missing, ", ")), why, ErrCredentials.Error())
 }
 
 // Is reports whether target is ErrCredentials.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,7 +224,8 @@ func TestStatusErrorEscapesTheServersControlCharacters(t *testing.T) {
 // jar (idem.Record.Withheld). A Client with no Options.Header, which could
 // not add it, refuses to resume the operation with a *CredentialsError
 // naming it: nothing is sent, counted or leased, by Resume, ResumeJSON or
-// ResumeWithBody alike. A Client whose Options.Header adds it resumes the
+// ResumeWithBody alike; so does one whose Options.Header does not add it,
+// once Header ran. A Client whose Options.Header adds it resumes the
 // operation under its key; past the horizon a Client without one marks it
 // for reconciliation as it would any other, sending nothing.
 func TestResumeRefusesWithoutTheWithheldCredentials(t *testing.T) {
@@ -270,6 +272,24 @@ func TestResumeRefusesWithoutTheWithheldCredentials(t *testing.T) {
 		}
 	}
 
+	// Options.Header that adds one of the two: refused before the send,
+	// the attempt not counted.
+	partial, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{s}, Header: withAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer partial.Close()
+	_, err = partial.Resume(ctx, "charge:o1")
+	var ce *client.CredentialsError
+	if !errors.As(err, &ce) || !slices.Equal(ce.Missing, []string{"X-Api-Key"}) || !errors.Is(err, idem.ErrNotSent) ||
+		!errors.Is(err, idem.ErrPending) || !strings.Contains(err.Error(), "Options.Header did not add them") {
+		t.Fatalf("resume with an Options.Header that adds Authorization alone: %v; want a *CredentialsError missing X-Api-Key, not sent, pending", err)
+	}
+	if after, err := jar.Get(ctx, "charge:o1"); err != nil || after.Attempts != before.Attempts || after.Holder != "" ||
+		after.State != idem.StatePending || s.sends() != 1 {
+		t.Fatalf("after the refusal: %+v, %v, %d sends; want the record as it was, nothing sent", after, err, s.sends())
+	}
+
 	adds, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{s}, Header: func(r *http.Request) error {
 		r.Header.Set("X-Api-Key", "sk_from_options_header")
 		return nil
@@ -299,5 +319,27 @@ func TestResumeRefusesWithoutTheWithheldCredentials(t *testing.T) {
 	}
 	if st := state(t, jar, "charge:o2"); st != idem.StateReconcile {
 		t.Fatalf("state %s; want reconcile", st)
+	}
+
+	// ResumeWithoutCredentials sends it without them, with or without
+	// Options.Header.
+	for i, header := range []func(*http.Request) error{nil, withAuth} {
+		op, order := "charge:lax"+strconv.Itoa(i), "lax"+strconv.Itoa(i)
+		s.failNext(503)
+		req, _ = http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{"order":"`+order+`","amount":5}`))
+		req.Header.Set("X-Api-Key", "sk_set_on_the_request")
+		if _, err := bare.Do(ctx, op, req); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("first call of %s: %v; want pending", op, err)
+		}
+		lax, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{s}, Header: header, ResumeWithoutCredentials: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lax.Close()
+		resp, err := lax.Resume(ctx, op)
+		if err != nil || resp.StatusCode != 201 || s.charges(order) != 1 {
+			t.Fatalf("resume of %s with ResumeWithoutCredentials: %v, %v; want 201", op, resp, err)
+		}
+		resp.Body.Close()
 	}
 }

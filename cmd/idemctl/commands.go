@@ -517,7 +517,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return addHeaders(r, hf.h, host)
 	}
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Base: resumeBase, Methods: methods, Header: header,
-		Policy: policy})
+		Policy: policy, ResumeWithoutCredentials: withoutCredentials})
 	if err != nil {
 		return err
 	}
