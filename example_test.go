@@ -331,3 +331,59 @@ func ExampleFilter() {
 	// 12:00:01 charge:c
 	// 12:00:02 charge:a
 }
+
+// breaker is a base transport with a circuit breaker: once open, it sends
+// nothing, and says so with idem.ErrNotSent.
+type breaker struct {
+	base http.RoundTripper
+	open atomic.Bool
+}
+
+func (b *breaker) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.open.Load() {
+		if r.Body != nil {
+			r.Body.Close() // a RoundTripper closes the body, even on error
+		}
+		return nil, fmt.Errorf("circuit breaker open: %w", idem.ErrNotSent)
+	}
+	return b.base.RoundTrip(r)
+}
+
+// A base transport that refuses an attempt before sending any of it wraps
+// its error in ErrNotSent: the Transport neither counts nor retries the
+// attempt, and the operation stays pending, to be resumed once the
+// breaker closes.
+func ExampleErrNotSent() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	jar := &idem.MemoryJar{}
+	b := &breaker{base: http.DefaultTransport}
+	b.open.Store(true)
+	hc := &http.Client{Transport: &idem.Transport{Jar: jar, Base: b}}
+	ctx := idem.WithOperation(context.Background(), "charge:order-42")
+	send := func() (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"amount":4200}`))
+		if err != nil {
+			log.Fatal(err)
+		}
+		return hc.Do(req)
+	}
+
+	_, err := send()
+	rec, _ := jar.Get(ctx, "charge:order-42")
+	fmt.Println("not sent:", errors.Is(err, idem.ErrNotSent), "pending:", errors.Is(err, idem.ErrPending), "attempts:", rec.Attempts)
+
+	b.open.Store(false)
+	resp, err := send()
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp.Body.Close()
+	rec, _ = jar.Get(ctx, "charge:order-42")
+	fmt.Println("then:", resp.StatusCode, rec.State, "attempts:", rec.Attempts)
+	// Output:
+	// not sent: true pending: true attempts: 0
+	// then: 201 done attempts: 1
+}
