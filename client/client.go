@@ -666,8 +666,10 @@ func (c *Client) Pending(ctx context.Context) ([]idem.Record, error) {
 // whether or not the jar stored its body), ErrBodyNotStored when the
 // body was too large to store: use ResumeWithBody, and a
 // *CredentialsError (ErrCredentials) when the first send carried
-// credentials (idem.Record.Withheld) and the Client has no Options.Header
-// to add them: nothing is sent.
+// credentials on its request (idem.Record.Withheld) and the Client has no
+// Options.Header to add them, or Options.Header did not add them all
+// (then within an *idem.PendingError, matching idem.ErrNotSent), unless
+// Options.ResumeWithoutCredentials: nothing is sent.
 func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 	if err := c.enter(ctx); err != nil {
 		return nil, fmt.Errorf("client: resume %q: %w", op, err)
@@ -943,9 +945,10 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		err := s.header(r)
 		if err != nil {
 			err = fmt.Errorf("client: Options.Header: %w: %w", idem.ErrNotSent, err)
-		} else if w, ok := r.Context().Value(withheldKey{}).(*CredentialsError); ok {
-			// A resume: Header must add the credentials the first send
-			// carried on its request.
+		} else if w, ok := r.Context().Value(withheldKey{}).(*CredentialsError); ok && len(key) > 0 && key[0] == w.Key {
+			// A resume's attempt (not a request a redirect made): Header
+			// must add the credentials the first send carried on its
+			// request.
 			if missing := lacking(r.Header, w.Missing); len(missing) > 0 {
 				ce := *w
 				ce.Missing, ce.header = missing, true

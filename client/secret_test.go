@@ -343,3 +343,52 @@ func TestResumeRefusesWithoutTheWithheldCredentials(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+// TestResumeCredentialsCheckedOnItsOwnRequest: a resume answered with a
+// 303 sends its GET as any redirect: the credentials the first send
+// carried are checked on the resumed request alone, not on the GET that
+// Options.Header, which adds them to the POSTs only here, leaves without.
+func TestResumeCredentialsCheckedOnItsOwnRequest(t *testing.T) {
+	ctx := context.Background()
+	var got []string
+	srv := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Method+" "+r.Header.Get("X-Api-Key"))
+		switch {
+		case len(got) == 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.Method == http.MethodPost:
+			http.Redirect(w, r, "/charges/1", http.StatusSeeOther)
+		default:
+			w.WriteHeader(http.StatusOK)
+		}
+	})
+	jar := &idem.MemoryJar{}
+	bare, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{srv}, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	req, _ := http.NewRequest(http.MethodPost, chargesURL, strings.NewReader(`{}`))
+	req.Header.Set("X-Api-Key", "k")
+	if _, err := bare.Do(ctx, "charge:o1", req); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("first call: %v; want pending", err)
+	}
+	c, err := client.New(ctx, "", &client.Options{Jar: jar, Base: inProcess{srv}, Header: func(r *http.Request) error {
+		if r.Method == http.MethodPost {
+			r.Header.Set("X-Api-Key", "k")
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := c.Resume(ctx, "charge:o1")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("resume: %v, %v (the server got %q); want the GET's 200", resp, err, got)
+	}
+	resp.Body.Close()
+	if want := []string{"POST k", "POST k", "GET "}; !slices.Equal(got, want) {
+		t.Fatalf("the server got %q; want %q", got, want)
+	}
+}
