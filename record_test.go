@@ -300,7 +300,8 @@ func TestRecordWithheld(t *testing.T) {
 	ctx := idem.WithOperation(context.Background(), "op")
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, strings.NewReader(`{}`))
 	req.Header.Set("Authorization", "Bearer sk_live_secret")
-	req.Header["x-api-key"] = []string{"k"} // not canonical, as a caller may set it
+	spelt := "x-api-key" // not canonical, as a caller may set it
+	req.Header[spelt] = []string{"k"}
 	req.Header["User-Agent"] = nil
 	req.Header.Set("X-Request-Source", "test")
 	resp, err := tr.RoundTrip(req)
@@ -308,7 +309,7 @@ func TestRecordWithheld(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if sent.Get("Authorization") == "" || len(sent["x-api-key"]) == 0 {
+	if sent.Get("Authorization") == "" || len(sent[spelt]) == 0 {
 		t.Fatalf("the first send carried %v; want the caller's credentials", sent)
 	}
 	rec, err := jar.Get(ctx, "op")
@@ -322,7 +323,7 @@ func TestRecordWithheld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"Authorization", "x-api-key"} {
+	for _, name := range []string{"Authorization", spelt} {
 		if _, ok := rreq.Header[name]; ok {
 			t.Errorf("NewRequest's header holds %s: %v; want it left out for the caller", name, rreq.Header)
 		}
