@@ -32,13 +32,17 @@ type Event struct {
 // neither sent nor counted. A panic in the Transport's Logger is handled
 // the same way.
 type Hooks struct {
-	// OnAttempt runs before each attempt is sent.
+	// OnAttempt runs before each attempt is sent. One that Base then
+	// refuses with ErrNotSent was not sent, and OnGiveUp follows with its
+	// error.
 	OnAttempt func(Event)
 	// OnRetry runs after an attempt that will be retried, before the wait.
 	OnRetry func(Event)
 	// OnGiveUp runs when a call stops without a final answer: the
 	// operation stays pending. A 401 or 407 that leaves a pending
-	// operation pending is such a stop.
+	// operation pending is such a stop, and so is an attempt Base did not
+	// send (ErrNotSent; Reason "not sent"), which abandons an unnamed
+	// operation never sent.
 	OnGiveUp func(Event)
 	// OnReplay runs when the server answered with Idempotent-Replayed: true.
 	OnReplay func(Event)

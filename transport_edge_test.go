@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1101,7 +1102,12 @@ func notSent() (*http.Response, error) {
 func TestBaseNotSent(t *testing.T) {
 	t.Run("first attempt", func(t *testing.T) {
 		tr, rec, jar := newTransport(t, notSent, status(201))
+		var gaveUp []string
+		tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Reason) }
 		_, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if !slices.Equal(gaveUp, []string{"not sent"}) {
+			t.Errorf("OnGiveUp saw %q; want one \"not sent\"", gaveUp)
+		}
 		var pe *idem.PendingError
 		if !errors.As(err, &pe) || !errors.Is(err, idem.ErrNotSent) || pe.Attempts != 0 || rec.attempts() != 1 {
 			t.Fatalf("got %v (%+v) after %d calls of the base; want a *PendingError wrapping ErrNotSent, 0 attempts, no retry", err, pe, rec.attempts())
