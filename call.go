@@ -494,7 +494,10 @@ func (c *call) notSent(ctx context.Context, err error) error {
 			Attempts: -1, Release: true, Note: "never sent: " + errorText(err)})
 		if jerr == nil {
 			c.held = false
-			c.giveUp(ctx, err, "not sent; the operation, never sent, abandoned")
+			e := c.event(c.lastCode, err)
+			e.Reason = "not sent"
+			fire(c.t.Hooks.OnGiveUp, e)
+			c.log(ctx, slog.LevelWarn, "idem: giving up; the operation, without a name and never sent, is abandoned", e)
 			return fmt.Errorf("idem: operation %q (key %q): nothing was sent, and the operation, which no call can name, is abandoned: %w",
 				c.op, c.key, err)
 		}

@@ -1138,7 +1138,12 @@ func TestBaseNotSent(t *testing.T) {
 	})
 	t.Run("unnamed", func(t *testing.T) {
 		tr, rec, jar := newTransport(t, notSent)
+		var gaveUp []string
+		tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Reason) }
 		_, err := post(t, context.Background(), tr, `{}`)
+		if !slices.Equal(gaveUp, []string{"not sent"}) {
+			t.Errorf("OnGiveUp saw %q; want one \"not sent\"", gaveUp)
+		}
 		if !errors.Is(err, idem.ErrNotSent) || errors.Is(err, idem.ErrPending) || rec.attempts() != 1 {
 			t.Fatalf("got %v; want an error wrapping ErrNotSent, not ErrPending", err)
 		}
