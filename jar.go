@@ -178,7 +178,7 @@ func (r Record) NewRequest(ctx context.Context) (*http.Request, error) {
 		// not a header net/http sends, but one a caller who ranges over
 		// the header or tests its keys would take for set.
 		for name, vs := range req.Header {
-			if isHostHeader(name) || (len(vs) == 0 && SecretHeader(name)) {
+			if isHostHeader(name) || secrethdr.IsWithheld(name, vs) {
 				delete(req.Header, name)
 			}
 		}

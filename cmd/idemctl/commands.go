@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -196,7 +197,7 @@ func showRecord(s *session, r idem.Record) error {
 	field("request", cell(r.Method+" "+dsn.MaskURL(r.URL), 0))
 	h := shownHeader(r.Header)
 	for _, name := range sortedKeys(h) {
-		if len(h[name]) == 0 && idem.SecretHeader(name) {
+		if secrethdr.IsWithheld(name, h[name]) {
 			// Withheld: the first send carried it, a resume must too.
 			field("header", cell(name, 0)+" (not stored)")
 		}

@@ -25,6 +25,10 @@ func Withhold(h http.Header) http.Header {
 	return out
 }
 
+// IsWithheld reports whether a header entry, name and values, is a
+// credential that Withhold left without its values.
+func IsWithheld(name string, values []string) bool { return len(values) == 0 && Is(name) }
+
 // Withheld returns the canonical names of the headers of h that Is names
 // and that have no values, sorted: those Withhold left without their
 // credential. A header of a record written before the jars kept these
@@ -33,7 +37,7 @@ func Withhold(h http.Header) http.Header {
 func Withheld(h http.Header) []string {
 	var names []string
 	for k, v := range h {
-		if len(v) == 0 && Is(k) {
+		if IsWithheld(k, v) {
 			names = append(names, textproto.CanonicalMIMEHeaderKey(k))
 		}
 	}
