@@ -2,7 +2,6 @@ package reconnect
 
 import (
 	"errors"
-	"net"
 	"testing"
 
 	"github.com/idemkit/idem/internal/refusetest"
@@ -11,32 +10,14 @@ import (
 )
 
 // refusing starts a server on 127.0.0.1 that answers each connection's
-// startup message with a FATAL error of SQLSTATE code, as PostgreSQL
-// refuses a session, and returns a DSN for it.
-func refusing(t *testing.T, code string) string {
+// startup message with a FATAL error of SQLSTATE code and message, as
+// PostgreSQL (or PgBouncer) refuses a session, and returns a DSN for it.
+func refusing(t *testing.T, code, message string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	t.Cleanup(func() { ln.Close(); <-done })
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return // closed
-			}
-			b := pgproto3.NewBackend(c, c)
-			if _, err := b.ReceiveStartupMessage(); err == nil {
-				b.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: code, Message: "refused"})
-				_ = b.Flush()
-			}
-			c.Close()
-		}
-	}()
-	return "postgres://u@" + ln.Addr().String() + "/db?sslmode=disable&connect_timeout=10"
+	addr, _ := refusetest.Session(t, func(map[string]string) *pgproto3.ErrorResponse {
+		return &pgproto3.ErrorResponse{Severity: "FATAL", Code: code, Message: message}
+	})
+	return "postgres://u@" + addr + "/db?sslmode=disable&connect_timeout=10"
 }
 
 // TestLostConnect: a connection that could not be made is lost while the
@@ -54,16 +35,22 @@ func TestLostConnect(t *testing.T) {
 		want bool
 	}{
 		{"server down", downDSN, true},
-		{"starting up (57P03)", refusing(t, "57P03"), true},
-		{"too many connections (53300)", refusing(t, "53300"), true},
-		{"password refused (28P01)", refusing(t, "28P01"), false},
-		{"pg_hba.conf or role refused (28000)", refusing(t, "28000"), false},
-		{"database does not exist (3D000)", refusing(t, "3D000"), false},
-		{"no CONNECT privilege (42501)", refusing(t, "42501"), false},
-		{"database not accepting connections (55000)", refusing(t, "55000"), false},
-		{"unknown setting (42704)", refusing(t, "42704"), false},
-		{"invalid setting value (22023)", refusing(t, "22023"), false},
-		{"setting only a restart sets (55P02)", refusing(t, "55P02"), false},
+		{"starting up (57P03)", refusing(t, "57P03", "refused"), true},
+		{"too many connections (53300)", refusing(t, "53300", "refused"), true},
+		{"password refused (28P01)", refusing(t, "28P01", "refused"), false},
+		{"pg_hba.conf or role refused (28000)", refusing(t, "28000", "refused"), false},
+		{"database does not exist (3D000)", refusing(t, "3D000", "refused"), false},
+		{"no CONNECT privilege (42501)", refusing(t, "42501", "refused"), false},
+		{"database not accepting connections (55000)", refusing(t, "55000", "refused"), false},
+		{"unknown setting (42704)", refusing(t, "42704", "refused"), false},
+		{"invalid setting value (22023)", refusing(t, "22023", "refused"), false},
+		{"setting only a restart sets (55P02)", refusing(t, "55P02", "refused"), false},
+		{"PgBouncer: a startup parameter it does not take (08P01)",
+			refusing(t, "08P01", "unsupported startup parameter: statement_timeout"), false},
+		{"PgBouncer, in earlier versions' words (08P01)",
+			refusing(t, "08P01", "Unsupported startup parameter: search_path"), false},
+		{"PgBouncer: max_client_conn reached (08P01)",
+			refusing(t, "08P01", "no more connections allowed (max_client_conn)"), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, err := pgconn.Connect(t.Context(), tc.dsn)

@@ -61,30 +61,46 @@ func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 			connectErr *pgconn.ConnectError
 			pgErr      *pgconn.PgError
 		)
-		return errors.As(err, &connectErr) && !(errors.As(err, &pgErr) && refusal(pgErr.Code))
+		return errors.As(err, &connectErr) && !(errors.As(err, &pgErr) && refusal(pgErr))
 	}
 	return conn.Conn().PgConn().IsClosed()
 }
 
-// refusal reports whether a server that ends a new session with the error
-// of SQLSTATE code refuses the session itself, as it will every session
-// made the same way until someone changes the role, the database or the
-// connection string: class 28 (invalid authorization: a wrong password, a
-// role that does not exist or may not log in, a pg_hba.conf rejection),
-// 3D000 (the database does not exist), 42501 (no CONNECT privilege on the
-// database, or a setting in the connection string that only a superuser
-// may set), 55000 (a database that does not allow connections, or that an
-// interrupted DROP DATABASE left invalid), and 42704, 22023 and 55P02 (a
+// refusal reports whether a server that ends a new session with pe
+// refuses the session itself, as it will every session made the same way
+// until someone changes the role, the database or the connection string:
+// SQLSTATE class 28 (invalid authorization: a wrong password, a role that
+// does not exist or may not log in, a pg_hba.conf rejection), 3D000 (the
+// database does not exist), 42501 (no CONNECT privilege on the database,
+// or a setting in the connection string that only a superuser may set),
+// 55000 (a database that does not allow connections, or that an
+// interrupted DROP DATABASE left invalid), 42704, 22023 and 55P02 (a
 // setting in the connection string that the server does not know, a value
-// it does not accept, or one only a restart sets). A server that cannot
-// take a session yet is not refusing it: starting up or shutting down
-// (57P03), out of connection slots (53300).
-func refusal(code string) bool {
-	switch code {
+// it does not accept, or one only a restart sets), and PgBouncer's refusal
+// of a startup parameter (UnsupportedParameter). A server that cannot take
+// a session yet is not refusing it: starting up or shutting down (57P03),
+// out of connection slots (53300), a PgBouncer out of them (08P01 too).
+func refusal(pe *pgconn.PgError) bool {
+	switch pe.Code {
 	case "3D000", "42501", "55000", "42704", "22023", "55P02":
 		return true
 	}
-	return strings.HasPrefix(code, "28")
+	return strings.HasPrefix(pe.Code, "28") || UnsupportedParameter(pe) != ""
+}
+
+// UnsupportedParameter returns the name of the startup parameter that pe,
+// a server's refusal of a new session, says it does not take, or "": the
+// refusal of PgBouncer, which takes only the parameters it tracks
+// (client_encoding, DateStyle, TimeZone, standard_conforming_strings,
+// application_name) and those its ignore_startup_parameters lists, with
+// SQLSTATE 08P01 and "unsupported startup parameter: " and the name
+// ("Unsupported" in earlier versions).
+func UnsupportedParameter(pe *pgconn.PgError) string {
+	const prefix = "unsupported startup parameter: "
+	if pe.Code != "08P01" || len(pe.Message) < len(prefix) || !strings.EqualFold(pe.Message[:len(prefix)], prefix) {
+		return ""
+	}
+	return pe.Message[len(prefix):]
 }
 
 // Run runs statement on a connection from pool, under the context and

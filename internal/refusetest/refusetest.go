@@ -1,5 +1,6 @@
 // Package refusetest gives tests a TCP address on 127.0.0.1 that refuses
-// every connection: a server that is down.
+// every connection, a server that is down (Addr), and a PostgreSQL server
+// there that refuses every session (Session, PgBouncer).
 package refusetest
 
 import "testing"
