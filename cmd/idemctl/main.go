@@ -516,7 +516,11 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// The server's refusal (no such database, a wrong password)
 		// alone: pgx lists every address and TLS mode it tried, and the
 		// default sslmode, prefer, makes the first line a refused TLS
-		// attempt.
+		// attempt. A PgBouncer's refusal of a startup parameter is
+		// followed by what to do about it.
+		if hint := pgmigrate.PoolerHint(pgErr); hint != "" {
+			return fmt.Errorf("%s: %w; %s", where, pgErr, hint)
+		}
 		return fmt.Errorf("%s: %w", where, pgErr)
 	case errors.As(err, &connectErr):
 		// No answer (a dial error, a timeout): pgx tries each address

@@ -1386,6 +1386,22 @@ func TestPasswordNeverPrinted(t *testing.T) {
 	}
 }
 
+// TestBehindPgBouncer: a PgBouncer that takes none of the startup
+// parameters pgjar sets refuses the session, and idemctl says what to do
+// about it after PgBouncer's refusal, without the password.
+func TestBehindPgBouncer(t *testing.T) {
+	addr, sessions := refusetest.PgBouncer(t)
+	code, _, stderr := idemctl("--jar", "postgres://ops:s3cretPW@"+addr+"/jars?connect_timeout=5", "list")
+	want := "postgres://ops:xxxxx@" + addr + "/jars?connect_timeout=5: FATAL: unsupported startup parameter: default_transaction_isolation (SQLSTATE 08P01); " +
+		"behind a PgBouncer? list the startup parameters idem sets (default_transaction_isolation, statement_timeout, synchronous_commit) in its ignore_startup_parameters"
+	if code != 1 || !strings.Contains(stderr, want) || strings.Contains(stderr, "s3cretPW") {
+		t.Errorf("exit %d, stderr %q; want exit 1 and %q, without the password", code, stderr, want)
+	}
+	if n := sessions(); n != 1 {
+		t.Errorf("idemctl sent %d startup messages; want 1", n)
+	}
+}
+
 // TestURLPasswordOfEarlierRecordsNotPrinted: versions that stored a URL's
 // userinfo kept its password in the record's URL, and in its LastError
 // when an error quoted the URL. list, show and export print them masked

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -15,16 +16,46 @@ import (
 // and the attempts' errors (Attempts), joined with "; ". It wraps err
 // still, so that errors.As finds the *pgconn.ConnectError and the server's
 // *pgconn.PgError. pgx's message says neither the password nor any other
-// part of the DSN than the user and the database. It returns nil for
-// another error.
+// part of the DSN than the user and the database. A PgBouncer's refusal of
+// a startup parameter is followed by what to do about it (PoolerHint). It
+// returns nil for another error.
 func Unreachable(err error) error {
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) || ce.Config == nil {
 		return nil
 	}
-	return &unreachable{msg: fmt.Sprintf("connection to the database failed (user=%s database=%s): %s",
-		ce.Config.User, ce.Config.Database, strings.Join(Attempts(ce), "; ")), err: err}
+	msg := fmt.Sprintf("connection to the database failed (user=%s database=%s): %s",
+		ce.Config.User, ce.Config.Database, strings.Join(Attempts(ce), "; "))
+	if hint := PoolerHint(err); hint != "" {
+		msg += "; " + hint
+	}
+	return &unreachable{msg: msg, err: err}
 }
+
+// PoolerHint returns, for err holding PgBouncer's refusal of a startup
+// parameter (see reconnect.UnsupportedParameter), what to do about it, or
+// "". pgjar's and pgstore's Open set three (opened): a PgBouncer refuses
+// the first it does not take, and would refuse the next once that one is
+// let through, so the hint names them all, with the one refused.
+func PoolerHint(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	name := reconnect.UnsupportedParameter(pe)
+	if name == "" {
+		return ""
+	}
+	names := "the startup parameters idem sets"
+	if !slices.Contains(opened, name) {
+		names = name + " and " + names
+	}
+	return "behind a PgBouncer? list " + names + " (" + strings.Join(opened, ", ") + ") in its ignore_startup_parameters, " +
+		"and set statement_timeout on the role instead (ALTER ROLE … SET): see README, Behind PgBouncer"
+}
+
+// opened are the startup parameters pgjar's and pgstore's Open set.
+var opened = []string{"default_transaction_isolation", "statement_timeout", "synchronous_commit"}
 
 type unreachable struct {
 	msg string

@@ -257,3 +257,32 @@ func RefusedConnect(t testing.TB, dsn, pkg string, open func(dsn string) (io.Clo
 		}
 	}
 }
+
+// RefusedByPgBouncer fails t unless open, pgjar's or pgstore's Open,
+// refuses a PgBouncer that takes none of the startup parameters idem sets
+// (refusetest.PgBouncer) at its first refusal, without trying again, with
+// an error that begins "pkg: connection to the database failed", quotes
+// the refusal once, says to list the three parameters in
+// ignore_startup_parameters, shows no password, and matches the server's
+// *pgconn.PgError with errors.As.
+func RefusedByPgBouncer(t testing.TB, pkg string, open func(dsn string) (io.Closer, error)) {
+	t.Helper()
+	addr, sessions := refusetest.PgBouncer(t)
+	closer, err := open("postgres://ops:hunter2@" + addr + "/jars?connect_timeout=5")
+	if err == nil {
+		closer.Close()
+		t.Fatal("open succeeded")
+	}
+	msg := err.Error()
+	var pe *pgconn.PgError
+	if !strings.HasPrefix(msg, pkg+": connection to the database failed") ||
+		strings.Count(msg, "unsupported startup parameter: default_transaction_isolation") != 1 ||
+		!strings.Contains(msg, "; behind a PgBouncer? list the startup parameters idem sets (default_transaction_isolation, statement_timeout, synchronous_commit) in its ignore_startup_parameters") ||
+		strings.Contains(msg, "hunter2") || !errors.As(err, &pe) || pe.Code != "08P01" {
+		t.Errorf("open: %v; want %q, quoting PgBouncer's refusal once, saying to list the three parameters in ignore_startup_parameters, without the password, matching *pgconn.PgError 08P01",
+			err, pkg+": connection to the database failed")
+	}
+	if n := sessions(); n != 1 {
+		t.Errorf("open sent %d startup messages; want 1: the refusal stays until PgBouncer's configuration changes", n)
+	}
+}

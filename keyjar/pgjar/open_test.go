@@ -334,6 +334,15 @@ func TestOpenUnreachable(t *testing.T) {
 	})
 }
 
+// TestOpenBehindPgBouncer: a PgBouncer that takes none of the startup
+// parameters Open sets refuses Open's first session, and Open says what to
+// do about it, at once.
+func TestOpenBehindPgBouncer(t *testing.T) {
+	pgtest.RefusedByPgBouncer(t, "pgjar", func(dsn string) (io.Closer, error) {
+		return pgjar.Open(t.Context(), dsn, nil)
+	})
+}
+
 // TestOpenUnparsedDSNMasksPassword: Open's error for a connection string
 // that pgx cannot parse shows none of its password.
 func TestOpenUnparsedDSNMasksPassword(t *testing.T) {
