@@ -328,7 +328,15 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if c.t.Budget != nil {
 				c.t.Budget.Deposit(c.cost) // a final answer too, 422
 			}
-			c.update(ctx, Change{State: StateFailed, Release: true})
+			state := StateFailed
+			if c.rec.State == StateDone {
+				// A server replays a done operation's answer: a 422 to a
+				// call made again refuses this request (another body
+				// under the key, as the server compares bodies), not
+				// the operation, which it applied.
+				state = StateDone
+			}
+			c.update(ctx, Change{State: state, Release: true})
 			return resp, nil
 		}
 		// The wait runs from now: what the call does before it sleeps (the

@@ -291,6 +291,29 @@ func TestUnprocessableStopsAndReturnsResponse(t *testing.T) {
 	}
 }
 
+// TestDoneStaysDoneOn422: a call made again on a done operation that the
+// server answers with a 422 (this request differs, by the server's
+// comparison, from the one it applied under the key) returns the 422 and
+// leaves the operation done: it was applied, and a failed one would read
+// as never charged.
+func TestDoneStaysDoneOn422(t *testing.T) {
+	tr, rec, jar := newTransport(t, status(201), status(422))
+	ctx := idem.WithOperation(context.Background(), "op")
+	for _, want := range []int{201, 422} {
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("got %v, %v; want %d", resp, err, want)
+		}
+		resp.Body.Close()
+		if r, _ := jar.Get(ctx, "op"); r.State != idem.StateDone || r.LastStatus != want {
+			t.Fatalf("after the %d: state %q, last status %d; want done, %d", want, r.State, r.LastStatus, want)
+		}
+	}
+	if len(rec.keys) != 2 || rec.keys[0] != rec.keys[1] {
+		t.Errorf("keys sent %q; want one key twice", rec.keys)
+	}
+}
+
 func TestFinalStatusesAreNotRetried(t *testing.T) {
 	for _, code := range []int{200, 201, 302, 400, 404, 500} {
 		tr, rec, _ := newTransport(t, status(code), status(201))
