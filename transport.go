@@ -502,7 +502,7 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 		if rest == nil {
 			rb.size = int64(len(buf))
 			cb := canonBuffers.Get().(*canon.Buffer)
-			c := canonical(cb, req.Header.Get("Content-Type"), buf)
+			c := cb.Body(req.Header.Get("Content-Type"), buf)
 			h.Write(c)
 			old.write(c)
 			stored := rb.size <= t.maxStoredBody()
@@ -639,18 +639,6 @@ func getBody(get func() (io.ReadCloser, error)) (io.ReadCloser, error) {
 		return nil, fmt.Errorf("%w: GetBody returned no body and no error", ErrRequestBody)
 	}
 	return rc, nil
-}
-
-// canonical returns the canonical form of a body, made in cb: canonical
-// JSON when the Content-Type is JSON (or absent) and the body parses, the
-// bytes otherwise.
-func canonical(cb *canon.Buffer, ctype string, b []byte) []byte {
-	if ctype == "" {
-		if c, err := cb.JSON(b); err == nil {
-			return c
-		}
-	}
-	return cb.Body(ctype, b)
 }
 
 // canonBuffers keep the space of canonical forms from one call to the

@@ -2,13 +2,18 @@ package idem_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/retry"
+	"github.com/idemkit/idem/testserver"
 )
 
 // The fingerprints stored for a request are pinned: a jar holds them
@@ -159,5 +164,60 @@ func TestStreamedFingerprintUnderALargerMaxBuffer(t *testing.T) {
 	}
 	if len(keys) != 2 || keys[1] != keys[0] || bodies[1] != body || bodies[0] != body {
 		t.Fatalf("sent %q with bodies %q; want the body twice under one key", keys, bodies)
+	}
+}
+
+// TestFingerprintAgreesWithTheReferenceServer: a named operation called
+// again with a body that the Transport takes for the first's is replayed
+// by the reference server, never refused as another request (422, which
+// would leave the caller an error for a request it was told is the
+// same), and one it refuses locally, the server would have refused too.
+func TestFingerprintAgreesWithTheReferenceServer(t *testing.T) {
+	var runs atomic.Int64
+	srv := httptest.NewServer((&testserver.Middleware{Store: &testserver.MemoryStore{}}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	tr := &idem.Transport{Base: srv.Client().Transport, Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1}}
+	for i, c := range []struct {
+		ctype, first, again string
+		same                bool // as the Transport compares them
+	}{
+		{"", `{"amount":4200,"order_id":"o-1"}`, `{"order_id":"o-1","amount":4200}`, true},
+		{"", `{"amount":4200}`, "{ \"amount\" : 4200 }\n", true},
+		{"application/json", `{"amount":4200,"order_id":"o-1"}`, `{ "order_id":"o-1", "amount":4200 }`, true},
+		{"text/plain", `{"amount":4200,"order_id":"o-1"}`, `{"order_id":"o-1","amount":4200}`, false},
+		{"", `amount=4200&order_id=o-1`, `order_id=o-1&amount=4200`, false},
+	} {
+		op := fmt.Sprintf("charge:%d", i)
+		send := func(body string) (*http.Response, error) {
+			req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), op), "POST", srv.URL, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.ctype != "" {
+				req.Header.Set("Content-Type", c.ctype)
+			}
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return resp, err
+		}
+		if resp, err := send(c.first); err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%d: first call: %v, %v", i, resp, err)
+		}
+		before := runs.Load()
+		resp, err := send(c.again)
+		var me *idem.MismatchError
+		switch {
+		case c.same && (err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true"):
+			t.Errorf("%d (%q): %q then %q: %v, %v; want the first's answer replayed", i, c.ctype, c.first, c.again, resp, err)
+		case !c.same && !errors.As(err, &me):
+			t.Errorf("%d (%q): %q then %q: %v, %v; want a *MismatchError, nothing sent", i, c.ctype, c.first, c.again, resp, err)
+		case runs.Load() != before:
+			t.Errorf("%d (%q): the handler ran again", i, c.ctype)
+		}
 	}
 }

@@ -490,24 +490,42 @@ func (m *Middleware) scope(r *http.Request) string {
 
 // Fingerprint returns the hex SHA-256 that identifies a request under one
 // key: its method, escaped path, raw query, scope, media type (without
-// parameters) and canonical body (see internal/canon: JSON key order and
-// whitespace do not count, unless an object has two keys equal but for
-// case; other bodies count byte for byte).
+// parameters) and canonical body (see internal/canon: in a body of a JSON
+// type, or of none that parses as JSON, as idem.Transport compares bodies,
+// key order and whitespace do not count, unless an object has two keys
+// equal but for case; other bodies count byte for byte).
 func Fingerprint(r *http.Request, scope string, body []byte) string {
 	ct := r.Header.Get("Content-Type")
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
 		mt = ct
 	}
+	return fingerprint(r, scope, mt, canon.Body(ct, body))
+}
+
+// fingerprint is Fingerprint of r with media type mt and canonical body c.
+func fingerprint(r *http.Request, scope, mt string, c []byte) string {
 	h := sha256.New()
 	for _, f := range [][]byte{[]byte(r.Method), []byte(r.URL.EscapedPath()), []byte(r.URL.RawQuery),
-		[]byte(scope), []byte(mt), canon.Body(ct, body)} {
+		[]byte(scope), []byte(mt), c} {
 		var n [8]byte
 		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
 		h.Write(n[:])
 		h.Write(f)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// legacyFingerprint reports whether fp, a stored fingerprint that is not
+// r's, is the one earlier versions gave r: they hashed a body without a
+// Content-Type byte for byte, where Fingerprint now takes one that parses
+// as JSON for JSON, as idem.Transport does. A retry of such a request
+// claimed before the upgrade is still the same request.
+func legacyFingerprint(r *http.Request, scope string, body []byte, fp string) bool {
+	if r.Header.Get("Content-Type") != "" {
+		return false
+	}
+	return fp == fingerprint(r, scope, "", body)
 }
 
 // newFence returns the fence of a claim taken at now: its reading, and an
@@ -600,7 +618,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", f.Token)
 			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token, ClaimID: f.ClaimID}, body)
 			return
-		case e.Fingerprint != fp:
+		case e.Fingerprint != fp && !legacyFingerprint(r, scope, body, e.Fingerprint):
 			m.stats.mismatches.Add(1)
 			m.log(ctx, slog.LevelInfo, "idempotency: key reused with another request", "key", key)
 			WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused with another request", Status: http.StatusUnprocessableEntity, Key: key,

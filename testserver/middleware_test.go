@@ -3,6 +3,9 @@ package testserver_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -494,6 +497,51 @@ func TestFingerprintMediaType(t *testing.T) {
 	if h.runs.Load() != 1 {
 		t.Fatalf("runs %d; want 1", h.runs.Load())
 	}
+}
+
+// TestFingerprintWithoutContentType: a body without a Content-Type that
+// parses as JSON is compared as JSON, as idem.Transport compares it: the
+// same members in another order are replayed, another value is 422. A key
+// claimed before, under the fingerprint that hashed such a body byte for
+// byte, is still the same request's (409 while it runs, not 422).
+func TestFingerprintWithoutContentType(t *testing.T) {
+	h := &charges{}
+	store := new(testserver.MemoryStore)
+	srv := (&testserver.Middleware{Store: store}).Wrap(h)
+	send := func(key, body string) *httptest.ResponseRecorder {
+		r := request("POST", "/v1/charges", body, "Idempotency-Key", key)
+		r.Header.Del("Content-Type")
+		return serve(srv, r)
+	}
+	for i, c := range []struct{ body, replayed string }{
+		{`{"amount":1000,"currency":"usd","order_id":"o-1"}`, ""},
+		{`{ "order_id": "o-1", "currency": "usd", "amount": 1000 }`, "true"},
+	} {
+		w := send("k", c.body)
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != c.replayed || h.runs.Load() != 1 {
+			t.Fatalf("request %d: %d %q, replayed %q, runs %d; want 201, replayed %q, run once",
+				i+1, w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), h.runs.Load(), c.replayed)
+		}
+	}
+	wantProblem(t, send("k", `{"amount":2000,"currency":"usd","order_id":"o-1"}`), 422, testserver.ProblemMismatch)
+
+	// The fingerprint of earlier versions: each field's length, then the
+	// field; the body as it is.
+	body := `{"order_id":"o-2","amount":1000}`
+	old := sha256.New()
+	for _, f := range []string{"POST", "/v1/charges", "", testserver.CredentialScope(request("POST", "/", "")), "", body} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		old.Write(n[:])
+		old.Write([]byte(f))
+	}
+	now := time.Now()
+	if _, claimed, err := store.Claim(t.Context(), testserver.CredentialScope(request("POST", "/", "")), "old", hex.EncodeToString(old.Sum(nil)),
+		testserver.Fence{Token: now.UnixNano(), ClaimID: "before"}, now); err != nil || !claimed {
+		t.Fatalf("Claim = %v, %v", claimed, err)
+	}
+	wantProblem(t, send("old", body), 409, testserver.ProblemInFlight)
+	wantProblem(t, send("old", `{"order_id":"o-2","amount":2000}`), 422, testserver.ProblemMismatch)
 }
 
 type errReader struct{}

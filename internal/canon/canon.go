@@ -67,7 +67,7 @@ func (b *Buffer) JSON(in []byte) ([]byte, error) {
 
 // Body is the package's Body, made in b.
 func (b *Buffer) Body(contentType string, in []byte) []byte {
-	if IsJSON(contentType) {
+	if contentType == "" || IsJSON(contentType) {
 		if c, err := b.JSON(in); err == nil {
 			return c
 		}
@@ -162,8 +162,10 @@ func foldKey(k string) string {
 }
 
 // Body returns the canonical form of a body of the given Content-Type: the
-// canonical JSON when the type names JSON and the body parses, the bytes as
-// they are otherwise.
+// canonical JSON when the type names JSON, or is "" (none given: a JSON
+// body sent without its type, which idem.Transport and the reference
+// server both take for JSON), and the body parses; the bytes as they are
+// otherwise.
 func Body(contentType string, b []byte) []byte {
 	return new(Buffer).Body(contentType, b)
 }

@@ -59,6 +59,12 @@ func TestBody(t *testing.T) {
 	if got := Body("application/json", []byte(`{bad`)); string(got) != `{bad` {
 		t.Errorf("invalid json: got %s; want bytes unchanged", got)
 	}
+	if got := Body("", []byte(`{ "b" : 1, "a": 2 }`)); string(got) != `{"a":2,"b":1}` {
+		t.Errorf("no type, json: got %s", got)
+	}
+	if got := Body("", []byte(`a=1&b=2`)); string(got) != `a=1&b=2` {
+		t.Errorf("no type, not json: got %s; want bytes unchanged", got)
+	}
 }
 
 func TestIsJSON(t *testing.T) {
