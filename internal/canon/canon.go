@@ -15,6 +15,7 @@ import (
 	"mime"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -37,6 +38,9 @@ func IsJSON(contentType string) bool {
 // instead. Go's encoding/json decodes such keys into one struct field, the
 // last one winning: for the server, their order is significant, so the
 // canonical form, which sorts keys, would make two different requests one.
+// So too when b holds bytes that are not UTF-8, or a \u escape of half a
+// surrogate pair without its other half: encoding/json decodes each to
+// U+FFFD, which would make documents that differ there one.
 //
 // The canonical form is what encoding/json produces when it decodes b into
 // an any (with UseNumber) and encodes it again without HTML escaping. It is
@@ -83,6 +87,12 @@ func (b *Buffer) Cap() int {
 // jsonSlow is JSON computed by encoding/json: the definition of the
 // canonical form, which fastJSON must reproduce byte for byte.
 func jsonSlow(b []byte) ([]byte, error) {
+	if !utf8.Valid(b) {
+		return nil, errors.New("canon: not UTF-8")
+	}
+	if loneSurrogate(b) {
+		return nil, errors.New("canon: an escape of half a surrogate pair")
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var v any
@@ -102,6 +112,54 @@ func jsonSlow(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(out.Bytes(), []byte("\n")), nil
+}
+
+// loneSurrogate reports whether b, a JSON document, holds a \u escape of
+// a surrogate (U+D800 to U+DFFF) that is not a high one followed at once
+// by an escape of a low one: what encoding/json decodes to U+FFFD. A
+// backslash outside a string is left for the decoder to refuse.
+func loneSurrogate(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		r, ok := escapedRune(b, i)
+		i++ // past the escaped byte: a backslash escapes a backslash
+		switch {
+		case !ok || r < 0xd800 || r > 0xdfff:
+		case r >= 0xdc00:
+			return true // a low half first
+		default:
+			low, ok := escapedRune(b, i+5)
+			if !ok || low < 0xdc00 || low > 0xdfff {
+				return true
+			}
+			i += 6
+		}
+	}
+	return false
+}
+
+// escapedRune returns the code unit of the \uXXXX escape at b[i:], and
+// false when there is none there.
+func escapedRune(b []byte, i int) (rune, bool) {
+	if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i+2 : i+6] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // foldCollision returns a key of an object in v that another key of that

@@ -38,6 +38,35 @@ func TestJSONDifferentValues(t *testing.T) {
 	}
 }
 
+// TestJSONRefusesWhatDecodesToReplacement: encoding/json decodes a byte
+// that is not UTF-8, and an escape of half a surrogate pair, to U+FFFD, so
+// that documents differing there had one canonical form, and one
+// fingerprint: they are refused (Body gives their bytes as they are). An
+// escaped pair, and U+FFFD itself, are canonicalised.
+func TestJSONRefusesWhatDecodesToReplacement(t *testing.T) {
+	for _, in := range []string{
+		"{\"a\":\"\xff\"}", "{\"a\":\"x\xc3\"}", "[\"\xed\xa0\x80\"]", // not UTF-8 (the last a surrogate, encoded)
+		`{"a":"\ud800"}`, `{"a":"\udbff"}`, `{"a":"\uDC00x"}`, `["\ud800\u0041"]`, `["\ud800\ud800"]`,
+		`["\ud800\"]`, `{"\ud800":1}`, `["\\\ud800"]`,
+	} {
+		if c, err := JSON([]byte(in)); err == nil {
+			t.Errorf("JSON(%q) = %q; want an error", in, c)
+		}
+		if b := Body("application/json", []byte(in)); string(b) != in {
+			t.Errorf("Body(%q) = %q; want the bytes as they are", in, b)
+		}
+	}
+	for in, want := range map[string]string{
+		`["\ud83d\ude00"]`: `["😀"]`, `["\uD83D\uDE00 "]`: `["😀 "]`, `["\ufffd"]`: "[\"\ufffd\"]", "[\"\ufffd\"]": "[\"\ufffd\"]",
+		`["\\ud800"]`:  `["\\ud800"]`, // an escaped backslash, then "ud800"
+		`["\u00e9\\"]`: `["é\\"]`,
+	} {
+		if c, err := JSON([]byte(in)); err != nil || string(c) != want {
+			t.Errorf("JSON(%q) = %q, %v; want %q", in, c, err, want)
+		}
+	}
+}
+
 func TestJSONRejectsTrailingData(t *testing.T) {
 	for _, in := range []string{`{"a":1} {"b":2}`, `{"a":`, ``, `nope`} {
 		if _, err := JSON([]byte(in)); err == nil {
