@@ -154,7 +154,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/sqliteopt"
-	"modernc.org/sqlite" // registers the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
@@ -873,14 +872,7 @@ func (j *Jar) keepWAL() error {
 	if _, err := j.wconn.ExecContext(ctx, "PRAGMA journal_size_limit = 0"); err != nil {
 		return err
 	}
-	return j.wconn.Raw(func(dc any) error {
-		fc, ok := dc.(sqlite.FileControl)
-		if !ok {
-			return fmt.Errorf("the driver's connection (%T) has no file controls", dc)
-		}
-		_, err := fc.FileControlPersistWAL("main", 1)
-		return err
-	})
+	return sqliteopt.KeepWAL(j.wconn)
 }
 
 // closeDBs closes the readers first, so that the writer is the last

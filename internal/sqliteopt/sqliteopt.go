@@ -7,10 +7,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"math"
 	"net/url"
 	"path/filepath"
 	"time"
+
+	"modernc.org/sqlite"
 )
 
 // URI returns the modernc.org/sqlite data source name of the file at path,
@@ -70,4 +73,20 @@ func isBusy(err error) bool {
 	const sqliteBusy = 5 // the primary result code, in the low byte
 	var c interface{ Code() int }
 	return errors.As(err, &c) && c.Code()&0xff == sqliteBusy
+}
+
+// KeepWAL makes conn, when it is the last connection to its file to close,
+// leave the file's -wal and -shm files in place (SQLITE_FCNTL_PERSIST_WAL):
+// a WAL-mode file can be read without writing anything only when they
+// exist, and a reader that may not write the directory cannot create them.
+// On a file not in WAL mode it changes nothing.
+func KeepWAL(conn *sql.Conn) error {
+	return conn.Raw(func(dc any) error {
+		fc, ok := dc.(sqlite.FileControl)
+		if !ok {
+			return fmt.Errorf("the driver's connection (%T) has no file controls", dc)
+		}
+		_, err := fc.FileControlPersistWAL("main", 1)
+		return err
+	})
 }

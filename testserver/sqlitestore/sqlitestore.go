@@ -220,6 +220,7 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 	db.SetConnMaxLifetime(0)
 	s := &Store{db: db}
 	if err := s.migrate(ctx, path); err != nil {
+		keepWAL(db)
 		db.Close()
 		if werr := notWritable(path, err); werr != nil {
 			return nil, werr
@@ -250,6 +251,22 @@ func open(ctx context.Context, path string, opts *Options, created func(path str
 		return nil, s.fail(err) // ErrLocked, when another process holds the file
 	}
 	return s, nil
+}
+
+// keepWAL makes db's connection, about to close on a file Open refused,
+// leave the file's -wal and -shm files where it found them: a client's key
+// jar keeps them so that idemctl can read it without writing (keyjar's
+// Options.ReadOnly), and closing the last connection to a WAL-mode file
+// deletes them. (SQLite still checkpoints the WAL into the file: its
+// pages, not what they hold, change.) A file not in WAL mode is left as
+// it is.
+func keepWAL(db *sql.DB) {
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	_ = sqliteopt.KeepWAL(conn)
 }
 
 // notWritable returns Open's error for a store at path that this user may

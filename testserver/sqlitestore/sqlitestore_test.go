@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -329,12 +330,24 @@ func openUnchanged(t *testing.T, path string, open func() (io.Closer, error)) er
 	if err != nil {
 		t.Fatal(err)
 	}
+	sides := func() (names []string) { // the -wal and -shm files there are
+		for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+			if _, err := os.Stat(path + suffix); err == nil {
+				names = append(names, suffix)
+			}
+		}
+		return names
+	}
+	sidesBefore := sides()
 	c, err := open()
 	if err == nil {
 		c.Close()
 	}
 	if after, rerr := os.ReadFile(path); rerr != nil || !bytes.Equal(before, after) {
 		t.Errorf("Open (err %v) changed %s: %v", err, path, rerr)
+	}
+	if sidesAfter := sides(); !slices.Equal(sidesBefore, sidesAfter) {
+		t.Errorf("Open (err %v): the files beside %s were %q, now %q", err, path, sidesBefore, sidesAfter)
 	}
 	return err
 }
