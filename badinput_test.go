@@ -425,6 +425,8 @@ func TestBadInput(t *testing.T) {
 		{name: "URL with port 99999", run: toURL("http://127.0.0.1:99999/v1/charges"), want: idem.ErrInvalidURL},
 		{name: "URL with port 65536", run: toURL("https://[::1]:65536/v1/charges"), want: idem.ErrInvalidURL},
 		{name: "URL with port 0", run: toURL("http://127.0.0.1:0/v1/charges"), want: idem.ErrInvalidURL},
+		{name: "URL of a scheme misspelt", run: toURL("htp://127.0.0.1:8080/v1/charges"), want: idem.ErrInvalidURL},
+		{name: "URL of a scheme net/http does not send", run: toURL("ftp://127.0.0.1/v1/charges"), want: idem.ErrInvalidURL},
 		{
 			name: "100 MB body without GetBody: refused",
 			run: func(t *testing.T, s *stack) (resp *http.Response, err error) {

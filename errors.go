@@ -44,10 +44,14 @@ var (
 	// anything is stored or sent, for a keyed request whose URL has no
 	// host, such as a server address given without its scheme
 	// ("localhost:8080/v1/charges" parses as a URL of scheme "localhost")
-	// or without the // after it, or whose port is 0 or above 65535 (which
-	// url.Parse accepts): no request can be sent there, a record of it
-	// would stay pending in the jar, and the same call with its URL fixed
-	// would be another request (a *MismatchError).
+	// or without the // after it, whose port is 0 or above 65535 (which
+	// url.Parse accepts), or, when Base is an *http.Transport (or nil),
+	// whose scheme is neither http nor https ("htp://", which net/http
+	// refuses unsent; a protocol registered with RegisterProtocol for
+	// another scheme is not looked up: wrap such a Base in a RoundTripper
+	// of your own): no request can be sent there, a record of it would stay
+	// pending in the jar, and the same call with its URL fixed would be
+	// another request (a *MismatchError).
 	ErrInvalidURL = errors.New("idem: invalid request URL")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
 	// operation was abandoned (client.Abandon) while the call waited for

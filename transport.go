@@ -128,7 +128,8 @@ func Operation(ctx context.Context) string {
 //     quoted as a Structured Field string ("a,b", escaping only \" and \\),
 //     which a key with a comma must be. Any other is refused with
 //     ErrInvalidKey before anything is stored or sent. So is a URL without
-//     a host, or with a port no dial takes (0, or above 65535), with
+//     a host, with a port no dial takes (0, or above 65535), or, over an
+//     *http.Transport, of a scheme other than http and https, with
 //     ErrInvalidURL.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
@@ -367,6 +368,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if req.URL == nil || req.URL.Host == "" {
 		return nil, fmt.Errorf("%w: it has no host (nothing was stored or sent); give the server's address with its scheme, as in https://api.example.com/v1/charges", ErrInvalidURL)
+	}
+	if _, std := t.base().(*http.Transport); std && req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+		// Refused by net/http before it sends anything, each attempt
+		// alike, and a resume too.
+		return nil, fmt.Errorf("%w: scheme %q is neither http nor https, which an http.Transport sends (nothing was stored or sent)", ErrInvalidURL, req.URL.Scheme)
 	}
 	if p := req.URL.Port(); p != "" {
 		// url.Parse takes any digits; the dial refuses the port, each
