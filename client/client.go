@@ -519,14 +519,16 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 	// Sent without a name: neither op nor a key of the caller's, which
 	// would name the operation itself.
 	anonymous := op == "" && named != key
+	keyed := c.keyed(req.Method)
 	switch {
-	case !c.keyed(req.Method):
+	case !keyed:
 		// No operation, op or not (see Do): no name, as no key and no
-		// record, as in its StatusError. The name is not refused: Do's doc
-		// takes it, and the Transport, as net/http does with a context
-		// value it has no use for, ignores idem.WithOperation on a request
-		// it does not key.
-		op = ""
+		// record, as in its StatusError, even where the caller set an
+		// Idempotency-Key of its own, which the Transport sends as it is.
+		// The name is not refused: Do's doc takes it, and the Transport,
+		// as net/http does with a context value it has no use for,
+		// ignores idem.WithOperation on a request it does not key.
+		op, key = "", ""
 	case op == "":
 		op = named
 	}
@@ -536,7 +538,7 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 	}
 	// The answer to a request without a key (a GET, or the one a redirect
 	// of the keyed request made) says nothing of the operation.
-	keyed := resp.Request != nil && resp.Request.Header.Get(idem.KeyHeader) != ""
+	keyed = keyed && resp.Request != nil && resp.Request.Header.Get(idem.KeyHeader) != ""
 	err = c.statusError(ctx, r, keyed, attempts, time.Since(start))
 	if anonymous {
 		// Its *idem.PendingError says, as the Transport's does, that the

@@ -769,31 +769,52 @@ func TestResponseOfAnUnkeyedRequest(t *testing.T) {
 	}
 }
 
-// TestDoOfAnUnkeyedMethod: a named GET is not an operation: it is sent
-// once, without a key, even when the answer is one the Client retries for
-// a POST, and the jar keeps nothing of it.
+// TestDoOfAnUnkeyedMethod: a named GET, or DELETE, is not an operation: it
+// is sent once, with no key but the caller's own, sent as it is, even when
+// the answer is one the Client retries for a POST, and the jar keeps
+// nothing of it. Its answers have no Op and no Key: a 503 is no pending
+// operation to resume.
 func TestDoOfAnUnkeyedMethod(t *testing.T) {
-	var sent atomic.Int32
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sent.Add(1)
-		if k := r.Header.Get(idem.KeyHeader); k != "" {
-			t.Errorf("a GET carried Idempotency-Key %q", k)
+	for _, c := range []struct{ method, callerKey string }{
+		{http.MethodGet, ""},
+		{http.MethodDelete, "del-42"},
+	} {
+		var sent atomic.Int32
+		status := http.StatusOK
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sent.Add(1)
+			if k := r.Header.Get(idem.KeyHeader); k != c.callerKey {
+				t.Errorf("%s carried Idempotency-Key %q; want %q", c.method, k, c.callerKey)
+			}
+			w.WriteHeader(status)
+		})
+		jar := &idem.MemoryJar{}
+		cl := newClient(t, h, &client.Options{Jar: jar})
+		newReq := func() *http.Request {
+			req, _ := http.NewRequest(c.method, chargesURL+"/ch_1", nil)
+			if c.callerKey != "" {
+				req.Header.Set(idem.KeyHeader, c.callerKey)
+			}
+			return req
 		}
-		w.WriteHeader(http.StatusServiceUnavailable)
-	})
-	jar := &idem.MemoryJar{}
-	c := newClient(t, h, &client.Options{Jar: jar})
-	req, _ := http.NewRequest(http.MethodGet, chargesURL+"/ch_1", nil)
-	_, err := c.Do(context.Background(), "lookup:ch_1", req)
-	var se *client.StatusError
-	if !errors.As(err, &se) || se.StatusCode != http.StatusServiceUnavailable || se.Err != nil || errors.Is(err, idem.ErrPending) {
-		t.Fatalf("named GET answered 503: %v; want a *StatusError 503 whose Err is nil", err)
-	}
-	if n := sent.Load(); n != 1 {
-		t.Errorf("named GET sent %d times; want once", n)
-	}
-	if recs, err := jar.List(context.Background(), idem.Filter{}); err != nil || len(recs) != 0 {
-		t.Errorf("jar after a named GET: %v, %v; want nothing", recs, err)
+		resp, err := cl.Do(context.Background(), "", newReq())
+		if err != nil || resp.Op != "" || resp.Key != "" {
+			t.Fatalf("%s answered 200: %+v, %v; want a Response with no Op nor Key", c.method, resp, err)
+		}
+		resp.Body.Close()
+		status = http.StatusServiceUnavailable
+		_, err = cl.Do(context.Background(), "lookup:ch_1", newReq())
+		var se *client.StatusError
+		if !errors.As(err, &se) || se.StatusCode != http.StatusServiceUnavailable || se.Err != nil || errors.Is(err, idem.ErrPending) ||
+			se.Op != "" || se.Key != "" {
+			t.Fatalf("named %s answered 503: %v; want a *StatusError 503 whose Err, Op and Key are empty", c.method, err)
+		}
+		if n := sent.Load(); n != 2 {
+			t.Errorf("%s sent %d times in two calls; want once each", c.method, n)
+		}
+		if recs, err := jar.List(context.Background(), idem.Filter{}); err != nil || len(recs) != 0 {
+			t.Errorf("jar after a named %s: %v, %v; want nothing", c.method, recs, err)
+		}
 	}
 }
 
