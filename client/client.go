@@ -434,7 +434,8 @@ type Response struct {
 
 // Do sends req as the operation named op, retrying with one key, and
 // returns the 2xx answer with its body open for the caller to read and
-// close. An empty op makes req an operation of its own (a new key). ctx
+// close. An empty op makes req an operation of its own (a new key), unless
+// ctx names one (idem.WithOperation), which op, when given, replaces. ctx
 // replaces req's context; req is not modified. A request whose method the
 // Client does not key (not in Options.Methods: by default anything but POST
 // and PATCH, such as GET, PUT or DELETE) is no operation, op or not: it is
@@ -516,9 +517,10 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 		return nil, err
 	}
 	attempts, named, key := tr.get()
-	// Sent without a name: neither op nor a key of the caller's, which
-	// would name the operation itself.
-	anonymous := op == "" && named != key
+	// Sent without a name: neither op, nor one ctx carried
+	// (idem.WithOperation), nor a key of the caller's, which would name the
+	// operation itself.
+	anonymous := op == "" && idem.Operation(ctx) == "" && named != key
 	keyed := c.keyed(req.Method)
 	switch {
 	case !keyed:
@@ -558,8 +560,8 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // PostJSON sends in, encoded as JSON, in a POST to url as the operation
 // named op, and decodes a 2xx answer's JSON body into out (unless out is
 // nil or the body is empty). An empty op, as for Do, makes the call an
-// operation of its own, under a new key that neither a later call nor a
-// run after a restart finds again. The returned Response's body is already read
+// operation of its own (unless ctx names one), under a new key that
+// neither a later call nor a run after a restart finds again. The returned Response's body is already read
 // and closed. Errors are those of Do; a url that does not parse is
 // http.NewRequest's *url.Error, with its password masked (user:xxxxx@) as
 // url.URL.Redacted masks it, in its URL and in its Err; a body that does not decode, or is

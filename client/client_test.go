@@ -309,16 +309,18 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
 	const warning = "made again without a name is a new operation under a new key"
 	for _, tc := range []struct {
-		name, op, key string
-		codes         []int
-		unnamed       bool
+		name, op, key, ctxOp string
+		codes                []int
+		unnamed              bool
 	}{
-		{"unnamed, 503", "", "", []int{503, 503}, true},
-		{"unnamed, 401 after a 503", "", "", []int{503, 401}, true},
-		{"named, 503", "charge:o1", "", []int{503, 503}, false},
-		{"the caller's key, 503", "", "k1", []int{503, 503}, false},
-		{"unnamed, 409", "", "", []int{409, 409}, true},
-		{"named, 409", "charge:o1", "", []int{409, 409}, false},
+		{"unnamed, 503", "", "", "", []int{503, 503}, true},
+		{"unnamed, 401 after a 503", "", "", "", []int{503, 401}, true},
+		{"named, 503", "charge:o1", "", "", []int{503, 503}, false},
+		{"the caller's key, 503", "", "k1", "", []int{503, 503}, false},
+		{"named by the context, 503", "", "", "charge:o1", []int{503, 503}, false},
+		{"unnamed, 409", "", "", "", []int{409, 409}, true},
+		{"named, 409", "charge:o1", "", "", []int{409, 409}, false},
+		{"named by the context, 409", "", "", "charge:o1", []int{409, 409}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newShop()
@@ -331,7 +333,11 @@ func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
 			if tc.key != "" {
 				req.Header.Set(idem.KeyHeader, tc.key)
 			}
-			_, err = c.Do(context.Background(), tc.op, req)
+			ctx := context.Background()
+			if tc.ctxOp != "" {
+				ctx = idem.WithOperation(ctx, tc.ctxOp)
+			}
+			_, err = c.Do(ctx, tc.op, req)
 			if !errors.Is(err, idem.ErrPending) || s.sends() != 2 {
 				t.Fatalf("got %v after %d sends; want a *idem.PendingError (a *client.ConflictError for a 409) after 2", err, s.sends())
 			}
