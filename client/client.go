@@ -477,8 +477,9 @@ type Response struct {
 // saved answer of a done or failed one. Only a pending operation can be
 // resumed (Pending lists it, Resume sends it): the State of the
 // *idem.PendingError or *ConflictError says which. Errors without an
-// answer are those of http.Client.Do (a *url.Error) wrapping the
-// Transport's typed errors:
+// answer are those of http.Client.Do (a *url.Error, whose URL has its
+// password and the values of its query's secrets masked as xxxxx) wrapping
+// the Transport's typed errors:
 // *idem.PendingError, *idem.ReconcileError (past the horizon: reconcile),
 // *idem.MismatchError (op reused with another request: nothing sent),
 // *idem.JarError.
@@ -514,6 +515,12 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 	start := time.Now()
 	resp, err := c.hc.Do(req.WithContext(ctx))
 	if err != nil {
+		if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
+			// http.Client's error quotes the URL with its password
+			// masked (***), not the secrets of its query: masked as
+			// the Transport masks them.
+			ue.URL = dsn.MaskURL(ue.URL)
+		}
 		return nil, err
 	}
 	attempts, named, key := tr.get()
@@ -564,7 +571,8 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // neither a later call nor a run after a restart finds again. The returned Response's body is already read
 // and closed. Errors are those of Do; a url that does not parse is
 // http.NewRequest's *url.Error, with its password masked (user:xxxxx@) as
-// url.URL.Redacted masks it, in its URL and in its Err; a body that does not decode, or is
+// url.URL.Redacted masks it, in its URL and in its Err, and the secrets of
+// its query as Do's errors mask them (?api_key=xxxxx); a body that does not decode, or is
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
 // the Response: the operation did happen.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
@@ -579,8 +587,10 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
 	if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
 		// url.Parse's error quotes the URL as given: its password is
-		// masked, as http.Client masks it in the errors of its requests.
+		// masked, as http.Client masks it in the errors of its requests,
+		// and the secrets of its query, as Do masks them.
 		dsn.MaskURLError(ue, url)
+		ue.URL = dsn.MaskURL(ue.URL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/ctlesc"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -146,7 +147,7 @@ func (e *StateError) Unwrap() error { return e.err }
 type StatusError struct {
 	Op, Key    string // "" for an answer to a request without a key (a GET, or a redirect's)
 	Method     string
-	URL        string // the request's URL, its password (user:password@) masked as in url.URL.Redacted
+	URL        string // the request's URL, its password (user:password@) masked as in url.URL.Redacted, and the values of query parameters whose names say they hold a secret (?api_key=xxxxx), as idem masks them
 	StatusCode int
 	Status     string // as in http.Response: "503 Service Unavailable"
 	Header     http.Header
@@ -241,7 +242,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 	se := &StatusError{Op: r.Op, Key: r.Key, StatusCode: r.StatusCode, Status: r.Status,
 		Header: r.Header, Body: b, Replayed: r.Replayed}
 	if r.Request != nil {
-		se.Method, se.URL = r.Request.Method, r.Request.URL.Redacted()
+		se.Method, se.URL = r.Request.Method, dsn.MaskURL(r.Request.URL.String())
 	}
 	if se.Status == "" {
 		se.Status = fmt.Sprintf("%d %s", r.StatusCode, http.StatusText(r.StatusCode))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -390,5 +391,37 @@ func TestResumeCredentialsCheckedOnItsOwnRequest(t *testing.T) {
 	resp.Body.Close()
 	if want := []string{"POST k", "POST k", "GET "}; !slices.Equal(got, want) {
 		t.Fatalf("the server got %q; want %q", got, want)
+	}
+}
+
+// TestQuerySecretsMaskedInErrors: the values of a URL's query parameters
+// whose names say they hold a secret, masked in the record's last error,
+// the *idem.PendingError and the log, are masked in the errors Do and
+// PostJSON return too: a *StatusError's URL, and the *url.Error that
+// http.Client wraps around the others (whose password it masks as ***,
+// now xxxxx as everywhere else), for a URL that does not parse as well.
+func TestQuerySecretsMaskedInErrors(t *testing.T) {
+	const query = "?api_key=SEKRIT_1&token=SEKRIT_2&order=o1"
+	unavailable := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+	failing := roundTripFunc(func(r *http.Request) (*http.Response, error) { r.Body.Close(); return nil, errors.New("no route") })
+	for _, tc := range []struct {
+		name string
+		c    *client.Client
+		url  string
+	}{
+		{"503", newClient(t, unavailable, nil), "https://shop:pw_4711@shop.test/charges" + query},
+		{"no answer", newClient(t, nil, &client.Options{Base: failing}), "https://shop:pw_4711@shop.test/charges" + query},
+		{"a URL that does not parse", newClient(t, unavailable, nil), "https://shop:pw_4711@shop.test/%zz" + query},
+	} {
+		_, err := tc.c.PostJSON(context.Background(), "charge:"+tc.name, tc.url, chargeReq{Order: "o1", Amount: 100}, nil)
+		msg := fmt.Sprint(err)
+		if err == nil || strings.Contains(msg, "SEKRIT") || strings.Contains(msg, "pw_4711") ||
+			!strings.Contains(msg, "shop:xxxxx@") || !strings.Contains(msg, "?api_key=xxxxx&token=xxxxx&order=o1") {
+			t.Errorf("%s: %q; want the password and the query's secrets masked as xxxxx, the order kept", tc.name, msg)
+		}
+		var se *client.StatusError
+		if errors.As(err, &se) && (strings.Contains(se.URL, "SEKRIT") || strings.Contains(se.URL, "pw_4711")) {
+			t.Errorf("%s: StatusError.URL %q", tc.name, se.URL)
+		}
 	}
 }
