@@ -78,7 +78,9 @@ var (
 
 	// ErrMoved is returned by Begin and by Close when the jar's path no
 	// longer names the file Open opened: the file was removed, renamed or
-	// replaced by another while the jar had it open. SQLite writes on to
+	// replaced by another while the jar had it open, or a symbolic link on
+	// the path (to the file, or to a directory above it) now leads to
+	// another file. SQLite writes on to
 	// the file it opened, where no program that opens the path finds what
 	// it wrote. Begin returns it too when the jar's -wal file was removed
 	// or replaced, whose commits only Close writes into the jar file. A

@@ -50,7 +50,8 @@
 // holds, synced, and the next Open reads it. A path that is a
 // symbolic link opens the file it points to, or creates it there when
 // nothing is there yet, and the -wal and -shm files are
-// beside that file. Each connection sets busy_timeout (Options.BusyTimeout);
+// beside that file; a link on the path pointed elsewhere while the jar is
+// open is a file moved (ErrMoved). Each connection sets busy_timeout (Options.BusyTimeout);
 // the writer also uses journal_mode=WAL, synchronous=FULL (NORMAL for
 // batches without a key creation), fullfsync and checkpoint_fullfsync (on
 // macOS an fsync leaves the write in the disk's cache, and SQLite then
@@ -228,6 +229,7 @@ type Jar struct {
 	stmts    stmts     // prepared on it
 	reader   *sql.DB   // query_only pool for Get and List
 
+	given     string      // the path as Open was given it, when a symbolic link made it another than path
 	file      os.FileInfo // the file at path once SQLite opened it (see moved)
 	wal       os.FileInfo // and its -wal file
 	checkedAt time.Time   // when the committer last checked them (checkMoved)
@@ -377,6 +379,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	// SQLite follows symbolic links to the database file and keeps its
 	// -wal and -shm files beside it: so does the jar, which syncs the WAL.
+	given := abs
 	if abs, err = filepath.EvalSymlinks(abs); err != nil {
 		return nil, wrapf(err, "open %s", path)
 	}
@@ -401,6 +404,9 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	writer.SetMaxOpenConns(1)
 	writer.SetMaxIdleConns(1)
 	j := &Jar{path: abs, writer: writer, maxBatch: o.MaxBatch, hooks: h}
+	if given != abs {
+		j.given = given
+	}
 	defer func() {
 		if err != nil {
 			j.closeDBs()
@@ -798,12 +804,18 @@ func (j *Jar) Close() error {
 }
 
 // moved returns ErrMoved when the jar's path no longer names the file
-// that SQLite opened: it was removed, renamed or replaced by another file;
-// and, with wal, when the path's -wal file is not the one SQLite writes.
-// SQLite writes on to the files it has open, and in WAL mode reports none
-// of this. It costs one stat of each path.
+// that SQLite opened: it was removed, renamed or replaced by another file,
+// or, for a path through a symbolic link, the link (of the file, or of a
+// directory above it: a deploy's "current") now leads to another one,
+// which is what the next program that opens the path opens; and, with
+// wal, when the path's -wal file is not the one SQLite writes. SQLite
+// writes on to the files it has open, and in WAL mode reports none of
+// this. It costs one stat of each path, and one more through a link.
 func (j *Jar) moved(wal bool) error {
 	err := sameFile(j.path, j.file)
+	if err == nil && j.given != "" {
+		err = sameFile(j.given, j.file)
+	}
 	if err == nil && wal {
 		if err = sameFile(j.path+"-wal", j.wal); err != nil {
 			err = fmt.Errorf("%w (Close writes what the jar committed into the jar file)", err)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -132,4 +133,77 @@ func TestWALFileRemovedWhileOpen(t *testing.T) {
 			t.Fatalf("the record begun before the -wal file was removed: key %q, %v; want key-before", r.Key, err)
 		}
 	})
+}
+
+// TestLinkRepointedWhileOpen opens the jar through a symbolic link, to the
+// file or to a directory above it (a deploy's "current"), and points the
+// link elsewhere while the jar is open: the path now names another file,
+// which the next program that opens it opens, and where a key committed
+// in the file the jar has open is not found. Begin then fails with
+// ErrMoved, and so does Close; the record begun before is in the file the
+// jar opened.
+func TestLinkRepointedWhileOpen(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		link func(dir string) (target, path string) // the link's first target, and the jar's path through it
+	}{
+		{"a link to the file", func(dir string) (string, string) {
+			return filepath.Join(dir, "v1", "keys.db"), filepath.Join(dir, "keys.db")
+		}},
+		{"a link to its directory", func(dir string) (string, string) {
+			return filepath.Join(dir, "v1"), filepath.Join(dir, "current", "keys.db")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := t.Context()
+				dir := t.TempDir()
+				for _, v := range []string{"v1", "v2"} {
+					if err := os.Mkdir(filepath.Join(dir, v), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+				target, path := c.link(dir)
+				link := filepath.Dir(path)
+				if filepath.Base(target) == "keys.db" {
+					link = path
+				}
+				if err := os.Symlink(target, link); err != nil {
+					t.Fatal(err)
+				}
+				j := openPath(t, path, nil)
+				if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
+					t.Fatal(err)
+				}
+				// Pointed at v2 as a deploy does: a new link renamed over
+				// the old one.
+				other := strings.Replace(target, "v1", "v2", 1)
+				if filepath.Base(other) == "keys.db" {
+					newJarFile(t, other)
+				}
+				if err := os.Symlink(other, link+".new"); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(link+".new", link); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(keyjar.MovedEvery) // the jar checks at most this often
+
+				_, created, err := j.Begin(ctx, newRecord("after"))
+				if !errors.Is(err, keyjar.ErrMoved) || created {
+					t.Fatalf("Begin once the link was pointed elsewhere: created %v, %v; want ErrMoved", created, err)
+				}
+				if err := j.Close(); !errors.Is(err, keyjar.ErrMoved) {
+					t.Fatalf("Close: %v; want ErrMoved", err)
+				}
+				kept := openPath(t, filepath.Join(dir, "v1", "keys.db"), nil)
+				if r, err := kept.Get(ctx, "before"); err != nil || r.Key != "key-before" {
+					t.Fatalf("the record begun before, in the file the jar opened: key %q, %v; want key-before", r.Key, err)
+				}
+				if r, err := kept.Get(ctx, "after"); !errors.Is(err, idem.ErrNotFound) {
+					t.Errorf("the record whose Begin returned ErrMoved: key %q, %v; want ErrNotFound", r.Key, err)
+				}
+			})
+		})
+	}
 }
