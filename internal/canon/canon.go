@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -148,20 +149,8 @@ func escapedRune(b []byte, i int) (rune, bool) {
 	if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
 		return 0, false
 	}
-	var r rune
-	for _, c := range b[i+2 : i+6] {
-		switch {
-		case '0' <= c && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case 'a' <= c && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case 'A' <= c && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
+	r, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+	return rune(r), err == nil
 }
 
 // foldCollision returns a key of an object in v that another key of that
