@@ -29,7 +29,7 @@ func Unreachable(err error) error {
 	if hint := PoolerHint(err); hint != "" {
 		msg += "; " + hint
 	}
-	return &unreachable{msg: msg, err: err}
+	return &explained{msg: msg, err: err}
 }
 
 // PoolerHint returns, for err holding PgBouncer's refusal of a startup
@@ -54,16 +54,34 @@ func PoolerHint(err error) string {
 		"and set statement_timeout on the role instead (ALTER ROLE … SET): see README, Behind PgBouncer"
 }
 
+// CacheHint returns err, when it holds the server's refusal of a statement
+// pgx's statement cache named (SQLSTATE 42P05, `prepared statement
+// "stmtcache_…" already exists`, or 26000, `… does not exist`), followed
+// by what to do about it; otherwise err itself. The server keeps prepared
+// statements per session, and pgx caches which it has prepared on each of
+// its connections: a pooler in transaction mode, such as PgBouncer's
+// pool_mode = transaction, hands one server session to many of them, and
+// the two disagree. pgx's exec mode prepares nothing by name. errors.As
+// still finds the *pgconn.PgError.
+func CacheHint(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || (pe.Code != "42P05" && pe.Code != "26000") || !strings.Contains(pe.Message, `"stmtcache_`) {
+		return err
+	}
+	return &explained{msg: err.Error() + "; behind a pooler in transaction mode? add default_query_exec_mode=exec to the DSN: see README, Behind PgBouncer", err: err}
+}
+
 // opened are the startup parameters pgjar's and pgstore's Open set.
 var opened = []string{"default_transaction_isolation", "statement_timeout", "synchronous_commit"}
 
-type unreachable struct {
+// explained is an error whose message says more than the one it wraps.
+type explained struct {
 	msg string
 	err error
 }
 
-func (e *unreachable) Error() string { return e.msg }
-func (e *unreachable) Unwrap() error { return e.err }
+func (e *explained) Error() string { return e.msg }
+func (e *explained) Unwrap() error { return e.err }
 
 // Attempts returns why ce's connection failed: the error of each address
 // and TLS mode pgx tried, as pgx gives them one a line after its prefix,

@@ -286,3 +286,59 @@ func RefusedByPgBouncer(t testing.TB, pkg string, open func(dsn string) (io.Clos
 		t.Errorf("open sent %d startup messages; want 1: the refusal stays until PgBouncer's configuration changes", n)
 	}
 }
+
+// PoolerMixUp fails t unless a pooler in transaction mode that hands pgx
+// a server session other than the one its statement cache prepared on
+// makes a call fail with what to do about it, and unless doing that works.
+// open opens pgjar's or pgstore's Open on the DSN it is given, and returns
+// the pool it opened and call, one of its statements. After call has run
+// once, the session of the pool's one connection forgets the statements
+// prepared on it (DEALLOCATE ALL, what a pooler's session switch amounts
+// to): call must then fail with SQLSTATE 26000 and the hint to set
+// default_query_exec_mode=exec in the DSN, and go through the time after,
+// pgx having prepared it again. With that in dsn, as the hint says, call
+// must go through every time.
+func PoolerMixUp(t *testing.T, dsn string, open func(dsn string) (*pgxpool.Pool, func() error)) {
+	for _, exec := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exec=%v", exec), func(t *testing.T) {
+			u, err := url.Parse(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := u.Query()
+			q.Set("pool_max_conns", "1")
+			if exec {
+				q.Set("default_query_exec_mode", "exec")
+			}
+			u.RawQuery = q.Encode()
+			pool, call := open(u.String())
+			if err := call(); err != nil {
+				t.Fatalf("first call: %v", err)
+			}
+			conn, err := pool.Acquire(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = conn.Conn().PgConn().Exec(t.Context(), "DEALLOCATE ALL").ReadAll()
+			conn.Release()
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = call()
+			if exec {
+				if err != nil {
+					t.Fatalf("call on a session that forgot its prepared statements, in exec mode: %v; want it through", err)
+				}
+				return
+			}
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "26000" ||
+				!strings.HasSuffix(err.Error(), `; behind a pooler in transaction mode? add default_query_exec_mode=exec to the DSN: see README, Behind PgBouncer`) {
+				t.Fatalf("call on a session that forgot its prepared statements: %v; want *pgconn.PgError 26000 followed by the hint to add default_query_exec_mode=exec to the DSN", err)
+			}
+			if err := call(); err != nil {
+				t.Errorf("the call after: %v; want it through, pgx having prepared the statement again", err)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar/pgjar"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -403,5 +404,21 @@ func TestOpenBadOptions(t *testing.T) {
 func TestOpenThatCannotWrite(t *testing.T) {
 	pgtest.RefusedWrite(t, pgjar.ErrPrivilege, "idem_operations", func(dsn string) (io.Closer, error) {
 		return pgjar.Open(t.Context(), dsn, nil)
+	})
+}
+
+// TestOpenBehindTransactionPooler: behind a pooler in transaction mode, a
+// statement pgx prepared on another server session fails with what to do
+// about it, and default_query_exec_mode=exec in Open's DSN does it.
+func TestOpenBehindTransactionPooler(t *testing.T) {
+	pgtest.PoolerMixUp(t, pgtest.DB(t), func(dsn string) (*pgxpool.Pool, func() error) {
+		j := open(t, dsn, nil)
+		return pgjar.PoolOf(j), func() error {
+			_, err := j.Get(t.Context(), "op")
+			if errors.Is(err, idem.ErrNotFound) {
+				return nil
+			}
+			return err
+		}
 	})
 }

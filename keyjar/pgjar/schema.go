@@ -100,7 +100,7 @@ func schemaError(verb string, err error) error {
 	}
 	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) &&
 		!errors.Is(err, ErrNoSchema) && !errors.Is(err, ErrPrivilege) {
-		return wrapf(err, "%s", verb)
+		return wrapf(pgmigrate.CacheHint(err), "%s", verb)
 	}
 	return err
 }

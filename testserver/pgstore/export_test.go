@@ -105,3 +105,6 @@ func (s *EarlierStore) Release(ctx context.Context, scope, key string, f testser
 	n, err := s.exec(ctx, s.release, scope, key, f.Token)
 	return n == 1, err
 }
+
+// PoolOf returns s's connection pool.
+func PoolOf(s *Store) *pgxpool.Pool { return s.pool }

@@ -129,7 +129,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (st
 	}
 	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoSchema) &&
 		!errors.Is(err, ErrPrivilege) {
-		return "", fmt.Errorf("pgstore: migrate: %w", err)
+		return "", fmt.Errorf("pgstore: migrate: %w", pgmigrate.CacheHint(err))
 	}
 	return name, err
 }

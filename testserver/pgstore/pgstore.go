@@ -334,12 +334,13 @@ func (s *Store) Close() error {
 
 // closedOr returns err or, when there is one and the store is closed,
 // ErrClosed: a call that Close cut short fails with whatever pgxpool says
-// of a closed pool.
+// of a closed pool. A pooler's mix-up of pgx's prepared statements says
+// what to do about it (see pgmigrate.CacheHint).
 func (s *Store) closedOr(err error) error {
 	if err != nil && s.closed.Load() {
 		return ErrClosed
 	}
-	return err
+	return pgmigrate.CacheHint(err)
 }
 
 // entryColumns are scanned by scanEntry, in this order.

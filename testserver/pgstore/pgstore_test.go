@@ -1448,3 +1448,18 @@ func TestOpenThatCannotWrite(t *testing.T) {
 		return pgstore.Open(t.Context(), dsn, nil)
 	})
 }
+
+// TestOpenBehindTransactionPooler: behind a pooler in transaction mode, a
+// statement pgx prepared on another server session fails with what to do
+// about it, and default_query_exec_mode=exec in Open's DSN does it.
+func TestOpenBehindTransactionPooler(t *testing.T) {
+	pgtest.PoolerMixUp(t, pgtest.DB(t), func(dsn string) (*pgxpool.Pool, func() error) {
+		s := open(t, dsn, nil)
+		var n int64
+		return pgstore.PoolOf(s), func() error {
+			n++
+			_, _, err := s.Claim(t.Context(), "tenant", fmt.Sprint("k", n), "fp", testserver.Fence{Token: n}, t0)
+			return err
+		}
+	})
+}
