@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/canon"
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/pgtext"
@@ -658,6 +659,16 @@ func (c *call) begin(ctx context.Context) (err error) {
 				err, from.StatusCode, from.Request.Method, from.Request.URL.Redacted())
 		}
 		return err
+	}
+	// The same bytes under another media type: the reference server's
+	// fingerprint counts it, and would refuse the request with 422, which
+	// marks a pending operation failed although its first send may have
+	// been applied. Refused here, nothing sent. (A record with no header
+	// at all, from a Jar that does not keep one, says nothing of its type.)
+	if rec.Header != nil {
+		if st, gt := canon.MediaType(rec.Header.Get("Content-Type")), canon.MediaType(c.req.Header.Get("Content-Type")); st != gt {
+			return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, StoredType: st, GotType: gt, State: rec.State}
+		}
 	}
 	c.key = rec.Key
 	if rec.State == StateReconcile {

@@ -82,7 +82,8 @@ var (
 
 // MismatchError is returned by Transport.RoundTrip, before anything is sent,
 // when a named operation already in the jar is called with a different
-// request (method, URL or body) or a different Idempotency-Key, or when the
+// request (method, URL or body; or the same body under another media type,
+// see StoredType) or a different Idempotency-Key, or when the
 // name was abandoned and begun again by another call while this one waited
 // for its lease. Reusing a
 // key with other parameters is a client bug: the server would answer 422.
@@ -94,17 +95,24 @@ var (
 type MismatchError struct {
 	Op, Key string
 	// Stored and Got are the fingerprints of the stored and the new
-	// request; equal when only the key differs, empty for a server's 422.
+	// request; equal when only the key or the media type differs, empty
+	// for a server's 422.
 	Stored, Got string
 	// GotKey is the caller's Idempotency-Key, when it differs from Key.
 	GotKey string
+	// StoredType and GotType are the media types of the stored and the
+	// new request (their Content-Type without parameters, as
+	// mime.ParseMediaType gives it; "" for none), when they differ: the
+	// same bytes under another type are another request to a server whose
+	// fingerprint counts the type, as the reference server's does.
+	StoredType, GotType string
 	// State is the stored operation's state, "" when unknown (a server's
 	// 422). A pending one stays pending: a new name does not resolve it.
 	State State
 }
 
 func (e *MismatchError) Error() string {
-	if e.GotKey == "" && e.Stored != "" && e.Stored == e.Got {
+	if e.GotKey == "" && e.Stored != "" && e.Stored == e.Got && e.StoredType == e.GotType {
 		// The same request, and a key the caller did not set: the name was
 		// abandoned (or forgotten) and begun again under a new key meanwhile.
 		return fmt.Sprintf("idem: operation %q was abandoned or forgotten and begun again, under key %q, by another call after this one found it; this call's request is the same, but its key is no longer the operation's: nothing was sent", e.Op, e.Key)
@@ -117,6 +125,8 @@ func (e *MismatchError) Error() string {
 		msg = fmt.Sprintf("idem: operation %q (key %q): the server refused the request with 422, which the reference server sends when the key was used for a different request, and which an API may also send for a request it will not process; do not retry it under this key", e.Op, e.Key)
 	case e.GotKey != "" && e.GotKey != e.Key:
 		msg = fmt.Sprintf("idem: operation %q has key %q; the request carries key %q", e.Op, e.Key, e.GotKey)
+	case e.StoredType != e.GotType:
+		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with %s, this request has %s: a server that counts the type takes them for different requests; send it with the first's type, or use a new operation name for a new request", e.Op, e.Key, contentType(e.StoredType), contentType(e.GotType))
 	default:
 		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body; use a new operation name for a new request", e.Op, e.Key)
 	}
@@ -264,3 +274,11 @@ func (e *JarError) Error() string { return fmt.Sprintf("idem: jar: operation %q:
 
 // Unwrap returns the jar's error.
 func (e *JarError) Unwrap() error { return e.Err }
+
+// contentType names a media type in a *MismatchError's message.
+func contentType(mt string) string {
+	if mt == "" {
+		return "no Content-Type"
+	}
+	return fmt.Sprintf("Content-Type %q", mt)
+}

@@ -65,7 +65,7 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 			tr.Policy.MaxElapsed = time.Millisecond // no time to wait out a lease
 			ctx := idem.WithOperation(context.Background(), "op")
 			now := time.Now()
-			if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fingerprintOf(t, `{}`), State: idem.StatePending,
+			if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fingerprintOf(t, `{}`), Header: jsonHeader(), State: idem.StatePending,
 				Created: now, Updated: now, Attempts: 1, LastStatus: 503, Holder: tt.holder, LeaseUntil: now.Add(time.Hour)}); err != nil {
 				t.Fatal(err)
 			}

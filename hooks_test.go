@@ -467,7 +467,7 @@ func TestLoggerSaysWhenACallWaits(t *testing.T) {
 				begin := func(op string) context.Context {
 					ctx := idem.WithOperation(context.Background(), op)
 					r := c.rec(time.Now())
-					r.Op, r.Key, r.Fingerprint, r.State, r.Created, r.Updated = op, "k-"+op, fingerprintOf(t, `{}`), idem.StatePending, time.Now(), time.Now()
+					r.Op, r.Key, r.Fingerprint, r.Header, r.State, r.Created, r.Updated = op, "k-"+op, fingerprintOf(t, `{}`), jsonHeader(), idem.StatePending, time.Now(), time.Now()
 					if _, _, err := jar.Begin(ctx, r); err != nil {
 						t.Fatal(err)
 					}

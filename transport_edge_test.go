@@ -181,7 +181,7 @@ func TestMismatchAfterWaitGotKey(t *testing.T) {
 		wg.Go(func() {
 			time.Sleep(2 * time.Second)
 			_, _ = jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateAbandoned, Release: true})
-			_, _, _ = jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, State: idem.StatePending,
+			_, _, _ = jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 				Created: time.Now(), Holder: "new", LeaseUntil: time.Now().Add(time.Hour)})
 		})
 		_, err := post(t, ctx, tr, `{}`) // no Idempotency-Key set by the caller
@@ -218,7 +218,7 @@ func TestMismatchAfterWaitSameKey(t *testing.T) {
 			if _, err := jar.Update(ctx, "op", "other", idem.Change{Now: time.Now(), State: idem.StateAbandoned, Release: true}); err != nil {
 				t.Error(err)
 			}
-			if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: other, State: idem.StatePending,
+			if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: other, Header: jsonHeader(), State: idem.StatePending,
 				Created: time.Now(), Updated: time.Now()}); err != nil { // no lease: free to take
 				t.Error(err)
 			}
@@ -939,7 +939,7 @@ func TestStoredWaitPastTheDeadlineReturnsAtOnce(t *testing.T) {
 				tr.Policy = retry.Policy{InitialInterval: tc.backoff, MaxInterval: tc.backoff, NoJitter: true,
 					MaxAttempts: 5, MaxRetryAfter: time.Minute, MaxElapsed: 2 * time.Hour}
 				start := time.Now()
-				stored := idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+				stored := idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 					Created: start, Updated: start, Attempts: 1, LastStatus: 503}
 				if tc.next > 0 {
 					stored.NextAttempt = start.Add(tc.next)

@@ -171,53 +171,120 @@ func TestStreamedFingerprintUnderALargerMaxBuffer(t *testing.T) {
 // again with a body that the Transport takes for the first's is replayed
 // by the reference server, never refused as another request (422, which
 // would leave the caller an error for a request it was told is the
-// same), and one it refuses locally, the server would have refused too.
+// same), and one it refuses locally, the server would have refused too:
+// the same bytes under another media type among them.
 func TestFingerprintAgreesWithTheReferenceServer(t *testing.T) {
-	var runs atomic.Int64
+	srv, runs := chargeServer(t)
+	tr := &idem.Transport{Base: srv.Client().Transport, Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1}}
+	const charge = `{"amount":4200,"order_id":"o-1"}`
+	for i, c := range []struct {
+		ctype, first, againType, again string
+		same                           bool // as the Transport compares them
+	}{
+		{"", charge, "", `{"order_id":"o-1","amount":4200}`, true},
+		{"", `{"amount":4200}`, "", "{ \"amount\" : 4200 }\n", true},
+		{"application/json", charge, "application/json", `{ "order_id":"o-1", "amount":4200 }`, true},
+		{"text/plain", charge, "text/plain", `{"order_id":"o-1","amount":4200}`, false},
+		{"", `amount=4200&order_id=o-1`, "", `order_id=o-1&amount=4200`, false},
+		// The media type counts, its parameters and its case do not.
+		{"application/json", charge, "application/json; charset=utf-8", charge, true},
+		{"Application/JSON", charge, "application/json", charge, true},
+		{"application/json", charge, "", charge, false},
+		{"", charge, "application/json", charge, false},
+		{"text/plain", charge, "application/json", charge, false},
+		{"application/x-www-form-urlencoded", `amount=4200`, "text/plain; charset=utf-8", `amount=4200`, false},
+	} {
+		ctx := idem.WithOperation(context.Background(), fmt.Sprintf("charge:%d", i))
+		send := func(ctype, body string) (*http.Response, error) { return postAs(t, ctx, tr, srv.URL, ctype, body) }
+		if resp, err := send(c.ctype, c.first); err != nil || resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%d: first call: %v, %v", i, resp, err)
+		}
+		before := runs.Load()
+		resp, err := send(c.againType, c.again)
+		var me *idem.MismatchError
+		switch {
+		case c.same && (err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true"):
+			t.Errorf("%d: %q (%q) then %q (%q): %v, %v; want the first's answer replayed", i, c.first, c.ctype, c.again, c.againType, resp, err)
+		case !c.same && !errors.As(err, &me):
+			t.Errorf("%d: %q (%q) then %q (%q): %v, %v; want a *MismatchError, nothing sent", i, c.first, c.ctype, c.again, c.againType, resp, err)
+		case runs.Load() != before:
+			t.Errorf("%d: %q (%q) then %q (%q): the handler ran again", i, c.first, c.ctype, c.again, c.againType)
+		}
+	}
+}
+
+// TestMediaTypeChangeKeepsAPendingOperation: a pending operation, whose
+// first send the server applied but whose answer was lost, called again
+// with the same bytes under another media type is refused locally, nothing
+// sent: the reference server would answer 422, which marks the operation
+// failed although it was charged. It stays pending, and the call with the
+// first's type gets the first's answer replayed.
+func TestMediaTypeChangeKeepsAPendingOperation(t *testing.T) {
+	srv, runs := chargeServer(t)
+	var sends atomic.Int64
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := srv.Client().Transport.RoundTrip(req)
+		if sends.Add(1) == 1 && err == nil {
+			resp.Body.Close() // applied, and its answer lost
+			return nil, errors.New("connection reset by peer")
+		}
+		return resp, err
+	})
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 1}}
+	ctx := idem.WithOperation(context.Background(), "charge:o-1")
+	send := func(ctype string) (*http.Response, error) {
+		return postAs(t, ctx, tr, srv.URL, ctype, `{"amount":4200}`)
+	}
+	if _, err := send("application/json"); !errors.Is(err, idem.ErrPending) || runs.Load() != 1 {
+		t.Fatalf("first call: %v, the handler ran %d times; want a *PendingError, the charge applied once", err, runs.Load())
+	}
+	_, err := send("")
+	var me *idem.MismatchError
+	if !errors.As(err, &me) || me.StoredType != "application/json" || me.GotType != "" || me.State != idem.StatePending {
+		t.Fatalf("the same body without its Content-Type: %v (%+v); want a *MismatchError naming both types, the operation pending", err, me)
+	}
+	if want := `was first sent with Content-Type "application/json", this request has no Content-Type`; !strings.Contains(err.Error(), want) {
+		t.Errorf("%q; want it to say %q", err, want)
+	}
+	if r, err := jar.Get(context.Background(), "charge:o-1"); err != nil || r.State != idem.StatePending || sends.Load() != 1 {
+		t.Fatalf("after the refusal: %v, state %q, %d sends; want the operation pending, nothing sent", err, r.State, sends.Load())
+	}
+	resp, err := send("application/json; charset=utf-8")
+	if err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" || runs.Load() != 1 {
+		t.Fatalf("the first's type again: %v, %v, the handler ran %d times; want the first's answer replayed", resp, err, runs.Load())
+	}
+	if r, _ := jar.Get(context.Background(), "charge:o-1"); r.State != idem.StateDone {
+		t.Errorf("state %q; want done", r.State)
+	}
+}
+
+// postAs sends a POST of body to url through tr, with Content-Type ctype
+// unless it is "", and closes the answer's body.
+func postAs(t *testing.T, ctx context.Context, tr http.RoundTripper, url, ctype, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	return resp, err
+}
+
+// chargeServer starts the reference middleware over a handler that
+// answers 201, and counts its runs.
+func chargeServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	runs := new(atomic.Int64)
 	srv := httptest.NewServer((&testserver.Middleware{Store: &testserver.MemoryStore{}}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		w.WriteHeader(http.StatusCreated)
 	})))
-	defer srv.Close()
-	tr := &idem.Transport{Base: srv.Client().Transport, Jar: &idem.MemoryJar{}, Policy: retry.Policy{MaxAttempts: 1}}
-	for i, c := range []struct {
-		ctype, first, again string
-		same                bool // as the Transport compares them
-	}{
-		{"", `{"amount":4200,"order_id":"o-1"}`, `{"order_id":"o-1","amount":4200}`, true},
-		{"", `{"amount":4200}`, "{ \"amount\" : 4200 }\n", true},
-		{"application/json", `{"amount":4200,"order_id":"o-1"}`, `{ "order_id":"o-1", "amount":4200 }`, true},
-		{"text/plain", `{"amount":4200,"order_id":"o-1"}`, `{"order_id":"o-1","amount":4200}`, false},
-		{"", `amount=4200&order_id=o-1`, `order_id=o-1&amount=4200`, false},
-	} {
-		op := fmt.Sprintf("charge:%d", i)
-		send := func(body string) (*http.Response, error) {
-			req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), op), "POST", srv.URL, strings.NewReader(body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.ctype != "" {
-				req.Header.Set("Content-Type", c.ctype)
-			}
-			resp, err := tr.RoundTrip(req)
-			if err == nil {
-				resp.Body.Close()
-			}
-			return resp, err
-		}
-		if resp, err := send(c.first); err != nil || resp.StatusCode != http.StatusCreated {
-			t.Fatalf("%d: first call: %v, %v", i, resp, err)
-		}
-		before := runs.Load()
-		resp, err := send(c.again)
-		var me *idem.MismatchError
-		switch {
-		case c.same && (err != nil || resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true"):
-			t.Errorf("%d (%q): %q then %q: %v, %v; want the first's answer replayed", i, c.ctype, c.first, c.again, resp, err)
-		case !c.same && !errors.As(err, &me):
-			t.Errorf("%d (%q): %q then %q: %v, %v; want a *MismatchError, nothing sent", i, c.ctype, c.first, c.again, resp, err)
-		case runs.Load() != before:
-			t.Errorf("%d (%q): the handler ran again", i, c.ctype)
-		}
-	}
+	t.Cleanup(srv.Close)
+	return srv, runs
 }

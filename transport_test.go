@@ -549,7 +549,7 @@ func TestStoredNextAttemptWithinTheCallsLimits(t *testing.T) {
 				ctx := idem.WithOperation(context.Background(), "op")
 				now := time.Now()
 				next := now.Add(20 * time.Second)
-				if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+				if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 					Created: now, Updated: now, Attempts: 1, LastStatus: 503, NextAttempt: next}); err != nil {
 					t.Fatal(err)
 				}
@@ -1196,7 +1196,7 @@ func TestLeaseHeldElsewhereWaits(t *testing.T) {
 		// Another process created the operation and holds its lease for 5s.
 		now := time.Now()
 		fp := fingerprintOf(t, `{}`)
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k-other", Fingerprint: fp, State: idem.StatePending,
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k-other", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 			Created: now, Updated: now, Holder: "other", LeaseUntil: now.Add(5 * time.Second)}); err != nil {
 			t.Fatal(err)
 		}
@@ -1209,7 +1209,7 @@ func TestLeaseHeldElsewhereWaits(t *testing.T) {
 		}
 
 		// A lease longer than the budget: pending, nothing sent.
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op2", Key: "k2", Fingerprint: fp, State: idem.StatePending,
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op2", Key: "k2", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 			Created: time.Now(), Holder: "other", LeaseUntil: time.Now().Add(time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
@@ -1231,7 +1231,7 @@ func TestLeaseRenewedAfterStoredNextAttempt(t *testing.T) {
 		ctx := idem.WithOperation(context.Background(), "op")
 		now := time.Now()
 		// An earlier call got Retry-After: 20 and released the lease.
-		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 			Created: now, Updated: now, Attempts: 1, LastStatus: 503, NextAttempt: now.Add(20 * time.Second)}); err != nil {
 			t.Fatal(err)
 		}
@@ -1324,7 +1324,7 @@ func TestAbandonedWhileWaiting(t *testing.T) {
 					}
 					switch then {
 					case "begun again":
-						if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, State: idem.StatePending,
+						if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k2", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 							Created: time.Now(), Holder: "new", LeaseUntil: time.Now().Add(time.Hour)}); err != nil {
 							t.Error(err)
 						}
@@ -1432,7 +1432,7 @@ func TestContextEndingInAcquireLeavesPending(t *testing.T) {
 		tr, rec, mj := newTransport(t, status(201))
 		tr.Jar = slowAcquireJar{mj}
 		now := time.Now()
-		if _, _, err := mj.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+		if _, _, err := mj.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 			Created: now, Updated: now, Attempts: 1, LastError: "connection reset by peer"}); err != nil {
 			t.Fatal(err)
 		}
@@ -1459,7 +1459,7 @@ func TestWaitsForALeaseEndingWithinTheBudget(t *testing.T) {
 		tr.Policy = retry.Policy{} // MaxElapsed 1 min, intervals up to 10 s
 		start := time.Now()
 		const left = 59 * time.Second
-		if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+		if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 			Created: start, Updated: start, Attempts: 1, Holder: "other", LeaseUntil: start.Add(left)}); err != nil {
 			t.Fatal(err)
 		}
@@ -1479,7 +1479,7 @@ func TestWaitsForALeaseEndingWithinTheBudget(t *testing.T) {
 func heldElsewhere(t *testing.T, jar *idem.MemoryJar, fp string) {
 	t.Helper()
 	now := time.Now()
-	if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+	if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 		Created: now, Updated: now, Attempts: 1, Holder: "other", LeaseUntil: now.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
@@ -1751,7 +1751,7 @@ func TestStoredLastErrorMasked(t *testing.T) {
 		tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Err) }
 		now := time.Now()
 		stored := `Post "https://ops:` + pw + `@api.example.test/v1/charges": EOF`
-		if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: idem.StatePending,
+		if _, _, err := jar.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
 			Created: now, Updated: now, Attempts: 1, LastError: stored, NextAttempt: now.Add(time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
@@ -1795,7 +1795,7 @@ func TestStoredLastErrorMaskedWhenWrittenBack(t *testing.T) {
 		{"resume of a settled operation", idem.StateDone, func(ctx context.Context) context.Context { return resume.Mark(idem.WithOperation(ctx, "op"), "k1") }, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r := idem.Record{Op: "op", Key: "k1", Fingerprint: fp, State: tt.state, Method: http.MethodPost, URL: chargeURL,
+			r := idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: tt.state, Method: http.MethodPost, URL: chargeURL,
 				Created: time.Now(), Updated: time.Now(), Attempts: 1, LastError: stored}
 			if tt.gone {
 				if runtime.GOOS == "windows" {
@@ -2014,3 +2014,6 @@ func TestStalledBodyEndsWithTheContext(t *testing.T) {
 		})
 	}
 }
+
+// jsonHeader is the header a record keeps of a request post sends.
+func jsonHeader() http.Header { return http.Header{"Content-Type": {"application/json"}} }

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"mime"
 	"net"
 	"net/http"
 	"runtime"
@@ -496,11 +495,7 @@ func (m *Middleware) scope(r *http.Request) string {
 // equal but for case; other bodies count byte for byte).
 func Fingerprint(r *http.Request, scope string, body []byte) string {
 	ct := r.Header.Get("Content-Type")
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		mt = ct
-	}
-	return fingerprint(r, scope, mt, canon.Body(ct, body))
+	return fingerprint(r, scope, canon.MediaType(ct), canon.Body(ct, body))
 }
 
 // fingerprint is Fingerprint of r with media type mt and canonical body c.

@@ -33,6 +33,20 @@ func IsJSON(contentType string) bool {
 	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
+// MediaType returns the media type a Content-Type names, as a fingerprint
+// counts it: without its parameters, in lower case (mime.ParseMediaType's),
+// or the value as it is when it does not parse. Two requests whose bodies
+// are the same bytes under two media types are two requests: the reference
+// server's fingerprint counts it, and idem.Transport refuses to send one
+// under the other's key.
+func MediaType(contentType string) string {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return contentType
+	}
+	return mt
+}
+
 // JSON returns the canonical form of the JSON document b. It returns an error
 // when b is not exactly one valid JSON value, or when an object in it has
 // two keys equal but for case; the caller then fingerprints the raw bytes
