@@ -51,6 +51,7 @@ import (
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/redirect"
 	"github.com/idemkit/idem/internal/resume"
+	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/internal/unnamed"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
@@ -963,7 +964,7 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 			// A resume's attempt (not a request a redirect made): Header
 			// must add the credentials the first send carried on its
 			// request.
-			if missing := lacking(r.Header, w.Missing); len(missing) > 0 {
+			if missing := secrethdr.Lacking(r.Header, w.Missing); len(missing) > 0 {
 				ce := *w
 				ce.Missing, ce.header = missing, true
 				err = fmt.Errorf("%w: %w", idem.ErrNotSent, &ce)
@@ -995,25 +996,6 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 // withheldKey is the context key of a resume's *CredentialsError template:
 // the operation and the credentials its first send carried.
 type withheldKey struct{}
-
-// lacking returns the names of want that h holds no value of, in any case
-// of the name.
-func lacking(h http.Header, want []string) []string {
-	var missing []string
-	for _, name := range want {
-		found := false
-		for k, vs := range h {
-			if len(vs) > 0 && strings.EqualFold(k, name) {
-				found = true
-				break
-			}
-		}
-		if !found {
-			missing = append(missing, name)
-		}
-	}
-	return missing
-}
 
 // sameOrigin reports whether every request of r's redirect chain went to
 // r's scheme and host: credentials do not follow a redirect to another

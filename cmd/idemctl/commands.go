@@ -533,7 +533,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: it goes to %s, not to %s (--host), which the headers are for; resume it by name with its own host's --host and headers\n", cell(op, 0), cell(opHost(r), 0), cell(host, 0))
 			return
 		}
-		if missing := lacking(r, hf.h); len(missing) > 0 && !withoutCredentials {
+		if missing := secrethdr.Lacking(hf.h, r.Withheld()); len(missing) > 0 && !withoutCredentials {
 			// Refused per operation, as client.Resume refuses one it has
 			// no Options.Header for: resume --all sends the others.
 			failed++
@@ -611,18 +611,6 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return errFailed
 	}
 	return nil
-}
-
-// lacking returns the names of the credentials that r's first send carried
-// (idem.Record.Withheld) and that h, the headers given, does not hold.
-func lacking(r idem.Record, h http.Header) []string {
-	var missing []string
-	for _, name := range r.Withheld() {
-		if len(h.Values(name)) == 0 {
-			missing = append(missing, name)
-		}
-	}
-	return missing
 }
 
 // errWalked ends resume --all's second walk at the last operation its

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strings"
 )
 
 // Withhold returns a copy of h in which each header that Is names has no
@@ -111,4 +112,23 @@ func lower(c byte) byte {
 		return c + 'a' - 'A'
 	}
 	return c
+}
+
+// Lacking returns the names of want that h holds no value of, in any case
+// of the name: the credentials a resume would send without.
+func Lacking(h http.Header, want []string) []string {
+	var missing []string
+	for _, name := range want {
+		found := false
+		for k, vs := range h {
+			if len(vs) > 0 && strings.EqualFold(k, name) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }

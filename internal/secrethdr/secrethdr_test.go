@@ -101,3 +101,13 @@ func TestWithhold(t *testing.T) {
 		t.Fatalf("Withheld(%v) = %q; want [Cookie]: the others hold their values", in, got)
 	}
 }
+
+// TestLacking: a name is lacking when h holds no value of it in any case
+// of the name; an entry without values (a withheld one) holds none.
+func TestLacking(t *testing.T) {
+	h := http.Header{"authorization": {"Bearer t"}, "Cookie": {}, "X-Api-Key": {""}}
+	got := Lacking(h, []string{"Authorization", "Cookie", "X-Api-Key", "Proxy-Authorization"})
+	if want := []string{"Cookie", "Proxy-Authorization"}; !slices.Equal(got, want) {
+		t.Errorf("Lacking: %q; want %q", got, want)
+	}
+}
