@@ -153,7 +153,9 @@ func queryMasks(masks [][2]int, s string, from, to int) [][2]int {
 // it (where an escape is bad, the others still decoded) and trimmed, is a secret's as secrethdr.Is says it of a header's name
 // ("password", "api_key", "access_token", "X-Amz-Signature"…), or one
 // that says it in a query alone ("sig", an Azure SAS's signature; "pwd";
-// "pass"); but not the idempotency key's, however it is spelt
+// "pass"; "passcode", "pin", "otp", "totp"; "code", an OAuth
+// authorization code, as a name of its own, not country_code); but not
+// the idempotency key's, however it is spelt
 // (idempotency_key, idempotencyKey): a jar keeps it, and idemctl and a
 // *PendingError print it.
 //
@@ -174,7 +176,7 @@ func secretParam(key string) bool {
 	switch strings.ToLower(paramSeparators.Replace(name)) {
 	case "idempotencykey":
 		return false
-	case "sig", "pwd", "pass":
+	case "sig", "pwd", "pass", "passcode", "pin", "otp", "totp", "code":
 		return true
 	}
 	return secrethdr.Is(name)

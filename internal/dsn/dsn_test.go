@@ -69,6 +69,9 @@ func TestMaskURL(t *testing.T) {
 		// Names that say a secret as no header's does: an Azure SAS's sig,
 		// a password's pwd and pass.
 		{"https://blob.example/c/b?sv=2024&SIG=s3cret&pwd=s3cret&pass=s3cret", "https://blob.example/c/b?sv=2024&SIG=xxxxx&pwd=xxxxx&pass=xxxxx"},
+		// One-time codes and PINs, and an OAuth authorization code; a name
+		// that merely ends in code is not one.
+		{"https://api.example/cb?code=s3cret&OTP=123456&pin=1234&passcode=s3cret&totp=654321&country_code=FR", "https://api.example/cb?code=xxxxx&OTP=xxxxx&pin=xxxxx&passcode=xxxxx&totp=xxxxx&country_code=FR"},
 		// The idempotency key, in any spelling, is no secret: a jar holds
 		// it and idemctl prints it. Names that merely hold a secret's word
 		// (author, monkey) are masked: see secretParam.
