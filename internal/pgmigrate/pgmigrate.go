@@ -332,7 +332,14 @@ func (s Schema) version(ctx context.Context, q querier, schema string) (v int, e
 		WHERE schemaname = $2 AND tablename = $1)`, s.Table, schema).Scan(&exists); err != nil || !exists {
 		return 0, false, err
 	}
-	err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+pgx.Identifier{schema, s.Table}.Sanitize()).Scan(&v)
+	table := pgx.Identifier{schema, s.Table}.Sanitize()
+	err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v)
+	if insufficient(err) {
+		// A role granted the tables it writes but not this one: it is
+		// read on every Open, current schema or not.
+		return 0, true, fmt.Errorf("%w: it may not SELECT on %s, which records the schema's version; GRANT SELECT ON %s to the role: %w",
+			s.Privilege, table, table, err)
+	}
 	return v, true, err
 }
 

@@ -161,9 +161,12 @@ func RefusedLock(t testing.TB, dsn string, privilege error, open func() error) {
 // but never write them: one whose transactions are read-only
 // (default_transaction_read_only, as on a hot standby), on a database
 // without the tables (and creates none) and on one that holds them; and a
-// role that may only read table, the one the package writes. Each error
-// must say read-only or name table with what to grant. Before, the last
-// two opened, and every call that wrote then failed.
+// role that may only read table, the one the package writes; and a role
+// that may write table but not read table_schema, its record of versions.
+// Each error must say read-only or name the table with what to grant.
+// Before, the read-only and read-only-role cases opened, and every call
+// that wrote then failed; the last failed with the server's bare
+// "permission denied".
 func RefusedWrite(t testing.TB, privilege error, table string, openCloser func(dsn string) (io.Closer, error)) {
 	t.Helper()
 	open := func(dsn string) error {
@@ -193,6 +196,18 @@ func RefusedWrite(t testing.TB, privilege error, table string, openCloser func(d
 		!strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
 		t.Errorf("opened as a role that may only read the tables: %v; want %v naming %s and what to grant",
 			err, privilege, table)
+	}
+	// Granted the table it writes, not the one of versions that every
+	// Open reads: before, the server's bare "permission denied".
+	versions := DB(t)
+	if err := open(versions); err != nil {
+		t.Fatalf("open as the owner: %v", err)
+	}
+	writer := AppRole(t, versions, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+table)
+	if err := open(writer); !errors.Is(err, privilege) || !strings.Contains(err.Error(), table+`_schema"`) ||
+		!strings.Contains(err.Error(), "GRANT SELECT ON") {
+		t.Errorf("opened as a role that may write %s but not read %s_schema: %v; want %v naming it and what to grant",
+			table, table, err, privilege)
 	}
 }
 
