@@ -554,6 +554,9 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				cell(op, 0), stamp(r.NextAttempt))
 		}
 		resp, err := c.Resume(ctx, op)
+		if errors.Is(err, client.ErrState) && doneMeanwhile(ctx, s, r) {
+			return
+		}
 		if errors.Is(err, client.ErrBodyNotStored) {
 			err = fmt.Errorf("the jar does not hold its request's body (larger than the program's MaxStoredBody): %s; or abandon it once you know it did not happen and is not running", onlyItsProgram)
 		}
@@ -611,6 +614,24 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return errFailed
 	}
 	return nil
+}
+
+// doneMeanwhile reports, and prints, that r, pending when resume read it,
+// which Resume did not send because it was no longer pending, was done
+// meanwhile under r's key with a 2xx answer: by the program that held its
+// lease, as resume would have done it. One failed, abandoned or forgotten
+// meanwhile is not: resume fails for it.
+func doneMeanwhile(ctx context.Context, s *session, r idem.Record) bool {
+	if r.State != idem.StatePending && r.State != idem.StateReconcile {
+		return false // not pending when read: nothing happened meanwhile
+	}
+	now, err := s.jar.Get(ctx, r.Op)
+	if err != nil || now.Key != r.Key || now.State != idem.StateDone || now.LastStatus < 200 || now.LastStatus > 299 {
+		return false
+	}
+	fmt.Fprintf(s.stdout, "%s: %d %s, key %s, by another process meanwhile; nothing was sent\n",
+		cell(r.Op, 0), now.LastStatus, http.StatusText(now.LastStatus), now.Key)
+	return true
 }
 
 // errWalked ends resume --all's second walk at the last operation its

@@ -61,8 +61,11 @@
 // program still sending an operation, and for a next attempt time the
 // server asked for (Retry-After), up to 30 s: a line on stderr says which,
 // and until when. It sends an operation only if it is still
-// pending then: one that the program finished, or that was abandoned or
-// forgotten, meanwhile is not sent again, and resume says so and fails.
+// pending then. One that the program finished meanwhile with a 2xx answer
+// is not sent again: resume prints that answer's status on stdout, as for
+// one it sent, saying another process got it, and counts it done. One
+// finished otherwise (failed, or an answer not 2xx), abandoned or
+// forgotten meanwhile is not sent either, and resume says so and fails.
 // Neither is one whose body the jar did not store (larger than the
 // program's MaxStoredBody): only the program that sent it can resume it,
 // by making the same call again; past its horizon, it is marked for

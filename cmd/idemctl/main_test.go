@@ -460,39 +460,63 @@ func pendingInMemory(t *testing.T, url string) *idem.MemoryJar {
 // TestResumeOfAnOperationFinishedMeanwhile: resume waits for the lease of
 // another process still sending the operation, which finishes it
 // meanwhile. Nothing is sent (without --header, the server would take it
-// for a new request and run it again): a line says that resume waits, and
-// the next that the operation is done and nothing was sent.
+// for a new request and run it again): a line says that resume waits.
+// Done with a 2xx answer, the operation is what resume would have made
+// it: resume prints that answer and succeeds, as a cron job that resumes
+// what a crashed run left needs. Failed, resume says so and fails.
 func TestResumeOfAnOperationFinishedMeanwhile(t *testing.T) {
 	srv := newServer(t)
-	synctest.Test(t, func(t *testing.T) {
-		ctx := context.Background()
-		jar := pendingInMemory(t, srv.URL+"/v1/charges")
-		// Another process sends it, and gets its answer two seconds later.
-		if _, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			time.Sleep(2 * time.Second)
-			if _, err := jar.Update(ctx, "charge:p1", "other", idem.Change{Now: time.Now(), State: idem.StateDone, LastStatus: 201, Release: true}); err != nil {
-				t.Error(err)
-			}
-		}()
+	for _, c := range []struct {
+		name   string
+		change idem.Change // what the other process records
+		stdout string      // want, %s the key; "" for a failure naming the state
+	}{
+		{"done", idem.Change{State: idem.StateDone, LastStatus: 201},
+			"charge:p1: 201 Created, key %s, by another process meanwhile; nothing was sent\n"},
+		{"failed", idem.Change{State: idem.StateFailed, LastStatus: 422}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				jar := pendingInMemory(t, srv.URL+"/v1/charges")
+				// Another process sends it, and gets its answer two seconds later.
+				rec, err := jar.Acquire(ctx, "charge:p1", "other", time.Now(), time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				go func() {
+					time.Sleep(2 * time.Second)
+					ch := c.change
+					ch.Now, ch.Release = time.Now(), true
+					if _, err := jar.Update(ctx, "charge:p1", "other", ch); err != nil {
+						t.Error(err)
+					}
+				}()
 
-		var stdout, stderr bytes.Buffer
-		s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
-		set := flag.NewFlagSet("resume", flag.ContinueOnError)
-		resumeFlags(set)
-		err := resume(ctx, s, set, []string{"charge:p1"})
-		t.Logf("stderr: %s", stderr.String())
-		waiting, line, _ := strings.Cut(stderr.String(), "\n")
-		if !strings.Contains(waiting, "waiting for it to be given back") {
-			t.Errorf("stderr's first line %q; want it to say resume waits for the lease", waiting)
-		}
-		if !errors.Is(err, errFailed) || stdout.Len() != 0 || strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "idemctl: charge:p1: ") ||
-			!strings.Contains(line, "is done") || !strings.Contains(line, "nothing was sent") {
-			t.Fatalf("resume: %v, stdout %q, stderr %q; want it failed, a line saying charge:p1 is done and nothing was sent after the wait's", err, stdout.String(), stderr.String())
-		}
-	})
+				var stdout, stderr bytes.Buffer
+				s := &session{jar: jar, path: "keys.db", lockTimeout: time.Second, stdout: &stdout, stderr: &stderr}
+				set := flag.NewFlagSet("resume", flag.ContinueOnError)
+				resumeFlags(set)
+				err = resume(ctx, s, set, []string{"charge:p1"})
+				t.Logf("stderr: %s", stderr.String())
+				waiting, line, _ := strings.Cut(stderr.String(), "\n")
+				if !strings.Contains(waiting, "waiting for it to be given back") {
+					t.Errorf("stderr's first line %q; want it to say resume waits for the lease", waiting)
+				}
+				if c.stdout != "" {
+					if want := fmt.Sprintf(c.stdout, rec.Key); err != nil || stdout.String() != want || line != "" {
+						t.Fatalf("resume: %v, stdout %q, stderr %q; want success, stdout %q after the wait's line", err, stdout.String(), stderr.String(), want)
+					}
+					return
+				}
+				if !errors.Is(err, errFailed) || stdout.Len() != 0 || strings.Count(line, "\n") != 1 || !strings.HasPrefix(line, "idemctl: charge:p1: ") ||
+					!strings.Contains(line, "is "+string(c.change.State)) || !strings.Contains(line, "nothing was sent") {
+					t.Fatalf("resume: %v, stdout %q, stderr %q; want it failed, a line saying charge:p1 is %s and nothing was sent after the wait's",
+						err, stdout.String(), stderr.String(), c.change.State)
+				}
+			})
+		})
+	}
 	if len(srv.keys) != 0 {
 		t.Fatalf("the server got %d requests; want none", len(srv.keys))
 	}
