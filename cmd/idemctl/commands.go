@@ -710,9 +710,15 @@ func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) err
 		// Failed, perhaps part way (a lock held too long, a database
 		// error): n counts the batches it finished, each deleted whole, as
 		// for an interruption. The one that failed may have been committed
-		// unanswered too (a PostgreSQL connection lost).
-		fmt.Fprintf(s.stderr, "idemctl: %s; prune deleted %d operation(s) before it failed, and perhaps the batch it was deleting then: each batch is deleted whole or not at all, so the jar holds every other operation as it was; prune again for the rest\n",
-			oneLine(s.describe(err).Error()), n)
+		// unanswered too (a PostgreSQL connection lost, the statement then
+		// sent again), but not one refused for want of a privilege, which
+		// no earlier attempt of the role's was granted either.
+		perhaps := ", and perhaps the batch it was deleting then"
+		if denied(err) {
+			perhaps = ""
+		}
+		fmt.Fprintf(s.stderr, "idemctl: %s; prune deleted %d operation(s) before it failed%s: each batch is deleted whole or not at all, so the jar holds every other operation as it was; prune again for the rest\n",
+			oneLine(s.describe(err).Error()), n, perhaps)
 		return errFailed
 	}
 	fmt.Fprintf(s.stdout, "pruned %d operation(s) done, failed or abandoned and not updated for %s\n", n, v)

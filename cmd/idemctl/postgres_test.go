@@ -282,3 +282,26 @@ func TestPostgresDamagedSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresRoleThatMayOnlyRead: idemctl opens a jar with MustExist,
+// which needs SELECT alone, so a role that may only read the jar lists
+// it; a command that writes is refused by the server, and the line says
+// what the writing commands need, granted to whom, and (prune) that no
+// batch was deleted, where it said perhaps one was.
+func TestPostgresRoleThatMayOnlyRead(t *testing.T) {
+	reader := pgtest.AppRole(t, seedPostgres(t, newServer(t)), `GRANT SELECT ON ALL TABLES IN SCHEMA public`)
+	if code, out, errOut := idemctl("--jar", reader, "list"); code != 0 || !strings.Contains(out, "charge:done") {
+		t.Fatalf("list as a role that may read the jar: exit %d, stdout %q, stderr %q; want it listed", code, out, errOut)
+	}
+	const grant = "resume, abandon, forget and prune write it too: they need SELECT, INSERT, UPDATE and DELETE on its table, granted to the URL's user"
+	for _, args := range [][]string{{"prune", "--older-than", "1d"}, {"abandon", "charge:reconcile", "--reason", "x"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", reader}, args...)...)
+		wantError(t, code, errOut, 1, "permission denied for table idem_operations (SQLSTATE 42501)")
+		if !strings.Contains(errOut, grant) || strings.Contains(errOut, "perhaps") {
+			t.Errorf("%s: stderr %q; want it to say %q, and no perhaps", args[0], errOut, grant)
+		}
+	}
+	if r, err := jarState(t, reader, "charge:reconcile"); err != nil || r.State != "reconcile" {
+		t.Fatalf("after the refused abandon: %s, %v; want it still to reconcile", r.State, err)
+	}
+}
