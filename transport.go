@@ -285,8 +285,8 @@ type Transport struct {
 	// Retry-After; its lease's release), with the jar's error: a jar
 	// closed, or, from a Jar that is not a Deferrer, an Update refused,
 	// ErrLeaseLost once another holder took the lease over. A Deferrer
-	// drops a change refused when it applies it, and nothing is logged
-	// (see Deferrer). Each record's err is the error's message with the
+	// drops a change refused when it applies it, and the Transport logs
+	// nothing (see Deferrer): keyjar's and pgjar's own Options.Logger do. Each record's err is the error's message with the
 	// passwords it quotes masked (user:xxxxx@, password=xxxxx), as the jar's
 	// LastError keeps it; Hooks get the error itself. Nil means silent. A
 	// panic in its handler is handled as a hook's.

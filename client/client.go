@@ -32,6 +32,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -100,7 +101,8 @@ type Options struct {
 	// belongs to the caller: Close leaves it open.
 	Jar Jar
 
-	// JarOptions are passed to keyjar.Open when Jar is nil.
+	// JarOptions are passed to keyjar.Open when Jar is nil, with Logger
+	// as their Logger when they set none.
 	JarOptions *keyjar.Options
 
 	// Base sends each attempt. Nil means a clone of http.DefaultTransport
@@ -185,8 +187,10 @@ type Options struct {
 	// means the Transport's default.
 	Lease time.Duration
 
-	// Hooks and Logger are passed to the idem.Transport. The zero Hooks
-	// call nothing; a nil Logger is silent.
+	// Hooks and Logger are passed to the idem.Transport, and Logger to
+	// the jar file New opens (keyjar.Options.Logger: the outcomes it
+	// fails to write). The zero Hooks call nothing; a nil Logger is
+	// silent.
 	Hooks  idem.Hooks
 	Logger *slog.Logger
 }
@@ -239,7 +243,12 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	case o.Jar == nil && path == "":
 		return nil, fmt.Errorf("%w: no jar: give a path or Options.Jar", ErrOptions)
 	case o.Jar == nil:
-		j, err := keyjar.Open(ctx, path, o.JarOptions)
+		jo := keyjar.Options{Logger: o.Logger}
+		if o.JarOptions != nil {
+			jo = *o.JarOptions
+			jo.Logger = cmp.Or(jo.Logger, o.Logger)
+		}
+		j, err := keyjar.Open(ctx, path, &jo)
 		if err != nil {
 			return nil, err
 		}

@@ -3,11 +3,13 @@ package keyjar
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/internal/chanbatch"
+	"github.com/idemkit/idem/internal/dsn"
 )
 
 // A job is one write waiting for the committer: run executes its statements
@@ -21,6 +23,7 @@ type job struct {
 	ctx      context.Context
 	durable  bool                                        // a key creation: the batch commits with synchronous=FULL
 	deferred bool                                        // queued by Defer: nobody waits for it
+	op       string                                      // a deferred change's operation, for Options.Logger
 	run      func(ctx context.Context, tx *sql.Tx) error // nil for a barrier
 	err      error
 	done     chan error   // buffered: the committer never blocks on it; nil when deferred
@@ -145,6 +148,7 @@ func (j *Jar) commitLoop() {
 		syncMode = j.commit(batch, syncMode)
 		for i, jb := range batch {
 			if jb.deferred {
+				j.dropped(jb)
 				j.deferDone.Add(1)
 			}
 			if jb.done != nil { // nil for a deferred change: nobody waits
@@ -153,6 +157,16 @@ func (j *Jar) commitLoop() {
 			batch[i] = nil
 		}
 	}
+}
+
+// dropped logs jb, a deferred change, to Options.Logger when its
+// transaction failed: nobody else learns that it was not written.
+func (j *Jar) dropped(jb *job) {
+	if jb.err == nil || j.logger == nil {
+		return
+	}
+	j.logger.LogAttrs(context.Background(), slog.LevelWarn, "keyjar: a deferred change was not written; the operation stays as it was",
+		slog.String("op", jb.op), slog.String("err", dsn.MaskPasswords(jb.err.Error())))
 }
 
 // movedEvery is how often at most the committer checks that the jar's

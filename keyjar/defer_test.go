@@ -3,9 +3,11 @@ package keyjar_test
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -236,3 +238,51 @@ func TestCloseDuringACall(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestDeferDroppedIsLogged: a deferred change whose transaction fails is
+// dropped, as Defer says, and Options.Logger gets one Warn record naming
+// the operation and the error; a change fenced off is dropped silently.
+// Before, a dropped change reached nobody.
+func TestDeferDroppedIsLogged(t *testing.T) {
+	var fail atomic.Bool
+	injected := errors.New("injected: disk I/O error")
+	var logged strings.Builder
+	j, err := keyjar.OpenHooked(t.Context(), filepath.Join(t.TempDir(), "keys.db"),
+		&keyjar.Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))},
+		keyjar.Hooks{JobError: func() error {
+			if fail.Load() {
+				return injected
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	r := newRecord("op")
+	r.Holder, r.LeaseUntil = "h", r.Created.Add(time.Minute)
+	if _, _, err := j.Begin(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	done := idem.Change{Now: r.Created.Add(time.Second), State: idem.StateDone, LastStatus: 201, Release: true}
+	if err := j.Defer("op", "other", done); err != nil { // fenced off
+		t.Fatal(err)
+	}
+	if _, err := j.Get(t.Context(), "op"); err != nil { // waits for it
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	if err := j.Defer("op", "h", done); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := j.Get(t.Context(), "op")
+	fail.Store(false)
+	if err != nil || rec.State != idem.StatePending {
+		t.Fatalf("Get after the failed change: %s, %v; want it still pending", rec.State, err)
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "op=op") ||
+		!strings.Contains(lines[0], `err="injected: disk I/O error"`) {
+		t.Fatalf("logged %q; want one Warn record naming op and the error", logged.String())
+	}
+}

@@ -143,6 +143,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -210,6 +211,18 @@ type Options struct {
 	// write: Open refuses it with ErrOldVersion (which matches ErrReadOnly
 	// too), saying its version, and an Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
 	ReadOnly bool
+
+	// Logger receives one record (Warn) for each change taken by Defer
+	// that the jar drops because its transaction failed (a database
+	// error: a full disk, an I/O error, the file moved away), with the
+	// operation's name (op) and the error (err, the passwords it quotes
+	// masked): the record stays as it was, at worst pending, which a
+	// resume settles with the server's replay, and nothing else reports
+	// it. A change fenced off (another holder took the lease) is not a
+	// failure and is not logged. The jar's writer calls it, between two
+	// transactions: a slow handler delays the jar's writes. Nil means
+	// silent.
+	Logger *slog.Logger
 }
 
 const (
@@ -240,6 +253,7 @@ type Jar struct {
 	maxBatch int
 	done     chan struct{} // closed when the committer has exited
 	hooks    hooks
+	logger   *slog.Logger // Options.Logger: deferred changes dropped
 
 	mu     sync.RWMutex // guards closed and sends on queue
 	closed bool
@@ -404,7 +418,7 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	writer.SetMaxOpenConns(1)
 	writer.SetMaxIdleConns(1)
-	j := &Jar{path: abs, writer: writer, maxBatch: o.MaxBatch, hooks: h}
+	j := &Jar{path: abs, writer: writer, maxBatch: o.MaxBatch, hooks: h, logger: o.Logger}
 	if given != abs {
 		j.given = given
 	}

@@ -3,12 +3,14 @@ package pgjar
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/chanbatch"
+	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -157,10 +159,28 @@ func (j *Jar) apply(batch []deferred) {
 		(*hook)(len(batch))
 	}
 	slices.SortStableFunc(batch, func(a, b deferred) int { return strings.Compare(a.op, b.op) })
-	if err := j.deliver(batch); len(batch) > 1 && refusedData(err) {
+	err := j.deliver(batch)
+	if len(batch) > 1 && refusedData(err) {
 		for i := range batch {
-			_, _, _ = j.send(batch[i : i+1]) // dropped on error, as documented
+			if _, _, err := j.send(batch[i : i+1]); err != nil {
+				j.dropped(batch[i], err) // dropped, as documented
+			}
 		}
+		return
+	}
+	if err != nil {
+		for _, d := range batch {
+			j.dropped(d, err)
+		}
+	}
+}
+
+// dropped logs d, a deferred change that err kept from being applied, to
+// Options.Logger: nobody else learns of it.
+func (j *Jar) dropped(d deferred, err error) {
+	if j.logger != nil {
+		j.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgjar: a deferred change was not applied; the operation stays as it was",
+			slog.String("op", d.op), slog.String("err", dsn.MaskPasswords(err.Error())))
 	}
 }
 

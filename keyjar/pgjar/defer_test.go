@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -415,13 +416,16 @@ func BenchmarkOutcome(b *testing.B) {
 }
 
 // TestRefusedChangeSparesItsBatch: a deferred change the database refuses
-// for its data (an attempt count past bigint) is dropped alone; the other
-// changes of its batch are applied.
+// for its data (an attempt count past bigint) is dropped alone, and
+// Options.Logger gets one Warn record naming it and the error; the other
+// changes of its batch are applied, and one fenced off is dropped without
+// a record.
 func TestRefusedChangeSparesItsBatch(t *testing.T) {
 	if math.MaxInt < math.MaxInt64 {
 		t.Skip("an attempt count at bigint's largest needs a 64-bit int")
 	}
-	j := open(t, pgtest.DB(t), nil)
+	var logged syncBuffer
+	j := open(t, pgtest.DB(t), &pgjar.Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	g := holdApplier(t, j)
 	for _, op := range []string{"a", "z"} {
 		leased(t, j, op)
@@ -441,6 +445,9 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 	if err := j.Defer("b", "h", idem.Change{Now: t0, Attempts: 1}); err != nil {
 		t.Fatal(err)
 	}
+	if err := j.Defer("z", "other", done); err != nil { // fenced off
+		t.Fatal(err)
+	}
 	g.open()
 	a, err := j.Get(t.Context(), "a")
 	if err != nil {
@@ -450,11 +457,48 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sizes := g.batches(); len(sizes) != 1 || sizes[0] != 2 {
-		t.Fatalf("batches after the first: %v; want one of 2 changes", sizes)
+	if sizes := g.batches(); len(sizes) != 1 || sizes[0] != 3 {
+		t.Fatalf("batches after the first: %v; want one of 3 changes", sizes)
 	}
 	if a.State != idem.StateDone || a.Holder != "" || b.Attempts != math.MaxInt {
 		t.Errorf("a is %s held by %q, b has %d attempts; want a done and released, b as it was", a.State, a.Holder, b.Attempts)
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "op=b") ||
+		!strings.Contains(lines[0], "out of range") {
+		t.Errorf("logged %q; want one Warn record naming b and the database's error", logged.String())
+	}
+}
+
+// TestDroppedBatchIsLogged: a batch of deferred changes that fails whole
+// (here its UPDATE waits for a row another transaction locks, past the
+// statement_timeout QueryTimeout sets) is dropped, and Options.Logger gets
+// one Warn record per change, naming its operation and the error. Before,
+// nobody heard of it.
+func TestDroppedBatchIsLogged(t *testing.T) {
+	var logged syncBuffer
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, &pgjar.Options{QueryTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	leased(t, j, "a")
+	tx, err := pgtest.Connect(t, dsn).Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `SELECT FROM idem_operations WHERE op = 'a' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("a", "h", done); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := j.Get(t.Context(), "a") // waits for the applier
+	if err != nil || rec.State != idem.StatePending {
+		t.Fatalf("Get after the dropped change: %s, %v; want it still pending", rec.State, err)
+	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "op=a") ||
+		!strings.Contains(lines[0], "57014") {
+		t.Errorf("logged %q; want one Warn record naming a and the statement timeout", logged.String())
 	}
 }
 

@@ -137,6 +137,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"sync"
@@ -301,6 +302,18 @@ type Options struct {
 	// naming the wrong database fails instead of showing a new, empty jar.
 	// False means Open and New create or upgrade the schema.
 	MustExist bool
+
+	// Logger receives one record (Warn) for each change taken by Defer
+	// that the jar drops on an error (a database error, a statement
+	// timeout, a server out of reach for longer than the applier sends
+	// again), with the operation's name (op) and the error (err, the
+	// passwords it quotes masked): the record stays as it was, at worst
+	// pending, which a resume settles with the server's replay, and
+	// nothing else reports it. A change fenced off (another holder took
+	// the lease) is not a failure and is not logged. The jar's applier
+	// calls it: a slow handler delays the deferred changes. Nil means
+	// silent.
+	Logger *slog.Logger
 }
 
 // Jar is an idem.Jar and an idem.Deferrer in a PostgreSQL database, with
@@ -315,6 +328,7 @@ type Jar struct {
 	updateCommit string // synchronous_commit for Update's transactions
 	sql          statements
 	closed       atomic.Bool
+	logger       *slog.Logger // Options.Logger: deferred changes dropped
 
 	// The deferred changes (see Defer). queueMu guards sends on queue
 	// against Close, which closes it; the applier receives from it and
@@ -469,7 +483,7 @@ func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit stri
 	if err != nil {
 		return nil, err
 	}
-	j := &Jar{pool: pool, owned: owned, timeout: o.QueryTimeout, batch: o.PruneBatch, updateCommit: updateCommit,
+	j := &Jar{pool: pool, owned: owned, timeout: o.QueryTimeout, batch: o.PruneBatch, updateCommit: updateCommit, logger: o.Logger,
 		sql:   newStatements(name),
 		queue: make(chan deferred, deferQueue), applied: make(chan struct{}),
 		pending: make(map[string]int), progress: make(chan struct{})}
