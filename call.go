@@ -666,7 +666,7 @@ func (c *call) begin(ctx context.Context) (err error) {
 	// been applied. Refused here, nothing sent. (A record with no header
 	// at all, from a Jar that does not keep one, says nothing of its type.)
 	if rec.Header != nil {
-		if st, gt := canon.MediaType(rec.Header.Get("Content-Type")), canon.MediaType(c.req.Header.Get("Content-Type")); st != gt {
+		if st, gt := canon.MediaType(canon.ContentType(rec.Header)), canon.MediaType(canon.ContentType(c.req.Header)); st != gt {
 			return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, StoredType: st, GotType: gt, State: rec.State}
 		}
 	}

@@ -508,7 +508,7 @@ func (t *Transport) prepareBody(req *http.Request, rb *reqBody) error {
 		if rest == nil {
 			rb.size = int64(len(buf))
 			cb := canonBuffers.Get().(*canon.Buffer)
-			c := cb.Body(req.Header.Get("Content-Type"), buf)
+			c := cb.Body(canon.ContentType(req.Header), buf)
 			h.Write(c)
 			old.write(c)
 			stored := rb.size <= t.maxStoredBody()

@@ -193,6 +193,10 @@ func TestFingerprintAgreesWithTheReferenceServer(t *testing.T) {
 		{"", charge, "application/json", charge, false},
 		{"text/plain", charge, "application/json", charge, false},
 		{"application/x-www-form-urlencoded", `amount=4200`, "text/plain; charset=utf-8", `amount=4200`, false},
+		// Under a key set in the map as "content-type", which net/http
+		// sends as it is and the server reads as Content-Type.
+		{"lower:text/plain", charge, "lower:application/json", charge, false},
+		{"lower:application/json", charge, "application/json", `{ "order_id":"o-1", "amount":4200 }`, true},
 	} {
 		ctx := idem.WithOperation(context.Background(), fmt.Sprintf("charge:%d", i))
 		send := func(ctype, body string) (*http.Response, error) { return postAs(t, ctx, tr, srv.URL, ctype, body) }
@@ -260,14 +264,17 @@ func TestMediaTypeChangeKeepsAPendingOperation(t *testing.T) {
 }
 
 // postAs sends a POST of body to url through tr, with Content-Type ctype
-// unless it is "", and closes the answer's body.
+// unless it is "" (set under the key "content-type", not canonical, when
+// ctype begins with "lower:"), and closes the answer's body.
 func postAs(t *testing.T, ctx context.Context, tr http.RoundTripper, url, ctype, body string) (*http.Response, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ctype != "" {
+	if lower, ok := strings.CutPrefix(ctype, "lower:"); ok {
+		req.Header["content-type"] = []string{lower}
+	} else if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := tr.RoundTrip(req)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net/http"
 	"strconv"
 	"strings"
 	"unicode"
@@ -31,6 +32,25 @@ func IsJSON(contentType string) bool {
 		return false
 	}
 	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// ContentType returns h's Content-Type, also under a key that is not in
+// canonical form ("content-type", set in the map directly): net/http sends
+// such a key as it is (HTTP/2 in lower case), and the server reads it as
+// Content-Type. Of two keys, the first in byte order wins, the canonical
+// one first: HTTP/1.1 sends the keys in that order, and a server reads
+// the first value.
+func ContentType(h http.Header) string {
+	if v := h["Content-Type"]; len(v) > 0 {
+		return v[0]
+	}
+	key, value := "", ""
+	for k, v := range h {
+		if len(v) > 0 && strings.EqualFold(k, "Content-Type") && (key == "" || k < key) {
+			key, value = k, v[0]
+		}
+	}
+	return value
 }
 
 // MediaType returns the media type a Content-Type names, as a fingerprint

@@ -1,6 +1,9 @@
 package canon
 
-import "testing"
+import (
+	"net/http"
+	"testing"
+)
 
 func TestJSONEquivalent(t *testing.T) {
 	a, err := JSON([]byte(`{"b": 1, "a": {"y": [1, 2], "x": "s"}}`))
@@ -125,6 +128,30 @@ func TestJSONRefusesKeysEqualButForCase(t *testing.T) {
 		}
 		if got := Body("application/json", []byte(doc)); string(got) != doc {
 			t.Errorf("Body(%s) = %s; want the bytes as they are", doc, got)
+		}
+	}
+}
+
+// TestContentType: the Content-Type under any spelling of its key, the
+// canonical one first, then the first in byte order, as HTTP/1.1 sends
+// them and a server reads the first.
+func TestContentType(t *testing.T) {
+	for _, c := range []struct {
+		h    http.Header
+		want string
+	}{
+		{http.Header{}, ""},
+		{http.Header{"Content-Type": {"a/b"}}, "a/b"},
+		{http.Header{"content-type": {"a/b"}}, "a/b"},
+		{http.Header{"content-type": {"x/y"}, "Content-Type": {"a/b"}}, "a/b"},
+		{http.Header{"content-type": {"x/y"}, "CONTENT-TYPE": {"a/b"}, "Content-type": {"c/d"}}, "a/b"},
+		{http.Header{"content-type": {}, "CONTENT-TYPE": {"a/b"}}, "a/b"},
+		{http.Header{"Content-Typo": {"a/b"}}, ""},
+	} {
+		for range 5 { // map order varies
+			if got := ContentType(c.h); got != c.want {
+				t.Fatalf("ContentType(%v) = %q; want %q", c.h, got, c.want)
+			}
 		}
 	}
 }
