@@ -199,13 +199,23 @@ func (s Schema) lockDenied(err error) error {
 // database or in the DSN. Such a connection opens a current schema, and
 // every statement that writes it then fails.
 func (s Schema) readOnly(ctx context.Context, q querier) error {
+	return ReadOnly(q.QueryRow(ctx, ReadOnlyQuery).Scan, s.Privilege)
+}
+
+// ReadOnlyQuery reads whether the transaction is read-only, for ReadOnly.
+const ReadOnlyQuery = `SELECT pg_catalog.current_setting('transaction_read_only')`
+
+// ReadOnly returns privilege, saying what to do, when scan, the Scan
+// method of ReadOnlyQuery's row (pgx's or database/sql's), reads that the
+// transaction it ran in is read-only.
+func ReadOnly(scan func(dest ...any) error, privilege error) error {
 	var ro string
-	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('transaction_read_only')`).Scan(&ro); err != nil {
+	if err := scan(&ro); err != nil {
 		return err
 	}
 	if ro != "off" {
 		return fmt.Errorf("%w: its transactions are read-only (a hot standby, or default_transaction_read_only "+
-			"set for the role, the database or in the DSN); connect to the primary, with transactions that may write", s.Privilege)
+			"set for the role, the database or in the DSN); connect to the primary, with transactions that may write", privilege)
 	}
 	return nil
 }

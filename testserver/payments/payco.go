@@ -57,7 +57,8 @@ var ErrNoSchema = errors.New("payments: no schema to hold the PayCo ledger")
 // once as a role that may create tables in that schema, such as its owner
 // (by starting idemserver once as that role). Nothing is created. It is
 // returned too, naming the table and what to grant, when the tables exist
-// and the role lacks a privilege that every charge needs (see NewPayCo).
+// and the role lacks a privilege that every charge needs (see NewPayCo),
+// and, saying so, when the connection's transactions are read-only.
 var ErrPrivilege = errors.New("payments: this role may not create or write the PayCo ledger")
 
 // ErrDriver is returned by NewPayCo, followed by the driver's type, for a
@@ -152,7 +153,9 @@ var paycoWrites = []struct {
 // never altered: a role that may not create tables opens them with
 // SELECT, INSERT and UPDATE on payco_calls and SELECT and INSERT on
 // payco_charges, and a role without one of those is refused with
-// ErrPrivilege, saying what to grant, where every charge would fail.
+// ErrPrivilege, saying what to grant, where every charge would fail; so is
+// a connection whose transactions are read-only (a hot standby, or
+// default_transaction_read_only), saying so.
 //
 // On PostgreSQL, NewPayCo finds the tables, or creates them, in
 // current_schema() of the connection it runs on: the first schema of its
@@ -209,6 +212,9 @@ func createIn(ctx context.Context, db *sql.DB) (string, error) {
 	defer tx.Rollback()
 	schema, err := pgmigrate.Current(tx.QueryRowContext(ctx, pgmigrate.CurrentQuery).Scan, ErrNoSchema)
 	if err != nil {
+		return "", err
+	}
+	if err := pgmigrate.ReadOnly(tx.QueryRowContext(ctx, pgmigrate.ReadOnlyQuery).Scan, ErrPrivilege); err != nil {
 		return "", err
 	}
 	var found int

@@ -89,3 +89,30 @@ func TestNewPayCoWithoutWritePrivilege(t *testing.T) {
 		}
 	}
 }
+
+// TestNewPayCoReadOnly: a connection whose transactions are read-only (a
+// hot standby, or default_transaction_read_only) is refused with
+// ErrPrivilege saying so, on a database without the ledger (and creates
+// nothing) and on one that holds it. Before, the first failed with the
+// server's bare "cannot execute CREATE TABLE in a read-only transaction",
+// and the second opened, and every charge then failed, which idemserver
+// answered 502.
+func TestNewPayCoReadOnly(t *testing.T) {
+	const readOnly = "&default_transaction_read_only=on"
+	empty, full := pgtest.DB(t), pgtest.DB(t)
+	ledger(t, full)
+	for _, dsn := range []string{empty, full} {
+		cfg, err := pgx.ParseConfig(dsn + readOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := stdlib.OpenDB(*cfg)
+		defer db.Close()
+		if _, err := payments.NewPayCo(t.Context(), db); !errors.Is(err, payments.ErrPrivilege) || !strings.Contains(err.Error(), "read-only") {
+			t.Errorf("NewPayCo over read-only transactions: %v; want %v saying read-only", err, payments.ErrPrivilege)
+		}
+	}
+	if tables := pgtest.Tables(t, empty); tables != "" {
+		t.Errorf("tables %s after that; want none", tables)
+	}
+}
