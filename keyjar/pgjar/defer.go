@@ -175,11 +175,12 @@ func (j *Jar) apply(batch []deferred) {
 	}
 }
 
-// dropped logs d, a deferred change that err kept from being applied, to
-// Options.Logger: nobody else learns of it.
+// dropped logs d, a deferred change dropped on err (not applied, or, its
+// answer lost, perhaps applied), to Options.Logger: nobody else learns of
+// it.
 func (j *Jar) dropped(d deferred, err error) {
 	if j.logger != nil {
-		j.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgjar: a deferred change was not applied; the operation stays as it was",
+		j.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgjar: a deferred change was dropped on an error; the operation may stay as it was",
 			slog.String("op", d.op), slog.String("err", dsn.MaskPasswords(err.Error())))
 	}
 }
