@@ -887,8 +887,10 @@ func TestStoreErrorLogged(t *testing.T) {
 	defer stderr.Close()
 	s, stop := runInProcess(t, stderr, "-db", db)
 
-	// The key table goes away under the running server.
-	sdb, err := sql.Open("sqlite", db)
+	// The key table goes away under the running server, once the
+	// server's own writes (its prune at start) let it: without a busy
+	// timeout the ALTER failed with SQLITE_BUSY when it met that prune.
+	sdb, err := sql.Open("sqlite", db+"?_pragma=busy_timeout(5000)")
 	if err != nil {
 		t.Fatal(err)
 	}
