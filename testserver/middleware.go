@@ -375,7 +375,13 @@ func CredentialScope(r *http.Request) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Wrap returns a handler that runs h under the decision table.
+// Wrap returns a handler that runs h under the decision table. A request
+// that a Middleware already runs a handler for under the same scope and
+// key (ClaimFrom: Wrap nested in a handler it wraps, as when a route and
+// the whole mux are both wrapped) passes through to h under that claim:
+// a second claim of the key, held by the first, would answer 409, which
+// the first would then save as the answer, and every retry would get that
+// 409 replayed, the handler never run.
 func (m *Middleware) Wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !m.protects(r.Method) {
@@ -406,6 +412,10 @@ func (m *Middleware) Wrap(h http.Handler) http.Handler {
 			errors.As(err, &ke)
 			m.reject(w, r, Problem{Type: ProblemKeyInvalid, Title: "Idempotency-Key invalid", Status: http.StatusBadRequest,
 				Detail: "The Idempotency-Key header is not valid: " + ke.Reason + "."})
+			return
+		}
+		if c, ok := ClaimFrom(r.Context()); ok && c.Key == key && c.Scope == m.scope(r) {
+			h.ServeHTTP(w, r) // claimed by a Middleware around this one
 			return
 		}
 		body, p := m.readBody(r, key)

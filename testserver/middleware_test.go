@@ -599,6 +599,30 @@ func TestPassThrough(t *testing.T) {
 	wantProblem(t, serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "")), 400, testserver.ProblemKeyInvalid)
 }
 
+// TestNestedWrap: a route wrapped, and the mux around it wrapped again,
+// by the same Middleware or by another over the same store: the inner one
+// passes the request the outer one claimed through to its handler, which
+// runs once, and a retry gets its answer replayed. Before, the inner one
+// found the key in flight and answered 409, which the outer one saved and
+// replayed to every retry: the handler never ran.
+func TestNestedWrap(t *testing.T) {
+	store := new(testserver.MemoryStore)
+	outer := &testserver.Middleware{Store: store}
+	for i, inner := range []*testserver.Middleware{outer, {Store: store}} {
+		h := &charges{}
+		mux := http.NewServeMux()
+		mux.Handle("POST /v1/charges", inner.Wrap(h))
+		srv := outer.Wrap(mux)
+		key := fmt.Sprint("k-", i)
+		first := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", key))
+		replay := serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", key))
+		if first.Code != 201 || replay.Code != 201 || replay.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
+			t.Errorf("%d: first %d %q, retry %d replayed %q, the handler ran %d times; want 201, its replay, one run",
+				i, first.Code, first.Body, replay.Code, replay.Header().Get("Idempotent-Replayed"), h.runs.Load())
+		}
+	}
+}
+
 // TestMethodsMatchInAnyCase: a "post" or a "Put" is protected as a POST or
 // a PUT is, as idem.Transport keys them: a client retries such a request
 // under its key, and each retry must be replayed, not run again.
