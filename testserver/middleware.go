@@ -1138,6 +1138,11 @@ func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
+	if len(p) > 0 && (rec.status == http.StatusNoContent || rec.status == http.StatusNotModified) {
+		// As net/http refuses it: neither sent nor saved, nor sniffed
+		// for a Content-Type, nor counted against MaxSavedResponse.
+		return 0, http.ErrBodyNotAllowed
+	}
 	if rec.declared >= 0 && rec.size+int64(len(p)) > rec.declared {
 		// As net/http refuses it: the answer is the length declared.
 		return 0, http.ErrContentLength

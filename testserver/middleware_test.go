@@ -836,6 +836,35 @@ func TestHandlerThatWritesNothing(t *testing.T) {
 	})
 }
 
+// TestBodyWithNoContent: a handler that writes a body after a 204 or a 304
+// gets net/http's http.ErrBodyNotAllowed, and the body is neither sent,
+// saved, sniffed for a Content-Type nor counted against MaxSavedResponse:
+// the first caller and the retry get the same status without a body or a
+// type. Before, the Write succeeded, the answer got a sniffed text/plain,
+// and a body past MaxSavedResponse made the retry's answer a 500
+// response-too-large for a 204.
+func TestBodyWithNoContent(t *testing.T) {
+	for _, status := range []int{http.StatusNoContent, http.StatusNotModified} {
+		var writeErr atomic.Value
+		srv := (&testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: 1024}).Wrap(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(status)
+				_, err := w.Write(bytes.Repeat([]byte("x"), 2048))
+				writeErr.Store(fmt.Sprint(err))
+			}))
+		for i, replayed := range []string{"", "true"} {
+			w := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			if w.Code != status || w.Body.Len() != 0 || w.Header().Get("Content-Type") != "" || w.Header().Get("Idempotent-Replayed") != replayed {
+				t.Errorf("%d, request %d: %d %q, Content-Type %q, replayed %q; want %d, no body, no type, replayed %q",
+					status, i+1, w.Code, w.Body, w.Header().Get("Content-Type"), w.Header().Get("Idempotent-Replayed"), status, replayed)
+			}
+		}
+		if got := writeErr.Load(); got != http.ErrBodyNotAllowed.Error() {
+			t.Errorf("%d: the handler's Write returned %v; want %v", status, got, http.ErrBodyNotAllowed)
+		}
+	}
+}
+
 // takeOverRace holds every TakeOver until n requests are in one, so that
 // all of them race for the same stale claim, and holds each lost one until
 // the winner saved its answer.
