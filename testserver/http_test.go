@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -659,4 +660,34 @@ func TestInformationalAnswers(t *testing.T) {
 	if st := mw.Stats(); st.Claims != 2 || st.Replays != 2 {
 		t.Fatalf("stats %+v; want 2 claims, 2 replays", st)
 	}
+}
+
+// TestHeaderKeysEqualButForCase: a handler that sets a header under a key
+// that is not canonical (w.Header()["content-type"], beside the
+// Content-Type the answer gets sniffed, as net/http sniffs one) gets, in
+// every replay, the values its first caller got, in that order. Before,
+// the replay kept one of the two keys' values, which one depending on the
+// order of a map: from one retry to the next, another Content-Type.
+func TestHeaderKeysEqualButForCase(t *testing.T) {
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		mw := &testserver.Middleware{Store: store, ReplayHeaders: []string{"Content-Type", "X-Thing"}}
+		srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["content-type"] = []string{"application/json"}
+			w.Header()["x-thing"] = []string{"b"}
+			w.Header()["X-Thing"] = []string{"a"}
+			io.WriteString(w, `{"id":"ch_1"}`)
+		})))
+		defer srv.Close()
+		first := post(t, srv, "k")
+		want := fmt.Sprint(first.resp.Header["Content-Type"], first.resp.Header["X-Thing"])
+		if len(first.resp.Header["Content-Type"]) != 2 || len(first.resp.Header["X-Thing"]) != 2 {
+			t.Fatalf("first answer's header %v; want two Content-Types and two X-Things", first.resp.Header)
+		}
+		for i := range 20 { // a map's order differs from one range to the next
+			a := post(t, srv, "k")
+			if got := fmt.Sprint(a.resp.Header["Content-Type"], a.resp.Header["X-Thing"]); got != want || a.resp.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay %d: %s (replayed %q); want the first's %s", i, got, a.resp.Header.Get("Idempotent-Replayed"), want)
+			}
+		}
+	})
 }

@@ -763,14 +763,29 @@ func (m *Middleware) storeProblem(r *http.Request, key string, err error) Proble
 // replay writes a saved answer, to a HEAD request when head is.
 func (m *Middleware) replay(w http.ResponseWriter, head bool, resp Response) {
 	h := w.Header()
-	for name, vs := range resp.Header {
-		if m.replayable(name, head) {
-			h[http.CanonicalHeaderKey(name)] = slices.Clone(vs)
-		}
+	for name, vs := range canonical(resp.Header, func(name string) bool { return m.replayable(name, head) }) {
+		h[name] = vs
 	}
 	h.Set("Idempotent-Replayed", "true")
 	w.WriteHeader(resp.Status)
 	w.Write(resp.Body)
+}
+
+// canonical returns a copy of the entries of h that keep accepts, each
+// under its canonical key: the values of keys equal but for case (a
+// handler's w.Header()["content-type"] beside a sniffed Content-Type) are
+// joined in the order net/http sends them, the keys sorted bytewise, so
+// that what is saved, and every replay, is the same whatever the order of
+// the map.
+func canonical(h http.Header, keep func(name string) bool) http.Header {
+	out := make(http.Header, len(h))
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		if keep(name) {
+			c := http.CanonicalHeaderKey(name)
+			out[c] = append(out[c], h[name]...)
+		}
+	}
+	return out
 }
 
 var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
@@ -1015,12 +1030,7 @@ func (m *Middleware) logPanic(r *http.Request, key string, v any, stack []byte) 
 // or the ProblemResponseTooLarge marker.
 func (m *Middleware) saved(rec *recorder, key string) Response {
 	if !rec.streamed {
-		hdr := make(http.Header)
-		for name, vs := range rec.sent {
-			if m.replayable(name, rec.head) {
-				hdr[name] = slices.Clone(vs)
-			}
-		}
+		hdr := canonical(rec.sent, func(name string) bool { return m.replayable(name, rec.head) })
 		return Response{Status: rec.status, Header: hdr, Body: bytes.Clone(rec.body.Bytes())}
 	}
 	m.stats.tooLarge.Add(1)
