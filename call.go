@@ -107,11 +107,37 @@ func (c *call) countAttempt(ctx context.Context) {
 
 func (c *call) fill(ch *Change) {
 	ch.Now = time.Now()
+	if c.keepsOutcome(ch.State) {
+		ch.LastStatus, ch.LastError, ch.NextAttempt = c.rec.LastStatus, c.rec.LastError, time.Time{}
+		return
+	}
 	ch.LastStatus = c.lastCode
 	if c.lastErr != nil {
 		ch.LastError = errorText(c.lastErr)
 	}
 }
+
+// keepsOutcome reports whether a change of this call to state ("": none,
+// the call goes on or stops without the operation's answer) leaves the
+// outcome of a settled operation, one called again for the server's saved
+// answer, as the jar records it: what this call met on the way (a 503, a
+// proxy's 502, a reset) is not the operation's outcome, and a done
+// operation that succeeded (2xx) stays so whatever final answer the call
+// gets (a 500 or a 404 of a proxy, a 422 of the server that compared this
+// request with the one it applied). A failed operation, or a done one
+// whose answer was not a success, takes the call's final answer: the
+// server's latest for the key.
+func (c *call) keepsOutcome(state State) bool {
+	switch c.rec.State {
+	case StateDone:
+		return state == "" || success(c.rec.LastStatus) && !success(c.lastCode)
+	case StateFailed:
+		return state == ""
+	}
+	return false
+}
+
+func success(status int) bool { return status >= 200 && status <= 299 }
 
 // errorText is err's message as a record keeps it: the passwords it
 // quotes masked (dsn.MaskPasswords: a URL's, a connection string's, and

@@ -154,6 +154,10 @@ func Operation(ctx context.Context) string {
 //     it had, but for a call without a name refused at its only send,
 //     which is done: no call can name it to resume it. A 101 Switching Protocols answer is final, and its Body is
 //     the upgraded connection, an io.ReadWriteCloser, as net/http gives it.
+//     A done or failed operation called again keeps its recorded outcome
+//     where a pending one would stay pending, and a done one that
+//     succeeded (2xx) keeps it whatever the final answer (see the README's
+//     contract).
 //   - An error of Base counts as an attempt that may have been sent, and
 //     is retried as retry.Classify says, unless it wraps ErrNotSent: Base
 //     says it sent nothing of the attempt (a circuit breaker, a rate

@@ -291,26 +291,68 @@ func TestUnprocessableStopsAndReturnsResponse(t *testing.T) {
 	}
 }
 
-// TestDoneStaysDoneOn422: a call made again on a done operation that the
-// server answers with a 422 (this request differs, by the server's
-// comparison, from the one it applied under the key) returns the 422 and
-// leaves the operation done: it was applied, and a failed one would read
-// as never charged.
-func TestDoneStaysDoneOn422(t *testing.T) {
-	tr, rec, jar := newTransport(t, status(201), status(422))
-	ctx := idem.WithOperation(context.Background(), "op")
-	for _, want := range []int{201, 422} {
-		resp, err := post(t, ctx, tr, `{}`)
-		if err != nil || resp.StatusCode != want {
-			t.Fatalf("got %v, %v; want %d", resp, err, want)
-		}
-		resp.Body.Close()
-		if r, _ := jar.Get(ctx, "op"); r.State != idem.StateDone || r.LastStatus != want {
-			t.Fatalf("after the %d: state %q, last status %d; want done, %d", want, r.State, r.LastStatus, want)
-		}
-	}
-	if len(rec.keys) != 2 || rec.keys[0] != rec.keys[1] {
-		t.Errorf("keys sent %q; want one key twice", rec.keys)
+// TestSettledOperationKeepsItsOutcome: a call made again on a done or
+// failed operation, for the server's saved answer, returns what it gets,
+// under the operation's key; what it meets on the way (a 503 to the end of
+// its attempts, with or without a Retry-After past MaxRetryAfter, a reset,
+// a 401) is not the operation's outcome, which the jar keeps as it was. A
+// done operation that succeeded stays so whatever final answer comes (a
+// 500 or a 404 of a proxy; a 422 of the server, which compared this request
+// with the one it applied): a failed one, or one whose 2xx became a 5xx,
+// would read as never charged. A failed operation, or a done one that did
+// not succeed, takes the call's final answer, the server's latest for the
+// key. Before, every answer's status was written over the outcome, and a
+// 503's next attempt time was stored on a done operation.
+func TestSettledOperationKeepsItsOutcome(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		first, then func() (*http.Response, error)
+		thenStatus  int // the second call's answer; 0 for an error
+		state       idem.State
+		last        int
+	}{
+		{"done, then 422", status(201), status(422), 422, idem.StateDone, 201},
+		{"done, then 503 to the end", status(201), status(503), 503, idem.StateDone, 201},
+		{"done, then a long Retry-After", status(201), status(503, "Retry-After", "3600"), 503, idem.StateDone, 201},
+		{"done, then 500", status(201), status(500), 500, idem.StateDone, 201},
+		{"done, then 404", status(201), status(404), 404, idem.StateDone, 201},
+		{"done, then 401", status(201), status(401), 401, idem.StateDone, 201},
+		{"done, then resets", status(201), netErr(syscall.ECONNRESET), 0, idem.StateDone, 201},
+		{"failed, then 503 to the end", status(422), status(503), 503, idem.StateFailed, 422},
+		{"failed, then 500", status(422), status(500), 500, idem.StateDone, 500},
+		{"done with a 404, then 201", status(404), status(201), 201, idem.StateDone, 201},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, c.first, c.then)
+				ctx := idem.WithOperation(context.Background(), "op")
+				if resp, err := post(t, ctx, tr, `{}`); err == nil {
+					resp.Body.Close()
+				}
+				before, _ := jar.Get(ctx, "op")
+				resp, err := post(t, ctx, tr, `{}`)
+				got := 0
+				if err == nil {
+					got = resp.StatusCode
+					resp.Body.Close()
+				}
+				if got != c.thenStatus {
+					t.Fatalf("second call: %v, %v; want %d", resp, err, c.thenStatus)
+				}
+				r, _ := jar.Get(ctx, "op")
+				if r.State != c.state || r.LastStatus != c.last || !r.NextAttempt.IsZero() {
+					t.Errorf("after it: state %q, last status %d, next attempt %v; want %s, %d, none", r.State, r.LastStatus, r.NextAttempt, c.state, c.last)
+				}
+				if c.state == before.State && c.last == before.LastStatus && r.LastError != before.LastError {
+					t.Errorf("last error %q; want the first's, %q", r.LastError, before.LastError)
+				}
+				for _, k := range rec.keys {
+					if k != rec.keys[0] {
+						t.Fatalf("keys sent %q; want the operation's every time", rec.keys)
+					}
+				}
+			})
+		})
 	}
 }
 
