@@ -129,8 +129,9 @@ func Operation(ctx context.Context) string {
 //     which a key with a comma must be. Any other is refused with
 //     ErrInvalidKey before anything is stored or sent. So is a URL without
 //     a host, with a port no dial takes (0, or above 65535), or, over an
-//     *http.Transport, of a scheme other than http and https, with
-//     ErrInvalidURL.
+//     *http.Transport (Base, or one that Base wraps and returns from an
+//     Unwrap() http.RoundTripper method), of a scheme other than http and
+//     https, with ErrInvalidURL.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -299,6 +300,23 @@ type Transport struct {
 
 var _ http.RoundTripper = (*Transport)(nil)
 
+// overHTTPTransport reports whether rt is an *http.Transport, or wraps one:
+// through the Unwrap() http.RoundTripper method of a wrapper that has it
+// (client's, and others'), up to 16 deep.
+func overHTTPTransport(rt http.RoundTripper) bool {
+	for range 16 {
+		switch b := rt.(type) {
+		case *http.Transport:
+			return true
+		case interface{ Unwrap() http.RoundTripper }:
+			rt = b.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
+}
+
 func (t *Transport) base() http.RoundTripper {
 	if t.Base != nil {
 		return t.Base
@@ -373,7 +391,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil || req.URL.Host == "" {
 		return nil, fmt.Errorf("%w: it has no host (nothing was stored or sent); give the server's address with its scheme, as in https://api.example.com/v1/charges", ErrInvalidURL)
 	}
-	if _, std := t.base().(*http.Transport); std && req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" && overHTTPTransport(t.base()) {
 		// Refused by net/http before it sends anything, each attempt
 		// alike, and a resume too.
 		return nil, fmt.Errorf("%w: scheme %q is neither http nor https, which an http.Transport sends (nothing was stored or sent)", ErrInvalidURL, req.URL.Scheme)

@@ -1022,6 +1022,10 @@ func sameOrigin(r *http.Request) bool {
 	return same
 }
 
+// Unwrap returns the base transport, for the Transport's check of a URL's
+// scheme over an *http.Transport.
+func (s *sender) Unwrap() http.RoundTripper { return s.base }
+
 func (s *sender) CloseIdleConnections() {
 	type closeIdler interface{ CloseIdleConnections() }
 	if ci, ok := s.base.(closeIdler); ok {

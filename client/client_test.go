@@ -948,3 +948,26 @@ func TestStateErrorSaysTheState(t *testing.T) {
 	check("Forget op:pending", c.Forget(ctx, "op:pending"), idem.StatePending,
 		`client: forget "op:pending": the operation is pending, its outcome unknown; resume or abandon it first: `+client.ErrState.Error())
 }
+
+// TestSchemeMisspelt: over the default Base, an *http.Transport that the
+// client wraps, a URL of a scheme net/http does not send (htp://) is
+// refused with idem.ErrInvalidURL before anything is stored, as it is
+// through an idem.Transport over an *http.Transport. Before, the wrapper
+// hid the *http.Transport from the check: the operation was stored, each
+// attempt failed alike, and it stayed pending, which no resume could
+// settle and a call with the URL fixed met as a *MismatchError.
+func TestSchemeMisspelt(t *testing.T) {
+	jar := &idem.MemoryJar{}
+	c, err := client.New(context.Background(), "", &client.Options{Jar: jar, Policy: fastPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.PostJSON(context.Background(), "charge:1", "htp://127.0.0.1:8080/v1/charges", map[string]int{"amount": 1}, nil)
+	if !errors.Is(err, idem.ErrInvalidURL) {
+		t.Errorf("PostJSON to htp://: %v; want idem.ErrInvalidURL", err)
+	}
+	if _, err := jar.Get(context.Background(), "charge:1"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("the jar after it: %v; want the operation not stored", err)
+	}
+}
