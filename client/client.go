@@ -215,7 +215,7 @@ type Client struct {
 // New returns a Client over the jar file at path, opened with keyjar.Open
 // (created with mode 0600 if it does not exist), or over opts.Jar, in
 // which case path must be "". opts may be nil. Given neither, or both, New
-// returns ErrOptions.
+// returns ErrOptions, as for an Options.Methods that is empty but not nil.
 //
 // A relative path is relative to the working directory: a program started
 // from another directory opens another jar, empty, and sends its pending
@@ -238,6 +238,10 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		c.maxJSONBody = 16 << 20
 	}
 	switch {
+	case o.Methods != nil && len(o.Methods) == 0:
+		// As a config file's "methods: []" gives it: nothing would be
+		// keyed, every request sent once without a key or a record.
+		return nil, fmt.Errorf("%w: Options.Methods is empty, so no request would get a key; nil means POST and PATCH", ErrOptions)
 	case o.Jar != nil && path != "":
 		return nil, fmt.Errorf("%w: both a path (%q) and Options.Jar are given; give one", ErrOptions, path)
 	case o.Jar == nil && path == "":
@@ -584,12 +588,18 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // url.URL.Redacted masks it, in its URL and in its Err, and the secrets of
 // its query as Do's errors mask them (?api_key=xxxxx); a body that does not decode, or is
 // larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
-// the Response: the operation did happen.
+// the Response: the operation did happen. A Client whose Options.Methods
+// leave POST out sends nothing and returns an error matching ErrMethod.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
 	if err := c.enter(ctx); err != nil {
 		return nil, fmt.Errorf("client: operation %q: %w", op, err)
 	}
 	defer c.calls.Done()
+	if !c.keyed(http.MethodPost) {
+		// Do would send it once, its name ignored, without a key, a retry
+		// or a record: not the call PostJSON's op asks for.
+		return nil, fmt.Errorf("client: operation %q: a POST: %w; nothing was sent: list POST in Options.Methods", op, ErrMethod)
+	}
 	b, err := json.Marshal(in)
 	if err != nil {
 		return nil, fmt.Errorf("client: encoding the request of %q: %w", op, err)

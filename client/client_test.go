@@ -971,3 +971,19 @@ func TestSchemeMisspelt(t *testing.T) {
 		t.Errorf("the jar after it: %v; want the operation not stored", err)
 	}
 }
+
+// TestMethodsWithoutPOST: Options.Methods empty but not nil (a config
+// file's "methods: []") is ErrOptions, and PostJSON over a Client whose
+// Methods leave POST out sends nothing and returns ErrMethod. Before,
+// both sent the POST once, its operation's name ignored, without a key, a
+// retry or a record.
+func TestMethodsWithoutPOST(t *testing.T) {
+	if _, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Methods: []string{}}); !errors.Is(err, client.ErrOptions) {
+		t.Errorf("New with Methods empty: %v; want ErrOptions", err)
+	}
+	var sent atomic.Int64
+	c := newClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { sent.Add(1) }), &client.Options{Methods: []string{"PUT"}})
+	if _, err := c.PostJSON(context.Background(), "charge:1", chargesURL, map[string]int{"amount": 1}, nil); !errors.Is(err, client.ErrMethod) || sent.Load() != 0 {
+		t.Errorf("PostJSON with Methods {PUT}: %v, %d sent; want ErrMethod, nothing sent", err, sent.Load())
+	}
+}

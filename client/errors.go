@@ -38,7 +38,8 @@ var (
 	// whose method the Client does not key (not in Options.Methods: by
 	// default anything but POST and PATCH), one recorded by an
 	// idem.Transport or a Client with other Methods: resume it through a
-	// Client whose Options.Methods include it.
+	// Client whose Options.Methods include it; and by PostJSON when
+	// Options.Methods leave POST out.
 	ErrMethod = errors.New("client: the Client does not key this method")
 	// ErrTooLarge is returned by PostJSON and ResumeJSON, with the
 	// Response, for a 2xx answer whose body is larger than
