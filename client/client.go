@@ -470,10 +470,11 @@ type Response struct {
 //   - 408, 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
 //     says when the server asked to be called again.
 //   - 401 or 407: the credentials were refused and the request not
-//     applied; the operation keeps its state: when it is pending (a new
-//     named operation, or one whose earlier attempt's outcome is unknown),
-//     *idem.PendingError. A call with an empty name refused at its only
-//     send is done: no call can name it to resume it.
+//     applied; the operation keeps its state: *idem.PendingError, whose
+//     State says it (pending: a new named operation, or one whose earlier
+//     attempt's outcome is unknown; done or failed: one sent again for its
+//     saved answer). A call with an empty name refused at its only send
+//     is done: no call can name it to resume it; Err is nil.
 //   - Any of those four replayed (Idempotent-Replayed: true: the answer
 //     the server saved for the key, such as a handler's own 409): final,
 //     Err is nil and the operation is done.
@@ -562,7 +563,7 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 	// The answer to a request without a key (a GET, or the one a redirect
 	// of the keyed request made) says nothing of the operation.
 	keyed = keyed && resp.Request != nil && resp.Request.Header.Get(idem.KeyHeader) != ""
-	err = c.statusError(ctx, r, keyed, attempts, time.Since(start))
+	err = c.statusError(ctx, r, keyed, anonymous, attempts, time.Since(start))
 	if anonymous {
 		// Its *idem.PendingError says, as the Transport's does, that the
 		// same call made again without a name is a new operation.

@@ -987,3 +987,29 @@ func TestMethodsWithoutPOST(t *testing.T) {
 		t.Errorf("PostJSON with Methods {PUT}: %v, %d sent; want ErrMethod, nothing sent", err, sent.Load())
 	}
 }
+
+// TestDoneOperationCalledAgainWithoutAnAnswer: a done operation called
+// again for its saved answer that gets none (a 401, its credentials
+// refused; a 503 left after the attempts) matches idem.ErrPending, its
+// *idem.PendingError's State done, and keeps its outcome. Before, the 401
+// was a *StatusError alone, where a 503 matched ErrPending.
+func TestDoneOperationCalledAgainWithoutAnAnswer(t *testing.T) {
+	for _, codes := range [][]int{{401}, {503, 503}} {
+		s := newShop()
+		jar := &idem.MemoryJar{}
+		c := newClient(t, s, &client.Options{Jar: jar, Policy: retry.Policy{MaxAttempts: 2, InitialInterval: time.Microsecond}})
+		ctx := context.Background()
+		if _, err := c.PostJSON(ctx, "charge:o1", chargesURL, map[string]any{"order": "o1", "amount": 7}, nil); err != nil {
+			t.Fatal(err)
+		}
+		s.failNext(codes...)
+		_, err := c.PostJSON(ctx, "charge:o1", chargesURL, map[string]any{"order": "o1", "amount": 7}, nil)
+		var pe *idem.PendingError
+		if !errors.Is(err, idem.ErrPending) || !errors.As(err, &pe) || pe.State != idem.StateDone {
+			t.Errorf("%v: the done operation called again: %v; want a *idem.PendingError of State done", codes, err)
+		}
+		if r, _ := jar.Get(ctx, "charge:o1"); r.State != idem.StateDone || r.LastStatus != http.StatusCreated {
+			t.Errorf("%v: state %s, last status %d after it; want done, 201", codes, r.State, r.LastStatus)
+		}
+	}
+}

@@ -234,7 +234,7 @@ func (e *ConflictError) Is(target error) bool { return target == idem.ErrPending
 
 // statusError reads (bounded) and closes a non-2xx answer and says what it
 // means for the operation.
-func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attempts int, elapsed time.Duration) error {
+func (c *Client) statusError(ctx context.Context, r *Response, keyed, anonymous bool, attempts int, elapsed time.Duration) error {
 	b, _ := body.ReadAtMost(r.Body, c.maxErrorBody, r.ContentLength)
 	if int64(len(b)) > c.maxErrorBody {
 		b = b[:c.maxErrorBody]
@@ -257,10 +257,14 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed bool, attem
 		se.Err = &idem.MismatchError{Op: r.Op, Key: r.Key}
 	case retry.NotApplied(r.StatusCode):
 		// Credentials refused, the request not applied: the Transport
-		// left the operation as it was, which may be pending.
-		if rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op); err == nil && rec.State == idem.StatePending {
+		// left the operation as it was, which may be pending, or done or
+		// failed and called again for its saved answer, which this call
+		// did not get, as after a 503. (One without a name refused at its
+		// only send is done, by this answer.)
+		if rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op); err == nil &&
+			(rec.State == idem.StatePending || !anonymous && (rec.State == idem.StateDone || rec.State == idem.StateFailed)) {
 			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
-				Elapsed: elapsed, NextAttempt: rec.NextAttempt}
+				Elapsed: elapsed, NextAttempt: rec.NextAttempt, State: rec.State}
 		}
 	case retry.Classify(r.Response, nil) == retry.Retry:
 		next, state := c.nextAttempt(ctx, r)
