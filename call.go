@@ -214,7 +214,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				}
 				c.lastErr = err
 				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
-					c.giveUp(ctx, c.lastErr, "operation leased by another holder")
+					c.giveUp(ctx, c.lastErr, "operation leased by another holder", time.Time{})
 					// The earliest a call can take it, unless its holder
 					// ends first: the lease's end, or the server's
 					// Retry-After when it comes later.
@@ -337,7 +337,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 			c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
 			if c.rec.State == StatePending {
-				c.giveUp(ctx, nil, "credentials refused: "+reason(resp, nil))
+				c.giveUp(ctx, nil, "credentials refused: "+reason(resp, nil), time.Time{})
 			}
 			return resp, nil
 		}
@@ -376,6 +376,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			more = false
 		}
 		why := "attempts or budget spent after "
+		if deferred {
+			why = "the server's Retry-After, longer than MaxRetryAfter, stored as the next attempt time, after "
+		}
 		if more && c.t.Budget != nil {
 			if c.cost, more = c.t.Budget.Withdraw(err); more {
 				c.costDue = true
@@ -398,7 +401,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				next = limit
 			}
 			c.update(ctx, Change{NextAttempt: next, Release: true})
-			c.giveUp(ctx, err, why+reason(resp, err))
+			c.giveUp(ctx, err, why+reason(resp, err), next)
 			if resp != nil {
 				return resp, nil // the last answer; the operation stays pending
 			}
@@ -411,6 +414,17 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.rec.NextAttempt = decided.Add(ra)
 		}
 		c.update(ctx, Change{NextAttempt: c.rec.NextAttempt})
+		end := decided.Add(wait)
+		if pastDeadline(ctx, end) {
+			// Nothing can be sent before the deadline (see sleepUntil):
+			// the call stops now, and is no retry for the hooks and the
+			// log to count.
+			if resp != nil {
+				c.resp = nil
+				body.Drain(resp.Body)
+			}
+			return nil, c.stop(ctx, context.DeadlineExceeded)
+		}
 		e = c.event(0, err) // the attempt's own status: none after a network error
 		if resp != nil {
 			e.Status = resp.StatusCode
@@ -422,10 +436,17 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			c.resp = nil
 			body.Drain(resp.Body)
 		}
-		if err := sleepUntil(ctx, decided.Add(wait)); err != nil {
+		if err := sleepUntil(ctx, end); err != nil {
 			return nil, c.stop(ctx, err)
 		}
 	}
+}
+
+// pastDeadline reports whether a wait until end would end at or after
+// ctx's deadline.
+func pastDeadline(ctx context.Context, end time.Time) bool {
+	dl, ok := ctx.Deadline()
+	return ok && !end.Before(dl)
 }
 
 // sleepUntil sleeps until end, or until ctx is done, and returns ctx's
@@ -438,7 +459,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 // context.WithDeadlineCause is not known until the deadline: it is not in
 // the error.)
 func sleepUntil(ctx context.Context, end time.Time) error {
-	if dl, ok := ctx.Deadline(); ok && !end.Before(dl) {
+	if pastDeadline(ctx, end) {
 		return context.DeadlineExceeded
 	}
 	return retry.Sleep(ctx, time.Until(end))
@@ -509,7 +530,7 @@ func (c *call) stop(ctx context.Context, err error) error {
 		err = c.lastErr
 	}
 	c.release(ctx)
-	c.giveUp(ctx, err, "stopped")
+	c.giveUp(ctx, err, "stopped", c.rec.NextAttempt)
 	return c.pending(err, c.rec.NextAttempt)
 }
 
@@ -538,7 +559,7 @@ func (c *call) notSent(ctx context.Context, err error) error {
 		}
 	}
 	c.release(ctx)
-	c.giveUp(ctx, err, "not sent")
+	c.giveUp(ctx, err, "not sent", time.Time{})
 	return c.pending(err, c.rec.NextAttempt)
 }
 
@@ -577,9 +598,14 @@ func (c *call) release(ctx context.Context) {
 	c.update(ctx, ch)
 }
 
-func (c *call) giveUp(ctx context.Context, err error, why string) {
+// giveUp runs OnGiveUp and logs it; the event's Wait is how long until
+// next, the operation's next attempt time, unless it is zero.
+func (c *call) giveUp(ctx context.Context, err error, why string, next time.Time) {
 	e := c.event(c.lastCode, err)
 	e.Reason = why
+	if !next.IsZero() {
+		e.Wait = time.Until(next)
+	}
 	fire(c.t.Hooks.OnGiveUp, e)
 	c.log(ctx, slog.LevelWarn, "idem: giving up; operation stays pending", e)
 }

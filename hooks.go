@@ -15,7 +15,7 @@ type Event struct {
 	Attempt int           // 1-based number of the attempt within this call; 0 before the first
 	Status  int           // the attempt's status, 0 when it got no answer (OnGiveUp, OnReconcile: the last one known, 0 when none)
 	Err     error         // the attempt's error, or why the call stopped
-	Wait    time.Duration // OnRetry: the wait before the next attempt
+	Wait    time.Duration // OnRetry: the wait before the next attempt; OnGiveUp: until the operation's next attempt time the server asked for, when the call stored one
 	Reason  string        // OnRetry and OnGiveUp: why, in a few words
 }
 
@@ -36,7 +36,9 @@ type Hooks struct {
 	// refuses with ErrNotSent was not sent, and OnGiveUp follows with its
 	// error.
 	OnAttempt func(Event)
-	// OnRetry runs after an attempt that will be retried, before the wait.
+	// OnRetry runs after an attempt that will be retried, before the wait;
+	// not when the wait would end at or after the context's deadline: the
+	// call stops then, and OnGiveUp runs.
 	OnRetry func(Event)
 	// OnGiveUp runs when a call stops without a final answer: the
 	// operation stays pending. A 401 or 407 that leaves a pending

@@ -522,3 +522,56 @@ func TestLoggerSaysWhenACallWaits(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryHookOnlyForARetry: a retry whose wait would end at or after the
+// context's deadline is not made: the call stops at once, OnGiveUp runs
+// with the deadline's error, and OnRetry and the "retrying" record do not,
+// where they ran before the call found it could not wait. A Retry-After
+// longer than MaxRetryAfter stops the call too: OnGiveUp's Reason says so,
+// where it said the attempts or the budget ran out, and its Wait is the
+// time until the next attempt stored.
+func TestRetryHookOnlyForARetry(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		retryAfter string
+		deadline   time.Duration // 0: none
+		reason     string
+		wait       time.Duration
+		err        error
+	}{
+		{"deadline before the wait ends", "2", time.Second, "stopped", 2 * time.Second, context.DeadlineExceeded},
+		{"Retry-After past MaxRetryAfter", "31", 0, "Retry-After, longer than MaxRetryAfter", 31 * time.Second, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, _ := newTransport(t, status(503, "Retry-After", c.retryAfter), status(201))
+				var logs bytes.Buffer
+				tr.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+				var retries, giveUps []idem.Event
+				tr.Hooks = idem.Hooks{
+					OnRetry:  func(e idem.Event) { retries = append(retries, e) },
+					OnGiveUp: func(e idem.Event) { giveUps = append(giveUps, e) },
+				}
+				ctx := idem.WithOperation(context.Background(), "op")
+				if c.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, c.deadline)
+					defer cancel()
+				}
+				resp, err := post(t, ctx, tr, `{}`)
+				if resp != nil {
+					resp.Body.Close()
+				}
+				if rec.attempts() != 1 || len(retries) != 0 || strings.Contains(logs.String(), "retrying") {
+					t.Errorf("%d attempts, OnRetry %+v, log %q; want 1 attempt, no retry hook or record", rec.attempts(), retries, logs.String())
+				}
+				if len(giveUps) != 1 || !strings.Contains(giveUps[0].Reason, c.reason) || giveUps[0].Wait != c.wait || !errors.Is(giveUps[0].Err, c.err) {
+					t.Fatalf("OnGiveUp %+v; want one, reason %q, wait %v, err %v", giveUps, c.reason, c.wait, c.err)
+				}
+				if c.err != nil && !errors.Is(err, c.err) {
+					t.Errorf("call: %v; want %v", err, c.err)
+				}
+			})
+		})
+	}
+}
