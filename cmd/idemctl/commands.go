@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/retry"
 )
@@ -714,7 +715,7 @@ func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) err
 		// sent again), but not one refused for want of a privilege, which
 		// no earlier attempt of the role's was granted either.
 		perhaps := ", and perhaps the batch it was deleting then"
-		if denied(err) {
+		if pgmigrate.Insufficient(err) {
 			perhaps = ""
 		}
 		fmt.Fprintf(s.stderr, "idemctl: %s; prune deleted %d operation(s) before it failed%s: each batch is deleted whole or not at all, so the jar holds every other operation as it was; prune again for the rest\n",

@@ -570,27 +570,12 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%s: permission denied; list, show and export read the file and its -wal and -shm files, the other commands write them and their directory: run idemctl as a user who may", path)
-	case denied(err) && !errors.Is(err, pgjar.ErrPrivilege): // pgjar's says what to grant
+	case pgmigrate.Insufficient(err) && !errors.Is(err, pgjar.ErrPrivilege): // pgjar's says what to grant
 		// Open with MustExist checks no write privilege: a role that may
 		// read the jar opens it, and the command that writes is refused.
 		return fmt.Errorf("%s: %w; list, show and export read the jar, resume, abandon, forget and prune write it too: they need SELECT, INSERT, UPDATE and DELETE on its table, granted to the URL's user", path, err)
 	}
 	return err
-}
-
-// denied reports whether err is PostgreSQL's refusal of a statement for
-// want of a privilege.
-func denied(err error) bool {
-	return sqlState(err) == "42501" // insufficient_privilege
-}
-
-// sqlState returns the SQLSTATE of PostgreSQL's error that err wraps, ""
-// for none.
-func sqlState(err error) string {
-	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) {
-		return pe.Code
-	}
-	return ""
 }
 
 // describe makes a command's error clear: the jar's failures as in
@@ -609,7 +594,8 @@ func (s *session) describe(err error) error {
 // isStatementTimeout reports whether PostgreSQL cancelled a statement
 // that ran longer than its statement_timeout.
 func isStatementTimeout(err error) bool {
-	return sqlState(err) == "57014" // query_canceled
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014" // query_canceled
 }
 
 // isJarDeadline reports whether err is a jar's that wraps

@@ -172,7 +172,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 // for want of a privilege (SQLSTATE 42501, insufficient_privilege: CREATE
 // on the schema, or the ownership of a table to alter), and err otherwise.
 func Denied(err, privilege error, schema string) error {
-	if !insufficient(err) {
+	if !Insufficient(err) {
 		return err
 	}
 	return fmt.Errorf("%w in schema %s; open it once as a role that may, such as the schema's owner: %w",
@@ -185,7 +185,7 @@ func Denied(err, privilege error, schema string) error {
 // and err otherwise. Migrate takes the lock whether or not the schema is
 // current, so the role needs it on every Open.
 func (s Schema) lockDenied(err error) error {
-	if !insufficient(err) {
+	if !Insufficient(err) {
 		return err
 	}
 	return fmt.Errorf("%w: it may not execute pg_catalog.pg_advisory_xact_lock(bigint), the lock under which "+
@@ -258,9 +258,9 @@ func Grants(query func(stmt string, args ...any) func(dest ...any) error, privil
 	return nil
 }
 
-// insufficient reports whether err is the server's SQLSTATE 42501,
+// Insufficient reports whether err is the server's SQLSTATE 42501,
 // insufficient_privilege.
-func insufficient(err error) bool {
+func Insufficient(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
@@ -344,7 +344,7 @@ func (s Schema) version(ctx context.Context, q querier, schema string) (v int, e
 	}
 	table := pgx.Identifier{schema, s.Table}.Sanitize()
 	err = q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+table).Scan(&v)
-	if insufficient(err) {
+	if Insufficient(err) {
 		// A role granted the tables it writes but not this one: it is
 		// read on every Open, current schema or not.
 		return 0, true, fmt.Errorf("%w: it may not SELECT on %s, which records the schema's version; GRANT SELECT ON %s to the role: %w",
