@@ -1711,17 +1711,27 @@ func TestLastErrorStorable(t *testing.T) {
 // TestLastErrorHidesURLPasswords: a base transport's error that quotes a
 // URL with its password (net/http's for a malformed HTTPS_PROXY, a
 // *url.Error of a transport that does not mask it) is stored as LastError
-// and logged with the password masked, as url.URL.Redacted masks it; the
+// and logged with the password masked, as url.URL.Redacted masks it (and
+// the user name, where an API key stands there with no password); the
 // call returns the base's error itself, for errors.Is and errors.As, in a
 // *PendingError whose message masks it too, as a program prints it.
 func TestLastErrorHidesURLPasswords(t *testing.T) {
 	const pw = "s3cretPW"
 	proxy := "http://ops:" + pw + "%zz@proxy.internal:3128"
-	for _, baseErr := range []error{
+	for _, tc := range []struct {
+		baseErr error
+		secret  string
+		want    string
+	}{
 		// As net/http words it, url.Parse's error after its own.
-		fmt.Errorf(`invalid proxy address %q: parse %q: invalid URL escape "%%zz"`, proxy, proxy),
-		&url.Error{Op: "Post", URL: "https://ops:" + pw + "@api.example.test/v1/charges", Err: io.ErrUnexpectedEOF},
+		{fmt.Errorf(`invalid proxy address %q: parse %q: invalid URL escape "%%zz"`, proxy, proxy), pw, "ops:xxxxx@"},
+		{&url.Error{Op: "Post", URL: "https://ops:" + pw + "@api.example.test/v1/charges", Err: io.ErrUnexpectedEOF}, pw, "ops:xxxxx@"},
+		// An API key as the user name, its password empty, as http.Client
+		// quotes it (*** for the empty password): the user name is masked.
+		{&url.Error{Op: "Post", URL: "https://sk_live_4f1d9a:***@api.example.test/v1/charges", Err: io.ErrUnexpectedEOF}, "sk_live_4f1d9a", "//xxxxx:xxxxx@"},
+		{&url.Error{Op: "Post", URL: "https://ghp_4f1d9a@api.example.test/v1/charges", Err: io.ErrUnexpectedEOF}, "ghp_4f1d9a", "//xxxxx@"},
 	} {
+		baseErr, pw := tc.baseErr, tc.secret
 		var logs bytes.Buffer
 		jar := &idem.MemoryJar{}
 		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{MaxAttempts: 1},
@@ -1732,15 +1742,15 @@ func TestLastErrorHidesURLPasswords(t *testing.T) {
 		if !errors.Is(err, idem.ErrPending) || !errors.Is(err, baseErr) {
 			t.Fatalf("got %v; want pending, wrapping the base's error", err)
 		}
-		if strings.Contains(err.Error(), pw) || !strings.Contains(err.Error(), "ops:xxxxx@") {
-			t.Errorf("the call's error %q; want the URL's password masked in its message, ops:xxxxx@", err)
+		if strings.Contains(err.Error(), pw) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("the call's error %q; want the URL's secret masked in its message, %s", err, tc.want)
 		}
 		r, _ := jar.Get(ctx, "op")
-		if strings.Contains(r.LastError, pw) || !strings.Contains(r.LastError, "ops:xxxxx@") {
-			t.Errorf("LastError %q; want the URL's password masked, ops:xxxxx@", r.LastError)
+		if strings.Contains(r.LastError, pw) || !strings.Contains(r.LastError, tc.want) {
+			t.Errorf("LastError %q; want the URL's secret masked, %s", r.LastError, tc.want)
 		}
-		if strings.Contains(logs.String(), pw) || !strings.Contains(logs.String(), "ops:xxxxx@") {
-			t.Errorf("logged:\n%s\nwant the URL's password masked, ops:xxxxx@", logs.String())
+		if strings.Contains(logs.String(), pw) || !strings.Contains(logs.String(), tc.want) {
+			t.Errorf("logged:\n%s\nwant the URL's secret masked, %s", logs.String(), tc.want)
 		}
 	}
 }

@@ -151,6 +151,48 @@ func TestStatusErrorHidesUserinfo(t *testing.T) {
 	}
 }
 
+// An API key given as a URL's user name, with an empty password (Stripe's
+// "https://sk_live_…:@host") or none ("https://TOKEN@host"), is the
+// secret: net/http writes "***" for the empty password in its errors and
+// leaves the user name, which a *StatusError's URL, a failed call's
+// *url.Error and a URL that does not parse then carried; they show
+// "xxxxx" for it.
+func TestTokenAsUserNameHidden(t *testing.T) {
+	const token = "sk_test_4f1d9a_USERNAME"
+	for _, u := range []string{"http://" + token + ":@shop.test/charges", "http://" + token + "@shop.test/charges"} {
+		s := newShop()
+		s.failNext(400)
+		c := newClient(t, s, nil)
+		_, err := c.PostJSON(context.Background(), "charge:o1", u, chargeReq{Order: "o1", Amount: 100}, nil)
+		var se *client.StatusError
+		if !errors.As(err, &se) || se.StatusCode != 400 {
+			t.Fatalf("%s: got %v; want a *StatusError 400", u, err)
+		}
+		if strings.Contains(err.Error(), token) || !strings.Contains(se.URL, "xxxxx") || !strings.Contains(se.URL, "shop.test/charges") {
+			t.Errorf("%s: StatusError %q, URL %q; want the user name masked", u, err, se.URL)
+		}
+
+		c = newClient(t, s, &client.Options{Policy: retry.Policy{MaxAttempts: 1},
+			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) { return nil, io.ErrUnexpectedEOF })})
+		_, err = c.PostJSON(context.Background(), "charge:o2", u, chargeReq{Order: "o2", Amount: 100}, nil)
+		var ue *url.Error
+		if !errors.As(err, &ue) || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("%s: got %v; want http.Client's *url.Error of the base's error", u, err)
+		}
+		if strings.Contains(err.Error(), token) || !strings.Contains(ue.URL, "xxxxx@shop.test") {
+			t.Errorf("%s: %q (URL %q); want the user name masked", u, err, ue.URL)
+		}
+
+		_, err = c.PostJSON(context.Background(), "charge:o3", u+"/%zz", chargeReq{Order: "o3", Amount: 100}, nil)
+		if !errors.As(err, &ue) || ue.Op != "parse" {
+			t.Fatalf("%s: got %v; want url.Parse's *url.Error", u, err)
+		}
+		if strings.Contains(err.Error(), token) || !strings.Contains(ue.URL, "xxxxx") {
+			t.Errorf("%s: %q (URL %q); want the user name masked", u, err, ue.URL)
+		}
+	}
+}
+
 // A URL that does not parse is PostJSON's error, as http.NewRequest's
 // *url.Error, which quotes the URL as given: its password is masked there
 // too, and the error is still that *url.Error, naming what is wrong. So is
@@ -399,24 +441,27 @@ func TestResumeCredentialsCheckedOnItsOwnRequest(t *testing.T) {
 // the *idem.PendingError and the log, are masked in the errors Do and
 // PostJSON return too: a *StatusError's URL, and the *url.Error that
 // http.Client wraps around the others (whose password it masks as ***,
-// now xxxxx as everywhere else), for a URL that does not parse as well.
+// now xxxxx as everywhere else, with the user name, which may be the
+// secret where *** stands for an empty password), for a URL that does not
+// parse as well.
 func TestQuerySecretsMaskedInErrors(t *testing.T) {
 	const query = "?api_key=SEKRIT_1&token=SEKRIT_2&order=o1"
 	unavailable := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
 	failing := roundTripFunc(func(r *http.Request) (*http.Response, error) { r.Body.Close(); return nil, errors.New("no route") })
 	for _, tc := range []struct {
-		name string
-		c    *client.Client
-		url  string
+		name     string
+		c        *client.Client
+		url      string
+		userinfo string
 	}{
-		{"503", newClient(t, unavailable, nil), "https://shop:pw_4711@shop.test/charges" + query},
-		{"no answer", newClient(t, nil, &client.Options{Base: failing}), "https://shop:pw_4711@shop.test/charges" + query},
-		{"a URL that does not parse", newClient(t, unavailable, nil), "https://shop:pw_4711@shop.test/%zz" + query},
+		{"503", newClient(t, unavailable, nil), "https://shop:pw_4711@shop.test/charges" + query, "shop:xxxxx@"},
+		{"no answer", newClient(t, nil, &client.Options{Base: failing}), "https://shop:pw_4711@shop.test/charges" + query, "xxxxx:xxxxx@"},
+		{"a URL that does not parse", newClient(t, unavailable, nil), "https://shop:pw_4711@shop.test/%zz" + query, "shop:xxxxx@"},
 	} {
 		_, err := tc.c.PostJSON(context.Background(), "charge:"+tc.name, tc.url, chargeReq{Order: "o1", Amount: 100}, nil)
 		msg := fmt.Sprint(err)
 		if err == nil || strings.Contains(msg, "SEKRIT") || strings.Contains(msg, "pw_4711") ||
-			!strings.Contains(msg, "shop:xxxxx@") || !strings.Contains(msg, "?api_key=xxxxx&token=xxxxx&order=o1") {
+			!strings.Contains(msg, "//"+tc.userinfo) || !strings.Contains(msg, "?api_key=xxxxx&token=xxxxx&order=o1") {
 			t.Errorf("%s: %q; want the password and the query's secrets masked as xxxxx, the order kept", tc.name, msg)
 		}
 		var se *client.StatusError

@@ -68,7 +68,8 @@ func Redacted(s, what string) string {
 
 // MaskURL returns s, one URL (a stored request's), fit to print: when it
 // parses, with its userinfo's password masked as url.URL.Redacted writes
-// it ("user:xxxxx@"), and the value of each query parameter whose name
+// it ("user:xxxxx@"), its user name too where that is the secret
+// (secretUser: "xxxxx@", "xxxxx:xxxxx@"), and the value of each query parameter whose name
 // says that it holds a secret (secretParam: "password", "sslpassword",
 // "api_key", "access_token", "X-Amz-Signature"…) as "xxxxx" (an empty
 // one stays empty); the rest as it is. Else it returns s as MaskPasswords
@@ -86,6 +87,15 @@ func MaskURL(s string) string {
 	head, query, hasQuery := strings.Cut(beforeFragment, "?")
 	if hasQuery {
 		query = maskQuery(query)
+	}
+	if password, _ := u.User.Password(); u.User != nil && secretUser(u.Scheme, password) {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword("xxxxx", "xxxxx")
+		} else {
+			u.User = url.User("xxxxx")
+		}
+		u.RawQuery = query
+		return u.String()
 	}
 	if _, ok := u.User.Password(); ok {
 		u.RawQuery = query
@@ -188,7 +198,9 @@ var paramSeparators = strings.NewReplacer("-", "", "_", "")
 // MaskPasswords returns s, a text that may quote URLs and connection
 // strings (an error's message), with each password in it replaced by
 // "xxxxx": a URL's, as url.URL.Redacted writes it
-// ("scheme://user:xxxxx@host", "//user:xxxxx@host" without a scheme), the
+// ("scheme://user:xxxxx@host", "//user:xxxxx@host" without a scheme), with
+// its user name where that is the secret (secretUser: "https://xxxxx@host",
+// "https://xxxxx:xxxxx@host"), the
 // value of a query parameter whose key holds "password" (?password=xxxxx,
 // &sslpassword=xxxxx), and a libpq key=value string's (password=xxxxx,
 // for a value in single quotes too); and the secrets of a URL's query as
@@ -239,8 +251,13 @@ func MaskPasswords(s string) string {
 		authority := s[start:end]
 		from = end - 1 // "///": the next "//" may begin at the second '/'
 		if at := strings.LastIndexByte(authority, '@'); at >= 0 {
+			user := at // the user name's end
 			if colon := strings.IndexByte(authority[:at], ':'); colon >= 0 {
 				masks = append(masks, [2]int{start + colon + 1, start + at})
+				user = colon
+			}
+			if user > 0 && secretUser(schemeBefore(s, start-len("//")), authority[min(user+1, at):at]) {
+				masks = append(masks, [2]int{start, start + user})
 			}
 			continue
 		}
@@ -613,8 +630,42 @@ func (x *pieceIndex) has(u string) bool {
 	return len(x.index.Lookup(x.buf, 1)) > 0
 }
 
+// secretUser reports whether the user name of a URL of scheme whose
+// userinfo holds password ("" for none) is a secret too:
+// in an http, https, ws or wss URL, one without a password or with an
+// empty one, where an API takes a token for the user name (Stripe's
+// "sk_live_…:", "https://TOKEN@host"), or with the password "***", which
+// net/http's errors write for an empty password as for any other. A
+// PostgreSQL URL's user name is a role's, which its errors name too.
+func secretUser(scheme, password string) bool {
+	switch strings.ToLower(scheme) {
+	case "http", "https", "ws", "wss":
+		return password == "" || password == "***"
+	}
+	return false
+}
+
+// schemeBefore returns the scheme before s[i:], "//…", as "https" of
+// "https://…", or "" for none.
+func schemeBefore(s string, i int) string {
+	i-- // the ':'
+	if i < 1 || s[i] != ':' {
+		return ""
+	}
+	j := i
+	for j > 0 && isSchemeByte(s[j-1]) {
+		j--
+	}
+	return s[j:i]
+}
+
+func isSchemeByte(c byte) bool {
+	return isKeyByte(c) && c != '_' || c == '+' || c == '-' || c == '.'
+}
+
 // MaskURLError masks, in ue, url.Parse's error for s, the password of s's
-// userinfo: "xxxxx" in its URL, as url.URL.Redacted writes it, and in its
+// userinfo, and its user name where that is the secret (secretUser):
+// "xxxxx" in its URL, as url.URL.Redacted writes it, and in its
 // Err, which may quote a piece of it (an escape that is not one; a port,
 // below). The URL is masked from s, whole: url.Parse's error quotes only
 // what precedes a '#'. The userinfo is what url.Parse takes for it: the
@@ -642,15 +693,24 @@ func MaskURLError(ue *url.Error, s string) {
 		return
 	}
 	user, password, hasPassword := strings.Cut(rest[:at], ":")
-	if !hasPassword {
+	var secrets []string
+	if secretUser(scheme, password) && user != "" {
+		secrets = append(secrets, user)
+		user = "xxxxx"
+	}
+	if hasPassword {
+		secrets = append(secrets, password)
+		password = ":xxxxx"
+	}
+	if len(secrets) == 0 {
 		return
 	}
-	ue.URL = scheme + "://" + user + ":xxxxx" + rest[at:]
+	ue.URL = scheme + "://" + user + password + rest[at:]
 	if ue.Err == nil {
 		return
 	}
 	msg := ue.Err.Error()
-	if masked := maskPieces(msg, []string{password}); masked != msg {
+	if masked := maskPieces(msg, secrets); masked != msg {
 		ue.Err = errors.New(masked)
 	}
 }

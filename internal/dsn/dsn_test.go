@@ -51,6 +51,9 @@ func TestMaskURL(t *testing.T) {
 		{"https://api.example/v1/charges", "https://api.example/v1/charges"},
 		{"https://api.example/users/a@b?order=o1", "https://api.example/users/a@b?order=o1"},
 		{"https://ops:s3cret@api.example/v1", "https://ops:xxxxx@api.example/v1"},
+		{"https://sk_live_4f1d:@api.example/v1?order=o1", "https://xxxxx:xxxxx@api.example/v1?order=o1"},
+		{"https://ghp_T0ken@api.example/v1?token=s3cret", "https://xxxxx@api.example/v1?token=xxxxx"},
+		{"postgres://app@db/x", "postgres://app@db/x"},
 		{"https://api.example/v1?password=s3cret&order=o1", "https://api.example/v1?password=xxxxx&order=o1"},
 		{"https://api.example/v1?sslpassword=s3cret", "https://api.example/v1?sslpassword=xxxxx"},
 		{"https://api.example/v1?api_key=s3cret&key=s3cret&access_token=s3cret", "https://api.example/v1?api_key=xxxxx&key=xxxxx&access_token=xxxxx"},
@@ -83,8 +86,16 @@ func TestMaskURL(t *testing.T) {
 func TestMaskPasswords(t *testing.T) {
 	masks{
 		{"https://ops:s3cret@api.example/v1", "https://ops:xxxxx@api.example/v1"},
-		{"https://ops:@api.example", "https://ops:xxxxx@api.example"},
-		{"https://ops@api.example/a:b@c", "https://ops@api.example/a:b@c"},
+		// A user name without a password, or with an empty one, is a
+		// token in an HTTP URL (Stripe's "sk_live_…:"), and so where
+		// net/http's error wrote "***" for the password, as it does for an
+		// empty one; a PostgreSQL URL's is a role's.
+		{"https://ops:@api.example", "https://xxxxx:xxxxx@api.example"},
+		{"https://ops@api.example/a:b@c", "https://xxxxx@api.example/a:b@c"},
+		{`Post "https://sk_live_4f1d:***@api.example/v1": EOF`, `Post "https://xxxxx:xxxxx@api.example/v1": EOF`},
+		{"a WSS://ghp_T0ken@host/x b", "a WSS://xxxxx@host/x b"},
+		{"postgres://app@db/x postgres://app:@db/x", "postgres://app@db/x postgres://app:xxxxx@db/x"},
+		{"ftp://anonymous@files/x git+ssh://git@host/r", "ftp://anonymous@files/x git+ssh://git@host/r"},
 		{"https://api.example/v1?to=a:b@c", "https://api.example/v1?to=a:b@c"},
 		{"no url: a:b@c", "no url: a:b@c"},
 		// The userinfo runs to the authority's last '@', as url.Parse

@@ -75,7 +75,8 @@ func FuzzRedacted(f *testing.F) {
 }
 
 // FuzzMaskPasswords: of a URL with a scheme and a password, url.Parse reads
-// the masked URL as the URL, its password as the mask. And whatever text
+// the masked URL as the URL, its password as the mask, and its user name
+// as the mask too where that is the secret (secretUser). And whatever text
 // quotes a password, in a URL (quoted as %q quotes it, or not, with a
 // scheme or without), a PostgreSQL URL's query (as pgx quotes it, in
 // backquotes) or a libpq key=value string, the masked text does not hold
@@ -195,8 +196,12 @@ func maskedURL(t *testing.T, s string) {
 	if pw, has := out.User.Password(); has != had || (had && pw != "xxxxx") {
 		t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads the password %q; want xxxxx", s, m, pw)
 	}
-	if out.Scheme != in.Scheme || out.User.Username() != in.User.Username() || out.Host != in.Host {
+	user := in.User.Username()
+	if password, _ := in.User.Password(); user != "" && secretUser(in.Scheme, password) {
+		user = "xxxxx"
+	}
+	if out.Scheme != in.Scheme || out.User.Username() != user || out.Host != in.Host {
 		t.Fatalf("MaskPasswords(%q) = %q: url.Parse reads %s://%s@%s; from the URL %s://%s@%s", s, m,
-			out.Scheme, out.User.Username(), out.Host, in.Scheme, in.User.Username(), in.Host)
+			out.Scheme, out.User.Username(), out.Host, in.Scheme, user, in.Host)
 	}
 }
