@@ -172,8 +172,8 @@
 // sends the URL as it is, its userinfo as Basic credentials. So too a
 // URL's query parameters whose names say they hold a secret, as a header's
 // name says it to idem.SecretHeader (password, sslpassword, api_key,
-// access_token, X-Amz-Signature…), and sig, pwd, pass, passcode, pin,
-// otp, totp and code, but not an
+// access_token, X-Amz-Signature…), and sig, pwd, pw, pass, passcode, pin,
+// otp, totp, code, sid, bearer, creds and ticket, but not an
 // idempotency key's (idempotency_key): list, show and export print their
 // values as xxxxx, in the URL and where its last error quotes it; the jar
 // keeps them (a resume needs the URL as it was), and resume sends them.

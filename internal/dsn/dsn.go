@@ -162,9 +162,10 @@ func queryMasks(masks [][2]int, s string, from, to int) [][2]int {
 // URL holds it) holds a secret: its name, decoded as url.ParseQuery decodes
 // it (where an escape is bad, the others still decoded) and trimmed, is a secret's as secrethdr.Is says it of a header's name
 // ("password", "api_key", "access_token", "X-Amz-Signature"…), or one
-// that says it in a query alone ("sig", an Azure SAS's signature; "pwd";
-// "pass"; "passcode", "pin", "otp", "totp"; "code", an OAuth
-// authorization code, as a name of its own, not country_code); but not
+// that says it in a query alone ("sig", an Azure SAS's signature; "pwd",
+// "pw"; "pass"; "passcode", "pin", "otp", "totp"; "code", an OAuth
+// authorization code, as a name of its own, not country_code; "sid", a
+// session's id; "bearer", "creds", "ticket"); but not
 // the idempotency key's, however it is spelt
 // (idempotency_key, idempotencyKey): a jar keeps it, and idemctl and a
 // *PendingError print it.
@@ -186,7 +187,7 @@ func secretParam(key string) bool {
 	switch strings.ToLower(paramSeparators.Replace(name)) {
 	case "idempotencykey":
 		return false
-	case "sig", "pwd", "pass", "passcode", "pin", "otp", "totp", "code":
+	case "sig", "pwd", "pw", "pass", "passcode", "pin", "otp", "totp", "code", "sid", "bearer", "creds", "ticket":
 		return true
 	}
 	return secrethdr.Is(name)

@@ -75,6 +75,9 @@ func TestMaskURL(t *testing.T) {
 		// One-time codes and PINs, and an OAuth authorization code; a name
 		// that merely ends in code is not one.
 		{"https://api.example/cb?code=s3cret&OTP=123456&pin=1234&passcode=s3cret&totp=654321&country_code=FR", "https://api.example/cb?code=xxxxx&OTP=xxxxx&pin=xxxxx&passcode=xxxxx&totp=xxxxx&country_code=FR"},
+		// A session's id, a password's pw, a bearer token, credentials and
+		// a ticket (CAS's), each as a name of its own.
+		{"https://api.example/v1?SID=s3cret&pw=s3cret&bearer=s3cret&creds=s3cret&ticket=ST-s3cret&side=left", "https://api.example/v1?SID=xxxxx&pw=xxxxx&bearer=xxxxx&creds=xxxxx&ticket=xxxxx&side=left"},
 		// The idempotency key, in any spelling, is no secret: a jar holds
 		// it and idemctl prints it. Names that merely hold a secret's word
 		// (author, monkey) are masked: see secretParam.
