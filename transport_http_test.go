@@ -877,12 +877,16 @@ func TestUnknownHostIsNotRetried(t *testing.T) {
 	}
 }
 
-// h2Refusing is the server side of an HTTP/2 connection with prior
+// h2Serve is the server side of an HTTP/2 connection with prior
 // knowledge (no TLS), framed by hand: it refuses the first refuse streams
 // with RST_STREAM REFUSED_STREAM, as a server that processed nothing of
-// them, and answers every later one 200. It returns, with the number of
-// requests (HEADERS frames) it got, when the connection is closed.
-func h2Refusing(conn net.Conn, refuse int) (requests int) {
+// them, and answers every later one 200. With goAway, it ends the
+// connection under the first of them instead, as http.Server's Shutdown
+// does when its deadline passes: GOAWAY naming the stream as received
+// (NO_ERROR), then the connection closed before the stream is answered.
+// It returns, with the number of requests (HEADERS frames) it got, when
+// the connection is closed.
+func h2Serve(conn net.Conn, refuse int, goAway bool) (requests int) {
 	// Frames are written by a goroutine of their own, as the client's are
 	// read by one: a net.Pipe holds no byte that its other end does not
 	// read at once.
@@ -890,6 +894,9 @@ func h2Refusing(conn net.Conn, refuse int) (requests int) {
 	go func() {
 		defer close(written)
 		for b := range out {
+			if b == nil {
+				conn.Close()
+			}
 			conn.Write(b) // an error: the connection ended, and so does the read
 		}
 	}()
@@ -900,6 +907,7 @@ func h2Refusing(conn net.Conn, refuse int) (requests int) {
 	}
 	const (
 		typeHeaders, typeRSTStream, typeSettings = 0x1, 0x3, 0x4
+		typeGoAway                               = 0x7
 		flagAck, flagEndStream, flagEndHeaders   = 0x1, 0x1, 0x4
 		refusedStream, status200                 = 0x7, 0x88 // an error code; HPACK's static entry 8, ":status: 200"
 	)
@@ -922,12 +930,42 @@ func h2Refusing(conn net.Conn, refuse int) (requests int) {
 			frame(typeSettings, flagAck, 0)
 		case h[3] == typeHeaders:
 			requests++
-			if requests <= refuse {
+			switch {
+			case requests <= refuse && goAway:
+				frame(typeGoAway, 0, 0, byte(stream>>24), byte(stream>>16), byte(stream>>8), byte(stream), 0, 0, 0, 0)
+				out <- nil // the connection closed once the GOAWAY is written; its reads end
+			case requests <= refuse:
 				frame(typeRSTStream, 0, stream, 0, 0, 0, refusedStream)
-			} else {
+			default:
 				frame(typeHeaders, flagEndHeaders|flagEndStream, stream, status200)
 			}
 		}
+	}
+}
+
+// h2Pipes returns an HTTP/2 transport (prior knowledge, no TLS) whose
+// every connection is a net.Pipe that h2Serve serves, its refuse and
+// goAway given by how for the connection's index (0 for the first
+// dialled), and served, which closes the connections and returns how many
+// there were and the requests they got. Dials come one at a time, as a
+// single call makes them.
+func h2Pipes(how func(i int) (refuse int, goAway bool)) (*http.Transport, func() (conns, requests int)) {
+	var servers []net.Conn
+	done := make(chan int, 16)
+	base := &http.Transport{Protocols: new(http.Protocols), DialContext: func(context.Context, string, string) (net.Conn, error) {
+		client, server := net.Pipe()
+		refuse, goAway := how(len(servers))
+		servers = append(servers, server)
+		go func() { done <- h2Serve(server, refuse, goAway) }()
+		return client, nil
+	}}
+	base.Protocols.SetUnencryptedHTTP2(true)
+	return base, func() (conns, requests int) {
+		for _, c := range servers {
+			c.Close()
+			requests += <-done
+		}
+		return len(servers), requests
 	}
 }
 
@@ -950,15 +988,7 @@ func TestHTTP2SendsAnAttemptAgain(t *testing.T) {
 		{refuse: 100, requests: 8, waits: 63 * time.Second},
 	} {
 		synctest.Test(t, func(t *testing.T) {
-			var servers []net.Conn // one dial at a time: no lock
-			served := make(chan int, 16)
-			base := &http.Transport{Protocols: new(http.Protocols), DialContext: func(context.Context, string, string) (net.Conn, error) {
-				client, server := net.Pipe()
-				servers = append(servers, server)
-				go func() { served <- h2Refusing(server, tt.refuse) }()
-				return client, nil
-			}}
-			base.Protocols.SetUnencryptedHTTP2(true)
+			base, served := h2Pipes(func(int) (int, bool) { return tt.refuse, false })
 			jar := &idem.MemoryJar{}
 			tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 1}}
 			req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, "http://payments.test/v1/charges", strings.NewReader(`{"amount":100}`))
@@ -968,11 +998,7 @@ func TestHTTP2SendsAnAttemptAgain(t *testing.T) {
 			if resp != nil {
 				resp.Body.Close()
 			}
-			requests := 0
-			for _, c := range servers {
-				c.Close()
-				requests += <-served
-			}
+			_, requests := served()
 			tr.CloseIdleConnections()
 			rec, _ := jar.Get(context.Background(), "charge")
 			if tt.status != 0 && (err != nil || resp.StatusCode != tt.status) || tt.status == 0 && !errors.Is(err, idem.ErrPending) {
@@ -984,6 +1010,38 @@ func TestHTTP2SendsAnAttemptAgain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHTTP2GoAwayRetried: a server that shuts down past its deadline
+// (GOAWAY naming the stream as received, then the connection closed
+// unanswered) fails the attempt with net/http's "server sent GOAWAY and
+// closed the connection", which net/http does not send again itself: the
+// Transport retries it as a connection closed under an HTTP/1.1 request,
+// with the same key, on a new connection.
+func TestHTTP2GoAwayRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base, served := h2Pipes(func(i int) (int, bool) {
+			if i == 0 {
+				return 1, true // the first connection's stream alone
+			}
+			return 0, false
+		})
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Base: base, Jar: jar}
+		req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, "http://payments.test/v1/charges", strings.NewReader(`{"amount":100}`))
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("got %v; want the second attempt's 200", err)
+		}
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		conns, requests := served()
+		rec, _ := jar.Get(context.Background(), "charge")
+		if resp.StatusCode != http.StatusOK || conns != 2 || requests != 2 || rec.Attempts != 2 || rec.State != idem.StateDone {
+			t.Fatalf("got %s over %d connections, %d requests, the record %s after %d attempts; want 200 over 2, 2 requests, done after 2",
+				resp.Status, conns, requests, rec.State, rec.Attempts)
+		}
+	})
 }
 
 // refresher is a RoundTripper in the way of an OAuth2 client's: it adds

@@ -71,8 +71,9 @@ func (d Decision) String() string {
 // Errors are classified by type: context.Canceled stops; a net.Error
 // (timeouts included, so an attempt's own deadline retries), io.EOF,
 // io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, an
-// HTTP/2 stream reset (RST_STREAM) and an HTTP/2 connection lost or closed
-// under the request retry; any other error (a bad URL, a TLS certificate)
+// HTTP/2 stream reset (RST_STREAM), an HTTP/2 connection lost or closed
+// under the request, and one the server ended with a GOAWAY (a shutdown
+// past its deadline, or shedding load) retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
 // a TLS version refused), although crypto/tls makes it a net.Error, and a
 // *net.AddrError (a URL whose port is above 65535, which no dial can
@@ -194,8 +195,14 @@ func classifyError(err error) Decision {
 		}
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
-		if _, ok := http2ConnErrors[e.Error()]; ok {
+		msg := e.Error()
+		if _, ok := http2ConnErrors[msg]; ok {
 			return Retry
+		}
+		for _, p := range http2GoAways {
+			if strings.HasPrefix(msg, p) {
+				return Retry
+			}
 		}
 	}
 	return Stop
@@ -221,6 +228,21 @@ var http2ConnErrors = map[string]struct{}{
 	"http2: client conn could not be established": {},
 	// The connection closed while the request's body was being written.
 	"http2: client conn is closed": {},
+}
+
+// http2GoAways begin the messages of the errors that net/http's HTTP/2
+// transport fails a request with when the server ends the connection with
+// a GOAWAY, which it does not send again itself: a GOAWAY naming the
+// stream as received, then the connection closed unanswered (http.Server's
+// Shutdown past its deadline: a rolling deploy), and a GOAWAY with an
+// error code on a new connection's first stream (ENHANCE_YOUR_CALM, a
+// server shedding load). Each is of a type of its own, unexported, whose
+// message holds the stream's and the code's figures; with the key, a
+// retry is safe, as for the same fault over HTTP/1.1.
+var http2GoAways = []string{
+	"http2: server sent GOAWAY and closed the connection",
+	"http2: Transport received GOAWAY from server",
+	"http2: Transport received Server's graceful shutdown GOAWAY",
 }
 
 // http2StreamError has the fields of net/http's (unexported) HTTP/2

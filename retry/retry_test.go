@@ -86,6 +86,8 @@ func TestClassify(t *testing.T) {
 		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
 		{"HTTP/2 connection closed before its first request", nil, errors.New("http2: client conn could not be established"), retry.Retry},
 		{"HTTP/2 connection closed under the body", nil, fmt.Errorf("send: %w", errors.New("http2: client conn is closed")), retry.Retry},
+		{"HTTP/2 GOAWAY, then the connection closed", nil, errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug=""`), retry.Retry},
+		{"HTTP/2 GOAWAY with an error code", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: Transport received GOAWAY from server ErrCode:ENHANCE_YOUR_CALM")}, retry.Retry},
 		{"HTTP/2 connection text inside another message", nil, errors.New("proxy said: http2: client connection lost"), retry.Stop},
 		{"HTTP/2 connection closed by the program", nil, errors.New("http2: client connection force closed via ClientConn.Close"), retry.Stop},
 	}
