@@ -256,6 +256,16 @@ func (e *PendingError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrPending.
 func (e *PendingError) Is(target error) bool { return target == ErrPending }
 
+// Timeout reports whether the call stopped on a timeout: Err, or an error
+// it wraps, says so by its Timeout method (a context's deadline, an
+// attempt's, a dial's or a read's). http.Client's *url.Error asks the error
+// it wraps, and os.IsTimeout asks it: they say of a call through the
+// Transport what they say of one through net/http.
+func (e *PendingError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.Err, &t) && t.Timeout()
+}
+
 // JarError is returned by Transport.RoundTrip when the jar fails before the
 // send: nothing is sent (fail closed). A record the failing Begin may have
 // written all the same is abandoned, so that no resume sends it; the next

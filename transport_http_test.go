@@ -16,11 +16,13 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1235,6 +1237,52 @@ func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
 			if !strings.Contains(err.Error(), fmt.Sprintf("%q", pe.Op)) {
 				t.Errorf("%q does not name the operation", err)
 			}
+		})
+	}
+}
+
+// TestPendingErrorTimeout: a call through the Transport that stops on a
+// timeout is one to net.Error's Timeout and os.IsTimeout, as a call
+// through net/http alone is (http.Client's *url.Error asks the error it
+// wraps): the caller's deadline during an attempt or during the wait
+// between two, and an attempt's own (Policy.AttemptTimeout) on the last
+// attempt; a connection reset is not one.
+func TestPendingErrorTimeout(t *testing.T) {
+	hanging := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	})
+	unavailable := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"20"}}, Body: http.NoBody, Request: r}, nil
+	})
+	reset := roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, syscall.ECONNRESET })
+	for _, tc := range []struct {
+		name    string
+		base    http.RoundTripper
+		policy  retry.Policy
+		timeout bool
+	}{
+		{"the deadline during an attempt", hanging, retry.Policy{}, true},
+		{"the deadline during a wait", unavailable, retry.Policy{}, true},
+		{"the attempt's own timeout", hanging, retry.Policy{MaxAttempts: 1, AttemptTimeout: time.Second}, true},
+		{"a reset", reset, retry.Policy{MaxAttempts: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(idem.WithOperation(t.Context(), "charge"), 10*time.Second)
+				defer cancel()
+				hc := &http.Client{Transport: &idem.Transport{Base: tc.base, Jar: &idem.MemoryJar{}, Policy: tc.policy}}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://payments.test/v1/charges", strings.NewReader(`{}`))
+				resp, err := hc.Do(req)
+				if err == nil {
+					resp.Body.Close()
+					t.Fatalf("got %s; want an error", resp.Status)
+				}
+				var ne net.Error
+				if !errors.Is(err, idem.ErrPending) || !errors.As(err, &ne) || ne.Timeout() != tc.timeout || os.IsTimeout(err) != tc.timeout {
+					t.Errorf("%v: Timeout %v, os.IsTimeout %v; want pending, a timeout: %v", err, ne != nil && ne.Timeout(), os.IsTimeout(err), tc.timeout)
+				}
+			})
 		})
 	}
 }
