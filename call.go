@@ -793,7 +793,11 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	resp, err := c.roundTrip(c.attempt(actx, rc))
 	if err == nil {
 		if timer.Stop() {
-			resp.Body = body.OnClose(resp.Body, cancel)
+			if resp.Body == http.NoBody {
+				cancel() // nothing to read, and NoBody stays itself, as callers compare it
+			} else {
+				resp.Body = body.OnClose(resp.Body, cancel)
+			}
 			return resp, nil
 		}
 		// The timer fired as the headers came: the attempt's context is

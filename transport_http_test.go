@@ -1286,3 +1286,45 @@ func TestPendingErrorTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestAttemptContextEndsWithTheBody: under Policy.AttemptTimeout, the
+// context of the attempt that got the answer ends when its body is
+// closed, or read to its end, as net/http stops http.Client.Timeout's
+// timer: a caller that reads a body whole and never closes it holds
+// nothing until the context it gave ends. An answer without a body keeps
+// http.NoBody, which callers compare against, and ends it at once.
+func TestAttemptContextEndsWithTheBody(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		body   io.ReadCloser
+		use    func(io.ReadCloser)
+		noBody bool
+	}{
+		{"NoBody", http.NoBody, func(io.ReadCloser) {}, true},
+		{"read to its end", io.NopCloser(strings.NewReader(`{"id":"ch_1"}`)), func(b io.ReadCloser) { io.Copy(io.Discard, b) }, false},
+		{"closed unread", io.NopCloser(strings.NewReader(`{"id":"ch_1"}`)), func(b io.ReadCloser) { b.Close() }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var attempt context.Context
+			base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				attempt = r.Context()
+				return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: tc.body, Request: r}, nil
+			})
+			tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{}, Policy: retry.Policy{AttemptTimeout: time.Hour}}
+			resp, err := post(t, context.Background(), tr, `{}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (resp.Body == http.NoBody) != tc.noBody {
+				t.Errorf("Body %T; want http.NoBody: %v", resp.Body, tc.noBody)
+			}
+			if !tc.noBody && attempt.Err() != nil {
+				t.Fatalf("the attempt's context ended before its body was used: %v", attempt.Err())
+			}
+			tc.use(resp.Body)
+			if attempt.Err() == nil {
+				t.Errorf("the attempt's context is still live")
+			}
+		})
+	}
+}

@@ -94,10 +94,15 @@ func readAtMost(ctx context.Context, r io.Reader, limit, size int64) ([]byte, er
 	}
 }
 
-// OnClose wraps rc so that fn runs once, after rc is closed. It is used to
-// release an attempt's context with its response body. An rc that is also
-// an io.Writer (the Body of a 101 Switching Protocols answer, the upgraded
-// connection) is wrapped in an io.ReadWriteCloser that writes to it.
+// OnClose wraps rc so that fn runs once, after rc is closed or read to its
+// end (io.EOF), as net/http stops http.Client.Timeout's timer: it is used
+// to release an attempt's context with its response body, which a caller
+// that reads a body whole and never closes it would otherwise hold until
+// the context it derives from ends. An rc that is also an io.Writer (the
+// Body of a 101 Switching Protocols answer, the upgraded connection) is
+// wrapped in an io.ReadWriteCloser that writes to it, and runs fn only
+// once closed: the connection stays open to writes after its peer ended
+// its own.
 func OnClose(rc io.ReadCloser, fn func()) io.ReadCloser {
 	c := &onClose{ReadCloser: rc, fn: fn}
 	if w, ok := rc.(io.Writer); ok {
@@ -113,10 +118,20 @@ type onCloseWriter struct {
 
 func (c *onCloseWriter) Write(p []byte) (int, error) { return c.w.Write(p) }
 
+func (c *onCloseWriter) Read(p []byte) (int, error) { return c.onClose.ReadCloser.Read(p) }
+
 type onClose struct {
 	io.ReadCloser
 	fn   func()
 	once sync.Once
+}
+
+func (c *onClose) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	if err == io.EOF {
+		c.once.Do(c.fn)
+	}
+	return n, err
 }
 
 func (c *onClose) Close() error {
