@@ -86,7 +86,10 @@ var (
 	// or replaced, whose commits only Close writes into the jar file. A
 	// Begin that returns it committed nothing: the check comes before the
 	// commit. It is wrapped with the path, and with the error that found
-	// it missing (fs.ErrNotExist) when nothing is there.
+	// it missing (fs.ErrNotExist) when nothing is there. Open returns it
+	// for a path from which a jar this process still has open moved: its
+	// -wal and -shm files are still there, which SQLite would take for the
+	// files of a file opened at the path; close that jar first.
 	ErrMoved = errors.New("keyjar: jar file was removed, renamed or replaced while open")
 )
 

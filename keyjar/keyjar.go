@@ -385,6 +385,9 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if err != nil {
 		return nil, wrapf(err, "open %s", path)
 	}
+	if err := refuseMovedFrom(abs); err != nil {
+		return nil, err
+	}
 	if o.ReadOnly {
 		return openReadOnly(abs, o, h)
 	}
@@ -500,7 +503,61 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	j.queue = make(chan *job, o.MaxBatch)
 	j.done = make(chan struct{})
 	go j.commitLoop()
+	openJars.add(j)
 	return j, nil
+}
+
+// openJars is every jar this process has open for writing, by its path,
+// for refuseMovedFrom.
+var openJars = jarSet{m: make(map[string]map[*Jar]struct{})}
+
+type jarSet struct {
+	mu sync.Mutex
+	m  map[string]map[*Jar]struct{}
+}
+
+func (s *jarSet) add(j *Jar) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[j.path] == nil {
+		s.m[j.path] = make(map[*Jar]struct{})
+	}
+	s.m[j.path][j] = struct{}{}
+}
+
+func (s *jarSet) remove(j *Jar) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m[j.path], j)
+	if len(s.m[j.path]) == 0 {
+		delete(s.m, j.path)
+	}
+}
+
+// refuseMovedFrom returns ErrMoved when this process has a jar open for
+// writing whose path is abs's (after symbolic links) and whose file is no
+// longer there: removed, renamed or replaced while open. Its -wal and -shm
+// files are still at the path, holding what it committed since its last
+// checkpoint, and SQLite would take them for the files of whatever file
+// it opens there, reading the jar's pages for that file's and writing
+// over them. Its Close writes them into its file, wherever that went, and
+// leaves nothing at the path. (Another process's such jar is not known
+// here: SQLite's locks on the -shm file then fail the Open.)
+func refuseMovedFrom(abs string) error {
+	path := abs
+	if p, err := filepath.EvalSymlinks(abs); err == nil {
+		path = p
+	} else if d, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		path = filepath.Join(d, filepath.Base(abs))
+	}
+	openJars.mu.Lock()
+	defer openJars.mu.Unlock()
+	for j := range openJars.m[path] {
+		if sameFile(j.path, j.file) != nil {
+			return fmt.Errorf("%w: %s: a jar this process opened there is still open, its -wal and -shm files still at the path: close it first", ErrMoved, path)
+		}
+	}
+	return nil
 }
 
 // openReaders opens the pool of readConns query_only connections to the
@@ -812,6 +869,7 @@ func (j *Jar) Close() error {
 	if cerr := j.closeDBs(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
+	openJars.remove(j)
 	if err != nil {
 		return wrapf(err, "close %s", j.path)
 	}

@@ -4,6 +4,7 @@ package keyjar_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -98,6 +99,71 @@ func TestFileMovedWhileOpen(t *testing.T) {
 					t.Errorf("the record whose Begin returned ErrMoved, in the file where the jar went: key %q, %v; want ErrNotFound", r.Key, err)
 				}
 			})
+		})
+	}
+}
+
+// TestOpenWhereAnOpenJarMoved: a jar of this process whose file was
+// renamed, or replaced by another, while it is open keeps its -wal and
+// -shm files at the path, holding what it committed since its last
+// checkpoint; SQLite takes them for the files of whatever file is opened
+// at the path. An Open of the path, for writing or for reading, is
+// refused with ErrMoved while that jar is open, and nothing at the path
+// changes; once it is closed, which writes what it committed into its
+// file wherever it went, the path opens as the file now there, with its
+// own records, and the moved file keeps the jar's.
+func TestOpenWhereAnOpenJarMoved(t *testing.T) {
+	for _, replaced := range []bool{false, true} {
+		t.Run(fmt.Sprint("replaced ", replaced), func(t *testing.T) {
+			ctx := t.Context()
+			dir := t.TempDir()
+			path := filepath.Join(dir, "keys.db")
+			j := openPath(t, path, nil)
+			for _, op := range []string{"a", "b", "c"} {
+				if _, _, err := j.Begin(ctx, newRecord(op)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Rename(path, path+".old"); err != nil {
+				t.Fatal(err)
+			}
+			if replaced {
+				newJarFile(t, filepath.Join(dir, "other.db"))
+				if err := os.Rename(filepath.Join(dir, "other.db"), path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, opts := range []*keyjar.Options{nil, {ReadOnly: true}} {
+				if j2, err := keyjar.Open(ctx, path, opts); !errors.Is(err, keyjar.ErrMoved) {
+					if err == nil {
+						j2.Close()
+					}
+					t.Fatalf("Open (%+v) of the path while the jar moved from it is open: %v; want ErrMoved", opts, err)
+				} else {
+					prefixOnce(t, "Open", err)
+				}
+			}
+			if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) == replaced {
+				t.Fatalf("the path after the refused Opens: %v; want it as it was", err)
+			}
+			if err := j.Close(); !errors.Is(err, keyjar.ErrMoved) {
+				t.Fatalf("Close: %v; want ErrMoved", err)
+			}
+			now := openPath(t, path, nil)
+			for _, op := range []string{"a", "b", "c"} {
+				if _, err := now.Get(ctx, op); !errors.Is(err, idem.ErrNotFound) {
+					t.Errorf("the file now at the path holds the moved jar's %q: %v", op, err)
+				}
+			}
+			if _, err := now.Get(ctx, "op"); (err == nil) != replaced {
+				t.Errorf("the file now at the path, its own record: %v; want it: %v", err, replaced)
+			}
+			old := openPath(t, path+".old", nil)
+			for _, op := range []string{"a", "b", "c"} {
+				if r, err := old.Get(ctx, op); err != nil || r.Key != "key-"+op {
+					t.Errorf("the moved file, record %q: key %q, %v; want key-%s", op, r.Key, err, op)
+				}
+			}
 		})
 	}
 }
