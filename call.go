@@ -341,6 +341,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 			return resp, nil
 		}
+		if err != nil {
+			if be := asBodyError(err); be != nil {
+				// The body's source failed as it was sent: every attempt
+				// reads it alike. The server got a body cut short, which it
+				// does not apply; the operation stays pending.
+				return nil, c.stop(ctx, be)
+			}
+		}
 		switch retry.Classify(resp, err) {
 		case retry.Final:
 			if c.t.Budget != nil {
@@ -847,7 +855,12 @@ func (c *call) openBody() (io.ReadCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n, ok := body.Len(rc); ok && n != c.body.size {
+	n, ok := body.Len(rc)
+	if !ok {
+		// A reader that may fail: its errors are told from the network's.
+		return &sourceReader{rc}, nil
+	}
+	if n != c.body.size {
 		// A reader GetBody gave before, read in part or whole: over HTTP/2
 		// net/http would send what is left of it, under the key, as the
 		// body of the declared length.
@@ -856,6 +869,38 @@ func (c *call) openBody() (io.ReadCloser, error) {
 			ErrRequestBody, n, c.body.size)
 	}
 	return rc, nil
+}
+
+// sourceReader is an attempt's body read from GetBody's reader, not from
+// memory: its read errors are bodyErrors, which the call tells from the
+// network's. net/http reports them as it sends the body, over HTTP/1.1 in
+// the *net.OpError of a write to the connection, which would retry.
+type sourceReader struct{ io.ReadCloser }
+
+func (r *sourceReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		err = &bodyError{err}
+	}
+	return n, err
+}
+
+// bodyError is an error of reading the request's body for an attempt: it
+// matches ErrRequestBody.
+type bodyError struct{ err error }
+
+func (e *bodyError) Error() string   { return ErrRequestBody.Error() + ": " + e.err.Error() }
+func (e *bodyError) Unwrap() []error { return []error{ErrRequestBody, e.err} }
+
+// asBodyError returns the bodyError in err's tree, or nil. (Its variable,
+// which errors.As takes the address of, is on the heap: only a failed
+// attempt pays for it.)
+func asBodyError(err error) *bodyError {
+	var be *bodyError
+	if errors.As(err, &be) {
+		return be
+	}
+	return nil
 }
 
 // attempt returns the request of one attempt, with ctx and the body rc: a

@@ -1328,3 +1328,57 @@ func TestAttemptContextEndsWithTheBody(t *testing.T) {
 		})
 	}
 }
+
+// failingReader fails every Read with err.
+type failingReader struct{ err error }
+
+func (r failingReader) Read([]byte) (int, error) { return 0, r.err }
+
+// TestBodySourceFailsWhileSent: a body that GetBody gives (not one of
+// memory) and that fails while an attempt sends it stops the call with
+// ErrRequestBody, in a *PendingError whose Err is the reader's error, over
+// HTTP/1.1 as over HTTP/2: it is not retried, as every attempt reads the
+// same source. (Over HTTP/1.1 net/http reports it as a write to the
+// connection, a *net.OpError, which a network fault is.) The server got a
+// body cut short; the operation stays pending.
+func TestBodySourceFailsWhileSent(t *testing.T) {
+	diskFault := errors.New("disk on fire")
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprint("HTTP/2 ", h2), func(t *testing.T) {
+			var requests atomic.Int32
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				requests.Add(1)
+				if _, err := io.Copy(io.Discard, r.Body); err != nil {
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			if h2 { // over TLS; HTTP/1.1 in clear, where net/http copies the body with the connection's ReadFrom
+				srv.EnableHTTP2 = true
+				srv.StartTLS()
+			} else {
+				srv.Start()
+			}
+			defer srv.Close()
+			jar := &idem.MemoryJar{}
+			tr := &idem.Transport{Base: srv.Client().Transport, Jar: jar, Policy: fastPolicy}
+			gets := 0
+			req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":100}`))
+			req.GetBody = func() (io.ReadCloser, error) {
+				if gets++; gets == 1 { // the fingerprint's read
+					return io.NopCloser(strings.NewReader(`{"amount":100}`)), nil
+				}
+				return io.NopCloser(io.MultiReader(strings.NewReader(`{"amo`), failingReader{diskFault})), nil
+			}
+			ctx := idem.WithOperation(context.Background(), "charge")
+			_, err := tr.RoundTrip(req.WithContext(ctx))
+			var pe *idem.PendingError
+			if !errors.As(err, &pe) || !errors.Is(err, idem.ErrRequestBody) || !errors.Is(pe.Err, diskFault) || pe.Attempts != 1 {
+				t.Fatalf("got %v (%d attempts); want a *PendingError of ErrRequestBody, its Err the reader's, after 1 attempt", err, pe.Attempts)
+			}
+			if rec, _ := jar.Get(ctx, "charge"); rec.State != idem.StatePending || rec.Attempts != 1 || requests.Load() > 1 {
+				t.Fatalf("record %s after %d attempts, %d requests at the server; want pending after 1, at most 1", rec.State, rec.Attempts, requests.Load())
+			}
+		})
+	}
+}
