@@ -45,8 +45,12 @@ import (
 // after the cursor. A record whose state changes between two pages is
 // listed, or not, as it is when its page is read.
 type Filter struct {
-	State State // only this state; "" means every state
-	Limit int   // at most this many; 0 or less means no limit
+	// State keeps only the records of this state; "" keeps every state.
+	// The jars of this module refuse one that is neither "" nor Valid
+	// (ErrInvalidRecord, keyjar.ErrInvalid, pgjar.ErrInvalid) rather than
+	// list nothing: "Pending" is a typo, not a state without records.
+	State State
+	Limit int // at most this many; 0 or less means no limit
 	// After keeps only the records strictly after this position in
 	// List's order; the zero Cursor keeps them all. Record.Cursor gives a
 	// record's position, and a Cursor with a Created and no Op (which no
@@ -630,6 +634,9 @@ func (j *MemoryJar) update(i uint32, m *memRecord, holder string, c Change) erro
 // of them without a limit, sorted); it decodes only the records it
 // returns. A page of 1000 of 300 000 records takes a walk of them all.
 func (j *MemoryJar) List(ctx context.Context, f Filter) ([]Record, error) {
+	if f.State != "" && !f.State.Valid() {
+		return nil, fmt.Errorf("%w: Filter.State %q is no state", ErrInvalidRecord, f.State)
+	}
 	return j.collect(ctx, f.After, f.Limit, func(_ uint32, m *memRecord) bool {
 		return f.State == "" || states[m.state] == f.State
 	})

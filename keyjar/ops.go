@@ -272,6 +272,9 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.readable(ctx); err != nil {
 		return nil, err
 	}
+	if f.State != "" && !f.State.Valid() {
+		return nil, fmt.Errorf("%w: list: Filter.State %q is no state", ErrInvalid, f.State)
+	}
 	if err := j.settle(ctx); err != nil {
 		return nil, wrapf(err, "list")
 	}

@@ -386,6 +386,11 @@ func testInvalid(t *testing.T, j Jar) {
 			}
 		}
 	}
+	for _, s := range []idem.State{"bogus", "Pending", "pending\x00"} {
+		if list, err := j.List(ctx, idem.Filter{State: s}); err == nil {
+			t.Errorf("List with the State %q: %d records, err = nil; want an error", s, len(list))
+		}
+	}
 	// Nothing changed.
 	all, err := j.List(ctx, idem.Filter{})
 	if err != nil || !slices.Equal(ops(all), []string{"gone", "op"}) {

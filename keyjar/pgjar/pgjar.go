@@ -936,8 +936,8 @@ func (j *Jar) List(ctx context.Context, f idem.Filter) ([]idem.Record, error) {
 	if err := j.check(ctx); err != nil {
 		return nil, wrapf(err, "list") // closed, whatever f holds
 	}
-	if storable("state", string(f.State)) != nil {
-		return nil, nil // Begin and Update refuse such a state
+	if f.State != "" && !f.State.Valid() {
+		return nil, fmt.Errorf("%w: list: Filter.State %q is no state", ErrInvalid, f.State)
 	}
 	if err := storable("After.Op", f.After.Op); err != nil {
 		return nil, wrapf(err, "list")
