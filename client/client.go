@@ -475,9 +475,10 @@ type Response struct {
 //     attempt's outcome is unknown; done or failed: one sent again for its
 //     saved answer). A call with an empty name refused at its only send
 //     is done: no call can name it to resume it; Err is nil.
-//   - Any of those four replayed (Idempotent-Replayed: true: the answer
-//     the server saved for the key, such as a handler's own 409): final,
-//     Err is nil and the operation is done.
+//   - A 408, 409, 429, 502, 503 or 504 replayed (Idempotent-Replayed:
+//     true: the answer the server saved for the key, such as a handler's
+//     own 409): final, Err is nil and the operation is done. (A 422 or a
+//     401 replayed is as above.)
 //
 // After Close, Do sends nothing and returns an error matching ErrClosed;
 // given a nil ctx, one matching ErrNilContext; given a nil req, one

@@ -82,8 +82,9 @@ func (e *CredentialsError) Error() string {
 // Is reports whether target is ErrCredentials.
 func (e *CredentialsError) Is(target error) bool { return target == ErrCredentials }
 
-// ErrOptions is returned by New for arguments that name no jar, or two:
-// neither a path nor Options.Jar, or both.
+// ErrOptions is returned by New for arguments that name no jar, or two
+// (neither a path nor Options.Jar, or both), and for an Options.Methods
+// that is empty but not nil, which would key no request.
 var ErrOptions = errors.New("client: invalid options")
 
 // ErrNilContext is returned, wrapped, by New and by every method of the
@@ -159,9 +160,10 @@ type StatusError struct {
 	// of a request the API will not process, which Body may say; Stored
 	// and Got are empty, the server does not say them), *ConflictError for 409 and *idem.PendingError for
 	// 408, 429, 502, 503 and 504 when the call's attempts or budget ran out,
-	// and *idem.PendingError for 401 and 407 when the operation is pending
-	// (the credentials were refused, the request not applied); nil
-	// otherwise.
+	// and *idem.PendingError for 401 and 407 (the credentials were refused,
+	// the request not applied), whose State is the operation's: pending, or
+	// done or failed for one sent again for its saved answer; but nil for a
+	// call without a name refused at its only send; nil otherwise.
 	Err error
 }
 
