@@ -198,10 +198,36 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		failed += notSent
 	}
 	if failed > 0 {
-		fmt.Fprintf(stdout, "%d order(s) not charged; run again to resume those left pending\n", failed)
+		fmt.Fprintf(stdout, "%d order(s) not charged", failed)
+		if n := leftPending(ctx, c, ids, resumed); n > 0 {
+			fmt.Fprintf(stdout, "; run again to resume the %d left pending", n)
+		}
+		fmt.Fprintln(stdout)
 		return 1
 	}
 	return 0
+}
+
+// leftPending returns how many of the orders ids, and of the operations a
+// run resumed, the jar holds pending: those a run again sends. One the
+// server refused (a 400) is done, and a run again only gets its answer
+// again. The jar is read even once ctx is done (an interrupted run).
+func leftPending(ctx context.Context, c *client.Client, ids []string, resumed map[string]bool) int {
+	ctx = context.WithoutCancel(ctx)
+	ops := make(map[string]bool, len(ids)+len(resumed))
+	for _, id := range ids {
+		ops[opPrefix+id] = true
+	}
+	for op := range resumed {
+		ops[op] = true
+	}
+	n := 0
+	for op := range ops {
+		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State == idem.StatePending {
+			n++
+		}
+	}
+	return n
 }
 
 // resumePending resends, with their keys, the charges a previous run left

@@ -321,6 +321,9 @@ func TestRefusedOrderIsNotReportedCharged(t *testing.T) {
 		if !strings.Contains(out.String(), "400 Bad Request") {
 			t.Errorf("run %d does not report the server's 400\n%s", n, out.String())
 		}
+		if strings.Contains(out.String(), "run again") {
+			t.Errorf("run %d says to run again, where nothing is left pending\n%s", n, out.String())
+		}
 	}
 	if cs, err := payco.Order(ctx, "x1"); err != nil || len(cs) != 0 {
 		t.Fatalf("PayCo charged x1 %d times (%v); want 0", len(cs), err)
@@ -651,8 +654,8 @@ func TestInterruptWhileResuming(t *testing.T) {
 	if n := requests.Load(); n != 1 {
 		t.Errorf("the server got %d charge requests; want p1's alone, the run interrupted during it", n)
 	}
-	if !strings.Contains(stdout.String(), "3 order(s) not charged") {
-		t.Errorf("stdout does not count the 3 orders not charged:\n%s", stdout.String())
+	if !strings.Contains(stdout.String(), "3 order(s) not charged; run again to resume the 2 left pending") {
+		t.Errorf("stdout does not count the 3 orders not charged, p1 and p2 left pending:\n%s", stdout.String())
 	}
 	if !strings.Contains(stderr.String(), "2 order(s) not sent") {
 		t.Errorf("stderr %q; want it to count p2, not resumed, and n1 as the 2 orders not sent", stderr.String())
