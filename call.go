@@ -271,7 +271,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		if !c.rec.NextAttempt.IsZero() && now.Before(c.rec.NextAttempt) {
 			wait := c.rec.NextAttempt.Sub(now)
 			if wait > c.policy.MaxRetryAfter || c.sched.Elapsed()+wait > c.policy.MaxElapsed {
-				return nil, c.stop(ctx, nil)
+				return nil, c.stopFor(ctx, nil, "the operation's next attempt time, stored in the jar (the server's Retry-After), is past MaxRetryAfter or the call's budget: nothing sent")
 			}
 			e := c.event(0, nil)
 			e.Wait, e.Reason = wait, "the server's Retry-After, stored in the jar"
@@ -533,12 +533,15 @@ func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 }
 
 // stop ends the call without a response: the operation stays pending.
-func (c *call) stop(ctx context.Context, err error) error {
+func (c *call) stop(ctx context.Context, err error) error { return c.stopFor(ctx, err, "stopped") }
+
+// stopFor is stop, giving why to OnGiveUp and the log.
+func (c *call) stopFor(ctx context.Context, err error, why string) error {
 	if err == nil {
 		err = c.lastErr
 	}
 	c.release(ctx)
-	c.giveUp(ctx, err, "stopped", c.rec.NextAttempt)
+	c.giveUp(ctx, err, why, c.rec.NextAttempt)
 	return c.pending(err, c.rec.NextAttempt)
 }
 

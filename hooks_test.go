@@ -529,7 +529,8 @@ func TestLoggerSaysWhenACallWaits(t *testing.T) {
 // where they ran before the call found it could not wait. A Retry-After
 // longer than MaxRetryAfter stops the call too: OnGiveUp's Reason says so,
 // where it said the attempts or the budget ran out, and its Wait is the
-// time until the next attempt stored.
+// time until the next attempt stored; the next call, which that time
+// stops before it sends, says that.
 func TestRetryHookOnlyForARetry(t *testing.T) {
 	for _, c := range []struct {
 		name       string
@@ -570,6 +571,17 @@ func TestRetryHookOnlyForARetry(t *testing.T) {
 				}
 				if c.err != nil && !errors.Is(err, c.err) {
 					t.Errorf("call: %v; want %v", err, c.err)
+				}
+				if c.deadline > 0 {
+					return
+				}
+				giveUps = nil
+				if resp, err := post(t, ctx, tr, `{}`); err == nil {
+					resp.Body.Close()
+					t.Fatalf("the next call got %s; want it stopped before sending", resp.Status)
+				}
+				if rec.attempts() != 1 || len(giveUps) != 1 || !strings.Contains(giveUps[0].Reason, "next attempt time, stored in the jar") || giveUps[0].Wait != c.wait {
+					t.Fatalf("the next call: %d attempts in all, OnGiveUp %+v; want nothing sent, one give-up for the stored next attempt time, wait %v", rec.attempts(), giveUps, c.wait)
 				}
 			})
 		})
