@@ -92,7 +92,10 @@ func Operation(ctx context.Context) string {
 //   - It never modifies the caller's request: every attempt is a copy with
 //     a Header of its own, and the key header goes on the copy only. The
 //     copy's context names the operation, unnamed ones included:
-//     Operation(req.Context()) in Base returns it.
+//     Operation(req.Context()) in Base returns it. The request's context
+//     ends the call, its waits between attempts included; the deprecated
+//     Request.Cancel channel, which each copy carries to Base, does not end
+//     a wait (http.Client with a Timeout turns it into the context's end).
 //   - It always closes the caller's body, even on error. It reads the body
 //     (or one from GetBody) before the first send, and closes it when the
 //     request's context ends meanwhile: a Read blocked in a body that its
