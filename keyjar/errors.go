@@ -89,7 +89,9 @@ var (
 	// it missing (fs.ErrNotExist) when nothing is there. Open returns it
 	// for a path from which a jar this process still has open moved: its
 	// -wal and -shm files are still there, which SQLite would take for the
-	// files of a file opened at the path; close that jar first.
+	// files of a file opened at the path; close that jar first. So does
+	// Open of a path where no jar file is, or an empty one, but a -wal
+	// file with commits: another jar file's, moved away while open.
 	ErrMoved = errors.New("keyjar: jar file was removed, renamed or replaced while open")
 )
 

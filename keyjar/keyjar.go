@@ -391,6 +391,9 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if o.ReadOnly {
 		return openReadOnly(abs, o, h)
 	}
+	if err := orphanWAL(abs); err != nil {
+		return nil, err
+	}
 	created, err := createFile(abs, !o.MustExist)
 	if err != nil {
 		return nil, err
@@ -532,6 +535,25 @@ func (s *jarSet) remove(j *Jar) {
 	if len(s.m[j.path]) == 0 {
 		delete(s.m, j.path)
 	}
+}
+
+// orphanWAL returns ErrMoved when no jar file is at path, or an empty one,
+// but a -wal file with commits is: the WAL of a jar file that was removed
+// or moved away while open (in another process, or one that ended
+// without closing it; a Close empties the WAL). SQLite would take it for
+// the WAL of the file that Open creates, and read that jar's pages as the
+// new file's, or fail with a disk I/O error while its process holds its
+// locks. Nothing is created.
+func orphanWAL(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 || err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil // a jar file, whose own WAL it may be; or checked by createFile
+	}
+	wal, err := os.Stat(path + "-wal")
+	if err != nil || wal.Size() == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: no jar file there, but its -wal file holds %d bytes of commits of a jar file that was removed or moved away while open: put that file back, or remove the -wal and -shm files to begin a new jar",
+		ErrMoved, path, wal.Size())
 }
 
 // refuseMovedFrom returns ErrMoved when this process has a jar open for

@@ -168,6 +168,71 @@ func TestOpenWhereAnOpenJarMoved(t *testing.T) {
 	}
 }
 
+// TestOpenOverAnOrphanWAL: a -wal file with commits at a path where no jar
+// file is, or an empty one, is the WAL of a jar file removed or moved away
+// while open (by another process, or one that did not close it): Open
+// refuses it with ErrMoved and creates nothing, where SQLite would read
+// that jar's pages as the new file's. An empty -wal, which Close leaves, is
+// no such WAL.
+func TestOpenOverAnOrphanWAL(t *testing.T) {
+	ctx := t.Context()
+	src := filepath.Join(t.TempDir(), "keys.db")
+	j := openPath(t, src, nil)
+	if _, _, err := j.Begin(ctx, newRecord("a")); err != nil {
+		t.Fatal(err)
+	}
+	wal, err := os.ReadFile(src + "-wal")
+	if err != nil || len(wal) == 0 {
+		t.Fatalf("the open jar's -wal file: %d bytes, %v; want its commits", len(wal), err)
+	}
+	for _, c := range []struct {
+		name     string
+		jarFile  bool // an empty jar file at the path
+		emptyWAL bool
+		refused  bool
+	}{
+		{"no jar file", false, false, true},
+		{"an empty jar file", true, false, true},
+		{"an empty -wal file", false, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "keys.db")
+			w := wal
+			if c.emptyWAL {
+				w = nil
+			}
+			if err := os.WriteFile(path+"-wal", w, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if c.jarFile {
+				if err := os.WriteFile(path, nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j2, err := keyjar.Open(ctx, path, nil)
+			if !c.refused {
+				if err != nil {
+					t.Fatalf("Open: %v; want a new jar", err)
+				}
+				j2.Close()
+				return
+			}
+			if err == nil {
+				j2.Close()
+				t.Fatal("Open over the -wal file of another jar file: a jar; want ErrMoved")
+			}
+			if !errors.Is(err, keyjar.ErrMoved) {
+				t.Fatalf("Open over the -wal file of another jar file: %v; want ErrMoved", err)
+			}
+			prefixOnce(t, "Open", err)
+			fi, err := os.Stat(path)
+			if c.jarFile != (err == nil) || c.jarFile && fi.Size() != 0 {
+				t.Errorf("the jar file after the refused Open: %v; want it as it was", err)
+			}
+		})
+	}
+}
+
 // TestWALFileRemovedWhileOpen removes the jar's -wal file while the jar is
 // open. SQLite appends its commits to the file it opened, which no program
 // that opens the jar reads: until Close writes them into the jar file, a
