@@ -98,11 +98,18 @@ func detach(ctx context.Context) context.Context {
 }
 
 // countAttempt adds the attempt about to be sent to the record, and waits
-// until it is written: an attempt cut off by a crash shows in the jar.
-func (c *call) countAttempt(ctx context.Context) {
+// until it is written: an attempt cut off by a crash shows in the jar. It
+// returns ErrLeaseLost when the jar says another holder took the lease
+// meanwhile (this call stalled past it: a pause, a slow jar), and so may
+// be sending the operation; another error of the jar is ignored, and the
+// attempt goes uncounted.
+func (c *call) countAttempt(ctx context.Context) error {
 	ch := Change{Attempts: 1}
 	c.fill(&ch)
-	_, _ = c.t.Jar.Update(detach(ctx), c.op, c.holder, ch)
+	if _, err := c.t.Jar.Update(detach(ctx), c.op, c.holder, ch); errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	return nil
 }
 
 func (c *call) fill(ch *Change) {
@@ -292,7 +299,12 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		// Count the attempt before it is sent, so that one cut off by a
 		// crash shows in the jar. Begin counted a new operation's first.
 		if !c.created || c.attempts > 0 {
-			c.countAttempt(ctx)
+			if c.countAttempt(ctx) != nil {
+				// Not sent: the lease is taken again, or waited for,
+				// as before any attempt.
+				leased, c.held = false, false
+				continue
+			}
 		}
 		c.attempts++
 		leased = false

@@ -1285,6 +1285,54 @@ func TestLeaseRenewedAfterStoredNextAttempt(t *testing.T) {
 	})
 }
 
+// stallingJar is a MemoryJar whose first Update that counts an attempt
+// stalls past the lease (a pause of the process, a slow jar), while another
+// holder takes the operation's lease, which it then keeps for ttl.
+type stallingJar struct {
+	*idem.MemoryJar
+	stalled bool
+	otherAt time.Time // when the other holder took the lease
+}
+
+func (j *stallingJar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	if c.Attempts == 1 && !j.stalled {
+		j.stalled = true
+		time.Sleep(2 * time.Minute) // synctest's clock
+		j.otherAt = time.Now()
+		if _, err := j.MemoryJar.Acquire(ctx, op, "other", j.otherAt, time.Minute); err != nil {
+			return idem.Record{}, err
+		}
+	}
+	return j.MemoryJar.Update(ctx, op, holder, c)
+}
+
+// TestLeaseLostWhileCountingAnAttempt: a call that stalls as it counts an
+// attempt, past its lease, while another holder takes the operation, is
+// told so by the jar (ErrLeaseLost): it does not send, but waits for the
+// lease as before any attempt, and sends once the other holder's lease
+// ended: never two holders at once.
+func TestLeaseLostWhileCountingAnAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sent []time.Time
+		rec := &recorder{script: []func() (*http.Response, error){status(503), status(201)}}
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent = append(sent, time.Now())
+			return rec.respond(r)
+		})
+		jar := &stallingJar{MemoryJar: &idem.MemoryJar{}}
+		tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{InitialInterval: time.Second, MaxElapsed: 10 * time.Minute}}
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil {
+			t.Fatalf("got %v; want the 201 once the other holder's lease ended", err)
+		}
+		resp.Body.Close()
+		if len(sent) != 2 || sent[1].Before(jar.otherAt.Add(time.Minute)) || rec.keys[1] != rec.keys[0] {
+			t.Fatalf("sent %d times, the second at %v, keys %q; want 2 sends under one key, the second not before the other holder's lease ended (%v)",
+				len(sent), sent[len(sent)-1].Sub(jar.otherAt), rec.keys, time.Minute)
+		}
+	})
+}
+
 // postWhileTaken posts {} while another holder takes the lease of "op",
 // for ttl, after the given time, and returns the record that holder got
 // and the call's answer.
