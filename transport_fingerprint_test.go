@@ -197,6 +197,8 @@ func TestFingerprintAgreesWithTheReferenceServer(t *testing.T) {
 		// sends as it is and the server reads as Content-Type.
 		{"lower:text/plain", charge, "lower:application/json", charge, false},
 		{"lower:application/json", charge, "application/json", `{ "order_id":"o-1", "amount":4200 }`, true},
+		// A member named twice: no canonical form, the bytes compared.
+		{"application/json", `{"amount":4200,"order_id":"A","order_id":null}`, "application/json", `{"amount":4200,"order_id":"B","order_id":null}`, false},
 	} {
 		ctx := idem.WithOperation(context.Background(), fmt.Sprintf("charge:%d", i))
 		send := func(ctype, body string) (*http.Response, error) { return postAs(t, ctx, tr, srv.URL, ctype, body) }

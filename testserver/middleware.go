@@ -502,7 +502,8 @@ func (m *Middleware) scope(r *http.Request) string {
 // parameters) and canonical body (see internal/canon: in a body of a JSON
 // type, or of none that parses as JSON, as idem.Transport compares bodies,
 // key order and whitespace do not count, unless an object has two keys
-// equal but for case; other bodies count byte for byte).
+// equal, or equal but for case; other bodies count byte for byte: so do
+// a form's fields, and a multipart body's boundary, in their order).
 func Fingerprint(r *http.Request, scope string, body []byte) string {
 	ct := r.Header.Get("Content-Type")
 	return fingerprint(r, scope, canon.MediaType(ct), canon.Body(ct, body))

@@ -499,6 +499,27 @@ func TestFingerprintMediaType(t *testing.T) {
 	}
 }
 
+// TestFingerprintKeyTwice: a JSON object with a member named twice has no
+// canonical form (a handler decoding into a struct keeps the first value
+// where a later one is null): two such bodies that differ in the member
+// that is named twice are two requests, 422, not the first's answer.
+func TestFingerprintKeyTwice(t *testing.T) {
+	h := &charges{}
+	srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h)
+	send := func(body string) *httptest.ResponseRecorder {
+		r := request("POST", "/v1/charges", body, "Idempotency-Key", "k")
+		r.Header.Set("Content-Type", "application/json")
+		return serve(srv, r)
+	}
+	if w := send(`{"amount":1000,"order_id":"A","order_id":null}`); w.Code != 201 {
+		t.Fatalf("first: %d; want 201", w.Code)
+	}
+	wantProblem(t, send(`{"amount":1000,"order_id":"B","order_id":null}`), 422, testserver.ProblemMismatch)
+	if w := send(`{"amount":1000,"order_id":"A","order_id":null}`); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
+		t.Fatalf("the first again: %d, replayed %q, runs %d; want its answer replayed, run once", w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load())
+	}
+}
+
 // TestFingerprintWithoutContentType: a body without a Content-Type that
 // parses as JSON is compared as JSON, as idem.Transport compares it: the
 // same members in another order are replayed, another value is 422. A key

@@ -69,7 +69,7 @@ func MediaType(contentType string) string {
 
 // JSON returns the canonical form of the JSON document b. It returns an error
 // when b is not exactly one valid JSON value, or when an object in it has
-// two keys equal but for case; the caller then fingerprints the raw bytes
+// two keys equal, or equal but for case; the caller then fingerprints the raw bytes
 // instead. Go's encoding/json decodes such keys into one struct field, the
 // last one winning: for the server, their order is significant, so the
 // canonical form, which sorts keys, would make two different requests one.
@@ -142,6 +142,9 @@ func jsonSlow(b []byte) ([]byte, error) {
 	if k, ok := foldCollision(v); ok {
 		return nil, fmt.Errorf("canon: two keys equal to %q but for case", k)
 	}
+	if k, ok := duplicateKey(b); ok {
+		return nil, fmt.Errorf("canon: two members named %q in one object", k)
+	}
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
@@ -185,6 +188,51 @@ func escapedRune(b []byte, i int) (rune, bool) {
 	}
 	r, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
 	return rune(r), err == nil
+}
+
+// duplicateKey returns a key that an object of the valid JSON document b
+// has twice (compared as decoded: "a" and "\u0061" are one key), and true;
+// or false when there is none. Decoded into an any, the last value wins;
+// into a struct, a later null leaves the earlier value and a later object
+// is merged into the earlier one: a canonical form would make requests
+// that differ there one.
+func duplicateKey(b []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	type frame struct {
+		keys    map[string]bool // nil for an array
+		wantKey bool            // the next token is an object's key
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false // io.EOF; b was decoded once already
+		}
+		top := len(stack) - 1
+		switch {
+		case tok == json.Delim('{'):
+			stack = append(stack, frame{keys: map[string]bool{}, wantKey: true})
+			continue
+		case tok == json.Delim('['):
+			stack = append(stack, frame{})
+			continue
+		case tok == json.Delim('}') || tok == json.Delim(']'):
+			stack = stack[:top] // and the value it was ended
+		case top >= 0 && stack[top].keys != nil && stack[top].wantKey:
+			k, _ := tok.(string)
+			if stack[top].keys[k] {
+				return k, true
+			}
+			stack[top].keys[k] = true
+			stack[top].wantKey = false
+			continue
+		}
+		// A value ended: its object wants the next key.
+		if top = len(stack) - 1; top >= 0 && stack[top].keys != nil {
+			stack[top].wantKey = true
+		}
+	}
 }
 
 // foldCollision returns a key of an object in v that another key of that

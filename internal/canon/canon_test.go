@@ -132,6 +132,35 @@ func TestJSONRefusesKeysEqualButForCase(t *testing.T) {
 	}
 }
 
+// A key that an object has twice makes a document that Go decodes by the
+// order of its members (the last wins in a map; in a struct a later null
+// leaves the earlier value, and a later object is merged into the earlier
+// one): it has no canonical form, and the caller fingerprints its bytes.
+// Two requests that differ in the member a canonical form would drop are
+// two requests.
+func TestJSONRefusesAKeyTwice(t *testing.T) {
+	for _, doc := range []string{`{"order_id":"A","order_id":null}`, `{"a":1,"a":1}`, `{"a":1,"\u0061":2}`,
+		`[1,{"m":{"x":1},"n":[{"k":1}],"m":{"y":2}}]`, `{"o":{"a":{"b":1},"b":2},"o":3}`} {
+		if c, err := JSON([]byte(doc)); err == nil {
+			t.Errorf("JSON(%s) = %s; want an error", doc, c)
+		}
+		if got := Body("application/json", []byte(doc)); string(got) != doc {
+			t.Errorf("Body(%s) = %s; want the bytes as they are", doc, got)
+		}
+	}
+	// The same key in two objects, or as a value, is no duplicate.
+	for doc, want := range map[string]string{
+		`{"a":{"a":1},"b":{"a":2}}`:            `{"a":{"a":1},"b":{"a":2}}`,
+		`[{"a":1},{"a":2}]`:                    `[{"a":1},{"a":2}]`,
+		`{"a":"a","b":["a","a"]}`:              `{"a":"a","b":["a","a"]}`,
+		`{"b":{},"a":[],"c":{"d":[{"e":{}}]}}`: `{"a":[],"b":{},"c":{"d":[{"e":{}}]}}`,
+	} {
+		if c, err := jsonSlow([]byte(doc)); err != nil || string(c) != want {
+			t.Errorf("jsonSlow(%s) = %s, %v; want %s", doc, c, err, want)
+		}
+	}
+}
+
 // TestContentType: the Content-Type under any spelling of its key, the
 // canonical one first, then the first in byte order, as HTTP/1.1 sends
 // them and a server reads the first.
