@@ -76,8 +76,9 @@ func MediaType(contentType string) string {
 // So too when b holds bytes that are not UTF-8, or a \u escape of half a
 // surrogate pair without its other half: encoding/json decodes each to
 // U+FFFD, which would make documents that differ there one. (Earlier
-// versions canonicalised those: a record or a claim they stored of such a
-// body has a fingerprint this version does not make again.)
+// versions canonicalised those, and documents with a key twice: a record
+// or a claim they stored of such a body has a fingerprint this version
+// does not make again.)
 //
 // The canonical form is what encoding/json produces when it decodes b into
 // an any (with UseNumber) and encodes it again without HTML escaping. It is
