@@ -487,6 +487,19 @@ func (m *Middleware) readBody(r *http.Request, key string) ([]byte, *Problem) {
 		}
 		return nil, p
 	}
+	if len(b) == 0 {
+		// A handler outside Wrap (a CSRF or method-override middleware)
+		// read the body as a form: the fields stand for it, or, for a
+		// multipart form, whose parts cannot be told apart, nothing does.
+		switch {
+		case r.MultipartForm != nil:
+			m.log(r.Context(), slog.LevelError, "idempotency: a multipart form was parsed before the Middleware read the body", "key", key)
+			return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body read before the idempotency middleware", Status: http.StatusInternalServerError,
+				Detail: "The server parsed this multipart form before its idempotency middleware could compare it with the request first sent under the key; nothing ran."}
+		case len(r.PostForm) > 0:
+			return []byte(r.PostForm.Encode()), nil
+		}
+	}
 	return b, nil
 }
 

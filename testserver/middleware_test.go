@@ -499,6 +499,43 @@ func TestFingerprintMediaType(t *testing.T) {
 	}
 }
 
+// TestFormParsedOutside: a handler outside Wrap that parses the form (a
+// CSRF middleware's PostFormValue) reads the body before the Middleware
+// does: its fields then stand for the body, so that another form under the
+// key is 422, not the first's answer; a multipart form, whose parts cannot
+// be compared so, is refused with 500, nothing run.
+func TestFormParsedOutside(t *testing.T) {
+	h := &charges{}
+	wrapped := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h)
+	csrf := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
+			r.ParseMultipartForm(1 << 20)
+		}
+		_ = r.PostFormValue("csrf_token")
+		wrapped.ServeHTTP(w, r)
+	})
+	send := func(form string) *httptest.ResponseRecorder {
+		r := request("POST", "/v1/charges", form, "Idempotency-Key", "k")
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		return serve(csrf, r)
+	}
+	if w := send("order_id=A&amount=1000&csrf_token=t"); w.Code != 201 {
+		t.Fatalf("first: %d; want 201", w.Code)
+	}
+	wantProblem(t, send("order_id=B&amount=99999&csrf_token=t"), 422, testserver.ProblemMismatch)
+	if w := send("order_id=A&amount=1000&csrf_token=t"); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
+		t.Fatalf("the first again: %d, replayed %q, runs %d; want its answer replayed, run once", w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load())
+	}
+
+	body := "--b\r\nContent-Disposition: form-data; name=\"order_id\"\r\n\r\nA\r\n--b--\r\n"
+	r := request("POST", "/v1/charges", body, "Idempotency-Key", "k2")
+	r.Header.Set("Content-Type", "multipart/form-data; boundary=b")
+	wantProblem(t, serve(csrf, r), 500, testserver.ProblemBodyUnreadable)
+	if h.runs.Load() != 1 {
+		t.Fatalf("runs %d; want the multipart request refused, nothing run", h.runs.Load())
+	}
+}
+
 // TestFingerprintKeyTwice: a JSON object with a member named twice has no
 // canonical form (a handler decoding into a struct keeps the first value
 // where a later one is null): two such bodies that differ in the member

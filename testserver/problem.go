@@ -15,7 +15,7 @@ const (
 	ProblemKeyMissing       = problemBase + "key-missing"        // 400: the method requires an Idempotency-Key
 	ProblemKeyInvalid       = problemBase + "key-invalid"        // 400: ParseKey refused the header
 	ProblemKeyRepeated      = problemBase + "key-repeated"       // 400: the header was sent more than once
-	ProblemBodyUnreadable   = problemBase + "body-unreadable"    // 400: the request body could not be read; 408: not in time
+	ProblemBodyUnreadable   = problemBase + "body-unreadable"    // 400: the request body could not be read; 408: not in time; 500: a handler outside the Middleware parsed it as a multipart form
 	ProblemBodyTooLarge     = problemBase + "body-too-large"     // 413: the body is larger than MaxBody
 	ProblemInFlight         = problemBase + "in-flight"          // 409: the key is being processed; retry after Retry-After
 	ProblemTakenOver        = problemBase + "taken-over"         // 409: this worker lost its claim; retry to get the saved answer
