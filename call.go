@@ -415,9 +415,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			} else if hasRA {
 				next = decided.Add(ra)
 			}
-			// Past the horizon the operation is reconciled, not sent: a
-			// later time means nothing more, and a jar may not hold it.
-			if limit := time.Now().Add(c.policy.Horizon); next.After(limit) {
+			// Past the horizon, counted from the first send, the
+			// operation is reconciled, not sent: a later time means
+			// nothing more, and a jar may not hold it.
+			from := time.Now()
+			if c.rec.Created.Before(from) {
+				from = c.rec.Created
+			}
+			if limit := from.Add(c.policy.Horizon); next.After(limit) {
 				next = limit
 			}
 			c.update(ctx, Change{NextAttempt: next, Release: true})

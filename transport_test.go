@@ -1003,6 +1003,33 @@ func TestHorizonFromStoredFirstSend(t *testing.T) {
 	}
 }
 
+// TestNextAttemptWithinTheHorizon: a Retry-After that ends past the
+// horizon, counted from the operation's first send, is stored as the
+// horizon's end: the operation is reconciled then, not sent, and a call
+// is not told to wait longer.
+func TestNextAttemptWithinTheHorizon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, netErr(syscall.ECONNREFUSED), status(503, "Retry-After", "86400"))
+		tr.Policy.MaxAttempts = 1
+		ctx := idem.WithOperation(context.Background(), "op")
+		if _, err := post(t, ctx, tr, `{}`); err == nil {
+			t.Fatal("want the first call to fail")
+		}
+		r, _ := jar.Get(ctx, "op")
+		created := time.Now().Add(-23 * time.Hour)
+		backdate(t, jar, r, created)
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("got %v, %v; want the 503", resp, err)
+		}
+		resp.Body.Close()
+		got, _ := jar.Get(ctx, "op")
+		if want := created.Add(24 * time.Hour); !got.NextAttempt.Equal(want) || rec.attempts() != 2 {
+			t.Fatalf("NextAttempt %v after %d attempts; want the horizon's end, %v", got.NextAttempt, rec.attempts(), want)
+		}
+	})
+}
+
 // TestHorizonKeepsAKnownOutcome: a done operation called again past the
 // horizon is not sent (the server may no longer know its key) and stays
 // done.
