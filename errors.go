@@ -172,9 +172,11 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // PendingError is returned by Transport.RoundTrip when it stops without a
 // response: the budget is spent on network errors; the caller's context
 // ended (even after a retryable response), or its deadline would come
-// before the end of a wait (for the next retry, the stored NextAttempt or
-// another holder's lease), in which case the call returns at once,
-// matching context.DeadlineExceeded; another holder is sending the
+// before the end of a wait (for the next retry or the stored NextAttempt),
+// in which case the call returns at once, matching
+// context.DeadlineExceeded (a wait for another holder's lease, which may
+// end sooner, is made in backoff steps, and stops so at the first step
+// that would end past the deadline); another holder is sending the
 // operation; an earlier answer's Retry-After (the stored NextAttempt) is
 // beyond the call's budget; an attempt failed with an error that is not
 // retried (retry.Classify: a TLS certificate, a TLS alert from the
