@@ -207,9 +207,29 @@ type Client struct {
 	addsHeader   bool // Options.Header is set: a resume can add credentials
 	noCredCheck  bool // Options.ResumeWithoutCredentials
 
-	mu     sync.Mutex     // guards closed and the calls' Add
-	closed bool           // Close began: no call may start
-	calls  sync.WaitGroup // the calls in progress, which Close waits for
+	mu      sync.Mutex     // guards closed, the calls' Add and sending
+	closed  bool           // Close began: no call may start
+	calls   sync.WaitGroup // the calls in progress, which Close waits for
+	sending map[string]int // the operations with an attempt in flight, for Abandon
+}
+
+// send counts an attempt of op in flight (n = 1), or no longer (n = -1).
+func (c *Client) send(op string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sending == nil {
+		c.sending = make(map[string]int)
+	}
+	if c.sending[op] += n; c.sending[op] <= 0 {
+		delete(c.sending, op)
+	}
+}
+
+// isSending reports whether an attempt of op is in flight.
+func (c *Client) isSending(op string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sending[op] > 0
 }
 
 // New returns a Client over the jar file at path, opened with keyjar.Open
@@ -270,7 +290,7 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		budget = &retry.Budget{}
 	}
 	c.tr = &idem.Transport{
-		Base:          &sender{base: base, header: o.Header},
+		Base:          &sender{base: base, header: o.Header, c: c},
 		Jar:           c.jar,
 		Policy:        o.Policy,
 		Budget:        budget,
@@ -851,7 +871,10 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // Abandon returns ErrNoReason for an empty reason, an error wrapping
 // idem.ErrNotFound for an unknown op, idem.ErrLeased while another call
 // or process is sending it (a process on this host that is gone is not,
-// see idem.HolderGone), and a *StateError (ErrState) when its outcome is
+// see idem.HolderGone), and while an attempt of it that this Client sent
+// waits for its answer, even past its lease (another process's attempt
+// that outlasts its lease is not seen: see Options.Policy's
+// AttemptTimeout), and a *StateError (ErrState) when its outcome is
 // known (done or failed). Abandoning an abandoned operation changes nothing.
 // When ctx ends, or the jar fails, after Abandon took the operation's
 // lease, the operation stays as it was and Abandon gives the lease back,
@@ -874,6 +897,11 @@ func (c *Client) Abandon(ctx context.Context, op, reason string) error {
 	case idem.StatePending, idem.StateReconcile:
 	default:
 		return &StateError{Op: op, Key: rec.Key, State: rec.State, verb: "abandon", detail: ", its outcome is known"}
+	}
+	if c.isSending(op) {
+		// An attempt may outlast its lease: the jar would take the
+		// operation as free while this Client still waits for its answer.
+		return fmt.Errorf("client: abandon %q: this Client is sending it: %w; wait for that call to return, then abandon it again", op, idem.ErrLeased)
 	}
 	holder, err := idem.NewHolder()
 	if err != nil {
@@ -972,6 +1000,7 @@ func (c *Client) Forget(ctx context.Context, op string) error {
 type sender struct {
 	base   http.RoundTripper
 	header func(*http.Request) error
+	c      *Client // counts the attempts in flight, for Abandon
 }
 
 func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -1007,8 +1036,15 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	if len(key) > 0 {
+		op := idem.Operation(r.Context())
 		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
-			t.sent(idem.Operation(r.Context()), key[0])
+			t.sent(op, key[0])
+		}
+		if op != "" {
+			// In flight until its answer's headers come: an attempt may
+			// outlast its lease, which Abandon must not take as free.
+			s.c.send(op, 1)
+			defer s.c.send(op, -1)
 		}
 	}
 	return s.base.RoundTrip(r)

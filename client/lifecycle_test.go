@@ -1232,3 +1232,42 @@ func TestRedirectChainThatLoops(t *testing.T) {
 		t.Fatal("Do has not returned after 10 s")
 	}
 }
+
+// TestAbandonWhileTheClientSendsIt: an attempt may outlast its lease (a
+// minute, with no AttemptTimeout), and the jar then takes the operation as
+// free: an Abandon from the Client that is still sending it is refused
+// with idem.ErrLeased, nothing changed, so that no later call begins it
+// again under a new key while the first may still be applied. Once the
+// call returned, the operation is done.
+func TestAbandonWhileTheClientSendsIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		entered, release := make(chan struct{}), make(chan struct{})
+		slow := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r.Body.Close()
+			close(entered)
+			<-release
+			return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+		})
+		c := newClient(t, nil, &client.Options{Base: slow})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+			done <- err
+		}()
+		<-entered
+		time.Sleep(65 * time.Second) // past the lease (synctest's clock)
+		if err := c.Abandon(context.Background(), "charge:o1", "looks stuck"); !errors.Is(err, idem.ErrLeased) {
+			t.Fatalf("Abandon while the Client still sends it: %v; want ErrLeased", err)
+		}
+		if rec, _ := c.Jar().Get(context.Background(), "charge:o1"); rec.State != idem.StatePending {
+			t.Fatalf("after the refused Abandon: %s; want pending", rec.State)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatalf("the call: %v", err)
+		}
+		if rec, _ := c.Jar().Get(context.Background(), "charge:o1"); rec.State != idem.StateDone {
+			t.Fatalf("after the call: %s; want done", rec.State)
+		}
+	})
+}
