@@ -252,7 +252,9 @@ type Middleware struct {
 	// than MaxSavedResponseLimit (1e9 bytes less 1 MiB) means that. A
 	// larger answer is sent to its caller as it is written (memory stays
 	// bounded), and the key is saved done with a 500 ProblemResponseTooLarge
-	// marker that names the original status and Location. Retries get the
+	// marker that names the original status and Location, before the first
+	// byte streams (a failure's, under ReleaseClaim, is released once the
+	// handler returns instead). Retries get the
 	// marker: the operation does not run twice (unless that Save fails,
 	// see SaveError), and the caller is told to look the result up
 	// instead. The answer to a HEAD (with HEAD in
@@ -845,6 +847,23 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	}
 	limit = min(limit, MaxSavedResponseLimit)
 	rec := &recorder{w: w, header: w.Header().Clone(), limit: limit, head: r.Method == http.MethodHead}
+	// An answer that outgrows the limit cannot change once it streams: its
+	// marker is saved before the first byte goes, so that a caller that
+	// reads it slowly, holding the handler in Write past its lease, gets a
+	// retry the marker, not a second run. (A failure's, under
+	// ReleaseClaim, is released once the handler returns.)
+	var early struct {
+		saved bool
+		err   error
+	}
+	rec.onStream = func() {
+		if failedStatus(rec.status) && m.OnError == ReleaseClaim {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
+		defer cancel()
+		early.saved, early.err = true, m.Store.Save(ctx, scope, key, fence, m.saved(rec, key))
+	}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
@@ -944,8 +963,17 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	defer cancelWrite()
 	fenced := ""      // the write that found the claim taken over
 	tooLarge := false // the too-large marker was saved
-	failed := rec.status >= 500 || rec.status == http.StatusTooManyRequests || rec.status == http.StatusRequestTimeout
-	if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
+	failed := failedStatus(rec.status)
+	if early.saved {
+		tooLarge = true
+		switch err := early.err; {
+		case errors.Is(err, ErrFenced):
+			fenced = "save"
+		case err != nil:
+			m.stats.storeErrors.Add(1)
+			m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", "key", key, "err", err)
+		}
+	} else if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
 		released, err := m.Store.Release(ctx, scope, key, fence)
 		switch {
 		case err != nil:
@@ -1007,6 +1035,12 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	}
 }
 
+// failedStatus reports whether an answer of status is a failure that
+// OnError's ReleaseClaim releases: a 5xx, a 429 or a 408.
+func failedStatus(status int) bool {
+	return status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout
+}
+
 // call runs the handler and returns the value of its panic, or nil, and
 // but for http.ErrAbortHandler the stack of the panicking goroutine (at
 // most 64 KiB of it, as net/http logs).
@@ -1049,7 +1083,7 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 	}
 	m.stats.tooLarge.Add(1)
 	p := Problem{Type: ProblemResponseTooLarge, Title: "Response too large to replay", Status: http.StatusInternalServerError, Key: key, OriginalStatus: rec.status,
-		Detail: fmt.Sprintf("The first request with this Idempotency-Key completed with status %d, and its answer was sent to that caller, but at %d bytes it was too large to save. The operation will not run again: look its result up instead of retrying.", rec.status, rec.size)}
+		Detail: fmt.Sprintf("The first request with this Idempotency-Key was answered with status %d, sent to that caller, but its answer was larger than %d bytes, the most this server saves for a replay. The operation will not run again: look its result up instead of retrying.", rec.status, rec.limit)}
 	hdr := http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}}
 	if loc := rec.sent.Get("Location"); loc != "" {
 		hdr.Set("Location", loc)
@@ -1120,8 +1154,9 @@ type recorder struct {
 	size     int64 // body bytes the handler wrote
 	declared int64 // the Content-Length set when the status was, or -1
 	streamed bool
-	head     bool // the request is a HEAD, whose answer has no body on the wire
-	dropped  bool // a HEAD's body outgrew limit: it is counted, not kept
+	head     bool   // the request is a HEAD, whose answer has no body on the wire
+	dropped  bool   // a HEAD's body outgrew limit: it is counted, not kept
+	onStream func() // called once the answer outgrew limit, before it streams
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
@@ -1192,8 +1227,11 @@ func (rec *recorder) Write(p []byte) (int, error) {
 		rec.dropped = true
 		return len(p), nil
 	}
-	rec.start()
 	rec.streamed = true
+	if rec.onStream != nil {
+		rec.onStream() // before the first byte goes
+	}
+	rec.start()
 	rec.body = bytes.Buffer{}
 	return rec.w.Write(p)
 }

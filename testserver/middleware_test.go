@@ -1158,6 +1158,64 @@ func TestPanicAfterStreaming(t *testing.T) {
 	}
 }
 
+// stallingWriter is an http.ResponseWriter whose caller reads the body
+// slowly: its first Write of the body blocks until release is closed.
+type stallingWriter struct {
+	*httptest.ResponseRecorder
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (w *stallingWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.entered); <-w.release })
+	return w.ResponseRecorder.Write(p)
+}
+
+// TestSlowReaderOfAStreamedAnswer: a caller that reads an answer too large
+// to save slowly holds the handler in Write, past its lease: a retry then
+// gets the marker, saved before the answer began to stream, not a second
+// run. Under ReleaseClaim a failure's streamed answer is released once the
+// handler returns, as before.
+func TestSlowReaderOfAStreamedAnswer(t *testing.T) {
+	for _, c := range []struct {
+		policy testserver.ErrorPolicy
+		status int
+		runs   int64
+	}{
+		{testserver.ReleaseClaim, http.StatusCreated, 1},
+		{testserver.SaveError, http.StatusBadGateway, 1},
+	} {
+		t.Run(fmt.Sprint(c.policy, c.status), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					runs.Add(1)
+					w.WriteHeader(c.status)
+					w.Write(bytes.Repeat([]byte("x"), 100)) // past MaxSavedResponse: streamed
+				})
+				srv := (&testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: 10, OnError: c.policy, LockTimeout: time.Second}).Wrap(h)
+				w := &stallingWriter{ResponseRecorder: httptest.NewRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					srv.ServeHTTP(w, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k"))
+				}()
+				<-w.entered
+				time.Sleep(2 * time.Second) // past the lease, the first caller still reading
+				p := wantProblem(t, serve(srv, request("POST", "/v1/charges", chargeBody, "Idempotency-Key", "k")), 500, testserver.ProblemResponseTooLarge)
+				if p.OriginalStatus != c.status || runs.Load() != c.runs {
+					t.Fatalf("retry: %+v after %d runs; want the marker naming %d, %d run", p, runs.Load(), c.status, c.runs)
+				}
+				close(w.release)
+				<-done
+				if w.Code != c.status || w.Body.Len() != 100 {
+					t.Fatalf("first caller: %d with %d bytes; want %d with the 100 bytes", w.Code, w.Body.Len(), c.status)
+				}
+			})
+		})
+	}
+}
+
 // failingStore fails the chosen methods.
 type failingStore struct {
 	testserver.MemoryStore
