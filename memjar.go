@@ -770,7 +770,7 @@ func (j *MemoryJar) forget(ctx context.Context, op string, ok func(m *memRecord)
 
 // Prune deletes at most limit records whose state is Prunable and that were
 // last updated before before, and returns how many it deleted. limit <= 0
-// means no limit.
+// means no limit; under a limit, which records go first is not specified.
 func (j *MemoryJar) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

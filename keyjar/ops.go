@@ -431,7 +431,9 @@ var allStates = [...]idem.State{idem.StatePending, idem.StateDone, idem.StateFai
 
 // Prune deletes at most limit records whose state is idem.Prunable and that
 // were last updated before before, and returns how many it deleted; limit
-// <= 0 means no limit. It deletes in transactions of at most 1000 rows, so
+// <= 0 means no limit. Which records go first under a limit is not the
+// least recently updated (pgjar's order): they go by state, then by last
+// update. It deletes in transactions of at most 1000 rows, so
 // neither memory nor the time the write lock is held grows with the number
 // of rows deleted. When it fails part way, the count says how many are gone.
 func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, error) {
