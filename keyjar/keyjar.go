@@ -803,6 +803,9 @@ func checkFile(path string, flag int) (head []byte, err error) {
 	if err != nil {
 		if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
 			return nil, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)
+		} else if serr == nil && !fi.Mode().IsRegular() {
+			// A socket, which no open takes (ENXIO).
+			return nil, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, fi.Mode().Type())
 		}
 		return nil, fmt.Errorf("keyjar: %w", permission(err))
 	}

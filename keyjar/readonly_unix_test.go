@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -228,19 +229,27 @@ func unwritable(t *testing.T, top, path string) (read func() string) {
 
 // TestOpenFIFO: a FIFO is not a jar, and Open says so at once, read-only
 // too: reading its first bytes, or opening it for reading alone, would wait
-// for a writer forever.
+// for a writer forever. Nor is a Unix socket, which no open takes.
 func TestOpenFIFO(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "fifo.db")
-	if err := syscall.Mkfifo(path, 0o600); err != nil {
+	fifo := filepath.Join(t.TempDir(), "fifo.db")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, opts := range []*keyjar.Options{nil, {ReadOnly: true}} {
-		j, err := keyjar.Open(t.Context(), path, opts)
-		if err == nil {
-			j.Close()
-		}
-		if !errors.Is(err, keyjar.ErrCorrupt) {
-			t.Fatalf("Open(a FIFO, %+v) = %v; want ErrCorrupt", opts, err)
+	sock := filepath.Join(t.TempDir(), "sock.db")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, path := range []string{fifo, sock} {
+		for _, opts := range []*keyjar.Options{nil, {ReadOnly: true}} {
+			j, err := keyjar.Open(t.Context(), path, opts)
+			if err == nil {
+				j.Close()
+			}
+			if !errors.Is(err, keyjar.ErrCorrupt) {
+				t.Fatalf("Open(%s, %+v) = %v; want ErrCorrupt", filepath.Base(path), opts, err)
+			}
 		}
 	}
 }
