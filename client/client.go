@@ -327,7 +327,8 @@ func (c *Client) enter(ctx context.Context) error {
 type tracked struct{ c *Client }
 
 func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Context().Value(trackerKey{}) == nil {
+	tr, _ := r.Context().Value(trackerKey{}).(*tracker)
+	if tr == nil {
 		if err := t.c.enter(r.Context()); err != nil {
 			if r.Body != nil {
 				r.Body.Close()
@@ -335,8 +336,14 @@ func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		defer t.c.calls.Done()
+		tr = &tracker{}
+		r = r.WithContext(context.WithValue(r.Context(), trackerKey{}, tr))
 	}
-	return t.c.tr.RoundTrip(r)
+	resp, err := t.c.tr.RoundTrip(r)
+	if op := tr.stopSending(); op != "" {
+		t.c.send(op, -1)
+	}
+	return resp, err
 }
 
 func (t *tracked) CloseIdleConnections() { t.c.tr.CloseIdleConnections() }
@@ -1039,12 +1046,13 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		op := idem.Operation(r.Context())
 		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
 			t.sent(op, key[0])
-		}
-		if op != "" {
-			// In flight until its answer's headers come: an attempt may
-			// outlast its lease, which Abandon must not take as free.
-			s.c.send(op, 1)
-			defer s.c.send(op, -1)
+			if op != "" && t.startSending(op) {
+				// Sending from its first attempt until the Transport has
+				// recorded its outcome and returned (tracked): an attempt
+				// may outlast its lease, which Abandon must not take as
+				// free.
+				s.c.send(op, 1)
+			}
 		}
 	}
 	return s.base.RoundTrip(r)
@@ -1087,6 +1095,28 @@ type tracker struct {
 	mu       sync.Mutex
 	attempts int
 	op, key  string
+	sending  string // the operation counted in Client.sending, until the Transport returns
+}
+
+// startSending reports whether op is to be counted in Client.sending: at
+// its call's first attempt, once.
+func (t *tracker) startSending(op string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.sending != "" {
+		return false
+	}
+	t.sending = op
+	return true
+}
+
+// stopSending returns the operation to take out of Client.sending, or "".
+func (t *tracker) stopSending() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	op := t.sending
+	t.sending = ""
+	return op
 }
 
 type trackerKey struct{}

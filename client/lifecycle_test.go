@@ -1271,3 +1271,54 @@ func TestAbandonWhileTheClientSendsIt(t *testing.T) {
 		}
 	})
 }
+
+// beforeDoneJar is a MemoryJar that calls before as the Transport writes
+// an operation's outcome, done.
+type beforeDoneJar struct {
+	*idem.MemoryJar
+	before func()
+}
+
+func (j *beforeDoneJar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
+	if c.State == idem.StateDone && j.before != nil {
+		j.before()
+	}
+	return j.MemoryJar.Update(ctx, op, holder, c)
+}
+
+func (j *beforeDoneJar) Defer(op, holder string, c idem.Change) error {
+	if c.State == idem.StateDone && j.before != nil {
+		j.before()
+	}
+	return j.MemoryJar.Defer(op, holder, c)
+}
+
+// TestAbandonAsTheAnswerIsRecorded: the answer came, past the lease, and
+// the Transport is writing its outcome: an Abandon from the Client then is
+// still refused, so that the operation ends done under its key, not
+// abandoned (which would give the next call under its name a new key).
+func TestAbandonAsTheAnswerIsRecorded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		slow := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r.Body.Close()
+			time.Sleep(65 * time.Second) // past the lease (synctest's clock)
+			return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+		})
+		jar := &beforeDoneJar{MemoryJar: &idem.MemoryJar{}}
+		c := newClient(t, nil, &client.Options{Base: slow, Jar: jar})
+		var abandonErr error
+		jar.before = func() {
+			jar.before = nil
+			abandonErr = c.Abandon(context.Background(), "charge:o1", "looks stuck")
+		}
+		if _, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil); err != nil {
+			t.Fatalf("the call: %v", err)
+		}
+		if !errors.Is(abandonErr, idem.ErrLeased) {
+			t.Fatalf("Abandon as the outcome is written: %v; want ErrLeased", abandonErr)
+		}
+		if rec, _ := c.Jar().Get(context.Background(), "charge:o1"); rec.State != idem.StateDone {
+			t.Fatalf("after the call: %s; want done", rec.State)
+		}
+	})
+}
