@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -877,6 +878,13 @@ func (c *call) openBody() (io.ReadCloser, error) {
 	}
 	n, ok := body.Len(rc)
 	if !ok {
+		if _, isFile := rc.(*os.File); isFile {
+			// Left as it is, for net/http to send with sendfile over
+			// HTTP/1.1 (a wrapper hides the file from it): a file that
+			// fails to read mid-send is rare, and its error is taken for
+			// the network's.
+			return rc, nil
+		}
 		// A reader that may fail: its errors are told from the network's.
 		return &sourceReader{rc}, nil
 	}

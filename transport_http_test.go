@@ -17,6 +17,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -1380,5 +1381,35 @@ func TestBodySourceFailsWhileSent(t *testing.T) {
 				t.Fatalf("record %s after %d attempts, %d requests at the server; want pending after 1, at most 1", rec.State, rec.Attempts, requests.Load())
 			}
 		})
+	}
+}
+
+// TestFileBodyReachesBaseAsItIs: an attempt's body that GetBody gives as
+// an *os.File reaches Base as that file, not wrapped, so that net/http can
+// send it with sendfile over HTTP/1.1.
+func TestFileBodyReachesBaseAsItIs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "upload.json")
+	if err := os.WriteFile(path, []byte(`{"amount":100}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var bodies []string
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		bodies = append(bodies, fmt.Sprintf("%T", r.Body))
+		r.Body.Close()
+		return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	})
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://payments.test/v1/charges", f)
+	req.ContentLength = 14
+	req.GetBody = func() (io.ReadCloser, error) { return os.Open(path) }
+	tr := &idem.Transport{Base: base, Jar: &idem.MemoryJar{}}
+	if _, err := tr.RoundTrip(req); err != nil {
+		t.Fatal(err)
+	}
+	if len(bodies) != 1 || bodies[0] != "*os.File" {
+		t.Fatalf("Base got bodies of types %v; want one *os.File", bodies)
 	}
 }
