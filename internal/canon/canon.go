@@ -143,7 +143,10 @@ func jsonSlow(b []byte) ([]byte, error) {
 	if k, ok := foldCollision(v); ok {
 		return nil, fmt.Errorf("canon: two keys equal to %q but for case", k)
 	}
-	if k, ok := duplicateKey(b); ok {
+	// A key an object has twice leaves its map a member short of the
+	// document's: only then is the document read again to name it.
+	if members(v) != colons(b) {
+		k, _ := duplicateKey(b)
 		return nil, fmt.Errorf("canon: two members named %q in one object", k)
 	}
 	var out bytes.Buffer
@@ -189,6 +192,42 @@ func escapedRune(b []byte, i int) (rune, bool) {
 	}
 	r, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
 	return rune(r), err == nil
+}
+
+// members returns how many members the objects in v hold, all together.
+func members(v any) int {
+	n := 0
+	switch v := v.(type) {
+	case map[string]any:
+		n = len(v)
+		for _, e := range v {
+			n += members(e)
+		}
+	case []any:
+		for _, e := range v {
+			n += members(e)
+		}
+	}
+	return n
+}
+
+// colons returns how many ':' the valid JSON document b has outside its
+// strings: one for each member of each of its objects.
+func colons(b []byte) int {
+	n := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case ':':
+			n++
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // duplicateKey returns a key that an object of the valid JSON document b
