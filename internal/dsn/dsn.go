@@ -88,7 +88,7 @@ func MaskURL(s string) string {
 	if hasQuery {
 		query = maskQuery(query)
 	}
-	if password, _ := u.User.Password(); u.User != nil && secretUser(u.Scheme, password) {
+	if password, _ := u.User.Password(); u.User.Username() != "" && secretUser(u.Scheme, password) {
 		if _, ok := u.User.Password(); ok {
 			u.User = url.UserPassword("xxxxx", "xxxxx")
 		} else {

@@ -53,6 +53,9 @@ func TestMaskURL(t *testing.T) {
 		{"https://ops:s3cret@api.example/v1", "https://ops:xxxxx@api.example/v1"},
 		{"https://sk_live_4f1d:@api.example/v1?order=o1", "https://xxxxx:xxxxx@api.example/v1?order=o1"},
 		{"https://ghp_T0ken@api.example/v1?token=s3cret", "https://xxxxx@api.example/v1?token=xxxxx"},
+		// No user name: none is made up.
+		{"https://@api.example/v1", "https://@api.example/v1"},
+		{"https://:@api.example/v1", "https://:xxxxx@api.example/v1"},
 		{"postgres://app@db/x", "postgres://app@db/x"},
 		{"https://api.example/v1?password=s3cret&order=o1", "https://api.example/v1?password=xxxxx&order=o1"},
 		{"https://api.example/v1?sslpassword=s3cret", "https://api.example/v1?sslpassword=xxxxx"},
