@@ -388,11 +388,11 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if err := refuseMovedFrom(abs); err != nil {
 		return nil, err
 	}
-	if o.ReadOnly {
-		return openReadOnly(abs, o, h)
-	}
 	if err := orphanWAL(abs); err != nil {
 		return nil, err
+	}
+	if o.ReadOnly {
+		return openReadOnly(abs, o, h)
 	}
 	created, err := createFile(abs, !o.MustExist)
 	if err != nil {

@@ -225,6 +225,12 @@ func TestOpenOverAnOrphanWAL(t *testing.T) {
 				t.Fatalf("Open over the -wal file of another jar file: %v; want ErrMoved", err)
 			}
 			prefixOnce(t, "Open", err)
+			if j2, err := keyjar.Open(ctx, path, &keyjar.Options{ReadOnly: true}); !errors.Is(err, keyjar.ErrMoved) {
+				if err == nil {
+					j2.Close()
+				}
+				t.Fatalf("Open with ReadOnly over the -wal file of another jar file: %v; want ErrMoved", err)
+			}
 			fi, err := os.Stat(path)
 			if c.jarFile != (err == nil) || c.jarFile && fi.Size() != 0 {
 				t.Errorf("the jar file after the refused Open: %v; want it as it was", err)
