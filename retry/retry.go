@@ -199,10 +199,8 @@ func classifyError(err error) Decision {
 		if _, ok := http2ConnErrors[msg]; ok {
 			return Retry
 		}
-		for _, p := range http2GoAways {
-			if strings.HasPrefix(msg, p) {
-				return Retry
-			}
+		if http2GoAway(msg) {
+			return Retry
 		}
 	}
 	return Stop
@@ -230,19 +228,36 @@ var http2ConnErrors = map[string]struct{}{
 	"http2: client conn is closed": {},
 }
 
-// http2GoAways begin the messages of the errors that net/http's HTTP/2
-// transport fails a request with when the server ends the connection with
-// a GOAWAY, which it does not send again itself: a GOAWAY naming the
-// stream as received, then the connection closed unanswered (http.Server's
-// Shutdown past its deadline: a rolling deploy), and a GOAWAY with an
-// error code on a new connection's first stream (ENHANCE_YOUR_CALM, a
-// server shedding load). Each is of a type of its own, unexported, whose
-// message holds the stream's and the code's figures; with the key, a
-// retry is safe, as for the same fault over HTTP/1.1.
-var http2GoAways = []string{
-	"http2: server sent GOAWAY and closed the connection",
-	"http2: Transport received GOAWAY from server",
-	"http2: Transport received Server's graceful shutdown GOAWAY",
+// http2GoAway reports whether msg is the message of an error that
+// net/http's HTTP/2 transport fails a request with when the server ends
+// the connection with a GOAWAY, which it does not send again itself, and
+// that a new connection may not meet: a GOAWAY naming the stream as
+// received, then the connection closed unanswered (http.Server's Shutdown
+// past its deadline: a rolling deploy), and a GOAWAY on a new connection's
+// first stream, either with a code of a passing fault (NO_ERROR,
+// INTERNAL_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM: a server
+// shedding load). A code that says the client is at fault
+// (PROTOCOL_ERROR, HTTP_1_1_REQUIRED, INADEQUATE_SECURITY…) meets every
+// new connection alike, as net/http reckons. Each error is of a type of
+// its own, unexported, whose message holds the stream's and the code's
+// figures; with the key, a retry is safe, as for the same fault over
+// HTTP/1.1.
+func http2GoAway(msg string) bool {
+	if msg == "http2: Transport received Server's graceful shutdown GOAWAY" {
+		return true
+	}
+	var code string
+	if rest, ok := strings.CutPrefix(msg, "http2: server sent GOAWAY and closed the connection; "); ok {
+		_, code, _ = strings.Cut(rest, "ErrCode=")
+		code, _, _ = strings.Cut(code, ",")
+	} else if code, ok = strings.CutPrefix(msg, "http2: Transport received GOAWAY from server ErrCode:"); !ok {
+		return false
+	}
+	switch code {
+	case "NO_ERROR", "INTERNAL_ERROR", "REFUSED_STREAM", "CANCEL", "ENHANCE_YOUR_CALM":
+		return true
+	}
+	return false
 }
 
 // http2StreamError has the fields of net/http's (unexported) HTTP/2
