@@ -199,8 +199,8 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	}
 	if failed > 0 {
 		fmt.Fprintf(stdout, "%d order(s) not charged", failed)
-		if n := leftPending(ctx, c, ids, resumed); n > 0 {
-			fmt.Fprintf(stdout, "; run again to resume the %d left pending", n)
+		if n := leftToSend(ctx, c, ids, resumed); n > 0 {
+			fmt.Fprintf(stdout, "; run again to send the %d left pending or never sent", n)
 		}
 		fmt.Fprintln(stdout)
 		return 1
@@ -208,11 +208,12 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	return 0
 }
 
-// leftPending returns how many of the orders ids, and of the operations a
-// run resumed, the jar holds pending: those a run again sends. One the
-// server refused (a 400) is done, and a run again only gets its answer
-// again. The jar is read even once ctx is done (an interrupted run).
-func leftPending(ctx context.Context, c *client.Client, ids []string, resumed map[string]bool) int {
+// leftToSend returns how many of the orders ids, and of the operations a
+// run resumed, the jar holds pending or does not hold (never sent: the
+// run was interrupted first): those a run again sends. One the server
+// refused (a 400) is done, and a run again only gets its answer again.
+// The jar is read even once ctx is done (an interrupted run).
+func leftToSend(ctx context.Context, c *client.Client, ids []string, resumed map[string]bool) int {
 	ctx = context.WithoutCancel(ctx)
 	ops := make(map[string]bool, len(ids)+len(resumed))
 	for _, id := range ids {
@@ -223,7 +224,7 @@ func leftPending(ctx context.Context, c *client.Client, ids []string, resumed ma
 	}
 	n := 0
 	for op := range ops {
-		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State == idem.StatePending {
+		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State == idem.StatePending || errors.Is(err, idem.ErrNotFound) {
 			n++
 		}
 	}

@@ -654,8 +654,8 @@ func TestInterruptWhileResuming(t *testing.T) {
 	if n := requests.Load(); n != 1 {
 		t.Errorf("the server got %d charge requests; want p1's alone, the run interrupted during it", n)
 	}
-	if !strings.Contains(stdout.String(), "3 order(s) not charged; run again to resume the 2 left pending") {
-		t.Errorf("stdout does not count the 3 orders not charged, p1 and p2 left pending:\n%s", stdout.String())
+	if !strings.Contains(stdout.String(), "3 order(s) not charged; run again to send the 3 left pending or never sent") {
+		t.Errorf("stdout does not count the 3 orders not charged, p1 and p2 left pending and n1 never sent:\n%s", stdout.String())
 	}
 	if !strings.Contains(stderr.String(), "2 order(s) not sent") {
 		t.Errorf("stderr %q; want it to count p2, not resumed, and n1 as the 2 orders not sent", stderr.String())
