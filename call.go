@@ -653,7 +653,7 @@ func reason(resp *http.Response, err error) string {
 func (c *call) reconcile(ctx context.Context) error {
 	ch, state := Change{Release: true}, c.rec.State
 	if state == StatePending { // an outcome that is known stays known
-		ch.State, ch.Note = StateReconcile, "first send older than the horizon: ask the server what happened, then abandon or forget"
+		ch.State, ch.Note = StateReconcile, "first send older than the horizon, or ahead of this clock: ask the server what happened, then abandon or forget"
 		state = StateReconcile
 	}
 	c.update(ctx, ch)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/unnamed"
+	"github.com/idemkit/idem/retry"
 )
 
 // Sentinels, each matched with errors.Is against the error RoundTrip returns
@@ -159,6 +160,10 @@ type ReconcileError struct {
 func (e *ReconcileError) Error() string {
 	msg := fmt.Sprintf("idem: operation %q (key %q) was first sent at %s, more than %v ago: not retried; ",
 		e.Op, e.Key, e.Created.UTC().Format(time.RFC3339), e.Horizon)
+	if time.Until(e.Created) > retry.ClockAhead {
+		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent at %s by its record, more than %v ahead of this clock (a clock that ran ahead): its age is unknown, and it is not retried; ",
+			e.Op, e.Key, e.Created.UTC().Format(time.RFC3339), retry.ClockAhead)
+	}
 	if e.State == StateDone || e.State == StateFailed {
 		// Abandon refuses an operation whose outcome is known.
 		return msg + fmt.Sprintf("its outcome is known (%s, status %d): forget it to begin it again under a new key", e.State, e.LastStatus)

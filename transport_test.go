@@ -971,6 +971,10 @@ func TestHorizonFromStoredFirstSend(t *testing.T) {
 	}{
 		{23*time.Hour + 59*time.Minute, true},
 		{24*time.Hour + time.Minute, false},
+		// A first send in the future, by a clock that ran ahead: within
+		// retry.ClockAhead it is sent; beyond, its age is unknown.
+		{-30 * time.Minute, true},
+		{-2 * time.Hour, false},
 	} {
 		tr, rec, jar := newTransport(t, status(201))
 		ctx := idem.WithOperation(context.Background(), "op")
@@ -993,6 +997,9 @@ func TestHorizonFromStoredFirstSend(t *testing.T) {
 		var re *idem.ReconcileError
 		if !errors.As(err, &re) || !errors.Is(err, idem.ErrReconcile) || rec.attempts() != 0 || re.Key != r.Key {
 			t.Fatalf("%v old: got %v after %d attempts; want *ReconcileError, nothing sent", tt.age, err, rec.attempts())
+		}
+		if ahead := strings.Contains(err.Error(), "ahead of this clock"); ahead != (tt.age < 0) {
+			t.Errorf("%v old: %q; says the clock ran ahead: %v, want %v", tt.age, err, ahead, tt.age < 0)
 		}
 		if got, _ := jar.Get(ctx, "op"); got.State != idem.StateReconcile || re.State != idem.StateReconcile {
 			t.Fatalf("state %q, ReconcileError's %q; want reconcile", got.State, re.State)

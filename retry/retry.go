@@ -397,10 +397,19 @@ func (p Policy) Defaults() Policy {
 }
 
 // Expired reports whether an operation first sent at created is past the
-// horizon at now.
+// horizon at now, or first sent, by this clock, more than ClockAhead after
+// now: a time written by a clock that ran ahead (of another host, or of
+// this one before it was set back), which says nothing of the operation's
+// age; a server may have forgotten its key.
 func (p Policy) Expired(created, now time.Time) bool {
-	return now.Sub(created) > p.Defaults().Horizon
+	return now.Sub(created) > p.Defaults().Horizon || created.Sub(now) > ClockAhead
 }
+
+// ClockAhead is how far in the future a first-send time may be before
+// Policy.Expired takes the operation for expired: the hour that the
+// reference server's retention (25 h) leaves above the default horizon
+// for clocks that disagree.
+const ClockAhead = time.Hour
 
 // Schedule is the retry schedule of one call. It is not safe for
 // concurrent use: make one per call with Policy.Schedule (or Reset).
