@@ -339,11 +339,12 @@ func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
 		tr = &tracker{}
 		r = r.WithContext(context.WithValue(r.Context(), trackerKey{}, tr))
 	}
-	resp, err := t.c.tr.RoundTrip(r)
-	if op := tr.stopSending(); op != "" {
-		t.c.send(op, -1)
-	}
-	return resp, err
+	defer func() { // a panic of a hook, the Logger or Base too
+		if op := tr.stopSending(); op != "" {
+			t.c.send(op, -1)
+		}
+	}()
+	return t.c.tr.RoundTrip(r)
 }
 
 func (t *tracked) CloseIdleConnections() { t.c.tr.CloseIdleConnections() }
