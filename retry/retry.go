@@ -233,24 +233,23 @@ var http2ConnErrors = map[string]struct{}{
 // the connection with a GOAWAY, which it does not send again itself, and
 // that a new connection may not meet: a GOAWAY naming the stream as
 // received, then the connection closed unanswered (http.Server's Shutdown
-// past its deadline: a rolling deploy), and a GOAWAY on a new connection's
-// first stream, either with a code of a passing fault (NO_ERROR,
-// INTERNAL_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM: a server
-// shedding load). A code that says the client is at fault
-// (PROTOCOL_ERROR, HTTP_1_1_REQUIRED, INADEQUATE_SECURITY…) meets every
-// new connection alike, as net/http reckons. Each error is of a type of
+// past its deadline: a rolling deploy), whatever its code (on a shared
+// connection, another stream's fault), and a GOAWAY with a code of a
+// passing fault (NO_ERROR, INTERNAL_ERROR, REFUSED_STREAM, CANCEL,
+// ENHANCE_YOUR_CALM: a server shedding load) on a new connection's first
+// stream, where one that says the client is at fault (PROTOCOL_ERROR,
+// HTTP_1_1_REQUIRED, INADEQUATE_SECURITY…) meets every new connection
+// alike, as net/http reckons. Each error is of a type of
 // its own, unexported, whose message holds the stream's and the code's
 // figures; with the key, a retry is safe, as for the same fault over
 // HTTP/1.1.
 func http2GoAway(msg string) bool {
-	if msg == "http2: Transport received Server's graceful shutdown GOAWAY" {
+	if msg == "http2: Transport received Server's graceful shutdown GOAWAY" ||
+		strings.HasPrefix(msg, "http2: server sent GOAWAY and closed the connection; ") {
 		return true
 	}
-	var code string
-	if rest, ok := strings.CutPrefix(msg, "http2: server sent GOAWAY and closed the connection; "); ok {
-		_, code, _ = strings.Cut(rest, "ErrCode=")
-		code, _, _ = strings.Cut(code, ",")
-	} else if code, ok = strings.CutPrefix(msg, "http2: Transport received GOAWAY from server ErrCode:"); !ok {
+	code, ok := strings.CutPrefix(msg, "http2: Transport received GOAWAY from server ErrCode:")
+	if !ok {
 		return false
 	}
 	switch code {

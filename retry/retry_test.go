@@ -89,7 +89,7 @@ func TestClassify(t *testing.T) {
 		{"HTTP/2 GOAWAY, then the connection closed", nil, errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug=""`), retry.Retry},
 		{"HTTP/2 GOAWAY with an error code", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: Transport received GOAWAY from server ErrCode:ENHANCE_YOUR_CALM")}, retry.Retry},
 		{"HTTP/2 GOAWAY: HTTP/1.1 required", nil, errors.New("http2: Transport received GOAWAY from server ErrCode:HTTP_1_1_REQUIRED"), retry.Stop},
-		{"HTTP/2 GOAWAY, a protocol error, then the connection closed", nil, errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=PROTOCOL_ERROR, debug=""`), retry.Stop},
+		{"HTTP/2 GOAWAY, a protocol error, then the connection closed", nil, errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=41, ErrCode=PROTOCOL_ERROR, debug=""`), retry.Retry},
 		{"HTTP/2 GOAWAY, an internal error, then the connection closed", nil, errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=3, ErrCode=INTERNAL_ERROR, debug="x"`), retry.Retry},
 		{"HTTP/2 connection text inside another message", nil, errors.New("proxy said: http2: client connection lost"), retry.Stop},
 		{"HTTP/2 connection closed by the program", nil, errors.New("http2: client connection force closed via ClientConn.Close"), retry.Stop},
