@@ -803,7 +803,7 @@ func checkFile(path string, flag int) (head []byte, err error) {
 	if err != nil {
 		if fi, serr := os.Stat(path); serr == nil && fi.IsDir() {
 			return nil, fmt.Errorf("%w: %s is a directory", ErrCorrupt, path)
-		} else if serr == nil && !fi.Mode().IsRegular() {
+		} else if serr == nil && fi.Mode()&fs.ModeSocket != 0 {
 			// A socket, which no open takes (ENXIO).
 			return nil, fmt.Errorf("%w: %s is not a regular file (%v)", ErrCorrupt, path, fi.Mode().Type())
 		}
