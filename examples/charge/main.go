@@ -209,8 +209,8 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 }
 
 // leftToSend returns how many of the orders ids, and of the operations a
-// run resumed, the jar holds pending or does not hold (never sent: the
-// run was interrupted first): those a run again sends. One the server
+// run resumed, the jar holds pending or abandoned, or does not hold (never
+// sent: the run was interrupted first): those a run again sends. One the server
 // refused (a 400) is done, and a run again only gets its answer again.
 // The jar is read even once ctx is done (an interrupted run).
 func leftToSend(ctx context.Context, c *client.Client, ids []string, resumed map[string]bool) int {
@@ -224,7 +224,8 @@ func leftToSend(ctx context.Context, c *client.Client, ids []string, resumed map
 	}
 	n := 0
 	for op := range ops {
-		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State == idem.StatePending || errors.Is(err, idem.ErrNotFound) {
+		rec, err := c.Jar().Get(ctx, op)
+		if err == nil && (rec.State == idem.StatePending || rec.State == idem.StateAbandoned) || errors.Is(err, idem.ErrNotFound) {
 			n++
 		}
 	}
