@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem/internal/body"
@@ -520,7 +522,7 @@ func releasing(rec Record, now time.Time) Change {
 
 // reconcileError is the error of a call that finds rec in StateReconcile.
 func (c *call) reconcileError(rec Record) error {
-	return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon,
+	return &ReconcileError{Op: c.op, Key: c.key, Created: rec.Created, Horizon: c.policy.Horizon, at: time.Now(),
 		Attempts: rec.Attempts, LastStatus: rec.LastStatus, State: rec.State}
 }
 
@@ -660,7 +662,7 @@ func (c *call) reconcile(ctx context.Context) error {
 	e := c.event(c.lastCode, nil)
 	fire(c.t.Hooks.OnReconcile, e)
 	c.log(ctx, slog.LevelWarn, "idem: past the horizon; reconcile", e)
-	return &ReconcileError{Op: c.op, Key: c.key, Created: c.rec.Created, Horizon: c.policy.Horizon,
+	return &ReconcileError{Op: c.op, Key: c.key, Created: c.rec.Created, Horizon: c.policy.Horizon, at: time.Now(),
 		Attempts: c.rec.Attempts, LastStatus: c.lastCode, State: state}
 }
 
@@ -878,12 +880,13 @@ func (c *call) openBody() (io.ReadCloser, error) {
 	}
 	n, ok := body.Len(rc)
 	if !ok {
-		if _, isFile := rc.(*os.File); isFile {
-			// Left as it is, for net/http to send with sendfile over
-			// HTTP/1.1 (a wrapper hides the file from it): a file that
-			// fails to read mid-send is rare, and its error is taken for
-			// the network's.
-			return rc, nil
+		if f, isFile := rc.(*os.File); isFile {
+			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+				// Left as it is, for net/http to send with sendfile over
+				// HTTP/1.1 (a wrapper hides the file from it): its read
+				// errors are *fs.PathErrors, which asBodyError tells.
+				return rc, nil
+			}
 		}
 		// A reader that may fail: its errors are told from the network's.
 		return &sourceReader{rc}, nil
@@ -920,13 +923,25 @@ type bodyError struct{ err error }
 func (e *bodyError) Error() string   { return ErrRequestBody.Error() + ": " + e.err.Error() }
 func (e *bodyError) Unwrap() []error { return []error{ErrRequestBody, e.err} }
 
-// asBodyError returns the bodyError in err's tree, or nil. (Its variable,
-// which errors.As takes the address of, is on the heap: only a failed
-// attempt pays for it.)
+// asBodyError returns the bodyError in err's tree, or one of the failure
+// to read a file there (an attempt's body, a regular file passed on
+// unwrapped): a read's *fs.PathError, which the network has none of, or a
+// sendfile that failed on its file's side (EIO, EBADF), where it fails on
+// the connection's with EPIPE or ECONNRESET; or nil. (Its variables, which
+// errors.As takes the address of, are on the heap: only a failed attempt
+// pays for them.)
 func asBodyError(err error) *bodyError {
 	var be *bodyError
 	if errors.As(err, &be) {
 		return be
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Op == "read" {
+		return &bodyError{pe}
+	}
+	var se *os.SyscallError
+	if errors.As(err, &se) && se.Syscall == "sendfile" && (errors.Is(se.Err, syscall.EIO) || errors.Is(se.Err, syscall.EBADF)) {
+		return &bodyError{se}
 	}
 	return nil
 }

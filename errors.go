@@ -155,12 +155,14 @@ type ReconcileError struct {
 	// State is the record's: StateReconcile, or the known outcome that a
 	// done or failed operation keeps (StateDone, StateFailed).
 	State State
+
+	at time.Time // when the call found it past the horizon, for Error
 }
 
 func (e *ReconcileError) Error() string {
 	msg := fmt.Sprintf("idem: operation %q (key %q) was first sent at %s, more than %v ago: not retried; ",
 		e.Op, e.Key, e.Created.UTC().Format(time.RFC3339), e.Horizon)
-	if time.Until(e.Created) > retry.ClockAhead {
+	if !e.at.IsZero() && e.Created.Sub(e.at) > retry.ClockAhead {
 		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent at %s by its record, more than %v ahead of this clock (a clock that ran ahead): its age is unknown, and it is not retried; ",
 			e.Op, e.Key, e.Created.UTC().Format(time.RFC3339), retry.ClockAhead)
 	}

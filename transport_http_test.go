@@ -1344,8 +1344,28 @@ func (r failingReader) Read([]byte) (int, error) { return 0, r.err }
 // body cut short; the operation stays pending.
 func TestBodySourceFailsWhileSent(t *testing.T) {
 	diskFault := errors.New("disk on fire")
-	for _, h2 := range []bool{false, true} {
-		t.Run(fmt.Sprint("HTTP/2 ", h2), func(t *testing.T) {
+	// A regular file that cannot be read (opened for writing alone), which
+	// reaches Base unwrapped: its *fs.PathError tells it from the network.
+	path := filepath.Join(t.TempDir(), "upload.json")
+	if err := os.WriteFile(path, []byte(`{"amount":100}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		h2     bool
+		source func() (io.ReadCloser, error)
+		want   error
+	}{
+		{false, func() (io.ReadCloser, error) {
+			return io.NopCloser(io.MultiReader(strings.NewReader(`{"amo`), failingReader{diskFault})), nil
+		}, diskFault},
+		{true, func() (io.ReadCloser, error) {
+			return io.NopCloser(io.MultiReader(strings.NewReader(`{"amo`), failingReader{diskFault})), nil
+		}, diskFault},
+		{false, func() (io.ReadCloser, error) { return os.OpenFile(path, os.O_WRONLY, 0) }, syscall.EBADF},
+		{true, func() (io.ReadCloser, error) { return os.OpenFile(path, os.O_WRONLY, 0) }, syscall.EBADF},
+	} {
+		h2 := c.h2
+		t.Run(fmt.Sprintf("HTTP/2 %v, %v", h2, c.want), func(t *testing.T) {
 			var requests atomic.Int32
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				requests.Add(1)
@@ -1369,12 +1389,12 @@ func TestBodySourceFailsWhileSent(t *testing.T) {
 				if gets++; gets == 1 { // the fingerprint's read
 					return io.NopCloser(strings.NewReader(`{"amount":100}`)), nil
 				}
-				return io.NopCloser(io.MultiReader(strings.NewReader(`{"amo`), failingReader{diskFault})), nil
+				return c.source()
 			}
 			ctx := idem.WithOperation(context.Background(), "charge")
 			_, err := tr.RoundTrip(req.WithContext(ctx))
 			var pe *idem.PendingError
-			if !errors.As(err, &pe) || !errors.Is(err, idem.ErrRequestBody) || !errors.Is(pe.Err, diskFault) || pe.Attempts != 1 {
+			if !errors.As(err, &pe) || !errors.Is(err, idem.ErrRequestBody) || !errors.Is(pe.Err, c.want) || pe.Attempts != 1 {
 				t.Fatalf("got %v (%d attempts); want a *PendingError of ErrRequestBody, its Err the reader's, after 1 attempt", err, pe.Attempts)
 			}
 			if rec, _ := jar.Get(ctx, "charge"); rec.State != idem.StatePending || rec.Attempts != 1 || requests.Load() > 1 {

@@ -92,8 +92,9 @@
 // pending, and it exits with status 1.
 //
 // resume does not send an operation first sent longer ago than --horizon,
-// 24h by default: it marks it for reconciliation, as the program that sent
-// it would. The jar does not record that program's retry horizon
+// 24h by default, or, by its record, more than an hour ahead of this
+// host's clock (retry.ClockAhead: a clock that ran ahead, its age unknown):
+// it marks it for reconciliation, as the program that sent it would. The jar does not record that program's retry horizon
 // (retry.Policy.Horizon); give it when the program set one, so that
 // resume neither sends what the server may have forgotten the key of nor
 // gives up what the program would still retry. --attempt-timeout is at
