@@ -1322,3 +1322,25 @@ func TestAbandonAsTheAnswerIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// TestAbandonAfterAPanicInTheCall: a call that ends by a panic of its Base
+// (or a hook, or the Logger) after its first attempt began counts no
+// longer as sending: an Abandon afterwards is not refused.
+func TestAbandonAfterAPanicInTheCall(t *testing.T) {
+	boom := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r.Body.Close()
+		panic("base broke")
+	})
+	c := newClient(t, nil, &client.Options{Base: boom})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the call did not panic")
+			}
+		}()
+		c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+	}()
+	if err := c.Abandon(context.Background(), "charge:o1", "base broke"); err != nil {
+		t.Fatalf("Abandon after the call panicked: %v; want it abandoned", err)
+	}
+}
