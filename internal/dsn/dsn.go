@@ -88,8 +88,8 @@ func MaskURL(s string) string {
 	if hasQuery {
 		query = maskQuery(query)
 	}
-	if password, _ := u.User.Password(); u.User.Username() != "" && secretUser(u.Scheme, password) {
-		if _, ok := u.User.Password(); ok {
+	if password, ok := u.User.Password(); u.User.Username() != "" && secretUser(u.Scheme, password) {
+		if ok {
 			u.User = url.UserPassword("xxxxx", "xxxxx")
 		} else {
 			u.User = url.User("xxxxx")
