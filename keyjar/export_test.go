@@ -11,6 +11,7 @@ import (
 // MovedEvery is how often at most a key creation checks that the jar's
 // files are still at its path.
 const MovedEvery = movedEvery
+const WALSizeLimit = walSizeLimit
 
 // Commit describes one group commit, as the committer is about to COMMIT.
 type Commit struct {

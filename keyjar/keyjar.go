@@ -418,6 +418,11 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 		"_pragma", "fullfsync(1)",
 		"_pragma", "checkpoint_fullfsync(1)",
 		"_pragma", "secure_delete(FAST)",
+		// A burst of writes while a reader holds a snapshot (idemctl,
+		// a backup) grows the -wal file past what a checkpoint needs;
+		// SQLite gives the excess back when it next restarts the WAL,
+		// not at Close only.
+		"_pragma", "journal_size_limit("+strconv.Itoa(walSizeLimit)+")",
 	))
 	if err != nil {
 		return nil, wrapf(err, "open %s", abs)
@@ -969,6 +974,11 @@ func (j *Jar) syncWAL() error {
 	defer f.Close()
 	return f.Sync()
 }
+
+// walSizeLimit is the size, in bytes, down to which SQLite truncates the
+// -wal file when it restarts it after a checkpoint: a little more than the
+// 1000 pages at which it checkpoints on its own.
+const walSizeLimit = 8 << 20
 
 // keepWAL makes the writer's connection, the last one to close, leave the
 // -wal and -shm files in place when it closes the file: SQLite then still
