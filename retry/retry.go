@@ -68,6 +68,12 @@ func (d Decision) String() string {
 // that saves errors): every retry with the key would get it again, so it is
 // Final whatever its status, but 422, which still stops.
 //
+// A server that says whether to retry, as Stripe's API does with the header
+// Stripe-Should-Retry: true or false, is taken at its word before the
+// status is looked at, as stripe-go does: a 500 it marks true is retried
+// under the same key, a 409 or 503 it marks false is Final. It does not
+// outrank a replay or a 422, nor a value other than those two.
+//
 // Errors are classified by type: context.Canceled stops; a net.Error
 // (timeouts included, so an attempt's own deadline retries), io.EOF,
 // io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, an
@@ -100,6 +106,14 @@ func Classify(resp *http.Response, err error) Decision {
 	}
 	if resp == nil {
 		return Stop
+	}
+	if resp.StatusCode != http.StatusUnprocessableEntity && !Replayed(resp) {
+		switch strings.TrimSpace(resp.Header.Get("Stripe-Should-Retry")) {
+		case "true":
+			return Retry
+		case "false":
+			return Final
+		}
 	}
 	switch resp.StatusCode {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,

@@ -32,6 +32,13 @@ func replayed(code int) *http.Response {
 	return r
 }
 
+// shouldRetry is an answer that says whether to retry, as Stripe's API does.
+func shouldRetry(code int, v string) *http.Response {
+	r := resp(code)
+	r.Header.Set("Stripe-Should-Retry", v)
+	return r
+}
+
 func TestClassify(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -63,6 +70,16 @@ func TestClassify(t *testing.T) {
 		{"422 replayed", replayed(422), nil, retry.Stop},
 		{"201 replayed", replayed(201), nil, retry.Final},
 		{"nil response", nil, nil, retry.Stop},
+		{"500 Stripe-Should-Retry: true", shouldRetry(500, "true"), nil, retry.Retry},
+		{"409 Stripe-Should-Retry: false", shouldRetry(409, "false"), nil, retry.Final},
+		{"503 Stripe-Should-Retry: false", shouldRetry(503, " false "), nil, retry.Final},
+		{"503 Stripe-Should-Retry: maybe", shouldRetry(503, "maybe"), nil, retry.Retry},
+		{"422 Stripe-Should-Retry: true", shouldRetry(422, "true"), nil, retry.Stop},
+		{"500 replayed, Stripe-Should-Retry: true", func() *http.Response {
+			r := replayed(500)
+			r.Header.Set("Stripe-Should-Retry", "true")
+			return r
+		}(), nil, retry.Final},
 		{"io.EOF", nil, io.EOF, retry.Retry},
 		{"unexpected EOF wrapped", nil, fmt.Errorf("read: %w", io.ErrUnexpectedEOF), retry.Retry},
 		{"*net.OpError", nil, opErr, retry.Retry},
