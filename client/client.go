@@ -651,18 +651,32 @@ func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Re
 	if err != nil {
 		return nil, err
 	}
-	return c.decodeJSON(resp, out)
+	return c.decodeJSON(ctx, resp, out)
+}
+
+// readAnswer reads at most limit bytes of an answer's body, for its
+// StatusError or its decoded value: until ctx is done, and for no longer
+// than the Policy's AttemptTimeout, which the Transport stops counting
+// once the headers have come. A server that stalls after them would hold
+// the call, and Close, which waits for it, without end.
+func (c *Client) readAnswer(ctx context.Context, r io.Reader, limit, size int64) ([]byte, error) {
+	if d := c.tr.Policy.Defaults().AttemptTimeout; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	return body.ReadAtMostContext(ctx, r, limit, size)
 }
 
 // decodeJSON reads resp's body, a 2xx answer, and decodes it into out
 // (unless out is nil or the body is empty), for PostJSON and ResumeJSON.
-func (c *Client) decodeJSON(resp *Response, out any) (*Response, error) {
+func (c *Client) decodeJSON(ctx context.Context, resp *Response, out any) (*Response, error) {
 	defer func() {
 		body.Drain(resp.Body)
 		resp.Body = http.NoBody
 	}()
 	if out != nil {
-		b, err := body.ReadAtMost(resp.Body, c.maxJSONBody, resp.ContentLength)
+		b, err := c.readAnswer(ctx, resp.Body, c.maxJSONBody, resp.ContentLength)
 		if errors.Is(err, body.ErrTooLarge) {
 			return resp, fmt.Errorf("%w: the answer to %q (status %d) has more than %d bytes", ErrTooLarge, resp.Op, resp.StatusCode, c.maxJSONBody)
 		}
@@ -778,7 +792,7 @@ func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response,
 	if err != nil {
 		return nil, err
 	}
-	return c.decodeJSON(resp, out)
+	return c.decodeJSON(ctx, resp, out)
 }
 
 // ResumeWithBody is Resume for an operation whose body the jar did not

@@ -237,7 +237,7 @@ func (e *ConflictError) Is(target error) bool { return target == idem.ErrPending
 // statusError reads (bounded) and closes a non-2xx answer and says what it
 // means for the operation.
 func (c *Client) statusError(ctx context.Context, r *Response, keyed, anonymous bool, attempts int, elapsed time.Duration) error {
-	b, _ := body.ReadAtMost(r.Body, c.maxErrorBody, r.ContentLength)
+	b, _ := c.readAnswer(ctx, r.Body, c.maxErrorBody, r.ContentLength)
 	if int64(len(b)) > c.maxErrorBody {
 		b = b[:c.maxErrorBody]
 	}
