@@ -577,10 +577,7 @@ func (c *call) notSent(ctx context.Context, err error) error {
 	c.unsent = true
 	c.costDue = c.attempts > 0 && c.t.Budget != nil
 	if c.unnamed() && c.created && c.attempts == 0 {
-		_, jerr := c.t.Jar.Update(detach(ctx), c.op, c.holder, Change{Now: time.Now(), State: StateAbandoned,
-			Attempts: -1, Release: true, Note: "never sent: " + errorText(err)})
-		if jerr == nil {
-			c.held = false
+		if c.abandonUnsent(ctx, errorText(err)) {
 			e := c.event(c.lastCode, err)
 			e.Reason = "not sent"
 			fire(c.t.Hooks.OnGiveUp, e)
@@ -594,6 +591,20 @@ func (c *call) notSent(ctx context.Context, err error) error {
 	return c.pending(err, c.rec.NextAttempt)
 }
 
+// abandonUnsent abandons, durably, the operation of a call that sent
+// nothing of it, and whose first attempt Begin counted, when no call can
+// name it (unnamed): nothing of it happened, and a resume of every pending
+// operation would send what its caller was told failed. It reports
+// whether the jar took the change, which gives the lease back.
+func (c *call) abandonUnsent(ctx context.Context, why string) bool {
+	_, err := c.t.Jar.Update(detach(ctx), c.op, c.holder, Change{Now: time.Now(), State: StateAbandoned,
+		Attempts: -1, Release: true, Note: "never sent: " + why})
+	if err == nil {
+		c.held = false
+	}
+	return err == nil
+}
+
 // unwind runs when the call ends. A retry it paid for but did not send
 // (its context ended, or a lease it waited for, or a hook panicked) put no
 // load on the server, and the Budget gets its cost back. When the call
@@ -601,7 +612,9 @@ func (c *call) notSent(ctx context.Context, err error) error {
 // runtime.Goexit), which goes on to the caller of RoundTrip as it is,
 // unwind also gives back what it holds. The operation stays pending, as
 // stop leaves it, or keeps the outcome recorded before the panic; the
-// response in hand, which the caller never gets, is closed.
+// response in hand, which the caller never gets, is closed. An operation
+// without a name whose first attempt was not sent is abandoned, as
+// notSent does.
 func (c *call) unwind(ctx context.Context) {
 	if c.costDue {
 		c.t.Budget.Deposit(c.cost)
@@ -609,7 +622,8 @@ func (c *call) unwind(ctx context.Context) {
 	if c.returned {
 		return
 	}
-	if c.held {
+	firstUnsent := c.created && (c.attempts == 0 || c.attempts == 1 && c.unsent)
+	if c.held && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, "the call ended before its first send (a hook or the Logger panicked)")) {
 		c.release(ctx)
 	}
 	if c.resp != nil {

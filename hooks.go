@@ -29,7 +29,9 @@ type Event struct {
 // pending, as when a call stops (after OnReplay too: a later call sends
 // it again and gets the replay), or keeps what was recorded before
 // OnGiveUp or OnReconcile ran. An attempt whose OnAttempt panicked is
-// neither sent nor counted. A panic in the Transport's Logger is handled
+// neither sent nor counted; when it was the first of an operation without
+// a name, which no call can name to resume, the operation is abandoned
+// (nothing of it was sent), as one that Base refused with ErrNotSent. A panic in the Transport's Logger is handled
 // the same way.
 type Hooks struct {
 	// OnAttempt runs before each attempt is sent. One that Base then

@@ -587,3 +587,51 @@ func TestRetryHookOnlyForARetry(t *testing.T) {
 		})
 	}
 }
+
+// TestPanickingHookOfAnUnnamedOperation: an operation without a name whose
+// first attempt's OnAttempt panicked sent nothing, and no call can name it
+// to resume it: it is abandoned, as one that Base refused with ErrNotSent,
+// and not left pending for a resume of every pending operation to send. One
+// that an earlier attempt sent stays pending.
+func TestPanickingHookOfAnUnnamedOperation(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		steps []func() (*http.Response, error)
+		panic int // the attempt whose OnAttempt panics
+		sent  int
+		state idem.State
+	}{
+		{"first attempt", steps(status(201)), 1, 0, idem.StateAbandoned},
+		{"second attempt", steps(status(503), status(201)), 2, 1, idem.StatePending},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, jar := newTransport(t, c.steps...)
+				tr.Hooks.OnAttempt = func(e idem.Event) {
+					if e.Attempt == c.panic {
+						panic("hook")
+					}
+				}
+				func() {
+					defer func() {
+						if recover() == nil {
+							t.Error("RoundTrip did not panic")
+						}
+					}()
+					post(t, context.Background(), tr, `{}`)
+				}()
+				if got := rec.attempts(); got != c.sent {
+					t.Errorf("Base saw %d attempts; want %d", got, c.sent)
+				}
+				all, err := jar.List(context.Background(), idem.Filter{})
+				if err != nil || len(all) != 1 {
+					t.Fatalf("List: %d records, %v; want 1", len(all), err)
+				}
+				r := all[0]
+				if r.State != c.state || r.Attempts != c.sent || r.Holder != "" {
+					t.Errorf("record: %s, %d attempts, holder %q; want %s, %d attempts, no holder", r.State, r.Attempts, r.Holder, c.state, c.sent)
+				}
+			})
+		})
+	}
+}
