@@ -835,13 +835,20 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	actx, cancel := context.WithCancel(ctx)
 	var timedOut atomic.Bool
 	timer := time.AfterFunc(d, func() { timedOut.Store(true); cancel() })
+	handedOff := false // to the response's body, which cancels at EOF or Close
+	defer func() {
+		if !handedOff { // a Base that panicked too: not held for d
+			timer.Stop()
+			cancel()
+		}
+	}()
 	resp, err := c.roundTrip(c.attempt(actx, rc))
 	if err == nil {
 		if timer.Stop() {
 			if resp.Body == http.NoBody {
 				cancel() // nothing to read, and NoBody stays itself, as callers compare it
 			} else {
-				resp.Body = body.OnClose(resp.Body, cancel)
+				resp.Body, handedOff = body.OnClose(resp.Body, cancel), true
 			}
 			return resp, nil
 		}

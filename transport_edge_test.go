@@ -1154,3 +1154,36 @@ func TestBaseNotSent(t *testing.T) {
 		}
 	})
 }
+
+// panickingBase panics in RoundTrip, after it kept the attempt's context.
+type panickingBase struct{ ctx *context.Context }
+
+func (b panickingBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	*b.ctx = r.Context()
+	panic("base")
+}
+
+// TestAttemptContextEndsWhenBasePanics: an attempt whose Base panics ends
+// with RoundTrip; its context, and the AttemptTimeout timer that would end
+// it, are released then, not an AttemptTimeout later.
+func TestAttemptContextEndsWhenBasePanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var attempt context.Context
+		tr := &idem.Transport{Base: panickingBase{&attempt}, Jar: &idem.MemoryJar{}, Policy: retry.Policy{AttemptTimeout: time.Hour}}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("RoundTrip did not panic")
+				}
+			}()
+			req, _ := http.NewRequest("POST", "http://127.0.0.1:1/x", strings.NewReader(`{}`))
+			tr.RoundTrip(req)
+		}()
+		if attempt == nil {
+			t.Fatal("Base not called")
+		}
+		if attempt.Err() == nil {
+			t.Error("the attempt's context is live after RoundTrip panicked: its timer holds it for the AttemptTimeout (1h)")
+		}
+	})
+}
