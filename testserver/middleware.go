@@ -54,6 +54,9 @@ const (
 	// It runs on a context detached from the request, so that a client
 	// that hangs up does not leave the claim in flight.
 	storeWriteTimeout = 10 * time.Second
+	// maxSaves bounds the tries of one save (Middleware.save), which
+	// storeWriteTimeout bounds too.
+	maxSaves = 8
 	// maxDecisions bounds how often one request re-reads the key after
 	// losing a take-over race before it answers 409.
 	maxDecisions = 3
@@ -84,7 +87,7 @@ const (
 	// execution, at the cost that a transient failure becomes permanent
 	// for that key: the caller must reconcile and use a new key. Safe as
 	// long as the store saves: an answer whose Save fails (the database
-	// down) leaves the claim in flight, and a retry after LockTimeout takes
+	// down), tried up to 8 times within 10 s, leaves the claim in flight, and a retry after LockTimeout takes
 	// it over and runs the handler again, with Claim.TakenOver set, under
 	// either policy.
 	// Under SaveError a handler should not answer 408, 429, 502, 503 or 504 for
@@ -729,6 +732,31 @@ func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, f Fence) {
 	}
 }
 
+// save saves resp under the claim of fence f, and tries again, up to
+// maxSaves times within ctx, when the store fails for another reason than
+// the fence: a lock another process held past the store's busy timeout, a
+// connection lost. An answer not saved leaves its claim in flight until
+// LockTimeout, and the caller's retry then runs the handler again. Save is
+// fenced on the claim: one that was written before its error came is
+// found fenced when tried again (the caller's retry gets the replay).
+func (m *Middleware) save(ctx context.Context, scope, key string, f Fence, resp Response) error {
+	wait := 50 * time.Millisecond
+	for n := 1; ; n++ {
+		err := m.Store.Save(ctx, scope, key, f, resp)
+		if err == nil || errors.Is(err, ErrFenced) || n == maxSaves || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 // release releases the claim with fence f, fenced by it and within
 // storeWriteTimeout, whether or not the caller is still there.
 func (m *Middleware) release(r *http.Request, scope, key string, f Fence) error {
@@ -862,7 +890,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 		defer cancel()
-		early.saved, early.err = true, m.Store.Save(ctx, scope, key, fence, m.saved(rec, key))
+		early.saved, early.err = true, m.save(ctx, scope, key, fence, m.saved(rec, key))
 	}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
@@ -988,7 +1016,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	} else {
 		resp := m.saved(rec, key)
 		tooLarge = rec.streamed
-		switch err := m.Store.Save(ctx, scope, key, fence, resp); {
+		switch err := m.save(ctx, scope, key, fence, resp); {
 		case errors.Is(err, ErrFenced):
 			fenced = "save"
 		case err != nil:

@@ -1220,6 +1220,8 @@ func TestSlowReaderOfAStreamedAnswer(t *testing.T) {
 type failingStore struct {
 	testserver.MemoryStore
 	claim, takeOver, save bool
+	saveFails             int32 // the first saves that fail, when save is false
+	saves                 atomic.Int32
 }
 
 var errDown = errors.New("store down")
@@ -1239,7 +1241,7 @@ func (s *failingStore) TakeOver(ctx context.Context, scope, key string, old, new
 }
 
 func (s *failingStore) Save(ctx context.Context, scope, key string, tok testserver.Fence, resp testserver.Response) error {
-	if s.save {
+	if n := s.saves.Add(1); s.save || n <= s.saveFails {
 		return errDown
 	}
 	return s.MemoryStore.Save(ctx, scope, key, tok, resp)
@@ -1295,17 +1297,42 @@ func TestStoreErrors(t *testing.T) {
 		t.Fatalf("handler ran %d times; want 0", h.runs.Load())
 	}
 
-	// Save fails after the handler ran: the caller gets the handler's
-	// answer; the claim stays in flight, so a retry is told to wait.
-	fs = &failingStore{save: true}
-	mw = &testserver.Middleware{Store: fs}
-	if w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")); w.Code != 201 {
-		t.Fatalf("after a failed save: %d; want the handler's 201", w.Code)
-	}
-	wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 409, testserver.ProblemInFlight)
-	if h.runs.Load() != 1 || mw.Stats().StoreErrors != 1 {
-		t.Fatalf("runs %d, %+v; want 1 run, 1 store error", h.runs.Load(), mw.Stats())
-	}
+	// Save fails after the handler ran, every time it is tried: the
+	// caller gets the handler's answer; the claim stays in flight, so a
+	// retry is told to wait.
+	synctest.Test(t, func(t *testing.T) {
+		h := &charges{}
+		fs := &failingStore{save: true}
+		mw := &testserver.Middleware{Store: fs}
+		if w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")); w.Code != 201 {
+			t.Fatalf("after a failed save: %d; want the handler's 201", w.Code)
+		}
+		wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), 409, testserver.ProblemInFlight)
+		if h.runs.Load() != 1 || mw.Stats().StoreErrors != 1 || fs.saves.Load() != testserver.MaxSaves {
+			t.Fatalf("runs %d, %d saves tried, %+v; want 1 run, %d saves, 1 store error", h.runs.Load(), fs.saves.Load(), mw.Stats(), testserver.MaxSaves)
+		}
+	})
+}
+
+// TestSaveTriedAgain: a save that fails for a while (another process's
+// lock held past the store's busy timeout) is tried again, and the retry
+// of the request gets the replay, not a second run after LockTimeout.
+func TestSaveTriedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &charges{}
+		fs := &failingStore{saveFails: 3}
+		mw := &testserver.Middleware{Store: fs}
+		start := time.Now()
+		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != 201 || time.Since(start) > 2*time.Second {
+			t.Fatalf("%d after %v; want the handler's 201 within the tries' waits", w.Code, time.Since(start))
+		}
+		w = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 || mw.Stats().StoreErrors != 0 {
+			t.Fatalf("retry: %d, replayed %q, runs %d, %+v; want the replayed 201, one run, no store error",
+				w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load(), mw.Stats())
+		}
+	})
 }
 
 // Two credentials with the same key and body: two runs, and each replay is

@@ -1,0 +1,4 @@
+package testserver
+
+// MaxSaves is how often the Middleware tries one save.
+const MaxSaves = maxSaves
