@@ -366,8 +366,13 @@ func (s *Store) migrate(ctx context.Context, path string) error {
 
 // DB returns the underlying database, so that an application can keep its
 // own tables in the same file (the reference server keeps its PayCo ledger
-// there). It has one connection: do not hold a transaction open while
-// calling the Store. Close closes it.
+// there). It has one connection: do not hold a transaction open, or rows
+// not yet closed, while calling the Store, and so while writing a
+// handler's answer either: the Middleware saves an answer longer than
+// MaxSavedResponse from inside the Write that goes past it, and that save
+// would wait for the connection until it failed (its claim then stays in
+// flight, and a retry after LockTimeout runs the handler again). Read
+// rows into memory, close them, then write. Close closes it.
 func (s *Store) DB() *sql.DB { return s.db }
 
 // Close closes the database. A call already running finishes, or fails
