@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -55,6 +56,7 @@ type call struct {
 	// the response in hand. returned is set once run has returned.
 	held     bool
 	unsent   bool
+	reached  bool // an attempt may have reached the server: it did more than fail to dial
 	resp     *http.Response
 	returned bool
 }
@@ -322,6 +324,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			return nil, c.notSent(ctx, err)
 		}
 		c.lastErr, c.resp = err, resp
+		if err == nil || !dialFailed(err) {
+			c.reached = true
+		}
 		if resp != nil {
 			c.lastCode = resp.StatusCode
 			if retry.Replayed(resp) {
@@ -373,6 +378,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			return resp, nil
 		case retry.Stop:
 			if err != nil {
+				if err, ok := c.abandonNeverConnected(ctx, err); ok {
+					return nil, err
+				}
 				return nil, c.stop(ctx, err)
 			}
 			if c.t.Budget != nil {
@@ -410,6 +418,11 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 		}
 		if !more {
+			if resp == nil {
+				if err, ok := c.abandonNeverConnected(ctx, err); ok {
+					return nil, err
+				}
+			}
 			// The server's Retry-After, when it sent one, is when the
 			// operation may be sent again, whatever stopped this call.
 			var next time.Time
@@ -577,13 +590,8 @@ func (c *call) notSent(ctx context.Context, err error) error {
 	c.unsent = true
 	c.costDue = c.attempts > 0 && c.t.Budget != nil
 	if c.unnamed() && c.created && c.attempts == 0 {
-		if c.abandonUnsent(ctx, errorText(err)) {
-			e := c.event(c.lastCode, err)
-			e.Reason = "not sent"
-			fire(c.t.Hooks.OnGiveUp, e)
-			c.log(ctx, slog.LevelWarn, "idem: giving up; the operation, without a name and never sent, is abandoned", e)
-			return fmt.Errorf("idem: operation %q (key %q): nothing was sent, and the operation, which no call can name, is abandoned: %w",
-				c.op, c.key, err)
+		if err, ok := c.abandonedUnsent(ctx, -1, err); ok {
+			return err
 		}
 	}
 	c.release(ctx)
@@ -594,15 +602,65 @@ func (c *call) notSent(ctx context.Context, err error) error {
 // abandonUnsent abandons, durably, the operation of a call that sent
 // nothing of it, and whose first attempt Begin counted, when no call can
 // name it (unnamed): nothing of it happened, and a resume of every pending
-// operation would send what its caller was told failed. It reports
-// whether the jar took the change, which gives the lease back.
-func (c *call) abandonUnsent(ctx context.Context, why string) bool {
+// operation would send what its caller was told failed. attempts is
+// added to the record's count. It reports whether the jar took the
+// change, which gives the lease back.
+func (c *call) abandonUnsent(ctx context.Context, attempts int, why string) bool {
 	_, err := c.t.Jar.Update(detach(ctx), c.op, c.holder, Change{Now: time.Now(), State: StateAbandoned,
-		Attempts: -1, Release: true, Note: "never sent: " + why})
+		Attempts: attempts, Release: true, Note: "never sent: " + why})
 	if err == nil {
 		c.held = false
 	}
 	return err == nil
+}
+
+// abandonedUnsent abandons the operation as abandonUnsent does, for err,
+// and reports it to OnGiveUp, the log and the caller: the error it returns
+// wraps err, and is no *PendingError.
+func (c *call) abandonedUnsent(ctx context.Context, attempts int, err error) (error, bool) {
+	if !c.abandonUnsent(ctx, attempts, errorText(err)) {
+		return nil, false
+	}
+	e := c.event(c.lastCode, err)
+	e.Reason = "not sent"
+	fire(c.t.Hooks.OnGiveUp, e)
+	c.log(ctx, slog.LevelWarn, "idem: giving up; the operation, without a name and never sent, is abandoned", e)
+	return fmt.Errorf("idem: operation %q (key %q): nothing was sent, and the operation, which no call can name, is abandoned: %w",
+		c.op, c.key, err), true
+}
+
+// dialFailed reports whether err is a connection that could not be made.
+func dialFailed(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// abandonNeverConnected abandons, as notSent does, an operation without a
+// name, begun by this call, whose every attempt failed to connect: the
+// call stops, and nothing of it reached the server. Pending, a resume of
+// every pending operation would send it once the host answers, after its
+// caller was told it failed (and may have sent it anew, under a new key).
+func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, bool) {
+	if !c.unnamed() || !c.created || !c.neverConnected() {
+		return nil, false
+	}
+	return c.abandonedUnsent(ctx, 0, err)
+}
+
+// neverConnected reports whether every attempt of the call failed to
+// connect (a dial refused, a host name that does not exist) through
+// net/http's own Transport, so that no byte of the request left: a base of
+// another kind may have sent an attempt of its own before the error it
+// returns.
+func (c *call) neverConnected() bool {
+	if c.reached {
+		return false
+	}
+	switch c.t.base().(type) {
+	case *http.Transport:
+		return true
+	}
+	return false
 }
 
 // unwind runs when the call ends. A retry it paid for but did not send
@@ -623,7 +681,7 @@ func (c *call) unwind(ctx context.Context) {
 		return
 	}
 	firstUnsent := c.created && (c.attempts == 0 || c.attempts == 1 && c.unsent)
-	if c.held && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, "the call ended before its first send (a hook or the Logger panicked)")) {
+	if c.held && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, -1, "the call ended before its first send (a hook or the Logger panicked)")) {
 		c.release(ctx)
 	}
 	if c.resp != nil {

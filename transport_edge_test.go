@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -1186,4 +1187,58 @@ func TestAttemptContextEndsWhenBasePanics(t *testing.T) {
 			t.Error("the attempt's context is live after RoundTrip panicked: its timer holds it for the AttemptTimeout (1h)")
 		}
 	})
+}
+
+// TestUnnamedNeverConnectedIsAbandoned: an operation without a name whose
+// every attempt failed to connect through net/http's Transport (a dial
+// refused, a host name that does not exist) sent nothing, and no call can
+// name it: it is abandoned, as one that Base refused with ErrNotSent, not
+// left pending for a resume of every pending operation to send once the
+// host answers. A named operation stays pending, and so does one whose
+// base is not net/http's (it may have sent an attempt of its own).
+func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	notFound := &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "pay.invalid", IsNotFound: true}}
+	dialing := func(err error) http.RoundTripper {
+		return &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return nil, err }}
+	}
+	for _, c := range []struct {
+		name     string
+		base     http.RoundTripper
+		op       string
+		state    idem.State
+		attempts int
+	}{
+		{"refused", dialing(refused), "", idem.StateAbandoned, 2},
+		{"no such host", dialing(notFound), "", idem.StateAbandoned, 1},
+		{"refused, named", dialing(refused), "charge:1", idem.StatePending, 2},
+		{"refused, another base", roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, refused }), "", idem.StatePending, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				jar := &idem.MemoryJar{}
+				tr := &idem.Transport{Base: c.base, Jar: jar, Policy: retry.Policy{MaxAttempts: 2}}
+				ctx := context.Background()
+				if c.op != "" {
+					ctx = idem.WithOperation(ctx, c.op)
+				}
+				req, _ := http.NewRequestWithContext(ctx, "POST", "http://pay.invalid/charges", strings.NewReader(`{}`))
+				_, err := tr.RoundTrip(req)
+				var pe *idem.PendingError
+				if !errors.Is(err, syscall.ECONNREFUSED) && !errors.As(err, new(*net.DNSError)) {
+					t.Errorf("RoundTrip: %v; want the dial's error", err)
+				}
+				if got := errors.As(err, &pe); got != (c.state == idem.StatePending) {
+					t.Errorf("RoundTrip: %v, a *PendingError: %v; want %v", err, got, !got)
+				}
+				all, err := jar.List(context.Background(), idem.Filter{})
+				if err != nil || len(all) != 1 {
+					t.Fatalf("List: %d records, %v; want 1", len(all), err)
+				}
+				if r := all[0]; r.State != c.state || r.Attempts != c.attempts || r.Holder != "" {
+					t.Errorf("record: %s, %d attempts, holder %q; want %s, %d attempts, no holder", r.State, r.Attempts, r.Holder, c.state, c.attempts)
+				}
+			})
+		})
+	}
 }
