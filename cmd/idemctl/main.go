@@ -58,7 +58,9 @@
 // sent; so is resume --all when any pending operation goes elsewhere, or
 // to more than one Host at that address: resume those by name, each with
 // its own --host. resume waits for the lease of a
-// program still sending an operation, and for a next attempt time the
+// program still sending an operation, for about a minute (the retry
+// policy's MaxElapsed: a lease that runs longer leaves the operation
+// pending, and resume fails for it), and for a next attempt time the
 // server asked for (Retry-After), up to 30 s: a line on stderr says which,
 // and until when. It sends an operation only if it is still
 // pending then. One that the program finished meanwhile with a 2xx answer
