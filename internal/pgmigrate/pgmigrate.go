@@ -26,7 +26,8 @@ import (
 // schema's name, which the statements that use the tables qualify them
 // with (see Qualify): a connection whose search path is another, or a
 // temporary table of the same name (pg_temp is searched first), would
-// otherwise lead them to other tables.
+// otherwise lead them to other tables. Migrate refuses, though, to create
+// them where the search path leads past them (see elsewhere).
 type Schema struct {
 	// Lock is the key of the transaction-scoped advisory lock that
 	// serialises migrations, so that processes starting together do not
@@ -87,7 +88,9 @@ func Qualify(stmt, schema string) string {
 // current_schema() as the transaction's connection reads it, and returns
 // that schema's name. A database that records no version but holds one of
 // s.Objects is left as it is: Migrate returns s.Incomplete. A search path
-// that names no schema that exists is s.NoSchema, and nothing is created.
+// that names no schema that exists is s.NoSchema, and nothing is created;
+// so is one that leads past the tables in another schema of it
+// (s.Privilege or s.Incomplete, see elsewhere).
 func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string, err error) {
 	// READ COMMITTED whatever the database's default: under REPEATABLE
 	// READ or SERIALIZABLE the snapshot would be taken before the lock
@@ -133,6 +136,9 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string,
 			}
 		}
 		if !exists {
+			if err := s.elsewhere(ctx, tx, schema); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
 				version    integer     PRIMARY KEY,
 				applied_at timestamptz NOT NULL DEFAULT now()
@@ -351,6 +357,150 @@ func (s Schema) version(ctx context.Context, q querier, schema string) (v int, e
 			s.Privilege, table, table, err)
 	}
 	return v, true, err
+}
+
+// elsewhereQuery reads, for each schema of the search path $1 (its
+// entries, in order; "$user" for the role's own) that exists, its name,
+// whether it is the role's own through "$user", whether the role may use
+// it and whether it holds one of the relations $2.
+const elsewhereQuery = `SELECT ns.nspname, p.name = '$user', pg_catalog.has_schema_privilege(ns.oid, 'USAGE'),
+		EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.relnamespace = ns.oid AND c.relname = ANY($2))
+	FROM unnest($1::text[]) WITH ORDINALITY AS p(name, n)
+	JOIN pg_catalog.pg_namespace ns
+		ON ns.nspname = CASE p.name WHEN '$user' THEN current_user ELSE p.name END
+	ORDER BY p.n`
+
+// elsewhere is called before Migrate creates the tables from scratch in
+// schema, current_schema(), which holds none of them. It returns an error
+// when the search path leads there past the tables, which hold what was
+// written before and would be left for an empty schema: s.Privilege when
+// a schema of the path before schema holds them and the role may not use
+// it (current_schema() skips a schema without USAGE), and s.Incomplete
+// when schema is the role's own, reached through "$user", and a schema
+// after it holds them (a schema named after the role was created since
+// the tables were, under the default search path "$user", public). A
+// search path that names schema before the tables' schema chooses it: the
+// tables are created there. pg_namespace and pg_class are read whatever
+// the role may use.
+func (s Schema) elsewhere(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, schema string) error {
+	var path string
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {
+		return err
+	}
+	entries, ok := splitPath(path)
+	if !ok {
+		return nil
+	}
+	rows, err := q.Query(ctx, elsewhereQuery, entries, append([]string{s.Table}, s.Objects...))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	type entry struct {
+		name              string
+		user, usage, hold bool
+	}
+	var list []entry
+	for rows.Next() {
+		var e entry
+		if err := rows.Scan(&e.name, &e.user, &e.usage, &e.hold); err != nil {
+			return err
+		}
+		list = append(list, e)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	at := slices.IndexFunc(list, func(e entry) bool { return e.name == schema })
+	if at < 0 {
+		return nil
+	}
+	for i, e := range list {
+		if !e.hold || e.name == schema {
+			continue
+		}
+		var err error
+		switch {
+		case i < at && !e.usage:
+			err = fmt.Errorf("%w: schema %s of the search_path (%s) holds the tables, but the role may not use it, "+
+				"so current_schema() is %s, which holds none; GRANT USAGE ON SCHEMA %s to the role",
+				s.Privilege, quote(e.name), path, quote(schema), quote(e.name))
+		case i > at && list[at].user:
+			do := "set search_path to " + quote(e.name) + " (in the DSN or for the role)"
+			if !e.usage {
+				do += ", and GRANT USAGE ON SCHEMA " + quote(e.name) + " to the role"
+			}
+			err = fmt.Errorf("%w: in schema %s, the role's own, which \"$user\" of the search_path (%s) names first, "+
+				"no %s, but schema %s holds the tables; %s", s.Incomplete, quote(schema), path, s.Table, quote(e.name), do)
+		default:
+			continue
+		}
+		return fmt.Errorf("%w; nothing was created in %s", err, quote(schema))
+	}
+	return nil
+}
+
+// splitPath returns the entries of a search_path setting as PostgreSQL
+// reads them: comma-separated identifiers, in double quotes or folded to
+// lower case. It returns false for a setting it cannot read.
+func splitPath(path string) ([]string, bool) {
+	var entries []string
+	for rest := strings.TrimLeft(path, " \t\n\r\f\v"); rest != ""; {
+		var name string
+		if rest[0] == '"' {
+			var b strings.Builder
+			i := 1
+			for ; ; i++ {
+				if i >= len(rest) {
+					return nil, false
+				}
+				if rest[i] == '"' {
+					if i+1 < len(rest) && rest[i+1] == '"' {
+						b.WriteByte('"')
+						i++
+						continue
+					}
+					break
+				}
+				b.WriteByte(rest[i])
+			}
+			name, rest = b.String(), rest[i+1:]
+		} else {
+			i := strings.IndexAny(rest, ", \t\n\r\f\v")
+			if i < 0 {
+				i = len(rest)
+			}
+			name, rest = strings.Map(lowerASCII, rest[:i]), rest[i:]
+		}
+		if name == "" {
+			return nil, false
+		}
+		entries = append(entries, name)
+		rest = strings.TrimLeft(rest, " \t\n\r\f\v")
+		if rest == "" {
+			break
+		}
+		if rest[0] != ',' {
+			return nil, false
+		}
+		rest = strings.TrimLeft(rest[1:], " \t\n\r\f\v")
+		if rest == "" {
+			return nil, false
+		}
+	}
+	return entries, true
+}
+
+// lowerASCII folds r to lower case as PostgreSQL folds an unquoted
+// identifier in UTF-8: ASCII letters alone.
+func lowerASCII(r rune) rune {
+	if 'A' <= r && r <= 'Z' {
+		return r + 'a' - 'A'
+	}
+	return r
 }
 
 // querier is a pool, a connection or a transaction.

@@ -58,6 +58,16 @@
 // AfterConnect that sets another) and a temporary table of the same name
 // (pg_temp is searched first) neither hides its records nor receives them.
 // A search_path that names no schema that exists is ErrNoSchema.
+// Before they create the jar's tables from scratch, they look for
+// them in the other schemas of the search_path: a schema before
+// current_schema() that holds them but that the role may not use
+// (current_schema() skips a schema without USAGE) is ErrPrivilege, and a
+// current_schema() that is the role's own, through "$user", while a later
+// schema holds them (a schema named after the role created under
+// the default search_path "$user", public) is ErrSchema: either would
+// leave the jar's keys behind for an empty jar. The error names both
+// schemas and what to do (set search_path to the jar's schema, or grant
+// USAGE on it), and nothing is created.
 //
 // Open and New without Options.MustExist upgrade a jar of an older schema
 // version, under the advisory lock that serialises migrations, in one
@@ -197,6 +207,9 @@ var (
 	// idem_operations_schema was dropped or emptied but that holds the
 	// jar's table or one of its indexes, with Options.MustExist or
 	// without: neither creates, alters or drops anything there.
+	// It is returned too, naming both schemas, when the search_path
+	// leads to the role's own schema ("$user") past the jar in a later
+	// one (see the package documentation).
 	ErrSchema = errors.New("pgjar: database lacks part of the jar's schema")
 
 	// ErrNoJar is returned by Open and New with Options.MustExist for a
@@ -230,6 +243,9 @@ var (
 	// the connection's transactions are read-only (a hot standby,
 	// default_transaction_read_only), or the role lacks one of SELECT,
 	// INSERT, UPDATE and DELETE on idem_operations. Nothing is created.
+	// It is returned too when a schema of the search_path before
+	// current_schema() holds the jar and the role may not use it: GRANT
+	// USAGE on it.
 	ErrPrivilege = errors.New("pgjar: this role may not create or write the jar's tables")
 
 	// ErrPool is returned by New for a nil pool, and for a pool whose

@@ -161,3 +161,90 @@ func TestNoJarNamesSchema(t *testing.T) {
 		}
 	}
 }
+
+// tablesIn returns the tables of schema in the database conn is on, as
+// pgtest.Tables names them: "" for none.
+func tablesIn(t *testing.T, conn *pgx.Conn, schema string) string {
+	t.Helper()
+	var tables string
+	if err := conn.QueryRow(t.Context(), `SELECT coalesce(string_agg(tablename, ',' ORDER BY tablename), '')
+		FROM pg_catalog.pg_tables WHERE schemaname = $1`, schema).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	return tables
+}
+
+// TestOpenRefusesAJarInAnotherSchema: a jar in public, opened under the
+// default search_path ("$user", public); then a schema named after the
+// role is created. Open, which would create the jar there, returns
+// ErrSchema naming both schemas and creates nothing, and the pending
+// operation keeps its key in public. Before, Open created a second, empty
+// jar in the role's schema, and a call under the same name began the
+// operation again under a new key.
+func TestOpenRefusesAJarInAnotherSchema(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	r := record("charge:order-1")
+	if _, created, err := open(t, dsn, nil).Begin(ctx, r); err != nil || !created {
+		t.Fatal(created, err)
+	}
+	admin := pgtest.Connect(t, dsn)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA postgres AUTHORIZATION postgres`); err != nil {
+		t.Fatal(err)
+	}
+	for name, opened := range openers(t, dsn) {
+		if strings.Contains(name, "MustExist") {
+			continue
+		}
+		j, err := opened()
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrSchema) || !strings.Contains(err.Error(), `schema "postgres"`) ||
+			!strings.Contains(err.Error(), `set search_path to "public"`) {
+			t.Errorf("%s: %v; want ErrSchema naming postgres and saying to set search_path to public", name, err)
+		}
+	}
+	if tables := tablesIn(t, admin, "postgres"); tables != "" {
+		t.Errorf("tables %s in schema postgres after the opens; want none", tables)
+	}
+	j := open(t, dsn+"&search_path=public", nil)
+	if rec, err := j.Get(ctx, r.Op); err != nil || rec.Key != r.Key {
+		t.Errorf("Get in public = %+v, %v; want the pending operation under its key", rec, err)
+	}
+}
+
+// TestOpenRefusesAJarInASchemaWithoutUsage: a jar in jobs
+// (search_path=jobs,public); a role granted its tables but not USAGE on
+// jobs, whose current_schema() therefore falls through to public, where
+// it may create tables. Open returns ErrPrivilege saying to grant USAGE on
+// jobs, and creates nothing in public. Before, it created a second, empty
+// jar in public.
+func TestOpenRefusesAJarInASchemaWithoutUsage(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA jobs`); err != nil {
+		t.Fatal(err)
+	}
+	if _, created, err := open(t, dsn+"&search_path=jobs,public", nil).Begin(ctx, record("op")); err != nil || !created {
+		t.Fatal(created, err)
+	}
+	app := pgtest.AppRole(t, dsn, `GRANT CREATE ON SCHEMA public`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON jobs.idem_operations`, `GRANT SELECT ON jobs.idem_operations_schema`)
+	for name, opened := range openers(t, app+"&search_path=jobs,public") {
+		if strings.Contains(name, "MustExist") {
+			continue
+		}
+		j, err := opened()
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrPrivilege) || !strings.Contains(err.Error(), `GRANT USAGE ON SCHEMA "jobs"`) {
+			t.Errorf("%s: %v; want ErrPrivilege saying to grant USAGE on jobs", name, err)
+		}
+	}
+	if tables := tablesIn(t, admin, "public"); tables != "" {
+		t.Errorf("tables %s in schema public after the opens; want none", tables)
+	}
+}

@@ -79,6 +79,9 @@ var (
 	// whose idempotency_keys_schema was dropped or emptied but that holds
 	// the store's table or an index of it: neither creates, alters or
 	// drops anything there.
+	// It is returned too, naming both schemas, when the search_path
+	// leads to the role's own schema ("$user") past the store in a later
+	// one (see the package documentation).
 	ErrSchema = errors.New("pgstore: database lacks part of the store's schema")
 
 	// ErrNoSchema is returned by Open and New when current_schema() is
@@ -102,6 +105,9 @@ var (
 	// standby, default_transaction_read_only), or the role lacks one of
 	// SELECT, INSERT, UPDATE and DELETE on idempotency_keys. Nothing is
 	// created.
+	// It is returned too when a schema of the search_path before
+	// current_schema() holds the store and the role may not use it: GRANT
+	// USAGE on it.
 	ErrPrivilege = errors.New("pgstore: this role may not create or write the store's tables")
 )
 

@@ -41,6 +41,16 @@
 // AfterConnect that sets another) and a temporary table of the same name
 // (pg_temp is searched first) neither hides its entries nor receives them.
 // A search_path that names no schema that exists is ErrNoSchema.
+// Before they create the store's table from scratch, they look for
+// it in the other schemas of the search_path: a schema before
+// current_schema() that holds it but that the role may not use
+// (current_schema() skips a schema without USAGE) is ErrPrivilege, and a
+// current_schema() that is the role's own, through "$user", while a later
+// schema holds it (a schema named after the role created under
+// the default search_path "$user", public) is ErrSchema: either would
+// leave the store's saved answers behind for an empty store. The error names both
+// schemas and what to do (set search_path to the store's schema, or grant
+// USAGE on it), and nothing is created.
 //
 // The table's primary key, (scope, key), is in the "C" collation: keys
 // compare bytewise, whatever the database's default collation. A libc

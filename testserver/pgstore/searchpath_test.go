@@ -134,3 +134,44 @@ func TestOpenNoSchema(t *testing.T) {
 		t.Errorf("tables %s after the opens; want none", tables)
 	}
 }
+
+// TestOpenRefusesAStoreInAnotherSchema: a fleet runs under the default
+// search_path ("$user", public), the store in public; then a schema named
+// after the role is created (CREATE SCHEMA <role> AUTHORIZATION <role>,
+// PostgreSQL 15's advice). Open and New, which would create the store
+// there, return ErrSchema naming both schemas and create nothing, and a
+// retry of a saved key on the running instance still gets its answer.
+// Before, an instance that restarted opened a second, empty store in the
+// role's schema, and claimed a saved key afresh: its handler ran again.
+func TestOpenRefusesAStoreInAnotherSchema(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	running := open(t, dsn, nil)
+	claimSave(t, running, "charge-1")
+	admin := pgtest.Connect(t, dsn)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA postgres AUTHORIZATION postgres`); err != nil {
+		t.Fatal(err)
+	}
+	opens, _ := openers(t, dsn)
+	for name, opened := range opens {
+		s, err := opened()
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, pgstore.ErrSchema) || !strings.Contains(err.Error(), `schema "postgres"`) ||
+			!strings.Contains(err.Error(), `set search_path to "public"`) {
+			t.Errorf("%s: %v; want ErrSchema naming postgres and saying to set search_path to public", name, err)
+		}
+	}
+	var tables int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'postgres'`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 0 {
+		t.Errorf("%d tables in schema postgres after the opens; want none", tables)
+	}
+	if e, claimed, err := running.Claim(ctx, "s", "charge-1", "fp", testserver.Fence{Token: 2, ClaimID: "retry"}, t0); err != nil ||
+		claimed || e.Status != testserver.StatusDone {
+		t.Errorf("retry of the saved key: %+v, claimed=%v, %v; want its saved answer", e, claimed, err)
+	}
+}
