@@ -73,7 +73,7 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 			if err := ctx.Err(); err != nil {
 				return interrupted(err)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), r.State, r.Attempts,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), cell(string(r.State), 0), r.Attempts,
 				stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
 		}
 		n += len(page)
@@ -193,8 +193,8 @@ func showRecord(s *session, r idem.Record) error {
 	tw := tabwriter.NewWriter(s.stdout, 0, 4, 1, ' ', 0)
 	field := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
 	field("op", cell(r.Op, 0))
-	field("key", r.Key)
-	field("state", string(r.State))
+	field("key", cell(r.Key, 0))
+	field("state", cell(string(r.State), 0))
 	field("request", cell(r.Method+" "+dsn.MaskURL(r.URL), 0))
 	h := shownHeader(r.Header)
 	for _, name := range sortedKeys(h) {
@@ -216,7 +216,7 @@ func showRecord(s *session, r idem.Record) error {
 	default:
 		field("body", fmt.Sprintf("%d bytes, binary", r.BodySize))
 	}
-	field("fingerprint", r.Fingerprint)
+	field("fingerprint", cell(r.Fingerprint, 0))
 	field("key stored", stamp(r.Created))
 	field("updated", stamp(r.Updated))
 	field("attempts", strconv.Itoa(r.Attempts))
@@ -227,7 +227,7 @@ func showRecord(s *session, r idem.Record) error {
 	// passed holds nothing, and one whose holder process on this host is
 	// gone is taken over at once by a resume here.
 	lease := "free"
-	switch held := fmt.Sprintf("held by %s until %s", r.Holder, stamp(r.LeaseUntil)); {
+	switch held := fmt.Sprintf("held by %s until %s", cell(r.Holder, 0), stamp(r.LeaseUntil)); {
 	case r.Holder == "":
 	case !time.Now().Before(r.LeaseUntil):
 		lease = "free (" + held + ", which has passed)"
@@ -571,7 +571,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		if resp.Replayed {
 			replayed = " (replayed)"
 		}
-		fmt.Fprintf(s.stdout, "%s: %s%s, key %s\n", cell(op, 0), cell(resp.Status, 0), replayed, resp.Key)
+		fmt.Fprintf(s.stdout, "%s: %s%s, key %s\n", cell(op, 0), cell(resp.Status, 0), replayed, cell(resp.Key, 0))
 	}
 	done := 0
 	resumeNext := func(r idem.Record) error {
@@ -631,7 +631,7 @@ func doneMeanwhile(ctx context.Context, s *session, r idem.Record) bool {
 		return false
 	}
 	fmt.Fprintf(s.stdout, "%s: %d %s, key %s, by another process meanwhile; nothing was sent\n",
-		cell(r.Op, 0), now.LastStatus, http.StatusText(now.LastStatus), now.Key)
+		cell(r.Op, 0), now.LastStatus, http.StatusText(now.LastStatus), cell(now.Key, 0))
 	return true
 }
 
@@ -945,14 +945,17 @@ func stamp(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// cell makes s safe to print on one line of a table: control characters,
-// bidi format characters and bytes that are not UTF-8 are escaped
-// (ctlesc.Escape), and it is cut at n runes (0: no limit).
+// cell makes s safe to print on one line of a table: a string with control
+// characters, bidi format characters or bytes that are not UTF-8 is printed
+// as a Go string literal, between double quotes, those escaped and so its
+// backslashes and quotes (ctlesc.Quote): a name holding an ESC is not
+// printed as the one spelled with a backslash, x, 1 and b. It is cut at n
+// runes (0: no limit).
 func cell(s string, n int) string {
 	if s == "" {
 		return "-"
 	}
-	s = ctlesc.Escape(s)
+	s = ctlesc.Quote(s)
 	if n > 0 && utf8.RuneCountInString(s) > n {
 		s = string([]rune(s)[:n]) + "…"
 	}

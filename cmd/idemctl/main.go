@@ -165,9 +165,15 @@
 // masked (user:xxxxx@), and its query's secrets (?api_key=xxxxx): a
 // transport's error may quote one, as net/http's does for a malformed
 // HTTPS_PROXY, and net/http's quote a request's URL. What idemctl prints of a jar's
-// records and of a server's answers (a status, an error's body) has its
-// control characters and bidi format characters escaped (\x1b, \u202e),
-// never sent to the terminal as they are. A record written by a version
+// records (name, key, state, fingerprint, lease holder, URL, headers,
+// body, last error, note) and of a server's answers (a status, an error's
+// body) has its control characters and bidi format characters escaped
+// (\x1b, \u202e), never sent to the terminal as they are. A record's field
+// that has any is printed whole as a Go string literal, between double
+// quotes ("a\x1bb"), its backslashes and quotes escaped too: it is not
+// printed as one without them (a\x1bb, printed as it is). Commands take
+// a name as it is: one printed quoted is given as the literal says (in
+// bash, $'a\x1bb'); one printed unquoted, as it is printed. A record written by a version
 // that stored a URL's userinfo (user:password@) keeps it in its URL, and in
 // its last error when that quotes the URL: list, show and export print the
 // password masked, user:xxxxx@, as url.URL.Redacted does (export's

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -2043,6 +2044,82 @@ func TestTerminalEscapesNotPrinted(t *testing.T) {
 	}
 	if found := controls(out + errOut); len(found) > 0 {
 		t.Errorf("show printed control characters %v:\n%s", found, out)
+	}
+}
+
+// TestEscapedNameTellsOperationsApart: an operation named with a real ESC
+// and one named with the six characters a\x1bb are printed differently by
+// list and show (the first as a quoted Go string literal), so the name an
+// operator copies from list is the operation it names: abandon of the
+// literal one leaves the other pending.
+func TestEscapedNameTellsOperationsApart(t *testing.T) {
+	now := time.Now()
+	rec := func(op string, i int) idem.Record {
+		return idem.Record{Op: op, Key: fmt.Sprint("key-", i), Fingerprint: "fp", State: idem.StatePending,
+			Method: "POST", URL: "http://127.0.0.1/v1/charges", Created: now.Add(time.Duration(i) * time.Second), Updated: now}
+	}
+	path := jarWith(t, rec(`a\x1bb`, 1), rec("a\x1bb", 2))
+	code, out, errOut := idemctl("--jar", path, "list")
+	if code != 0 {
+		t.Fatalf("list: exit %d, %s", code, errOut)
+	}
+	names := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		names[strings.Fields(l)[0]] = true
+	}
+	if want := map[string]bool{`a\x1bb`: true, `"a\x1bb"`: true}; !maps.Equal(names, want) {
+		t.Errorf("list printed the names %v; want %v:\n%s", slices.Collect(maps.Keys(names)), slices.Collect(maps.Keys(want)), out)
+	}
+	for op, want := range map[string]string{`a\x1bb`: `a\x1bb`, "a\x1bb": `"a\x1bb"`} {
+		_, out, errOut := idemctl("--jar", path, "show", op)
+		if f := strings.Fields(out); len(f) < 2 || f[0] != "op:" || f[1] != want {
+			t.Errorf("show %q: stdout %q, stderr %q; want op: %s", op, out, errOut, want)
+		}
+	}
+	if code, out, errOut := idemctl("--jar", path, "abandon", `a\x1bb`, "--reason", "checked the ledger"); code != 0 {
+		t.Fatalf("abandon: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for op, want := range map[string]idem.State{`a\x1bb`: idem.StateAbandoned, "a\x1bb": idem.StatePending} {
+		if r, err := jarState(t, path, op); err != nil || r.State != want {
+			t.Errorf("after abandon of the literal name, %q is %s (%v); want %s", op, r.State, err, want)
+		}
+	}
+}
+
+// TestShowEscapesEveryField: show and list print a record's key, state,
+// fingerprint and lease holder escaped, as they do its name and URL: a
+// program (or a damaged row) may have stored control characters in any
+// of them, and a terminal would run them.
+func TestShowEscapesEveryField(t *testing.T) {
+	const key = "k\x1b]0;owned\a\x1b[2J"
+	now := time.Now()
+	path := jarWith(t, idem.Record{Op: "charge:1", Key: key, Fingerprint: "fp", State: idem.StatePending,
+		Method: "POST", URL: "http://127.0.0.1/v1/charges", Created: now, Updated: now,
+		Holder: "h\x1b[5m/1/x.1", LeaseUntil: now.Add(time.Hour)})
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec("UPDATE operations SET fingerprint = 'f\x1b[31m', state = 'done\x1b[2J'")
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"show", "charge:1"}, {"show", key}, {"list"}} {
+		code, out, errOut := idemctl(append([]string{"--jar", path}, args...)...)
+		if found := controls(out + errOut); len(found) > 0 {
+			t.Errorf("%q: exit %d, printed control characters %v: stdout %q, stderr %q", args, code, found, out, errOut)
+		}
+		if !strings.Contains(out, `"done\x1b[2J"`) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want the state, escaped", args, code, out, errOut)
+		}
+		if args[0] == "show" {
+			for _, want := range []string{`"k\x1b]0;owned\a\x1b[2J"`, `"f\x1b[31m"`, `"h\x1b[5m/1/x.1"`} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%q: stdout %q; want %s", args, out, want)
+				}
+			}
+		}
 	}
 }
 

@@ -23,6 +23,26 @@ func Escape(s string) string {
 	if utf8.ValidString(s) && !strings.ContainsFunc(s, escaped) {
 		return s
 	}
+	return escape(s)
+}
+
+// Quote returns s as it is when Escape leaves it as it is and it does not
+// begin with a double quote; otherwise Escape's escaping of s, between
+// double quotes: a Go string literal that strconv.Unquote reads back as s.
+// Unlike Escape's, its result tells every string from every other: a
+// name holding an ESC prints as "a\x1bb", the six characters a\x1bb as
+// they are, and only a quoted string begins with a double quote. For
+// idemctl's output of a record, whose names an operator types back.
+func Quote(s string) string {
+	if !strings.HasPrefix(s, `"`) && Escape(s) == s {
+		return s
+	}
+	return `"` + escape(s) + `"`
+}
+
+// escape escapes s as Escape does when s has anything to escape, backslashes
+// and double quotes included.
+func escape(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])

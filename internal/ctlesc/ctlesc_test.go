@@ -44,3 +44,29 @@ func TestEscape(t *testing.T) {
 		}
 	}
 }
+
+// TestQuote: a string Escape changes, and one that begins with a double
+// quote, is quoted whole, so that no two strings are printed alike (an
+// operation named with an ESC and one with the characters \x1b).
+func TestQuote(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"charge:1", "charge:1"},
+		{`a\x1bb`, `a\x1bb`},
+		{"a\x1bb", `"a\x1bb"`},
+		{`"a\x1bb"`, `"\"a\\x1bb\""`},
+		{`say "hi"`, `say "hi"`},
+		{"back\\slash\u202e", `"back\\slash\u202e"`},
+		{"bad\xff", `"bad\xff"`},
+	} {
+		got := ctlesc.Quote(tc.in)
+		if got != tc.want {
+			t.Errorf("Quote(%q) = %s; want %s", tc.in, got, tc.want)
+		}
+		if got == tc.in {
+			continue
+		}
+		if back, err := strconv.Unquote(got); err != nil || back != tc.in {
+			t.Errorf("Quote(%q) = %s, which reads back as %q (%v); want the string", tc.in, got, back, err)
+		}
+	}
+}
