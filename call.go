@@ -318,13 +318,14 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		fire(c.t.Hooks.OnAttempt, e)
 		c.log(ctx, slog.LevelDebug, "idem: attempt", e)
 		c.unsent, c.costDue = false, false
-		resp, err := c.send(ctx, nextBody)
+		sent := nextBody
+		resp, err := c.send(ctx, sent)
 		nextBody = nil // the base transport closes it
 		if err != nil && errors.Is(err, ErrNotSent) {
 			return nil, c.notSent(ctx, err)
 		}
 		c.lastErr, c.resp = err, resp
-		if err == nil || !dialFailed(err) {
+		if err == nil || !dialFailed(err) || !c.unread(sent) {
 			c.reached = true
 		}
 		if resp != nil {
@@ -630,9 +631,23 @@ func (c *call) abandonedUnsent(ctx context.Context, attempts int, err error) (er
 }
 
 // dialFailed reports whether err is a connection that could not be made.
+// It is not enough to tell that nothing was sent: net/http's Transport
+// sends a request with an Idempotency-Key again, on a new connection, when
+// the idle one it was written to closes before any answer (a server that
+// crashed as it ran it), and reports only the new connection's dial
+// error (see unread).
 func dialFailed(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// unread reports whether the body rc of an attempt that failed to dial is
+// whole: net/http read none of it, so it wrote the request to no
+// connection. It cannot tell for a request without a body, an empty one,
+// or one not in memory (as body.Len does not), and reports false.
+func (c *call) unread(rc io.ReadCloser) bool {
+	n, ok := body.Len(rc)
+	return ok && n > 0 && n == c.body.size
 }
 
 // abandonNeverConnected abandons, as notSent does, an operation without a
@@ -649,9 +664,9 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 
 // neverConnected reports whether every attempt of the call failed to
 // connect (a dial refused, a host name that does not exist) through
-// net/http's own Transport, so that no byte of the request left: a base of
-// another kind may have sent an attempt of its own before the error it
-// returns.
+// net/http's own Transport, with its body unread, so that no byte of the
+// request left: a base of another kind may have sent an attempt of its own
+// before the error it returns.
 func (c *call) neverConnected() bool {
 	if c.reached {
 		return false
