@@ -72,7 +72,9 @@ func (d Decision) String() string {
 // Stripe-Should-Retry: true or false, is taken at its word before the
 // status is looked at, as stripe-go does: a 500 it marks true is retried
 // under the same key, a 409 or 503 it marks false is Final. It does not
-// outrank a replay or a 422, nor a value other than those two.
+// outrank a replay or a 422, nor a value other than those two, and an
+// answer below 400 is not an error (stripe-go reads the header of errors
+// only): a 200 marked true is Final.
 //
 // Errors are classified by type: context.Canceled stops; a net.Error
 // (timeouts included, so an attempt's own deadline retries), io.EOF,
@@ -107,7 +109,7 @@ func Classify(resp *http.Response, err error) Decision {
 	if resp == nil {
 		return Stop
 	}
-	if resp.StatusCode != http.StatusUnprocessableEntity && !Replayed(resp) {
+	if resp.StatusCode >= 400 && resp.StatusCode != http.StatusUnprocessableEntity && !Replayed(resp) {
 		switch strings.TrimSpace(resp.Header.Get("Stripe-Should-Retry")) {
 		case "true":
 			return Retry

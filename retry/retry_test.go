@@ -75,6 +75,8 @@ func TestClassify(t *testing.T) {
 		{"503 Stripe-Should-Retry: false", shouldRetry(503, " false "), nil, retry.Final},
 		{"503 Stripe-Should-Retry: maybe", shouldRetry(503, "maybe"), nil, retry.Retry},
 		{"422 Stripe-Should-Retry: true", shouldRetry(422, "true"), nil, retry.Stop},
+		{"200 Stripe-Should-Retry: true", shouldRetry(200, "true"), nil, retry.Final},
+		{"303 Stripe-Should-Retry: true", shouldRetry(303, "true"), nil, retry.Final},
 		{"500 replayed, Stripe-Should-Retry: true", func() *http.Response {
 			r := replayed(500)
 			r.Header.Set("Stripe-Should-Retry", "true")
