@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -223,7 +224,10 @@ type Middleware struct {
 	// are taken over by design; servers that share a Store also need
 	// clocks that agree to well within it, since a claim's age is read
 	// against the clock of the server that took it (one running D ahead
-	// takes claims over D early). Zero means DefaultLockTimeout (60 s); a
+	// takes claims over D early). A claim whose token is ahead of the
+	// reader's clock (its taker's ran ahead) is not young for the whole
+	// skew: the reader counts its age from when it first read it, and
+	// takes it over LockTimeout after that. Zero means DefaultLockTimeout (60 s); a
 	// negative one, or one not below Retention (Prune would delete the
 	// claim of a handler still running), is refused as Store nil is, with
 	// ErrOptions. The
@@ -333,6 +337,7 @@ type Middleware struct {
 	Logger *slog.Logger
 
 	stats counters
+	ahead aheadClaims
 }
 
 // Stats are the Middleware's counters since it was created, for operators.
@@ -640,7 +645,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			return
 		case claimed:
 			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", f.Token)
-			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token, ClaimID: f.ClaimID}, body)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token, ClaimID: f.ClaimID}, now, body)
 			return
 		case e.Fingerprint != fp && !legacyFingerprint(r, scope, body, e.Fingerprint):
 			m.stats.mismatches.Add(1)
@@ -658,7 +663,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			return
 		}
 		lt := m.lockTimeout()
-		if age := now.Sub(e.LockedAt()); age < lt {
+		if age := m.claimAge(scope, key, e.Fence, now); age < lt {
 			m.stats.conflicts.Add(1)
 			wait := retryInFlight(age, lt)
 			m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", wait)
@@ -683,7 +688,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		}
 		if won {
 			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next.Token)
-			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next.Token, ClaimID: next.ClaimID, TakenOver: true}, body)
+			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next.Token, ClaimID: next.ClaimID, TakenOver: true}, now, body)
 			return
 		}
 		// Another request took it over, saved or released it first: look again.
@@ -764,6 +769,80 @@ func (m *Middleware) release(r *http.Request, scope, key string, f Fence) error 
 	defer cancel()
 	_, err := m.Store.Release(ctx, scope, key, f)
 	return err
+}
+
+// maxAhead bounds how many claims ahead of its clock one Middleware
+// remembers (aheadClaims).
+const maxAhead = 4096
+
+// aheadClaims remembers, for each claim read in flight with a token ahead
+// of the Middleware's clock, the reading of Now taken when it was first
+// read so (see claimAge).
+type aheadClaims struct {
+	mu    sync.Mutex
+	first map[aheadKey]time.Time
+}
+
+type aheadKey struct {
+	scope, key string
+	f          Fence
+}
+
+// claimAge returns the age, at now, of the claim of fence f on (scope,
+// key), which the store returned after now was read: how long ago its
+// token was, on this Middleware's clock. A token ahead of that clock (a claim
+// taken by a server whose clock runs ahead, which may have died since)
+// would make the age negative, and the claim young until this clock caught
+// up with it, LockTimeout plus the skew; nor can the age be clamped at
+// zero, which keeps it young as long. Such a claim is judged by the time
+// this Middleware first read it, which is never before the claim was
+// taken: its age is at least the time since then. It is taken over
+// LockTimeout after that first reading, when its own lease has ended: a
+// lease runs at most LockTimeout from a reading taken before its claim
+// was written (see run), on a clock that runs as fast as this one. So a
+// claim ahead is never taken over while its handler may run within its
+// lease; it waits LockTimeout from when it was first read, rather than
+// the whole skew. A reader whose clock runs ahead of the taker's still
+// takes its claims over early (Middleware.LockTimeout).
+//
+// The first readings are kept until the claim's token age alone says it
+// is stale, or for Retention; beyond maxAhead of them, a claim ahead is
+// judged by its token as before: young, later than needed, never early.
+func (m *Middleware) claimAge(scope, key string, f Fence, now time.Time) time.Duration {
+	age := now.Sub(time.Unix(0, f.Token))
+	k := aheadKey{scope, key, f}
+	a := &m.ahead
+	var seen time.Time
+	if age < 0 {
+		// Taken after the store answered: the claim was written before.
+		seen = m.now()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if first, ok := a.first[k]; ok {
+		if age >= m.lockTimeout() {
+			delete(a.first, k) // stale by its token alone
+			return age
+		}
+		return max(age, now.Sub(first))
+	}
+	if age >= 0 {
+		return age
+	}
+	if len(a.first) >= maxAhead {
+		for k, first := range a.first {
+			if now.Sub(time.Unix(0, k.f.Token)) >= m.lockTimeout() || now.Sub(first) >= m.retention() {
+				delete(a.first, k)
+			}
+		}
+	}
+	if len(a.first) < maxAhead {
+		if a.first == nil {
+			a.first = make(map[aheadKey]time.Time)
+		}
+		a.first[k] = seen
+	}
+	return 0
 }
 
 // retryInFlight is the Retry-After, in whole seconds, of a claim in flight
@@ -865,8 +944,9 @@ func (m *Middleware) replayable(name string, head bool) bool {
 }
 
 // run executes the handler under the claim c, which its request's context
-// carries, then saves or releases the claim, and answers.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, body []byte) {
+// carries, then saves or releases the claim, and answers. began is the
+// reading of Now taken before the claim or take-over was written.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler, c Claim, began time.Time, body []byte) {
 	scope, key, token := c.Scope, c.Key, c.Token
 	fence := Fence{Token: token, ClaimID: c.ClaimID}
 	limit := m.MaxSavedResponse
@@ -896,10 +976,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// has started (a charge) runs to its end and is saved, so that the
 	// caller's retry is replayed, instead of being cut off halfway, released
 	// as a failure and run again. It ends with the lease, which runs from
-	// the claim's token: the time the store took to claim is spent. A
-	// clock stepped back since the token was read never lengthens it past
-	// LockTimeout, when a server whose clock is right may take it over.
-	lease := m.lockTimeout() - max(0, m.now().Sub(time.Unix(0, token)))
+	// the reading of Now taken before the claim was written (its token,
+	// for a claim): the time the store took to claim is spent. A clock
+	// stepped back since that reading never lengthens it past LockTimeout,
+	// when a server whose clock is right may take it over. A take-over of
+	// a claim whose token was ahead of this clock has a token ahead of it
+	// too (greater than the one it took over), which a server reading it
+	// judges by the time it first read it (claimAge), after the take-over
+	// was written: the lease runs from before, not from that token.
+	lease := m.lockTimeout() - max(0, m.now().Sub(began))
 	if lease <= 0 {
 		// Claimed too late to run: a retry may take the claim over already.
 		// A take-over stays as it is, stale, for the retry to take over

@@ -1786,6 +1786,95 @@ func TestHandlerEndsWithItsLease(t *testing.T) {
 	})
 }
 
+// TestClaimAheadOfTheClock: a claim taken by a server whose clock ran an
+// hour ahead, which then died, is in flight for each server that reads it
+// for LockTimeout from when that server first read it, and is then taken
+// over: not for LockTimeout and the hour. Its take-over's token is ahead
+// too, and the take-over's lease runs LockTimeout from before it was
+// written, the time the store took spent, as a claim's does.
+func TestClaimAheadOfTheClock(t *testing.T) {
+	const lt = time.Minute
+	fp := testserver.Fingerprint(request("POST", "/", chargeBody), "", []byte(chargeBody))
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		clk := newClock()
+		ahead := fenceAt(clk.Now().Add(time.Hour)) // the dead server's claim
+		if _, _, err := store.Claim(context.Background(), "", "k", fp, ahead, clk.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		h := &charges{}
+		var claim testserver.Claim
+		a := &testserver.Middleware{Store: store, LockTimeout: lt, Now: clk.Now}
+		b := &testserver.Middleware{Store: store, LockTimeout: lt, Now: clk.Now}
+		inFlight := func(mw *testserver.Middleware, when string) {
+			t.Helper()
+			w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			wantProblem(t, w, http.StatusConflict, testserver.ProblemInFlight)
+			if ra := w.Header().Get("Retry-After"); ra == "" || h.runs.Load() != 0 {
+				t.Fatalf("%s: Retry-After %q after %d runs; want one, and no run", when, ra, h.runs.Load())
+			}
+		}
+		inFlight(a, "A, first read") // A reads it first now
+		clk.Add(lt / 2)
+		inFlight(b, "B, first read") // B half a lease later
+		clk.Add(lt/2 - time.Nanosecond)
+		inFlight(a, "A, a nanosecond before its LockTimeout")
+		clk.Add(time.Nanosecond)
+		inFlight(b, "B, LockTimeout after A's first read")
+
+		wrapped := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			claim, _ = testserver.ClaimFrom(r.Context())
+			h.ServeHTTP(w, r)
+		})
+		w := serve(a.Wrap(wrapped), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != http.StatusCreated || h.runs.Load() != 1 || !claim.TakenOver || claim.Token <= ahead.Token {
+			t.Fatalf("A, LockTimeout after its first read: %d after %d runs, claim %+v; want the handler's 201, a take-over with a token above %d",
+				w.Code, h.runs.Load(), claim, ahead.Token)
+		}
+		if st := a.Stats(); st.Takeovers != 1 || st.Conflicts != 2 {
+			t.Errorf("A: %+v; want 2 conflicts, 1 take-over", st)
+		}
+		w = serve(b.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
+			t.Fatalf("B after the take-over: %d (%s) after %d runs; want A's 201 replayed", w.Code, w.Body, h.runs.Load())
+		}
+	})
+	t.Run("take-over's lease", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			const took = 5 * time.Second
+			store := &slowTakeOverSleeps{MemoryStore: new(testserver.MemoryStore), d: took}
+			ahead := fenceAt(time.Now().Add(time.Hour))
+			if _, _, err := store.Claim(context.Background(), "", "k", fp, ahead, time.Now().Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			var left time.Duration
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				dl, _ := r.Context().Deadline()
+				left = time.Until(dl)
+				w.WriteHeader(http.StatusCreated)
+			})
+			mw := &testserver.Middleware{Store: store, LockTimeout: lt}
+			wantProblem(t, serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k")), http.StatusConflict, testserver.ProblemInFlight)
+			time.Sleep(lt)
+			w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+			if w.Code != http.StatusCreated || left != lt-took {
+				t.Fatalf("take-over: %d, the handler's lease %v; want 201 and %v, LockTimeout less the take-over's %v", w.Code, left, lt-took, took)
+			}
+		})
+	})
+}
+
+// slowTakeOverSleeps's TakeOver takes d, slept.
+type slowTakeOverSleeps struct {
+	*testserver.MemoryStore
+	d time.Duration
+}
+
+func (s slowTakeOverSleeps) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
+	won, err := s.MemoryStore.TakeOver(ctx, scope, key, old, new)
+	time.Sleep(s.d)
+	return won, err
+}
+
 // TestHandlerSilentAfterItsLease: a handler that returns at the end of its
 // lease without having answered anything (as a handler that honours its
 // context does: it returns once ctx.Done() is closed) failed: its run is
