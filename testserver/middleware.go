@@ -261,10 +261,17 @@ type Middleware struct {
 	// bounded), and the key is saved done with a 500 ProblemResponseTooLarge
 	// marker that names the original status and Location, before the first
 	// byte streams (a failure's, under ReleaseClaim, is released once the
-	// handler returns instead). Retries get the
-	// marker: the operation does not run twice (unless that Save fails,
-	// see SaveError), and the caller is told to look the result up
-	// instead. The answer to a HEAD (with HEAD in
+	// handler returns instead). A retry while the handler still runs is
+	// answered 409 ProblemInFlight, as for a claim in flight: the handler
+	// may yet fail, or go on. A Middleware that shares the store with the
+	// one running the handler cannot tell when it returns, and answers 409
+	// until the claim's lease has ended (LockTimeout after the claim);
+	// once the handler returned (on the Middleware that runs it) or its
+	// lease ended, retries get the marker, a caller that reads the answer
+	// slowly holding its handler in Write past the lease included. The
+	// operation does not run twice (unless that Save fails, see
+	// SaveError), and the caller is told to look the result up instead.
+	// The answer to a HEAD (with HEAD in
 	// Methods) is never too large: net/http sends none of its body, so a
 	// body past the limit is dropped, and the status and header are saved
 	// and replayed, the Content-Length the handler set included. (When it
@@ -336,8 +343,9 @@ type Middleware struct {
 	// neither.
 	Logger *slog.Logger
 
-	stats counters
-	ahead aheadClaims
+	stats   counters
+	ahead   aheadClaims
+	streams streams
 }
 
 // Stats are the Middleware's counters since it was created, for operators.
@@ -654,6 +662,13 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 				Detail: "This Idempotency-Key was first used with a different method, path, query, Content-Type or body. Do not retry: send a new key for a new operation, or resend the original request unchanged."}, 0)
 			return
 		case e.Status == StatusDone && e.Response != nil:
+			if age, ok := m.streaming(scope, key, e, now); ok {
+				m.stats.conflicts.Add(1)
+				wait := retryInFlight(age, m.lockTimeout())
+				m.log(ctx, slog.LevelDebug, "idempotency: in flight, its answer too large to save streaming", "key", key, "retry_after", wait)
+				m.inFlight(w, key, wait)
+				return
+			}
 			m.stats.replays.Add(1)
 			m.log(ctx, slog.LevelDebug, "idempotency: replayed", "key", key, "status", e.Response.Status)
 			m.replay(w, r.Method == http.MethodHead, *e.Response)
@@ -926,7 +941,8 @@ func (m *Middleware) replayable(name string, head bool) bool {
 	name = http.CanonicalHeaderKey(name)
 	switch name {
 	case "Set-Cookie", "Set-Cookie2", "Cookie", "Authorization", "Proxy-Authorization",
-		"Authentication-Info", "Proxy-Authentication-Info", "Www-Authenticate", "Proxy-Authenticate":
+		"Authentication-Info", "Proxy-Authentication-Info", "Www-Authenticate", "Proxy-Authenticate",
+		streamedByHeader:
 		return false
 	case "Content-Length":
 		if head {
@@ -959,7 +975,10 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// marker is saved before the first byte goes, so that a caller that
 	// reads it slowly, holding the handler in Write past its lease, gets a
 	// retry the marker, not a second run. (A failure's, under
-	// ReleaseClaim, is released once the handler returns.)
+	// ReleaseClaim, is released once the handler returns.) The marker
+	// names this Middleware, which counts the handler among those that
+	// stream until it returns: until then, and within its lease, a retry
+	// is told the request is in flight (streaming).
 	var early struct {
 		saved bool
 		err   error
@@ -968,9 +987,10 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		if failedStatus(rec.status) && m.OnError == ReleaseClaim {
 			return
 		}
+		m.streams.start(c.ClaimID) // before the marker is saved
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
 		defer cancel()
-		early.saved, early.err = true, m.save(ctx, scope, key, fence, m.saved(rec, key))
+		early.saved, early.err = true, m.save(ctx, scope, key, fence, m.saved(rec, key, m.streams.ident()))
 	}
 	// The handler's context outlives the caller's connection: work that
 	// has started (a charge) runs to its end and is saved, so that the
@@ -1011,6 +1031,9 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
 	v, stack := m.call(h, rec, hr)
+	if early.saved {
+		m.streams.end(c.ClaimID) // the marker is the key's final answer now
+	}
 	// A handler that returns without having answered anything, no final
 	// status and no byte of body, once its context ended (only the lease
 	// ends it: its parent is detached from the request) stopped because
@@ -1099,7 +1122,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 			m.log(ctx, slog.LevelDebug, "idempotency: claim released after handler error", "key", key, "status", rec.status)
 		}
 	} else {
-		resp := m.saved(rec, key)
+		resp := m.saved(rec, key, "")
 		tooLarge = rec.streamed
 		switch err := m.save(ctx, scope, key, fence, resp); {
 		case errors.Is(err, ErrFenced):
@@ -1188,8 +1211,10 @@ func (m *Middleware) logPanic(r *http.Request, key string, v any, stack []byte) 
 }
 
 // saved returns what is stored for the recorded answer: the answer itself,
-// or the ProblemResponseTooLarge marker.
-func (m *Middleware) saved(rec *recorder, key string) Response {
+// or the ProblemResponseTooLarge marker. A marker saved before its handler
+// returned names, in by, the Middleware that runs the handler (see
+// streaming).
+func (m *Middleware) saved(rec *recorder, key, by string) Response {
 	if !rec.streamed {
 		hdr := canonical(rec.sent, func(name string) bool { return m.replayable(name, rec.head) })
 		return Response{Status: rec.status, Header: hdr, Body: bytes.Clone(rec.body.Bytes())}
@@ -1201,7 +1226,78 @@ func (m *Middleware) saved(rec *recorder, key string) Response {
 	if loc := rec.sent.Get("Location"); loc != "" {
 		hdr.Set("Location", loc)
 	}
+	if by != "" {
+		hdr.Set(streamedByHeader, by)
+	}
 	return Response{Status: p.Status, Header: hdr, Body: p.body()}
+}
+
+// streamedByHeader, in a ProblemResponseTooLarge marker saved before its
+// answer streamed, names the Middleware (streams.ident) that runs the
+// handler. It is the Middleware's own: never saved from a handler's
+// answer, nor replayed.
+const streamedByHeader = "Idempotent-Streamed-By"
+
+// streams is what a Middleware knows of the answers too large to save
+// that its handlers stream.
+type streams struct {
+	once    sync.Once
+	id      string // random: this Middleware's, in the markers it saves
+	mu      sync.Mutex
+	running map[string]struct{} // the ClaimIDs of the handlers streaming
+}
+
+func (s *streams) ident() string {
+	s.once.Do(func() { s.id = rand.Text() })
+	return s.id
+}
+
+// start counts the handler of claimID among those streaming.
+func (s *streams) start(claimID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running == nil {
+		s.running = make(map[string]struct{})
+	}
+	s.running[claimID] = struct{}{}
+}
+
+// end counts the handler of claimID out: it returned.
+func (s *streams) end(claimID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.running, claimID)
+}
+
+// has reports whether the handler of claimID streams.
+func (s *streams) has(claimID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.running[claimID]
+	return ok
+}
+
+// streaming reports whether the entry e, done, which the store returned
+// after now was read, holds the marker of an answer too large to save
+// whose handler may still run, and the age of its claim: the marker is
+// saved before the answer streams, and the handler may yet fail, or run
+// on. A retry is then told the request is in flight (409), as for any
+// claim in flight, not given the marker as its final answer. The
+// Middleware that runs the handler knows when it returns (streams);
+// another, sharing the store, cannot tell from the marker, and waits for
+// the claim's lease to end, LockTimeout after it was taken (its age read
+// as claimAge reads a claim in flight), by when an honest handler has
+// returned. Once the lease has ended, every Middleware answers the marker,
+// whether the handler returned or not: a caller that reads the answer
+// slowly, holding the handler in Write, does not hold retries off past
+// it. A marker of an earlier version, which names none, is final.
+func (m *Middleware) streaming(scope, key string, e Entry, now time.Time) (time.Duration, bool) {
+	by := e.Response.Header.Get(streamedByHeader)
+	if by == "" || (by == m.streams.ident() && !m.streams.has(e.ClaimID)) {
+		return 0, false
+	}
+	age := m.claimAge(scope, key, e.Fence, now)
+	return age, age < m.lockTimeout()
 }
 
 // log sends a record to the Logger. A panic of the Logger is not

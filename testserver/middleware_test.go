@@ -1216,6 +1216,78 @@ func TestSlowReaderOfAStreamedAnswer(t *testing.T) {
 	}
 }
 
+// TestRetryWhileTheAnswerStreams: a retry that comes while an answer too
+// large to save is still being written, its marker saved already, is told
+// the request is in flight (409), as for any claim in flight: the handler
+// may yet fail, or go on. Once the handler returned, a retry on the
+// server that ran it gets the marker; on another server sharing the
+// store, which cannot tell, once the claim's lease has ended.
+func TestRetryWhileTheAnswerStreams(t *testing.T) {
+	const lt = time.Minute
+	eachStore(t, func(t *testing.T, store testserver.Store) {
+		clk := newClock()
+		var runs atomic.Int64
+		midway, finish := make(chan struct{}), make(chan struct{})
+		var finished sync.Once
+		defer finished.Do(func() { close(finish) }) // a test that failed ends the handler
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Location", "/v1/reports/1")
+			w.WriteHeader(http.StatusCreated)
+			w.Write(bytes.Repeat([]byte("x"), 100)) // past MaxSavedResponse: streamed
+			close(midway)
+			<-finish
+			w.Write(bytes.Repeat([]byte("y"), 100))
+		})
+		a := &testserver.Middleware{Store: store, MaxSavedResponse: 10, LockTimeout: lt, Now: clk.Now}
+		b := &testserver.Middleware{Store: store, MaxSavedResponse: 10, LockTimeout: lt, Now: clk.Now}
+		retry := func(mw *testserver.Middleware) *httptest.ResponseRecorder {
+			return serve(mw.Wrap(h), request("POST", "/v1/reports", chargeBody, "Idempotency-Key", "k"))
+		}
+		inFlight := func(w *httptest.ResponseRecorder, when string) {
+			t.Helper()
+			wantProblem(t, w, http.StatusConflict, testserver.ProblemInFlight)
+			if ra := w.Header().Get("Retry-After"); ra == "" || w.Header().Get("Idempotent-Replayed") != "" || runs.Load() != 1 {
+				t.Fatalf("%s: Retry-After %q, replayed %q, after %d runs; want a Retry-After, no replay, one run",
+					when, ra, w.Header().Get("Idempotent-Replayed"), runs.Load())
+			}
+		}
+		marker := func(w *httptest.ResponseRecorder, when string) {
+			t.Helper()
+			p := wantProblem(t, w, http.StatusInternalServerError, testserver.ProblemResponseTooLarge)
+			if p.OriginalStatus != http.StatusCreated || w.Header().Get("Location") != "/v1/reports/1" || runs.Load() != 1 {
+				t.Fatalf("%s: %+v, headers %v, after %d runs; want the marker of the 201 with its Location, one run", when, p, w.Header(), runs.Load())
+			}
+			for name := range w.Header() {
+				switch name {
+				case "Content-Type", "Cache-Control", "Location", "Idempotent-Replayed":
+				default:
+					t.Errorf("%s: the marker's replay has the header %s; want none the Middleware keeps for itself", when, name)
+				}
+			}
+		}
+
+		first := make(chan *httptest.ResponseRecorder, 1)
+		go func() { first <- retry(a) }()
+		<-midway
+		clk.Add(2 * time.Second)
+		inFlight(retry(a), "a retry on the server streaming the answer")
+		inFlight(retry(b), "a retry on another server")
+
+		finished.Do(func() { close(finish) })
+		if w := <-first; w.Code != http.StatusCreated || w.Body.Len() != 200 {
+			t.Fatalf("first caller: %d with %d bytes; want the 201 with its 200 bytes", w.Code, w.Body.Len())
+		}
+		marker(retry(a), "a retry on the server that ran the handler, once it returned")
+		inFlight(retry(b), "a retry on another server, within the lease")
+		clk.Add(lt - 2*time.Second)
+		marker(retry(b), "a retry on another server, once the lease ended")
+		if st := a.Stats(); st.Conflicts != 1 || st.Replays != 1 || st.TooLarge != 1 {
+			t.Errorf("A: %+v; want 1 conflict, 1 replay, 1 too large", st)
+		}
+	})
+}
+
 // failingStore fails the chosen methods.
 type failingStore struct {
 	testserver.MemoryStore

@@ -19,8 +19,14 @@ const (
 
 // Response is a saved answer: replayed byte for byte to every retry.
 type Response struct {
-	Status int         // the status the handler wrote
-	Header http.Header // only the replay-safe headers (see ReplayHeaders), and a HEAD's Content-Length
+	Status int // the status the handler wrote
+	// Header holds only the replay-safe headers (see ReplayHeaders), and
+	// a HEAD's Content-Length. A ProblemResponseTooLarge marker saved
+	// before its answer streamed also holds Idempotent-Streamed-By, a
+	// random ID of the Middleware that streams it, which is never
+	// replayed: while the handler may run, a retry is answered 409
+	// instead of the marker (see Middleware.MaxSavedResponse).
+	Header http.Header
 	// Body is the body the handler wrote, whole. A Store reads an empty
 	// body back as nil, whether it was saved nil or empty.
 	Body []byte
