@@ -73,7 +73,10 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 			if err := ctx.Err(); err != nil {
 				return interrupted(err)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 60), cell(string(r.State), 0), r.Attempts,
+			// The name whole, however long: an operator gives it back to
+			// show, resume, abandon or forget, and two names cut alike
+			// would name either.
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cell(r.Op, 0), cell(string(r.State), 0), r.Attempts,
 				stamp(r.Created), cell(last(r), 40), stamp(r.NextAttempt), cell(r.Note, 60))
 		}
 		n += len(page)

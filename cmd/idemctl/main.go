@@ -173,7 +173,9 @@
 // quotes ("a\x1bb"), its backslashes and quotes escaped too: it is not
 // printed as one without them (a\x1bb, printed as it is). Commands take
 // a name as it is: one printed quoted is given as the literal says (in
-// bash, $'a\x1bb'); one printed unquoted, as it is printed. A record written by a version
+// bash, $'a\x1bb'); one printed unquoted, as it is printed. list prints
+// a name whole, however long, so that two names that begin alike are not
+// printed alike (it cuts a last error and a note, with "…"). A record written by a version
 // that stored a URL's userinfo (user:password@) keeps it in its URL, and in
 // its last error when that quotes the URL: list, show and export print the
 // password masked, user:xxxxx@, as url.URL.Redacted does (export's

@@ -2667,3 +2667,36 @@ func TestURLQuerySecretsMasked(t *testing.T) {
 		}
 	}
 }
+
+// TestListPrintsLongNamesWhole: two operations whose names share their
+// first 70 runes are listed each under its whole name, which show and
+// abandon take back: a name cut at a width would print both alike.
+func TestListPrintsLongNamesWhole(t *testing.T) {
+	now := time.Now()
+	prefix := "charge:" + strings.Repeat("é", 63) // 70 runes
+	rec := func(op string, i int) idem.Record {
+		return idem.Record{Op: op, Key: fmt.Sprint("key-", i), Fingerprint: "fp", State: idem.StatePending,
+			Method: "POST", URL: "http://127.0.0.1/v1/charges", Created: now.Add(time.Duration(i) * time.Second), Updated: now}
+	}
+	a, b := prefix+":order-1", prefix+":order-2"
+	path := jarWith(t, rec(a, 1), rec(b, 2))
+	code, out, errOut := idemctl("--jar", path, "list")
+	if code != 0 || errOut != "" {
+		t.Fatalf("list: exit %d, stderr %q", code, errOut)
+	}
+	var names []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		names = append(names, strings.Fields(l)[0])
+	}
+	if want := []string{a, b}; !slices.Equal(names, want) {
+		t.Fatalf("list printed the names %q; want %q:\n%s", names, want, out)
+	}
+	if code, out, errOut := idemctl("--jar", path, "abandon", names[0], "--reason", "checked the ledger"); code != 0 {
+		t.Fatalf("abandon of the name list printed: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for op, want := range map[string]idem.State{a: idem.StateAbandoned, b: idem.StatePending} {
+		if r, err := jarState(t, path, op); err != nil || r.State != want {
+			t.Errorf("after abandon of %q, %q is %s (%v); want %s", names[0], op, r.State, err, want)
+		}
+	}
+}
