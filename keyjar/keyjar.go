@@ -209,7 +209,8 @@ type Options struct {
 	// ReadOnly brings them back. A jar of an older schema version (1,
 	// before the index List with a State reads) needs an upgrade, a
 	// write: Open refuses it with ErrOldVersion (which matches ErrReadOnly
-	// too), saying its version, and an Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
+	// too), saying its version, whether its -wal and -shm files are there
+	// or not, and an Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
 	ReadOnly bool
 
 	// Logger receives one record (Warn) for each change taken by Defer
@@ -665,8 +666,8 @@ func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
 // a -wal file, needs its -wal and -shm files. When either is missing, no
 // WAL holds a commit the file lacks, or none that SQLite could read:
 // walFiles then checks the header's application_id and user_version as
-// Open checks the schema's (ErrCorrupt, ErrVersion), and refuses a jar
-// with ErrReadOnly.
+// Open checks the schema's (ErrCorrupt, ErrVersion, and ErrOldVersion for
+// a jar of an older version), and refuses a jar with ErrReadOnly.
 func walFiles(path string, head []byte) error {
 	walMode := len(head) > 19 && head[19] == 2
 	var missing []string
@@ -688,6 +689,12 @@ func walFiles(path string, head []byte) error {
 		app, version := binary.BigEndian.Uint32(head[68:]), binary.BigEndian.Uint32(head[60:])
 		if err := checkIDs(int32(app), int32(version), ""); err != nil {
 			return wrapf(err, "open %s", path)
+		}
+		if version < schemaVersion {
+			// Opened for writing, to create the two files, it would be
+			// upgraded too: ErrOldVersion says so, where ErrReadOnly
+			// alone would say that the files are all it lacks.
+			return wrapf(older(int(version)), "open %s", path)
 		}
 	}
 	files := strings.Join(missing, " and ") + " file is"

@@ -775,3 +775,26 @@ func opsOf(rs []idem.Record) []string {
 	}
 	return out
 }
+
+// TestReadOnlyVersion1WithoutWALFiles: a read-only Open of a jar of schema
+// version 1 whose -wal and -shm files are missing (its last program closed
+// it) refuses it with ErrOldVersion, as one with them: an Open for writing,
+// which would create the files, would upgrade it too.
+func TestReadOnlyVersion1WithoutWALFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	jarV1(false)(t, path)
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if _, err := os.Stat(path + suffix); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("the version 1 jar's %s file: %v; want none", suffix, err)
+		}
+	}
+	before := untouched(t, path)
+	_, err := keyjar.Open(t.Context(), path, readOnly)
+	if !errors.Is(err, keyjar.ErrOldVersion) || !errors.Is(err, keyjar.ErrReadOnly) || !strings.Contains(err.Error(), "schema version 1") {
+		t.Fatalf("read-only Open of a version 1 jar without its -wal and -shm files: %v; want ErrOldVersion naming version 1", err)
+	}
+	prefixOnce(t, "Open", err)
+	if after := untouched(t, path); !maps.Equal(after, before) {
+		t.Errorf("the read-only Open changed the jar's directory or files")
+	}
+}
