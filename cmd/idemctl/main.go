@@ -122,8 +122,12 @@
 // to the file and its -wal and -shm files (a SQLite file in WAL mode), and
 // none to their directory. (A jar last closed by a version of keyjar that
 // removed its -wal and -shm files is opened for writing once, which
-// creates them, when the user may; so is a jar of an older schema version,
-// which that upgrades. When the user may not, the command says so.) The
+// creates them, when the user may; when the user may not, the command
+// says so.) They refuse a jar of an older schema version, and write
+// nothing: keyjar upgrades it when it opens it for writing, after which a
+// program built with the earlier version of idem, which may be running on
+// it, refuses it (keyjar.ErrVersion); read it with the idemctl of that
+// version. resume, abandon, forget and prune upgrade it. The
 // other commands open it as its
 // program does, for writing: they need write access to the three files
 // and the directory.
@@ -441,14 +445,16 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 	// Nothing is checked before: the open itself refuses a missing file
 	// (which could be removed after any check) and one without a jar.
 	j, err := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true, ReadOnly: readOnly})
-	if readOnly && errors.Is(err, keyjar.ErrReadOnly) {
+	if readOnly && errors.Is(err, keyjar.ErrReadOnly) && !errors.Is(err, keyjar.ErrOldVersion) {
 		// Its -wal and -shm files are missing (a version of keyjar that
-		// removed them at Close was the last to close it), or it has an
-		// older schema version (keyjar.ErrOldVersion): opened for
-		// writing, as every command did before, which creates them or
-		// upgrades it, when this user may; when it may not, the read-only
-		// open's error says why, and any other failure (a damaged file)
-		// is the open's.
+		// removed them at Close was the last to close it): opened for
+		// writing, as every command did before, which creates them, when
+		// this user may; when it may not, the read-only open's error says
+		// why, and any other failure (a damaged file) is the open's. A
+		// jar of an older schema version (keyjar.ErrOldVersion, with or
+		// without the files) is not: an open for writing would upgrade
+		// it, after which a program built with the earlier version of
+		// idem, which may be running on it, refuses it.
 		jw, werr := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true})
 		if werr == nil {
 			return jw, jw.Close, nil
@@ -576,7 +582,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 	case isStatementTimeout(err), isJarDeadline(err):
 		return statementTimeout(path, lockTimeout)
 	case errors.Is(err, keyjar.ErrOldVersion): // before ErrReadOnly, which it matches too
-		return fmt.Errorf("%s: the jar has an older schema version, which keyjar upgrades when it opens the jar for writing, and this user may not write it: list, show and export read a jar without writing only once it is upgraded. It must be opened once for writing: start the program that uses the jar, or run any idemctl command once as a user who may write the jar file, its -wal and -shm files and its directory", path)
+		return fmt.Errorf("%s: the jar has an older schema version, which list, show and export do not upgrade, nothing written: keyjar upgrades it when it opens the jar for writing, after which the program built with the earlier version of idem that uses it refuses it. Read it with the idemctl of that version; once every program that uses the jar runs this version, the first to open it upgrades it (and so do resume, abandon, forget and prune)", path)
 	case errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
 	case errors.Is(err, fs.ErrPermission):

@@ -2700,3 +2700,80 @@ func TestListPrintsLongNamesWhole(t *testing.T) {
 		}
 	}
 }
+
+// TestReadCommandsDoNotUpgradeAnOlderJar: list, show and export of a jar of
+// schema version 1, which an open for writing upgrades (after which a
+// program built with the earlier version refuses it), say that the jar has
+// an older schema version and write nothing, whether its -wal and -shm
+// files are there (a program has it open) or not (its program closed it),
+// by a user who may write it.
+func TestReadCommandsDoNotUpgradeAnOlderJar(t *testing.T) {
+	for _, open := range []bool{true, false} {
+		t.Run(fmt.Sprint("in use ", open), func(t *testing.T) {
+			path := seed(t, newServer(t))
+			db, err := sql.Open("sqlite", "file:"+path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			db.SetMaxOpenConns(1)
+			// Version 1 is version 2 without its index.
+			if _, err := db.Exec("DROP INDEX operations_by_state_created; PRAGMA user_version = 1"); err != nil {
+				t.Fatal(err)
+			}
+			if !open {
+				if err := db.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if got := dirNames(t, filepath.Dir(path)); !slices.Equal(got, []string{"keys.db"}) {
+					t.Fatalf("the closed jar's directory holds %q; want the jar alone", got)
+				}
+			}
+			before := written(t, path)
+			for _, args := range [][]string{{"list"}, {"list", "--status", "pending"}, {"show", "charge:p1"}, {"export"}} {
+				code, out, errOut := idemctl(append([]string{"--jar", path}, args...)...)
+				wantError(t, code, errOut, 1, path+": the jar has an older schema version")
+				for _, want := range []string{"nothing written", "the idemctl of that version"} {
+					if !strings.Contains(errOut, want) {
+						t.Errorf("%q of a version 1 jar: %q; want it to say %q", args, errOut, want)
+					}
+				}
+				if out != "" {
+					t.Errorf("%q of a version 1 jar printed %q; want nothing", args, out)
+				}
+			}
+			if after := written(t, path); !maps.Equal(after, before) {
+				t.Errorf("the jar file or its -wal file changed: %q, were %q", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
+			}
+			if !open {
+				db, err = sql.Open("sqlite", "file:"+path)
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			var version int
+			if err := db.QueryRow("PRAGMA user_version").Scan(&version); err != nil || version != 1 {
+				t.Errorf("the jar's user_version is %d (%v); want 1", version, err)
+			}
+		})
+	}
+}
+
+// written returns the bytes of the jar file at path and of its -wal file,
+// when it has one: what a write changes. (A reader changes the -shm file,
+// where SQLite keeps its read marks.)
+func written(t *testing.T, path string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, p := range []string{path, path + "-wal"} {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) && p != path {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		m[filepath.Base(p)] = string(b)
+	}
+	return m
+}
