@@ -284,6 +284,24 @@ var (
 	ErrNotForgotten = errors.New("idem: operation not forgotten: it has another key or is pending")
 )
 
+// RecordError is returned, wrapped, by the Get, List and ByKey methods of
+// *keyjar.Jar and *pgjar.Jar for a stored record that does not decode: its
+// header is not the JSON the jar writes (damaged in the database, or
+// written there by another program). List and ByKey return no record then,
+// as for any error. Record holds the fields that did decode (Op, Key,
+// State, the times, all but Header and Body), so that a tool can name the
+// record, read on past it (Record.Cursor as Filter.After) and forget it;
+// Err says what did not decode, and matches the jar's own error for a
+// damaged record (keyjar.ErrCorrupt).
+type RecordError struct {
+	Record Record
+	Err    error
+}
+
+func (e *RecordError) Error() string { return e.Err.Error() }
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
 // Apply applies c to r, as Jar.Update does once the fencing check passed. It
 // is exported for Jar implementations.
 func (c Change) Apply(r *Record) {

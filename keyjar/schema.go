@@ -187,9 +187,13 @@ func scanRecord(s scanner) (idem.Record, error) {
 	if err != nil {
 		return idem.Record{}, err
 	}
+	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
+	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
 	if header.Valid {
 		if r.Header, err = hdrjson.Unmarshal([]byte(header.String)); err != nil {
-			return idem.Record{}, fmt.Errorf("%w: header of %q: %v", ErrCorrupt, r.Op, err)
+			// What did decode, for a tool to name it and read past it.
+			r.Header, r.Body = nil, nil
+			return idem.Record{}, &idem.RecordError{Record: r, Err: fmt.Errorf("%w: header of %q: %v", ErrCorrupt, r.Op, err)}
 		}
 		if r.Header == nil {
 			r.Header = http.Header{}
@@ -198,8 +202,6 @@ func scanRecord(s scanner) (idem.Record, error) {
 	if hasBody && r.Body == nil {
 		r.Body = []byte{} // the driver reads an empty blob as nil
 	}
-	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
-	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
 	return r, nil
 }
 

@@ -154,16 +154,18 @@ func scanRecord(row pgx.Row) (idem.Record, error) {
 	if err != nil {
 		return idem.Record{}, err
 	}
+	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
+	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
 	if header != nil {
 		if r.Header, err = hdrjson.Unmarshal([]byte(*header)); err != nil {
-			return idem.Record{}, fmt.Errorf("header of %q: %w", r.Op, err)
+			// What did decode, for a tool to name it and read past it.
+			r.Header, r.Body = nil, nil
+			return idem.Record{}, &idem.RecordError{Record: r, Err: fmt.Errorf("header of %q: %w", r.Op, err)}
 		}
 		if r.Header == nil {
 			r.Header = http.Header{}
 		}
 	}
-	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
-	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
 	return r, nil
 }
 
