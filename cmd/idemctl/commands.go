@@ -64,7 +64,7 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 	// read: the table's columns are as wide as the widest cell of their
 	// page.
 	tw := tabwriter.NewWriter(interruptible{ctx, s.stdout}, 0, 4, 2, ' ', 0)
-	n := 0
+	n, bad := 0, 0
 	err := eachPage(ctx, s.jar, idem.Filter{State: st}, func(page []idem.Record) error {
 		if n == 0 && len(page) > 0 {
 			fmt.Fprintln(tw, "OP\tSTATE\tATTEMPTS\tSTORED\tLAST\tNEXT ATTEMPT\tNOTE")
@@ -81,9 +81,13 @@ func list(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		}
 		n += len(page)
 		return tw.Flush()
-	})
+	}, s.undecodable(&bad))
 	if err != nil {
 		return err
+	}
+	if bad > 0 {
+		// Each said on stderr.
+		return errFailed
 	}
 	if n == 0 {
 		// With --status, "no operations" would read as an empty jar.
@@ -114,17 +118,29 @@ var errNotPaged = errors.New("it cannot be read in pages: its List does not keep
 // meanwhile changes nothing else, and one created meanwhile is read if it
 // comes after the page being read. It returns fn's first error, or the
 // jar's, and an interrupted error once ctx is done.
-func eachPage(ctx context.Context, jar client.Jar, f idem.Filter, fn func(page []idem.Record) error) error {
+//
+// A record that does not decode (*idem.RecordError) fails the List of its
+// whole page: eachPage then reads that page again one record at a time
+// (readPast), calls bad with each record that does not decode, and goes on
+// past it, so that one damaged record hides no other.
+func eachPage(ctx context.Context, jar client.Jar, f idem.Filter, fn func(page []idem.Record) error, bad func(*idem.RecordError)) error {
 	f.Limit = pageSize
 	for {
 		if err := ctx.Err(); err != nil {
 			return interrupted(err)
 		}
 		page, err := jar.List(ctx, f)
+		n, last := len(page), idem.Cursor{}
+		if n > 0 {
+			last = page[n-1].Cursor()
+		}
+		if re := (*idem.RecordError)(nil); errors.As(err, &re) {
+			page, n, last, err = readPast(ctx, jar, f, bad)
+		}
 		if err != nil {
 			return err
 		}
-		if len(page) > f.Limit {
+		if n > f.Limit {
 			return fmt.Errorf("this jar (%T): %w", jar, errNotPaged)
 		}
 		for i, r := range page {
@@ -140,10 +156,63 @@ func eachPage(ctx context.Context, jar client.Jar, f idem.Filter, fn func(page [
 		if err := fn(page); err != nil {
 			return err
 		}
-		if len(page) < f.Limit {
+		if n < f.Limit {
 			return nil
 		}
-		f.After = page[len(page)-1].Cursor()
+		f.After = last
+	}
+}
+
+// readPast reads the page of f (its After and Limit) one record at a time,
+// as List could not read it whole: it returns the records that decode, how
+// many it read, those that do not decode included, and the cursor of the
+// last one, and calls bad with each that does not decode. A record that
+// does not decode and is not after the one before (a jar whose List does
+// not keep to f) ends it with its error.
+func readPast(ctx context.Context, jar client.Jar, f idem.Filter, bad func(*idem.RecordError)) (page []idem.Record, n int, last idem.Cursor, err error) {
+	one := f
+	one.Limit = 1
+	for n < f.Limit { // each round reads one record, or ends
+		if err := ctx.Err(); err != nil {
+			return nil, 0, last, interrupted(err)
+		}
+		recs, err := jar.List(ctx, one)
+		var re *idem.RecordError
+		switch {
+		case errors.As(err, &re):
+			c := re.Record.Cursor()
+			if !one.After.IsZero() && one.After.Compare(c) >= 0 {
+				return nil, 0, last, err
+			}
+			if bad != nil {
+				bad(re)
+			}
+			one.After = c
+		case err != nil:
+			return nil, 0, last, err
+		case len(recs) == 0:
+			return page, n, last, nil
+		case len(recs) > 1:
+			return nil, 0, last, fmt.Errorf("this jar (%T): %w", jar, errNotPaged)
+		default:
+			page = append(page, recs[0])
+			one.After = recs[0].Cursor()
+		}
+		n++
+		last = one.After
+	}
+	return page, n, last, nil
+}
+
+// undecodable returns the bad function of eachPage for a command that
+// reads the records of s.jar: it says on stderr which record does not
+// decode, and counts it in *n.
+func (s *session) undecodable(n *int) func(*idem.RecordError) {
+	return func(re *idem.RecordError) {
+		*n++
+		r := re.Record
+		fmt.Fprintf(s.stderr, "idemctl: %s: skipped: its record does not decode (%s); key %s, %s, stored %s; %s\n",
+			cell(r.Op, 0), oneLine(re.Error()), cell(r.Key, 0), cell(string(r.State), 0), stamp(r.Created), undecodedAdvice(r))
 	}
 }
 
@@ -462,11 +531,12 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	// resumed too. --all reads them in pages, twice: for their methods and
 	// hosts, then to resume them, up to the last one the first walk read.
 	var (
-		methods []string
-		hosts   = map[string]bool{}
-		last    idem.Cursor // --all: the last operation the first walk read
-		total   int
-		one     idem.Record // not --all: the operation
+		methods   []string
+		hosts     = map[string]bool{}
+		last      idem.Cursor // --all: the last operation the first walk read
+		total     int
+		undecoded int         // --all: pending records that do not decode, which the first walk said
+		one       idem.Record // not --all: the operation
 	)
 	note := func(r idem.Record) {
 		hosts[opHost(r)] = true
@@ -482,7 +552,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				note(r)
 			}
 			return nil
-		})
+		}, s.undecodable(&undecoded))
 		if err != nil {
 			return err
 		}
@@ -493,6 +563,9 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				// --host's address included.
 				return &cliflag.UsageError{Err: &hostError{Host: host, Hosts: slices.Sorted(maps.Keys(hosts))}}
 			}
+		}
+		if total == 0 && undecoded > 0 {
+			return errFailed
 		}
 		if total == 0 {
 			fmt.Fprintln(s.stdout, "nothing pending")
@@ -602,7 +675,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				}
 			}
 			return nil
-		})
+		}, nil) // the first walk said which records do not decode
 	} else {
 		err = resumeNext(one)
 	}
@@ -614,7 +687,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	if err != nil && !errors.Is(err, errWalked) {
 		return err
 	}
-	if failed > 0 {
+	if failed > 0 || undecoded > 0 {
 		return errFailed
 	}
 	return nil
@@ -671,6 +744,17 @@ func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) e
 	return nil
 }
 
+// undecodedAdvice says what an operator can do with r, the fields of a
+// record that does not decode (idem.RecordError).
+func undecodedAdvice(r idem.Record) string {
+	if r.State == idem.StatePending {
+		// Neither resumed (its request does not read back) nor
+		// abandoned, and forget keeps a pending operation's key.
+		return "it is pending, its outcome unknown: ask its server what happened under its key; forget refuses a pending operation"
+	}
+	return "forget removes it"
+}
+
 func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) error {
 	op, err := oneArg("forget", args)
 	if err != nil {
@@ -681,11 +765,38 @@ func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		return err
 	}
 	defer c.Close()
-	if err := c.Forget(ctx, op); err != nil {
+	err = c.Forget(ctx, op)
+	var re *idem.RecordError
+	if errors.As(err, &re) && re.Record.Op == op {
+		// Its record does not decode, which Forget reads first: what did
+		// decode says its state and key, which ForgetKey deletes in one
+		// statement, unless it is pending, or has another key by then.
+		err = forgetUndecodable(ctx, s, re.Record)
+	}
+	if err != nil {
 		return s.unknown(op, err)
 	}
 	fmt.Fprintf(s.stdout, "%s: forgotten\n", cell(op, 0))
 	return nil
+}
+
+// forgetUndecodable forgets r, the fields of a record that does not decode,
+// as client.Forget forgets one that does: not when it is pending, and only
+// under r's key.
+func forgetUndecodable(ctx context.Context, s *session, r idem.Record) error {
+	if r.State == idem.StatePending {
+		return fmt.Errorf("%s is pending, its outcome unknown, and its record does not decode: not forgotten; ask its server what happened under its key %s",
+			cell(r.Op, 0), cell(r.Key, 0))
+	}
+	kf, ok := s.jar.(client.KeyForgetter)
+	if !ok {
+		return fmt.Errorf("this jar (%T) cannot forget an operation by its key", s.jar)
+	}
+	err := kf.ForgetKey(ctx, r.Op, r.Key)
+	if errors.Is(err, idem.ErrNotForgotten) {
+		return fmt.Errorf("%s changed after it was read (begun again under a new key, or pending): not forgotten", cell(r.Op, 0))
+	}
+	return err
 }
 
 func checkPrune(fs *flag.FlagSet, args []string) error {
@@ -839,7 +950,7 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	// printing of a large jar. The output is what a json.Encoder indenting
 	// by two spaces writes for the whole array, read in pages.
 	w := bufio.NewWriter(interruptible{ctx, s.stdout})
-	n, sep := 0, "[\n  "
+	n, sep, bad := 0, "[\n  ", 0
 	err := eachPage(ctx, s.jar, idem.Filter{}, func(page []idem.Record) error {
 		for _, r := range page {
 			if err := ctx.Err(); err != nil {
@@ -877,7 +988,7 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			n++
 		}
 		return nil
-	})
+	}, s.undecodable(&bad))
 	if err != nil {
 		return err
 	}
@@ -887,7 +998,14 @@ func export(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		w.WriteString("\n]")
 	}
 	w.WriteString("\n")
-	return w.Flush() // the first error of a write, which bufio keeps
+	if err := w.Flush(); err != nil {
+		return err // the first error of a write, which bufio keeps
+	}
+	if bad > 0 {
+		// Each said on stderr; the JSON holds every other record.
+		return errFailed
+	}
+	return nil
 }
 
 // interruptible is a command's stdout that refuses to write once ctx is

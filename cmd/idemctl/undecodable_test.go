@@ -1,0 +1,132 @@
+package main
+
+import (
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dsn"
+	"github.com/jackc/pgx/v5"
+)
+
+// damageHeaders makes the header of each of ops, in the jar that spec
+// names, a string that is not the JSON the jars write: a record that does
+// not decode (idem.RecordError).
+func damageHeaders(t *testing.T, spec string, ops ...string) {
+	t.Helper()
+	for _, op := range ops {
+		if dsn.IsURL(spec) {
+			conn, err := pgx.Connect(t.Context(), spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = conn.Exec(t.Context(), "UPDATE idem_operations SET header = 'not json' WHERE op = $1", op)
+			conn.Close(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		db, err := sql.Open("sqlite", "file:"+spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = db.Exec("UPDATE operations SET header = 'not json' WHERE op = ?", op)
+		db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// listed returns the names in the first column of list's output, after its
+// header.
+func listed(out string) []string {
+	var names []string
+	for i, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(l); i > 0 && len(f) > 0 {
+			names = append(names, f[0])
+		}
+	}
+	return names
+}
+
+// wantSkipped fails t unless stderr says, one line each, that ops were
+// skipped, in that order, and nothing else.
+func wantSkipped(t *testing.T, what, stderr string, ops ...string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	if len(lines) != len(ops) {
+		t.Errorf("%s: stderr %q; want one line for each of %q", what, stderr, ops)
+		return
+	}
+	for i, op := range ops {
+		if !strings.HasPrefix(lines[i], "idemctl: "+op+": skipped: its record does not decode") || !strings.Contains(lines[i], "key ") {
+			t.Errorf("%s: stderr line %q; want it to say that %s was skipped, with its key", what, lines[i], op)
+		}
+	}
+}
+
+// TestUndecodableRecordHidesNoOther: a record whose header does not decode
+// fails neither list, export nor resume --all for the others, each said on
+// stderr with exit status 1, wherever it lies in a page; forget removes it
+// unless it is pending.
+func TestUndecodableRecordHidesNoOther(t *testing.T) { eachJar(t, testUndecodableRecordHidesNoOther) }
+
+func testUndecodableRecordHidesNoOther(t *testing.T, srv *server, path string) {
+	// List's order: the four settled operations (created at one time, by
+	// name), then charge:p1 and charge:p2. Pages of two: the damaged ones
+	// begin the second and third pages.
+	setPageSize(t, 2)
+	damageHeaders(t, path, "charge:failed", "charge:p1")
+	code, out, errOut := idemctl("--jar", path, "list")
+	if want := []string{"charge:abandoned", "charge:done", "charge:reconcile", "charge:p2"}; code != 1 || !slices.Equal(listed(out), want) {
+		t.Errorf("list: exit %d, stdout %q; want exit 1 and %q listed", code, out, want)
+	}
+	wantSkipped(t, "list", errOut, "charge:failed", "charge:p1")
+	if !strings.Contains(errOut, "forget removes it") || !strings.Contains(errOut, "forget refuses a pending operation") {
+		t.Errorf("list: stderr %q; want it to say what forget does with each", errOut)
+	}
+	code, out, errOut = idemctl("--jar", path, "list", "--status", "pending")
+	if want := []string{"charge:p2"}; code != 1 || !slices.Equal(listed(out), want) {
+		t.Errorf("list --status pending: exit %d, stdout %q; want exit 1 and %q listed", code, out, want)
+	}
+	wantSkipped(t, "list --status pending", errOut, "charge:p1")
+
+	code, out, errOut = idemctl("--jar", path, "export")
+	var exp []exported
+	if err := json.Unmarshal([]byte(out), &exp); err != nil {
+		t.Fatalf("export: %v; stdout %q", err, out)
+	}
+	var ops []string
+	for _, e := range exp {
+		ops = append(ops, e.Op)
+	}
+	if want := []string{"charge:abandoned", "charge:done", "charge:reconcile", "charge:p2"}; code != 1 || !slices.Equal(ops, want) {
+		t.Errorf("export: exit %d, operations %q; want exit 1 and %q", code, ops, want)
+	}
+	wantSkipped(t, "export", errOut, "charge:failed", "charge:p1")
+
+	code, out, errOut = idemctl("--jar", path, "resume", "--all")
+	if code != 1 || !strings.HasPrefix(out, "charge:p2: 201 Created") || !strings.Contains(errOut, "idemctl: charge:p1: skipped") {
+		t.Errorf("resume --all: exit %d, stdout %q, stderr %q; want exit 1, charge:p2 resumed and charge:p1 skipped", code, out, errOut)
+	}
+
+	code, out, errOut = idemctl("--jar", path, "forget", "charge:failed")
+	if code != 0 || out != "charge:failed: forgotten\n" {
+		t.Errorf("forget of a record that does not decode: exit %d, stdout %q, stderr %q; want it forgotten", code, out, errOut)
+	}
+	if _, err := jarState(t, path, "charge:failed"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("after forget, charge:failed: %v; want ErrNotFound", err)
+	}
+	code, _, errOut = idemctl("--jar", path, "forget", "charge:p1")
+	wantError(t, code, errOut, 1, "charge:p1 is pending")
+	var re *idem.RecordError
+	if _, err := jarState(t, path, "charge:p1"); !errors.As(err, &re) || re.Record.State != idem.StatePending {
+		t.Errorf("after forget, charge:p1: %v; want its record kept, pending and undecodable", err)
+	}
+}
