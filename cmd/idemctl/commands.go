@@ -732,6 +732,17 @@ func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) e
 		return err
 	}
 	reason := flagString(fs, "reason")
+	// Abandon of an abandoned operation changes nothing, its note (the
+	// reason given then) included: say so, and what that reason was,
+	// rather than let this one seem recorded.
+	before, err := s.jar.Get(ctx, op)
+	if err != nil {
+		return s.unknown(op, err)
+	}
+	if before.State == idem.StateAbandoned {
+		s.alreadyAbandoned(before)
+		return nil
+	}
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar})
 	if err != nil {
 		return err
@@ -740,8 +751,21 @@ func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) e
 	if err := c.Abandon(ctx, op, reason); err != nil {
 		return s.unknown(op, err)
 	}
+	// Another process may have abandoned it since it was read, with its
+	// own reason, which Abandon then kept.
+	if now, err := s.jar.Get(ctx, op); err == nil && now.Key == before.Key && now.State == idem.StateAbandoned && now.Note != reason {
+		s.alreadyAbandoned(now)
+		return nil
+	}
 	fmt.Fprintf(s.stdout, "%s: abandoned; a new call with this name gets a new key\n", cell(op, 0))
 	return nil
+}
+
+// alreadyAbandoned says that r was abandoned before abandon recorded its
+// reason, and with which, which it keeps.
+func (s *session) alreadyAbandoned(r idem.Record) {
+	fmt.Fprintf(s.stdout, "%s: already abandoned (updated %s, note %s), and left as it is: the reason given was not recorded\n",
+		cell(r.Op, 0), stamp(r.Updated), cell(r.Note, 0))
 }
 
 // undecodedAdvice says what an operator can do with r, the fields of a

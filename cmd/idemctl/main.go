@@ -102,6 +102,10 @@
 // gives up what the program would still retry. --attempt-timeout is at
 // most --horizon.
 //
+// abandon of an operation abandoned already changes nothing, its note
+// (the reason given then) included: it says so, with that note, and that
+// the reason given was not recorded.
+//
 // forget refuses a pending operation: its outcome is unknown, so its key
 // must be kept. Reconcile first (ask the server what happened), then
 // abandon it (it did not happen: a new call gets a new key) or resume it.

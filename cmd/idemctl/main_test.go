@@ -2777,3 +2777,43 @@ func written(t *testing.T, path string) map[string]string {
 	}
 	return m
 }
+
+// TestAbandonOfAnAbandonedOperation: abandon of an operation abandoned
+// already changes nothing, its note included, and says so with the reason
+// it was abandoned for, rather than let the new one seem recorded; so too
+// when another process abandons it while abandon runs.
+func TestAbandonOfAnAbandonedOperation(t *testing.T) { eachJar(t, testAbandonOfAnAbandonedOperation) }
+
+func testAbandonOfAnAbandonedOperation(t *testing.T, _ *server, path string) {
+	const first = "ledger shows no charge"
+	if code, out, errOut := idemctl("--jar", path, "abandon", "charge:reconcile", "--reason", first); code != 0 {
+		t.Fatalf("abandon: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, out, errOut := idemctl("--jar", path, "abandon", "charge:reconcile", "--reason", "checked twice")
+	if code != 0 || errOut != "" || !strings.HasPrefix(out, "charge:reconcile: already abandoned") ||
+		!strings.Contains(out, "note "+first) || !strings.Contains(out, "the reason given was not recorded") {
+		t.Errorf("abandon again: exit %d, stdout %q, stderr %q; want it to say it was already abandoned, for %q, and the new reason not recorded", code, out, errOut, first)
+	}
+	if r, err := jarState(t, path, "charge:reconcile"); err != nil || r.State != idem.StateAbandoned || r.Note != first {
+		t.Errorf("after abandon again: %s %q (%v); want abandoned with the first reason", r.State, r.Note, err)
+	}
+	// Abandoned by another process between abandon's read and its lease.
+	wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+		return abandonedMeanwhile{j}, closeJar
+	})
+	code, out, errOut = idemctl("--jar", path, "abandon", "charge:p1", "--reason", "checked the ledger")
+	if code != 0 || !strings.HasPrefix(out, "charge:p1: already abandoned") || !strings.Contains(out, "note by another process") {
+		t.Errorf("abandon of one abandoned meanwhile: exit %d, stdout %q, stderr %q; want it said already abandoned, by the other's reason", code, out, errOut)
+	}
+}
+
+// abandonedMeanwhile is a jar whose Acquire finds the operation abandoned
+// by another process, with its own reason, since it was read.
+type abandonedMeanwhile struct{ client.Jar }
+
+func (j abandonedMeanwhile) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+	if _, err := j.Jar.Update(ctx, op, "", idem.Change{Now: now, State: idem.StateAbandoned, Note: "by another process", Release: true}); err != nil {
+		return idem.Record{}, err
+	}
+	return j.Jar.Acquire(ctx, op, holder, now, ttl)
+}
