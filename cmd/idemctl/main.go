@@ -25,7 +25,9 @@
 // looks for the jar in the first schema of the search_path that exists.
 //
 // The jar must exist: idemctl never creates one, neither a file nor the
-// tables in a database.
+// tables in a database, and never upgrades a PostgreSQL jar of an older
+// schema version (pgjar.ErrOldVersion): it says so, with the version the
+// jar records.
 //
 // resume sends a pending operation again from the request stored in the jar,
 // with the same Idempotency-Key. The jar never holds credentials: give them
@@ -523,6 +525,11 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		pgErr      *pgconn.PgError
 	)
 	switch {
+	case errors.Is(err, pgjar.ErrOldVersion): // before ErrNoJar, which it matches too
+		// pgjar gives the schema and the version it records after the
+		// sentinel.
+		_, version, _ := strings.Cut(err.Error(), pgjar.ErrOldVersion.Error())
+		return fmt.Errorf("%s holds a key jar of an older schema version%s, which idemctl does not upgrade, nothing written: a program built with this version of idem upgrades it when it opens it, after which one built with the earlier version refuses it. Use the idemctl of that version; once every program that uses the jar runs this version, the first to start upgrades it", where, version)
 	case errors.Is(err, pgjar.ErrNoJar):
 		// pgjar says what is missing after the sentinel.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrNoJar.Error())

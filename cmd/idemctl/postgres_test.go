@@ -305,3 +305,28 @@ func TestPostgresRoleThatMayOnlyRead(t *testing.T) {
 		t.Fatalf("after the refused abandon: %s, %v; want it still to reconcile", r.State, err)
 	}
 }
+
+// TestPostgresJarOfAnOlderVersion: a PostgreSQL jar of schema version 1,
+// which idemctl does not upgrade, is said to be a jar of an older schema
+// version, with the version it records, not a database without a jar; and
+// nothing is changed.
+func TestPostgresJarOfAnOlderVersion(t *testing.T) {
+	jar := seedPostgres(t, newServer(t))
+	conn := pgtest.Connect(t, jar)
+	// Version 1 is version 2 without its index.
+	if _, err := conn.Exec(t.Context(), `DROP INDEX idem_operations_by_state_created;
+		DELETE FROM idem_operations_schema WHERE version = 2`); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list"}, {"show", "charge:p1"}, {"abandon", "charge:p1", "--reason", "no charge"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", jar}, args...)...)
+		wantError(t, code, errOut, 1, `holds a key jar of an older schema version in schema "public" (idem_operations_schema records version 1, not 2), which idemctl does not upgrade`)
+		if strings.Contains(errOut, "no key jar") || !strings.Contains(errOut, "the idemctl of that version") {
+			t.Errorf("%s of a version 1 jar: %q; want it said a jar of an older version, and what to do", args[0], errOut)
+		}
+	}
+	var versions string
+	if err := conn.QueryRow(t.Context(), `SELECT string_agg(version::text, ',' ORDER BY version) FROM idem_operations_schema`).Scan(&versions); err != nil || versions != "1" {
+		t.Errorf("the jar's versions after idemctl: %q (%v); want 1", versions, err)
+	}
+}

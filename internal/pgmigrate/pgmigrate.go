@@ -44,6 +44,11 @@ type Schema struct {
 	// "jobs") and its version, for a database at a later version than
 	// len(Migrations).
 	TooNew error
+	// Older, when not nil, is returned by Check in place of its absent
+	// error, wrapped as that one is, for a database at an earlier version
+	// than len(Migrations): a schema that Migrate would upgrade, not one
+	// that is missing.
+	Older error
 	// Objects are the tables and indexes (primary keys' included) that the
 	// schema holds at version len(Migrations) and its statements use.
 	Objects []string
@@ -276,7 +281,8 @@ func Insufficient(err error) bool {
 // of pool reads it, and returns that schema's name. It returns absent,
 // wrapped with the schema's name (in schema "jobs") and what is missing in
 // parentheses, for a database without the
-// table of versions or at an earlier version, s.TooNew for a later one,
+// table of versions or at an earlier version (s.Older for that one, when
+// set), s.TooNew for a later one,
 // s.Incomplete for one missing one of s.Objects, or recording no version
 // but holding one, and s.NoSchema for a search path that names no schema
 // that exists.
@@ -304,6 +310,9 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 	case v > len(s.Migrations):
 		return "", s.tooNew(schema, v)
 	case v < len(s.Migrations):
+		if s.Older != nil {
+			absent = s.Older
+		}
 		return "", fmt.Errorf("%w in schema %s (%s records version %d, not %d)", absent, quote(schema), s.Table, v,
 			len(s.Migrations))
 	}

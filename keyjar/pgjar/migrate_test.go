@@ -68,8 +68,9 @@ func TestMigrateFromVersion1(t *testing.T) {
 		if err == nil {
 			j.Close()
 		}
-		if !errors.Is(err, pgjar.ErrNoJar) || !strings.Contains(err.Error(), "records version 1, not 2") {
-			t.Errorf("%s with MustExist of a version 1 jar: %v; want ErrNoJar saying it records version 1, not 2", what, err)
+		if !errors.Is(err, pgjar.ErrOldVersion) || !errors.Is(err, pgjar.ErrNoJar) || !strings.Contains(err.Error(), "records version 1, not 2") ||
+			!strings.Contains(err.Error(), "older schema version") || strings.Count(err.Error(), "pgjar: ") != 1 {
+			t.Errorf("%s with MustExist of a version 1 jar: %v; want ErrOldVersion, matching ErrNoJar, saying it records version 1, not 2", what, err)
 		}
 		if r, v := state(); r != rows || v != "1" {
 			t.Errorf("%s with MustExist changed the jar: versions %q", what, v)

@@ -77,7 +77,7 @@
 // --all); its build reads the table once and holds off writes to it
 // meanwhile. A program built with an earlier version of this package then
 // refuses the jar with ErrVersion, and one with MustExist refuses a jar
-// not yet upgraded with ErrNoJar.
+// not yet upgraded with ErrOldVersion, which matches ErrNoJar.
 //
 // Defer queues such a change for the jar's applier, a goroutine that Open
 // or New starts and Close ends: it sends what is queued, up to 64 changes,
@@ -215,11 +215,22 @@ var (
 	// ErrNoJar is returned by Open and New with Options.MustExist for a
 	// database that holds no jar (no table idem_operations_schema, nor
 	// idem_operations), or a jar at an older schema version, which
-	// MustExist does not upgrade. The schema looked in follows it (in
+	// MustExist does not upgrade (ErrOldVersion, which matches ErrNoJar).
+	// The schema looked in follows it (in
 	// schema "jobs", current_schema() of the connection that opened it:
 	// a jar in another schema of the search_path is not found), then what
 	// is missing, in parentheses. Nothing is created.
 	ErrNoJar = errors.New("pgjar: database holds no key jar")
+
+	// ErrOldVersion is returned by Open and New with Options.MustExist for
+	// a database whose jar is at an older schema version (1, before the
+	// index List with a State reads), which MustExist does not upgrade:
+	// an Open without it does. It matches ErrNoJar too (errors.Is), which
+	// Open returned for it before it was told apart, and is followed, as
+	// ErrNoJar is, by the schema looked in and the version it records (in
+	// schema "jobs" (idem_operations_schema records version 1, not 2)).
+	// Nothing is changed.
+	ErrOldVersion error = oldVersion{}
 
 	// ErrNoSchema is returned by Open and New, with Options.MustExist or
 	// without, when current_schema() is null on the connection that opens
@@ -271,6 +282,16 @@ var (
 	ErrOptions = errors.New("pgjar: invalid options")
 )
 
+// oldVersion is ErrOldVersion's type. Its Is makes it ErrNoJar too, as
+// keyjar's ErrOldVersion is its ErrReadOnly: one error of its own, which a
+// caller that asks for the more general one still matches, with "pgjar: "
+// said once in its message.
+type oldVersion struct{}
+
+func (oldVersion) Error() string { return "pgjar: database holds a key jar of an older schema version" }
+
+func (oldVersion) Is(target error) bool { return target == ErrNoJar }
+
 // wrapf returns err after "pgjar: " and what format says happened, with
 // "pgjar: " said once (errprefix.Wrapf).
 func wrapf(err error, format string, args ...any) error {
@@ -311,7 +332,7 @@ type Options struct {
 	// and run no migration, and need only SELECT on
 	// idem_operations_schema to check it. A database without the jar, or
 	// with a jar of an older schema version, is refused with ErrNoJar
-	// (open it once without MustExist to upgrade it); a newer one with
+	// (ErrOldVersion: open it once without MustExist to upgrade it); a newer one with
 	// ErrVersion and one missing a table, an index or the record of its
 	// version with ErrSchema, as without it. A program that only inspects
 	// or resumes operations (as idemctl does) sets it, so that a DSN

@@ -64,6 +64,7 @@ var schema = pgmigrate.Schema{
 	Table:      "idem_operations_schema",
 	Migrations: migrations,
 	TooNew:     ErrVersion,
+	Older:      ErrOldVersion,
 	Objects: []string{"idem_operations", "idem_operations_pkey",
 		"idem_operations_by_created", "idem_operations_by_state", "idem_operations_by_state_created"},
 	Incomplete: ErrSchema,
@@ -81,8 +82,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 
 // present checks, creating nothing, that the database holds the jar's
 // tables at this package's schema version: the check of Options.MustExist.
-// It returns ErrNoJar, wrapped, for a database without them or at an older
-// version, ErrVersion for a newer one and ErrSchema for one missing a table
+// It returns ErrNoJar, wrapped, for a database without them, ErrOldVersion
+// (which matches ErrNoJar too) for one at an older version, ErrVersion for
+// a newer one and ErrSchema for one missing a table
 // or an index, or holding the jar's tables without the record of a version,
 // and ErrNoSchema for a search path that names no schema that exists. It
 // returns the name of the schema that holds the jar.
