@@ -136,7 +136,8 @@
 // version. resume, abandon, forget and prune upgrade it. The
 // other commands open it as its
 // program does, for writing: they need write access to the three files
-// and the directory.
+// and the directory. A jar on a read-only file system (EROFS), which no
+// user may write, is said to be on one.
 //
 // export writes JSON, which holds only UTF-8, where a jar file holds any
 // bytes: a string of a record that is not UTF-8 (an operation's name, its
@@ -221,6 +222,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -470,7 +472,9 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 		if werr == nil {
 			return jw, jw.Close, nil
 		}
-		if !errors.Is(werr, fs.ErrPermission) {
+		if !errors.Is(werr, fs.ErrPermission) || errors.Is(werr, syscall.EROFS) {
+			// A read-only file system is said as such: no user may
+			// create the files there.
 			err = werr
 		}
 	}
@@ -601,6 +605,8 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s: the jar has an older schema version, which list, show and export do not upgrade, nothing written: keyjar upgrades it when it opens the jar for writing, after which the program built with the earlier version of idem that uses it refuses it. Read it with the idemctl of that version; once every program that uses the jar runs this version, the first to open it upgrades it (and so do resume, abandon, forget and prune)", path)
 	case errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
+	case errors.Is(err, syscall.EROFS): // before fs.ErrPermission, which keyjar makes it match too
+		return fmt.Errorf("%s: the file system it is on is read-only (EROFS), which no user may write: list, show and export read the jar without writing, when its -wal and -shm files are there; resume, abandon, forget and prune write it, and its -wal and -shm files beside it: remount the file system read-write to run them", path)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%s: permission denied; list, show and export read the file and its -wal and -shm files, the other commands write them and their directory: run idemctl as a user who may", path)
 	case pgmigrate.Insufficient(err) && !errors.Is(err, pgjar.ErrPrivilege): // pgjar's says what to grant

@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -2816,4 +2817,42 @@ func (j abandonedMeanwhile) Acquire(ctx context.Context, op, holder string, now 
 		return idem.Record{}, err
 	}
 	return j.Jar.Acquire(ctx, op, holder, now, ttl)
+}
+
+// TestReadOnlyFileSystem: a jar file on a read-only file system, which
+// keyjar's Open for writing refuses with an error matching both
+// fs.ErrPermission and syscall.EROFS, is said to be on a read-only file
+// system, not to need another user: by the commands that write, and by
+// list when its -wal and -shm files are missing, which only an open for
+// writing creates. list of one with its -wal and -shm files reads it.
+func TestReadOnlyFileSystem(t *testing.T) {
+	path := seed(t, newServer(t))
+	real := openKeyjar
+	t.Cleanup(func() { openKeyjar = real })
+	openKeyjar = func(ctx context.Context, path string, opts *keyjar.Options) (*keyjar.Jar, error) {
+		if opts != nil && opts.ReadOnly {
+			return real(ctx, path, opts)
+		}
+		// As keyjar's Open fails where os.OpenFile(path, O_RDWR) does.
+		return nil, fmt.Errorf("keyjar: open %s: %w: %w", path, fs.ErrPermission, &fs.PathError{Op: "open", Path: path, Err: syscall.EROFS})
+	}
+	if code, out, errOut := idemctl("--jar", path, "list"); code != 0 || errOut != "" || !strings.Contains(out, "charge:p1") {
+		t.Fatalf("list: exit %d, stdout %q, stderr %q; want it listed", code, out, errOut)
+	}
+	wantReadOnlyFS := func(args ...string) {
+		t.Helper()
+		code, _, errOut := idemctl(append([]string{"--jar", path}, args...)...)
+		wantError(t, code, errOut, 1, path+": the file system it is on is read-only (EROFS)")
+		if strings.Contains(errOut, "as a user who may") || strings.Contains(errOut, "permission denied") {
+			t.Errorf("%s on a read-only file system: %q; want no advice to change users", args[0], errOut)
+		}
+	}
+	wantReadOnlyFS("abandon", "charge:p1", "--reason", "no charge")
+	wantReadOnlyFS("prune", "--older-than", "720h")
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantReadOnlyFS("list")
 }
