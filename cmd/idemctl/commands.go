@@ -242,6 +242,12 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		}
 		return nil
 	}
+	if re := (*idem.RecordError)(nil); errors.As(err, &re) && re.Record.Op == op {
+		// One record damaged, not the jar: what did decode.
+		r := re.Record
+		return fmt.Errorf("%s: its record does not decode (%s); key %s, %s, stored %s; %s",
+			cell(r.Op, 0), re.Err, cell(r.Key, 0), cell(string(r.State), 0), stamp(r.Created), undecodedAdvice(r))
+	}
 	if err != nil {
 		return err
 	}

@@ -159,8 +159,8 @@
 // damaged in the database, idem.RecordError) fails none of it: list,
 // export and resume --all say on stderr which it is, with its key and
 // state, skip it and go on with the others, and exit with status 1 at the
-// end (export's JSON whole, without it). forget removes such a record,
-// unless it is pending, under the key it has. list
+// end (export's JSON whole, without it). show of one says what of it
+// decodes; forget removes it, unless it is pending, under the key it has. list
 // aligns the columns of each page on its own: past 1000 operations, the
 // columns of one page may be wider than those of another. resume --all
 // reads the pending operations twice: for their hosts and methods (the
