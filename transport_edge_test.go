@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1305,6 +1306,71 @@ func TestUnnamedSentThenRedialRefusedStaysPending(t *testing.T) {
 		}
 		if r := all[0]; r.State != idem.StatePending || r.Attempts != 2 {
 			t.Errorf("record: %s, %d attempts, note %q; want pending, 2 attempts (the first reached the server)", r.State, r.Attempts, r.Note)
+		}
+	})
+}
+
+// TestFreshConnectionClosedBeforeTheRequestIsRetried: a server that
+// closes a new connection before the request is written to it (a server at
+// its connection limit, a balancer draining) makes net/http's Transport
+// fail the request with "http: server closed idle connection", an error of
+// no type that it sends again itself only on a reused connection. Nothing
+// was sent; it is a network fault like the EOF that the same close gives
+// a moment later, and is retried under the same key.
+func TestFreshConnectionClosedBeforeTheRequestIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var dials atomic.Int32
+		var keys []string
+		serve := func(conn net.Conn) {
+			defer conn.Close()
+			br := bufio.NewReader(conn)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				keys = append(keys, req.Header.Get(idem.KeyHeader))
+				io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		}
+		base := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+			client, server := net.Pipe()
+			if dials.Add(1) == 1 {
+				server.Close() // closed as soon as accepted
+			} else {
+				go serve(server)
+			}
+			return client, nil
+		}}
+		defer base.CloseIdleConnections()
+		// The connection's reader sees the close before the request is
+		// queued on it, as it does when the server is quicker than the
+		// client's goroutines.
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) {
+				if dials.Load() == 1 {
+					synctest.Wait()
+				}
+			},
+		})
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 2}}
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://pay.example/charges", strings.NewReader(`{"amount":1}`))
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("RoundTrip: %v; want the second attempt's 200", err)
+		}
+		resp.Body.Close()
+		if len(keys) != 1 || keys[0] == "" {
+			t.Errorf("the server read keys %q; want one", keys)
+		}
+		all, err := jar.List(context.Background(), idem.Filter{})
+		if err != nil || len(all) != 1 {
+			t.Fatalf("List: %d records, %v; want 1", len(all), err)
+		}
+		if r := all[0]; r.State != idem.StateDone || r.Attempts != 2 {
+			t.Errorf("record: %s, %d attempts; want done, 2 attempts", r.State, r.Attempts)
 		}
 	})
 }

@@ -80,8 +80,9 @@ func (d Decision) String() string {
 // (timeouts included, so an attempt's own deadline retries), io.EOF,
 // io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, an
 // HTTP/2 stream reset (RST_STREAM), an HTTP/2 connection lost or closed
-// under the request, and one the server ended with a GOAWAY (a shutdown
-// past its deadline, or shedding load) retry; any other error (a bad URL, a TLS certificate)
+// under the request, a new HTTP/1.1 connection the server closed before
+// the request was written to it, and one the server ended with a GOAWAY
+// (a shutdown past its deadline, or shedding load) retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
 // a TLS version refused), although crypto/tls makes it a net.Error, and a
 // *net.AddrError (a URL whose port is above 65535, which no dial can
@@ -99,9 +100,10 @@ func (d Decision) String() string {
 // rule can tell from another error. http.Transport.OnProxyConnectResponse
 // sees the status, and an error it returns is the attempt's: a net.Error
 // of the program's own for a 502 or 503 is retried.
-// net/http gives the lost HTTP/2 connection no type, only a fixed text:
-// that error alone is matched by its whole message. The caller must check
-// its own context first: a caller's expired deadline is a net.Error too.
+// net/http gives the lost HTTP/2 connection and the closed new
+// connection no type, only a fixed text: those errors alone are matched by
+// their whole message. The caller must check its own context first: a
+// caller's expired deadline is a net.Error too.
 func Classify(resp *http.Response, err error) Decision {
 	if err != nil {
 		return classifyError(err)
@@ -212,7 +214,7 @@ func classifyError(err error) Decision {
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		msg := e.Error()
-		if _, ok := http2ConnErrors[msg]; ok {
+		if _, ok := http2ConnErrors[msg]; ok || msg == serverClosedIdle {
 			return Retry
 		}
 		if http2GoAway(msg) {
@@ -229,6 +231,15 @@ const tlsAlert = "remote error"
 // proxyConnect is the Op of the *net.OpError in which net/http reports a
 // failure to reach a proxy: to dial it, or to set up TLS with it.
 const proxyConnect = "proxyconnect"
+
+// serverClosedIdle is the message of the error, an errors.New of no type,
+// that net/http's Transport fails a request with when the server closed
+// the connection before the request was written to it (its reader saw
+// the EOF first: a server at its connection limit, a balancer draining),
+// or answered 408 on it unasked. net/http sends the request again itself
+// on a reused connection only: on a new one the error is returned, and
+// nothing was sent. The same close seen a moment later is an io.EOF.
+const serverClosedIdle = "http: server closed idle connection"
 
 // http2ConnErrors are the messages of the errors that net/http's HTTP/2
 // transport (and golang.org/x/net/http2's) fails a request with when its

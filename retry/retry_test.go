@@ -104,6 +104,7 @@ func TestClassify(t *testing.T) {
 		// net/http's HTTP/2 connection errors, untyped: matched by their whole text.
 		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
 		{"HTTP/2 connection closed before its first request", nil, errors.New("http2: client conn could not be established"), retry.Retry},
+		{"new connection closed before the request was written", nil, &url.Error{Op: "Post", URL: "http://x", Err: errors.New("http: server closed idle connection")}, retry.Retry},
 		{"HTTP/2 connection closed under the body", nil, fmt.Errorf("send: %w", errors.New("http2: client conn is closed")), retry.Retry},
 		{"HTTP/2 GOAWAY, then the connection closed", nil, errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug=""`), retry.Retry},
 		{"HTTP/2 GOAWAY with an error code", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: Transport received GOAWAY from server ErrCode:ENHANCE_YOUR_CALM")}, retry.Retry},
