@@ -644,10 +644,30 @@ func dialFailed(err error) bool {
 // unread reports whether the body rc of an attempt that failed to dial is
 // whole: net/http read none of it, so it wrote the request to no
 // connection. It cannot tell for a request without a body, an empty one,
-// or one not in memory (as body.Len does not), and reports false.
+// or one not in memory (as body.Len does not), and reports false; nor for
+// one that expects 100-continue, whose header net/http writes before it
+// reads the body, which it closes unread when the connection ends first.
 func (c *call) unread(rc io.ReadCloser) bool {
 	n, ok := body.Len(rc)
-	return ok && n > 0 && n == c.body.size
+	return ok && n > 0 && n == c.body.size && !expectsContinue(c.req.Header)
+}
+
+// expectsContinue reports whether h has an Expect header that asks for
+// 100-continue: net/http looks for the token under the canonical name
+// (HTTP/1.1 in the first value, HTTP/2 in every one); any value under any
+// spelling that holds the text counts here, the safe side.
+func expectsContinue(h http.Header) bool {
+	for name, vs := range h {
+		if !strings.EqualFold(name, "Expect") {
+			continue
+		}
+		for _, v := range vs {
+			if strings.Contains(strings.ToLower(v), "100-continue") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // abandonNeverConnected abandons, as notSent does, an operation without a
