@@ -198,7 +198,8 @@ func Operation(ctx context.Context) string {
 //     connection, because the key header makes the request replayable: the
 //     server can see more attempts than the SDK counts. That is safe. Over
 //     HTTP/2 it sends a request again, whatever its headers, when the
-//     server refused its stream or the connection could take no new one:
+//     server refused its stream, or reset it with PROTOCOL_ERROR (a
+//     stream it may have run), or the connection could take no new one:
 //     up to 7 times, with waits of up to 32 s between them, within the
 //     attempt's context.
 //   - A 307 or 308 answer is final: the operation is done. An http.Client
