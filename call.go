@@ -630,15 +630,18 @@ func (c *call) abandonedUnsent(ctx context.Context, attempts int, err error) (er
 		c.op, c.key, err), true
 }
 
-// dialFailed reports whether err is a connection that could not be made.
-// It is not enough to tell that nothing was sent: net/http's Transport
-// sends a request with an Idempotency-Key again, on a new connection, when
-// the idle one it was written to closes before any answer (a server that
+// dialFailed reports whether err is a connection that could not be made:
+// a dial's, or through a proxy the *net.OpError "proxyconnect" in which
+// net/http wraps what failed as it dialled the proxy or set up TLS with
+// it, before it writes anything of the request to the connection. It is
+// not enough to tell that nothing was sent: net/http's Transport sends a
+// request with an Idempotency-Key again, on a new connection, when the
+// idle one it was written to closes before any answer (a server that
 // crashed as it ran it), and reports only the new connection's dial
 // error (see unread).
 func dialFailed(err error) bool {
 	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
+	return errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "proxyconnect")
 }
 
 // unread reports whether the body rc of an attempt that failed to dial is
@@ -683,10 +686,10 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 }
 
 // neverConnected reports whether every attempt of the call failed to
-// connect (a dial refused, a host name that does not exist) through
-// net/http's own Transport, with its body unread, so that no byte of the
-// request left: a base of another kind may have sent an attempt of its own
-// before the error it returns.
+// connect (a dial refused, a host name that does not exist, directly or
+// to the proxy) through net/http's own Transport, with its body unread, so
+// that no byte of the request left: a base of another kind may have sent
+// an attempt of its own before the error it returns.
 func (c *call) neverConnected() bool {
 	if c.reached {
 		return false

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1204,6 +1205,13 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 	dialing := func(err error) http.RoundTripper {
 		return &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return nil, err }}
 	}
+	// Through a proxy, net/http wraps the dial's error in a *net.OpError
+	// "proxyconnect".
+	viaProxy := func(err error) http.RoundTripper {
+		tr := dialing(err).(*http.Transport)
+		tr.Proxy = http.ProxyURL(&url.URL{Scheme: "http", Host: "proxy.invalid:3128"})
+		return tr
+	}
 	for _, c := range []struct {
 		name     string
 		base     http.RoundTripper
@@ -1213,6 +1221,8 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 	}{
 		{"refused", dialing(refused), "", idem.StateAbandoned, 2},
 		{"no such host", dialing(notFound), "", idem.StateAbandoned, 1},
+		{"proxy refused", viaProxy(refused), "", idem.StateAbandoned, 2},
+		{"proxy not found", viaProxy(notFound), "", idem.StateAbandoned, 1},
 		{"refused, named", dialing(refused), "charge:1", idem.StatePending, 2},
 		{"refused, another base", roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, refused }), "", idem.StatePending, 2},
 	} {
@@ -1251,8 +1261,15 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 // as it ran it), and reports only the new connection's dial error. The
 // request reached the server: the operation without a name stays pending,
 // not abandoned as one that never connected, and its caller is not told
-// that nothing was sent.
+// that nothing was sent. Through a proxy, the dial's error comes wrapped
+// in a *net.OpError "proxyconnect".
 func TestUnnamedSentThenRedialRefusedStaysPending(t *testing.T) {
+	for _, proxy := range []string{"", "http://proxy.invalid:3128"} {
+		t.Run("proxy="+proxy, func(t *testing.T) { testSentThenRedialRefused(t, proxy) })
+	}
+}
+
+func testSentThenRedialRefused(t *testing.T, proxy string) {
 	synctest.Test(t, func(t *testing.T) {
 		var dials, posts atomic.Int32
 		serve := func(conn net.Conn) {
@@ -1279,6 +1296,10 @@ func TestUnnamedSentThenRedialRefusedStaysPending(t *testing.T) {
 			go serve(server)
 			return client, nil
 		}}
+		if proxy != "" {
+			u, _ := url.Parse(proxy)
+			base.Proxy = http.ProxyURL(u)
+		}
 		defer base.CloseIdleConnections()
 		// A first request leaves the connection idle in base's pool.
 		warm, _ := http.NewRequest("GET", "http://pay.example/health", nil)
