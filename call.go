@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -325,7 +326,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			return nil, c.notSent(ctx, err)
 		}
 		c.lastErr, c.resp = err, resp
-		if err == nil || !dialFailed(err) || !c.unread(sent) {
+		if err == nil || !connectFailed(err) || !c.unread(sent) {
 			c.reached = true
 		}
 		if resp != nil {
@@ -630,21 +631,26 @@ func (c *call) abandonedUnsent(ctx context.Context, attempts int, err error) (er
 		c.op, c.key, err), true
 }
 
-// dialFailed reports whether err is a connection that could not be made:
-// a dial's, or through a proxy the *net.OpError "proxyconnect" in which
-// net/http wraps what failed as it dialled the proxy or set up TLS with
-// it, before it writes anything of the request to the connection. It is
-// not enough to tell that nothing was sent: net/http's Transport sends a
-// request with an Idempotency-Key again, on a new connection, when the
-// idle one it was written to closes before any answer (a server that
-// crashed as it ran it), and reports only the new connection's dial
-// error (see unread).
-func dialFailed(err error) bool {
+// connectFailed reports whether err is a connection that could not be
+// made, as net/http reports it before it writes anything of the request to
+// the connection: a dial's error; through a proxy, the *net.OpError
+// "proxyconnect" in which it wraps what failed as it dialled the proxy or
+// set up TLS with it; or the server's certificate, which the client
+// refused in the TLS handshake. It is not enough to tell that nothing was
+// sent: net/http's Transport sends a request with an Idempotency-Key
+// again, on a new connection, when the idle one it was written to closes
+// before any answer (a server that crashed as it ran it), and reports only
+// the new connection's error (see unread).
+func connectFailed(err error) bool {
 	var oe *net.OpError
-	return errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "proxyconnect")
+	if errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "proxyconnect") {
+		return true
+	}
+	var ce *tls.CertificateVerificationError
+	return errors.As(err, &ce)
 }
 
-// unread reports whether the body rc of an attempt that failed to dial is
+// unread reports whether the body rc of an attempt that failed to connect is
 // whole: net/http read none of it, so it wrote the request to no
 // connection. It cannot tell for a request without a body, an empty one,
 // or one not in memory (as body.Len does not), and reports false; nor for
@@ -687,9 +693,10 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 
 // neverConnected reports whether every attempt of the call failed to
 // connect (a dial refused, a host name that does not exist, directly or
-// to the proxy) through net/http's own Transport, with its body unread, so
-// that no byte of the request left: a base of another kind may have sent
-// an attempt of its own before the error it returns.
+// to the proxy, a server's certificate refused) through net/http's own
+// Transport, with its body unread, so that no byte of the request left: a
+// base of another kind may have sent an attempt of its own before the
+// error it returns.
 func (c *call) neverConnected() bool {
 	if c.reached {
 		return false

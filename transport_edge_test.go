@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math"
 	"net"
 	"net/http"
@@ -1462,4 +1464,37 @@ func TestUnnamedExpectContinueSentThenRedialRefusedStaysPending(t *testing.T) {
 			t.Errorf("record: %s, %d attempts, note %q; want pending, 2 attempts (the first reached the server)", r.State, r.Attempts, r.Note)
 		}
 	})
+}
+
+// TestUnnamedRefusedCertificateIsAbandoned: net/http sets up TLS with the
+// server before it writes anything of the request: a certificate the
+// client refuses sends nothing. The operation without a name is abandoned
+// when the call stops, as one whose dial failed: pending, a resume of
+// every pending operation would send it once the certificate is fixed,
+// after its caller was told the call failed.
+func TestUnnamedRefusedCertificateIsAbandoned(t *testing.T) {
+	var posts atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { posts.Add(1) }))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshake the client ends
+	srv.StartTLS()                                   // its certificate is not in the client's pool
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: base, Jar: jar}
+	req, _ := http.NewRequest("POST", srv.URL+"/charges", strings.NewReader(`{"amount":1}`))
+	_, err := tr.RoundTrip(req)
+	if !errors.As(err, new(*tls.CertificateVerificationError)) || errors.As(err, new(*idem.PendingError)) {
+		t.Errorf("RoundTrip: %v; want the handshake's error, and no *PendingError", err)
+	}
+	all, err := jar.List(context.Background(), idem.Filter{})
+	if err != nil || len(all) != 1 {
+		t.Fatalf("List: %d records, %v; want 1", len(all), err)
+	}
+	if r := all[0]; r.State != idem.StateAbandoned || r.Holder != "" {
+		t.Errorf("record: %s, holder %q, note %q; want abandoned, no holder", r.State, r.Holder, r.Note)
+	}
+	if n := posts.Load(); n != 0 {
+		t.Errorf("the server ran %d requests; want 0", n)
+	}
 }
