@@ -191,8 +191,13 @@ func (e *ReconcileError) Is(target error) bool { return target == ErrReconcile }
 // does not exist); or, after the first send, the body could not be
 // produced again or the jar failed. The outcome is unknown and the operation stays
 // pending in the jar: a later call with the same operation name resumes it
-// with the same key. A call sent without a name (neither WithOperation nor
-// an Idempotency-Key of the caller's) got a generated one, Op: the same
+// with the same key. (But one sent without a name whose every attempt
+// failed to connect through net/http's Transport, its body unread, is
+// abandoned instead, with an error that is no *PendingError: a dial
+// refused, a host name that does not exist, the proxy's alike, a server
+// certificate the client refused.) A call sent without a name (neither
+// WithOperation nor an Idempotency-Key of the caller's) got a generated
+// one, Op: the same
 // call made again without a name is a new operation under a new key, which
 // its message says. An operation whose outcome the jar already holds
 // (State done or failed), which a call sends again for the server's saved
