@@ -635,15 +635,16 @@ func (c *call) abandonedUnsent(ctx context.Context, attempts int, err error) (er
 // made, as net/http reports it before it writes anything of the request to
 // the connection: a dial's error; through a proxy, the *net.OpError
 // "proxyconnect" in which it wraps what failed as it dialled the proxy or
-// set up TLS with it; or the server's certificate, which the client
-// refused in the TLS handshake. It is not enough to tell that nothing was
-// sent: net/http's Transport sends a request with an Idempotency-Key
-// again, on a new connection, when the idle one it was written to closes
-// before any answer (a server that crashed as it ran it), and reports only
-// the new connection's error (see unread).
+// set up TLS with it, or the "socks connect" of a SOCKS5 proxy that could
+// not open the way to the host; or the server's certificate, which the
+// client refused in the TLS handshake. It is not enough to tell that
+// nothing was sent: net/http's Transport sends a request with an
+// Idempotency-Key again, on a new connection, when the idle one it was
+// written to closes before any answer (a server that crashed as it ran
+// it), and reports only the new connection's error (see unread).
 func connectFailed(err error) bool {
 	var oe *net.OpError
-	if errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "proxyconnect") {
+	if errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "proxyconnect" || oe.Op == "socks connect") {
 		return true
 	}
 	var ce *tls.CertificateVerificationError
@@ -693,10 +694,10 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 
 // neverConnected reports whether every attempt of the call failed to
 // connect (a dial refused, a host name that does not exist, directly or
-// to the proxy, a server's certificate refused) through net/http's own
-// Transport, with its body unread, so that no byte of the request left: a
-// base of another kind may have sent an attempt of its own before the
-// error it returns.
+// to the proxy, a SOCKS5 proxy that could not reach the host, a server's
+// certificate refused) through net/http's own Transport, with its body
+// unread, so that no byte of the request left: a base of another kind may
+// have sent an attempt of its own before the error it returns.
 func (c *call) neverConnected() bool {
 	if c.reached {
 		return false

@@ -1225,6 +1225,7 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 		{"no such host", dialing(notFound), "", idem.StateAbandoned, 1},
 		{"proxy refused", viaProxy(refused), "", idem.StateAbandoned, 2},
 		{"proxy not found", viaProxy(notFound), "", idem.StateAbandoned, 1},
+		{"SOCKS proxy cannot reach the host", socksUnreachable(), "", idem.StateAbandoned, 2},
 		{"refused, named", dialing(refused), "charge:1", idem.StatePending, 2},
 		{"refused, another base", roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, refused }), "", idem.StatePending, 2},
 	} {
@@ -1239,7 +1240,8 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 				req, _ := http.NewRequestWithContext(ctx, "POST", "http://pay.invalid/charges", strings.NewReader(`{}`))
 				_, err := tr.RoundTrip(req)
 				var pe *idem.PendingError
-				if !errors.Is(err, syscall.ECONNREFUSED) && !errors.As(err, new(*net.DNSError)) {
+				var oe *net.OpError
+				if !errors.Is(err, syscall.ECONNREFUSED) && !errors.As(err, new(*net.DNSError)) && !(errors.As(err, &oe) && oe.Op == "socks connect") {
 					t.Errorf("RoundTrip: %v; want the dial's error", err)
 				}
 				if got := errors.As(err, &pe); got != (c.state == idem.StatePending) {
@@ -1254,6 +1256,39 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// socksUnreachable returns a transport through a SOCKS5 proxy that
+// answers every CONNECT with "host unreachable": net/http reports it in a
+// *net.OpError "socks connect", before it writes anything of the request.
+func socksUnreachable() http.RoundTripper {
+	return &http.Transport{
+		Proxy: http.ProxyURL(&url.URL{Scheme: "socks5", Host: "proxy.invalid:1080"}),
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			client, server := net.Pipe()
+			go func() {
+				defer server.Close()
+				var greeting [3]byte // version 5, one method: none
+				if _, err := io.ReadFull(server, greeting[:]); err != nil {
+					return
+				}
+				server.Write([]byte{5, 0})
+				var head [4]byte // version, CONNECT, reserved, address type
+				if _, err := io.ReadFull(server, head[:]); err != nil || head[3] != 3 {
+					return
+				}
+				var n [1]byte
+				if _, err := io.ReadFull(server, n[:]); err != nil {
+					return
+				}
+				if _, err := io.ReadFull(server, make([]byte, int(n[0])+2)); err != nil { // name, port
+					return
+				}
+				server.Write([]byte{5, 4, 0, 1, 0, 0, 0, 0, 0, 0}) // host unreachable
+			}()
+			return client, nil
+		},
 	}
 }
 
