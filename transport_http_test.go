@@ -960,7 +960,7 @@ func h2Pipes(how func(i int) (refuse int, goAway bool)) (*http.Transport, func()
 		refuse, goAway := how(len(servers))
 		servers = append(servers, server)
 		go func() { done <- h2Serve(server, refuse, goAway) }()
-		return client, nil
+		return socketPipe{client}, nil
 	}}
 	base.Protocols.SetUnencryptedHTTP2(true)
 	return base, func() (conns, requests int) {
@@ -970,6 +970,21 @@ func h2Pipes(how func(i int) (refuse int, goAway bool)) (*http.Transport, func()
 		}
 		return len(servers), requests
 	}
+}
+
+// socketPipe is the client's end of a net.Pipe that fails a write after
+// the server closed its end as a TCP socket does, with EPIPE in a
+// *net.OpError, not net.Pipe's own io.ErrClosedPipe, which no network
+// gives: a body written while the server closes the connection is then
+// the error a real one would be.
+type socketPipe struct{ net.Conn }
+
+func (c socketPipe) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, io.ErrClosedPipe) {
+		err = &net.OpError{Op: "write", Net: "tcp", Err: &os.SyscallError{Syscall: "write", Err: syscall.EPIPE}}
+	}
+	return n, err
 }
 
 // http2Preface is what an HTTP/2 client sends first (RFC 9113, 3.4).
