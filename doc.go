@@ -3,7 +3,7 @@
 //
 // A Transport gives each logical operation one Idempotency-Key (a UUID v4),
 // persists it in a Jar before the first byte is sent, and retries with the
-// same key on network errors, 408, 409, 429, 502, 503 and 504. The server claims
+// same key on network errors, 408, 409, 425, 429, 502, 503 and 504. The server claims
 // the key atomically and replays its first answer, so a retry never charges
 // twice. Because the key is in the jar, an operation whose outcome is
 // unknown when the process dies is resumed after a restart with the same

@@ -30,7 +30,7 @@ const (
 	// operation is resumed with the same key.
 	StatePending State = "pending"
 	// StateDone: a final answer was received: one that retry.Classify
-	// calls Final (a 408, 409, 429, 502, 503 or 504 only when replayed), but a
+	// calls Final (a 408, 409, 425, 429, 502, 503 or 504 only when replayed), but a
 	// 401 or 407, which leaves the state as it was; and a 401 or 407 to the
 	// only send of a call without a name, which no call can resume.
 	StateDone State = "done"

@@ -145,7 +145,7 @@ func Operation(ctx context.Context) string {
 //     #fragment, which net/http does not send: requests that differ in
 //     it alone are the same request.
 //   - It interprets responses only to decide on a retry (retry.Classify:
-//     408, 409, 429, 502, 503, 504 and network errors; not those statuses when
+//     408, 409, 425, 429, 502, 503, 504 and network errors; not those statuses when
 //     replayed, which are the server's saved answer) and on the
 //     operation's state. Each superseded response body is drained (at
 //     most 64 KiB, for at most a second) and closed. The final response

@@ -356,6 +356,27 @@ func TestSettledOperationKeepsItsOutcome(t *testing.T) {
 	}
 }
 
+// TestTooEarlyRetriedUnderTheSameKey: a 425 Too Early says the server did
+// not process the request (RFC 8470): it is sent again under its key, and
+// the operation is settled by the answer that follows.
+func TestTooEarlyRetriedUnderTheSameKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(425), status(201))
+		ctx := idem.WithOperation(context.Background(), "op")
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("got %v, %v; want 201 after the 425", resp, err)
+		}
+		resp.Body.Close()
+		if rec.attempts() != 2 || rec.keys[0] != rec.keys[1] {
+			t.Fatalf("keys %q; want 2 attempts with one key", rec.keys)
+		}
+		if r, _ := jar.Get(ctx, "op"); r.State != idem.StateDone || r.LastStatus != 201 {
+			t.Fatalf("state %q, last status %d; want done with 201", r.State, r.LastStatus)
+		}
+	})
+}
+
 func TestFinalStatusesAreNotRetried(t *testing.T) {
 	for _, code := range []int{200, 201, 302, 400, 404, 500} {
 		tr, rec, _ := newTransport(t, status(code), status(201))
@@ -371,7 +392,7 @@ func TestFinalStatusesAreNotRetried(t *testing.T) {
 // every retry would get again: it is returned at once and the operation is
 // done.
 func TestReplayedRetryableStatusIsFinal(t *testing.T) {
-	for _, code := range []int{409, 429, 503} {
+	for _, code := range []int{409, 425, 429, 503} {
 		tr, rec, jar := newTransport(t, status(code, "Idempotent-Replayed", "true", "Retry-After", "1"), status(201))
 		ctx := idem.WithOperation(context.Background(), "op")
 		resp, err := post(t, ctx, tr, `{}`)

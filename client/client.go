@@ -495,7 +495,7 @@ type Response struct {
 //     server is still running the first attempt; the operation stays
 //     pending: Resume it later. One done or failed, sent again for its
 //     saved answer, keeps its outcome (the error's State): call it again.
-//   - 408, 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
+//   - 408, 425, 429, 502, 503 or 504 left: *idem.PendingError, whose NextAttempt
 //     says when the server asked to be called again.
 //   - 401 or 407: the credentials were refused and the request not
 //     applied; the operation keeps its state: *idem.PendingError, whose
@@ -503,7 +503,7 @@ type Response struct {
 //     attempt's outcome is unknown; done or failed: one sent again for its
 //     saved answer). A call with an empty name refused at its only send
 //     is done: no call can name it to resume it; Err is nil.
-//   - A 408, 409, 429, 502, 503 or 504 replayed (Idempotent-Replayed:
+//   - A 408, 409, 425, 429, 502, 503 or 504 replayed (Idempotent-Replayed:
 //     true: the answer the server saved for the key, such as a handler's
 //     own 409): final, Err is nil and the operation is done. (A 422 or a
 //     401 replayed is as above.)

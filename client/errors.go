@@ -159,7 +159,7 @@ type StatusError struct {
 	// used for a different request, as the reference server means it, or
 	// of a request the API will not process, which Body may say; Stored
 	// and Got are empty, the server does not say them), *ConflictError for 409 and *idem.PendingError for
-	// 408, 429, 502, 503 and 504 when the call's attempts or budget ran out,
+	// 408, 425, 429, 502, 503 and 504 when the call's attempts or budget ran out,
 	// and *idem.PendingError for 401 and 407 (the credentials were refused,
 	// the request not applied), whose State is the operation's: pending, or
 	// done or failed for one sent again for its saved answer; but nil for a

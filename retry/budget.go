@@ -18,7 +18,7 @@ type Budget struct {
 	// Capacity is the most tokens the bucket holds; it starts full. Zero
 	// means 500.
 	Capacity int
-	// RetryCost is what a retry after a retryable answer (408, 409, 429,
+	// RetryCost is what a retry after a retryable answer (408, 409, 425, 429,
 	// 502, 503, 504) costs. Zero means 5.
 	RetryCost int
 	// ErrorCost is what a retry after an attempt without an answer (a

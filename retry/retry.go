@@ -8,8 +8,8 @@
 //	network error (dial, reset, EOF, attempt timeout)     Retry, same key
 //	DNS resolver failure (timeout, SERVFAIL)              Retry, same key
 //	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
-//	408, 429, 502, 503, 504                               Retry, honour Retry-After up to a cap
-//	any of those six replayed (Idempotent-Replayed)       Final: the server's saved outcome
+//	408, 425, 429, 502, 503, 504                          Retry, honour Retry-After up to a cap
+//	any of those seven replayed (Idempotent-Replayed)     Final: the server's saved outcome
 //	422 Unprocessable (key reused, or request refused)    Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
 //	context cancelled, TLS alert (server), other errors   Stop
@@ -68,6 +68,12 @@ func (d Decision) String() string {
 // that saves errors): every retry with the key would get it again, so it is
 // Final whatever its status, but 422, which still stops.
 //
+// A 425 Too Early says that the server did not process the request, which
+// reached it in TLS early data and might be a replay, and that the client
+// may send it again once a handshake is complete (RFC 8470 §5.2): it is
+// retried under the same key, as a 503 is. net/http sends no early data:
+// a 425 comes through a proxy on the way that did.
+//
 // A server that says whether to retry, as Stripe's API does with the header
 // Stripe-Should-Retry: true or false, is taken at its word before the
 // status is looked at, as stripe-go does: a 500 it marks true is retried
@@ -120,7 +126,7 @@ func Classify(resp *http.Response, err error) Decision {
 		}
 	}
 	switch resp.StatusCode {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests,
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		if Replayed(resp) {
 			return Final

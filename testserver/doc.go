@@ -12,7 +12,7 @@
 //
 // A handler tells idem's clients whether to try again by its status.
 // idem.Transport sends again, with the same key, what retry.Classify calls
-// Retry: 408, 409, 429, 502, 503 and 504, after their Retry-After, unless the
+// Retry: 408, 409, 425, 429, 502, 503 and 504, after their Retry-After, unless the
 // answer is a replay (Idempotent-Replayed: true). A 500 is Final: the
 // Transport returns it and marks the operation done.
 //
