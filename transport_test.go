@@ -499,6 +499,33 @@ func TestRetryAfterHonoured(t *testing.T) {
 	})
 }
 
+// TestRetryAfterDateFromTheServersClock: an HTTP-date Retry-After is
+// measured from the answer's Date: a server whose clock is an hour ahead
+// of this one, asking for 7 s, is called again after 7 s, not deferred an
+// hour; one whose clock is an hour behind is not called again at once.
+func TestRetryAfterDateFromTheServersClock(t *testing.T) {
+	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+		synctest.Test(t, func(t *testing.T) {
+			server := time.Now().Add(skew)
+			var sent []time.Time
+			tr, _, _ := newTransport(t, status(503, "Date", server.Format(http.TimeFormat),
+				"Retry-After", server.Add(7*time.Second).Format(http.TimeFormat)), status(201))
+			base := tr.Base
+			tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				sent = append(sent, time.Now())
+				return base.RoundTrip(r)
+			})
+			resp, err := post(t, context.Background(), tr, `{}`)
+			if err != nil || resp.StatusCode != 201 {
+				t.Fatalf("server's clock %v off: got %v, %v; want 201", skew, resp, err)
+			}
+			if len(sent) != 2 || sent[1].Sub(sent[0]) != 7*time.Second {
+				t.Fatalf("server's clock %v off: attempts at %v; want two, 7s apart", skew, sent)
+			}
+		})
+	}
+}
+
 func TestRetryAfterBeyondCapIsDeferred(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(503, "Retry-After", "3600"), status(201))

@@ -29,6 +29,13 @@ func FuzzParseRetryAfter(f *testing.F) {
 		if h.Get("Retry-After") == v && (d2 != d || ok2 != ok) {
 			t.Fatalf("RetryAfter via header = %v, %v; want %v, %v", d2, ok2, d, ok)
 		}
+		// And so it does from a Date of now when the local clock is an
+		// hour ahead: a date is measured from the Date.
+		h.Set("Date", now.Format(http.TimeFormat))
+		d3, ok3 := retry.RetryAfter(&http.Response{Header: h}, now.Add(time.Hour))
+		if h.Get("Retry-After") == v && (d3 != d || ok3 != ok) {
+			t.Fatalf("RetryAfter via header, Date an hour behind the clock = %v, %v; want %v, %v", d3, ok3, d, ok)
+		}
 		// A capped schedule never waits longer than the cap in-call.
 		s := retry.Policy{MaxRetryAfter: 30 * time.Second, MaxElapsed: time.Hour}.Schedule()
 		if wait, more, _ := s.Next(d, ok); more && wait > 30*time.Second {

@@ -352,12 +352,23 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 const maxWait = time.Duration(1<<63 - 1)
 
 // RetryAfter returns the wait that resp's Retry-After header asks for, as
-// ParseRetryAfter reads it. A nil resp asks for none: 0, false.
+// ParseRetryAfter reads it. An HTTP-date is measured from resp's Date
+// header when it has a valid one: both are times of the server's clock,
+// and their difference is the wait it meant, however far now (the local
+// clock) is from that clock. Without a valid Date, it is measured from
+// now. A nil resp asks for none: 0, false.
 func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 	if resp == nil {
 		return 0, false
 	}
-	return ParseRetryAfter(resp.Header.Get("Retry-After"), now)
+	v := resp.Header.Get("Retry-After")
+	if v = strings.TrimSpace(v); v != "" && (v[0] < '0' || v[0] > '9') {
+		// Not delay-seconds: an HTTP-date, or malformed.
+		if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+			now = date
+		}
+	}
+	return ParseRetryAfter(v, now)
 }
 
 // Policy is how one logical operation is retried. The zero value is the

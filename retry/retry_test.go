@@ -183,6 +183,44 @@ func TestParseRetryAfter(t *testing.T) {
 	}
 }
 
+// TestRetryAfterMeasuredFromDate: an HTTP-date Retry-After is measured
+// from the answer's Date, the server's clock, not from the local clock,
+// when the answer has a valid Date; the wait is clamped as
+// ParseRetryAfter clamps it.
+func TestRetryAfterMeasuredFromDate(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	date := func(t time.Time) string { return t.Format(http.TimeFormat) }
+	tests := []struct {
+		name       string
+		retryAfter string
+		date       string
+		want       time.Duration
+		wantOK     bool
+	}{
+		{"server's clock 2h ahead", date(now.Add(2*time.Hour + 90*time.Second)), date(now.Add(2 * time.Hour)), 90 * time.Second, true},
+		{"server's clock 2h behind", date(now.Add(-2*time.Hour + 90*time.Second)), date(now.Add(-2 * time.Hour)), 90 * time.Second, true},
+		{"clocks agree", date(now.Add(90 * time.Second)), date(now), 90 * time.Second, true},
+		{"RFC 850 date", now.Add(-time.Hour + 30*time.Second).Format("Monday, 02-Jan-06 15:04:05 GMT"), date(now.Add(-time.Hour)), 30 * time.Second, true},
+		{"before its Date", date(now.Add(time.Hour - time.Minute)), date(now.Add(time.Hour)), 0, true},
+		{"no Date", date(now.Add(90 * time.Second)), "", 90 * time.Second, true},
+		{"malformed Date", date(now.Add(90 * time.Second)), "yesterday", 90 * time.Second, true},
+		{"Date with a numeric zone", date(now.Add(90 * time.Second)), "Mon, 30 Nov 2026 10:00:00 +0000", 90 * time.Second, true},
+		{"delay-seconds, Date ignored", "7", date(now.Add(time.Hour)), 7 * time.Second, true},
+		{"malformed Retry-After", "soon", date(now.Add(time.Hour)), 0, false},
+		{"beyond the largest Duration", "Fri, 31 Dec 9999 23:59:59 GMT", date(now.Add(-time.Hour)), time.Duration(1<<63 - 1), true},
+	}
+	for _, tt := range tests {
+		r := resp(503)
+		r.Header.Set("Retry-After", tt.retryAfter)
+		if tt.date != "" {
+			r.Header.Set("Date", tt.date)
+		}
+		if got, ok := retry.RetryAfter(r, now); got != tt.want || ok != tt.wantOK {
+			t.Errorf("%s: RetryAfter(Retry-After %q, Date %q) = %v, %v; want %v, %v", tt.name, tt.retryAfter, tt.date, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	p := retry.Policy{}.Defaults()
 	if p.MaxAttempts != 5 || p.InitialInterval != 200*time.Millisecond || p.MaxInterval != 10*time.Second ||
