@@ -823,6 +823,43 @@ func TestTLSAlertFromTheServerIsNotRetried(t *testing.T) {
 	}
 }
 
+// TestTLSInternalErrorFromTheServerIsRetried: a server that fails its
+// side of the handshake for a reason of its own (its GetConfigForClient,
+// or a GetCertificate that cannot load a certificate) sends the alert
+// internal_error. It processed nothing, and a new handshake may succeed:
+// the attempt is retried under the same key, and the operation is done
+// with the answer of the second.
+func TestTLSInternalErrorFromTheServerIsRetried(t *testing.T) {
+	var hellos, handled atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handled.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		if hellos.Add(1) == 1 {
+			return nil, errors.New("certificate store unavailable")
+		}
+		return nil, nil
+	}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	jar := &idem.MemoryJar{}
+	tr := &idem.Transport{Base: srv.Client().Transport, Jar: jar, Policy: fastPolicy}
+	req, _ := http.NewRequestWithContext(idem.WithOperation(t.Context(), "charge"), http.MethodPost, srv.URL, strings.NewReader(`{"amount":100}`))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("got %v after %d handshakes; want 201 after the second", err, hellos.Load())
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || hellos.Load() != 2 || handled.Load() != 1 {
+		t.Fatalf("got %s after %d handshakes, %d requests handled; want 201 after 2 handshakes, 1 handled", resp.Status, hellos.Load(), handled.Load())
+	}
+	if rec, err := jar.Get(t.Context(), "charge"); err != nil || rec.State != idem.StateDone || rec.Attempts != 2 {
+		t.Fatalf("jar holds %+v, %v; want the operation done after 2 attempts", rec, err)
+	}
+}
+
 // chargeDialling sends a named POST to url through a Transport with
 // fastPolicy and a MemoryJar, over a base transport that dials with dial.
 // It returns the number of dials, the operation's record and RoundTrip's

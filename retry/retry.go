@@ -12,6 +12,7 @@
 //	any of those seven replayed (Idempotent-Replayed)     Final: the server's saved outcome
 //	422 Unprocessable (key reused, or request refused)    Stop: never retry
 //	other 4xx, 2xx, 3xx, 500                              Final: return it
+//	TLS alert internal_error (server)                     Retry, same key
 //	context cancelled, TLS alert (server), other errors   Stop
 //	an address no dial can reach (port above 65535)       Stop
 //	a host name that does not exist (NXDOMAIN)            Stop
@@ -19,6 +20,7 @@ package retry
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -90,7 +92,9 @@ func (d Decision) String() string {
 // the request was written to it, and one the server ended with a GOAWAY
 // (a shutdown past its deadline, or shedding load) retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
-// a TLS version refused), although crypto/tls makes it a net.Error, and a
+// a TLS version refused), although crypto/tls makes it a net.Error (but
+// internal_error, the alert of a server that failed for a reason of its
+// own, such as a certificate it could not load, which retries), and a
 // *net.AddrError (a URL whose port is above 65535, which no dial can
 // reach as written) or a host name that does not exist (a *net.DNSError
 // IsNotFound, not Temporary), although net/http wraps them in a net.Error
@@ -178,6 +182,12 @@ func classifyError(err error) Decision {
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == tlsAlert {
+		if isAlert(oe.Err, alertInternalError) {
+			// The server failed for a reason of its own, not the
+			// client's: a passing fault, as a 503 is. It processed
+			// nothing of a handshake that failed.
+			return Retry
+		}
 		// The server ended TLS with an alert: it refused the client's
 		// certificate or version, and would refuse every retry alike.
 		return Stop
@@ -233,6 +243,28 @@ func classifyError(err error) Decision {
 // tlsAlert is the Op of the *net.OpError in which crypto/tls reports an
 // alert the peer sent.
 const tlsAlert = "remote error"
+
+// alertInternalError is the TLS alert internal_error (80), which a server
+// sends when it cannot go on for a reason "unrelated to the peer or the
+// correctness of the protocol" (RFC 8446 §6.2): crypto/tls's server sends
+// it when its GetCertificate or GetConfigForClient fails for a reason
+// other than a name it has no certificate for, or its source of
+// randomness does.
+const alertInternalError tls.AlertError = 80
+
+// isAlert reports whether err, the Err of a "remote error", is the alert
+// a. crypto/tls reports an alert the peer sent as a value of an unexported
+// type of its own, which errors.As cannot take for an AlertError; its
+// message is AlertError's, which crypto/tls writes from the same table.
+// An AlertError, which crypto/tls wraps in the errors of a QUIC
+// connection, is matched by type.
+func isAlert(err error, a tls.AlertError) bool {
+	var ae tls.AlertError
+	if errors.As(err, &ae) {
+		return ae == a
+	}
+	return err != nil && err.Error() == a.Error()
+}
 
 // proxyConnect is the Op of the *net.OpError in which net/http reports a
 // failure to reach a proxy: to dial it, or to set up TLS with it.

@@ -104,6 +104,9 @@ func TestClassify(t *testing.T) {
 		{"resolver failure", nil, &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "server misbehaving", Name: "x", IsTemporary: true}}, retry.Retry},
 		{"unknown host, resolver failure", nil, &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true, IsTemporary: true}, retry.Retry},
 		{"TLS alert from the server", nil, &url.Error{Op: "Post", URL: "https://x", Err: &net.OpError{Op: "remote error", Err: errors.New("tls: bad certificate")}}, retry.Stop},
+		{"TLS alert internal_error from the server", nil, &url.Error{Op: "Post", URL: "https://x", Err: &net.OpError{Op: "remote error", Err: tls.AlertError(80)}}, retry.Retry},
+		{"TLS alert internal_error, by its text", nil, &net.OpError{Op: "remote error", Err: errors.New("tls: internal error")}, retry.Retry},
+		{"TLS alert handshake_failure from the server", nil, &net.OpError{Op: "remote error", Err: tls.AlertError(40)}, retry.Stop},
 		// net/http's HTTP/2 connection errors, untyped: matched by their whole text.
 		{"HTTP/2 connection lost", nil, &url.Error{Op: "Post", URL: "https://x", Err: errors.New("http2: client connection lost")}, retry.Retry},
 		{"HTTP/2 connection closed before its first request", nil, errors.New("http2: client conn could not be established"), retry.Retry},
@@ -439,6 +442,34 @@ func TestClassifyHTTP2StreamReset(t *testing.T) {
 	if err == nil {
 		resp.Body.Close()
 		t.Fatalf("got %s; want a stream error", resp.Status)
+	}
+	if got := retry.Classify(nil, err); got != retry.Retry {
+		t.Errorf("Classify(%v) = %v; want %v", err, got, retry.Retry)
+	}
+}
+
+// TestClassifyTLSInternalError: a server that fails its side of the
+// handshake for a reason of its own (here its GetConfigForClient; a
+// GetCertificate that cannot load a certificate is another) sends the
+// alert internal_error, which crypto/tls reports as a "remote error" of an
+// unexported type: a passing fault, retried; the handshake failed, so the
+// request was not processed.
+func TestClassifyTLSInternalError(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return nil, errors.New("certificate store unavailable")
+	}}
+	srv.StartTLS()
+	defer srv.Close()
+	resp, err := srv.Client().Post(srv.URL, "application/json", strings.NewReader(`{}`))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("got %s; want the server's alert", resp.Status)
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "remote error" {
+		t.Fatalf("got %v; want a *net.OpError \"remote error\"", err)
 	}
 	if got := retry.Classify(nil, err); got != retry.Retry {
 		t.Errorf("Classify(%v) = %v; want %v", err, got, retry.Retry)
