@@ -526,6 +526,39 @@ func TestRetryAfterDateFromTheServersClock(t *testing.T) {
 	}
 }
 
+// TestTooManyRequestsWithoutRetryAfterBacksOff: a 429 without
+// Retry-After is retried after the policy's backoff, not at once, within
+// MaxAttempts; the last 429 comes back and the operation stays pending,
+// with no next attempt time.
+func TestTooManyRequestsWithoutRetryAfterBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, _, jar := newTransport(t, status(429))
+		tr.Policy = retry.Policy{InitialInterval: time.Second, Multiplier: 2, NoJitter: true, MaxAttempts: 4}
+		var sent []time.Time
+		base := tr.Base
+		tr.Base = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent = append(sent, time.Now())
+			return base.RoundTrip(r)
+		})
+		ctx := idem.WithOperation(context.Background(), "op")
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 429 {
+			t.Fatalf("got %v, %v; want the last 429", resp, err)
+		}
+		resp.Body.Close()
+		var gaps []time.Duration
+		for i := 1; i < len(sent); i++ {
+			gaps = append(gaps, sent[i].Sub(sent[i-1]))
+		}
+		if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}; fmt.Sprint(gaps) != fmt.Sprint(want) {
+			t.Fatalf("waits between attempts %v; want %v", gaps, want)
+		}
+		if r, _ := jar.Get(ctx, "op"); r.State != idem.StatePending || r.Attempts != 4 || !r.NextAttempt.IsZero() {
+			t.Fatalf("record %+v; want pending after 4 attempts, no next attempt time", r)
+		}
+	})
+}
+
 func TestRetryAfterBeyondCapIsDeferred(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr, rec, jar := newTransport(t, status(503, "Retry-After", "3600"), status(201))
