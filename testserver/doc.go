@@ -19,7 +19,7 @@
 // So a handler that fails for a time (a dependency down, a downstream
 // timeout) answers 503 with Retry-After. Under the default ErrorPolicy,
 // ReleaseClaim, the Middleware releases the claim after every status of
-// 500 or more, 429 and 408, and the client's retry runs the handler again. A
+// 500 or more, 429, 408 and 425, and the client's retry runs the handler again. A
 // 500 says the failure is final: its claim is released as well, but no
 // idem client retries it. Under SaveError each of these answers is saved
 // and replayed, and a replayed 503 is final too: a transient failure then

@@ -70,9 +70,11 @@ const (
 // than the Content-Length it set, or returns without answering anything
 // once its lease ended (answered 503 ProblemLeaseEnded); or when it answers
 // 429 Too Many Requests, which asks the caller to send the same request
-// again later, or 408 Request Timeout, which says the request did not
-// arrive whole in time (idem.Transport sends either again, with the same
-// key): saved, that answer would be replayed to every retry.
+// again later, 408 Request Timeout, which says the request did not
+// arrive whole in time, or 425 Too Early, which says the handler did not
+// process a request that came in TLS early data (RFC 8470; idem.Transport
+// sends each again, with the same key): saved, that answer would be
+// replayed to every retry.
 type ErrorPolicy int
 
 const (
@@ -91,7 +93,7 @@ const (
 	// down), tried up to 8 times within 10 s, leaves the claim in flight, and a retry after LockTimeout takes
 	// it over and runs the handler again, with Claim.TakenOver set, under
 	// either policy.
-	// Under SaveError a handler should not answer 408, 429, 502, 503 or 504 for
+	// Under SaveError a handler should not answer 408, 425, 429, 502, 503 or 504 for
 	// a failure it expects to clear, since the replay repeats it.
 	SaveError
 )
@@ -296,7 +298,7 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more, 429 or 408, panics, sends a body shorter than the Content-Length it
+	// more, 429, 408 or 425, panics, sends a body shorter than the Content-Length it
 	// set, or returns without answering anything once its lease ended
 	// (answered 503 ProblemLeaseEnded, logged at Warn). The zero value is
 	// ReleaseClaim; a value that is neither policy is refused as Store nil is,
@@ -1172,9 +1174,10 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 }
 
 // failedStatus reports whether an answer of status is a failure that
-// OnError's ReleaseClaim releases: a 5xx, a 429 or a 408.
+// OnError's ReleaseClaim releases: a 5xx, a 429, a 408 or a 425.
 func failedStatus(status int) bool {
-	return status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout
+	return status >= 500 || status == http.StatusTooManyRequests || status == http.StatusRequestTimeout ||
+		status == http.StatusTooEarly
 }
 
 // call runs the handler and returns the value of its panic, or nil, and

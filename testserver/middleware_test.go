@@ -703,7 +703,7 @@ func TestMethodsMatchInAnyCase(t *testing.T) {
 }
 
 // TestOnError: a handler that fails (5xx, a panic) or asks to be retried
-// (429, or 408, which idem's clients retry under the same key) gets its
+// (429, 408 or 425, which idem's clients retry under the same key) gets its
 // claim released or its answer saved, as OnError says.
 func TestOnError(t *testing.T) {
 	for _, c := range []struct {
@@ -712,7 +712,9 @@ func TestOnError(t *testing.T) {
 		status int
 	}{
 		{testserver.ReleaseClaim, false, 502}, {testserver.ReleaseClaim, true, 0}, {testserver.ReleaseClaim, false, 429}, {testserver.ReleaseClaim, false, 408},
+		{testserver.ReleaseClaim, false, 425},
 		{testserver.SaveError, false, 502}, {testserver.SaveError, true, 0}, {testserver.SaveError, false, 429}, {testserver.SaveError, false, 408},
+		{testserver.SaveError, false, 425},
 	} {
 		t.Run(fmt.Sprintf("%v/panic=%v/%d", c.policy, c.panics, c.status), func(t *testing.T) {
 			eachStore(t, func(t *testing.T, store testserver.Store) {
