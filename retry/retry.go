@@ -247,8 +247,8 @@ const tlsAlert = "remote error"
 // alertInternalError is the TLS alert internal_error (80), which a server
 // sends when it cannot go on for a reason "unrelated to the peer or the
 // correctness of the protocol" (RFC 8446 §6.2): crypto/tls's server sends
-// it when its GetCertificate or GetConfigForClient fails for a reason
-// other than a name it has no certificate for, or its source of
+// it when its GetConfigForClient fails, when its GetCertificate fails but
+// for want of a certificate for the name, or when its source of
 // randomness does.
 const alertInternalError tls.AlertError = 80
 
