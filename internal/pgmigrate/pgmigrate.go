@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,6 +77,12 @@ type Schema struct {
 	Privilege error
 	// Writes is the table of Objects that the package's statements write.
 	Writes string
+	// Timeout, when set, is returned by Migrate, wrapped with what it
+	// was doing, that nothing was lost and what to do, when a statement
+	// of the migration's transaction ran out of time before the commit
+	// (see Timeouts). Nil leaves such an error as the server or the
+	// context gave it.
+	Timeout error
 }
 
 // Placeholder stands, in a statement, for the schema's name; Qualify
@@ -89,93 +97,215 @@ func Qualify(stmt, schema string) string {
 	return strings.ReplaceAll(stmt, Placeholder, pgx.Identifier{schema}.Sanitize())
 }
 
+// Timeouts bound Migrate. The zero Timeouts leave each statement to ctx
+// and to the session's statement_timeout.
+type Timeouts struct {
+	// Query bounds, on the client, the wait for a connection and the
+	// transaction's start, and each statement that reads the schema or
+	// records a version. Zero means ctx alone.
+	Query time.Duration
+	// Migration is the statement_timeout of the migration's transaction,
+	// set with SET LOCAL whatever the session's: it bounds, on the
+	// server, the wait for another process's migration (the lock), the
+	// creation of the table of versions and each migration's statement,
+	// such as an index built on a large table. The client waits for
+	// those, and for the commit, twice as long. Zero means the session's
+	// statement_timeout and ctx alone.
+	Migration time.Duration
+}
+
 // Migrate brings the schema to len(s.Migrations) in one transaction, in
 // current_schema() as the transaction's connection reads it, and returns
 // that schema's name. A database that records no version but holds one of
 // s.Objects is left as it is: Migrate returns s.Incomplete. A search path
 // that names no schema that exists is s.NoSchema, and nothing is created;
 // so is one that leads past the tables in another schema of it
-// (s.Privilege or s.Incomplete, see elsewhere).
-func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool) (schema string, err error) {
+// (s.Privilege or s.Incomplete, see elsewhere). When s.Timeout is set, a
+// statement that ran out of time before the commit (the server's
+// statement_timeout, SQLSTATE 57014, or a deadline of t or ctx) is
+// s.Timeout, wrapped with what was being done and err (see timedOut).
+func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool, t Timeouts) (schema string, err error) {
+	within := func(d time.Duration) (context.Context, context.CancelFunc) {
+		if d <= 0 {
+			return context.WithCancel(ctx)
+		}
+		return context.WithTimeout(ctx, d)
+	}
+	quick := func() (context.Context, context.CancelFunc) { return within(t.Query) }
+	// long runs stmt under twice t.Migration, and returns its error as
+	// timedOut says, step saying what it did and from the version the
+	// schema was at (-1 before it was read).
+	long := func(tx pgx.Tx, step string, from int, stmt string, args ...any) error {
+		lctx, cancel := within(2 * t.Migration)
+		defer cancel()
+		_, err := tx.Exec(lctx, stmt, args...)
+		return s.timedOut(err, step, schema, from, t.Migration)
+	}
+	qctx, cancel := quick()
+	defer cancel()
+	conn, err := pool.Acquire(qctx)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Release()
 	// READ COMMITTED whatever the database's default: under REPEATABLE
 	// READ or SERIALIZABLE the snapshot would be taken before the lock
 	// wait, and a process that waited for another's migration would not
 	// see it.
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		// The wait for another's migration is bounded by the deadline,
-		// not by a lock_timeout the database or the role may set to keep
-		// DDL from queueing: under it, of instances starting together all
-		// but one would fail. The DDL itself keeps that lock_timeout.
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 0`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.Lock); err != nil {
-			return s.lockDenied(err)
-		}
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
-			return err
-		}
-		var err error
-		if schema, err = s.current(ctx, tx); err != nil {
-			return err
-		}
-		if err := s.readOnly(ctx, tx); err != nil {
-			return err
-		}
-		table := pgx.Identifier{schema, s.Table}.Sanitize()
-		// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when
-		// the table exists: it only runs when the table is not in the
-		// schema it would create it in, so that a role that may only read
-		// and write the tables opens a schema that is current.
-		v, exists, err := s.version(ctx, tx, schema)
-		if err != nil {
-			return err
-		}
-		if v == 0 {
-			found, err := s.found(ctx, tx, schema)
-			if err != nil {
-				return err
-			}
-			if len(found) > 0 {
-				return s.unrecorded(schema, exists, found)
-			}
-		}
-		if !exists {
-			if err := s.elsewhere(ctx, tx, schema); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
-				version    integer     PRIMARY KEY,
-				applied_at timestamptz NOT NULL DEFAULT now()
-			)`); err != nil {
-				return Denied(err, s.Privilege, schema)
-			}
-		}
-		if v > len(s.Migrations) {
-			return s.tooNew(schema, v)
-		}
-		for ; v < len(s.Migrations); v++ {
-			for _, stmt := range s.Migrations[v] {
-				if _, err := tx.Exec(ctx, Qualify(stmt, schema)); err != nil {
-					if denied := Denied(err, s.Privilege, schema); denied != err {
-						return denied
-					}
-					return fmt.Errorf("version %d: %w", v+1, err)
-				}
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (version) VALUES ($1)`, v+1); err != nil {
-				return err
-			}
-		}
-		if err := s.whole(ctx, tx, schema); err != nil {
-			return err
-		}
-		return s.writable(ctx, tx, schema)
-	})
+	tx, err := conn.BeginTx(qctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return "", err
 	}
+	defer func() {
+		if err != nil {
+			// pgx closes the connection when this fails too, and the
+			// server then ends the transaction.
+			rctx, cancel := quick()
+			defer cancel()
+			tx.Rollback(rctx)
+		}
+	}()
+	if t.Migration > 0 {
+		ms := strconv.FormatInt(max(1, t.Migration.Milliseconds()), 10)
+		if _, err := tx.Exec(qctx, `SELECT pg_catalog.set_config('statement_timeout', $1, true)`, ms); err != nil {
+			return "", err
+		}
+	}
+	// The wait for another's migration is bounded by the deadline,
+	// not by a lock_timeout the database or the role may set to keep
+	// DDL from queueing: under it, of instances starting together all
+	// but one would fail. The DDL itself keeps that lock_timeout.
+	if _, err := tx.Exec(qctx, `SET LOCAL lock_timeout = 0`); err != nil {
+		return "", err
+	}
+	cancel()
+	if err := long(tx, "waiting for the lock under which another process migrates it", -1,
+		`SELECT pg_advisory_xact_lock($1)`, s.Lock); err != nil {
+		return "", s.lockDenied(err)
+	}
+	rctx, cancel := quick()
+	defer cancel()
+	if _, err := tx.Exec(rctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
+		return "", err
+	}
+	if schema, err = s.current(rctx, tx); err != nil {
+		return "", err
+	}
+	if err := s.readOnly(rctx, tx); err != nil {
+		return "", err
+	}
+	table := pgx.Identifier{schema, s.Table}.Sanitize()
+	// CREATE TABLE IF NOT EXISTS needs the CREATE privilege even when
+	// the table exists: it only runs when the table is not in the
+	// schema it would create it in, so that a role that may only read
+	// and write the tables opens a schema that is current.
+	v, exists, err := s.version(rctx, tx, schema)
+	if err != nil {
+		return "", err
+	}
+	if v == 0 {
+		found, err := s.found(rctx, tx, schema)
+		if err != nil {
+			return "", err
+		}
+		if len(found) > 0 {
+			return "", s.unrecorded(schema, exists, found)
+		}
+	}
+	if !exists {
+		if err := s.elsewhere(rctx, tx, schema); err != nil {
+			return "", err
+		}
+		cancel()
+		if err := long(tx, "creating "+s.Table, -1, `CREATE TABLE IF NOT EXISTS `+table+` (
+			version    integer     PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now()
+		)`); err != nil {
+			return "", Denied(err, s.Privilege, schema)
+		}
+	}
+	cancel()
+	if v > len(s.Migrations) {
+		return "", s.tooNew(schema, v)
+	}
+	from := v
+	for ; v < len(s.Migrations); v++ {
+		for i, stmt := range s.Migrations[v] {
+			stmt = Qualify(stmt, schema)
+			step := fmt.Sprintf("migrating it to version %d, statement %d of %d (%s)", v+1, i+1, len(s.Migrations[v]), head(stmt))
+			if err := long(tx, step, from, stmt); err != nil {
+				if s.Timeout != nil && errors.Is(err, s.Timeout) {
+					return "", err
+				}
+				if denied := Denied(err, s.Privilege, schema); denied != err {
+					return "", denied
+				}
+				return "", fmt.Errorf("version %d: %w", v+1, err)
+			}
+		}
+		qctx, cancel := quick()
+		_, err := tx.Exec(qctx, `INSERT INTO `+table+` (version) VALUES ($1)`, v+1)
+		cancel()
+		if err != nil {
+			return "", err
+		}
+	}
+	cctx, cancel := quick()
+	defer cancel()
+	if err := s.whole(cctx, tx, schema); err != nil {
+		return "", err
+	}
+	if err := s.writable(cctx, tx, schema); err != nil {
+		return "", err
+	}
+	// Under twice t.Migration: the commit of a large migration writes
+	// its WAL. An error here leaves the outcome unknown, and is returned
+	// as it is.
+	cancel()
+	lctx, cancel := within(2 * t.Migration)
+	defer cancel()
+	if err := tx.Commit(lctx); err != nil {
+		return "", err
+	}
 	return schema, nil
+}
+
+// head returns the first line of stmt up to its first parenthesis,
+// trimmed: what it creates or alters, and where.
+func head(stmt string) string {
+	stmt, _, _ = strings.Cut(stmt, "\n")
+	stmt, _, _ = strings.Cut(stmt, "(")
+	return strings.TrimSpace(stmt)
+}
+
+// timedOut returns err, when s.Timeout is set and err says that the
+// migration's statement of step ran out of time (the server canceled it,
+// SQLSTATE 57014, as statement_timeout does, or a deadline passed), as
+// s.Timeout wrapped with step, the schema and the version it was at
+// (from, or -1 before it was read), that the transaction rolled back,
+// what to do, and err; otherwise err itself. Nothing was committed: the
+// commit is the transaction's last statement.
+func (s Schema) timedOut(err error, step, schema string, from int, migration time.Duration) error {
+	var pgErr *pgconn.PgError
+	if s.Timeout == nil ||
+		!errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &pgErr) && pgErr.Code == "57014") {
+		return err
+	}
+	where := ""
+	if schema != "" {
+		where = " in schema " + quote(schema)
+	}
+	as := "as it was"
+	if from >= 0 {
+		as = fmt.Sprintf("at version %d as it was", from)
+	}
+	within := ""
+	if migration > 0 {
+		within = " (" + migration.String() + " now)"
+	}
+	return fmt.Errorf("%w%s while %s; its transaction rolled back, so nothing was lost, and the schema is %s; "+
+		"open it again, with a longer MigrationTimeout%s if the table is large or another transaction holds a lock on it: %w",
+		s.Timeout, where, step, as, within, err)
 }
 
 // Denied returns privilege, wrapped with schema, what to do and err, when

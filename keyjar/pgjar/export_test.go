@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -28,6 +29,6 @@ func MigrateToV1(ctx context.Context, pool *pgxpool.Pool) error {
 	old := schema
 	old.Migrations = migrations[:1]
 	old.Objects = []string{"idem_operations", "idem_operations_pkey", "idem_operations_by_created", "idem_operations_by_state"}
-	_, err := old.Migrate(ctx, pool)
+	_, err := old.Migrate(ctx, pool, pgmigrate.Timeouts{})
 	return err
 }

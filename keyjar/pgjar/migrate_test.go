@@ -1,6 +1,7 @@
 package pgjar_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestMigrateFromVersion1: a jar of schema version 1 holding 20,000
@@ -114,4 +117,144 @@ func TestMigrateFromVersion1(t *testing.T) {
 			scan, len(wantPending))
 	}
 	open(t, dsn, &pgjar.Options{MustExist: true}).Close() // current now
+}
+
+// lockedV1 returns a database at the jar's schema version 1 holding one
+// pending operation, and a transaction of another session that holds a
+// lock on idem_operations that the migration's CREATE INDEX waits for (an
+// application's write in progress). The lock goes when the transaction
+// ends.
+func lockedV1(t *testing.T) (dsn string, lock pgx.Tx) {
+	t.Helper()
+	ctx := t.Context()
+	dsn = pgtest.DB(t)
+	if err := pgjar.MigrateToV1(ctx, newPool(t, dsn)); err != nil {
+		t.Fatal(err)
+	}
+	conn := pgtest.Connect(t, dsn)
+	if _, err := conn.Exec(ctx, `INSERT INTO idem_operations
+		(op, key, fingerprint, state, method, url, body_size, created, attempts, last_status, last_error, note, holder)
+		VALUES ('op', 'key-op', 'fp', 'pending', 'POST', 'http://127.0.0.1/', 0, 1, 0, 0, '', '', '')`); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Rollback(context.Background()) })
+	if _, err := lock.Exec(ctx, `LOCK TABLE idem_operations IN ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, lock
+}
+
+// versions returns the versions idem_operations_schema records, as
+// "1,2".
+func versions(t *testing.T, dsn string) string {
+	t.Helper()
+	var v string
+	if err := pgtest.Connect(t, dsn).QueryRow(t.Context(), `SELECT string_agg(version::text, ',' ORDER BY version)
+		FROM idem_operations_schema`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestMigrationTimeout: the upgrade of a version 1 jar whose CREATE INDEX
+// waits for another session's lock on the table, past a MigrationTimeout of
+// 100 ms, fails with ErrMigrationTimeout saying which version and
+// statement, that its transaction rolled back and the jar is at version 1,
+// and what to do; once the lock goes, an Open upgrades the jar, its
+// operation kept. Before, the migration ran under QueryTimeout, and Open
+// failed with the bare error: "pgjar: migrate: version 2: timeout: context
+// deadline exceeded".
+func TestMigrationTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn, lock := lockedV1(t)
+	for name, opened := range map[string]func(*pgjar.Options) (*pgjar.Jar, error){
+		"Open": func(o *pgjar.Options) (*pgjar.Jar, error) { return pgjar.Open(ctx, dsn, o) },
+		"New":  func(o *pgjar.Options) (*pgjar.Jar, error) { return pgjar.New(ctx, newPool(t, dsn), o) },
+	} {
+		j, err := opened(&pgjar.Options{MigrationTimeout: 100 * time.Millisecond})
+		if err == nil {
+			j.Close()
+		}
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, pgjar.ErrMigrationTimeout) ||
+			!errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &pgErr) && pgErr.Code == "57014") {
+			t.Fatalf("%s while another session locks the table: %v; want ErrMigrationTimeout wrapping the timeout", name, err)
+		}
+		for _, want := range []string{`in schema "public"`, "version 2, statement 1 of 1",
+			`CREATE INDEX idem_operations_by_state_created ON "public".idem_operations`,
+			"rolled back", "at version 1", "longer MigrationTimeout (100ms now)"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %v; want it to say %s", name, err, want)
+			}
+		}
+		if v := versions(t, dsn); v != "1" {
+			t.Errorf("versions %q after the failed migration; want 1", v)
+		}
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	j := open(t, dsn, &pgjar.Options{MigrationTimeout: time.Minute})
+	if v := versions(t, dsn); v != "1,2" {
+		t.Errorf("versions %q once the lock went; want 1,2", v)
+	}
+	if r, err := j.Get(ctx, "op"); err != nil || r.Key != "key-op" {
+		t.Errorf("Get(op) = %+v, %v; want the operation under its key", r, err)
+	}
+}
+
+// TestMigrationOutlastsQueryTimeout: the upgrade of a version 1 jar whose
+// CREATE INDEX waits for another session's lock longer than QueryTimeout
+// (200 ms, as the server measures the wait) completes once the lock goes,
+// under the default MigrationTimeout. Before, the migration ran under
+// QueryTimeout: Open returned while the lock was held, with "pgjar:
+// migrate: version 2: timeout: context deadline exceeded".
+func TestMigrationOutlastsQueryTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn, lock := lockedV1(t)
+	const queryTimeout = 200 * time.Millisecond
+	opened := make(chan error, 1)
+	go func() {
+		j, err := pgjar.Open(ctx, dsn, &pgjar.Options{QueryTimeout: queryTimeout})
+		if err == nil {
+			err = j.Close()
+		}
+		opened <- err
+	}()
+	watcher := pgtest.Connect(t, dsn)
+	const polls = 100_000 // each a round trip: seconds, not forever
+	for i := 0; ; i++ {
+		select {
+		case err := <-opened:
+			t.Fatalf("Open returned while another session locked the table: %v", err)
+		default:
+		}
+		if i == polls {
+			t.Fatalf("after %d polls, no CREATE INDEX has waited %v for the lock", polls, 2*queryTimeout)
+		}
+		var n int
+		if err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE 'CREATE INDEX%'
+			AND clock_timestamp() - query_start > $1`, 2*queryTimeout).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; err != nil {
+		t.Fatalf("Open once the lock went: %v", err)
+	}
+	if v := versions(t, dsn); v != "1,2" {
+		t.Errorf("versions %q after the migration; want 1,2", v)
+	}
 }

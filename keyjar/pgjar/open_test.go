@@ -371,6 +371,8 @@ func TestOpenBadOptions(t *testing.T) {
 		{pgjar.Options{QueryTimeout: math.MaxInt32*time.Millisecond + time.Millisecond}, "QueryTimeout"},
 		{pgjar.Options{QueryTimeout: math.MaxInt64}, "QueryTimeout"},
 		{pgjar.Options{PruneBatch: -1}, "PruneBatch"},
+		{pgjar.Options{MigrationTimeout: -time.Second}, "MigrationTimeout"},
+		{pgjar.Options{MigrationTimeout: math.MaxInt32*time.Millisecond + time.Millisecond}, "MigrationTimeout"},
 	} {
 		for name, open := range map[string]func() (*pgjar.Jar, error){
 			"Open": func() (*pgjar.Jar, error) { return pgjar.Open(ctx, dsn, &c.o) },

@@ -75,9 +75,13 @@
 // on (state, created, op) that List with a State reads (the walk of the
 // pending operations: client.Pending, idemctl list --status and resume
 // --all); its build reads the table once and holds off writes to it
-// meanwhile. A program built with an earlier version of this package then
-// refuses the jar with ErrVersion, and one with MustExist refuses a jar
-// not yet upgraded with ErrOldVersion, which matches ErrNoJar.
+// meanwhile. The migration, and the wait for another process's, runs
+// within Options.MigrationTimeout (10 minutes by default), not
+// QueryTimeout; one that runs out of it is ErrMigrationTimeout, its
+// transaction rolled back and the jar left as it was. A program built
+// with an earlier version of this package then refuses the jar with
+// ErrVersion, and one with MustExist refuses a jar not yet upgraded with
+// ErrOldVersion, which matches ErrNoJar.
 //
 // Defer queues such a change for the jar's applier, a goroutine that Open
 // or New starts and Close ends: it sends what is queued, up to 64 changes,
@@ -168,8 +172,9 @@ import (
 
 // Defaults for the zero fields of Options.
 const (
-	DefaultQueryTimeout = 5 * time.Second
-	DefaultPruneBatch   = 1000
+	DefaultQueryTimeout     = 5 * time.Second
+	DefaultPruneBatch       = 1000
+	DefaultMigrationTimeout = 10 * time.Minute
 )
 
 // MaxOpLen is the longest operation name, in bytes, that the jar stores:
@@ -259,6 +264,20 @@ var (
 	// USAGE on it.
 	ErrPrivilege = errors.New("pgjar: this role may not create or write the jar's tables")
 
+	// ErrMigrationTimeout is returned by Open and New, without
+	// Options.MustExist, when the upgrade of a jar of an older schema
+	// version, or the wait for another process's, ran out of
+	// Options.MigrationTimeout (or the caller's context ended first): the
+	// server canceled the statement (SQLSTATE 57014), or the jar stopped
+	// waiting for its answer. What was being done (which version, which
+	// statement), the schema and the version the jar is at follow it,
+	// then what to do and the error, which errors.As finds as a
+	// *pgconn.PgError or errors.Is as context.DeadlineExceeded. The
+	// migration's transaction rolled back: nothing was lost, and the jar
+	// is as it was. Open it again once the lock that kept it waiting is
+	// gone, or with a longer MigrationTimeout for a large table.
+	ErrMigrationTimeout = errors.New("pgjar: the jar's migration ran out of time")
+
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
 	// created.
@@ -275,10 +294,11 @@ var (
 	ErrInvalid = errors.New("pgjar: invalid record")
 
 	// ErrOptions is returned by Open and New for an Options field out of
-	// range: a negative QueryTimeout or PruneBatch, or a QueryTimeout
-	// above 2^31-1 milliseconds (about 24.8 days, the longest
-	// statement_timeout PostgreSQL takes). It is wrapped with the field
-	// and its value. Nothing is connected to or created.
+	// range: a negative QueryTimeout, MigrationTimeout or PruneBatch, or
+	// a QueryTimeout or MigrationTimeout above 2^31-1 milliseconds (about
+	// 24.8 days, the longest statement_timeout PostgreSQL takes). It is
+	// wrapped with the field and its value. Nothing is connected to or
+	// created.
 	ErrOptions = errors.New("pgjar: invalid options")
 )
 
@@ -320,6 +340,19 @@ type Options struct {
 	// connection came, wrapping context.DeadlineExceeded, when none came.
 	// Zero means DefaultQueryTimeout; at most 2^31-1 ms (about 24.8 days).
 	QueryTimeout time.Duration
+
+	// MigrationTimeout bounds the upgrade that Open and New run on a jar
+	// of an older schema version (without MustExist), and their wait for
+	// another process's: it is the server's statement_timeout in the
+	// migration's transaction, whatever QueryTimeout and the DSN's, and
+	// the jar waits at most twice as long for each of its statements. A
+	// migration reads the whole table (version 2 builds an index on it),
+	// which a large jar makes take longer than QueryTimeout; the other
+	// statements of Open keep QueryTimeout. A migration that runs out of
+	// it is ErrMigrationTimeout, and leaves the jar as it was. Zero means
+	// DefaultMigrationTimeout, or QueryTimeout when that is longer; at
+	// most 2^31-1 ms (about 24.8 days).
+	MigrationTimeout time.Duration
 
 	// PruneBatch is the most records one DELETE of Prune removes; Prune runs
 	// as many as it needs, so no statement holds many row locks or runs for
@@ -467,9 +500,10 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 // RuntimeParams or its DSN, never with SET on a connection the caller
 // gives back to the pool.
 //
-// Of Options, PruneBatch applies as with Open, and QueryTimeout bounds the
-// jar's waits for the pool and for each answer, but is not made the
-// server's statement_timeout (see QueryTimeout). The pool's size,
+// Of Options, PruneBatch and MigrationTimeout apply as with Open (the
+// migration's transaction sets its own statement_timeout), and
+// QueryTimeout bounds the jar's waits for the pool and for each answer,
+// but is not made the server's statement_timeout (see QueryTimeout). The pool's size,
 // ShouldPing (see the package documentation) and every other setting are
 // the caller's: the jar takes one connection for each statement, its
 // applier one while it sends a batch, and the caller's own use of the pool
@@ -503,20 +537,29 @@ func withDefaults(opts *Options) (Options, error) {
 	l, err := pgmigrate.Limits{QueryTimeout: o.QueryTimeout, PruneBatch: o.PruneBatch}.WithDefaults(
 		pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch}, ErrOptions)
 	o.QueryTimeout, o.PruneBatch = l.QueryTimeout, l.PruneBatch
-	return o, err
+	if err != nil {
+		return o, err
+	}
+	switch {
+	case o.MigrationTimeout < 0:
+		return o, fmt.Errorf("%w: MigrationTimeout %v is negative", ErrOptions, o.MigrationTimeout)
+	case o.MigrationTimeout > pgmigrate.MaxQueryTimeout:
+		return o, fmt.Errorf("%w: MigrationTimeout %v is above %v", ErrOptions, o.MigrationTimeout, pgmigrate.MaxQueryTimeout)
+	case o.MigrationTimeout == 0:
+		o.MigrationTimeout = max(DefaultMigrationTimeout, o.QueryTimeout)
+	}
+	return o, nil
 }
 
 // start returns a Jar on pool, whose Update commits with updateCommit and
 // whose Close closes pool when owned is true, once the schema is current
 // (see migrate; with o.MustExist, present), and starts its applier.
 func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit string, owned bool) (*Jar, error) {
-	mctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
-	defer cancel()
 	check := migrate
 	if o.MustExist {
 		check = present // a jar that exists, and nothing created
 	}
-	name, err := check(mctx, pool)
+	name, err := check(ctx, pool, o)
 	if err != nil {
 		return nil, err
 	}

@@ -71,24 +71,29 @@ var schema = pgmigrate.Schema{
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
 	Writes:     "idem_operations",
+	Timeout:    ErrMigrationTimeout,
 }
 
-// migrate brings the schema to len(migrations) (see pgmigrate), and
-// returns the name of the schema that holds the jar.
-func migrate(ctx context.Context, pool *pgxpool.Pool) (string, error) {
-	name, err := schema.Migrate(ctx, pool)
+// migrate brings the schema to len(migrations) (see pgmigrate), each
+// statement that reads it within o.QueryTimeout and the migration (the wait
+// for another's, each migration's statement) within o.MigrationTimeout,
+// and returns the name of the schema that holds the jar.
+func migrate(ctx context.Context, pool *pgxpool.Pool, o Options) (string, error) {
+	name, err := schema.Migrate(ctx, pool, pgmigrate.Timeouts{Query: o.QueryTimeout, Migration: o.MigrationTimeout})
 	return name, schemaError("migrate", err)
 }
 
-// present checks, creating nothing, that the database holds the jar's
-// tables at this package's schema version: the check of Options.MustExist.
-// It returns ErrNoJar, wrapped, for a database without them, ErrOldVersion
-// (which matches ErrNoJar too) for one at an older version, ErrVersion for
-// a newer one and ErrSchema for one missing a table
+// present checks, creating nothing, within o.QueryTimeout, that the
+// database holds the jar's tables at this package's schema version: the
+// check of Options.MustExist. It returns ErrNoJar, wrapped, for a database
+// without them, ErrOldVersion (which matches ErrNoJar too) for one at an
+// older version, ErrVersion for a newer one and ErrSchema for one missing a table
 // or an index, or holding the jar's tables without the record of a version,
 // and ErrNoSchema for a search path that names no schema that exists. It
 // returns the name of the schema that holds the jar.
-func present(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+func present(ctx context.Context, pool *pgxpool.Pool, o Options) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
+	defer cancel()
 	name, err := schema.Check(ctx, pool, ErrNoJar)
 	return name, schemaError("open", err)
 }
@@ -101,7 +106,7 @@ func schemaError(verb string, err error) error {
 		return fmt.Errorf("pgjar: %w", c)
 	}
 	if err != nil && !errors.Is(err, ErrVersion) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoJar) &&
-		!errors.Is(err, ErrNoSchema) && !errors.Is(err, ErrPrivilege) {
+		!errors.Is(err, ErrNoSchema) && !errors.Is(err, ErrPrivilege) && !errors.Is(err, ErrMigrationTimeout) {
 		return wrapf(pgmigrate.CacheHint(err), "%s", verb)
 	}
 	return err

@@ -19,7 +19,7 @@ var MigrateLock = schema.Lock
 func MigrateTo(ctx context.Context, pool *pgxpool.Pool, v int) error {
 	old := schema
 	old.Migrations = migrations[:v]
-	_, err := old.Migrate(ctx, pool)
+	_, err := old.Migrate(ctx, pool, pgmigrate.Timeouts{})
 	return err
 }
 

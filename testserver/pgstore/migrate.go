@@ -129,7 +129,7 @@ var schema = pgmigrate.Schema{
 func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
 	defer cancel()
-	name, err := schema.Migrate(ctx, pool)
+	name, err := schema.Migrate(ctx, pool, pgmigrate.Timeouts{})
 	if c := pgmigrate.Unreachable(err); c != nil {
 		return "", fmt.Errorf("pgstore: %w", c)
 	}
