@@ -213,8 +213,12 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool, t Timeouts) (sc
 		}
 	}
 	if !exists {
-		if err := s.elsewhere(rctx, tx, schema); err != nil {
+		m, err := s.elsewhere(rctx, tx, schema)
+		if err != nil {
 			return "", err
+		}
+		if m != nil {
+			return "", fmt.Errorf("%w; nothing was created in %s", m, quote(schema))
 		}
 		cancel()
 		if err := long(tx, "creating "+s.Table, -1, `CREATE TABLE IF NOT EXISTS `+table+` (
@@ -412,7 +416,10 @@ func Insufficient(err error) bool {
 // wrapped with the schema's name (in schema "jobs") and what is missing in
 // parentheses, for a database without the
 // table of versions or at an earlier version (s.Older for that one, when
-// set), s.TooNew for a later one,
+// set; when the search path leads past the tables in another schema of
+// it, as elsewhere finds, absent matches elsewhere's error too,
+// s.Privilege or s.Incomplete, and its reason and what to do follow),
+// s.TooNew for a later one,
 // s.Incomplete for one missing one of s.Objects, or recording no version
 // but holding one, and s.NoSchema for a search path that names no schema
 // that exists.
@@ -436,6 +443,14 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 	case v == 0 && len(found) > 0:
 		return "", s.unrecorded(schema, versions, found)
 	case !versions:
+		m, err := s.elsewhere(ctx, pool, schema)
+		if err != nil {
+			return "", err
+		}
+		if m != nil {
+			return "", &absentMisplaced{msg: fmt.Sprintf("%v in schema %s (no table %s): %s", absent, quote(schema), s.Table, m.why),
+				errs: []error{absent, m.sentinel}}
+		}
 		return "", fmt.Errorf("%w in schema %s (no table %s)", absent, quote(schema), s.Table)
 	case v > len(s.Migrations):
 		return "", s.tooNew(schema, v)
@@ -510,7 +525,8 @@ const elsewhereQuery = `SELECT ns.nspname, p.name = '$user', pg_catalog.has_sche
 	ORDER BY p.n`
 
 // elsewhere is called before Migrate creates the tables from scratch in
-// schema, current_schema(), which holds none of them. It returns an error
+// schema, current_schema(), which holds none of them, and by Check when
+// schema lacks the table of versions. It returns why, with a sentinel,
 // when the search path leads there past the tables, which hold what was
 // written before and would be left for an empty schema: s.Privilege when
 // a schema of the path before schema holds them and the role may not use
@@ -520,22 +536,23 @@ const elsewhereQuery = `SELECT ns.nspname, p.name = '$user', pg_catalog.has_sche
 // the tables were, under the default search path "$user", public). A
 // search path that names schema before the tables' schema chooses it: the
 // tables are created there. pg_namespace and pg_class are read whatever
-// the role may use.
+// the role may use. It returns nil, nil when the search path leads to
+// the tables or to none.
 func (s Schema) elsewhere(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, schema string) error {
+}, schema string) (*misplaced, error) {
 	var path string
 	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {
-		return err
+		return nil, err
 	}
 	entries, ok := splitPath(path)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	rows, err := q.Query(ctx, elsewhereQuery, entries, append([]string{s.Table}, s.Objects...))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
 	type entry struct {
@@ -546,41 +563,58 @@ func (s Schema) elsewhere(ctx context.Context, q interface {
 	for rows.Next() {
 		var e entry
 		if err := rows.Scan(&e.name, &e.user, &e.usage, &e.hold); err != nil {
-			return err
+			return nil, err
 		}
 		list = append(list, e)
 	}
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	at := slices.IndexFunc(list, func(e entry) bool { return e.name == schema })
 	if at < 0 {
-		return nil
+		return nil, nil
 	}
 	for i, e := range list {
 		if !e.hold || e.name == schema {
 			continue
 		}
-		var err error
 		switch {
 		case i < at && !e.usage:
-			err = fmt.Errorf("%w: schema %s of the search_path (%s) holds the tables, but the role may not use it, "+
-				"so current_schema() is %s, which holds none; GRANT USAGE ON SCHEMA %s to the role",
-				s.Privilege, quote(e.name), path, quote(schema), quote(e.name))
+			return &misplaced{s.Privilege, fmt.Sprintf("schema %s of the search_path (%s) holds the tables, "+
+				"but the role may not use it, so current_schema() is %s, which holds none; GRANT USAGE ON SCHEMA %s to the role",
+				quote(e.name), path, quote(schema), quote(e.name))}, nil
 		case i > at && list[at].user:
 			do := "set search_path to " + quote(e.name) + " (in the DSN or for the role)"
 			if !e.usage {
 				do += ", and GRANT USAGE ON SCHEMA " + quote(e.name) + " to the role"
 			}
-			err = fmt.Errorf("%w: in schema %s, the role's own, which \"$user\" of the search_path (%s) names first, "+
-				"no %s, but schema %s holds the tables; %s", s.Incomplete, quote(schema), path, s.Table, quote(e.name), do)
-		default:
-			continue
+			return &misplaced{s.Incomplete, fmt.Sprintf("in schema %s, the role's own, which \"$user\" of the search_path (%s) "+
+				"names first, no %s, but schema %s holds the tables; %s", quote(schema), path, s.Table, quote(e.name), do)}, nil
 		}
-		return fmt.Errorf("%w; nothing was created in %s", err, quote(schema))
 	}
-	return nil
+	return nil, nil
 }
+
+// misplaced is elsewhere's error: sentinel (s.Privilege or s.Incomplete),
+// and why the search path leads past the tables and what to do.
+type misplaced struct {
+	sentinel error
+	why      string
+}
+
+func (m *misplaced) Error() string { return m.sentinel.Error() + ": " + m.why }
+func (m *misplaced) Unwrap() error { return m.sentinel }
+
+// absentMisplaced is Check's error for a schema without the table of
+// versions where elsewhere found the tables past it: absent, which it
+// wraps with m's sentinel, with the schema looked in and m's reason.
+type absentMisplaced struct {
+	msg  string
+	errs []error
+}
+
+func (e *absentMisplaced) Error() string   { return e.msg }
+func (e *absentMisplaced) Unwrap() []error { return e.errs }
 
 // splitPath returns the entries of a search_path setting as PostgreSQL
 // reads them: comma-separated identifiers, in double quotes or folded to

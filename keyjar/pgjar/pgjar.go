@@ -67,7 +67,10 @@
 // the default search_path "$user", public) is ErrSchema: either would
 // leave the jar's keys behind for an empty jar. The error names both
 // schemas and what to do (set search_path to the jar's schema, or grant
-// USAGE on it), and nothing is created.
+// USAGE on it), and nothing is created. With Options.MustExist, which
+// creates nothing, they look so too when current_schema() holds no jar:
+// the error is then ErrNoJar and that ErrPrivilege or ErrSchema, with the
+// same words.
 //
 // Open and New without Options.MustExist upgrade a jar of an older schema
 // version, under the advisory lock that serialises migrations, in one
@@ -224,7 +227,10 @@ var (
 	// The schema looked in follows it (in
 	// schema "jobs", current_schema() of the connection that opened it:
 	// a jar in another schema of the search_path is not found), then what
-	// is missing, in parentheses. Nothing is created.
+	// is missing, in parentheses. Nothing is created. When the
+	// search_path leads past a jar in another of its schemas (see the
+	// package documentation), the error matches ErrPrivilege or ErrSchema
+	// too, and says why and what to do.
 	ErrNoJar = errors.New("pgjar: database holds no key jar")
 
 	// ErrOldVersion is returned by Open and New with Options.MustExist for

@@ -180,7 +180,9 @@ func tablesIn(t *testing.T, conn *pgx.Conn, schema string) string {
 // ErrSchema naming both schemas and creates nothing, and the pending
 // operation keeps its key in public. Before, Open created a second, empty
 // jar in the role's schema, and a call under the same name began the
-// operation again under a new key.
+// operation again under a new key. With MustExist, the error is ErrNoJar
+// and ErrSchema, with the same hint; before, ErrNoJar alone, in schema
+// "postgres", without a word of public.
 func TestOpenRefusesAJarInAnotherSchema(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)
@@ -193,9 +195,6 @@ func TestOpenRefusesAJarInAnotherSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, opened := range openers(t, dsn) {
-		if strings.Contains(name, "MustExist") {
-			continue
-		}
 		j, err := opened()
 		if err == nil {
 			j.Close()
@@ -203,6 +202,9 @@ func TestOpenRefusesAJarInAnotherSchema(t *testing.T) {
 		if !errors.Is(err, pgjar.ErrSchema) || !strings.Contains(err.Error(), `schema "postgres"`) ||
 			!strings.Contains(err.Error(), `set search_path to "public"`) {
 			t.Errorf("%s: %v; want ErrSchema naming postgres and saying to set search_path to public", name, err)
+		}
+		if strings.Contains(name, "MustExist") && !errors.Is(err, pgjar.ErrNoJar) {
+			t.Errorf("%s: %v; want ErrNoJar too", name, err)
 		}
 	}
 	if tables := tablesIn(t, admin, "postgres"); tables != "" {
@@ -219,7 +221,9 @@ func TestOpenRefusesAJarInAnotherSchema(t *testing.T) {
 // jobs, whose current_schema() therefore falls through to public, where
 // it may create tables. Open returns ErrPrivilege saying to grant USAGE on
 // jobs, and creates nothing in public. Before, it created a second, empty
-// jar in public.
+// jar in public. With MustExist, the error is ErrNoJar and ErrPrivilege,
+// with the same hint; before, ErrNoJar alone, in schema "public", without
+// a word of jobs.
 func TestOpenRefusesAJarInASchemaWithoutUsage(t *testing.T) {
 	ctx := t.Context()
 	dsn := pgtest.DB(t)
@@ -233,15 +237,15 @@ func TestOpenRefusesAJarInASchemaWithoutUsage(t *testing.T) {
 	app := pgtest.AppRole(t, dsn, `GRANT CREATE ON SCHEMA public`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON jobs.idem_operations`, `GRANT SELECT ON jobs.idem_operations_schema`)
 	for name, opened := range openers(t, app+"&search_path=jobs,public") {
-		if strings.Contains(name, "MustExist") {
-			continue
-		}
 		j, err := opened()
 		if err == nil {
 			j.Close()
 		}
 		if !errors.Is(err, pgjar.ErrPrivilege) || !strings.Contains(err.Error(), `GRANT USAGE ON SCHEMA "jobs"`) {
 			t.Errorf("%s: %v; want ErrPrivilege saying to grant USAGE on jobs", name, err)
+		}
+		if strings.Contains(name, "MustExist") && !errors.Is(err, pgjar.ErrNoJar) {
+			t.Errorf("%s: %v; want ErrNoJar too", name, err)
 		}
 	}
 	if tables := tablesIn(t, admin, "public"); tables != "" {
