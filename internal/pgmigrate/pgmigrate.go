@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -618,7 +619,9 @@ func (e *absentMisplaced) Unwrap() []error { return e.errs }
 
 // splitPath returns the entries of a search_path setting as PostgreSQL
 // reads them: comma-separated identifiers, in double quotes or folded to
-// lower case. It returns false for a setting it cannot read.
+// lower case, each cut to maxIdentifier bytes. It returns false for a
+// setting PostgreSQL refuses. An empty entry in double quotes ("") is
+// one, which names no schema.
 func splitPath(path string) ([]string, bool) {
 	var entries []string
 	for rest := strings.TrimLeft(path, " \t\n\r\f\v"); rest != ""; {
@@ -646,12 +649,12 @@ func splitPath(path string) ([]string, bool) {
 			if i < 0 {
 				i = len(rest)
 			}
+			if i == 0 {
+				return nil, false // an empty entry: "a,,b", "a,"
+			}
 			name, rest = strings.Map(lowerASCII, rest[:i]), rest[i:]
 		}
-		if name == "" {
-			return nil, false
-		}
-		entries = append(entries, name)
+		entries = append(entries, truncate(name))
 		rest = strings.TrimLeft(rest, " \t\n\r\f\v")
 		if rest == "" {
 			break
@@ -665,6 +668,24 @@ func splitPath(path string) ([]string, bool) {
 		}
 	}
 	return entries, true
+}
+
+// maxIdentifier is the longest identifier, in bytes, that PostgreSQL
+// keeps (NAMEDATALEN-1, as it is built by default): it cuts a longer one,
+// in a search_path as in a CREATE SCHEMA.
+const maxIdentifier = 63
+
+// truncate cuts name to maxIdentifier bytes, at the start of a character,
+// as PostgreSQL's truncate_identifier does in a UTF-8 database.
+func truncate(name string) string {
+	if len(name) <= maxIdentifier {
+		return name
+	}
+	n := maxIdentifier
+	for n > 0 && !utf8.RuneStart(name[n]) {
+		n--
+	}
+	return name[:n]
 }
 
 // lowerASCII folds r to lower case as PostgreSQL folds an unquoted
