@@ -258,3 +258,31 @@ func TestMigrationOutlastsQueryTimeout(t *testing.T) {
 		t.Errorf("versions %q after the migration; want 1,2", v)
 	}
 }
+
+// TestMigrationTimeoutWaitingForAnother: an Open that waits for another
+// process's migration (its advisory lock) past MigrationTimeout fails with
+// ErrMigrationTimeout saying that it waited for that lock, and creates
+// nothing; once the lock goes, an Open creates the jar.
+func TestMigrationTimeoutWaitingForAnother(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	other := pgtest.Connect(t, dsn)
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgjar.MigrateLock); err != nil {
+		t.Fatal(err)
+	}
+	j, err := pgjar.Open(ctx, dsn, &pgjar.Options{MigrationTimeout: 100 * time.Millisecond})
+	if err == nil {
+		j.Close()
+	}
+	if !errors.Is(err, pgjar.ErrMigrationTimeout) || !strings.Contains(err.Error(), "waiting for the lock") {
+		t.Fatalf("Open while another process migrates: %v; want ErrMigrationTimeout saying it waited for the lock", err)
+	}
+	if tables := pgtest.Tables(t, dsn); tables != "" {
+		t.Errorf("tables %s after the failed Open; want none", tables)
+	}
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, pgjar.MigrateLock); err != nil {
+		t.Fatal(err)
+	}
+	open(t, dsn, &pgjar.Options{MigrationTimeout: time.Minute}).Close()
+}

@@ -328,9 +328,10 @@ func wrapf(err error, format string, args ...any) error {
 // every zero field its documented default; a field out of range makes Open
 // and New fail with ErrOptions.
 type Options struct {
-	// QueryTimeout bounds each statement the jar runs. Open makes it the
-	// server's statement_timeout on the jar's connections (unless the DSN
-	// sets one): the server cancels and rolls back a statement that runs
+	// QueryTimeout bounds each statement the jar runs but a migration's
+	// (see MigrationTimeout). Open makes it the server's
+	// statement_timeout on the jar's connections (unless the DSN sets
+	// one): the server cancels and rolls back a statement that runs
 	// longer, and the method returns its error (SQLSTATE 57014,
 	// query_canceled). The jar itself waits at most twice as long for an
 	// answer, within the caller's context, then gives the connection up
