@@ -535,8 +535,14 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		_, version, _ := strings.Cut(err.Error(), pgjar.ErrOldVersion.Error())
 		return fmt.Errorf("%s holds a key jar of an older schema version%s, which idemctl does not upgrade, nothing written: a program built with this version of idem upgrades it when it opens it, after which one built with the earlier version refuses it. Use the idemctl of that version; once every program that uses the jar runs this version, the first to start upgrades it", where, version)
 	case errors.Is(err, pgjar.ErrNoJar):
-		// pgjar says what is missing after the sentinel.
+		// pgjar says what is missing after the sentinel; and, when the
+		// search_path led past a jar in another schema (ErrSchema or
+		// ErrPrivilege too), where it is and what to do: a program
+		// would refuse to create one.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrNoJar.Error())
+		if errors.Is(err, pgjar.ErrSchema) || errors.Is(err, pgjar.ErrPrivilege) {
+			return fmt.Errorf("%s holds no key jar%s", where, missing)
+		}
 		return fmt.Errorf("%s holds no key jar%s; a program using pgjar creates it", where, missing)
 	case errors.Is(err, pgjar.ErrNoSchema):
 		// pgjar gives the search_path after the sentinel.

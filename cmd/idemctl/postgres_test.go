@@ -106,6 +106,29 @@ func TestPostgresJarDroppedBeforeItIsOpened(t *testing.T) {
 	wantError(t, code, errOut, 1, `holds no key jar in schema "public" (no table idem_operations_schema)`)
 }
 
+// TestPostgresJarPastTheSearchPath: a jar in public, and a schema named
+// after the role created since, which "$user" puts first. idemctl says
+// that public holds the jar and to set search_path to it, and not that a
+// program creates one. Before, it said that the database held no key jar
+// in schema "postgres" and that a program using pgjar creates it.
+func TestPostgresJarPastTheSearchPath(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j, err := pgjar.Open(t.Context(), dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `CREATE SCHEMA postgres AUTHORIZATION postgres`); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := idemctl("--jar", dsn, "list")
+	wantError(t, code, errOut, 1, `holds no key jar: in schema "postgres", the role's own`)
+	if !strings.Contains(errOut, `schema "public" holds the tables; set search_path to "public"`) ||
+		strings.Contains(errOut, "creates it") {
+		t.Errorf("stderr %q; want it to say that public holds the jar and to set search_path to it, not that a program creates one", errOut)
+	}
+}
+
 // --lock-timeout bounds each statement: one waiting for a row another
 // process holds gives up with a message that says so.
 func TestPostgresLockTimeout(t *testing.T) {

@@ -418,9 +418,9 @@ func Insufficient(err error) bool {
 // parentheses, for a database without the
 // table of versions or at an earlier version (s.Older for that one, when
 // set; when the search path leads past the tables in another schema of
-// it, as elsewhere finds, absent matches elsewhere's error too,
-// s.Privilege or s.Incomplete, and its reason and what to do follow),
-// s.TooNew for a later one,
+// it, as elsewhere finds, the error matches elsewhere's sentinel too,
+// s.Privilege or s.Incomplete, and elsewhere's reason, which names both
+// schemas, and what to do follow absent instead), s.TooNew for a later one,
 // s.Incomplete for one missing one of s.Objects, or recording no version
 // but holding one, and s.NoSchema for a search path that names no schema
 // that exists.
@@ -449,8 +449,7 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 			return "", err
 		}
 		if m != nil {
-			return "", &absentMisplaced{msg: fmt.Sprintf("%v in schema %s (no table %s): %s", absent, quote(schema), s.Table, m.why),
-				errs: []error{absent, m.sentinel}}
+			return "", &absentMisplaced{msg: fmt.Sprintf("%v: %s", absent, m.why), errs: []error{absent, m.sentinel}}
 		}
 		return "", fmt.Errorf("%w in schema %s (no table %s)", absent, quote(schema), s.Table)
 	case v > len(s.Migrations):
@@ -607,8 +606,8 @@ func (m *misplaced) Error() string { return m.sentinel.Error() + ": " + m.why }
 func (m *misplaced) Unwrap() error { return m.sentinel }
 
 // absentMisplaced is Check's error for a schema without the table of
-// versions where elsewhere found the tables past it: absent, which it
-// wraps with m's sentinel, with the schema looked in and m's reason.
+// versions where elsewhere found the tables past it: absent, followed by
+// elsewhere's reason, wrapping both absent and elsewhere's sentinel.
 type absentMisplaced struct {
 	msg  string
 	errs []error

@@ -230,7 +230,7 @@ var (
 	// is missing, in parentheses. Nothing is created. When the
 	// search_path leads past a jar in another of its schemas (see the
 	// package documentation), the error matches ErrPrivilege or ErrSchema
-	// too, and says why and what to do.
+	// too, and says instead which schemas, why and what to do.
 	ErrNoJar = errors.New("pgjar: database holds no key jar")
 
 	// ErrOldVersion is returned by Open and New with Options.MustExist for
