@@ -78,13 +78,13 @@
 // on (state, created, op) that List with a State reads (the walk of the
 // pending operations: client.Pending, idemctl list --status and resume
 // --all); its build reads the table once and holds off writes to it
-// meanwhile. The migration, and the wait for another process's, runs
-// within Options.MigrationTimeout (10 minutes by default), not
-// QueryTimeout; one that runs out of it is ErrMigrationTimeout, its
-// transaction rolled back and the jar left as it was. A program built
-// with an earlier version of this package then refuses the jar with
-// ErrVersion, and one with MustExist refuses a jar not yet upgraded with
-// ErrOldVersion, which matches ErrNoJar.
+// meanwhile. A program built with an earlier version of this package then
+// refuses the jar with ErrVersion, and one with MustExist refuses a jar
+// not yet upgraded with ErrOldVersion, which matches ErrNoJar. The
+// migration, and the wait for another process's, runs within
+// Options.MigrationTimeout (10 minutes by default), not QueryTimeout; one
+// that runs out of it is ErrMigrationTimeout, its transaction rolled back
+// and the jar left as it was.
 //
 // Defer queues such a change for the jar's applier, a goroutine that Open
 // or New starts and Close ends: it sends what is queued, up to 64 changes,
