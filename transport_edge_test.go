@@ -1300,13 +1300,20 @@ func socksUnreachable() http.RoundTripper {
 // not abandoned as one that never connected, and its caller is not told
 // that nothing was sent. Through a proxy, the dial's error comes wrapped
 // in a *net.OpError "proxyconnect".
+//
+// A request with Expect: 100-continue has its header written and waits
+// for the server's go-ahead before its body is read: a server that acts on
+// the header alone and ends the idle connection unanswered (a handler that
+// does not read the body, then a crash) leaves the body unread, closed,
+// and net/http sends it again all the same. It stays pending too.
 func TestUnnamedSentThenRedialRefusedStaysPending(t *testing.T) {
 	for _, proxy := range []string{"", "http://proxy.invalid:3128"} {
-		t.Run("proxy="+proxy, func(t *testing.T) { testSentThenRedialRefused(t, proxy) })
+		t.Run("proxy="+proxy, func(t *testing.T) { testSentThenRedialRefused(t, proxy, false) })
 	}
+	t.Run("expect 100-continue", func(t *testing.T) { testSentThenRedialRefused(t, "", true) })
 }
 
-func testSentThenRedialRefused(t *testing.T, proxy string) {
+func testSentThenRedialRefused(t *testing.T, proxy string, expect bool) {
 	synctest.Test(t, func(t *testing.T) {
 		var dials, posts atomic.Int32
 		serve := func(conn net.Conn) {
@@ -1317,15 +1324,18 @@ func testSentThenRedialRefused(t *testing.T, proxy string) {
 				if err != nil {
 					return
 				}
-				io.Copy(io.Discard, req.Body)
 				if req.Method == "POST" {
 					posts.Add(1)
-					return // read whole, then the server is gone
+					if !expect {
+						io.Copy(io.Discard, req.Body)
+					}
+					return // read (its header alone, expecting 100-continue), then the server is gone
 				}
+				io.Copy(io.Discard, req.Body)
 				io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			}
 		}
-		base := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		base := &http.Transport{ExpectContinueTimeout: time.Second, DialContext: func(context.Context, string, string) (net.Conn, error) {
 			if dials.Add(1) > 1 {
 				return nil, &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
 			}
@@ -1351,6 +1361,9 @@ func testSentThenRedialRefused(t *testing.T, proxy string) {
 		jar := &idem.MemoryJar{}
 		tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 2}}
 		req, _ := http.NewRequest("POST", "http://pay.example/charges", strings.NewReader(`{"amount":1}`))
+		if expect {
+			req.Header.Set("Expect", "100-continue")
+		}
 		_, err = tr.RoundTrip(req)
 		if posts.Load() != 1 {
 			t.Fatalf("the server read %d POSTs; want 1 (on the idle connection)", posts.Load())
@@ -1429,74 +1442,6 @@ func TestFreshConnectionClosedBeforeTheRequestIsRetried(t *testing.T) {
 		}
 		if r := all[0]; r.State != idem.StateDone || r.Attempts != 2 {
 			t.Errorf("record: %s, %d attempts; want done, 2 attempts", r.State, r.Attempts)
-		}
-	})
-}
-
-// TestUnnamedExpectContinueSentThenRedialRefusedStaysPending: a request
-// with Expect: 100-continue has its header written and waits for the
-// server's go-ahead before its body is read. A server that acts on the
-// header alone and ends the idle connection unanswered (a handler that
-// does not read the body, then a crash) leaves the body unread, closed;
-// net/http sends the request again on a new connection and reports only
-// that dial's error. The request reached the server: the operation
-// without a name stays pending, not abandoned as one that never
-// connected.
-func TestUnnamedExpectContinueSentThenRedialRefusedStaysPending(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var dials, posts atomic.Int32
-		serve := func(conn net.Conn) {
-			defer conn.Close()
-			br := bufio.NewReader(conn)
-			for {
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				if req.Method == "POST" {
-					posts.Add(1)
-					return // run on its header alone, then the server is gone
-				}
-				io.Copy(io.Discard, req.Body)
-				io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}
-		}
-		base := &http.Transport{ExpectContinueTimeout: time.Second, DialContext: func(context.Context, string, string) (net.Conn, error) {
-			if dials.Add(1) > 1 {
-				return nil, &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
-			}
-			client, server := net.Pipe()
-			go serve(server)
-			return client, nil
-		}}
-		defer base.CloseIdleConnections()
-		// A first request leaves the connection idle in base's pool.
-		warm, _ := http.NewRequest("GET", "http://pay.example/health", nil)
-		resp, err := base.RoundTrip(warm)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		synctest.Wait()
-
-		jar := &idem.MemoryJar{}
-		tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 2}}
-		req, _ := http.NewRequest("POST", "http://pay.example/charges/ch_1/capture", strings.NewReader(`{"amount":1}`))
-		req.Header.Set("Expect", "100-continue")
-		_, err = tr.RoundTrip(req)
-		if posts.Load() != 1 {
-			t.Fatalf("the server read %d POSTs; want 1 (on the idle connection)", posts.Load())
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || !errors.As(err, new(*idem.PendingError)) {
-			t.Errorf("RoundTrip: %v; want a *PendingError with the dial's error", err)
-		}
-		all, err := jar.List(context.Background(), idem.Filter{})
-		if err != nil || len(all) != 1 {
-			t.Fatalf("List: %d records, %v; want 1", len(all), err)
-		}
-		if r := all[0]; r.State != idem.StatePending || r.Attempts != 2 {
-			t.Errorf("record: %s, %d attempts, note %q; want pending, 2 attempts (the first reached the server)", r.State, r.Attempts, r.Note)
 		}
 	})
 }
