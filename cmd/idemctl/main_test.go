@@ -2702,6 +2702,24 @@ func TestListPrintsLongNamesWhole(t *testing.T) {
 	}
 }
 
+// toVersion1 makes the jar at path one of schema version 1, which is
+// version 2 without its index, through a connection that stays open until
+// the test ends, as a program that has the jar open: its -wal and -shm
+// files stay too.
+func toVersion1(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec("DROP INDEX operations_by_state_created; PRAGMA user_version = 1"); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
 // TestReadCommandsDoNotUpgradeAnOlderJar: list, show and export of a jar of
 // schema version 1, which an open for writing upgrades (after which a
 // program built with the earlier version refuses it), say that the jar has
@@ -2712,16 +2730,7 @@ func TestReadCommandsDoNotUpgradeAnOlderJar(t *testing.T) {
 	for _, open := range []bool{true, false} {
 		t.Run(fmt.Sprint("in use ", open), func(t *testing.T) {
 			path := seed(t, newServer(t))
-			db, err := sql.Open("sqlite", "file:"+path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
-			db.SetMaxOpenConns(1)
-			// Version 1 is version 2 without its index.
-			if _, err := db.Exec("DROP INDEX operations_by_state_created; PRAGMA user_version = 1"); err != nil {
-				t.Fatal(err)
-			}
+			db := toVersion1(t, path)
 			if !open {
 				if err := db.Close(); err != nil {
 					t.Fatal(err)
@@ -2747,6 +2756,7 @@ func TestReadCommandsDoNotUpgradeAnOlderJar(t *testing.T) {
 				t.Errorf("the jar file or its -wal file changed: %q, were %q", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
 			}
 			if !open {
+				var err error
 				db, err = sql.Open("sqlite", "file:"+path)
 				if err != nil {
 					t.Fatal(err)

@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
@@ -138,18 +137,7 @@ func TestReadWithoutWriteAccess(t *testing.T) {
 // program has upgraded it, they read it.
 func TestReadVersion1WithoutWriteAccess(t *testing.T) {
 	top, dir, path := seedInDir(t)
-	// Version 1 is version 2 without its index. The connection stays open
-	// until the test ends, as a program that has the jar open, so that the
-	// -wal and -shm files stay too.
-	db, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	db.SetMaxOpenConns(1)
-	if _, err := db.Exec("DROP INDEX operations_by_state_created; PRAGMA user_version = 1"); err != nil {
-		t.Fatal(err)
-	}
+	toVersion1(t, path) // its connection stays open: -wal and -shm stay
 	run := idemctlWithoutWriteAccess(t, top, path)
 	before := dirFiles(t, dir)
 	for _, args := range [][]string{{"list"}, {"show", "charge:p1"}, {"export"}} {
