@@ -466,6 +466,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				c.resp = nil
 				body.Drain(resp.Body)
 			}
+			if err, ok := c.abandonNeverConnected(ctx, context.DeadlineExceeded); ok {
+				return nil, err
+			}
 			return nil, c.stop(ctx, context.DeadlineExceeded)
 		}
 		e = c.event(0, err) // the attempt's own status: none after a network error
@@ -480,6 +483,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			body.Drain(resp.Body)
 		}
 		if err := sleepUntil(ctx, end); err != nil {
+			if err, ok := c.abandonNeverConnected(ctx, err); ok {
+				return nil, err
+			}
 			return nil, c.stop(ctx, err)
 		}
 	}

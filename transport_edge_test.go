@@ -1478,3 +1478,60 @@ func TestUnnamedRefusedCertificateIsAbandoned(t *testing.T) {
 		t.Errorf("the server ran %d requests; want 0", n)
 	}
 }
+
+// TestUnnamedNeverConnectedAbandonedWhenCancelled: an operation without a
+// name whose every attempt failed to connect is abandoned when its
+// caller cancels the call as it waits to retry, as when its attempts run
+// out: pending, a resume of every pending operation would send it once
+// the host answers, after its caller was told it failed.
+func TestUnnamedNeverConnectedAbandonedWhenCancelled(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		base := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return nil, refused }}
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Base: base, Jar: jar, Hooks: idem.Hooks{OnRetry: func(e idem.Event) {
+			if e.Attempt == 2 {
+				cancel() // the caller gives up as the call waits for its third attempt
+			}
+		}}}
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://pay.invalid/charges", strings.NewReader(`{}`))
+		_, err := tr.RoundTrip(req)
+		if !errors.Is(err, context.Canceled) || errors.As(err, new(*idem.PendingError)) {
+			t.Errorf("RoundTrip: %v; want the context's error, and no *PendingError", err)
+		}
+		all, err := jar.List(context.Background(), idem.Filter{})
+		if err != nil || len(all) != 1 {
+			t.Fatalf("List: %d records, %v; want 1", len(all), err)
+		}
+		if r := all[0]; r.State != idem.StateAbandoned || r.Holder != "" {
+			t.Errorf("record: %s, %d attempts, holder %q; want abandoned, no holder", r.State, r.Attempts, r.Holder)
+		}
+	})
+}
+
+// TestUnnamedNeverConnectedAbandonedAtDeadline: so is one whose context's
+// deadline comes before its next attempt could be sent.
+func TestUnnamedNeverConnectedAbandonedAtDeadline(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	synctest.Test(t, func(t *testing.T) {
+		base := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return nil, refused }}
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 100}}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://pay.invalid/charges", strings.NewReader(`{}`))
+		_, err := tr.RoundTrip(req)
+		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*idem.PendingError)) {
+			t.Errorf("RoundTrip: %v; want the deadline's error, and no *PendingError", err)
+		}
+		all, err := jar.List(context.Background(), idem.Filter{})
+		if err != nil || len(all) != 1 {
+			t.Fatalf("List: %d records, %v; want 1", len(all), err)
+		}
+		if r := all[0]; r.State != idem.StateAbandoned || r.Holder != "" {
+			t.Errorf("record: %s, %d attempts, holder %q; want abandoned, no holder", r.State, r.Attempts, r.Holder)
+		}
+	})
+}
