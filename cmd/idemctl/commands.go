@@ -226,6 +226,9 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		// Perhaps a key, as a server's log shows it: an operation without
 		// a name has a UUID v7 of its own, not its key.
 		found, err := byKey(ctx, s.jar, op)
+		if re := (*idem.RecordError)(nil); errors.As(err, &re) && re.Record.Key == op {
+			return undecoded(re)
+		}
 		if err != nil {
 			return err
 		}
@@ -243,15 +246,20 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 		return nil
 	}
 	if re := (*idem.RecordError)(nil); errors.As(err, &re) && re.Record.Op == op {
-		// One record damaged, not the jar: what did decode.
-		r := re.Record
-		return fmt.Errorf("%s: its record does not decode (%s); key %s, %s, stored %s; %s",
-			cell(r.Op, 0), re.Err, cell(r.Key, 0), cell(string(r.State), 0), stamp(r.Created), undecodedAdvice(r))
+		return undecoded(re)
 	}
 	if err != nil {
 		return err
 	}
 	return showRecord(s, r)
+}
+
+// undecoded is show's error for a record that does not decode: one record
+// damaged, not the jar, said with what did decode.
+func undecoded(re *idem.RecordError) error {
+	r := re.Record
+	return fmt.Errorf("%s: its record does not decode (%s); key %s, %s, stored %s; %s",
+		cell(r.Op, 0), re.Err, cell(r.Key, 0), cell(string(r.State), 0), stamp(r.Created), undecodedAdvice(r))
 }
 
 // byKey returns the operations of jar whose key is key. Every jar idemctl

@@ -102,6 +102,12 @@ func testUndecodableRecordHidesNoOther(t *testing.T, srv *server, path string) {
 	if !strings.Contains(errOut, "key key-failed, failed, stored ") || !strings.Contains(errOut, "forget removes it") || strings.Contains(errOut, path+" is not a key jar") {
 		t.Errorf("show of a record that does not decode: %q; want its key and state, and what forget does, not the jar said damaged", errOut)
 	}
+	// Shown by its key, as a server's log names it.
+	code, _, errOut = idemctl("--jar", path, "show", "key-failed")
+	wantError(t, code, errOut, 1, "charge:failed: its record does not decode")
+	if !strings.Contains(errOut, "key key-failed, failed, stored ") || !strings.Contains(errOut, "forget removes it") || strings.Contains(errOut, path+" is not a key jar") {
+		t.Errorf("show by key of a record that does not decode: %q; want its key and state, and what forget does, not the jar said damaged", errOut)
+	}
 
 	code, out, errOut = idemctl("--jar", path, "export")
 	var exp []exported
