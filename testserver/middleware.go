@@ -760,14 +760,23 @@ func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, f Fence) {
 // connection lost. An answer not saved leaves its claim in flight until
 // LockTimeout, and the caller's retry then runs the handler again. Save is
 // fenced on the claim: one that was written before its error came is
-// found fenced when tried again (the caller's retry gets the replay).
+// found fenced when tried again (the caller's retry gets the replay), as
+// it would be had the claim been taken over meanwhile. Which of the two
+// cannot be told, so a try fenced after a failed one returns the failure,
+// saying so, not ErrFenced: the caller gets the handler's answer, as for
+// a save that failed, not a 409 saying the claim was taken over.
 func (m *Middleware) save(ctx context.Context, scope, key string, f Fence, resp Response) error {
 	wait := 50 * time.Millisecond
+	var failed error
 	for n := 1; ; n++ {
 		err := m.Store.Save(ctx, scope, key, f, resp)
+		if failed != nil && errors.Is(err, ErrFenced) {
+			return fmt.Errorf("%w; tried again, it was fenced: the try that failed saved it, or the claim was taken over since", failed)
+		}
 		if err == nil || errors.Is(err, ErrFenced) || n == maxSaves || ctx.Err() != nil {
 			return err
 		}
+		failed = err
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -1295,6 +1295,7 @@ type failingStore struct {
 	testserver.MemoryStore
 	claim, takeOver, save bool
 	saveFails             int32 // the first saves that fail, when save is false
+	savedThenFails        bool  // the first save is made, then reported failed (a connection lost after its commit)
 	saves                 atomic.Int32
 }
 
@@ -1315,10 +1316,15 @@ func (s *failingStore) TakeOver(ctx context.Context, scope, key string, old, new
 }
 
 func (s *failingStore) Save(ctx context.Context, scope, key string, tok testserver.Fence, resp testserver.Response) error {
-	if n := s.saves.Add(1); s.save || n <= s.saveFails {
+	n := s.saves.Add(1)
+	if s.save || n <= s.saveFails {
 		return errDown
 	}
-	return s.MemoryStore.Save(ctx, scope, key, tok, resp)
+	err := s.MemoryStore.Save(ctx, scope, key, tok, resp)
+	if s.savedThenFails && n == 1 && err == nil {
+		return errDown
+	}
+	return err
 }
 
 func TestStoreErrors(t *testing.T) {
@@ -1405,6 +1411,27 @@ func TestSaveTriedAgain(t *testing.T) {
 		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 || mw.Stats().StoreErrors != 0 {
 			t.Fatalf("retry: %d, replayed %q, runs %d, %+v; want the replayed 201, one run, no store error",
 				w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load(), mw.Stats())
+		}
+	})
+}
+
+// TestSaveMadeThenReportedFailed: a save that the store made but reported
+// failed (its connection lost after the commit) is fenced when tried
+// again, as it would be had the claim been taken over: which of the two
+// cannot be told, and the caller gets the handler's answer, as for a save
+// that failed, not a 409 saying the claim was taken over; the retry gets
+// the replay.
+func TestSaveMadeThenReportedFailed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &charges{}
+		mw := &testserver.Middleware{Store: &failingStore{savedThenFails: true}}
+		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if st := mw.Stats(); w.Code != 201 || st.Fenced != 0 {
+			t.Fatalf("%d %s, %+v; want the handler's 201, nothing fenced", w.Code, w.Body, st)
+		}
+		w = serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || h.runs.Load() != 1 {
+			t.Fatalf("retry: %d, replayed %q, runs %d; want the replayed 201, one run", w.Code, w.Header().Get("Idempotent-Replayed"), h.runs.Load())
 		}
 	})
 }
