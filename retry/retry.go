@@ -102,7 +102,7 @@ func (d Decision) String() string {
 // SERVFAIL) is retried as a network fault. The same holds on the way to
 // an https proxy: net/http wraps what failed there
 // in a *net.OpError "proxyconnect", a net.Error, which is judged by what it
-// wraps (a proxy's certificate refused, or its alert, stops; a proxy that
+// wraps (a proxy's certificate refused, or its alert, stops, but internal_error, as the server's; a proxy that
 // refuses the connection is retried). A proxy that answers CONNECT with
 // any status but 200, a 502 or 503 included, stops: net/http makes of it
 // an errors.New of the proxy's reason phrase ("Bad Gateway", or whatever
