@@ -1194,6 +1194,19 @@ func TestAttemptContextEndsWhenBasePanics(t *testing.T) {
 	})
 }
 
+// onlyRecord returns the one record jar holds, and fails t if it holds
+// another number of them.
+func onlyRecord(t *testing.T, jar interface {
+	List(context.Context, idem.Filter) ([]idem.Record, error)
+}) idem.Record {
+	t.Helper()
+	all, err := jar.List(context.Background(), idem.Filter{})
+	if err != nil || len(all) != 1 {
+		t.Fatalf("List: %d records, %v; want 1", len(all), err)
+	}
+	return all[0]
+}
+
 // TestUnnamedNeverConnectedIsAbandoned: an operation without a name whose
 // every attempt failed to connect through net/http's Transport (a dial
 // refused, a host name that does not exist) sent nothing, and no call can
@@ -1247,11 +1260,7 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 				if got := errors.As(err, &pe); got != (c.state == idem.StatePending) {
 					t.Errorf("RoundTrip: %v, a *PendingError: %v; want %v", err, got, !got)
 				}
-				all, err := jar.List(context.Background(), idem.Filter{})
-				if err != nil || len(all) != 1 {
-					t.Fatalf("List: %d records, %v; want 1", len(all), err)
-				}
-				if r := all[0]; r.State != c.state || r.Attempts != c.attempts || r.Holder != "" {
+				if r := onlyRecord(t, jar); r.State != c.state || r.Attempts != c.attempts || r.Holder != "" {
 					t.Errorf("record: %s, %d attempts, holder %q; want %s, %d attempts, no holder", r.State, r.Attempts, r.Holder, c.state, c.attempts)
 				}
 			})
@@ -1371,11 +1380,7 @@ func testSentThenRedialRefused(t *testing.T, proxy string, expect bool) {
 		if !errors.Is(err, syscall.ECONNREFUSED) || !errors.As(err, new(*idem.PendingError)) {
 			t.Errorf("RoundTrip: %v; want a *PendingError with the dial's error", err)
 		}
-		all, err := jar.List(context.Background(), idem.Filter{})
-		if err != nil || len(all) != 1 {
-			t.Fatalf("List: %d records, %v; want 1", len(all), err)
-		}
-		if r := all[0]; r.State != idem.StatePending || r.Attempts != 2 {
+		if r := onlyRecord(t, jar); r.State != idem.StatePending || r.Attempts != 2 {
 			t.Errorf("record: %s, %d attempts, note %q; want pending, 2 attempts (the first reached the server)", r.State, r.Attempts, r.Note)
 		}
 	})
@@ -1436,11 +1441,7 @@ func TestFreshConnectionClosedBeforeTheRequestIsRetried(t *testing.T) {
 		if len(keys) != 1 || keys[0] == "" {
 			t.Errorf("the server read keys %q; want one", keys)
 		}
-		all, err := jar.List(context.Background(), idem.Filter{})
-		if err != nil || len(all) != 1 {
-			t.Fatalf("List: %d records, %v; want 1", len(all), err)
-		}
-		if r := all[0]; r.State != idem.StateDone || r.Attempts != 2 {
+		if r := onlyRecord(t, jar); r.State != idem.StateDone || r.Attempts != 2 {
 			t.Errorf("record: %s, %d attempts; want done, 2 attempts", r.State, r.Attempts)
 		}
 	})
@@ -1467,11 +1468,7 @@ func TestUnnamedRefusedCertificateIsAbandoned(t *testing.T) {
 	if !errors.As(err, new(*tls.CertificateVerificationError)) || errors.As(err, new(*idem.PendingError)) {
 		t.Errorf("RoundTrip: %v; want the handshake's error, and no *PendingError", err)
 	}
-	all, err := jar.List(context.Background(), idem.Filter{})
-	if err != nil || len(all) != 1 {
-		t.Fatalf("List: %d records, %v; want 1", len(all), err)
-	}
-	if r := all[0]; r.State != idem.StateAbandoned || r.Holder != "" {
+	if r := onlyRecord(t, jar); r.State != idem.StateAbandoned || r.Holder != "" {
 		t.Errorf("record: %s, holder %q, note %q; want abandoned, no holder", r.State, r.Holder, r.Note)
 	}
 	if n := posts.Load(); n != 0 {
@@ -1501,11 +1498,7 @@ func TestUnnamedNeverConnectedAbandonedWhenCancelled(t *testing.T) {
 		if !errors.Is(err, context.Canceled) || errors.As(err, new(*idem.PendingError)) {
 			t.Errorf("RoundTrip: %v; want the context's error, and no *PendingError", err)
 		}
-		all, err := jar.List(context.Background(), idem.Filter{})
-		if err != nil || len(all) != 1 {
-			t.Fatalf("List: %d records, %v; want 1", len(all), err)
-		}
-		if r := all[0]; r.State != idem.StateAbandoned || r.Holder != "" {
+		if r := onlyRecord(t, jar); r.State != idem.StateAbandoned || r.Holder != "" {
 			t.Errorf("record: %s, %d attempts, holder %q; want abandoned, no holder", r.State, r.Attempts, r.Holder)
 		}
 	})
@@ -1526,11 +1519,7 @@ func TestUnnamedNeverConnectedAbandonedAtDeadline(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, new(*idem.PendingError)) {
 			t.Errorf("RoundTrip: %v; want the deadline's error, and no *PendingError", err)
 		}
-		all, err := jar.List(context.Background(), idem.Filter{})
-		if err != nil || len(all) != 1 {
-			t.Fatalf("List: %d records, %v; want 1", len(all), err)
-		}
-		if r := all[0]; r.State != idem.StateAbandoned || r.Holder != "" {
+		if r := onlyRecord(t, jar); r.State != idem.StateAbandoned || r.Holder != "" {
 			t.Errorf("record: %s, %d attempts, holder %q; want abandoned, no holder", r.State, r.Attempts, r.Holder)
 		}
 	})
