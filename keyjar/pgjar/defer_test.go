@@ -478,7 +478,11 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 func TestDroppedBatchIsLogged(t *testing.T) {
 	var logged syncBuffer
 	dsn := pgtest.DB(t)
-	j := open(t, dsn, &pgjar.Options{QueryTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	// The jar is created first under the default timeout: the short one is
+	// for the blocked batch, and a loaded machine has taken an Open
+	// (creating the tables) past 200 ms.
+	open(t, dsn, nil)
+	j := open(t, dsn, &pgjar.Options{QueryTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	leased(t, j, "a")
 	tx, err := pgtest.Connect(t, dsn).Begin(t.Context())
 	if err != nil {

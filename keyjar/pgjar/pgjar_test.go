@@ -1100,7 +1100,9 @@ type plan struct {
 func TestListPagePlan(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DB(t)
-	j := open(t, dsn, nil)
+	// A minute for the INSERT of 100 000 rows below, which a loaded
+	// machine has taken past the default 5 s.
+	j := open(t, dsn, &pgjar.Options{QueryTimeout: time.Minute})
 	ctx := t.Context()
 	// In the order of their times, as a jar's records are written; three
 	// share each Created; one in ten pending.
