@@ -1042,8 +1042,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	hr.ContentLength = int64(len(body))
 	v, stack := m.call(h, rec, hr)
-	if early.saved {
-		m.streams.end(c.ClaimID) // the marker is the key's final answer now
+	if rec.streamed {
+		// The marker is the key's final answer now. Counted out whether
+		// or not its save returned: one that panicked (recovered above, as
+		// the handler's) may have saved it.
+		m.streams.end(c.ClaimID)
 	}
 	// A handler that returns without having answered anything, no final
 	// status and no byte of body, once its context ended (only the lease

@@ -1160,6 +1160,35 @@ func TestPanicAfterStreaming(t *testing.T) {
 	}
 }
 
+// TestSavePanicsWhileStreaming: a store whose Save panics once it saved
+// the marker of an answer too large to save, before the answer streams,
+// breaks that answer off as a handler's panic does; once the handler
+// returned, a retry on the same Middleware gets the marker, not 409 until
+// the claim's lease ends.
+func TestSavePanicsWhileStreaming(t *testing.T) {
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(bytes.Repeat([]byte("x"), 100)) // past MaxSavedResponse: streamed
+	})
+	var logged syncBuffer
+	mw := &testserver.Middleware{Store: &failingStore{savedThenPanics: true}, MaxSavedResponse: 10, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
+		t.Fatalf("first caller: %s with %d bytes, read without error; want the answer broken off", a.resp.Status, len(a.body))
+	}
+	if !strings.Contains(logged.String(), "store exploded after its save") {
+		t.Fatalf("log:\n%s\nwant the store's panic", logged.String())
+	}
+	a := post(t, srv, "k")
+	var p testserver.Problem
+	if err := json.Unmarshal([]byte(a.body), &p); err != nil || p.Type != testserver.ProblemResponseTooLarge || p.OriginalStatus != 201 || runs.Load() != 1 {
+		t.Fatalf("retry: %s %+v (%v) after %d runs; want the marker naming 201, one run", a.resp.Status, p, err, runs.Load())
+	}
+}
+
 // stallingWriter is an http.ResponseWriter whose caller reads the body
 // slowly: its first Write of the body blocks until release is closed.
 type stallingWriter struct {
@@ -1296,6 +1325,7 @@ type failingStore struct {
 	claim, takeOver, save bool
 	saveFails             int32 // the first saves that fail, when save is false
 	savedThenFails        bool  // the first save is made, then reported failed (a connection lost after its commit)
+	savedThenPanics       bool  // the first save is made, then the store panics
 	saves                 atomic.Int32
 }
 
@@ -1323,6 +1353,9 @@ func (s *failingStore) Save(ctx context.Context, scope, key string, tok testserv
 	err := s.MemoryStore.Save(ctx, scope, key, tok, resp)
 	if s.savedThenFails && n == 1 && err == nil {
 		return errDown
+	}
+	if s.savedThenPanics && n == 1 {
+		panic("store exploded after its save")
 	}
 	return err
 }
