@@ -29,9 +29,10 @@
 // (its context is done) answers 503 ProblemLeaseEnded, a failure as the
 // others, never the empty 200 net/http would send.
 //
-// A panic answers 500. A panic with http.ErrAbortHandler, and a body
-// shorter than the Content-Length the handler set, break the connection
-// off instead; when nothing of the answer was sent yet (it was smaller
-// than MaxSavedResponse), idem.Transport retries that as any network
-// error, with the same key.
+// A panic answers 500, as does a call of runtime.Goexit (t.FailNow). A
+// panic with http.ErrAbortHandler, and a body shorter than the
+// Content-Length the handler set, break the connection off instead;
+// when nothing of the answer was sent yet (it was smaller than
+// MaxSavedResponse), idem.Transport retries that as any network error,
+// with the same key.
 package testserver

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/textproto"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -94,6 +95,38 @@ func TestHandlerAborts(t *testing.T) {
 			if l := logged.String(); strings.Contains(l, "level=ERROR") || !strings.Contains(l, "aborted") {
 				t.Fatalf("log:\n%s\nwant the abort at level INFO and no error", l)
 			}
+		})
+	}
+}
+
+// TestHandlerGoexit: a handler that calls runtime.Goexit (t.FailNow in a
+// test's handler) failed, as one that panics: its caller gets the
+// handler-failed 500, the call is logged with its stack, and the claim is
+// released, or the 500 saved, as OnError says.
+func TestHandlerGoexit(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		t.Run(policy.String(), func(t *testing.T) {
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+				if runs.Add(1) == 1 {
+					io.WriteString(w, "half")
+					runtime.Goexit()
+				}
+				io.WriteString(w, "charged")
+			})
+			var logged syncBuffer
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+			srv := httptest.NewServer(mw.Wrap(h))
+			defer srv.Close()
+			a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k")
+			if a.err != nil || a.resp.StatusCode != http.StatusInternalServerError || !strings.Contains(a.body, testserver.ProblemHandlerFailed) {
+				t.Errorf("first caller: %q, error %v; want the handler-failed 500", a.body, a.err)
+			}
+			if l := logged.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "runtime.Goexit") {
+				t.Errorf("log:\n%s\nwant the Goexit at level ERROR, with its stack", l)
+			}
+			wantFailureRetried(t, mw, post(t, srv, "k"), runs.Load())
 		})
 	}
 }

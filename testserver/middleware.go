@@ -66,8 +66,8 @@ const (
 )
 
 // ErrorPolicy is what the Middleware does with a claim when its handler
-// fails: answers a status of 500 or more, panics, sends a body shorter
-// than the Content-Length it set, or returns without answering anything
+// fails: answers a status of 500 or more, panics or calls runtime.Goexit,
+// sends a body shorter than the Content-Length it set, or returns without answering anything
 // once its lease ended (answered 503 ProblemLeaseEnded); or when it answers
 // 429 Too Many Requests, which asks the caller to send the same request
 // again later, 408 Request Timeout, which says the request did not
@@ -298,7 +298,8 @@ type Middleware struct {
 	ReplayHeaders []string
 
 	// OnError is what happens to the claim when the handler answers 500 or
-	// more, 429, 408 or 425, panics, sends a body shorter than the Content-Length it
+	// more, 429, 408 or 425, panics (or calls runtime.Goexit, as t.FailNow
+	// does), sends a body shorter than the Content-Length it
 	// set, or returns without answering anything once its lease ended
 	// (answered 503 ProblemLeaseEnded, logged at Warn). The zero value is
 	// ReleaseClaim; a value that is neither policy is refused as Store nil is,
@@ -1194,20 +1195,38 @@ func failedStatus(status int) bool {
 
 // call runs the handler and returns the value of its panic, or nil, and
 // but for http.ErrAbortHandler the stack of the panicking goroutine (at
-// most 64 KiB of it, as net/http logs).
+// most 64 KiB of it, as net/http logs). A handler that calls
+// runtime.Goexit (t.FailNow in a test's handler) failed as one that
+// panics with errGoexit: it runs on a goroutine of its own, which the
+// Goexit ends, where it would end the request's, the claim left in flight
+// and the connection broken off.
 func (m *Middleware) call(h http.Handler, w http.ResponseWriter, r *http.Request) (recovered any, stack []byte) {
-	defer func() {
-		if v := recover(); v != nil {
-			recovered = v
-			if v != http.ErrAbortHandler {
-				stack = make([]byte, 64<<10)
-				stack = stack[:runtime.Stack(stack, false)]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returned := false
+		defer func() {
+			v := recover()
+			if v == nil && !returned {
+				v = errGoexit // recover returns nil during a Goexit
 			}
-		}
+			if v != nil {
+				recovered = v
+				if v != http.ErrAbortHandler {
+					stack = make([]byte, 64<<10)
+					stack = stack[:runtime.Stack(stack, false)]
+				}
+			}
+		}()
+		h.ServeHTTP(w, r)
+		returned = true
 	}()
-	h.ServeHTTP(w, r)
-	return nil, nil
+	<-done
+	return recovered, stack
 }
+
+// errGoexit is the failure of a handler that called runtime.Goexit.
+var errGoexit = errors.New("testserver: the handler called runtime.Goexit")
 
 // logPanic logs a handler's panic with its stack: to the Logger, or without
 // one as net/http logs a panic, to the ErrorLog of r's server or else to the
