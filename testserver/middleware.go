@@ -808,6 +808,8 @@ const maxAhead = 4096
 type aheadClaims struct {
 	mu    sync.Mutex
 	first map[aheadKey]time.Time
+	order []aheadKey // first's keys in the order they were added: a ring once it holds maxAhead
+	next  int        // the oldest in order, once it holds maxAhead
 }
 
 type aheadKey struct {
@@ -832,9 +834,12 @@ type aheadKey struct {
 // the whole skew. A reader whose clock runs ahead of the taker's still
 // takes its claims over early (Middleware.LockTimeout).
 //
-// The first readings are kept until the claim's token age alone says it
-// is stale, or for Retention; beyond maxAhead of them, a claim ahead is
-// judged by its token as before: young, later than needed, never early.
+// At most maxAhead first readings are kept. Once there are as many, a new
+// one takes the place of the oldest if that is LockTimeout old (its claim
+// stale for this Middleware, as every claim read before it: forgotten, it
+// is judged afresh when read again, later than needed, never early), and
+// is otherwise not kept: its claim is judged by its token as before,
+// young, later than needed, never early.
 func (m *Middleware) claimAge(scope, key string, f Fence, now time.Time) time.Duration {
 	age := now.Sub(time.Unix(0, f.Token))
 	k := aheadKey{scope, key, f}
@@ -847,28 +852,25 @@ func (m *Middleware) claimAge(scope, key string, f Fence, now time.Time) time.Du
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if first, ok := a.first[k]; ok {
-		if age >= m.lockTimeout() {
-			delete(a.first, k) // stale by its token alone
-			return age
-		}
 		return max(age, now.Sub(first))
 	}
 	if age >= 0 {
 		return age
 	}
-	if len(a.first) >= maxAhead {
-		for k, first := range a.first {
-			if now.Sub(time.Unix(0, k.f.Token)) >= m.lockTimeout() || now.Sub(first) >= m.retention() {
-				delete(a.first, k)
-			}
-		}
-	}
-	if len(a.first) < maxAhead {
+	switch {
+	case len(a.order) < maxAhead:
 		if a.first == nil {
 			a.first = make(map[aheadKey]time.Time)
 		}
-		a.first[k] = seen
+		a.order = append(a.order, k)
+	case now.Sub(a.first[a.order[a.next]]) >= m.lockTimeout():
+		delete(a.first, a.order[a.next])
+		a.order[a.next] = k
+		a.next = (a.next + 1) % maxAhead
+	default:
+		return 0
 	}
+	a.first[k] = seen
 	return 0
 }
 

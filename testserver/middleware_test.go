@@ -1997,6 +1997,42 @@ func TestClaimAheadOfTheClock(t *testing.T) {
 	})
 }
 
+// TestClaimsAheadPastTheCap: once a Middleware remembers when it first read
+// testserver.MaxAhead claims ahead of its clock, a new one takes the place
+// of the oldest once that one is LockTimeout old (its claim stale for this
+// Middleware, as every claim read before it), and is taken over
+// LockTimeout after it was first read, not once this clock caught up with
+// its token.
+func TestClaimsAheadPastTheCap(t *testing.T) {
+	const lt = time.Minute
+	fp := testserver.Fingerprint(request("POST", "/", chargeBody), "", []byte(chargeBody))
+	clk := newClock()
+	store := new(testserver.MemoryStore)
+	h := &charges{}
+	mw := &testserver.Middleware{Store: store, LockTimeout: lt, Now: clk.Now}
+	read := func(key string) *httptest.ResponseRecorder {
+		return serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", key))
+	}
+	claimAhead := func(key string) {
+		if _, _, err := store.Claim(context.Background(), "", key, fp, fenceAt(clk.Now().Add(time.Hour)), clk.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range testserver.MaxAhead {
+		key := fmt.Sprint("old-", i)
+		claimAhead(key)
+		wantProblem(t, read(key), http.StatusConflict, testserver.ProblemInFlight)
+	}
+	clk.Add(lt)
+	claimAhead("new")
+	wantProblem(t, read("new"), http.StatusConflict, testserver.ProblemInFlight)
+	clk.Add(lt)
+	if w := read("new"); w.Code != http.StatusCreated || h.runs.Load() != 1 || mw.Stats().Takeovers != 1 {
+		t.Fatalf("LockTimeout after the first read of a claim an hour ahead, past %d others: %d after %d runs, %+v; want it taken over",
+			testserver.MaxAhead, w.Code, h.runs.Load(), mw.Stats())
+	}
+}
+
 // slowTakeOverSleeps's TakeOver takes d, slept.
 type slowTakeOverSleeps struct {
 	*testserver.MemoryStore
