@@ -1372,6 +1372,13 @@ func (m *Middleware) Prune(ctx context.Context) (int, error) {
 	if err := tokenTime(now); err != nil {
 		return 0, err
 	}
+	// The stores judge an entry's age by its own times, its creation and
+	// its token, read on the clock of the server that wrote them, not by
+	// the first reading claimAge keeps: an entry written on a clock ahead
+	// is kept that much past Retention, never deleted before its real age
+	// passes it, when a client's retry within its horizon would run the
+	// operation again. One written on a clock behind goes that much early,
+	// which Retention's hour past the clients' horizon is for.
 	before := now.Add(-retention)
 	total := 0
 	for range maxPruneBatches {
