@@ -75,28 +75,44 @@ func try(t *testing.T, srv *httptest.Server, method, path, body string, header .
 func TestHandlerAborts(t *testing.T) {
 	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
 		t.Run(policy.String(), func(t *testing.T) {
-			var runs atomic.Int64
-			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.WriteHeader(http.StatusCreated)
-				if runs.Add(1) == 1 {
-					io.WriteString(w, "part of the upstream's answer")
-					panic(http.ErrAbortHandler)
-				}
-				io.WriteString(w, "charged")
-			})
-			var logged syncBuffer
-			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
-			srv := httptest.NewServer(mw.Wrap(h))
-			defer srv.Close()
-			if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
+			f := newFirstFails(t, policy, func() { panic(http.ErrAbortHandler) })
+			if a := try(t, f.srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
 				t.Fatalf("first caller: %s %q, read whole; want the answer broken off", a.resp.Status, a.body)
 			}
-			wantFailureRetried(t, mw, post(t, srv, "k"), runs.Load())
-			if l := logged.String(); strings.Contains(l, "level=ERROR") || !strings.Contains(l, "aborted") {
+			wantFailureRetried(t, f.mw, post(t, f.srv, "k"), f.runs.Load())
+			if l := f.logged.String(); strings.Contains(l, "level=ERROR") || !strings.Contains(l, "aborted") {
 				t.Fatalf("log:\n%s\nwant the abort at level INFO and no error", l)
 			}
 		})
 	}
+}
+
+// firstFails is a server whose handler, behind a Middleware that logs to
+// logged, answers 201 "charged", but on its first run writes part of its
+// answer, then fails.
+type firstFails struct {
+	srv    *httptest.Server
+	mw     *testserver.Middleware
+	runs   atomic.Int64
+	logged syncBuffer
+}
+
+// newFirstFails starts a firstFails whose Middleware has policy and whose
+// handler calls fail on its first run.
+func newFirstFails(t *testing.T, policy testserver.ErrorPolicy, fail func()) *firstFails {
+	f := &firstFails{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		if f.runs.Add(1) == 1 {
+			io.WriteString(w, "part of the answer")
+			fail()
+		}
+		io.WriteString(w, "charged")
+	})
+	f.mw = &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy, Logger: slog.New(slog.NewTextHandler(&f.logged, nil))}
+	f.srv = httptest.NewServer(f.mw.Wrap(h))
+	t.Cleanup(f.srv.Close)
+	return f
 }
 
 // TestHandlerGoexit: a handler that calls runtime.Goexit (t.FailNow in a
@@ -106,27 +122,15 @@ func TestHandlerAborts(t *testing.T) {
 func TestHandlerGoexit(t *testing.T) {
 	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
 		t.Run(policy.String(), func(t *testing.T) {
-			var runs atomic.Int64
-			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.WriteHeader(http.StatusCreated)
-				if runs.Add(1) == 1 {
-					io.WriteString(w, "half")
-					runtime.Goexit()
-				}
-				io.WriteString(w, "charged")
-			})
-			var logged syncBuffer
-			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
-			srv := httptest.NewServer(mw.Wrap(h))
-			defer srv.Close()
-			a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k")
+			f := newFirstFails(t, policy, runtime.Goexit)
+			a := try(t, f.srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k")
 			if a.err != nil || a.resp.StatusCode != http.StatusInternalServerError || !strings.Contains(a.body, testserver.ProblemHandlerFailed) {
 				t.Errorf("first caller: %q, error %v; want the handler-failed 500", a.body, a.err)
 			}
-			if l := logged.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "runtime.Goexit") {
+			if l := f.logged.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "runtime.Goexit") {
 				t.Errorf("log:\n%s\nwant the Goexit at level ERROR, with its stack", l)
 			}
-			wantFailureRetried(t, mw, post(t, srv, "k"), runs.Load())
+			wantFailureRetried(t, f.mw, post(t, f.srv, "k"), f.runs.Load())
 		})
 	}
 }
