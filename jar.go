@@ -282,6 +282,11 @@ var (
 	// the operation's record has another key than the one given, or is
 	// pending: nothing was deleted.
 	ErrNotForgotten = errors.New("idem: operation not forgotten: it has another key or is pending")
+	// ErrNotAbandoned is returned by the AbandonKey method of *keyjar.Jar
+	// and *pgjar.Jar when the operation's record has another key than the
+	// one given, is neither pending nor reconcile, or is leased to another
+	// holder: nothing was changed.
+	ErrNotAbandoned = errors.New("idem: operation not abandoned: it has another key, is neither pending nor reconcile, or is leased")
 )
 
 // RecordError is returned, wrapped, by the Get, List and ByKey methods of
@@ -290,8 +295,8 @@ var (
 // written there by another program). List and ByKey return no record then,
 // as for any error. Record holds the fields that did decode (Op, Key,
 // State, the times, all but Header and Body), so that a tool can name the
-// record, read on past it (Record.Cursor as Filter.After) and forget it;
-// Err says what did not decode, and matches the jar's own error for a
+// record, read on past it (Record.Cursor as Filter.After), forget it and,
+// pending, abandon it (the jars' AbandonKey, which reads no header); Err says what did not decode, and matches the jar's own error for a
 // damaged record (keyjar.ErrCorrupt).
 type RecordError struct {
 	Record Record

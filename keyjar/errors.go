@@ -55,7 +55,7 @@ var (
 
 	// ErrReadOnly is returned by every method of a Jar opened with
 	// Options.ReadOnly that would write (Begin, Acquire, Update, Defer,
-	// Forget, ForgetKey, Prune), whatever its other arguments (an invalid
+	// Forget, ForgetKey, AbandonKey, Prune), whatever its other arguments (an invalid
 	// record or a done context included; after Close, ErrClosed), which
 	// then writes nothing, and by such an
 	// Open for a jar it could read only by writing: one in WAL mode whose

@@ -87,7 +87,7 @@
 // after a move may still be committed to the file that moved, and sent.
 // Close returns ErrMoved too when the jar file moved, once it has written
 // what the jar committed into the file it opened and emptied the -wal file
-// at the path. An abandon (an Update to StateAbandoned), synced as a key
+// at the path. An abandon (an Update to StateAbandoned, AbandonKey), synced as a key
 // creation is, is checked as one; the other writes (Acquire, Update,
 // Defer, Forget, Prune) are not, but fail with the commit they share with
 // one that is. A -shm file removed while the jar is
@@ -196,7 +196,7 @@ type Options struct {
 	// permission on all three. Get, List and ByKey read what is committed,
 	// also what another connection or process commits while the jar is
 	// open, without waiting for a write in progress; every method that
-	// writes (Begin, Acquire, Update, Defer, Forget, ForgetKey, Prune)
+	// writes (Begin, Acquire, Update, Defer, Forget, ForgetKey, AbandonKey, Prune)
 	// returns ErrReadOnly, whatever its arguments. MaxBatch is checked,
 	// and not used.
 	//

@@ -392,6 +392,67 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 	return j.forget(ctx, "forget key", op, j.stmts.forgetKey, op, key, string(idem.StatePending))
 }
 
+// AbandonKey moves op to idem.StateAbandoned, with note as its Note and now
+// as its Updated, its lease released and its next attempt cleared, only if
+// its record has key, is pending or reconcile, and its lease is free,
+// expired at now or held by holder; in one statement that reads no other
+// column, so that it abandons a record that does not decode
+// (idem.RecordError), which Acquire and Update, reading it whole, refuse.
+// The record keeps its other fields. It is for a tool (idemctl) that
+// established that the operation did not happen and is not running; holder
+// is "" but for a lease whose process is gone (idem.HolderGone). It is
+// synced before it returns, as an Update to StateAbandoned is. It returns
+// ErrInvalid for an empty note or a now that is zero or cannot be stored,
+// idem.ErrNotFound for an unknown op and idem.ErrNotAbandoned, changing
+// nothing, when the record's key, state or lease keep it.
+func (j *Jar) AbandonKey(ctx context.Context, op, key, holder, note string, now time.Time) error {
+	if err := j.writable(); err != nil {
+		return wrapf(err, "abandon key %q", op)
+	}
+	at, err := nanos("now", now)
+	if err == nil && (at == nil || note == "") {
+		err = fmt.Errorf("%w: a zero now or an empty note", ErrInvalid)
+	}
+	if err != nil {
+		return wrapf(err, "abandon key %q", op)
+	}
+	var refusal error
+	err = j.write(ctx, true, func(ctx context.Context, tx *sql.Tx) error {
+		refusal = nil
+		res, err := tx.ExecContext(ctx, abandonKeySQL, note, at, op, key, holder)
+		var n int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		if err != nil || n > 0 {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM operations WHERE op = ?", op).Scan(&n); err != nil {
+			return err
+		}
+		refusal = idem.ErrNotAbandoned
+		if n == 0 {
+			refusal = idem.ErrNotFound
+		}
+		return nil
+	})
+	if err == nil {
+		err = refusal
+	}
+	if err != nil {
+		return wrapf(err, "abandon key %q", op)
+	}
+	return nil
+}
+
+// abandonKeySQL is AbandonKey's UPDATE: ?1 note, ?2 now, ?3 op, ?4 key,
+// ?5 holder. The lease's condition is idem.Record.CanLease's.
+const abandonKeySQL = `
+	UPDATE operations SET state = 'abandoned', note = ?1, updated = ?2, next_attempt = NULL,
+		holder = '', lease_until = NULL
+	WHERE op = ?3 AND key = ?4 AND state IN ('pending', 'reconcile')
+		AND (holder = '' OR holder = ?5 OR lease_until IS NULL OR lease_until <= ?2)`
+
 // forget runs stmt, a DELETE of op's row, with args. When it deletes
 // nothing, a read in the same transaction tells why: idem.ErrNotFound
 // when op has no record, idem.ErrNotForgotten when stmt's condition kept

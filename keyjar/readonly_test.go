@@ -158,6 +158,7 @@ func TestReadOnlyRefusesWrites(t *testing.T) {
 		{"Defer", func() error { return ro.Defer("op", "", idem.Change{Now: now, State: idem.StateDone}) }},
 		{"Forget", func() error { return ro.Forget(ctx, "done") }},
 		{"ForgetKey", func() error { return ro.ForgetKey(ctx, "done", "key-done") }},
+		{"AbandonKey", func() error { return ro.AbandonKey(ctx, "op", "key-op", "", "gone", now) }},
 		{"Prune", func() error { return pruned(ro.Prune(ctx, now, 0)) }},
 		{"Prune with a limit", func() error { return pruned(ro.Prune(ctx, now, 1)) }},
 		// ErrReadOnly first, whatever the arguments, as ErrClosed after

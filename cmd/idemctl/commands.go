@@ -750,6 +750,9 @@ func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) e
 	// reason given then) included: say so, and what that reason was,
 	// rather than let this one seem recorded.
 	before, err := s.jar.Get(ctx, op)
+	if re := (*idem.RecordError)(nil); errors.As(err, &re) && re.Record.Op == op {
+		return abandonUndecodable(ctx, s, re, reason)
+	}
 	if err != nil {
 		return s.unknown(op, err)
 	}
@@ -775,6 +778,46 @@ func abandon(ctx context.Context, s *session, fs *flag.FlagSet, args []string) e
 	return nil
 }
 
+// abandonUndecodable abandons the operation of re, a record that does not
+// decode, as client.Abandon abandons one that does: pending or reconcile,
+// under the key read, and not while a live process holds its lease. The
+// jar changes its state, note, update time and lease alone (AbandonKey),
+// reading no header: its request, which does not read back, is never
+// resumed, and a new call with its name gets a new key.
+func abandonUndecodable(ctx context.Context, s *session, re *idem.RecordError, reason string) error {
+	r := re.Record
+	now := time.Now()
+	switch {
+	case r.State == idem.StateAbandoned:
+		s.alreadyAbandoned(r)
+		return nil
+	case r.State != idem.StatePending && r.State != idem.StateReconcile:
+		return fmt.Errorf("%w: not abandoned, its outcome is known", undecoded(re))
+	case !r.CanLease("", now) && !idem.HolderGone(r.Holder):
+		return fmt.Errorf("%s: held by %s until %s: not abandoned; wait for that process to finish sending it, or stop it, then abandon it again",
+			cell(r.Op, 0), cell(r.Holder, 0), stamp(r.LeaseUntil))
+	}
+	ak, ok := s.jar.(interface {
+		AbandonKey(ctx context.Context, op, key, holder, note string, now time.Time) error
+	})
+	if !ok {
+		return fmt.Errorf("this jar (%T) cannot abandon an operation whose record does not decode", s.jar)
+	}
+	holder := "" // the lease is free or expired, or its holder is gone
+	if idem.HolderGone(r.Holder) {
+		holder = r.Holder
+	}
+	err := ak.AbandonKey(ctx, r.Op, r.Key, holder, reason, now)
+	if errors.Is(err, idem.ErrNotAbandoned) {
+		return fmt.Errorf("%s changed after it was read (settled, begun again under a new key, or leased): not abandoned", cell(r.Op, 0))
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(s.stdout, "%s: abandoned; its record does not decode, and it is never resumed; a new call with this name gets a new key\n", cell(r.Op, 0))
+	return nil
+}
+
 // alreadyAbandoned says that r was abandoned before abandon recorded its
 // reason, and with which, which it keeps.
 func (s *session) alreadyAbandoned(r idem.Record) {
@@ -786,9 +829,9 @@ func (s *session) alreadyAbandoned(r idem.Record) {
 // record that does not decode (idem.RecordError).
 func undecodedAdvice(r idem.Record) string {
 	if r.State == idem.StatePending {
-		// Neither resumed (its request does not read back) nor
-		// abandoned, and forget keeps a pending operation's key.
-		return "it is pending, its outcome unknown: ask its server what happened under its key; forget refuses a pending operation"
+		// Never resumed: its request does not read back. Forget keeps a
+		// pending operation's key.
+		return "it is pending, its outcome unknown: ask its server what happened under its key; forget refuses a pending operation, abandon --reason marks it abandoned once you know it did not happen and is not running"
 	}
 	return "forget removes it"
 }
@@ -823,7 +866,7 @@ func forget(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 // under r's key.
 func forgetUndecodable(ctx context.Context, s *session, r idem.Record) error {
 	if r.State == idem.StatePending {
-		return fmt.Errorf("%s is pending, its outcome unknown, and its record does not decode: not forgotten; ask its server what happened under its key %s",
+		return fmt.Errorf("%s is pending, its outcome unknown, and its record does not decode: not forgotten; ask its server what happened under its key %s, and abandon it once you know it did not happen and is not running",
 			cell(r.Op, 0), cell(r.Key, 0))
 	}
 	kf, ok := s.jar.(client.KeyForgetter)

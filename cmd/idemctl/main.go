@@ -160,7 +160,11 @@
 // export and resume --all say on stderr which it is, with its key and
 // state, skip it and go on with the others, and exit with status 1 at the
 // end (export's JSON whole, without it). show of one says what of it
-// decodes; forget removes it, unless it is pending, under the key it has. list
+// decodes; forget removes it, unless it is pending, under the key it has;
+// abandon of one pending or reconcile marks it abandoned, under that key
+// and unless a live process holds its lease, changing its state, note and
+// lease alone: it is never resumed (its request does not read back), and
+// forget or prune removes it then. list
 // aligns the columns of each page on its own: past 1000 operations, the
 // columns of one page may be wider than those of another. resume --all
 // reads the pending operations twice: for their hosts and methods (the
@@ -267,7 +271,8 @@ commands:
                                          and with --host the scheme and host it is for (https://api.example.com):
                                          an operation that goes elsewhere is not sent, nor one whose credentials
                                          (show: "not stored") are not all given, unless --without-credentials
-  abandon OP --reason R                  record that OP did not happen and is not running
+  abandon OP --reason R                  record that OP did not happen and is not running (also one whose
+                                         record does not decode: it is never resumed)
   forget OP                              delete OP once its outcome is known
   prune --older-than D                   delete done, failed and abandoned operations not updated for D (e.g. 720h, 30d)
   export [--json]                        every operation as a JSON array; a string that is not UTF-8 has

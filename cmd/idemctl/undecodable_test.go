@@ -4,9 +4,11 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/dsn"
@@ -18,13 +20,20 @@ import (
 // not decode (idem.RecordError).
 func damageHeaders(t *testing.T, spec string, ops ...string) {
 	t.Helper()
+	alter(t, spec, "header = 'not json'", ops...)
+}
+
+// alter sets the columns of each of ops, in the jar that spec names, as
+// set says ("header = 'not json'"), in SQL that both jars read alike.
+func alter(t *testing.T, spec, set string, ops ...string) {
+	t.Helper()
 	for _, op := range ops {
 		if dsn.IsURL(spec) {
 			conn, err := pgx.Connect(t.Context(), spec)
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = conn.Exec(t.Context(), "UPDATE idem_operations SET header = 'not json' WHERE op = $1", op)
+			_, err = conn.Exec(t.Context(), "UPDATE idem_operations SET "+set+" WHERE op = $1", op)
 			conn.Close(t.Context())
 			if err != nil {
 				t.Fatal(err)
@@ -35,7 +44,7 @@ func damageHeaders(t *testing.T, spec string, ops ...string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = db.Exec("UPDATE operations SET header = 'not json' WHERE op = ?", op)
+		_, err = db.Exec("UPDATE operations SET "+set+" WHERE op = ?", op)
 		db.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -140,5 +149,48 @@ func testUndecodableRecordHidesNoOther(t *testing.T, srv *server, path string) {
 	var re *idem.RecordError
 	if _, err := jarState(t, path, "charge:p1"); !errors.As(err, &re) || re.Record.State != idem.StatePending {
 		t.Errorf("after forget, charge:p1: %v; want its record kept, pending and undecodable", err)
+	}
+}
+
+// TestAbandonUndecodable: abandon of a pending record that does not decode
+// marks it abandoned with the reason given, under its key, the record kept
+// otherwise (its header as damaged as it was), after which resume leaves it
+// and forget removes it; not while a live process holds its lease, and not
+// one whose outcome is known.
+func TestAbandonUndecodable(t *testing.T) { eachJar(t, testAbandonUndecodable) }
+
+func testAbandonUndecodable(t *testing.T, srv *server, path string) {
+	damageHeaders(t, path, "charge:p1", "charge:done")
+	const reason = "no charge in the ledger"
+	code, _, errOut := idemctl("--jar", path, "abandon", "charge:done", "--reason", reason)
+	wantError(t, code, errOut, 1, "charge:done: its record does not decode")
+	if !strings.Contains(errOut, "not abandoned, its outcome is known") {
+		t.Errorf("abandon of a done record that does not decode: %q; want it refused, its outcome known", errOut)
+	}
+
+	alter(t, path, fmt.Sprintf("holder = 'worker-7', lease_until = %d", time.Now().Add(time.Hour).UnixNano()), "charge:p1")
+	code, _, errOut = idemctl("--jar", path, "abandon", "charge:p1", "--reason", reason)
+	wantError(t, code, errOut, 1, "charge:p1: held by worker-7 until ")
+	alter(t, path, "holder = '', lease_until = NULL", "charge:p1")
+
+	code, out, errOut := idemctl("--jar", path, "abandon", "charge:p1", "--reason", reason)
+	if code != 0 || !strings.HasPrefix(out, "charge:p1: abandoned;") || errOut != "" {
+		t.Fatalf("abandon of a pending record that does not decode: exit %d, stdout %q, stderr %q; want it abandoned", code, out, errOut)
+	}
+	var re *idem.RecordError
+	if _, err := jarState(t, path, "charge:p1"); !errors.As(err, &re) || re.Record.State != idem.StateAbandoned ||
+		re.Record.Note != reason || re.Record.Key == "" || re.Record.Attempts != 1 {
+		t.Errorf("after abandon, charge:p1: %v, %+v; want it abandoned with the reason, its key and attempts kept, and its header as it was", err, re)
+	}
+	code, out, _ = idemctl("--jar", path, "abandon", "charge:p1", "--reason", "again")
+	if code != 0 || !strings.Contains(out, "already abandoned") || !strings.Contains(out, reason) {
+		t.Errorf("second abandon: exit %d, stdout %q; want it already abandoned, with the first reason", code, out)
+	}
+	code, out, _ = idemctl("--jar", path, "resume", "--all")
+	if code != 0 || !strings.HasPrefix(out, "charge:p2: 201 Created") || strings.Contains(out, "charge:p1") {
+		t.Errorf("resume --all: exit %d, stdout %q; want charge:p2 resumed alone", code, out)
+	}
+	if code, out, errOut := idemctl("--jar", path, "forget", "charge:p1"); code != 0 || out != "charge:p1: forgotten\n" {
+		t.Errorf("forget of the abandoned record: exit %d, stdout %q, stderr %q; want it forgotten", code, out, errOut)
 	}
 }

@@ -21,7 +21,7 @@ type Closer interface {
 
 // RunClosed checks a jar's Close, each case on a new, empty jar from open:
 // after Close, every method, Close, a Prune of limit 0 and, when the jar
-// has them, Defer, ForgetKey and ByKey included, returns an error matching
+// has them, Defer, ForgetKey, ByKey and AbandonKey included, returns an error matching
 // errClosed (the jar's ErrClosed), whatever its arguments (an invalid
 // record, state, time or cursor, a context done), whose message says the package's
 // prefix ("keyjar:", the one errClosed begins with) once; methods called
@@ -73,6 +73,10 @@ func afterClose(t *testing.T, j Closer, errClosed error) {
 	}
 	if bk, ok := j.(ByKeyer); ok {
 		_, errs["ByKey"] = bk.ByKey(ctx, "key-op")
+	}
+	if ak, ok := j.(AbandonKeyer); ok {
+		errs["AbandonKey"] = ak.AbandonKey(ctx, "op", "key-op", "", "gone", t0)
+		errs["AbandonKey with an empty note"] = ak.AbandonKey(ctx, "op", "key-op", "", "", t0)
 	}
 	// The package's prefix, as errClosed begins with it, is said once:
 	// a method wrapping errClosed does not repeat it.

@@ -78,6 +78,7 @@ var cases = []struct {
 	{"Forget", testForget},
 	{"ForgetKey", testForgetKey},
 	{"ForgetKeyRacingBegin", testForgetKeyRacingBegin},
+	{"AbandonKey", testAbandonKey},
 	{"Prune", testPrune},
 	{"PruneLimit", testPruneLimit},
 	{"PruneFarTimes", testPruneFarTimes},
@@ -940,6 +941,80 @@ func testForgetKey(t *testing.T, j Jar) {
 		t.Errorf("Get after a cancelled ForgetKey: %v; want the record kept", err)
 	}
 	expect(t, "untouched record", get(t, j, "keep"), record("keep"))
+}
+
+// AbandonKeyer is a Jar that abandons an operation in one statement that
+// reads no header, as *keyjar.Jar and the PostgreSQL jar do for idemctl.
+// The AbandonKey case is skipped for a jar that is not one.
+type AbandonKeyer interface {
+	// AbandonKey moves op to idem.StateAbandoned, with note as its Note
+	// and now as its Updated, its lease released and its next attempt
+	// cleared, only if its record has key, is pending or reconcile, and
+	// its lease is free, expired at now or held by holder. It returns
+	// idem.ErrNotFound when op has no record, and idem.ErrNotAbandoned,
+	// changing nothing, when its key, state or lease keep it.
+	AbandonKey(ctx context.Context, op, key, holder, note string, now time.Time) error
+}
+
+// testAbandonKey: AbandonKey abandons a pending or reconcile operation under
+// its key whose lease is free, expired or held by the holder given, and
+// changes nothing else of it; it changes nothing of any other.
+func testAbandonKey(t *testing.T, j Jar) {
+	ak, ok := j.(AbandonKeyer)
+	if !ok {
+		t.Skip("the jar has no AbandonKey method")
+	}
+	ctx := t.Context()
+	now := t0.Add(time.Hour)
+	if err := ak.AbandonKey(ctx, "unknown", "key-unknown", "", "gone", now); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("AbandonKey of an unknown op: err = %v; want ErrNotFound", err)
+	}
+	begin(t, j, record("done"))
+	done := update(t, j, "done", "", idem.Change{Now: t0, State: idem.StateDone, LastStatus: 201})
+	leased := begin(t, j, record("leased"))
+	leased, err := j.Acquire(ctx, "leased", "h1", now, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := begin(t, j, record("pending"))
+	for _, c := range []struct{ op, key, holder string }{
+		{"done", "key-done", ""},
+		{"pending", "another-key", ""},
+		{"leased", "key-leased", ""},
+		{"leased", "key-leased", "h2"},
+	} {
+		if err := ak.AbandonKey(ctx, c.op, c.key, c.holder, "gone", now); !errors.Is(err, idem.ErrNotAbandoned) {
+			t.Errorf("AbandonKey(%s, %s, holder %q): err = %v; want ErrNotAbandoned", c.op, c.key, c.holder, err)
+		}
+	}
+	if err := ak.AbandonKey(ctx, "pending", "key-pending", "", "", now); err == nil {
+		t.Error("AbandonKey with an empty note: nil error")
+	}
+	expect(t, "done record after AbandonKey", get(t, j, "done"), done)
+	expect(t, "leased record after AbandonKey", get(t, j, "leased"), leased)
+	expect(t, "pending record after AbandonKey", get(t, j, "pending"), pending)
+
+	abandoned := func(r idem.Record, at time.Time) idem.Record {
+		r.State, r.Note, r.Updated, r.NextAttempt, r.Holder, r.LeaseUntil = idem.StateAbandoned, "gone", at, time.Time{}, "", time.Time{}
+		return r
+	}
+	if err := ak.AbandonKey(ctx, "leased", "key-leased", "h1", "gone", now); err != nil {
+		t.Errorf("AbandonKey of a record leased to the holder given: %v", err)
+	}
+	expect(t, "record leased to the holder given after AbandonKey", get(t, j, "leased"), abandoned(leased, now))
+	later := now.Add(time.Minute) // the lease of h2 has just ended
+	if _, err := j.Acquire(ctx, "pending", "h2", now, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pending = update(t, j, "pending", "h2", idem.Change{Now: now, State: idem.StateReconcile, Attempts: 1,
+		LastStatus: 503, LastError: "busy", NextAttempt: later, Note: "past the horizon"})
+	if err := ak.AbandonKey(ctx, "pending", "key-pending", "", "gone", later); err != nil {
+		t.Errorf("AbandonKey of a reconcile record whose lease ended: %v", err)
+	}
+	expect(t, "reconcile record after AbandonKey", get(t, j, "pending"), abandoned(pending, later))
+	if err := ak.AbandonKey(ctx, "pending", "key-pending", "", "gone", later); !errors.Is(err, idem.ErrNotAbandoned) {
+		t.Errorf("second AbandonKey: err = %v; want ErrNotAbandoned", err)
+	}
 }
 
 // testForgetKeyRacingBegin runs ForgetKey of an abandoned operation and a

@@ -48,7 +48,7 @@ type deferred struct {
 // commits it as Begin does, what a crash of the server must not take back
 // to pending.
 //
-// Begin, Get, Acquire, Update, Forget and ForgetKey on op, and List and
+// Begin, Get, Acquire, Update, Forget, ForgetKey and AbandonKey on op, and List and
 // Prune, first wait (within their context) for the changes deferred on the
 // same Jar before they were called, so that they observe them; methods on
 // other operations do not wait. Close applies every change deferred before it.

@@ -23,7 +23,8 @@
 //     record is abandoned: two workers never create two keys for one name.
 //   - Acquire is an UPDATE that compares and sets the lease.
 //   - Update is an UPDATE fenced by the holder.
-//   - ForgetKey is a DELETE whose WHERE clause holds the key and the state.
+//   - ForgetKey is a DELETE whose WHERE clause holds the key and the state,
+//     and AbandonKey an UPDATE whose WHERE clause holds them and the lease.
 //
 // The statements run under READ COMMITTED isolation, which Open sets on the
 // jar's connections whatever the database's, the role's or the DSN's
@@ -394,7 +395,7 @@ type Options struct {
 }
 
 // Jar is an idem.Jar and an idem.Deferrer in a PostgreSQL database, with
-// the operator methods List, Forget, ForgetKey and Prune. It is safe for
+// the operator methods List, Forget, ForgetKey, AbandonKey and Prune. It is safe for
 // concurrent use, and many processes may share the database. Close it to
 // apply the changes deferred last (see Defer).
 type Jar struct {
@@ -1220,6 +1221,81 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 	}
 	return fmt.Errorf("pgjar: forget key %q: the record changed under %d attempts", op, raceAttempts)
 }
+
+// AbandonKey moves op to idem.StateAbandoned, with note as its Note and now
+// as its Updated, its lease released and its next attempt cleared, only if
+// its record has key, is pending or reconcile, and its lease is free,
+// expired at now or held by holder; in one UPDATE that reads no other
+// column, so that it abandons a record that does not decode
+// (idem.RecordError), which Acquire and Update, reading it whole, refuse.
+// The record keeps its other fields. It is for a tool (idemctl) that
+// established that the operation did not happen and is not running; holder
+// is "" but for a lease whose process is gone (idem.HolderGone). It
+// commits as Begin commits a key. It returns ErrInvalid for an empty note,
+// one that text cannot hold, or a now that is zero or cannot be stored,
+// idem.ErrNotFound for an unknown op and idem.ErrNotAbandoned, changing
+// nothing, when the record's key, state or lease keep it. Like ForgetKey,
+// it first waits for the changes deferred on op, and reports op abandoned
+// when it finds it so, with note and now, after an UPDATE whose answer was
+// lost.
+func (j *Jar) AbandonKey(ctx context.Context, op, key, holder, note string, now time.Time) error {
+	if j.closed.Load() {
+		return wrapf(ErrClosed, "abandon key %q", op)
+	}
+	at, err := nanos("now", now)
+	if err == nil && (at == nil || note == "") {
+		err = fmt.Errorf("%w: a zero now or an empty note", ErrInvalid)
+	}
+	if err == nil {
+		err = storable("note", note)
+	}
+	if err != nil {
+		return wrapf(err, "abandon key %q", op)
+	}
+	if storable("op", op, "key", key, "holder", holder) != nil {
+		// Begin refuses such a name and key, and Acquire such a holder.
+		return wrapf(idem.ErrNotAbandoned, "abandon key %q", op)
+	}
+	if err := j.settle(ctx, op); err != nil {
+		return wrapf(err, "abandon key %q", op)
+	}
+	until := j.retryUntil()
+	n, lost, err := j.exec(ctx, until, true, j.sql.abandonKey, op, key, holder, note, *at)
+	if err == nil && n == 0 {
+		// A second statement tells why nothing changed, reading no header.
+		var (
+			gotKey, state, gotNote string
+			updated                *int64
+		)
+		_, err = j.run(ctx, until, true, func(ctx context.Context, conn *pgxpool.Conn) error {
+			return conn.QueryRow(ctx, j.sql.abandonedKey, op).Scan(&gotKey, &state, &gotNote, &updated)
+		})
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			err = idem.ErrNotFound
+		case err != nil:
+		case lost != nil && gotKey == key && state == string(idem.StateAbandoned) && gotNote == note && updated != nil && *updated == *at:
+			// The UPDATE whose answer was lost abandoned it.
+		default:
+			err = idem.ErrNotAbandoned
+		}
+	}
+	if err != nil {
+		return wrapf(err, "abandon key %q", op)
+	}
+	return nil
+}
+
+// abandonKeySQL is AbandonKey's UPDATE: $1 op, $2 key, $3 holder, $4 note,
+// $5 now. The lease's condition is idem.Record.CanLease's. abandonedKeySQL
+// reads what tells why it changed nothing.
+const (
+	abandonKeySQL = `UPDATE {schema}.idem_operations SET state = 'abandoned', note = $4, updated = $5,
+		next_attempt = NULL, holder = '', lease_until = NULL
+	WHERE op = $1 AND key = $2 AND state IN ('pending', 'reconcile')
+		AND (holder = '' OR holder = $3 OR lease_until IS NULL OR lease_until <= $5)`
+	abandonedKeySQL = `SELECT key, state, note, updated FROM {schema}.idem_operations WHERE op = $1`
+)
 
 // forgetKeySQL deletes one record of a key that is not pending.
 const forgetKeySQL = `DELETE FROM {schema}.idem_operations WHERE op = $1 AND key = $2 AND state <> 'pending'`

@@ -118,8 +118,8 @@ func schemaError(verb string, err error) error {
 // which may be another schema's, or a temporary table of the same name.
 // They are built once per jar.
 type statements struct {
-	get, begin, acquire, update, updateRecord, list, listAfter, listAfterZero, byKey, forget, forgetKey, due, prune string
-	listState, listStateAfter, listStateAfterZero                                                                   string // List with a State
+	get, begin, acquire, update, updateRecord, list, listAfter, listAfterZero, byKey, forget, forgetKey, abandonKey, abandonedKey, due, prune string
+	listState, listStateAfter, listStateAfterZero                                                                                             string // List with a State
 }
 
 // newStatements returns the statements on the jar in schema name.
@@ -140,6 +140,8 @@ func newStatements(name string) statements {
 		byKey:              q(byKeySQL),
 		forget:             q(forgetSQL),
 		forgetKey:          q(forgetKeySQL),
+		abandonKey:         q(abandonKeySQL),
+		abandonedKey:       q(abandonedKeySQL),
 		due:                q(dueSQL),
 		prune:              q(pruneSQL),
 	}
