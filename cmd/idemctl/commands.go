@@ -545,12 +545,12 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	// resumed too. --all reads them in pages, twice: for their methods and
 	// hosts, then to resume them, up to the last one the first walk read.
 	var (
-		methods   []string
-		hosts     = map[string]bool{}
-		last      idem.Cursor // --all: the last operation the first walk read
-		total     int
-		undecoded int         // --all: pending records that do not decode, which the first walk said
-		one       idem.Record // not --all: the operation
+		methods []string
+		hosts   = map[string]bool{}
+		last    idem.Cursor // --all: the last operation the first walk read
+		total   int
+		bad     int         // --all: pending records that do not decode, which the first walk said
+		one     idem.Record // not --all: the operation
 	)
 	note := func(r idem.Record) {
 		hosts[opHost(r)] = true
@@ -566,7 +566,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				note(r)
 			}
 			return nil
-		}, s.undecodable(&undecoded))
+		}, s.undecodable(&bad))
 		if err != nil {
 			return err
 		}
@@ -578,7 +578,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				return &cliflag.UsageError{Err: &hostError{Host: host, Hosts: slices.Sorted(maps.Keys(hosts))}}
 			}
 		}
-		if total == 0 && undecoded > 0 {
+		if total == 0 && bad > 0 {
 			return errFailed
 		}
 		if total == 0 {
@@ -587,6 +587,10 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		}
 	} else {
 		r, err := s.jar.Get(ctx, args[0])
+		if re := (*idem.RecordError)(nil); errors.As(err, &re) && re.Record.Op == args[0] {
+			// One record damaged, not the jar: said as show says it.
+			return fmt.Errorf("%w; not resumed: its request does not read back", undecoded(re))
+		}
 		if err != nil {
 			return s.unknown(args[0], err)
 		}
@@ -701,7 +705,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	if err != nil && !errors.Is(err, errWalked) {
 		return err
 	}
-	if failed > 0 || undecoded > 0 {
+	if failed > 0 || bad > 0 {
 		return errFailed
 	}
 	return nil

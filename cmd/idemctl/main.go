@@ -160,7 +160,7 @@
 // export and resume --all say on stderr which it is, with its key and
 // state, skip it and go on with the others, and exit with status 1 at the
 // end (export's JSON whole, without it). show of one says what of it
-// decodes; forget removes it, unless it is pending, under the key it has;
+// decodes, and so does resume of one by name, which sends nothing; forget removes it, unless it is pending, under the key it has;
 // abandon of one pending or reconcile marks it abandoned, under that key
 // and unless a live process holds its lease, changing its state, note and
 // lease alone: it is never resumed (its request does not read back), and

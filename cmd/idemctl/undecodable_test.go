@@ -137,6 +137,13 @@ func testUndecodableRecordHidesNoOther(t *testing.T, srv *server, path string) {
 		t.Errorf("resume --all: exit %d, stdout %q, stderr %q; want exit 1, charge:p2 resumed and charge:p1 skipped", code, out, errOut)
 	}
 
+	// By name: the record's problem, as show says it, not the jar's.
+	code, _, errOut = idemctl("--jar", path, "resume", "charge:p1")
+	wantError(t, code, errOut, 1, "charge:p1: its record does not decode")
+	if !strings.Contains(errOut, "not resumed") || !strings.Contains(errOut, "pending") || strings.Contains(errOut, path+" is not a key jar") {
+		t.Errorf("resume of a record that does not decode: %q; want it named, pending and not resumed, not the jar said damaged", errOut)
+	}
+
 	code, out, errOut = idemctl("--jar", path, "forget", "charge:failed")
 	if code != 0 || out != "charge:failed: forgotten\n" {
 		t.Errorf("forget of a record that does not decode: exit %d, stdout %q, stderr %q; want it forgotten", code, out, errOut)
