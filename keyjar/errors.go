@@ -59,15 +59,16 @@ var (
 	// record or a done context included; after Close, ErrClosed), which
 	// then writes nothing, and by such an
 	// Open for a jar it could read only by writing: one in WAL mode whose
-	// -wal or -shm file is missing, which SQLite would create, and one of
-	// an older schema version, which an Open without ReadOnly would
-	// upgrade (ErrOldVersion, which matches ErrReadOnly too).
+	// -wal or -shm file is missing, which SQLite would create (as would
+	// an Open without ReadOnly, which upgrades a jar of an older schema
+	// version: ErrOldVersion then, which matches ErrReadOnly too).
 	ErrReadOnly = errors.New("keyjar: jar is read-only")
 
 	// ErrOldVersion is returned by Open with Options.ReadOnly for a jar of
 	// an older schema version (1, before the index List with a State
-	// reads), which only an Open without ReadOnly upgrades, a write. It
-	// matches ErrReadOnly too (errors.Is), as it did before it was told
+	// reads) whose -wal or -shm file is missing: an Open without ReadOnly
+	// would create them and upgrade it, a write (with them, Open reads the
+	// jar as it is). It matches ErrReadOnly too (errors.Is), as it did before it was told
 	// apart, and is wrapped with the jar's version.
 	ErrOldVersion error = oldVersion{}
 

@@ -117,9 +117,12 @@
 // commits, as the others do, and its methods that write return
 // ErrReadOnly. SQLite reads a WAL-mode file without writing only when the
 // -wal and -shm files exist: Close keeps them, and a read-only Open
-// refuses a jar without them with ErrReadOnly. It refuses a jar of an
-// older schema version, which only a write upgrades, with ErrOldVersion,
-// which matches ErrReadOnly too.
+// refuses a jar without them with ErrReadOnly. It reads a jar of an older
+// schema version (1) as it is, without the index that only a write adds:
+// List with a State reads it from another index, or the whole table.
+// Without its -wal and -shm files, such a jar is ErrOldVersion, which
+// matches ErrReadOnly too: the Open for writing that would create them
+// would upgrade it.
 //
 // Several processes may open the same file: Begin is an atomic get-or-create
 // across all of them (one INSERT … ON CONFLICT DO UPDATE … WHERE state =
@@ -207,10 +210,12 @@ type Options struct {
 	// missing only after a program removed them (another SQLite program,
 	// or this package before it kept them): opening the jar once without
 	// ReadOnly brings them back. A jar of an older schema version (1,
-	// before the index List with a State reads) needs an upgrade, a
-	// write: Open refuses it with ErrOldVersion (which matches ErrReadOnly
-	// too), saying its version, whether its -wal and -shm files are there
-	// or not, and an Open without ReadOnly upgrades it. A version below 1 is ErrCorrupt.
+	// before the index List with a State reads) is read as it is, not
+	// upgraded (a write): its queries need no index, and List with a
+	// State reads another. Without its -wal and -shm files, Open refuses
+	// it with ErrOldVersion (which matches ErrReadOnly too), saying its
+	// version: an Open without ReadOnly, which creates them, upgrades it.
+	// A version below 1 is ErrCorrupt.
 	ReadOnly bool
 
 	// Logger receives one record (Warn) for each change taken by Defer
@@ -654,9 +659,8 @@ func openReadOnly(abs string, o Options, h hooks) (_ *Jar, err error) {
 	if version == 0 {
 		return nil, errEmpty(abs)
 	}
-	if version < schemaVersion {
-		return nil, wrapf(older(version), "open %s", abs)
-	}
+	// A jar of an older version is read as it is: Get, List and ByKey
+	// need none of the indexes an upgrade adds.
 	return j, nil
 }
 

@@ -743,28 +743,40 @@ func TestMigrateFromVersion1(t *testing.T) {
 }
 
 // TestReadOnlyVersion1: a read-only Open of a jar of schema version 1,
-// which would need a migration, a write, refuses it with ErrOldVersion
-// (ErrReadOnly too), saying which version and what to do, and leaves it as
-// it was; once a writable Open has migrated it, a read-only one reads it.
+// whose upgrade would be a write, reads it as it is, without the index on
+// (state, created, op): Get, List (with a State too, and in pages) and
+// ByKey find what a jar of the current version holds, and the jar stays
+// as it was, at version 1.
 func TestReadOnlyVersion1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.db")
 	jarV1(true)(t, path) // its -wal and -shm files kept, as a program that has it open keeps them
 	before := untouched(t, path)
-	_, err := keyjar.Open(t.Context(), path, readOnly)
-	if !errors.Is(err, keyjar.ErrOldVersion) || !errors.Is(err, keyjar.ErrReadOnly) ||
-		!strings.Contains(err.Error(), "schema version 1") || !strings.Contains(err.Error(), "without ReadOnly") {
-		t.Fatalf("read-only Open of a version 1 jar: %v; want ErrOldVersion and ErrReadOnly naming version 1 and what to do", err)
+	ro := openPath(t, path, readOnly)
+	ctx := t.Context()
+	if got, err := ro.List(ctx, idem.Filter{State: idem.StatePending}); err != nil || !slices.Equal(opsOf(got), v1Pending) {
+		t.Errorf("read-only List(pending) of a version 1 jar = %v, %v; want %v", opsOf(got), err, v1Pending)
 	}
-	prefixOnce(t, "Open", err)
-	if after := untouched(t, path); !maps.Equal(after, before) {
-		t.Errorf("the read-only Open changed the jar's directory or files")
+	page, err := ro.List(ctx, idem.Filter{State: idem.StatePending, After: idem.Cursor{Op: "op-000"}, Limit: 1})
+	if want := v1Pending[1:2]; err != nil || !slices.Equal(opsOf(page), want) {
+		t.Errorf("read-only List(pending) after op-000 = %v, %v; want %v", opsOf(page), err, want)
 	}
-	if err := openPath(t, path, nil).Close(); err != nil {
+	if all, err := ro.List(ctx, idem.Filter{}); err != nil || len(all) != 300 {
+		t.Errorf("read-only List() = %d records, %v; want 300", len(all), err)
+	}
+	if r, err := ro.Get(ctx, "op-100"); err != nil || r.State != idem.StatePending || string(r.Body) != `{"n":100}` {
+		t.Errorf("read-only Get(op-100) = %+v, %v; want the stored request, pending", r, err)
+	}
+	if found, err := ro.ByKey(ctx, "key-7"); err != nil || !slices.Equal(opsOf(found), []string{"op-007"}) {
+		t.Errorf("read-only ByKey(key-7) = %v, %v; want op-007", opsOf(found), err)
+	}
+	if err := ro.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ro := openPath(t, path, readOnly)
-	if got, err := ro.List(t.Context(), idem.Filter{State: idem.StatePending}); err != nil || !slices.Equal(opsOf(got), v1Pending) {
-		t.Errorf("read-only List(pending) after the migration = %v, %v; want %v", opsOf(got), err, v1Pending)
+	if after := untouched(t, path); !maps.Equal(after, before) {
+		t.Errorf("the read-only jar changed the jar's directory or files")
+	}
+	if _, schema := dump(t, path); !slices.Contains(schema, "user_version: 1") {
+		t.Errorf("schema after the read-only jar: %q; want user_version 1", schema)
 	}
 }
 

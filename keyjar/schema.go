@@ -105,15 +105,17 @@ func checkIDs(app, version int32, about string) error {
 		return fmt.Errorf("%w: unknown schema version %d (version 1 is the first)", ErrCorrupt, version)
 	}
 	// An older version is upgraded by a writable Open (migrate); a
-	// read-only one refuses it (see older).
+	// read-only one reads it as it is, unless it lacks its -wal and -shm
+	// files (see older).
 	return nil
 }
 
-// older returns, for a read-only Open of a jar of an older schema version,
-// ErrOldVersion (which is ErrReadOnly too): the upgrade writes, which a
-// read-only Open does not.
+// older returns, for a read-only Open of a jar of an older schema version
+// whose -wal or -shm file is missing, ErrOldVersion (which is ErrReadOnly
+// too): the Open without ReadOnly that creates them upgrades the jar, a
+// write the read-only Open does not make.
 func older(version int) error {
-	return fmt.Errorf("%w: the jar has schema version %d, which this package upgrades to %d, a write; open it once without ReadOnly to upgrade it",
+	return fmt.Errorf("%w: the jar has schema version %d and its -wal or -shm file is missing: an Open without ReadOnly creates them and upgrades the jar to %d; open it once without ReadOnly to upgrade it",
 		ErrOldVersion, version, schemaVersion)
 }
 

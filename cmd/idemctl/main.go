@@ -129,11 +129,13 @@
 // none to their directory. (A jar last closed by a version of keyjar that
 // removed its -wal and -shm files is opened for writing once, which
 // creates them, when the user may; when the user may not, the command
-// says so.) They refuse a jar of an older schema version, and write
-// nothing: keyjar upgrades it when it opens it for writing, after which a
-// program built with the earlier version of idem, which may be running on
-// it, refuses it (keyjar.ErrVersion); read it with the idemctl of that
-// version. resume, abandon, forget and prune upgrade it. The
+// says so.) They read a jar of an older schema version as it is, and
+// never upgrade it: keyjar upgrades it when it opens it for writing, after
+// which a program built with the earlier version of idem, which may be
+// running on it, refuses it (keyjar.ErrVersion). So they refuse one whose
+// -wal and -shm files are missing, which only that open creates, and
+// write nothing: read it with the idemctl of that version. resume,
+// abandon, forget and prune upgrade it. The
 // other commands open it as its
 // program does, for writing: they need write access to the three files
 // and the directory. A jar on a read-only file system (EROFS), which no
@@ -469,8 +471,8 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 		// writing, as every command did before, which creates them, when
 		// this user may; when it may not, the read-only open's error says
 		// why, and any other failure (a damaged file) is the open's. A
-		// jar of an older schema version (keyjar.ErrOldVersion, with or
-		// without the files) is not: an open for writing would upgrade
+		// jar of an older schema version without the files
+		// (keyjar.ErrOldVersion) is not: an open for writing would upgrade
 		// it, after which a program built with the earlier version of
 		// idem, which may be running on it, refuses it.
 		jw, werr := openKeyjar(ctx, spec, &keyjar.Options{BusyTimeout: lockTimeout, MustExist: true})
@@ -613,7 +615,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 	case isStatementTimeout(err), isJarDeadline(err):
 		return statementTimeout(path, lockTimeout)
 	case errors.Is(err, keyjar.ErrOldVersion): // before ErrReadOnly, which it matches too
-		return fmt.Errorf("%s: the jar has an older schema version, which list, show and export do not upgrade, nothing written: keyjar upgrades it when it opens the jar for writing, after which the program built with the earlier version of idem that uses it refuses it. Read it with the idemctl of that version; once every program that uses the jar runs this version, the first to open it upgrades it (and so do resume, abandon, forget and prune)", path)
+		return fmt.Errorf("%s: the jar has an older schema version and its -wal and -shm files are missing: list, show and export read such a jar only by opening it for writing, which creates them and upgrades it, after which the program built with the earlier version of idem that uses it refuses it; nothing written. Read it with the idemctl of that version, or while its program has it open (which keeps the files); once every program that uses the jar runs this version, the first to open it upgrades it (and so do resume, abandon, forget and prune)", path)
 	case errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
 	case errors.Is(err, syscall.EROFS): // before fs.ErrPermission, which keyjar makes it match too
