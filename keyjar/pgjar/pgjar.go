@@ -139,7 +139,9 @@
 // record as its change left it, and returns it.
 //
 // Get, List and ByKey, which only read, run their statements again in the
-// same way, and so do Forget and ForgetKey. A DELETE sent again after a
+// same way, and so do Forget, ForgetKey and AbandonKey, whose UPDATE sent
+// again after a lost answer finds the record as the lost one left it and
+// reports it abandoned. A DELETE sent again after a
 // lost answer finds nothing when the lost one deleted the record: the call
 // then reports the record deleted, as it is, and since it cannot tell that
 // from a record that was never there, it reports idem.ErrNotFound only

@@ -641,6 +641,26 @@ func TestUpdateAnswerLost(t *testing.T) {
 	}
 }
 
+// TestAbandonKeyAnswerLost loses the answer to AbandonKey's UPDATE, which
+// committed: sent again, it finds the record abandoned as the lost one left
+// it, and reports it abandoned, not ErrNotAbandoned.
+func TestAbandonKeyAnswerLost(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	if _, _, err := j.Begin(ctx, record("abandoned")); err != nil {
+		t.Fatal(err)
+	}
+	answerLost(t, relay, "UPDATE", func() {
+		if err := j.AbandonKey(ctx, "abandoned", "key-abandoned", "", "did not happen", t0.Add(time.Hour)); err != nil {
+			t.Errorf("AbandonKey whose answer was lost: %v", err)
+		}
+	})
+	if rec, err := j.Get(ctx, "abandoned"); err != nil || rec.State != idem.StateAbandoned || rec.Note != "did not happen" {
+		t.Errorf("after AbandonKey: %s, note %q, %v; want abandoned, did not happen", rec.State, rec.Note, err)
+	}
+}
+
 // TestDeleteAnswerLost loses the answer to a DELETE that committed.
 // Forget and ForgetKey run it again, which finds nothing, and report the
 // record forgotten, as it is, not ErrNotFound. Prune without a limit runs
