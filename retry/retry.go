@@ -6,6 +6,7 @@
 // The decisions follow one table:
 //
 //	network error (dial, reset, EOF, attempt timeout)     Retry, same key
+//	answer's status line or header cut short              Retry, same key
 //	DNS resolver failure (timeout, SERVFAIL)              Retry, same key
 //	409 Conflict (key still in flight on the server)      Retry, honour Retry-After up to a cap
 //	408, 425, 429, 502, 503, 504                          Retry, honour Retry-After up to a cap
@@ -27,6 +28,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -89,8 +91,12 @@ func (d Decision) String() string {
 // io.ErrUnexpectedEOF, ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, an
 // HTTP/2 stream reset (RST_STREAM), an HTTP/2 connection lost or closed
 // under the request, a new HTTP/1.1 connection the server closed before
-// the request was written to it, and one the server ended with a GOAWAY
-// (a shutdown past its deadline, or shedding load) retry; any other error (a bad URL, a TLS certificate)
+// the request was written to it, one the server ended with a GOAWAY
+// (a shutdown past its deadline, or shedding load), and an answer whose
+// status line or header does not parse, most often cut short by the
+// connection's end once the request was written (a textproto.ProtocolError,
+// "malformed MIME header", or http.ReadResponse's "malformed HTTP
+// response", "status code" or "version") retry; any other error (a bad URL, a TLS certificate)
 // stops, and so does a TLS alert from the server (a client certificate or
 // a TLS version refused), although crypto/tls makes it a net.Error (but
 // internal_error, the alert of a server that failed for a reason of its
@@ -112,7 +118,8 @@ func (d Decision) String() string {
 // of the program's own for a 502 or 503 is retried.
 // net/http gives the lost HTTP/2 connection and the closed new
 // connection no type, only a fixed text: those errors alone are matched by
-// their whole message. The caller must check its own context first: a
+// their whole message, and a status line that does not parse by the
+// beginning of its own. The caller must check its own context first: a
 // caller's expired deadline is a net.Error too.
 func Classify(resp *http.Response, err error) Decision {
 	if err != nil {
@@ -223,6 +230,13 @@ func classifyError(err error) Decision {
 	if errors.As(err, &se) {
 		return Retry
 	}
+	var pe textproto.ProtocolError
+	if errors.As(err, &pe) {
+		// A header line of the answer that does not parse: most often
+		// one cut short by the connection's end, after the request was
+		// written.
+		return Retry
+	}
 	for _, errno := range []syscall.Errno{syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.ECONNABORTED, syscall.EPIPE} {
 		if errors.Is(err, errno) {
 			return Retry
@@ -230,7 +244,7 @@ func classifyError(err error) Decision {
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		msg := e.Error()
-		if _, ok := http2ConnErrors[msg]; ok || msg == serverClosedIdle {
+		if _, ok := http2ConnErrors[msg]; ok || msg == serverClosedIdle || badStatusLine(msg) {
 			return Retry
 		}
 		if http2GoAway(msg) {
@@ -278,6 +292,20 @@ const proxyConnect = "proxyconnect"
 // on a reused connection only: on a new one the error is returned, and
 // nothing was sent. The same close seen a moment later is an io.EOF.
 const serverClosedIdle = "http: server closed idle connection"
+
+// badStatusLine reports whether msg is the message of the error, of no
+// type, that http.ReadResponse gives for a status line that does not
+// parse: most often one cut short by the connection's end, after the
+// request was written. net/http's Transport wraps it in a broken
+// connection's error.
+func badStatusLine(msg string) bool {
+	for _, p := range []string{"malformed HTTP response ", "malformed HTTP status code ", "malformed HTTP version "} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // http2ConnErrors are the messages of the errors that net/http's HTTP/2
 // transport (and golang.org/x/net/http2's) fails a request with when its

@@ -1,6 +1,7 @@
 package retry_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -723,5 +724,52 @@ func TestReplayedAnySpelling(t *testing.T) {
 		if got := retry.Replayed(r); got != want {
 			t.Errorf("Replayed with Idempotent-Replayed %q = %v; want %v", value, got, want)
 		}
+	}
+}
+
+// TestClassifyCutResponseHead: a server (or a proxy on the way) whose
+// connection ends within the status line or the header of its answer, once
+// the request was written, may have run the request: net/http reports it
+// as a broken connection, wrapping a textproto.ProtocolError for a header
+// line cut short ("malformed MIME header"), or an error of no type for a
+// status line cut short. Each is retried under the same key, as the EOF
+// of a connection that ends before the header does.
+func TestClassifyCutResponseHead(t *testing.T) {
+	for _, head := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Le", // within a header line
+		"HTTP/1.1 200 OK\r\n",           // after a header line: io.ErrUnexpectedEOF
+		"HTTP/1.1 20",                   // within the status code
+		"HTTP/1.1",                      // before the status code
+		"HTT",                           // within the version
+	} {
+		t.Run(head, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+					client, server := net.Pipe()
+					go func() {
+						defer server.Close()
+						req, err := http.ReadRequest(bufio.NewReader(server))
+						if err != nil {
+							return
+						}
+						io.Copy(io.Discard, req.Body)
+						io.WriteString(server, head)
+					}()
+					return client, nil
+				}}
+				defer tr.CloseIdleConnections()
+				req, _ := http.NewRequest("POST", "http://api.example.test/v1/charges", strings.NewReader(`{}`))
+				resp, err := tr.RoundTrip(req)
+				if err == nil {
+					resp.Body.Close()
+					t.Fatalf("%q: got %s; want an error", head, resp.Status)
+				}
+				if got := retry.Classify(nil, err); got != retry.Retry {
+					t.Errorf("%q: Classify(%v) = %v; want retry", head, err, got)
+				} else {
+					t.Logf("%q: %v", head, err)
+				}
+			})
+		})
 	}
 }
