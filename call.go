@@ -981,7 +981,9 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 // roundTrip sends out through the base transport, holding it to the
 // RoundTripper contract, as http.Client does: a response and an error
 // together are the error (the response's body is closed), neither is an
-// error, and a nil Body is http.NoBody.
+// error, and a nil Body is http.NoBody. A response without a Request gets
+// out, as net/http's Transport sets the request it sent: package client
+// reads the key there.
 func (c *call) roundTrip(out *http.Request) (*http.Response, error) {
 	base := c.t.base()
 	resp, err := base.RoundTrip(out)
@@ -995,6 +997,9 @@ func (c *call) roundTrip(out *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("idem: %T.RoundTrip returned a nil *http.Response and a nil error", base)
 	case err == nil && resp.Body == nil:
 		resp.Body = http.NoBody
+	}
+	if err == nil && resp.Request == nil {
+		resp.Request = out
 	}
 	return resp, err
 }

@@ -158,6 +158,8 @@ func Operation(ctx context.Context) string {
 //     it had, but for a call without a name refused at its only send,
 //     which is done: no call can name it to resume it. A 101 Switching Protocols answer is final, and its Body is
 //     the upgraded connection, an io.ReadWriteCloser, as net/http gives it.
+//     A response's Request is the attempt Base sent, key included: one
+//     that Base leaves nil is set to it, as net/http's Transport sets it.
 //     A done or failed operation called again keeps its recorded outcome
 //     where a pending one would stay pending, and a done one that
 //     succeeded (2xx) keeps it whatever the final answer (see the README's

@@ -1013,3 +1013,23 @@ func TestDoneOperationCalledAgainWithoutAnAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyedAnswerWithoutRequest: a Base whose response leaves Request nil
+// (a hand-written RoundTripper, a test double) still answers a keyed
+// request: its 503 is a pending operation's, its 409 a *ConflictError,
+// with the operation's name and key, not an answer to a request sent
+// without a key.
+func TestKeyedAnswerWithoutRequest(t *testing.T) {
+	for _, code := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r.Body.Close()
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody}, nil
+		})
+		c := newClient(t, nil, &client.Options{Base: base, Policy: retry.Policy{MaxAttempts: 1}})
+		_, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+		var se *client.StatusError
+		if !errors.As(err, &se) || se.Op != "charge:o1" || se.Key == "" || !errors.Is(err, idem.ErrPending) && !errors.As(err, new(*client.ConflictError)) {
+			t.Errorf("%d: %v (%#v); want the operation's pending error, with its name and key", code, err, se)
+		}
+	}
+}
