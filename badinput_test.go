@@ -382,6 +382,17 @@ func TestBadInput(t *testing.T) {
 			return readAll(s.tr.RoundTrip(req))
 		}
 	}
+	withHeader := func(op, name, value string) func(t *testing.T, s *stack) (*http.Response, error) {
+		return func(t *testing.T, s *stack) (*http.Response, error) {
+			ctx := context.Background()
+			if op != "" {
+				ctx = idem.WithOperation(ctx, op)
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.srv.URL+"/v1/charges", strings.NewReader(`{"amount":1}`))
+			req.Header[name] = []string{value}
+			return readAll(s.tr.RoundTrip(req))
+		}
+	}
 	rows := []struct {
 		name string
 		run  func(t *testing.T, s *stack) (*http.Response, error)
@@ -427,6 +438,23 @@ func TestBadInput(t *testing.T) {
 		{name: "URL with port 0", run: toURL("http://127.0.0.1:0/v1/charges"), want: idem.ErrInvalidURL},
 		{name: "URL of a scheme misspelt", run: toURL("htp://127.0.0.1:8080/v1/charges"), want: idem.ErrInvalidURL},
 		{name: "URL of a scheme net/http does not send", run: toURL("ftp://127.0.0.1/v1/charges"), want: idem.ErrInvalidURL},
+		// What net/http's Transport refuses before it dials, each attempt
+		// alike, and a resume too: refused before anything is stored,
+		// named or not.
+		{name: "header value with a line break", run: withHeader("charge:bad-header", "X-Note", "a\r\nX-Injected: 1"), want: idem.ErrInvalidHeader},
+		{name: "header value with a NUL", run: withHeader("charge:bad-header", "X-Note", "a\x00b"), want: idem.ErrInvalidHeader},
+		{name: "header name with a space", run: withHeader("charge:bad-header", "X Note", "a"), want: idem.ErrInvalidHeader},
+		{name: "empty header name", run: withHeader("charge:bad-header", "", "a"), want: idem.ErrInvalidHeader},
+		{name: "header value with a line break, without a name", run: withHeader("", "X-Note", "a\nb"), want: idem.ErrInvalidHeader},
+		{
+			name: "trailer name with a colon",
+			run: func(t *testing.T, s *stack) (*http.Response, error) {
+				req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/v1/charges", strings.NewReader(`{"amount":1}`))
+				req.Trailer = http.Header{"X-Sum:": nil}
+				return readAll(s.tr.RoundTrip(req))
+			},
+			want: idem.ErrInvalidHeader,
+		},
 		{
 			name: "100 MB body without GetBody: refused",
 			run: func(t *testing.T, s *stack) (resp *http.Response, err error) {

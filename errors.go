@@ -54,6 +54,15 @@ var (
 	// pending in the jar, and the same call with its URL fixed would be
 	// another request (a *MismatchError).
 	ErrInvalidURL = errors.New("idem: invalid request URL")
+	// ErrInvalidHeader is returned by Transport.RoundTrip, wrapped, before
+	// anything is stored or sent, for a keyed request whose header or
+	// trailer holds a field name that is not an HTTP token, or a value
+	// with a control character other than a tab (a line break, a NUL),
+	// when Base is an *http.Transport (or nil, or one that Base wraps and
+	// returns from an Unwrap() http.RoundTripper method): net/http refuses
+	// it unsent, each attempt alike ("net/http: invalid header field
+	// value"), and a record of it would stay pending in the jar.
+	ErrInvalidHeader = errors.New("idem: invalid request header")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
 	// operation was abandoned (client.Abandon) while the call waited for
 	// another holder's lease: nothing is sent. A new call with the same
