@@ -322,6 +322,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		sent := nextBody
 		resp, err := c.send(ctx, sent)
 		nextBody = nil // the base transport closes it
+		if err != nil && c.proxyRefused(ctx, err) {
+			err = fmt.Errorf("%w: http.Transport's Proxy: %w", ErrNotSent, err)
+		}
 		if err != nil && errors.Is(err, ErrNotSent) {
 			return nil, c.notSent(ctx, err)
 		}
@@ -696,6 +699,20 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 		return nil, false
 	}
 	return c.abandonedUnsent(ctx, 0, err)
+}
+
+// proxyRefused reports whether err is the error of the Proxy function of
+// Base, net/http's Transport, which returns it as it is, before it dials:
+// the function, asked again, fails with the same text. Nothing of the
+// attempt was sent. Only a Base of net/http's own is asked: a base of
+// another kind may have sent an attempt of its own first.
+func (c *call) proxyRefused(ctx context.Context, err error) bool {
+	ht, ok := c.t.base().(*http.Transport)
+	if !ok || ht.Proxy == nil {
+		return false
+	}
+	_, perr := ht.Proxy(c.attempt(ctx, nil))
+	return perr != nil && perr.Error() == err.Error()
 }
 
 // neverConnected reports whether every attempt of the call failed to

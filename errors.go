@@ -86,7 +86,10 @@ var (
 	// ErrNotSent, is not a *PendingError: no call can name it, and a resume
 	// of every pending operation would send it. A base transport must not
 	// wrap it in an error after any byte of the request may have left:
-	// the operation would be taken for one that did not happen.
+	// the operation would be taken for one that did not happen. The
+	// Transport wraps it itself in the error of the Proxy function of a
+	// Base that is an *http.Transport, which net/http returns before it
+	// dials.
 	ErrNotSent = errors.New("idem: the base transport did not send the attempt")
 )
 

@@ -171,7 +171,9 @@ func Operation(ctx context.Context) string {
 //     is retried as retry.Classify says, unless it wraps ErrNotSent: Base
 //     says it sent nothing of the attempt (a circuit breaker, a rate
 //     limiter, credentials it could not get), which is neither counted
-//     nor retried (see ErrNotSent).
+//     nor retried (see ErrNotSent). So is the error of the Proxy function
+//     of a Base that is an *http.Transport, which net/http returns as it
+//     is, before it dials: the error then wraps ErrNotSent.
 //   - A non-nil error means there is no response. It is one of this
 //     package's typed errors (*PendingError, *ReconcileError,
 //     *MismatchError, *JarError, or ErrNilJar, ErrInvalidKey, ErrInvalidURL, ErrInvalidHeader,

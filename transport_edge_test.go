@@ -1268,6 +1268,49 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 	}
 }
 
+// TestProxyFuncErrorNotSent: net/http's Transport calls its Proxy
+// function before it dials, and returns the function's error as it is,
+// nothing sent: a malformed HTTPS_PROXY (http.ProxyFromEnvironment's
+// "invalid proxy address"), a function of the program's that refuses the
+// host. The attempt was not sent, as one Base refuses with ErrNotSent: it
+// is not retried nor counted, the operation without a name is abandoned,
+// and a named one stays pending for a later call.
+func TestProxyFuncErrorNotSent(t *testing.T) {
+	errProxy := errors.New("no proxy for pay.example")
+	for _, c := range []struct {
+		op    string
+		state idem.State
+	}{{"", idem.StateAbandoned}, {"charge:1", idem.StatePending}} {
+		t.Run("op="+c.op, func(t *testing.T) {
+			var dials atomic.Int32
+			base := &http.Transport{
+				Proxy: func(*http.Request) (*url.URL, error) { return nil, errProxy },
+				DialContext: func(context.Context, string, string) (net.Conn, error) {
+					dials.Add(1)
+					return nil, errors.New("dialled")
+				},
+			}
+			jar := &idem.MemoryJar{}
+			tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 3, InitialInterval: time.Nanosecond}}
+			ctx := context.Background()
+			if c.op != "" {
+				ctx = idem.WithOperation(ctx, c.op)
+			}
+			req, _ := http.NewRequestWithContext(ctx, "POST", "http://pay.example/charges", strings.NewReader(`{}`))
+			_, err := tr.RoundTrip(req)
+			if !errors.Is(err, errProxy) || !errors.Is(err, idem.ErrNotSent) || errors.As(err, new(*idem.PendingError)) != (c.state == idem.StatePending) {
+				t.Errorf("RoundTrip: %v; want the Proxy's error, not sent, a *PendingError only when named", err)
+			}
+			if r := onlyRecord(t, jar); r.State != c.state || r.Attempts != 0 || r.Holder != "" {
+				t.Errorf("record: %s, %d attempts, holder %q; want %s, no attempt, no holder", r.State, r.Attempts, r.Holder, c.state)
+			}
+			if dials.Load() != 0 {
+				t.Errorf("%d dials; want none", dials.Load())
+			}
+		})
+	}
+}
+
 // socksUnreachable returns a transport through a SOCKS5 proxy that
 // answers every CONNECT with "host unreachable": net/http reports it in a
 // *net.OpError "socks connect", before it writes anything of the request.
