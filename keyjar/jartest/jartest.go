@@ -971,7 +971,7 @@ func testAbandonKey(t *testing.T, j Jar) {
 	}
 	begin(t, j, record("done"))
 	done := update(t, j, "done", "", idem.Change{Now: t0, State: idem.StateDone, LastStatus: 201})
-	leased := begin(t, j, record("leased"))
+	begin(t, j, record("leased"))
 	leased, err := j.Acquire(ctx, "leased", "h1", now, time.Minute)
 	if err != nil {
 		t.Fatal(err)
