@@ -357,3 +357,31 @@ func PoolerMixUp(t *testing.T, dsn string, open func(dsn string) (*pgxpool.Pool,
 		})
 	}
 }
+
+// AwaitLockWait returns once a statement of dsn's database that begins
+// with prefix has waited for a lock for longer than d (pg_stat_activity),
+// polling over a connection of its own. It fails t if opened, the result
+// of the call expected to wait, yields first, or after 100 000 polls
+// (each a round trip: seconds, not forever).
+func AwaitLockWait(t testing.TB, dsn, prefix string, d time.Duration, opened <-chan error) {
+	t.Helper()
+	watcher := Connect(t, dsn)
+	const polls = 100_000
+	for range polls {
+		select {
+		case err := <-opened:
+			t.Fatalf("returned while another session held the lock: %v", err)
+		default:
+		}
+		var n int
+		if err := watcher.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND starts_with(query, $1)
+			AND clock_timestamp() - query_start > $2`, prefix, d).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+	}
+	t.Fatalf("after %d polls, no statement %q… has waited %v for a lock", polls, prefix, d)
+}

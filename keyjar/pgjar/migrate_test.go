@@ -227,27 +227,7 @@ func TestMigrationOutlastsQueryTimeout(t *testing.T) {
 		}
 		opened <- err
 	}()
-	watcher := pgtest.Connect(t, dsn)
-	const polls = 100_000 // each a round trip: seconds, not forever
-	for i := 0; ; i++ {
-		select {
-		case err := <-opened:
-			t.Fatalf("Open returned while another session locked the table: %v", err)
-		default:
-		}
-		if i == polls {
-			t.Fatalf("after %d polls, no CREATE INDEX has waited %v for the lock", polls, 2*queryTimeout)
-		}
-		var n int
-		if err := watcher.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE 'CREATE INDEX%'
-			AND clock_timestamp() - query_start > $1`, 2*queryTimeout).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-	}
+	pgtest.AwaitLockWait(t, dsn, "CREATE INDEX", 2*queryTimeout, opened)
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

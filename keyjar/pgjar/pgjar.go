@@ -544,21 +544,10 @@ func withDefaults(opts *Options) (Options, error) {
 	if opts != nil {
 		o = *opts
 	}
-	l, err := pgmigrate.Limits{QueryTimeout: o.QueryTimeout, PruneBatch: o.PruneBatch}.WithDefaults(
-		pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch}, ErrOptions)
-	o.QueryTimeout, o.PruneBatch = l.QueryTimeout, l.PruneBatch
-	if err != nil {
-		return o, err
-	}
-	switch {
-	case o.MigrationTimeout < 0:
-		return o, fmt.Errorf("%w: MigrationTimeout %v is negative", ErrOptions, o.MigrationTimeout)
-	case o.MigrationTimeout > pgmigrate.MaxQueryTimeout:
-		return o, fmt.Errorf("%w: MigrationTimeout %v is above %v", ErrOptions, o.MigrationTimeout, pgmigrate.MaxQueryTimeout)
-	case o.MigrationTimeout == 0:
-		o.MigrationTimeout = max(DefaultMigrationTimeout, o.QueryTimeout)
-	}
-	return o, nil
+	l, err := pgmigrate.Limits{QueryTimeout: o.QueryTimeout, PruneBatch: o.PruneBatch, MigrationTimeout: o.MigrationTimeout}.WithDefaults(
+		pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch, MigrationTimeout: DefaultMigrationTimeout}, ErrOptions)
+	o.QueryTimeout, o.PruneBatch, o.MigrationTimeout = l.QueryTimeout, l.PruneBatch, l.MigrationTimeout
+	return o, err
 }
 
 // start returns a Jar on pool, whose Update commits with updateCommit and

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -109,6 +108,20 @@ var (
 	// current_schema() holds the store and the role may not use it: GRANT
 	// USAGE on it.
 	ErrPrivilege = errors.New("pgstore: this role may not create or write the store's tables")
+
+	// ErrMigrationTimeout is returned by Open and New when the upgrade of
+	// a database of an older schema version, or the wait for another
+	// process's, ran out of Options.MigrationTimeout (or the caller's
+	// context ended first): the server canceled the statement (SQLSTATE
+	// 57014), or the store stopped waiting for its answer. What was being
+	// done (which version, which statement), the schema and the version
+	// the database is at follow it, then what to do and the error, which
+	// errors.As finds as a *pgconn.PgError or errors.Is as
+	// context.DeadlineExceeded. The migration's transaction rolled back:
+	// nothing was lost, and the store's table is as it was. Open it again
+	// once the lock that kept it waiting is gone, or with a longer
+	// MigrationTimeout for a large table.
+	ErrMigrationTimeout = errors.New("pgstore: the store's migration ran out of time")
 )
 
 // schema is pgstore's tables, recorded in idempotency_keys_schema.
@@ -122,19 +135,20 @@ var schema = pgmigrate.Schema{
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
 	Writes:     "idempotency_keys",
+	Timeout:    ErrMigrationTimeout,
 }
 
-// migrate brings the schema to len(migrations) (see pgmigrate), and
-// returns the name of the schema that holds the store.
-func migrate(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*timeout)
-	defer cancel()
-	name, err := schema.Migrate(ctx, pool, pgmigrate.Timeouts{})
+// migrate brings the schema to len(migrations) (see pgmigrate), each
+// statement that reads it within o.QueryTimeout and the migration (the wait
+// for another's, each migration's statement) within o.MigrationTimeout,
+// and returns the name of the schema that holds the store.
+func migrate(ctx context.Context, pool *pgxpool.Pool, o Options) (string, error) {
+	name, err := schema.Migrate(ctx, pool, pgmigrate.Timeouts{Query: o.QueryTimeout, Migration: o.MigrationTimeout})
 	if c := pgmigrate.Unreachable(err); c != nil {
 		return "", fmt.Errorf("pgstore: %w", c)
 	}
 	if err != nil && !errors.Is(err, ErrSchemaTooNew) && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrNoSchema) &&
-		!errors.Is(err, ErrPrivilege) {
+		!errors.Is(err, ErrPrivilege) && !errors.Is(err, ErrMigrationTimeout) {
 		return "", fmt.Errorf("pgstore: migrate: %w", pgmigrate.CacheHint(err))
 	}
 	return name, err

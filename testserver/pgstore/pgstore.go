@@ -63,8 +63,10 @@
 // a database at version 1 as any migration, under the lock, in one
 // transaction. It rebuilds the primary key's index, the table locked
 // against every statement of the store while it runs, and must finish
-// within Options.QueryTimeout (Open's statement_timeout): for a large
-// table, open the store once with a QueryTimeout long enough. It needs
+// within Options.MigrationTimeout (10 minutes by default, its
+// statement_timeout); one that runs out of it is ErrMigrationTimeout, its
+// transaction rolled back and the database at version 1: open the store
+// again with a longer MigrationTimeout for a large table. It needs
 // the table's owner (another role gets ErrPrivilege, and the database
 // stays at version 1), and it fails with the server's unique_violation
 // (a *pgconn.PgError, SQLSTATE 23505), changing nothing, if the old index
@@ -143,8 +145,9 @@ import (
 
 // Defaults for the zero fields of Options.
 const (
-	DefaultQueryTimeout = 5 * time.Second
-	DefaultPruneBatch   = 1000
+	DefaultQueryTimeout     = 5 * time.Second
+	DefaultPruneBatch       = 1000
+	DefaultMigrationTimeout = 10 * time.Minute
 )
 
 // MaxQueryTimeout is the longest Options.QueryTimeout: 2^31-1 ms (about
@@ -184,6 +187,19 @@ type Options struct {
 	// as many as its limit needs, so no statement holds many row locks or
 	// runs for long. Zero means DefaultPruneBatch; never negative.
 	PruneBatch int
+
+	// MigrationTimeout bounds the upgrade that Open and New run on a
+	// database of an older schema version, and their wait for another
+	// process's: it is the server's statement_timeout in the migration's
+	// transaction, whatever QueryTimeout and the DSN's, and the store
+	// waits at most twice as long for each of its statements. Version 2
+	// rebuilds the table's primary key, which a large table makes take
+	// longer than QueryTimeout; the other statements of Open keep
+	// QueryTimeout. A migration that runs out of it is
+	// ErrMigrationTimeout, and leaves the database as it was. Zero means
+	// DefaultMigrationTimeout, or QueryTimeout when that is longer; at
+	// most MaxQueryTimeout; never negative.
+	MigrationTimeout time.Duration
 }
 
 // Store is a testserver.Store on a PostgreSQL database. It is safe for
@@ -211,9 +227,9 @@ var (
 	ErrPool = errors.New("pgstore: the pool's connections do not suit the store")
 
 	// ErrOptions is returned by Open and New for an Options field out of
-	// range: a negative QueryTimeout or PruneBatch, or a QueryTimeout above
-	// MaxQueryTimeout. It is wrapped with the field and its value. Nothing
-	// is connected to or created.
+	// range: a negative QueryTimeout, MigrationTimeout or PruneBatch, or a
+	// QueryTimeout or MigrationTimeout above MaxQueryTimeout. It is wrapped
+	// with the field and its value. Nothing is connected to or created.
 	ErrOptions = errors.New("pgstore: invalid options")
 )
 
@@ -223,9 +239,10 @@ var (
 // It returns ErrOptions for an option out of range, before it connects,
 // ErrSchemaTooNew for a schema newer than this package,
 // ErrSchema for a current one that lacks a table or an index, or for the
-// store's table without the record of its version, and ErrNoSchema for a
+// store's table without the record of its version, ErrNoSchema for a
 // search_path that names no schema that exists (see the package
-// documentation). A schema that is current is only read: a role that may
+// documentation), and ErrMigrationTimeout for an upgrade, or a wait for
+// another process's, that ran out of Options.MigrationTimeout. A schema that is current is only read: a role that may
 // not create tables opens it with SELECT on idempotency_keys_schema,
 // SELECT, INSERT, UPDATE and DELETE on idempotency_keys, and EXECUTE on
 // pg_advisory_xact_lock(bigint), which PUBLIC has by default. Such a role
@@ -272,7 +289,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 // New returns a Store on pool after creating or upgrading the schema, in
 // current_schema() of the pool's connection that does it, or
 // ErrOptions (before it takes a connection), ErrSchemaTooNew, ErrSchema,
-// ErrNoSchema or ErrPrivilege as Open does. The caller keeps the pool:
+// ErrNoSchema, ErrPrivilege or ErrMigrationTimeout as Open does. The caller keeps the pool:
 // Close leaves it open.
 //
 // The pool's connections keep their settings, and New reads two of them
@@ -308,7 +325,8 @@ func withDefaults(opts *Options) (Options, error) {
 	if opts != nil {
 		o = *opts
 	}
-	l, err := pgmigrate.Limits(o).WithDefaults(pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch}, ErrOptions)
+	l, err := pgmigrate.Limits(o).WithDefaults(pgmigrate.Limits{QueryTimeout: DefaultQueryTimeout, PruneBatch: DefaultPruneBatch,
+		MigrationTimeout: DefaultMigrationTimeout}, ErrOptions)
 	return Options(l), err
 }
 
@@ -316,7 +334,7 @@ func withDefaults(opts *Options) (Options, error) {
 // once the schema is current (see migrate).
 func start(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	s := &Store{pool: pool, timeout: o.QueryTimeout, batch: o.PruneBatch}
-	name, err := migrate(ctx, pool, s.timeout)
+	name, err := migrate(ctx, pool, o)
 	if err != nil {
 		return nil, err
 	}

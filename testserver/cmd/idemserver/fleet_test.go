@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -371,11 +372,13 @@ func TestPostgresQueryTimeout(t *testing.T) {
 }
 
 // A server started on a database at the keys' schema version 1 migrates it
-// to the current version within -query-timeout, or within the URL's statement_timeout
-// when it sets one; here another session's lock on the key table keeps the
-// migration waiting past it. run fails (status 1, not a usage error) with
-// the server's 57014 and says which to raise, and the database stays at
-// version 1.
+// to the current version within -migration-timeout, whatever the URL's
+// statement_timeout; here another session's lock on the key table keeps
+// the migration waiting past it. run fails (status 1, not a usage error)
+// with pgstore.ErrMigrationTimeout and the server's 57014, and says to
+// raise -migration-timeout, and the database stays at version 1. Before
+// -migration-timeout, the migration ran within -query-timeout, or a URL's
+// statement_timeout of a minute, past the 4 s this test waits.
 func TestPostgresMigrationTimeout(t *testing.T) {
 	dsn := pgtest.DB(t)
 	ctx := t.Context()
@@ -401,13 +404,12 @@ func TestPostgresMigrationTimeout(t *testing.T) {
 	if strings.Contains(dsn, "?") {
 		sep = "&"
 	}
+	// 1s, not less: pgstore's own deadline for each statement of the
+	// migration, twice -migration-timeout, must not run out before the
+	// server cancels the waiting statement, on a busy machine too.
 	for _, c := range []struct{ dsn, timeout, want string }{
-		// 1s, not less: pgstore's own deadline for the migration, twice
-		// -query-timeout from its start (the connection and the statements
-		// before the one that waits included), must not run out before
-		// the server cancels the waiting statement, on a busy machine too.
-		{dsn, "1s", "raise -query-timeout"},
-		{dsn + sep + "statement_timeout=100", "1m", "drop statement_timeout from the URL"},
+		{dsn, "1s", "raise -migration-timeout"},
+		{dsn + sep + "statement_timeout=60000", "1s", "raise -migration-timeout"},
 	} {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
@@ -419,19 +421,19 @@ func TestPostgresMigrationTimeout(t *testing.T) {
 		// Shorter than pgstore's default QueryTimeout: a server that did
 		// not take the timeout would still be waiting when this ends.
 		rctx, cancel := context.WithTimeout(ctx, 4*time.Second)
-		err = run(rctx, []string{"-db", c.dsn, "-query-timeout", c.timeout, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
+		err = run(rctx, []string{"-db", c.dsn, "-migration-timeout", c.timeout, "-addr", "127.0.0.1:0"}, io.Discard, io.Discard)
 		cancel()
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
-			t.Fatalf("run -query-timeout %s -db %s while the migration waited: %v; want the server's statement timeout (57014)",
+		if !errors.Is(err, pgstore.ErrMigrationTimeout) || !errors.As(err, &pgErr) || pgErr.Code != "57014" {
+			t.Fatalf("run -migration-timeout %s -db %s while the migration waited: %v; want ErrMigrationTimeout, the server's statement timeout (57014)",
 				c.timeout, c.dsn, err)
 		}
 		var ue *cliflag.UsageError
 		if errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
-			t.Fatalf("run -query-timeout %s -db %s while the migration waited: %v; want an error (not a usage error) that says to %s",
+			t.Fatalf("run -migration-timeout %s -db %s while the migration waited: %v; want an error (not a usage error) that says to %s",
 				c.timeout, c.dsn, err, c.want)
 		}
 		var v int
@@ -775,5 +777,27 @@ func TestPostgresLedgerSessionSettings(t *testing.T) {
 	}
 	if r := <-got; r.err != nil || r.c.ID != "ch_other" {
 		t.Errorf("charge of an order another server charged meanwhile = %+v, %v; want its charge, ch_other", r.c, r.err)
+	}
+}
+
+// timedOut says what to raise for each way pgstore.Open runs out of time:
+// -migration-timeout for the migration, -query-timeout (or the URL's
+// statement_timeout) for a statement the server canceled otherwise.
+func TestTimedOutSaysWhatToRaise(t *testing.T) {
+	canceled := &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+	migration := fmt.Errorf("%w: version 2: %w", pgstore.ErrMigrationTimeout, canceled)
+	for _, c := range []struct {
+		err       error
+		dsn, want string
+	}{
+		{migration, "postgres://127.0.0.1/db", "raise -migration-timeout"},
+		{migration, "postgres://127.0.0.1/db?statement_timeout=100", "raise -migration-timeout"},
+		{fmt.Errorf("pgstore: migrate: %w", canceled), "postgres://127.0.0.1/db", "ran past -query-timeout 2s: raise -query-timeout"},
+		{fmt.Errorf("pgstore: migrate: %w", canceled), "postgres://127.0.0.1/db?statement_timeout=100", "drop statement_timeout from the URL"},
+	} {
+		err := timedOut(t.Context(), c.err, c.dsn, &pgstore.Options{QueryTimeout: 2 * time.Second})
+		if !errors.Is(err, c.err) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("timedOut(%v, %s) = %v; want it wrapped, saying %q", c.err, c.dsn, err, c.want)
+		}
 	}
 }

@@ -33,16 +33,17 @@
 // statement that runs longer, and the request that ran it fails. The
 // ledger's sessions run, as the keys' do, under READ COMMITTED and with
 // synchronous_commit on (unless the URL sets it), whatever the database's
-// or the role's defaults (see pgstore). -query-timeout bounds
-// too the migration of the keys' schema that a server runs at start on a
-// database an earlier version created: version 2 rewrites the key table and
-// rebuilds its primary key, in one statement. For a large table, start one
-// server once with a -query-timeout long enough. A server whose migration,
-// or whose wait for another server's, ran out of it exits with status 1,
-// the database left at its version, and says to raise -query-timeout (or,
-// when the URL sets statement_timeout, to drop it from the URL); so does one
-// whose -query-timeout is too short to connect and read the schema at all
-// (it waits twice -query-timeout for the database's answers). After a
+// or the role's defaults (see pgstore). -migration-timeout (pgstore's
+// MigrationTimeout: 10 minutes, or -query-timeout when longer, by default)
+// bounds the migration of the keys' schema that a server runs at start on a
+// database an earlier version created, whatever the URL's
+// statement_timeout: version 2 rewrites the key table and rebuilds its
+// primary key, in one statement. A server whose migration, or whose wait
+// for another server's, ran out of it exits with status 1, the database
+// left at its version, and says to raise -migration-timeout; one whose
+// -query-timeout (or the URL's statement_timeout) is too short to connect
+// and read the schema at all says to raise that (it waits twice
+// -query-timeout for the database's answers). After a
 // restart of PostgreSQL, or a pg_terminate_backend of its sessions, the
 // server works from its first request: neither the keys' pool nor the
 // ledger's hands a statement a connection the server closed.
@@ -293,17 +294,25 @@ func openPostgres(ctx context.Context, dsn string, opts *pgstore.Options) (_ *ba
 	return &backend{store: s, payco: payco, close: func() error { return errors.Join(db.Close(), s.Close()) }}, nil
 }
 
-// timedOut returns err, pgstore.Open's, with what to raise when the server
-// canceled one of its statements (SQLSTATE 57014, as statement_timeout
-// does): the migration of the keys' schema, which rewrites the key table
-// (version 2), or the wait for another server's, ran past -query-timeout,
-// or past the URL's statement_timeout, which pgstore leaves in its place.
-// So too when pgstore's own deadline, twice -query-timeout, ran out first
-// (ctx itself still running): a -query-timeout too short for the server to
-// connect and read the schema, which the bare "context deadline exceeded"
-// did not say, or a database that does not answer at all (a host that
-// drops the connection attempt), which no -query-timeout helps.
+// timedOut returns err, pgstore.Open's, with what to raise when a statement
+// ran out of time: the migration of the keys' schema, which rewrites the
+// key table (version 2), or the wait for another server's, ran past
+// -migration-timeout (pgstore.ErrMigrationTimeout); the server canceled
+// another of its statements (SQLSTATE 57014, as statement_timeout does),
+// past -query-timeout or the URL's statement_timeout, which pgstore
+// leaves in its place; or pgstore's own deadline, twice -query-timeout,
+// ran out first (ctx itself still running): a -query-timeout too short
+// for the server to connect and read the schema, which the bare "context
+// deadline exceeded" did not say, or a database that does not answer at
+// all (a host that drops the connection attempt), which no -query-timeout
+// helps.
 func timedOut(ctx context.Context, err error, dsn string, opts *pgstore.Options) error {
+	if errors.Is(err, pgstore.ErrMigrationTimeout) {
+		if ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("%w (idemserver: raise -migration-timeout)", err)
+	}
 	timeout := pgstore.DefaultQueryTimeout
 	if opts != nil && opts.QueryTimeout > 0 {
 		timeout = opts.QueryTimeout
@@ -319,13 +328,12 @@ func timedOut(ctx context.Context, err error, dsn string, opts *pgstore.Options)
 	// Open parsed it: this cannot fail.
 	if cfg, perr := pgxpool.ParseConfig(dsn); perr == nil {
 		if v, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; set {
-			return fmt.Errorf("%w; the keys' schema migration, or its wait for another server's, ran past the URL's "+
-				"statement_timeout=%s, which stands for -query-timeout's on the server: for a large key table, "+
+			return fmt.Errorf("%w; a statement of the server's start ran past the URL's "+
+				"statement_timeout=%s, which stands for -query-timeout's on the server: "+
 				"drop statement_timeout from the URL and raise -query-timeout", err, v)
 		}
 	}
-	return fmt.Errorf("%w; the keys' schema migration, or its wait for another server's, ran past -query-timeout %v: "+
-		"for a large key table, raise -query-timeout", err, timeout)
+	return fmt.Errorf("%w; a statement of the server's start ran past -query-timeout %v: raise -query-timeout", err, timeout)
 }
 
 // dice draws seeded random numbers for the fault switches, safely from
@@ -365,7 +373,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		lockTimeout = cliflag.Duration(fs, "lock-timeout", testserver.DefaultLockTimeout, fmt.Sprintf("how long (a `duration`, at least %v and below -retention) a claim is honoured before a retry may take it over", minLockTimeout))
 		retention   = cliflag.Duration(fs, "retention", testserver.DefaultRetention, "how long (a `duration`, at least 24h) keys are kept")
 		pruneEvery  = cliflag.Duration(fs, "prune-every", time.Hour, "how often (a `duration`, at least 1s; 0: never) keys older than -retention are deleted")
-		stmtTimeout = cliflag.Duration(fs, "query-timeout", pgstore.DefaultQueryTimeout, fmt.Sprintf("with a postgres:// -db, how long (a `duration`, at most %v) each statement may run, the schema's migration at start included", pgstore.MaxQueryTimeout))
+		stmtTimeout = cliflag.Duration(fs, "query-timeout", pgstore.DefaultQueryTimeout, fmt.Sprintf("with a postgres:// -db, how long (a `duration`, at most %v) each statement may run, but the schema's migration at start", pgstore.MaxQueryTimeout))
+		migTimeout  = cliflag.Duration(fs, "migration-timeout", 0, fmt.Sprintf("with a postgres:// -db, how long (a `duration`, at most %v; 0: %v, or -query-timeout when longer) the keys' schema migration at start, or its wait for another server's, may run", pgstore.MaxQueryTimeout, pgstore.DefaultMigrationTimeout))
 		onError     = fs.String("on-error", "release", "what a handler error does to its claim: release (retry runs again) or save (retry replays the error)")
 		optional    = fs.Bool("optional-key", false, "let POST requests without an Idempotency-Key through, unprotected")
 		noDedup     = fs.Bool("no-dedup", false, "fault: PayCo charges on every call, ignoring the server's key")
@@ -421,6 +430,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *stmtTimeout <= 0 || *stmtTimeout > pgstore.MaxQueryTimeout {
 		return cliflag.Usagef("-query-timeout %v: want a positive duration of at most %v (PostgreSQL's longest statement_timeout)", *stmtTimeout, pgstore.MaxQueryTimeout)
 	}
+	if *migTimeout < 0 || *migTimeout > pgstore.MaxQueryTimeout {
+		return cliflag.Usagef("-migration-timeout %v: want a duration of at most %v (PostgreSQL's longest statement_timeout), or 0 for the default", *migTimeout, pgstore.MaxQueryTimeout)
+	}
 	if *delay < 0 {
 		return cliflag.Usagef("-delay %v: want a positive duration, or 0 for none", *delay)
 	}
@@ -437,7 +449,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cliflag.Usagef("-db: %s", why)
 	}
 
-	b, err := openBackend(ctx, *db, &pgstore.Options{QueryTimeout: *stmtTimeout})
+	b, err := openBackend(ctx, *db, &pgstore.Options{QueryTimeout: *stmtTimeout, MigrationTimeout: *migTimeout})
 	if err != nil {
 		if ctx.Err() != nil {
 			// SIGINT, SIGTERM or SIGHUP while connecting or migrating, which it cut

@@ -659,6 +659,8 @@ func TestFlagValues(t *testing.T) {
 		// PostgreSQL refuses a longer statement_timeout when pgstore connects.
 		{"-query-timeout", (pgstore.MaxQueryTimeout + time.Millisecond).String()},
 		{"-query-timeout", time.Duration(math.MaxInt64).String()},
+		{"-migration-timeout", "-1s"},
+		{"-migration-timeout", (pgstore.MaxQueryTimeout + time.Millisecond).String()},
 	} {
 		err := run(context.Background(), []string{flag[0], flag[1], "-db", db, "-addr", "256.0.0.1:0"}, io.Discard, io.Discard)
 		var ue *cliflag.UsageError
@@ -682,6 +684,8 @@ func TestFlagValues(t *testing.T) {
 		{"-lock-timeout", (testserver.DefaultRetention - time.Nanosecond).String()},
 		{"-lock-timeout", "100ms"},
 		{"-query-timeout", pgstore.MaxQueryTimeout.String()},
+		{"-migration-timeout", pgstore.MaxQueryTimeout.String()},
+		{"-migration-timeout", "0"},
 		{"-prune-every", "1s"},
 		{"-prune-every", "0"},
 	} {
@@ -714,6 +718,8 @@ func TestHelpSaysTheBounds(t *testing.T) {
 		"-crash-after-charge float\n    \tfault: probability (0 to 1)",
 		"-prune-every duration\n    \thow often (a duration, at least 1s; 0: never)",
 		"-query-timeout duration\n    \twith a postgres:// -db, how long (a duration, at most " + pgstore.MaxQueryTimeout.String() + ")",
+		"-migration-timeout duration\n    \twith a postgres:// -db, how long (a duration, at most " + pgstore.MaxQueryTimeout.String() +
+			"; 0: " + pgstore.DefaultMigrationTimeout.String() + ", or -query-timeout when longer)",
 	} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("-h lacks %q:\n%s", want, stderr.String())
