@@ -358,20 +358,33 @@ func PoolerMixUp(t *testing.T, dsn string, open func(dsn string) (*pgxpool.Pool,
 	}
 }
 
-// AwaitLockWait returns once a statement of dsn's database that begins
-// with prefix has waited for a lock for longer than d (pg_stat_activity),
-// polling over a connection of its own. It fails t if opened, the result
-// of the call expected to wait, yields first, or after 100 000 polls
-// (each a round trip: seconds, not forever).
-func AwaitLockWait(t testing.TB, dsn, prefix string, d time.Duration, opened <-chan error) {
+// OpensOnceUnlocked runs open, which opens a package's tables in dsn's
+// database, while lock, another session's transaction, holds a lock that
+// one of its statements beginning with prefix waits for: it fails t if
+// open returns before that statement has waited longer than d
+// (pg_stat_activity, polled over a connection of its own, at most 100 000
+// times: seconds, not forever), then ends lock and fails t unless open
+// succeeds.
+func OpensOnceUnlocked(t testing.TB, dsn string, lock pgx.Tx, prefix string, d time.Duration, open func() (io.Closer, error)) {
 	t.Helper()
+	opened := make(chan error, 1)
+	go func() {
+		c, err := open()
+		if err == nil {
+			err = c.Close()
+		}
+		opened <- err
+	}()
 	watcher := Connect(t, dsn)
 	const polls = 100_000
-	for range polls {
+	for i := 0; ; i++ {
 		select {
 		case err := <-opened:
 			t.Fatalf("returned while another session held the lock: %v", err)
 		default:
+		}
+		if i == polls {
+			t.Fatalf("after %d polls, no statement %q… has waited %v for a lock", polls, prefix, d)
 		}
 		var n int
 		if err := watcher.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
@@ -380,8 +393,46 @@ func AwaitLockWait(t testing.TB, dsn, prefix string, d time.Duration, opened <-c
 			t.Fatal(err)
 		}
 		if n > 0 {
-			return
+			break
 		}
 	}
-	t.Fatalf("after %d polls, no statement %q… has waited %v for a lock", polls, prefix, d)
+	if err := lock.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-opened; err != nil {
+		t.Fatalf("open once the lock went: %v", err)
+	}
+}
+
+// WaitedForMigrationLock checks that open, which opens a package's tables
+// in dsn's empty database within a migration timeout, fails with timedOut
+// (errors.Is) saying that it waited for the lock, and creates nothing,
+// while another session holds lock (the package's advisory lock of
+// migrations) past a timeout of 100 ms; and that it opens them once the
+// lock goes.
+func WaitedForMigrationLock(t testing.TB, dsn string, lock int64, timedOut error, open func(timeout time.Duration) (io.Closer, error)) {
+	t.Helper()
+	ctx := t.Context()
+	other := Connect(t, dsn)
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, lock); err != nil {
+		t.Fatal(err)
+	}
+	c, err := open(100 * time.Millisecond)
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, timedOut) || !strings.Contains(err.Error(), "waiting for the lock") {
+		t.Fatalf("opened while another process migrates: %v; want %v saying it waited for the lock", err, timedOut)
+	}
+	if tables := Tables(t, dsn); tables != "" {
+		t.Errorf("tables %s after the failed open; want none", tables)
+	}
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lock); err != nil {
+		t.Fatal(err)
+	}
+	c, err = open(time.Minute)
+	if err != nil {
+		t.Fatalf("open once the lock went: %v", err)
+	}
+	c.Close()
 }

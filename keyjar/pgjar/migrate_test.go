@@ -3,6 +3,7 @@ package pgjar_test
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -216,24 +217,11 @@ func TestMigrationTimeout(t *testing.T) {
 // migrate: version 2: timeout: context deadline exceeded".
 func TestMigrationOutlastsQueryTimeout(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	dsn, lock := lockedV1(t)
 	const queryTimeout = 200 * time.Millisecond
-	opened := make(chan error, 1)
-	go func() {
-		j, err := pgjar.Open(ctx, dsn, &pgjar.Options{QueryTimeout: queryTimeout})
-		if err == nil {
-			err = j.Close()
-		}
-		opened <- err
-	}()
-	pgtest.AwaitLockWait(t, dsn, "CREATE INDEX", 2*queryTimeout, opened)
-	if err := lock.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-opened; err != nil {
-		t.Fatalf("Open once the lock went: %v", err)
-	}
+	pgtest.OpensOnceUnlocked(t, dsn, lock, "CREATE INDEX", 2*queryTimeout, func() (io.Closer, error) {
+		return pgjar.Open(t.Context(), dsn, &pgjar.Options{QueryTimeout: queryTimeout})
+	})
 	if v := versions(t, dsn); v != "1,2" {
 		t.Errorf("versions %q after the migration; want 1,2", v)
 	}
@@ -245,24 +233,8 @@ func TestMigrationOutlastsQueryTimeout(t *testing.T) {
 // nothing; once the lock goes, an Open creates the jar.
 func TestMigrationTimeoutWaitingForAnother(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	dsn := pgtest.DB(t)
-	other := pgtest.Connect(t, dsn)
-	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgjar.MigrateLock); err != nil {
-		t.Fatal(err)
-	}
-	j, err := pgjar.Open(ctx, dsn, &pgjar.Options{MigrationTimeout: 100 * time.Millisecond})
-	if err == nil {
-		j.Close()
-	}
-	if !errors.Is(err, pgjar.ErrMigrationTimeout) || !strings.Contains(err.Error(), "waiting for the lock") {
-		t.Fatalf("Open while another process migrates: %v; want ErrMigrationTimeout saying it waited for the lock", err)
-	}
-	if tables := pgtest.Tables(t, dsn); tables != "" {
-		t.Errorf("tables %s after the failed Open; want none", tables)
-	}
-	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, pgjar.MigrateLock); err != nil {
-		t.Fatal(err)
-	}
-	open(t, dsn, &pgjar.Options{MigrationTimeout: time.Minute}).Close()
+	pgtest.WaitedForMigrationLock(t, dsn, pgjar.MigrateLock, pgjar.ErrMigrationTimeout, func(timeout time.Duration) (io.Closer, error) {
+		return pgjar.Open(t.Context(), dsn, &pgjar.Options{MigrationTimeout: timeout})
+	})
 }

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -89,24 +90,11 @@ func TestMigrationTimeout(t *testing.T) {
 // lock was held, with a timeout.
 func TestMigrationOutlastsQueryTimeout(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	dsn, pool, lock := lockedV1(t)
 	const queryTimeout = 200 * time.Millisecond
-	opened := make(chan error, 1)
-	go func() {
-		s, err := pgstore.Open(ctx, dsn, &pgstore.Options{QueryTimeout: queryTimeout})
-		if err == nil {
-			err = s.Close()
-		}
-		opened <- err
-	}()
-	pgtest.AwaitLockWait(t, dsn, "ALTER TABLE", 2*queryTimeout, opened)
-	if err := lock.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-opened; err != nil {
-		t.Fatalf("Open once the lock went: %v", err)
-	}
+	pgtest.OpensOnceUnlocked(t, dsn, lock, "ALTER TABLE", 2*queryTimeout, func() (io.Closer, error) {
+		return pgstore.Open(t.Context(), dsn, &pgstore.Options{QueryTimeout: queryTimeout})
+	})
 	if v := versions(t, pool); !slices.Equal(v, []int32{1, 2, 3}) {
 		t.Errorf("versions %v after the migration; want [1 2 3]", v)
 	}
@@ -118,24 +106,8 @@ func TestMigrationOutlastsQueryTimeout(t *testing.T) {
 // nothing; once the lock goes, an Open creates the store.
 func TestMigrationTimeoutWaitingForAnother(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	dsn := pgtest.DB(t)
-	other := pgtest.Connect(t, dsn)
-	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, pgstore.MigrateLock); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pgstore.Open(ctx, dsn, &pgstore.Options{MigrationTimeout: 100 * time.Millisecond})
-	if err == nil {
-		s.Close()
-	}
-	if !errors.Is(err, pgstore.ErrMigrationTimeout) || !strings.Contains(err.Error(), "waiting for the lock") {
-		t.Fatalf("Open while another process migrates: %v; want ErrMigrationTimeout saying it waited for the lock", err)
-	}
-	if tables := pgtest.Tables(t, dsn); tables != "" {
-		t.Errorf("tables %s after the failed Open; want none", tables)
-	}
-	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, pgstore.MigrateLock); err != nil {
-		t.Fatal(err)
-	}
-	open(t, dsn, &pgstore.Options{MigrationTimeout: time.Minute})
+	pgtest.WaitedForMigrationLock(t, dsn, pgstore.MigrateLock, pgstore.ErrMigrationTimeout, func(timeout time.Duration) (io.Closer, error) {
+		return pgstore.Open(t.Context(), dsn, &pgstore.Options{MigrationTimeout: timeout})
+	})
 }
