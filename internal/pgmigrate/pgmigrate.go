@@ -618,12 +618,14 @@ func (e *absentMisplaced) Unwrap() []error { return e.errs }
 
 // splitPath returns the entries of a search_path setting as PostgreSQL
 // reads them: comma-separated identifiers, in double quotes or folded to
-// lower case, each cut to maxIdentifier bytes. It returns false for a
+// lower case, each cut to maxIdentifier bytes, with space, tab, newline,
+// carriage return and form feed around them (its scanner_isspace: not a
+// vertical tab, which is part of a name). It returns false for a
 // setting PostgreSQL refuses. An empty entry in double quotes ("") is
 // one, which names no schema.
 func splitPath(path string) ([]string, bool) {
 	var entries []string
-	for rest := strings.TrimLeft(path, " \t\n\r\f\v"); rest != ""; {
+	for rest := strings.TrimLeft(path, " \t\n\r\f"); rest != ""; {
 		var name string
 		if rest[0] == '"' {
 			var b strings.Builder
@@ -644,7 +646,7 @@ func splitPath(path string) ([]string, bool) {
 			}
 			name, rest = b.String(), rest[i+1:]
 		} else {
-			i := strings.IndexAny(rest, ", \t\n\r\f\v")
+			i := strings.IndexAny(rest, ", \t\n\r\f")
 			if i < 0 {
 				i = len(rest)
 			}
@@ -654,14 +656,14 @@ func splitPath(path string) ([]string, bool) {
 			name, rest = strings.Map(lowerASCII, rest[:i]), rest[i:]
 		}
 		entries = append(entries, truncate(name))
-		rest = strings.TrimLeft(rest, " \t\n\r\f\v")
+		rest = strings.TrimLeft(rest, " \t\n\r\f")
 		if rest == "" {
 			break
 		}
 		if rest[0] != ',' {
 			return nil, false
 		}
-		rest = strings.TrimLeft(rest[1:], " \t\n\r\f\v")
+		rest = strings.TrimLeft(rest[1:], " \t\n\r\f")
 		if rest == "" {
 			return nil, false
 		}

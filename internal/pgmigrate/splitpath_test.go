@@ -32,6 +32,9 @@ var splitPathCases = []struct {
 	{`"my schema" , x`, []string{"my schema", "x"}, true},
 	{`"say ""hi"""`, []string{`say "hi"`}, true},
 	{"a\t,\nb", []string{"a", "b"}, true},
+	{"a\vb", []string{"a\vb"}, true}, // \v is not whitespace to PostgreSQL (scanner_isspace)
+	{"a,\vB", []string{"a", "\vb"}, true},
+	{"\f a \r", []string{"a"}, true},
 	{`a"b"`, []string{`a"b"`}, true},
 	{`Éa`, []string{`Éa`}, true}, // ASCII letters alone are folded
 	{strings.Repeat("A", 70), []string{strings.Repeat("a", 63)}, true},
