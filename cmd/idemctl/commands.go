@@ -385,7 +385,7 @@ func resumeFlags(fs *flag.FlagSet) {
 	fs.String("host", "", "the scheme and host the headers are for, as https://api.example.com, which headers need: "+
 		"an operation that goes to another is not sent")
 	fs.Bool("without-credentials", false, "send an operation whose first send carried credentials (shown as 'not stored') "+
-		"without those the headers given lack, rather than refuse it")
+		"without those the headers given lack, and, given no header, any operation, rather than refuse it")
 	// The default is the retry policy's MaxElapsed, a minute: an attempt
 	// that hangs that long spends the call's budget, so that a resume ends
 	// after about a minute an operation whose server never answers.
@@ -601,17 +601,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		}
 	}
 	withoutCredentials := flagString(fs, "without-credentials") == "true"
-	var warned bool
-	header := func(r *http.Request) error {
-		if len(hf.h) == 0 && !warned {
-			// The jar keeps no credential: a server that scopes keys by
-			// credential takes a request without the first one's for a
-			// new operation, and runs it again.
-			warned = true
-			fmt.Fprintln(s.stderr, "idemctl: sending without credentials (no --header, no IDEM_HEADER): a server that scopes keys by credential runs it as a new request")
-		}
-		return addHeaders(r, hf.h, host)
-	}
+	header := func(r *http.Request) error { return addHeaders(r, hf.h, host) }
 	c, err := client.New(ctx, "", &client.Options{Jar: s.jar, Base: resumeBase, Methods: methods, Header: header,
 		Policy: policy, ResumeWithoutCredentials: withoutCredentials})
 	if err != nil {
@@ -619,6 +609,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 	}
 	defer c.Close()
 	failed := 0
+	toldNoCredentials := false
 	send := func(r idem.Record) {
 		op := r.Op
 		if elsewhere(host, opHost(r)) {
@@ -634,6 +625,24 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			failed++
 			fmt.Fprintf(s.stderr, "idemctl: %s: not sent: its first send carried %s, which the jar does not keep: give them with --header or IDEM_HEADER (or, to send it without them, --without-credentials)\n",
 				cell(op, 0), cell(strings.Join(missing, ", "), 0))
+			return
+		}
+		if len(hf.h) == 0 && !withoutCredentials && r.State == idem.StatePending && r.BodyStored() && !carriesCredentials(r) {
+			// Credentials that a program added outside the request the
+			// jar stored (client.Options.Header, a base transport) leave
+			// no name in it to check. A server that scopes keys by
+			// credential, as the reference server does, takes a request
+			// without them for a new operation and runs it again: a
+			// charge made twice. Sending with none is asked for, not
+			// assumed. (One whose body the jar lacks is refused below
+			// for that, whatever its credentials.)
+			failed++
+			why := "" // said once
+			if !toldNoCredentials {
+				toldNoCredentials = true
+				why = "; those a program adds itself, as client.Options.Header does, leave no name in it, and a server that scopes keys by credential runs a request without them again, as a new one: give the first send's credentials, or, if it carried none, --without-credentials"
+			}
+			fmt.Fprintf(s.stderr, "idemctl: %s: nothing sent: no header given (--header, IDEM_HEADER), and the jar keeps no credential%s\n", cell(op, 0), why)
 			return
 		}
 		// Resume waits for a lease, a minute by default, and for the next
@@ -727,6 +736,21 @@ func doneMeanwhile(ctx context.Context, s *session, r idem.Record) bool {
 	fmt.Fprintf(s.stdout, "%s: %d %s, key %s, by another process meanwhile; nothing was sent\n",
 		cell(r.Op, 0), now.LastStatus, http.StatusText(now.LastStatus), cell(now.Key, 0))
 	return true
+}
+
+// carriesCredentials reports whether r holds credentials that a resume
+// sends: as records of earlier versions may, a URL's userinfo, or the
+// value of a header that idem.SecretHeader names now.
+func carriesCredentials(r idem.Record) bool {
+	if u, err := url.Parse(r.URL); err == nil && u.User != nil {
+		return true
+	}
+	for name, values := range r.Header {
+		if len(values) > 0 && idem.SecretHeader(name) {
+			return true
+		}
+	}
+	return false
 }
 
 // errWalked ends resume --all's second walk at the last operation its
