@@ -382,16 +382,19 @@ func TestBadInput(t *testing.T) {
 			return readAll(s.tr.RoundTrip(req))
 		}
 	}
-	withHeader := func(op, name, value string) func(t *testing.T, s *stack) (*http.Response, error) {
+	edited := func(op string, edit func(*http.Request)) func(t *testing.T, s *stack) (*http.Response, error) {
 		return func(t *testing.T, s *stack) (*http.Response, error) {
 			ctx := context.Background()
 			if op != "" {
 				ctx = idem.WithOperation(ctx, op)
 			}
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.srv.URL+"/v1/charges", strings.NewReader(`{"amount":1}`))
-			req.Header[name] = []string{value}
+			edit(req)
 			return readAll(s.tr.RoundTrip(req))
 		}
+	}
+	withHeader := func(op, name, value string) func(t *testing.T, s *stack) (*http.Response, error) {
+		return edited(op, func(r *http.Request) { r.Header[name] = []string{value} })
 	}
 	rows := []struct {
 		name string
@@ -455,6 +458,9 @@ func TestBadInput(t *testing.T) {
 			},
 			want: idem.ErrInvalidHeader,
 		},
+		// A method that is not a token, which a Methods entry matches
+		// under Unicode case folding (ſ is s), refused unsent over HTTP/1.
+		{name: "method that is not a token", run: edited("charge:bad-method", func(r *http.Request) { r.Method = "PO\u017fT" }), want: idem.ErrInvalidHeader},
 		{
 			name: "100 MB body without GetBody: refused",
 			run: func(t *testing.T, s *stack) (resp *http.Response, err error) {

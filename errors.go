@@ -61,7 +61,9 @@ var (
 	// when Base is an *http.Transport (or nil, or one that Base wraps and
 	// returns from an Unwrap() http.RoundTripper method): net/http refuses
 	// it unsent, each attempt alike ("net/http: invalid header field
-	// value"), and a record of it would stay pending in the jar.
+	// value"), and a record of it would stay pending in the jar. So is a
+	// method that is not a token ("net/http: invalid method", though an
+	// HTTP/2 connection already open sends it).
 	ErrInvalidHeader = errors.New("idem: invalid request header")
 	// ErrAbandoned is returned by Transport.RoundTrip, wrapped, when the
 	// operation was abandoned (client.Abandon) while the call waited for

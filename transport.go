@@ -15,7 +15,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/canon"
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/redirect"
+	"github.com/idemkit/idem/internal/sendable"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -137,7 +137,8 @@ func Operation(ctx context.Context) string {
 //     Unwrap() http.RoundTripper method), of a scheme other than http and
 //     https, with ErrInvalidURL; and, over such a Transport, a header or
 //     trailer that net/http refuses unsent (a field name that is not a
-//     token, a value with a line break), with ErrInvalidHeader.
+//     token, a value with a line break) or a method that is not a
+//     token, with ErrInvalidHeader.
 //   - The key, the fingerprint (method, URL, canonical body) and the
 //     creation time are in the jar, durably, before the first send. A named
 //     operation called again with a different request is refused with a
@@ -311,23 +312,6 @@ type Transport struct {
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// overHTTPTransport reports whether rt is an *http.Transport, or wraps one:
-// through the Unwrap() http.RoundTripper method of a wrapper that has it
-// (client's, and others'), up to 16 deep.
-func overHTTPTransport(rt http.RoundTripper) bool {
-	for range 16 {
-		switch b := rt.(type) {
-		case *http.Transport:
-			return true
-		case interface{ Unwrap() http.RoundTripper }:
-			rt = b.Unwrap()
-		default:
-			return false
-		}
-	}
-	return false
-}
-
 func (t *Transport) base() http.RoundTripper {
 	if t.Base != nil {
 		return t.Base
@@ -402,17 +386,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil || req.URL.Host == "" {
 		return nil, fmt.Errorf("%w: it has no host (nothing was stored or sent); give the server's address with its scheme, as in https://api.example.com/v1/charges", ErrInvalidURL)
 	}
-	if overHTTPTransport(t.base()) {
+	if sendable.Over(t.base()) {
 		// Refused by net/http before it sends anything, each attempt
 		// alike, and a resume too.
 		if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 			return nil, fmt.Errorf("%w: scheme %q is neither http nor https, which an http.Transport sends (nothing was stored or sent)", ErrInvalidURL, req.URL.Scheme)
 		}
-		if what := invalidField(req.Header); what != "" {
+		if what := sendable.Head(req); what != "" {
 			return nil, fmt.Errorf("%w: %s, which an http.Transport does not send (nothing was stored or sent)", ErrInvalidHeader, what)
-		}
-		if what := invalidField(req.Trailer); what != "" {
-			return nil, fmt.Errorf("%w: trailer %s, which an http.Transport does not send (nothing was stored or sent)", ErrInvalidHeader, what)
 		}
 	}
 	if p := req.URL.Port(); p != "" {
@@ -435,41 +416,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.run(req.Context())
 	c.returned = true
 	return resp, err
-}
-
-// invalidField names the first field of h that net/http's Transport
-// refuses before it dials, as httpguts' ValidHeaderFieldName and
-// ValidHeaderFieldValue judge them (the standard library exports
-// neither): a name that is not a token, or a value with a control
-// character other than a tab. It returns "" when there is none. As
-// net/http's, its text does not quote the value, which may be a secret.
-func invalidField(h http.Header) string {
-	for name, vs := range h {
-		if !isToken(name) {
-			return fmt.Sprintf("field name %q", name)
-		}
-		for _, v := range vs {
-			for i := 0; i < len(v); i++ {
-				if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
-					return fmt.Sprintf("field value for %q", name)
-				}
-			}
-		}
-	}
-	return ""
-}
-
-// isToken reports whether s is a token of RFC 9110 §5.6.2: one or more
-// tchars.
-func isToken(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch b := s[i]; {
-		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9', b == '-':
-		case strings.IndexByte("!#$%&'*+.^_`|~", b) < 0:
-			return false
-		}
-	}
-	return s != ""
 }
 
 // maxKeyLen is the longest key a server accepts (Stripe, testserver).

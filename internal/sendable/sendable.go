@@ -1,0 +1,82 @@
+// Package sendable says what net/http's Transport refuses of a request
+// before it writes a byte, each attempt alike: shared by the Transport,
+// which refuses such a request before it stores anything, and package
+// client, whose Options.Header changes each attempt after that check.
+package sendable
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Over reports whether rt is an *http.Transport, or wraps one: through
+// the Unwrap() http.RoundTripper method of a wrapper that has it
+// (client's, and others'), up to 16 deep.
+func Over(rt http.RoundTripper) bool {
+	for range 16 {
+		switch b := rt.(type) {
+		case *http.Transport:
+			return true
+		case interface{ Unwrap() http.RoundTripper }:
+			rt = b.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// Head names the first part of r's head that net/http's Transport does
+// not send, each attempt alike, or "" when there is none: a method that is
+// not a token, refused unsent (but over an HTTP/2 connection already
+// open); a header or trailer field that httpguts' ValidHeaderFieldName or
+// ValidHeaderFieldValue refuses (the standard library exports neither),
+// refused unsent. As net/http's, its text does not quote a field's value,
+// which may be a secret. A Host that httpguts' ValidHostHeader refuses is
+// not among them: net/http sends it empty over HTTP/1 without a proxy,
+// which a URL naming a Unix socket's path relies on (go.dev/issue/61431),
+// and refuses it only over HTTP/2 or a proxy, after the dial.
+func Head(r *http.Request) string {
+	if r.Method != "" && !isToken(r.Method) {
+		return "method " + strconv.Quote(r.Method)
+	}
+	if what := field(r.Header); what != "" {
+		return what
+	}
+	if what := field(r.Trailer); what != "" {
+		return "trailer " + what
+	}
+	return ""
+}
+
+// field names the first field of h with a name that is not a token or a
+// value with a control character other than a tab, or returns "".
+func field(h http.Header) string {
+	for name, vs := range h {
+		if !isToken(name) {
+			return "field name " + strconv.Quote(name)
+		}
+		for _, v := range vs {
+			for i := 0; i < len(v); i++ {
+				if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
+					return "field value for " + strconv.Quote(name)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// isToken reports whether s is a token of RFC 9110 §5.6.2: one or more
+// tchars.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch b := s[i]; {
+		case 'a' <= b && b <= 'z', 'A' <= b && b <= 'Z', '0' <= b && b <= '9', b == '-':
+		case strings.IndexByte("!#$%&'*+.^_`|~", b) < 0:
+			return false
+		}
+	}
+	return s != ""
+}
