@@ -53,6 +53,7 @@ import (
 	"github.com/idemkit/idem/internal/redirect"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/secrethdr"
+	"github.com/idemkit/idem/internal/sendable"
 	"github.com/idemkit/idem/internal/unnamed"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
@@ -131,7 +132,10 @@ type Options struct {
 	// retried; the operation stays pending (one without a name, never
 	// sent, is abandoned). So does a resume's Header that does not add
 	// the credentials the first send carried on its request
-	// (*CredentialsError).
+	// (*CredentialsError), and, over an *http.Transport, a header Header
+	// sets that net/http does not send (a value with a line break, as a
+	// token read from a file keeps it): the error wraps
+	// idem.ErrInvalidHeader too, and names the field, not its value.
 	//
 	// Resume sends the method, URL and Host the jar holds, and Header adds
 	// its credentials to whatever they are: whoever can write the jar can
@@ -1032,6 +1036,10 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		err := s.header(r)
 		if err != nil {
 			err = fmt.Errorf("client: Options.Header: %w: %w", idem.ErrNotSent, err)
+		} else if what := sendable.Head(r); what != "" && sendable.Over(s.base) {
+			// What net/http does not send as it is, which the
+			// Transport refused before it stored the operation.
+			err = fmt.Errorf("client: Options.Header: %w: %w: %s, which an http.Transport does not send", idem.ErrNotSent, idem.ErrInvalidHeader, what)
 		} else if w, ok := r.Context().Value(withheldKey{}).(*CredentialsError); ok && len(key) > 0 && key[0] == w.Key {
 			// A resume's attempt (not a request a redirect made): Header
 			// must add the credentials the first send carried on its

@@ -692,27 +692,57 @@ func TestForgetRefusesPending(t *testing.T) {
 // TestHeaderErrorSendsNothing: an error of Options.Header stops the call
 // before its attempt is sent: the error wraps idem.ErrNotSent, the attempt
 // is neither retried nor counted, and the operation stays pending. Without
-// a name, the operation, never sent, is abandoned.
+// a name, the operation, never sent, is abandoned. So does, over an
+// http.Transport, a header Header sets that net/http refuses to send (a
+// token read from a file with its line break), with idem.ErrInvalidHeader,
+// the value not quoted: net/http's own refusal left the operation pending
+// after a counted attempt, named or not.
 func TestHeaderErrorSendsNothing(t *testing.T) {
-	s := newShop()
-	calls := 0
-	c := newClient(t, s, &client.Options{Header: func(*http.Request) error { calls++; return errors.New("token expired") }})
-	_, err := c.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1"}, nil)
-	if !errors.Is(err, idem.ErrPending) || !errors.Is(err, idem.ErrNotSent) || !strings.Contains(err.Error(), "token expired") ||
-		s.sends() != 0 || calls != 1 {
-		t.Fatalf("got %v after %d sends, Options.Header called %d times; want a pending error wrapping ErrNotSent and naming the cause, nothing sent, no retry",
-			err, s.sends(), calls)
-	}
-	if r, err := c.Jar().Get(context.Background(), "charge:o1"); err != nil || r.Attempts != 0 || r.State != idem.StatePending {
-		t.Fatalf("record %+v, %v; want pending with no attempt counted", r, err)
-	}
-	_, err = c.PostJSON(context.Background(), "", chargesURL, chargeReq{Order: "o2"}, nil)
-	if !errors.Is(err, idem.ErrNotSent) || errors.Is(err, idem.ErrPending) {
-		t.Fatalf("without a name: %v; want ErrNotSent, not pending", err)
-	}
-	pending, err := c.Pending(context.Background())
-	if err != nil || len(pending) != 1 || pending[0].Op != "charge:o1" {
-		t.Fatalf("pending: %v, %v; want charge:o1 alone, the unnamed one abandoned", pending, err)
+	const secret = "sk_test_read_from_a_file"
+	errExpired := errors.New("token expired")
+	for _, c := range []struct {
+		name   string
+		header func(*http.Request) error
+		http   bool // over an http.Transport to a server on the loopback
+		want   error
+	}{
+		{name: "error", header: func(*http.Request) error { return errExpired }, want: errExpired},
+		{
+			name:   "value with a line break",
+			header: func(r *http.Request) error { r.Header.Set("Authorization", "Bearer "+secret+"\n"); return nil },
+			http:   true,
+			want:   idem.ErrInvalidHeader,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newShop()
+			calls := 0
+			o := &client.Options{Header: func(r *http.Request) error { calls++; return c.header(r) }}
+			url := chargesURL
+			if c.http {
+				srv := httptest.NewServer(s)
+				defer srv.Close()
+				o.Base, url = srv.Client().Transport, srv.URL+"/charges"
+			}
+			cl := newClient(t, s, o)
+			_, err := cl.PostJSON(context.Background(), "charge:o1", url, chargeReq{Order: "o1"}, nil)
+			if !errors.Is(err, idem.ErrPending) || !errors.Is(err, idem.ErrNotSent) || !errors.Is(err, c.want) ||
+				strings.Contains(err.Error(), secret) || s.sends() != 0 || calls != 1 {
+				t.Fatalf("got %v after %d sends, Options.Header called %d times; want a pending error wrapping ErrNotSent and %v, without the secret, nothing sent, no retry",
+					err, s.sends(), calls, c.want)
+			}
+			if r, err := cl.Jar().Get(context.Background(), "charge:o1"); err != nil || r.Attempts != 0 || r.State != idem.StatePending {
+				t.Fatalf("record %+v, %v; want pending with no attempt counted", r, err)
+			}
+			_, err = cl.PostJSON(context.Background(), "", url, chargeReq{Order: "o2"}, nil)
+			if !errors.Is(err, idem.ErrNotSent) || !errors.Is(err, c.want) || errors.Is(err, idem.ErrPending) {
+				t.Fatalf("without a name: %v; want ErrNotSent and %v, not pending", err, c.want)
+			}
+			pending, err := cl.Pending(context.Background())
+			if err != nil || len(pending) != 1 || pending[0].Op != "charge:o1" {
+				t.Fatalf("pending: %v, %v; want charge:o1 alone, the unnamed one abandoned", pending, err)
+			}
+		})
 	}
 }
 
