@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem/internal/pgtext"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/secrethdr"
+	"github.com/idemkit/idem/internal/sendable"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -322,9 +323,6 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		sent := nextBody
 		resp, err := c.send(ctx, sent)
 		nextBody = nil // the base transport closes it
-		if err != nil && c.proxyRefused(ctx, err) {
-			err = fmt.Errorf("%w: http.Transport's Proxy: %w", ErrNotSent, err)
-		}
 		if err != nil && errors.Is(err, ErrNotSent) {
 			return nil, c.notSent(ctx, err)
 		}
@@ -701,20 +699,6 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 	return c.abandonedUnsent(ctx, 0, err)
 }
 
-// proxyRefused reports whether err is the error of the Proxy function of
-// Base, net/http's Transport, which returns it as it is, before it dials:
-// the function, asked again, fails with the same text. Nothing of the
-// attempt was sent. Only a Base of net/http's own is asked: a base of
-// another kind may have sent an attempt of its own first.
-func (c *call) proxyRefused(ctx context.Context, err error) bool {
-	ht, ok := c.t.base().(*http.Transport)
-	if !ok || ht.Proxy == nil {
-		return false
-	}
-	_, perr := ht.Proxy(c.attempt(ctx, nil))
-	return perr != nil && perr.Error() == err.Error()
-}
-
 // neverConnected reports whether every attempt of the call failed to
 // connect (a dial refused, a host name that does not exist, directly or
 // to the proxy, a SOCKS5 proxy that could not reach the host, a server's
@@ -1000,10 +984,14 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 // together are the error (the response's body is closed), neither is an
 // error, and a nil Body is http.NoBody. A response without a Request gets
 // out, as net/http's Transport sets the request it sent: package client
-// reads the key there.
+// reads the key there. The error of the Proxy function of a Base that is
+// an *http.Transport wraps ErrNotSent (sendable.ProxyRefused).
 func (c *call) roundTrip(out *http.Request) (*http.Response, error) {
 	base := c.t.base()
 	resp, err := base.RoundTrip(out)
+	if err != nil && sendable.ProxyRefused(base, out, err) {
+		err = fmt.Errorf("%w: http.Transport's Proxy: %w", ErrNotSent, err)
+	}
 	switch {
 	case err != nil && resp != nil:
 		if resp.Body != nil {

@@ -91,7 +91,7 @@ var (
 	// the operation would be taken for one that did not happen. The
 	// Transport wraps it itself in the error of the Proxy function of a
 	// Base that is an *http.Transport, which net/http returns before it
-	// dials.
+	// dials; package client's Base does, over such a Transport.
 	ErrNotSent = errors.New("idem: the base transport did not send the attempt")
 )
 

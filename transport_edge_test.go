@@ -31,6 +31,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/body"
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
 	"github.com/idemkit/idem/testserver"
@@ -1282,14 +1283,7 @@ func TestProxyFuncErrorNotSent(t *testing.T) {
 		state idem.State
 	}{{"", idem.StateAbandoned}, {"charge:1", idem.StatePending}} {
 		t.Run("op="+c.op, func(t *testing.T) {
-			var dials atomic.Int32
-			base := &http.Transport{
-				Proxy: func(*http.Request) (*url.URL, error) { return nil, errProxy },
-				DialContext: func(context.Context, string, string) (net.Conn, error) {
-					dials.Add(1)
-					return nil, errors.New("dialled")
-				},
-			}
+			base, dials := refusetest.Proxy(errProxy)
 			jar := &idem.MemoryJar{}
 			tr := &idem.Transport{Base: base, Jar: jar, Policy: retry.Policy{MaxAttempts: 3, InitialInterval: time.Nanosecond}}
 			ctx := context.Background()
@@ -1304,8 +1298,8 @@ func TestProxyFuncErrorNotSent(t *testing.T) {
 			if r := onlyRecord(t, jar); r.State != c.state || r.Attempts != 0 || r.Holder != "" {
 				t.Errorf("record: %s, %d attempts, holder %q; want %s, no attempt, no holder", r.State, r.Attempts, r.Holder, c.state)
 			}
-			if dials.Load() != 0 {
-				t.Errorf("%d dials; want none", dials.Load())
+			if dials() != 0 {
+				t.Errorf("%d dials; want none", dials())
 			}
 		})
 	}

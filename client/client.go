@@ -1022,7 +1022,10 @@ func (c *Client) Forget(ctx context.Context, op string) error {
 }
 
 // sender is the Transport's Base: it adds Options.Header to each attempt
-// and tells the call's tracker what was sent.
+// and tells the call's tracker what was sent. It sends nothing itself but
+// through its base, once: an error of the Proxy function of a base that
+// is an *http.Transport wraps idem.ErrNotSent, as the Transport makes it
+// when that is its own Base.
 type sender struct {
 	base   http.RoundTripper
 	header func(*http.Request) error
@@ -1078,7 +1081,11 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 		}
 	}
-	return s.base.RoundTrip(r)
+	resp, err := s.base.RoundTrip(r)
+	if err != nil && sendable.ProxyRefused(s.base, r, err) {
+		err = fmt.Errorf("%w: http.Transport's Proxy: %w", idem.ErrNotSent, err)
+	}
+	return resp, err
 }
 
 // withheldKey is the context key of a resume's *CredentialsError template:

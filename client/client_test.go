@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/idemkit/idem/internal/stallproxy"
 	"github.com/idemkit/idem/keyjar"
 	"github.com/idemkit/idem/retry"
@@ -741,6 +742,38 @@ func TestHeaderErrorSendsNothing(t *testing.T) {
 			pending, err := cl.Pending(context.Background())
 			if err != nil || len(pending) != 1 || pending[0].Op != "charge:o1" {
 				t.Fatalf("pending: %v, %v; want charge:o1 alone, the unnamed one abandoned", pending, err)
+			}
+		})
+	}
+}
+
+// TestProxyFuncErrorNotSent: the error of the Proxy function of an
+// http.Transport Base, which net/http returns before it dials, is an
+// attempt not sent through the Client's wrapper of its Base, as through a
+// Transport over the http.Transport itself: not counted nor retried, the
+// operation without a name abandoned, a named one pending for a later
+// call. The wrapper hid the http.Transport: the attempt was counted, and
+// the operation left pending, named or not.
+func TestProxyFuncErrorNotSent(t *testing.T) {
+	errProxy := errors.New("no proxy for shop.test")
+	for _, c := range []struct {
+		op    string
+		state idem.State
+	}{{"", idem.StateAbandoned}, {"charge:o1", idem.StatePending}} {
+		t.Run("op="+c.op, func(t *testing.T) {
+			base, dials := refusetest.Proxy(errProxy)
+			jar := &idem.MemoryJar{}
+			cl := newClient(t, nil, &client.Options{Jar: jar, Base: base})
+			_, err := cl.PostJSON(context.Background(), c.op, chargesURL, chargeReq{Order: "o1"}, nil)
+			if !errors.Is(err, errProxy) || !errors.Is(err, idem.ErrNotSent) || errors.Is(err, idem.ErrPending) != (c.state == idem.StatePending) {
+				t.Errorf("PostJSON: %v; want the Proxy's error, not sent, pending only when named", err)
+			}
+			all, err := jar.List(context.Background(), idem.Filter{})
+			if err != nil || len(all) != 1 {
+				t.Fatalf("List: %d records, %v; want 1", len(all), err)
+			}
+			if r := all[0]; r.State != c.state || r.Attempts != 0 || dials() != 0 {
+				t.Errorf("record: %s, %d attempts, after %d dials; want %s, no attempt counted, no dial", r.State, r.Attempts, dials(), c.state)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 // Package refusetest gives tests a TCP address on 127.0.0.1 that refuses
-// every connection, a server that is down (Addr), and a PostgreSQL server
-// there that refuses every session (Session, PgBouncer).
+// every connection, a server that is down (Addr), a PostgreSQL server
+// there that refuses every session (Session, PgBouncer), and an
+// http.Transport whose Proxy function refuses every request (Proxy).
 package refusetest
 
 import "testing"

@@ -1,7 +1,8 @@
 // Package sendable says what net/http's Transport refuses of a request
 // before it writes a byte, each attempt alike: shared by the Transport,
 // which refuses such a request before it stores anything, and package
-// client, whose Options.Header changes each attempt after that check.
+// client, whose Options.Header changes each attempt after that check and
+// whose wrapper of its Base is the Transport's Base.
 package sendable
 
 import (
@@ -48,6 +49,21 @@ func Head(r *http.Request) string {
 		return "trailer " + what
 	}
 	return ""
+}
+
+// ProxyRefused reports whether err, which rt returned for r, is the error
+// of rt's Proxy function when rt is an *http.Transport: net/http returns
+// it as it is, before it dials, and the function, asked again, fails with
+// the same text. Nothing of the attempt was sent. Only a Transport of
+// net/http's own is asked: another RoundTripper may have sent an attempt
+// of its own first.
+func ProxyRefused(rt http.RoundTripper, r *http.Request, err error) bool {
+	ht, ok := rt.(*http.Transport)
+	if !ok || ht.Proxy == nil {
+		return false
+	}
+	_, perr := ht.Proxy(r)
+	return perr != nil && perr.Error() == err.Error()
 }
 
 // field names the first field of h with a name that is not a token or a
