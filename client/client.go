@@ -161,7 +161,8 @@ type Options struct {
 	// a redirect that would send one again comes back as the answer. Nil
 	// means POST and PATCH; to key PUT too, list them all: {"POST",
 	// "PATCH", "PUT"}. A request of another method is sent once, without a
-	// key or a record.
+	// key or a record. An entry that is not a method (a token, as "POST "
+	// or "post,put" is not) is ErrOptions.
 	Methods []string
 
 	// Budget is the retry quota shared by all of the Client's calls. Nil
@@ -239,7 +240,8 @@ func (c *Client) isSending(op string) bool {
 // New returns a Client over the jar file at path, opened with keyjar.Open
 // (created with mode 0600 if it does not exist), or over opts.Jar, in
 // which case path must be "". opts may be nil. Given neither, or both, New
-// returns ErrOptions, as for an Options.Methods that is empty but not nil.
+// returns ErrOptions, as for an Options.Methods that is empty but not nil
+// or lists a string that is not a method.
 //
 // A relative path is relative to the working directory: a program started
 // from another directory opens another jar, empty, and sends its pending
@@ -266,6 +268,11 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		// As a config file's "methods: []" gives it: nothing would be
 		// keyed, every request sent once without a key or a record.
 		return nil, fmt.Errorf("%w: Options.Methods is empty, so no request would get a key; nil means POST and PATCH", ErrOptions)
+	case slices.ContainsFunc(o.Methods, func(m string) bool { return !sendable.Method(m) }):
+		// As a config file's "POST " or "post,put" gives it: no request's
+		// method would match it, and those it meant would go unkeyed.
+		i := slices.IndexFunc(o.Methods, func(m string) bool { return !sendable.Method(m) })
+		return nil, fmt.Errorf("%w: Options.Methods[%d] is %q, which is not an HTTP method (a token: letters, digits and !#$%%&'*+-.^_`|~, no space or comma), so no request would match it", ErrOptions, i, o.Methods[i])
 	case o.Jar != nil && path != "":
 		return nil, fmt.Errorf("%w: both a path (%q) and Options.Jar are given; give one", ErrOptions, path)
 	case o.Jar == nil && path == "":

@@ -1044,6 +1044,17 @@ func TestMethodsWithoutPOST(t *testing.T) {
 	if _, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Methods: []string{}}); !errors.Is(err, client.ErrOptions) {
 		t.Errorf("New with Methods empty: %v; want ErrOptions", err)
 	}
+	// As a config file may give them: no request's method matches one,
+	// and the POSTs they meant to key would go unkeyed.
+	for _, methods := range [][]string{{"POST "}, {"PUT", "post,patch"}, {""}} {
+		_, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Methods: methods})
+		if !errors.Is(err, client.ErrOptions) || !strings.Contains(err.Error(), strconv.Quote(methods[len(methods)-1])) {
+			t.Errorf("New with Methods %q: %v; want ErrOptions quoting the one that is not a method", methods, err)
+		}
+	}
+	if _, err := client.New(context.Background(), "", &client.Options{Jar: &idem.MemoryJar{}, Methods: []string{"post", "PURGE", "M-SEARCH"}}); err != nil {
+		t.Errorf("New with Methods of tokens: %v", err)
+	}
 	var sent atomic.Int64
 	c := newClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { sent.Add(1) }), &client.Options{Methods: []string{"PUT"}})
 	if _, err := c.PostJSON(context.Background(), "charge:1", chargesURL, map[string]int{"amount": 1}, nil); !errors.Is(err, client.ErrMethod) || sent.Load() != 0 {

@@ -84,6 +84,9 @@ func field(h http.Header) string {
 	return ""
 }
 
+// Method reports whether m is a method net/http sends: a token.
+func Method(m string) bool { return isToken(m) }
+
 // isToken reports whether s is a token of RFC 9110 §5.6.2: one or more
 // tchars.
 func isToken(s string) bool {
