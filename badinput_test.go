@@ -460,6 +460,23 @@ func TestBadInput(t *testing.T) {
 		},
 		// A method that is not a token, which a Methods entry matches
 		// under Unicode case folding (ſ is s), refused unsent over HTTP/1.
+		{
+			// As a config file may give it: the POST it meant to key would
+			// go out unkeyed, unrecorded; the GET fails alike.
+			name: "Transport.Methods entry that is not a method",
+			run: func(t *testing.T, s *stack) (*http.Response, error) {
+				defer func(m []string) { s.tr.Methods = m }(s.tr.Methods)
+				s.tr.Methods = []string{"PATCH", "POST "}
+				body := &closeTracker{Reader: strings.NewReader(`{"amount":1}`)}
+				req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/v1/charges", body)
+				if _, err := s.tr.RoundTrip(req); !errors.Is(err, idem.ErrInvalidMethods) || !strings.Contains(err.Error(), `"POST "`) || !body.closed {
+					t.Errorf("POST: %v, body closed %v; want ErrInvalidMethods quoting \"POST \", the body closed", err, body.closed)
+				}
+				req, _ = http.NewRequest(http.MethodGet, s.srv.URL+"/v1/charges", nil)
+				return readAll(s.tr.RoundTrip(req))
+			},
+			want: idem.ErrInvalidMethods,
+		},
 		{name: "method that is not a token", run: edited("charge:bad-method", func(r *http.Request) { r.Method = "PO\u017fT" }), want: idem.ErrInvalidHeader},
 		{
 			name: "100 MB body without GetBody: refused",

@@ -18,6 +18,12 @@ var (
 	// in-memory fallback: keys that vanish on a restart are the bug this
 	// package exists to prevent.
 	ErrNilJar = errors.New("idem: Transport.Jar is nil; open a jar (keyjar.Open) or use an explicit &idem.MemoryJar{}")
+	// ErrInvalidMethods is returned by Transport.RoundTrip, before
+	// anything is sent, for a request it does not key while
+	// Transport.Methods lists a string that is not a method (a token:
+	// "POST " or "post,put" is not), which no request would match: those
+	// it was meant to key would go out without a key or a record.
+	ErrInvalidMethods = errors.New("idem: Transport.Methods lists a string that is not a method")
 	// ErrBodyNotRewindable is returned by Transport.RoundTrip, before
 	// anything is sent, for a body that has no GetBody and is larger than
 	// Transport.MaxBuffer: it could not be sent again on a retry.

@@ -258,7 +258,9 @@ type Transport struct {
 	Budget *retry.Budget
 
 	// Methods are the methods that get a key. Nil means POST and PATCH.
-	// Names match in any case, those of nil too: a "post" is keyed.
+	// Names match in any case, those of nil too: a "post" is keyed. An
+	// entry that is not a method (a token) fails every request with
+	// ErrInvalidMethods.
 	Methods []string
 
 	// MaxBuffer bounds the body read into memory: to buffer a body without
@@ -362,6 +364,13 @@ func (t *Transport) CloseIdleConnections() {
 // RoundTrip implements http.RoundTripper with the rules in the Transport
 // documentation.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if i := slices.IndexFunc(t.Methods, func(m string) bool { return !sendable.Method(m) }); i >= 0 {
+		// A request it was meant to key would go out unkeyed, unrecorded.
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, fmt.Errorf("%w: Transport.Methods[%d] is %q, which no request's method matches (a method is a token: letters, digits and !#$%%&'*+-.^_`|~, no space or comma); nothing was sent", ErrInvalidMethods, i, t.Methods[i])
+	}
 	if !t.keyed(req.Method) {
 		if req.Response != nil && hasKeyHeader(req.Header) && req.Method != redirect.First(req).Method {
 			// A redirect http.Client follows with another method (a 303's
