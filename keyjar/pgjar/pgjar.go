@@ -23,6 +23,10 @@
 //     record is abandoned: two workers never create two keys for one name.
 //   - Acquire is an UPDATE that compares and sets the lease.
 //   - Update is an UPDATE fenced by the holder.
+//   - Neither writes a record that does not decode: their UPDATE holds
+//     that the record is one the jar reads back, and, for the rare record
+//     it cannot tell so, runs in a transaction that is rolled back when
+//     the record does not decode (an *idem.RecordError).
 //   - ForgetKey is a DELETE whose WHERE clause holds the key and the state,
 //     and AbandonKey an UPDATE whose WHERE clause holds them and the lease.
 //
@@ -655,6 +659,29 @@ func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query st
 	return rec, lost, err
 }
 
+// recordTx runs a statement as record does, in a transaction that it
+// commits once the record the statement returns decodes, and rolls back
+// otherwise (an *idem.RecordError): the jar changes no record it refuses
+// to read, as keyjar's transactions change none. BEGIN and COMMIT cost
+// two round trips more, so Acquire and Update first run their UPDATE
+// alone, under decodes, which the server checks: it commits in one round
+// trip a record that surely decodes (every header of UTF-8 names and
+// values the jar writes), and writes nothing otherwise; Acquire and Update
+// then read the record (a RecordError ends them there) and run their
+// UPDATE again here.
+// A COMMIT whose answer was lost is an UPDATE whose answer was lost: it
+// may have been applied, and it is run again only when resend is true.
+func (j *Jar) recordTx(ctx context.Context, until time.Time, resend bool, query string, args ...any) (rec idem.Record, lost, err error) {
+	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn *pgxpool.Conn) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			var err error
+			rec, err = scanRecord(tx.QueryRow(ctx, query, args...))
+			return err
+		})
+	})
+	return rec, lost, err
+}
+
 // exec runs one statement, as run does, and returns how many rows it
 // changed.
 func (j *Jar) exec(ctx context.Context, until time.Time, resend bool, query string, args ...any) (n int64, lost, err error) {
@@ -802,9 +829,10 @@ func (j *Jar) Get(ctx context.Context, op string) (idem.Record, error) {
 // Acquire implements idem.Jar: it takes op's lease for holder until now+ttl
 // when the lease is free, held by holder or expired at now. Otherwise it
 // returns the record and idem.ErrLeased. It returns idem.ErrNotFound for an
-// unknown op, and ErrInvalid when now or now+ttl cannot be stored. When
-// the connection to the server is lost, Acquire runs its statements again
-// (see the package documentation).
+// unknown op, ErrInvalid when now or now+ttl cannot be stored, and an
+// *idem.RecordError, changing nothing, for a record that does not decode.
+// When the connection to the server is lost, Acquire runs its statements
+// again (see the package documentation).
 func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
 	if j.closed.Load() {
 		return idem.Record{}, wrapf(ErrClosed, "acquire %q", op)
@@ -828,10 +856,11 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 	}
 	var rec idem.Record
 	retryUntil := j.retryUntil()
+	write, stmt := j.record, j.sql.acquire
 	for range raceAttempts {
 		// Sent again after a lost answer, it finds the lease its own, and
 		// takes it again.
-		rec, _, err = j.record(ctx, retryUntil, true, j.sql.acquire, op, holder, *at, until)
+		rec, _, err = write(ctx, retryUntil, true, stmt, op, holder, *at, until)
 		if err == nil {
 			return rec, nil
 		}
@@ -848,7 +877,9 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 		if !rec.CanLease(holder, now) {
 			return rec, wrapf(idem.ErrLeased, "acquire %q", op)
 		}
-		// Released between the two statements: try again.
+		// Released between the two statements, or a record that decodes
+		// is false of: try again, in a transaction (see recordTx).
+		write, stmt = j.recordTx, j.sql.acquireTx
 	}
 	// Every UPDATE found the lease held by another, and every read found it
 	// released since: the lease is busy, and ErrLeased is true of the last
@@ -857,21 +888,22 @@ func (j *Jar) Acquire(ctx context.Context, op, holder string, now time.Time, ttl
 }
 
 // acquireSQL takes a lease that is free, held by the holder or expired.
+// Its statements add a condition (decodes) and RETURNING.
 const acquireSQL = `UPDATE {schema}.idem_operations SET holder = $2, lease_until = $4
-	WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)
-	RETURNING ` + columns
+	WHERE op = $1 AND (holder = '' OR holder = $2 OR lease_until IS NULL OR lease_until <= $3)`
 
 // Update implements idem.Jar: it applies c to op, as idem.Change.Apply
 // does. When holder is not "" and op's lease is no longer held by holder,
 // nothing changes and Update returns the current record and
 // idem.ErrLeaseLost. It returns idem.ErrNotFound for an unknown op, and
 // ErrInvalid for an invalid c.State, a time that cannot be stored, a
-// string that text cannot hold or a LastStatus outside 32 bits. It does
-// not wait for the change to reach stable storage, but for a change to
-// StateAbandoned, which it commits as Begin commits a key (see the package
-// documentation). When the connection to
-// the server is lost, Update runs its statements again, its change only
-// when that is safe (see the package documentation).
+// string that text cannot hold or a LastStatus outside 32 bits, and an
+// *idem.RecordError, changing nothing, for a record that does not decode.
+// It does not wait for the change to reach stable storage, but for a
+// change to StateAbandoned, which it commits as Begin commits a key (see
+// the package documentation). When the connection to the server is lost,
+// Update runs its statements again, its change only when that is safe
+// (see the package documentation).
 func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (idem.Record, error) {
 	args, err := j.changeArgs(op, holder, c)
 	if err == nil {
@@ -886,8 +918,9 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 	var last idem.Record
 	until := j.retryUntil()
 	unsure := false // an UPDATE was sent and its answer lost
+	write, stmt := j.record, j.sql.updateRecord
 	for range raceAttempts {
-		rec, lost, err := j.record(ctx, until, replayable(holder, c), j.sql.updateRecord, args...)
+		rec, lost, err := write(ctx, until, replayable(holder, c), stmt, args...)
 		unsure = unsure || lost != nil
 		if err == nil {
 			return rec, nil
@@ -911,8 +944,10 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 			return rec, wrapf(idem.ErrLeaseLost, "update %q", op)
 		}
 		// The lease came back to holder, or the record was created, between
-		// the two statements: try again.
+		// the two statements, or it is one that decodes is false of: try
+		// again, in a transaction (see recordTx).
 		last = rec
+		write, stmt = j.recordTx, j.sql.updateRecordTx
 	}
 	if holder != "" {
 		// Every UPDATE found the lease held by another: ErrLeaseLost is true
@@ -935,7 +970,8 @@ func applied(rec idem.Record, c idem.Change) bool {
 // updateSQL is the fenced UPDATE of Update and of the changes Defer queues.
 // Its arguments are changeArgs'; it commits with synchronous_commit set to
 // Jar.updateCommit, or to the session's setting when its last argument is
-// "".
+// "" (set_config's is_local: to the end of recordTx's transaction too).
+// Update's statements add a condition (decodes) and RETURNING.
 const updateSQL = `UPDATE {schema}.idem_operations SET
 		updated = $3,
 		state = CASE WHEN $4::text = '' THEN state ELSE $4::text END,

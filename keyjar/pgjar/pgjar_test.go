@@ -140,7 +140,7 @@ func TestSessionSettings(t *testing.T) {
 // flush, an Update or a deferred change does not (the idem.Jar contract
 // allows losing them), but for an Update to StateAbandoned, which does as
 // a key creation does, and a DSN's explicit choice applies to all, also on
-// a pool passed to New.
+// a pool passed to New, and to an Update run in a transaction.
 func TestCommitModes(t *testing.T) {
 	dsn := pgtest.DB(t)
 	open(t, dsn, nil) // creates the schema
@@ -168,42 +168,48 @@ func TestCommitModes(t *testing.T) {
 		{dsn, "on", "off", true},
 		{dsn + "&synchronous_commit=remote_write", "remote_write", "remote_write", true},
 	} {
-		if _, err := conn.Exec(t.Context(), `TRUNCATE commit_log`); err != nil {
-			t.Fatal(err)
-		}
 		var j *pgjar.Jar
 		if c.viaNew {
 			j = onPool(t, newPool(t, c.dsn), nil)
 		} else {
 			j = open(t, c.dsn, nil)
 		}
-		op := fmt.Sprint("op-", c.begin, c.viaNew)
-		if _, _, err := j.Begin(t.Context(), record(op)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
-			t.Fatal(err)
-		}
-		if err := j.Defer(op, "", idem.Change{Now: t0, Attempts: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := j.Get(t.Context(), op); err != nil { // waits for the deferred change
-			t.Fatal(err)
-		}
-		if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateAbandoned}); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := conn.Query(t.Context(), `SELECT verb || ' ' || setting FROM commit_log ORDER BY n`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := []string{"INSERT " + c.begin, "UPDATE " + c.write, "UPDATE " + c.write, "UPDATE " + c.begin}
-		if !slices.Equal(got, want) {
-			t.Errorf("DSN %q (New %v): commits %q; want %q", c.dsn, c.viaNew, got, want)
+		// A header value that begins with a NUL byte, stored in base64, is
+		// one that Update writes in a transaction (see TestDecodes).
+		for _, h := range []http.Header{nil, {"X-Nul": {"\x00"}}} {
+			if _, err := conn.Exec(t.Context(), `TRUNCATE commit_log`); err != nil {
+				t.Fatal(err)
+			}
+			op := fmt.Sprint("op-", c.begin, c.viaNew, h != nil)
+			r := record(op)
+			r.Header = h
+			if _, _, err := j.Begin(t.Context(), r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateDone}); err != nil {
+				t.Fatal(err)
+			}
+			if err := j.Defer(op, "", idem.Change{Now: t0, Attempts: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := j.Get(t.Context(), op); err != nil { // waits for the deferred change
+				t.Fatal(err)
+			}
+			if _, err := j.Update(t.Context(), op, "", idem.Change{Now: t0, State: idem.StateAbandoned}); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := conn.Query(t.Context(), `SELECT verb || ' ' || setting FROM commit_log ORDER BY n`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"INSERT " + c.begin, "UPDATE " + c.write, "UPDATE " + c.write, "UPDATE " + c.begin}
+			if !slices.Equal(got, want) {
+				t.Errorf("DSN %q (New %v), header %q: commits %q; want %q", c.dsn, c.viaNew, h, got, want)
+			}
 		}
 	}
 }
@@ -1199,5 +1205,64 @@ func TestListAfterAnOpTextCannotHold(t *testing.T) {
 		if !errors.Is(err, pgjar.ErrInvalid) || strings.Count(err.Error(), "pgjar:") != 1 {
 			t.Errorf("List after %q: %v; want ErrInvalid, with one pgjar: prefix", op, err)
 		}
+	}
+}
+
+// TestUndecodableRecordIsLeftAsItWas: Acquire and Update of a record that
+// does not decode return an *idem.RecordError and change nothing: neither
+// one whose header is not JSON, nor one that changed between the jar's
+// read and its write (a trigger damages the header the UPDATE writes, as
+// another program could meanwhile). Before, the UPDATE committed and its
+// caller got the error of a change the jar had made. A header stored
+// with a value that begins with a NUL byte, which hdrjson writes in
+// base64, is acquired and updated as any other.
+func TestUndecodableRecordIsLeftAsItWas(t *testing.T) {
+	dsn := pgtest.DB(t)
+	j := open(t, dsn, nil)
+	ctx := t.Context()
+	for _, op := range []string{"not-json", "raced", "nul"} {
+		r := record(op)
+		r.Holder, r.LeaseUntil = "h", t0.Add(time.Minute)
+		r.Header = http.Header{"X-Nul": {"\x00b"}}
+		if _, _, err := j.Begin(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := pgtest.Connect(t, dsn)
+	for _, stmt := range []string{
+		`UPDATE idem_operations SET header = 'not json' WHERE op = 'not-json'`,
+		`CREATE FUNCTION damage() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN NEW.header := 'not json'; RETURN NEW; END $$`,
+		`CREATE TRIGGER damage BEFORE UPDATE ON idem_operations FOR EACH ROW WHEN (OLD.op = 'raced') EXECUTE FUNCTION damage()`,
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row := func(op string) (s string) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT o::text FROM idem_operations o WHERE op = $1`, op).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, op := range []string{"not-json", "raced"} {
+		before := row(op)
+		_, aerr := j.Acquire(ctx, op, "h", t0, time.Hour)
+		_, uerr := j.Update(ctx, op, "h", done)
+		for call, err := range map[string]error{"Acquire": aerr, "Update": uerr} {
+			if re := (*idem.RecordError)(nil); !errors.As(err, &re) || re.Record.Op != op {
+				t.Errorf("%s of %s: %v; want an *idem.RecordError", call, op, err)
+			}
+		}
+		if after := row(op); after != before {
+			t.Errorf("%s after Acquire and Update:\n\t%s\nwas\n\t%s", op, after, before)
+		}
+	}
+	if rec, err := j.Acquire(ctx, "nul", "h", t0, time.Hour); err != nil || !rec.LeaseUntil.Equal(t0.Add(time.Hour)) {
+		t.Errorf("Acquire of nul = lease until %v, %v; want %v", rec.LeaseUntil, err, t0.Add(time.Hour))
+	}
+	if rec, err := j.Update(ctx, "nul", "h", done); err != nil || rec.State != idem.StateDone || rec.Header.Get("X-Nul") != "\x00b" {
+		t.Errorf("Update of nul = %s, header %q, %v; want done, its header as it was", rec.State, rec.Header, err)
 	}
 }

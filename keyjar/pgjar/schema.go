@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -120,6 +121,7 @@ func schemaError(verb string, err error) error {
 type statements struct {
 	get, begin, acquire, update, updateRecord, list, listAfter, listAfterZero, byKey, forget, forgetKey, abandonKey, abandonedKey, due, prune string
 	listState, listStateAfter, listStateAfterZero                                                                                             string // List with a State
+	acquireTx, updateRecordTx                                                                                                                 string // without decodes, in a transaction
 }
 
 // newStatements returns the statements on the jar in schema name.
@@ -128,9 +130,11 @@ func newStatements(name string) statements {
 	return statements{
 		get:                q(getSQL),
 		begin:              q(beginSQL),
-		acquire:            q(acquireSQL),
+		acquire:            q(acquireSQL + ` AND ` + decodes + ` RETURNING ` + columns),
+		acquireTx:          q(acquireSQL + ` RETURNING ` + columns),
 		update:             q(updateSQL),
-		updateRecord:       q(updateSQL + ` RETURNING ` + columns),
+		updateRecord:       q(updateSQL + ` AND ` + decodes + ` RETURNING ` + columns),
+		updateRecordTx:     q(updateSQL + ` RETURNING ` + columns),
 		list:               q(listSQL),
 		listAfter:          q(listAfterSQL),
 		listAfterZero:      q(listAfterZeroSQL),
@@ -151,6 +155,28 @@ func newStatements(name string) statements {
 // them.
 const columns = `op, key, fingerprint, state, method, url, header, body, body_size,
 	created, updated, attempts, last_status, last_error, next_attempt, note, holder, lease_until`
+
+// headerJSON matches JSON as hdrjson.Marshal writes a header (encoding/json's
+// output for an http.Header): null, or an object of strings to null or to
+// arrays of strings, without white space. Each string of it is one that
+// encoding/json reads; one with "\u0000" may begin with the NUL of
+// hdrjson's base64 marker, which decodes is false of.
+const (
+	jsonString = `"(?:[^"\\\x01-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"`
+	jsonValues = `(?:null|\[(?:` + jsonString + `(?:,` + jsonString + `)*)?\])`
+	jsonMember = jsonString + `:` + jsonValues
+	headerJSON = `^(?:null|\{(?:` + jsonMember + `(?:,` + jsonMember + `)*)?\})$`
+)
+
+// decodes is the SQL condition, on a row of idem_operations, that
+// scanRecord surely decodes it: its header is NULL, or JSON that headerJSON
+// matches and that holds no "\u0000". It is false of a header that does
+// not decode, and of a few that do (a name or value that begins with a NUL
+// byte, or that is not UTF-8, stored in base64; JSON as another program
+// writes it). Both patterns are escape strings (E'…'), which read
+// backslashes alike whatever standard_conforming_strings says.
+var decodes = `(header IS NULL OR strpos(header, E'\\u0000') = 0 AND header ~ E'` +
+	strings.ReplaceAll(headerJSON, `\`, `\\`) + `')`
 
 func scanRecord(row pgx.Row) (idem.Record, error) {
 	var (
