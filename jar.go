@@ -289,15 +289,16 @@ var (
 	ErrNotAbandoned = errors.New("idem: operation not abandoned: it has another key, is neither pending nor reconcile, or is leased")
 )
 
-// RecordError is returned, wrapped, by the Get, List and ByKey methods of
-// *keyjar.Jar and *pgjar.Jar for a stored record that does not decode: its
-// header is not the JSON the jar writes (damaged in the database, or
-// written there by another program). List and ByKey return no record then,
-// as for any error. Record holds the fields that did decode (Op, Key,
+// RecordError is returned, wrapped, by the Begin, Get, List, ByKey,
+// Acquire and Update methods of *keyjar.Jar and *pgjar.Jar for a stored
+// record that does not decode: its header is not the JSON the jar writes (damaged in
+// the database, or written there by another program). List and ByKey
+// return no record then, as for any error, and Acquire and Update change
+// nothing. Record holds the fields that did decode (Op, Key,
 // State, the times, all but Header and Body), so that a tool can name the
 // record, read on past it (Record.Cursor as Filter.After), forget it and,
 // pending, abandon it (the jars' AbandonKey, which reads no header); Err says what did not decode, and matches the jar's own error for a
-// damaged record (keyjar.ErrCorrupt).
+// damaged record (keyjar.ErrCorrupt; pgjar has none).
 type RecordError struct {
 	Record Record
 	Err    error

@@ -200,6 +200,11 @@ const raceAttempts = 10
 // Errors returned by Open, New and the Jar's methods, besides idem.ErrNotFound,
 // idem.ErrLeased and idem.ErrLeaseLost, which the methods return as the
 // idem.Jar contract says. Each is wrapped with details: test with errors.Is.
+// A stored record that does not decode (its header is not the JSON the jar
+// writes) is an *idem.RecordError, wrapped (test with errors.As), which
+// matches none of them: Begin, Get, Acquire, Update, List and ByKey return
+// it, and ForgetKey when it deletes nothing; Acquire and Update then change
+// nothing.
 var (
 	// ErrClosed is returned by every method of a Jar after Close, Close
 	// included, whatever its other arguments (an invalid record included),
