@@ -291,10 +291,11 @@ var (
 
 // RecordError is returned, wrapped, by the Begin, Get, List, ByKey,
 // Acquire and Update methods of *keyjar.Jar and *pgjar.Jar for a stored
-// record that does not decode: its header is not the JSON the jar writes (damaged in
-// the database, or written there by another program). List and ByKey
-// return no record then, as for any error, and Acquire and Update change
-// nothing. Record holds the fields that did decode (Op, Key,
+// record that does not decode: its header is not the JSON the jar writes,
+// or (keyjar, whose table does not refuse it) its state is not a State;
+// damaged in the database, or written there by another program. List and
+// ByKey return no record then, as for any error, and Acquire and Update
+// change nothing. Record holds the fields that did decode (Op, Key,
 // State, the times, all but Header and Body), so that a tool can name the
 // record, read on past it (Record.Cursor as Filter.After), forget it and,
 // pending, abandon it (the jars' AbandonKey, which reads no header); Err says what did not decode, and matches the jar's own error for a

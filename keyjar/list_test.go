@@ -58,37 +58,49 @@ func TestListPagePlan(t *testing.T) {
 	}
 }
 
-// TestRecordThatDoesNotDecode: Get and List of a record whose header is not
-// the JSON the jar writes return an *idem.RecordError holding the fields
-// that decode (name, key, state, creation time), which matches ErrCorrupt,
-// and ForgetKey deletes the record under that key.
+// TestRecordThatDoesNotDecode: Begin, Get, List, ByKey and Acquire of a
+// record whose header is not the JSON the jar writes, or whose state is
+// none of idem's (the table has no CHECK on it; another program may write
+// one), return an *idem.RecordError holding the fields that decode (name,
+// key, state and creation time), which matches ErrCorrupt, and ForgetKey
+// deletes the record under that key.
 func TestRecordThatDoesNotDecode(t *testing.T) {
-	j, path := openTemp(t, nil)
-	ctx := t.Context()
-	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	r := idem.Record{Op: "op-1", Key: "k1", State: idem.StateDone, Method: "POST", URL: "http://127.0.0.1/",
-		Header: http.Header{"Content-Type": {"application/json"}}, Created: t0, Updated: t0}
-	if _, _, err := j.Begin(ctx, r); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rawDB(t, path, "").Exec("UPDATE operations SET header = 'not json'"); err != nil {
-		t.Fatal(err)
-	}
-	_, gerr := j.Get(ctx, "op-1")
-	_, lerr := j.List(ctx, idem.Filter{})
-	for what, err := range map[string]error{"Get": gerr, "List": lerr} {
-		var re *idem.RecordError
-		if !errors.As(err, &re) || !errors.Is(err, keyjar.ErrCorrupt) {
-			t.Fatalf("%s of a record that does not decode: %v; want an *idem.RecordError matching ErrCorrupt", what, err)
-		}
-		if got := re.Record; got.Op != r.Op || got.Key != r.Key || got.State != r.State || !got.Created.Equal(t0) || got.Header != nil {
-			t.Errorf("%s: RecordError.Record = %+v; want op, key, state and creation time, no header", what, got)
-		}
-	}
-	if err := j.ForgetKey(ctx, "op-1", "k1"); err != nil {
-		t.Fatalf("ForgetKey of a record that does not decode: %v", err)
-	}
-	if _, err := j.Get(ctx, "op-1"); !errors.Is(err, idem.ErrNotFound) {
-		t.Errorf("Get after ForgetKey: %v; want ErrNotFound", err)
+	for _, damage := range []struct {
+		set   string
+		state idem.State
+	}{{"header = 'not json'", idem.StateDone}, {"state = 'bogus'", "bogus"}} {
+		t.Run(damage.set, func(t *testing.T) {
+			j, path := openTemp(t, nil)
+			ctx := t.Context()
+			t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+			r := idem.Record{Op: "op-1", Key: "k1", State: idem.StateDone, Method: "POST", URL: "http://127.0.0.1/",
+				Header: http.Header{"Content-Type": {"application/json"}}, Created: t0, Updated: t0}
+			if _, _, err := j.Begin(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rawDB(t, path, "").Exec("UPDATE operations SET " + damage.set); err != nil {
+				t.Fatal(err)
+			}
+			_, _, berr := j.Begin(ctx, r)
+			_, gerr := j.Get(ctx, "op-1")
+			_, lerr := j.List(ctx, idem.Filter{})
+			_, kerr := j.ByKey(ctx, "k1")
+			_, aerr := j.Acquire(ctx, "op-1", "h", t0, time.Minute)
+			for what, err := range map[string]error{"Begin": berr, "Get": gerr, "List": lerr, "ByKey": kerr, "Acquire": aerr} {
+				var re *idem.RecordError
+				if !errors.As(err, &re) || !errors.Is(err, keyjar.ErrCorrupt) {
+					t.Fatalf("%s of a record that does not decode: %v; want an *idem.RecordError matching ErrCorrupt", what, err)
+				}
+				if got := re.Record; got.Op != r.Op || got.Key != r.Key || got.State != damage.state || !got.Created.Equal(t0) || got.Header != nil {
+					t.Errorf("%s: RecordError.Record = %+v; want op, key, state %q and creation time, no header", what, got, damage.state)
+				}
+			}
+			if err := j.ForgetKey(ctx, "op-1", "k1"); err != nil {
+				t.Fatalf("ForgetKey of a record that does not decode: %v", err)
+			}
+			if _, err := j.Get(ctx, "op-1"); !errors.Is(err, idem.ErrNotFound) {
+				t.Errorf("Get after ForgetKey: %v; want ErrNotFound", err)
+			}
+		})
 	}
 }

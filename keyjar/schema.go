@@ -191,6 +191,12 @@ func scanRecord(s scanner) (idem.Record, error) {
 	}
 	r.Created, r.Updated = fromNanos(created), fromNanos(updated)
 	r.NextAttempt, r.LeaseUntil = fromNanos(next), fromNanos(leaseUntil)
+	if !r.State.Valid() {
+		// The table has no CHECK on state: another program may have
+		// written one. What did decode, as for a header.
+		r.Header, r.Body = nil, nil
+		return idem.Record{}, &idem.RecordError{Record: r, Err: fmt.Errorf("%w: state of %q: %q is not an idem.State", ErrCorrupt, r.Op, r.State)}
+	}
 	if header.Valid {
 		if r.Header, err = hdrjson.Unmarshal([]byte(header.String)); err != nil {
 			// What did decode, for a tool to name it and read past it.

@@ -201,3 +201,27 @@ func testAbandonUndecodable(t *testing.T, srv *server, path string) {
 		t.Errorf("forget of the abandoned record: exit %d, stdout %q, stderr %q; want it forgotten", code, out, errOut)
 	}
 }
+
+// TestUnknownState: a record whose state is none of idem's, which keyjar's
+// table does not refuse (pgjar's CHECK does), does not decode: show says
+// so with its key and its state, escaped, list skips it, and forget
+// removes it.
+func TestUnknownState(t *testing.T) {
+	now := time.Now()
+	path := jarWith(t, idem.Record{Op: "charge:1", Key: "k1", State: idem.StatePending, Method: "POST",
+		URL: "http://127.0.0.1/v1/charges", Created: now, Updated: now})
+	alter(t, path, "state = 'done\x1b[2J'", "charge:1")
+	code, out, errOut := idemctl("--jar", path, "show", "charge:1")
+	wantError(t, code, errOut, 1, `charge:1: its record does not decode`)
+	if !strings.Contains(errOut, `key k1, "done\x1b[2J", stored `) || !strings.Contains(errOut, "forget removes it") || len(controls(out+errOut)) > 0 {
+		t.Errorf("show: stdout %q, stderr %q; want its key and state, escaped, and what forget does", out, errOut)
+	}
+	code, out, errOut = idemctl("--jar", path, "list")
+	if code != 1 || len(listed(out)) > 0 || len(controls(out+errOut)) > 0 {
+		t.Errorf("list: exit %d, stdout %q, stderr %q; want exit 1 and nothing listed", code, out, errOut)
+	}
+	wantSkipped(t, "list", errOut, "charge:1")
+	if code, out, errOut := idemctl("--jar", path, "forget", "charge:1"); code != 0 || out != "charge:1: forgotten\n" {
+		t.Errorf("forget: exit %d, stdout %q, stderr %q; want it forgotten", code, out, errOut)
+	}
+}
