@@ -819,6 +819,8 @@ func abandonUndecodable(ctx context.Context, s *session, re *idem.RecordError, r
 	case r.State == idem.StateAbandoned:
 		s.alreadyAbandoned(r)
 		return nil
+	case !r.State.Valid():
+		return fmt.Errorf("%w: not abandoned, its state is not one of idem's", undecoded(re))
 	case r.State != idem.StatePending && r.State != idem.StateReconcile:
 		return fmt.Errorf("%w: not abandoned, its outcome is known", undecoded(re))
 	case !r.CanLease("", now) && !idem.HolderGone(r.Holder):

@@ -204,8 +204,8 @@ func testAbandonUndecodable(t *testing.T, srv *server, path string) {
 
 // TestUnknownState: a record whose state is none of idem's, which keyjar's
 // table does not refuse (pgjar's CHECK does), does not decode: show says
-// so with its key and its state, escaped, list skips it, and forget
-// removes it.
+// so with its key and its state, escaped, list skips it, abandon refuses
+// it for that state (not for an outcome known), and forget removes it.
 func TestUnknownState(t *testing.T) {
 	now := time.Now()
 	path := jarWith(t, idem.Record{Op: "charge:1", Key: "k1", State: idem.StatePending, Method: "POST",
@@ -221,6 +221,8 @@ func TestUnknownState(t *testing.T) {
 		t.Errorf("list: exit %d, stdout %q, stderr %q; want exit 1 and nothing listed", code, out, errOut)
 	}
 	wantSkipped(t, "list", errOut, "charge:1")
+	code, _, errOut = idemctl("--jar", path, "abandon", "charge:1", "--reason", "no charge in the ledger")
+	wantError(t, code, errOut, 1, "not abandoned, its state is not one of idem's")
 	if code, out, errOut := idemctl("--jar", path, "forget", "charge:1"); code != 0 || out != "charge:1: forgotten\n" {
 		t.Errorf("forget: exit %d, stdout %q, stderr %q; want it forgotten", code, out, errOut)
 	}
