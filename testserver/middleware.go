@@ -1203,28 +1203,34 @@ func failedStatus(status int) bool {
 // Goexit ends, where it would end the request's, the claim left in flight
 // and the connection broken off.
 func (m *Middleware) call(h http.Handler, w http.ResponseWriter, r *http.Request) (recovered any, stack []byte) {
-	done := make(chan struct{})
+	// The goroutine sends its result back rather than set call's results:
+	// captured by it, each would be an allocation of its own.
+	done := make(chan handlerFailure)
 	go func() {
-		defer close(done)
 		returned := false
 		defer func() {
-			v := recover()
-			if v == nil && !returned {
-				v = errGoexit // recover returns nil during a Goexit
+			var f handlerFailure
+			f.recovered = recover()
+			if f.recovered == nil && !returned {
+				f.recovered = errGoexit // recover returns nil during a Goexit
 			}
-			if v != nil {
-				recovered = v
-				if v != http.ErrAbortHandler {
-					stack = make([]byte, 64<<10)
-					stack = stack[:runtime.Stack(stack, false)]
-				}
+			if f.recovered != nil && f.recovered != http.ErrAbortHandler {
+				f.stack = make([]byte, 64<<10)
+				f.stack = f.stack[:runtime.Stack(f.stack, false)]
 			}
+			done <- f
 		}()
 		h.ServeHTTP(w, r)
 		returned = true
 	}()
-	<-done
-	return recovered, stack
+	f := <-done
+	return f.recovered, f.stack
+}
+
+// handlerFailure is what call returns.
+type handlerFailure struct {
+	recovered any
+	stack     []byte
 }
 
 // errGoexit is the failure of a handler that called runtime.Goexit.
