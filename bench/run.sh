@@ -21,7 +21,7 @@ out=${1:-bench/results/$(date -u +%F)}
 rounds=${ROUNDS:-20}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-rm -f "$out"/transport.txt "$out"/clients.txt "$out"/sqlitestore.txt "$out"/pgstore.txt "$out"/growth.txt
+rm -f "$out"/transport.txt "$out"/clients.txt "$out"/sqlitestore.txt "$out"/pgstore.txt "$out"/middleware.txt "$out"/growth.txt
 quick='-run=^$ -count=1 -benchtime=300ms'
 i=0
 while [ "$i" -lt "$rounds" ]; do
@@ -30,6 +30,7 @@ while [ "$i" -lt "$rounds" ]; do
 	(cd bench && go test $quick -bench=. .) >>"$out/clients.txt"
 	go test $quick -bench=. ./testserver/sqlitestore >>"$out/sqlitestore.txt"
 	go test $quick -bench=. ./testserver/pgstore >>"$out/pgstore.txt"
+	go test $quick -bench='^BenchmarkMiddleware$' ./testserver >>"$out/middleware.txt"
 	echo "round $i of $rounds done" >&2
 done
 go test -run='^$' -bench='^BenchmarkJarGrowth/Begin' -benchtime=1000x -count=6 -timeout=2h ./keyjar >>"$out/growth.txt"
@@ -40,6 +41,7 @@ for f in transport clients; do
 	benchstat -col /client "$out/$f.txt"
 done
 benchstat -col /impl "$out/sqlitestore.txt" "$out/pgstore.txt"
+benchstat -col /path "$out/middleware.txt"
 benchstat "$out/growth.txt"
 ratio() { (cd bench && go run ./cmd/benchratio "$@"); }
 ratio -col client -base plain "$out/transport.txt" "$out/clients.txt"
@@ -48,3 +50,4 @@ ratio -col client -base fdatasync+plain "$out/transport.txt"
 ratio -col client -base retryablehttp "$out/clients.txt"
 ratio -col pool -base tuned "$out/transport.txt"
 ratio -col impl -base rawsql "$out/sqlitestore.txt" "$out/pgstore.txt"
+ratio -col path -base bare "$out/middleware.txt"
