@@ -589,7 +589,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 		r, err := s.jar.Get(ctx, args[0])
 		if re := (*idem.RecordError)(nil); errors.As(err, &re) && re.Record.Op == args[0] {
 			// One record damaged, not the jar: said as show says it.
-			return fmt.Errorf("%w; not resumed: its request does not read back", undecoded(re))
+			return fmt.Errorf("%w; not resumed", undecoded(re))
 		}
 		if err != nil {
 			return s.unknown(args[0], err)
