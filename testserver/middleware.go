@@ -457,11 +457,11 @@ func (m *Middleware) protects(method string) bool { return keyhdr.Keyed(m.Method
 
 func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, p Problem) {
 	m.stats.rejected.Add(1)
-	args := []any{"status", p.Status, "type", p.Type}
+	attrs := []slog.Attr{slog.Int("status", p.Status), slog.String("type", p.Type)}
 	if p.Key != "" { // a body refused: the key is valid, and the answer names it
-		args = append([]any{"key", p.Key}, args...)
+		attrs = append([]slog.Attr{slog.String("key", p.Key)}, attrs...)
 	}
-	m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", args...)
+	m.log(r.Context(), slog.LevelDebug, "idempotency: request rejected", attrs...)
 	WriteProblem(w, p, 0)
 }
 
@@ -495,7 +495,7 @@ func (m *Middleware) readBody(r *http.Request, key string) ([]byte, *Problem) {
 	case err != nil:
 		// The error goes to the Logger alone: net/http's names the
 		// server's own address (an internal one behind a load balancer).
-		m.log(r.Context(), slog.LevelInfo, "idempotency: request body unreadable", "key", key, "err", err)
+		m.log(r.Context(), slog.LevelInfo, "idempotency: request body unreadable", slog.String("key", key), slog.Any("err", err))
 		p := &Problem{Type: ProblemBodyUnreadable, Title: "Request body unreadable", Status: http.StatusBadRequest,
 			Detail: "The request body could not be read; send the request again with the same Idempotency-Key."}
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
@@ -514,7 +514,7 @@ func (m *Middleware) readBody(r *http.Request, key string) ([]byte, *Problem) {
 		// multipart form, whose parts cannot be told apart, nothing does.
 		switch {
 		case r.MultipartForm != nil:
-			m.log(r.Context(), slog.LevelError, "idempotency: a multipart form was parsed before the Middleware read the body", "key", key)
+			m.log(r.Context(), slog.LevelError, "idempotency: a multipart form was parsed before the Middleware read the body", slog.String("key", key))
 			return nil, &Problem{Type: ProblemBodyUnreadable, Title: "Request body read before the idempotency middleware", Status: http.StatusInternalServerError,
 				Detail: "The server parsed this multipart form before its idempotency middleware could compare it with the request first sent under the key; nothing ran."}
 		case len(r.PostForm) > 0:
@@ -655,12 +655,12 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			m.claimFailed(w, r, scope, key, f, err)
 			return
 		case claimed:
-			m.log(ctx, slog.LevelDebug, "idempotency: claimed", "key", key, "token", f.Token)
+			m.log(ctx, slog.LevelDebug, "idempotency: claimed", slog.String("key", key), slog.Int64("token", f.Token))
 			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: f.Token, ClaimID: f.ClaimID}, now, body)
 			return
 		case e.Fingerprint != fp && !legacyFingerprint(r, scope, body, e.Fingerprint):
 			m.stats.mismatches.Add(1)
-			m.log(ctx, slog.LevelInfo, "idempotency: key reused with another request", "key", key)
+			m.log(ctx, slog.LevelInfo, "idempotency: key reused with another request", slog.String("key", key))
 			WriteProblem(w, Problem{Type: ProblemMismatch, Title: "Idempotency-Key reused with another request", Status: http.StatusUnprocessableEntity, Key: key,
 				Detail: "This Idempotency-Key was first used with a different method, path, query, Content-Type or body. Do not retry: send a new key for a new operation, or resend the original request unchanged."}, 0)
 			return
@@ -668,12 +668,12 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			if age, ok := m.streaming(scope, key, e, now); ok {
 				m.stats.conflicts.Add(1)
 				wait := retryInFlight(age, m.lockTimeout())
-				m.log(ctx, slog.LevelDebug, "idempotency: in flight, its answer too large to save streaming", "key", key, "retry_after", wait)
+				m.log(ctx, slog.LevelDebug, "idempotency: in flight, its answer too large to save streaming", slog.String("key", key), slog.Int("retry_after", wait))
 				m.inFlight(w, key, wait)
 				return
 			}
 			m.stats.replays.Add(1)
-			m.log(ctx, slog.LevelDebug, "idempotency: replayed", "key", key, "status", e.Response.Status)
+			m.log(ctx, slog.LevelDebug, "idempotency: replayed", slog.String("key", key), slog.Int("status", e.Response.Status))
 			m.replay(w, r.Method == http.MethodHead, *e.Response)
 			return
 		case e.Status != StatusInFlight:
@@ -684,7 +684,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 		if age := m.claimAge(scope, key, e.Fence, now); age < lt {
 			m.stats.conflicts.Add(1)
 			wait := retryInFlight(age, lt)
-			m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", wait)
+			m.log(ctx, slog.LevelDebug, "idempotency: in flight", slog.String("key", key), slog.Int("retry_after", wait))
 			m.inFlight(w, key, wait)
 			return
 		}
@@ -705,14 +705,14 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, h http.Handl
 			return
 		}
 		if won {
-			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", "key", key, "old_token", e.Token, "token", next.Token)
+			m.log(ctx, slog.LevelWarn, "idempotency: stale claim taken over", slog.String("key", key), slog.Int64("old_token", e.Token), slog.Int64("token", next.Token))
 			m.run(w, r, h, Claim{Scope: scope, Key: key, Token: next.Token, ClaimID: next.ClaimID, TakenOver: true}, now, body)
 			return
 		}
 		// Another request took it over, saved or released it first: look again.
 	}
 	m.stats.conflicts.Add(1)
-	m.log(ctx, slog.LevelDebug, "idempotency: in flight", "key", key, "retry_after", 1)
+	m.log(ctx, slog.LevelDebug, "idempotency: in flight", slog.String("key", key), slog.Int("retry_after", 1))
 	m.inFlight(w, key, 1)
 }
 
@@ -751,7 +751,7 @@ func (m *Middleware) claimFailed(w http.ResponseWriter, r *http.Request, scope, 
 func (m *Middleware) releaseUnrun(r *http.Request, scope, key string, f Fence) {
 	if err := m.release(r, scope, key, f); err != nil {
 		m.stats.storeErrors.Add(1)
-		m.log(r.Context(), slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
+		m.log(r.Context(), slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", slog.String("key", key), slog.Any("err", err))
 	}
 }
 
@@ -907,7 +907,7 @@ func (m *Middleware) storeProblem(r *http.Request, key string, err error) Proble
 			Detail: "The request's time ran out before the server could record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}
 	}
 	m.stats.storeErrors.Add(1)
-	m.log(r.Context(), slog.LevelError, "idempotency: store failed; request refused", "key", key, "err", err)
+	m.log(r.Context(), slog.LevelError, "idempotency: store failed; request refused", slog.String("key", key), slog.Any("err", err))
 	return Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable, Key: key,
 		Detail: "The server could not record this Idempotency-Key, so it did not process the request. Retry the same request with the same key."}
 }
@@ -1124,19 +1124,19 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 			fenced = "save"
 		case err != nil:
 			m.stats.storeErrors.Add(1)
-			m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", "key", key, "err", err)
+			m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", slog.String("key", key), slog.Any("err", err))
 		}
 	} else if failed && m.OnError == ReleaseClaim && !(abort && rec.streamed) {
 		released, err := m.Store.Release(ctx, scope, key, fence)
 		switch {
 		case err != nil:
 			m.stats.storeErrors.Add(1)
-			m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", "key", key, "err", err)
+			m.log(ctx, slog.LevelError, "idempotency: release failed; the claim stays until LockTimeout", slog.String("key", key), slog.Any("err", err))
 		case !released:
 			fenced = "release"
 		default:
 			m.stats.released.Add(1)
-			m.log(ctx, slog.LevelDebug, "idempotency: claim released after handler error", "key", key, "status", rec.status)
+			m.log(ctx, slog.LevelDebug, "idempotency: claim released after handler error", slog.String("key", key), slog.Int("status", rec.status))
 		}
 	} else {
 		resp := m.saved(rec, key, "")
@@ -1146,9 +1146,9 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 			fenced = "save"
 		case err != nil:
 			m.stats.storeErrors.Add(1)
-			m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", "key", key, "err", err)
+			m.log(ctx, slog.LevelError, "idempotency: save failed; the claim stays until LockTimeout", slog.String("key", key), slog.Any("err", err))
 		default:
-			m.log(ctx, slog.LevelDebug, "idempotency: saved", "key", key, "status", resp.Status)
+			m.log(ctx, slog.LevelDebug, "idempotency: saved", slog.String("key", key), slog.Int("status", resp.Status))
 		}
 	}
 	if fenced != "" {
@@ -1156,27 +1156,27 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		// nothing, and the caller is told to retry, which replays the new
 		// owner's answer.
 		m.stats.fenced.Add(1)
-		m.log(ctx, slog.LevelWarn, "idempotency: late "+fenced+" fenced: the claim was taken over", "key", key)
+		m.log(ctx, slog.LevelWarn, "idempotency: late "+fenced+" fenced: the claim was taken over", slog.String("key", key))
 	}
 	switch {
 	case aborted:
-		m.log(r.Context(), slog.LevelInfo, "idempotency: handler aborted its answer (http.ErrAbortHandler)", "key", key)
+		m.log(r.Context(), slog.LevelInfo, "idempotency: handler aborted its answer (http.ErrAbortHandler)", slog.String("key", key))
 	case v != nil:
 		m.logPanic(r, key, v, stack)
 	case short:
-		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", "key", key,
-			"content_length", rec.declared, "written", rec.size)
+		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", slog.String("key", key),
+			slog.Int64("content_length", rec.declared), slog.Int64("written", rec.size))
 	case silent:
-		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned no answer after its lease ended", "key", key)
+		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned no answer after its lease ended", slog.String("key", key))
 	case hctx.Err() != nil:
 		// Saved as it answered, but it ran past LockTimeout, when a retry
 		// could take its claim over: a LockTimeout shorter than an honest
 		// run, which the operator must learn of before it runs twice.
 		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned after its lease ended; a retry could have taken its claim over and run it again",
-			"key", key, "lock_timeout", m.lockTimeout())
+			slog.String("key", key), slog.Duration("lock_timeout", m.lockTimeout()))
 	}
 	if tooLarge {
-		m.log(ctx, slog.LevelWarn, "idempotency: response too large to save; a marker is saved", "key", key, "status", rec.status, "bytes", rec.size)
+		m.log(ctx, slog.LevelWarn, "idempotency: response too large to save; a marker is saved", slog.String("key", key), slog.Int("status", rec.status), slog.Int64("bytes", rec.size))
 	}
 	switch {
 	case abort: // the deferred panic breaks the connection off
@@ -1348,9 +1348,9 @@ func (m *Middleware) streaming(scope, key string, e Entry, now time.Time) (time.
 // the record were logged. A store write the record follows stands; a claim
 // it precedes waits out its LockTimeout. Once the handler ran, the save or
 // the release precedes every record.
-func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, args ...any) {
+func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
 	if m.Logger != nil {
-		m.Logger.Log(ctx, level, msg, args...)
+		m.Logger.LogAttrs(ctx, level, msg, attrs...)
 	}
 }
 
