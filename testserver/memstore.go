@@ -39,15 +39,15 @@ func (s *MemoryStore) Claim(ctx context.Context, scope, key, fingerprint string,
 
 // TakeOver implements Store.
 func (s *MemoryStore) TakeOver(ctx context.Context, scope, key string, old, new Fence) (bool, error) {
-	return s.fenced(ctx, scope, key, old, func(e *Entry) bool { e.Fence = new; return true })
+	return s.fenced(ctx, scope, key, old, func(e Entry) (Entry, bool) { e.Fence = new; return e, true })
 }
 
 // Save implements Store.
 func (s *MemoryStore) Save(ctx context.Context, scope, key string, f Fence, resp Response) error {
-	ok, err := s.fenced(ctx, scope, key, f, func(e *Entry) bool {
+	ok, err := s.fenced(ctx, scope, key, f, func(e Entry) (Entry, bool) {
 		e.Status = StatusDone
 		e.Response = cloneResponse(&resp)
-		return true
+		return e, true
 	})
 	if err == nil && !ok {
 		err = ErrFenced
@@ -57,12 +57,13 @@ func (s *MemoryStore) Save(ctx context.Context, scope, key string, f Fence, resp
 
 // Release implements Store.
 func (s *MemoryStore) Release(ctx context.Context, scope, key string, f Fence) (bool, error) {
-	return s.fenced(ctx, scope, key, f, func(*Entry) bool { return false })
+	return s.fenced(ctx, scope, key, f, func(e Entry) (Entry, bool) { return e, false })
 }
 
-// fenced applies f to the entry if it is in flight with fence; f returns
-// false to delete the entry instead of keeping it.
-func (s *MemoryStore) fenced(ctx context.Context, scope, key string, fence Fence, f func(*Entry) bool) (bool, error) {
+// fenced replaces the entry by what f returns from it if it is in flight
+// with fence; f returns false to delete the entry instead of keeping it.
+// (Given a pointer, f would move every entry it reads to the heap.)
+func (s *MemoryStore) fenced(ctx context.Context, scope, key string, fence Fence, f func(Entry) (Entry, bool)) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -73,7 +74,7 @@ func (s *MemoryStore) fenced(ctx context.Context, scope, key string, fence Fence
 	if !ok || e.Status != StatusInFlight || e.Fence != fence {
 		return false, nil
 	}
-	if f(&e) {
+	if e, keep := f(e); keep {
 		s.entries[k] = e
 	} else {
 		delete(s.entries, k)

@@ -486,10 +486,13 @@ func (m *Middleware) readBody(r *http.Request, key string) ([]byte, *Problem) {
 	// One byte past the limit tells a body over it; a limit of
 	// math.MaxInt64 has no byte past it, and limit+1 would be negative.
 	b, err := io.ReadAll(io.LimitReader(r.Body, min(limit, math.MaxInt64-1)+1))
-	var mbe *http.MaxBytesError
+	if err != nil { // declared here, mbe is allocated only for an error
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) { // an http.MaxBytesReader set before the Middleware
+			return nil, tooLarge(mbe.Limit)
+		}
+	}
 	switch {
-	case errors.As(err, &mbe): // an http.MaxBytesReader set before the Middleware
-		return nil, tooLarge(mbe.Limit)
 	case int64(len(b)) > limit:
 		return nil, tooLarge(limit)
 	case err != nil:
@@ -1446,8 +1449,10 @@ func (rec *recorder) WriteHeader(code int) {
 	// caller and every replay get what net/http would have sent.
 	rec.sent = rec.header.Clone()
 	rec.declared = -1
-	if n, err := strconv.ParseInt(rec.sent.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
-		rec.declared = n
+	if cl := rec.sent.Get("Content-Length"); cl != "" { // "" would allocate ParseInt's error
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			rec.declared = n
+		}
 	}
 }
 
