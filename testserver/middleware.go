@@ -392,8 +392,15 @@ func CredentialScope(r *http.Request) string {
 	if len(a) == 0 {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(strings.Join(a, "\n")))
-	return hex.EncodeToString(sum[:])
+	return hexSum(sha256.Sum256([]byte(strings.Join(a, "\n"))))
+}
+
+// hexSum returns sum in hex: one allocation, the string, where
+// hex.EncodeToString makes two.
+func hexSum(sum [sha256.Size]byte) string {
+	var b [2 * sha256.Size]byte
+	hex.Encode(b[:], sum[:])
+	return string(b[:])
 }
 
 // Wrap returns a handler that runs h under the decision table. A request
@@ -556,7 +563,9 @@ func fingerprint(r *http.Request, scope, mt string, c []byte) string {
 		h.Write(n[:])
 		h.Write(f)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0]) // appended in place: sum has the room
+	return hexSum(sum)
 }
 
 // legacyFingerprint reports whether fp, a stored fingerprint that is not
