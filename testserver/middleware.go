@@ -1050,7 +1050,8 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	} else {
 		m.stats.claims.Add(1)
 	}
-	hctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(r.Context()), claimKey{}, c), lease)
+	detached := context.WithoutCancel(r.Context()) // the handler's, and the save's or release's after it
+	hctx, cancel := context.WithTimeout(context.WithValue(detached, claimKey{}, c), lease)
 	defer cancel()
 	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))
@@ -1124,7 +1125,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	}
 
 	// The handler ran: record the outcome even if the caller hung up.
-	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(r.Context()), storeWriteTimeout)
+	ctx, cancelWrite := context.WithTimeout(detached, storeWriteTimeout)
 	defer cancelWrite()
 	fenced := ""      // the write that found the claim taken over
 	tooLarge := false // the too-large marker was saved
@@ -1267,11 +1268,12 @@ func (m *Middleware) logPanic(r *http.Request, key string, v any, stack []byte) 
 // saved returns what is stored for the recorded answer: the answer itself,
 // or the ProblemResponseTooLarge marker. A marker saved before its handler
 // returned names, in by, the Middleware that runs the handler (see
-// streaming).
+// streaming). The answer's body is the recorder's own, not a copy: nothing
+// writes it once the handler returned.
 func (m *Middleware) saved(rec *recorder, key, by string) Response {
 	if !rec.streamed {
 		hdr := canonical(rec.sent, func(name string) bool { return m.replayable(name, rec.head) })
-		return Response{Status: rec.status, Header: hdr, Body: bytes.Clone(rec.body.Bytes())}
+		return Response{Status: rec.status, Header: hdr, Body: rec.body.Bytes()}
 	}
 	m.stats.tooLarge.Add(1)
 	p := Problem{Type: ProblemResponseTooLarge, Title: "Response too large to replay", Status: http.StatusInternalServerError, Key: key, OriginalStatus: rec.status,
