@@ -942,8 +942,13 @@ func (m *Middleware) replay(w http.ResponseWriter, head bool, resp Response) {
 // that what is saved, and every replay, is the same whatever the order of
 // the map.
 func canonical(h http.Header, keep func(name string) bool) http.Header {
+	names := make([]string, 0, len(h)) // slices.Sorted(maps.Keys(h)) grows its slice as it goes
+	for name := range h {
+		names = append(names, name)
+	}
+	slices.Sort(names)
 	out := make(http.Header, len(h))
-	for _, name := range slices.Sorted(maps.Keys(h)) {
+	for _, name := range names {
 		if keep(name) {
 			c := http.CanonicalHeaderKey(name)
 			out[c] = append(out[c], h[name]...)
