@@ -564,6 +564,10 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// keys with it, and pgjar re-creates nothing.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrSchema.Error()+": ")
 		return fmt.Errorf("%s: the key jar's schema is damaged (%s); keys may be lost: restore the jar's tables from a backup", where, missing)
+	case errors.Is(err, pgjar.ErrPrivilege):
+		// pgjar names the table and what to grant; the line names the
+		// database, as every other refusal at open does.
+		return fmt.Errorf("%s: %w", where, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: no answer within %v", where, connectTimeout)

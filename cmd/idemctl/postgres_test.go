@@ -329,6 +329,18 @@ func TestPostgresRoleThatMayOnlyRead(t *testing.T) {
 	}
 }
 
+// TestPostgresRoleThatMayNotRead: a role without SELECT on the table of
+// versions is refused at open, and the line names the database it was
+// refused on, as every other refusal at open does, and what to grant.
+func TestPostgresRoleThatMayNotRead(t *testing.T) {
+	role := pgtest.AppRole(t, seedPostgres(t, newServer(t)))
+	code, _, errOut := idemctl("--jar", role, "list")
+	wantError(t, code, errOut, 1, `GRANT SELECT ON "public"."idem_operations_schema"`)
+	if !strings.HasPrefix(errOut, "idemctl: "+role+": ") {
+		t.Errorf("stderr %q; want it to begin with the database, %q", errOut, role)
+	}
+}
+
 // TestPostgresJarOfAnOlderVersion: a PostgreSQL jar of schema version 1,
 // which idemctl does not upgrade, is said to be a jar of an older schema
 // version, with the version it records, not a database without a jar; and
