@@ -32,6 +32,20 @@ func Unreachable(err error) error {
 	return &explained{msg: msg, err: err}
 }
 
+// OneLine returns err, when it holds pgx's *pgconn.ConnectError, with that
+// error's words said as Unreachable says them, the rest of err's message
+// kept (a context that ended while a call waited to try again: "context
+// canceled, after: connection to the database failed …"); otherwise err
+// itself. It wraps err still.
+func OneLine(err error) error {
+	var ce *pgconn.ConnectError
+	c := Unreachable(err)
+	if c == nil || !errors.As(err, &ce) {
+		return err
+	}
+	return &explained{msg: strings.Replace(err.Error(), ce.Error(), c.Error(), 1), err: err}
+}
+
 // PoolerHint returns, for err holding PgBouncer's refusal of a startup
 // parameter (see reconnect.UnsupportedParameter), what to do about it, or
 // "". pgjar's and pgstore's Open set three (opened): a PgBouncer refuses

@@ -1,11 +1,13 @@
 package pgmigrate
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idem/internal/refusetest"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -36,5 +38,29 @@ func TestCacheHint(t *testing.T) {
 	}
 	if err := CacheHint(nil); err != nil {
 		t.Errorf("CacheHint(nil) = %v", err)
+	}
+}
+
+// TestOneLine: an error that holds pgx's error for a connection that could
+// not be made (a server down, tried with TLS and then without, as pgx's
+// default sslmode prefer does) says so in one line, the dial's error once,
+// with the rest of its message kept, and still wraps what it wrapped; any
+// other error is returned as it is.
+func TestOneLine(t *testing.T) {
+	_, err := pgconn.Connect(t.Context(), "postgres://ops@"+refusetest.Addr(t)+"/jars?connect_timeout=5")
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "\n") {
+		t.Fatalf("connect to a server that is down: %v; want a *pgconn.ConnectError of more than one line", err)
+	}
+	in := fmt.Errorf("%w, after: %w", context.Canceled, err)
+	out := OneLine(in)
+	const want = "context canceled, after: connection to the database failed (user=ops database=jars): "
+	if msg := out.Error(); !strings.HasPrefix(msg, want) || strings.Contains(msg, "\n") || strings.Count(msg, "connection refused") != 1 ||
+		!errors.Is(out, context.Canceled) || !errors.As(out, &ce) {
+		t.Errorf("OneLine(%q) = %q; want one line beginning %q, saying connection refused once, matching context.Canceled and *pgconn.ConnectError", in, msg, want)
+	}
+	other := errors.New("pgjar: get: no rows")
+	if out := OneLine(other); out != other {
+		t.Errorf("OneLine(%v) = %v; want it as it is", other, out)
 	}
 }

@@ -233,6 +233,22 @@ func RefusedUnparsed(t testing.TB, dsn string, err error) {
 	}
 }
 
+// SSLModePrefer returns dsn without its sslmode, so that pgx tries TLS
+// first (sslmode prefer, its default), as a DSN of a user's would: the
+// cluster refuses it, and a connection that fails says so in a line of its
+// own before the cause.
+func SSLModePrefer(t testing.TB, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("sslmode")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 // RefusedConnect fails t unless open, pgjar's or pgstore's Open, refuses
 // to connect, with the password hunter2 in the DSN, to a database that
 // does not exist and to a server that is down (an address of

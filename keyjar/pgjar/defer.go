@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/chanbatch"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/pgmigrate"
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -179,6 +180,7 @@ func (j *Jar) apply(batch []deferred) {
 // answer lost, perhaps applied), to Options.Logger: nobody else learns of
 // it.
 func (j *Jar) dropped(d deferred, err error) {
+	err = pgmigrate.OneLine(err) // one line, as a call's error
 	if j.logger != nil {
 		j.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgjar: a deferred change was dropped on an error; the operation may stay as it was",
 			slog.String("op", d.op), slog.String("err", dsn.MaskPasswords(err.Error())))

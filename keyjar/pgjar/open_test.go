@@ -1,9 +1,11 @@
 package pgjar_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/url"
 	"strings"
@@ -13,6 +15,8 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/keyjar/pgjar"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -423,4 +427,53 @@ func TestOpenBehindTransactionPooler(t *testing.T) {
 			return err
 		}
 	})
+}
+
+// TestCallRefusedSession: a call whose new session the server refuses once
+// the jar is open (the database no longer takes connections, the jar's
+// sessions ended) fails with one line that says the connection failed and
+// why, as Open's error does, rather than pgx's lines, its refused TLS
+// attempt first (sslmode prefer, pgx's default); errors.As still finds
+// the server's refusal.
+func TestCallRefusedSession(t *testing.T) {
+	u, err := url.Parse(pgtest.SSLModePrefer(t, pgtest.DB(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged syncBuffer
+	j, err := pgjar.Open(t.Context(), u.String(), &pgjar.Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	name := strings.TrimPrefix(u.Path, "/")
+	db := pgx.Identifier{name}.Sanitize()
+	u.Path = "/postgres" // a database may not refuse its own session's connections
+	conn := pgtest.Connect(t, u.String())
+	if _, err := conn.Exec(t.Context(), `ALTER DATABASE `+db+` ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := conn.Exec(context.Background(), `ALTER DATABASE `+db+` ALLOW_CONNECTIONS true`); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := conn.Exec(t.Context(), `SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+		WHERE datname = $1`, name); err != nil {
+		t.Fatal(err)
+	}
+	_, err = j.Get(t.Context(), "charge:1")
+	var pe *pgconn.PgError
+	if msg := fmt.Sprint(err); !strings.HasPrefix(msg, `pgjar: get "charge:1": connection to the database failed`) ||
+		strings.Contains(msg, "\n") || strings.Contains(msg, "tls") || !errors.As(err, &pe) || pe.Code != "55000" {
+		t.Errorf("Get after the server refused new sessions: %q; want one line, %q and the server's refusal (SQLSTATE 55000), no TLS attempt",
+			msg, `pgjar: get "charge:1": connection to the database failed`)
+	}
+	if err := j.Defer("charge:1", "h", idem.Change{Now: t0}); err != nil {
+		t.Fatal(err)
+	}
+	j.Close() // applies, or drops, what was deferred
+	if out := logged.String(); !strings.Contains(out, "err=\"connection to the database failed") || strings.Contains(out, "tls") {
+		t.Errorf("logged %q; want the dropped change's error in one line, as Get's", out)
+	}
 }

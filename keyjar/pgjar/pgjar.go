@@ -620,13 +620,14 @@ func (j *Jar) check(ctx context.Context) error {
 // closedOr returns err or, when the jar is closed and err is a failure
 // rather than the answer that there is no row, ErrClosed: a call that
 // Close cut short fails with whatever pgxpool says of a closed pool. A
-// pooler's mix-up of pgx's prepared statements says what to do about it
-// (see pgmigrate.CacheHint).
+// connection that could not be made says so in one line, as Open's error
+// does (see pgmigrate.OneLine); a pooler's mix-up of pgx's prepared
+// statements says what to do about it (see pgmigrate.CacheHint).
 func (j *Jar) closedOr(err error) error {
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) && j.closed.Load() {
 		return ErrClosed
 	}
-	return pgmigrate.CacheHint(err)
+	return pgmigrate.CacheHint(pgmigrate.OneLine(err))
 }
 
 // conn takes a connection and the context for one statement on it (see

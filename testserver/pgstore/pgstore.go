@@ -362,13 +362,15 @@ func (s *Store) Close() error {
 
 // closedOr returns err or, when there is one and the store is closed,
 // ErrClosed: a call that Close cut short fails with whatever pgxpool says
-// of a closed pool. A pooler's mix-up of pgx's prepared statements says
-// what to do about it (see pgmigrate.CacheHint).
+// of a closed pool. A connection that could not be made says so in one
+// line, as Open's error does (see pgmigrate.OneLine); a pooler's
+// mix-up of pgx's prepared statements says what to do about it (see
+// pgmigrate.CacheHint).
 func (s *Store) closedOr(err error) error {
 	if err != nil && s.closed.Load() {
 		return ErrClosed
 	}
-	return pgmigrate.CacheHint(err)
+	return pgmigrate.CacheHint(pgmigrate.OneLine(err))
 }
 
 // entryColumns are scanned by scanEntry, in this order.
