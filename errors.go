@@ -307,8 +307,9 @@ func (e *PendingError) Timeout() bool {
 // abandon is a second write to the failing jar, within the request's
 // context: a jar that is down fails the call once both gave up, each after
 // its own retries (pgjar: about twice Options.QueryTimeout each, so 20 s
-// at the default when the server refuses connections). Bound the call with
-// its request's context to fail sooner.
+// at the default when the server is down; a session it refuses, such as a
+// wrong password's, fails at once). Bound the call with its request's
+// context to fail sooner.
 type JarError struct {
 	Op  string
 	Err error
