@@ -563,6 +563,11 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// index, the record of the version): a table dropped took its
 		// keys with it, and pgjar re-creates nothing.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrSchema.Error()+": ")
+		if errors.Is(err, pgmigrate.ErrIndexOnly) {
+			// pgjar says which index and how to create it: a restore
+			// from a backup would lose the keys written since.
+			return fmt.Errorf("%s: the key jar's schema lacks an index, nothing written (%s)", where, missing)
+		}
 		return fmt.Errorf("%s: the key jar's schema is damaged (%s); keys may be lost: restore the jar's tables from a backup", where, missing)
 	case errors.Is(err, pgjar.ErrPrivilege):
 		// pgjar names the table and what to grant; the line names the

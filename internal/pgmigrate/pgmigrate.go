@@ -64,6 +64,11 @@ type Schema struct {
 	// version (Table dropped or emptied) but holds one of Objects: what
 	// remains is not a schema to create from scratch.
 	Incomplete error
+	// Indexes are the secondary indexes among Objects, each with the
+	// statement that creates it ({schema}.name, as in Migrations). One
+	// missing loses no row: when only such indexes are missing, Incomplete
+	// wraps ErrIndexOnly too, and says how to create them again.
+	Indexes map[string]string
 	// NoSchema is returned, wrapped with the search path, when
 	// current_schema() is null: no schema of the search path exists, and
 	// there is nowhere to look for the tables or to create them.
@@ -749,11 +754,27 @@ func (s Schema) whole(ctx context.Context, q querier, schema string) error {
 		return err
 	}
 	missing := slices.DeleteFunc(slices.Clone(s.Objects), func(o string) bool { return slices.Contains(found, o) })
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: in schema %s, no %s", s.Incomplete, quote(schema), strings.Join(missing, ", "))
+	if len(missing) == 0 {
+		return nil
 	}
-	return nil
+	var create []string
+	for _, o := range missing {
+		if stmt, ok := s.Indexes[o]; ok {
+			create = append(create, Qualify(stmt, schema))
+		}
+	}
+	if len(create) == len(missing) {
+		// An index dropped took no row with it: a restore from a backup
+		// would lose what was written since.
+		return fmt.Errorf("%w: in schema %s, no %s (%w: create it again, as the owner: %s)", s.Incomplete, quote(schema),
+			strings.Join(missing, ", "), ErrIndexOnly, strings.Join(create, "; "))
+	}
+	return fmt.Errorf("%w: in schema %s, no %s", s.Incomplete, quote(schema), strings.Join(missing, ", "))
 }
+
+// ErrIndexOnly is wrapped, with a Schema's Incomplete, in the error for a
+// schema that lacks only some of its Indexes.
+var ErrIndexOnly = errors.New("only an index is missing, no row is lost")
 
 // CheckPool checks, on one connection of a caller's pool, that it runs
 // READ COMMITTED by default and synchronous_commit on (or remote_apply),

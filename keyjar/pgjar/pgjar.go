@@ -222,7 +222,10 @@ var (
 	// "jobs", no idem_operations). Neither re-creates it: a table dropped
 	// took its keys with it, and an operation whose key was lost would be
 	// sent again under a new one. Restore it (from a backup, or as the
-	// migration in schema.go creates it) knowing what was lost. It is
+	// migration in schema.go creates it) knowing what was lost. An index
+	// alone loses no row: the error then says so and gives the statement
+	// that creates it again (a backup would lose what was written since).
+	// It is
 	// returned too, naming what remains, for a database whose
 	// idem_operations_schema was dropped or emptied but that holds the
 	// jar's table or one of its indexes, with Options.MustExist or

@@ -46,8 +46,8 @@ var migrations = [][]string{
 			holder       text    NOT NULL,
 			lease_until  bigint
 		)`,
-		`CREATE INDEX idem_operations_by_created ON {schema}.idem_operations (created NULLS FIRST, op)`,
-		`CREATE INDEX idem_operations_by_state ON {schema}.idem_operations (state, updated)`,
+		indexes["idem_operations_by_created"],
+		indexes["idem_operations_by_state"],
 	},
 	{ // 2: List with a State (client.Pending, idemctl list --status and
 		// resume --all) reads the records of that state alone, in List's
@@ -55,8 +55,16 @@ var migrations = [][]string{
 		// Not CONCURRENTLY, which cannot run in the migration's
 		// transaction: the build holds off writes to the table while it
 		// reads it once.
-		`CREATE INDEX idem_operations_by_state_created ON {schema}.idem_operations (state, created NULLS FIRST, op)`,
+		indexes["idem_operations_by_state_created"],
 	},
+}
+
+// indexes are the jar's secondary indexes, each with the statement that
+// creates it.
+var indexes = map[string]string{
+	"idem_operations_by_created":       `CREATE INDEX idem_operations_by_created ON {schema}.idem_operations (created NULLS FIRST, op)`,
+	"idem_operations_by_state":         `CREATE INDEX idem_operations_by_state ON {schema}.idem_operations (state, updated)`,
+	"idem_operations_by_state_created": `CREATE INDEX idem_operations_by_state_created ON {schema}.idem_operations (state, created NULLS FIRST, op)`,
 }
 
 // schema is the jar's tables, recorded in idem_operations_schema.
@@ -69,6 +77,7 @@ var schema = pgmigrate.Schema{
 	Objects: []string{"idem_operations", "idem_operations_pkey",
 		"idem_operations_by_created", "idem_operations_by_state", "idem_operations_by_state_created"},
 	Incomplete: ErrSchema,
+	Indexes:    indexes,
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
 	Writes:     "idem_operations",

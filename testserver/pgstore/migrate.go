@@ -49,7 +49,7 @@ var migrations = [][]string{
 			created         bigint  NOT NULL, -- Unix nanoseconds
 			PRIMARY KEY (scope, key)
 		)`,
-		`CREATE INDEX idempotency_keys_created ON {schema}.idempotency_keys (created)`,
+		createdIndex,
 	},
 	{ // 2
 		`ALTER TABLE {schema}.idempotency_keys
@@ -131,6 +131,7 @@ var schema = pgmigrate.Schema{
 	Migrations: migrations,
 	TooNew:     ErrSchemaTooNew,
 	Objects:    []string{"idempotency_keys", "idempotency_keys_pkey", "idempotency_keys_created"},
+	Indexes:    map[string]string{"idempotency_keys_created": createdIndex},
 	Incomplete: ErrSchema,
 	NoSchema:   ErrNoSchema,
 	Privilege:  ErrPrivilege,
@@ -175,3 +176,7 @@ func newStatements(name string) statements {
 		prune:    q(pruneSQL),
 	}
 }
+
+// createdIndex serves Prune: created by the first migration, and named to
+// create it again when it is missing (see pgmigrate.Schema.Indexes).
+const createdIndex = `CREATE INDEX idempotency_keys_created ON {schema}.idempotency_keys (created)`

@@ -1296,7 +1296,8 @@ func openers(t *testing.T, dsn string) (map[string]func() (*pgstore.Store, error
 func TestOpenIncompleteSchema(t *testing.T) {
 	for _, c := range []struct{ drop, missing string }{
 		{`DROP TABLE idempotency_keys`, "no idempotency_keys, idempotency_keys_pkey, idempotency_keys_created"},
-		{`DROP INDEX idempotency_keys_created`, "no idempotency_keys_created"},
+		{`DROP INDEX idempotency_keys_created`, "no idempotency_keys_created (only an index is missing, no row is lost: create it again, as the owner: " +
+			`CREATE INDEX idempotency_keys_created ON "public".idempotency_keys (created))`},
 		{`ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey`, "no idempotency_keys_pkey"},
 	} {
 		dsn := pgtest.DB(t)
@@ -1322,7 +1323,7 @@ func TestOpenIncompleteSchema(t *testing.T) {
 			WHERE to_regclass(name) IS NULL`).Scan(&missing); err != nil {
 			t.Fatal(err)
 		}
-		if want := strings.TrimPrefix(c.missing, "no "); missing != want {
+		if want, _, _ := strings.Cut(strings.TrimPrefix(c.missing, "no "), " ("); missing != want {
 			t.Errorf("after %s and the opens: missing %q; want %q, nothing re-created", c.drop, missing, want)
 		}
 	}
