@@ -364,7 +364,7 @@ func (t *Transport) CloseIdleConnections() {
 // RoundTrip implements http.RoundTripper with the rules in the Transport
 // documentation.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if i := slices.IndexFunc(t.Methods, func(m string) bool { return !sendable.Method(m) }); i >= 0 {
+	if i := sendable.NonMethod(t.Methods); i >= 0 {
 		// A request it was meant to key would go out unkeyed, unrecorded.
 		if req.Body != nil {
 			req.Body.Close()

@@ -263,16 +263,16 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 	if c.maxJSONBody <= 0 {
 		c.maxJSONBody = 16 << 20
 	}
+	nonMethod := sendable.NonMethod(o.Methods)
 	switch {
 	case o.Methods != nil && len(o.Methods) == 0:
 		// As a config file's "methods: []" gives it: nothing would be
 		// keyed, every request sent once without a key or a record.
 		return nil, fmt.Errorf("%w: Options.Methods is empty, so no request would get a key; nil means POST and PATCH", ErrOptions)
-	case slices.ContainsFunc(o.Methods, func(m string) bool { return !sendable.Method(m) }):
+	case nonMethod >= 0:
 		// As a config file's "POST " or "post,put" gives it: no request's
 		// method would match it, and those it meant would go unkeyed.
-		i := slices.IndexFunc(o.Methods, func(m string) bool { return !sendable.Method(m) })
-		return nil, fmt.Errorf("%w: Options.Methods[%d] is %q, which is not an HTTP method (a token: letters, digits and !#$%%&'*+-.^_`|~, no space or comma), so no request would match it", ErrOptions, i, o.Methods[i])
+		return nil, fmt.Errorf("%w: Options.Methods[%d] is %q, which is not an HTTP method (a token: letters, digits and !#$%%&'*+-.^_`|~, no space or comma), so no request would match it", ErrOptions, nonMethod, o.Methods[nonMethod])
 	case o.Jar != nil && path != "":
 		return nil, fmt.Errorf("%w: both a path (%q) and Options.Jar are given; give one", ErrOptions, path)
 	case o.Jar == nil && path == "":

@@ -7,6 +7,7 @@ package sendable
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -84,8 +85,11 @@ func field(h http.Header) string {
 	return ""
 }
 
-// Method reports whether m is a method net/http sends: a token.
-func Method(m string) bool { return isToken(m) }
+// NonMethod returns the index of the first of methods that is not a
+// method net/http sends (a token), or -1.
+func NonMethod(methods []string) int {
+	return slices.IndexFunc(methods, func(m string) bool { return !isToken(m) })
+}
 
 // isToken reports whether s is a token of RFC 9110 §5.6.2: one or more
 // tchars.
