@@ -555,8 +555,10 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		}
 		return fmt.Errorf("%s holds no key jar%s; a program using pgjar creates it", where, missing)
 	case errors.Is(err, pgjar.ErrNoSchema):
-		// pgjar gives the search_path after the sentinel.
+		// pgjar gives the search_path after the sentinel, then what a
+		// program would do, which idemctl says in its own words.
 		_, path, _ := strings.Cut(err.Error(), pgjar.ErrNoSchema.Error()+": ")
+		path, _, _ = strings.Cut(path, "; ")
 		return fmt.Errorf("%s holds no key jar: %s; name the jar's schema with search_path=… in the URL", where, path)
 	case errors.Is(err, pgjar.ErrSchema):
 		// pgjar names what is missing after the sentinel (a table, an

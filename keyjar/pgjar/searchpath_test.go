@@ -130,8 +130,8 @@ func TestOpenNoSchema(t *testing.T) {
 		if err == nil {
 			j.Close()
 		}
-		if !errors.Is(err, pgjar.ErrNoSchema) || !strings.Contains(err.Error(), `"nowhere"`) {
-			t.Errorf("%s: %v; want ErrNoSchema naming the search_path", name, err)
+		if !errors.Is(err, pgjar.ErrNoSchema) || !strings.Contains(err.Error(), `"nowhere"`) || !strings.Contains(err.Error(), "CREATE SCHEMA") {
+			t.Errorf("%s: %v; want ErrNoSchema naming the search_path and what to do", name, err)
 		}
 	}
 	if tables := pgtest.Tables(t, dsn); tables != "" {

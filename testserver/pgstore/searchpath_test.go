@@ -116,7 +116,7 @@ func TestSearchPathChangedAfterOpen(t *testing.T) {
 
 // TestOpenNoSchema: a search_path that names no schema that exists leaves
 // current_schema() null: Open and New return ErrNoSchema naming the
-// search_path, and create nothing. Before, they failed with PostgreSQL's
+// search_path and what to do, and create nothing. Before, they failed with PostgreSQL's
 // "no schema has been selected to create in".
 func TestOpenNoSchema(t *testing.T) {
 	dsn := pgtest.DB(t)
@@ -126,8 +126,8 @@ func TestOpenNoSchema(t *testing.T) {
 		if err == nil {
 			s.Close()
 		}
-		if !errors.Is(err, pgstore.ErrNoSchema) || !strings.Contains(err.Error(), `"nowhere"`) {
-			t.Errorf("%s: %v; want ErrNoSchema naming the search_path", name, err)
+		if !errors.Is(err, pgstore.ErrNoSchema) || !strings.Contains(err.Error(), `"nowhere"`) || !strings.Contains(err.Error(), "CREATE SCHEMA") {
+			t.Errorf("%s: %v; want ErrNoSchema naming the search_path and what to do", name, err)
 		}
 	}
 	if tables := pgtest.Tables(t, dsn); tables != "" {
