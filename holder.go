@@ -101,7 +101,8 @@ func appendHolder(dst []byte, prefix string) []byte {
 
 // HolderGone reports whether holder, the lease holder of a Record written
 // by a Transport (or taken with NewHolder), names a process on this host
-// that no longer exists: a holder that cannot be sending anything, whose
+// that no longer exists, or (on Linux) exists only as a zombie that its
+// parent has not waited for yet: a holder that cannot be sending anything, whose
 // lease need not be waited out. It errs towards false: an unknown format, another host (on Linux,
 // another PID namespace or another boot too, so a holder written before a
 // reboot), this process, or a process that cannot be checked are taken as

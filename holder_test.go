@@ -25,6 +25,7 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadPID := child.ProcessState.Pid()
+	zombiePID := zombieChild(t)
 	host := idem.HolderHost()
 	name, _, _ := strings.Cut(host, "#")
 	// The host part as it reads on every machine with this host name whose
@@ -41,6 +42,9 @@ func TestLeaseOfDeadProcessIsTakenOver(t *testing.T) {
 		sent   bool
 	}{
 		{"dead process on this host", fmt.Sprintf("%s/%d/x", host, deadPID), true},
+		// Killed, and not yet waited for by its parent (Linux only): it
+		// runs no more, though signal 0 still finds it.
+		{"zombie process on this host", map[bool]string{true: fmt.Sprintf("%s/%d/x", host, zombiePID)}[zombiePID != 0], true},
 		{"this process, another call", fmt.Sprintf("%s/%d/x", host, os.Getpid()), false},
 		{"another host", fmt.Sprintf("elsewhere/%d/x", deadPID), false},
 		{"this host name, another PID namespace", fmt.Sprintf("%s#1/%d/x", name, deadPID), false},
