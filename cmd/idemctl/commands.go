@@ -627,7 +627,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				cell(op, 0), cell(strings.Join(missing, ", "), 0))
 			return
 		}
-		if len(hf.h) == 0 && !withoutCredentials && r.State == idem.StatePending && r.BodyStored() && !carriesCredentials(r) {
+		if !givesCredential(hf.h) && !withoutCredentials && r.State == idem.StatePending && r.BodyStored() && !carriesCredentials(r) {
 			// Credentials that a program added outside the request the
 			// jar stored (client.Options.Header, a base transport) leave
 			// no name in it to check. A server that scopes keys by
@@ -642,7 +642,11 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 				toldNoCredentials = true
 				why = "; those a program adds itself, as client.Options.Header does, leave no name in it, and a server that scopes keys by credential runs a request without them again, as a new one: give the first send's credentials, or, if it carried none, --without-credentials"
 			}
-			fmt.Fprintf(s.stderr, "idemctl: %s: nothing sent: no header given (--header, IDEM_HEADER), and the jar keeps no credential%s\n", cell(op, 0), why)
+			given := "no header given (--header, IDEM_HEADER)"
+			if len(hf.h) > 0 {
+				given = "the headers given (--header, IDEM_HEADER) hold no credential"
+			}
+			fmt.Fprintf(s.stderr, "idemctl: %s: nothing sent: %s, and the jar keeps none%s\n", cell(op, 0), given, why)
 			return
 		}
 		// Resume waits for a lease, a minute by default, and for the next
@@ -738,6 +742,19 @@ func doneMeanwhile(ctx context.Context, s *session, r idem.Record) bool {
 	return true
 }
 
+// givesCredential reports whether h, the headers given to resume, holds
+// a credential (a name idem.SecretHeader names, with a value): a header
+// of another kind (a trace id, a User-Agent) sends a request without
+// credentials all the same.
+func givesCredential(h http.Header) bool {
+	for name, values := range h {
+		if len(values) > 0 && idem.SecretHeader(name) {
+			return true
+		}
+	}
+	return false
+}
+
 // carriesCredentials reports whether r holds credentials that a resume
 // sends: as records of earlier versions may, a URL's userinfo, or the
 // value of a header that idem.SecretHeader names now.
@@ -745,12 +762,7 @@ func carriesCredentials(r idem.Record) bool {
 	if u, err := url.Parse(r.URL); err == nil && u.User != nil {
 		return true
 	}
-	for name, values := range r.Header {
-		if len(values) > 0 && idem.SecretHeader(name) {
-			return true
-		}
-	}
-	return false
+	return givesCredential(r.Header)
 }
 
 // errWalked ends resume --all's second walk at the last operation its

@@ -47,9 +47,11 @@
 // given lack one of them, but says which on stderr and counts it failed,
 // unless --without-credentials is given. Credentials a program added
 // another way, as client.Options.Header adds them, leave no name: given no
-// header at all, resume sends no pending operation whose record holds no
-// credential of its own (as one of an earlier version may), but says so on
-// stderr and counts it failed, unless --without-credentials is given. The headers go with every request sent,
+// credential (no header at all, or only headers that idem.SecretHeader does
+// not name, as a trace id), resume sends no pending operation whose record
+// holds no credential of its own (as one of an earlier version may), but
+// says so on stderr and counts it failed, unless --without-credentials is
+// given. The headers go with every request sent,
 // but an Idempotency-Key, which is always the operation's own, and only
 // to the scheme and host that --host names (https://api.example.com, in
 // any case, with the port unless it is the scheme's default, 80 or 443), which
@@ -274,8 +276,8 @@ commands:
          [--without-credentials]         or, out of the process list, in $IDEM_HEADER ('N: V', one per line),
                                          and with --host the scheme and host it is for (https://api.example.com):
                                          an operation that goes elsewhere is not sent, nor one whose credentials
-                                         (show: "not stored") are not all given, nor, given no header at all,
-                                         any (its program may have added them), unless --without-credentials
+                                         (show: "not stored") are not all given, nor, given no credential at
+                                         all, any (its program may have added them), unless --without-credentials
   abandon OP --reason R                  record that OP did not happen and is not running (also one whose
                                          record does not decode: it is never resumed)
   forget OP                              delete OP once its outcome is known

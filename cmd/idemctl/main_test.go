@@ -391,9 +391,6 @@ func TestResumeOfAHeaderThatCannotBeSent(t *testing.T) {
 	}
 }
 
-// TestResumeWithoutCredentials: a resume that sends without --header or
-// IDEM_HEADER says so on stderr, since the jar keeps no credential; one
-// that sends nothing (a done operation) does not.
 // TestIdemHeaderBlankLine: an IDEM_HEADER line is blank, and skipped,
 // only when nothing is left of it once the spaces, tabs, CRs and LFs
 // around it are taken off, as net/textproto trims a line; a line of a
@@ -420,19 +417,28 @@ func TestIdemHeaderBlankLine(t *testing.T) {
 	}
 }
 
+// TestResumeWithoutCredentials: a pending operation whose record keeps no
+// credential is not sent without one given (--header, IDEM_HEADER), nor
+// with headers that hold none, unless --without-credentials; a done
+// operation, which nothing would send, gets no word of credentials.
 func TestResumeWithoutCredentials(t *testing.T) { eachJar(t, testResumeWithoutCredentials) }
 
 func testResumeWithoutCredentials(t *testing.T, srv *server, path string) {
-	const refusal = "nothing sent: no header given"
+	const refusal = "nothing sent: "
 	code, _, errOut := idemctl("--jar", path, "resume", "charge:done")
-	if code != 1 || strings.Contains(errOut, refusal) {
+	if code != 1 || strings.Contains(errOut, "keeps none") {
 		t.Fatalf("resume of a done operation: exit %d, %q; want 1 and no word of credentials: nothing would be sent", code, errOut)
 	}
 	// The jar records no credential of charge:p1's first send: a program
 	// may have added one that left no name (client.Options.Header).
-	for _, args := range [][]string{{"resume", "charge:p1"}, {"resume", "--all"}} {
+	// A header that is not a credential (a trace id) sends none either.
+	for _, args := range [][]string{{"resume", "charge:p1"}, {"resume", "--all"}, {"resume", "charge:p1", "--header", "X-Request-Source: recovery", "--host", srv.URL}} {
+		want := "no header given"
+		if len(args) > 2 {
+			want = "the headers given (--header, IDEM_HEADER) hold no credential"
+		}
 		code, out, errOut := idemctl(append([]string{"--jar", path}, args...)...)
-		if code != 1 || out != "" || !strings.HasPrefix(errOut, "idemctl: charge:p1: "+refusal) ||
+		if code != 1 || out != "" || !strings.HasPrefix(errOut, "idemctl: charge:p1: "+refusal+want) ||
 			strings.Count(errOut, "client.Options.Header") != 1 || strings.Count(errOut, "--without-credentials") != 1 {
 			t.Fatalf("%s without a header: exit %d, %q, %q; want 1 and a line for each pending operation saying nothing was sent, the first saying why and how to send it", args, code, out, errOut)
 		}
