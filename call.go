@@ -825,7 +825,7 @@ func (c *call) begin(ctx context.Context) (err error) {
 	}
 	r := Record{
 		Op: c.op, Key: c.key, Fingerprint: c.body.fp, State: StatePending,
-		Method: c.req.Method, URL: c.body.url, Header: storedHeader(c.req),
+		Method: c.req.Method, URL: c.body.url, Header: storedHeader(c.req, secrethdr.AddsCredentials(c.req.Context())),
 		Body: c.body.saved, BodySize: c.body.size,
 		Created: now, Updated: now, Attempts: 1, // the first send follows at once
 		Holder: c.holder, LeaseUntil: now.Add(c.t.lease(c.policy)),
@@ -893,14 +893,16 @@ func (c *call) begin(ctx context.Context) (err error) {
 // takes the Host from Request.Host, and a resume would send the entry as
 // an ordinary header (as HTTP/1.1 sends a "host" entry, not canonical, on
 // the first send: a second Host line, which servers refuse; HTTP/2 drops
-// it). A header that needs none of this is returned as it is, not copied:
+// it). With added (the request's context marked by secrethdr.MarkAdded:
+// client.Options.Header adds credentials to each attempt), it holds
+// AddedCredentials too. A header that needs none of this is returned as it is, not copied:
 // a Jar copies what it keeps.
-func storedHeader(req *http.Request) http.Header {
+func storedHeader(req *http.Request, added bool) http.Header {
 	h, host := req.Header, req.Host
 	if host == req.URL.Host {
 		host = ""
 	}
-	if host == "" {
+	if host == "" && !added {
 		clean := true
 		for name := range h {
 			if SecretHeader(name) || keyhdr.Is(name) || isHostHeader(name) {
@@ -920,6 +922,9 @@ func storedHeader(req *http.Request) http.Header {
 	}
 	if host != "" {
 		h[hostHeader] = []string{host}
+	}
+	if added {
+		h[secrethdr.Added] = nil
 	}
 	return h
 }

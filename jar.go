@@ -113,8 +113,20 @@ func (r Record) BodyStored() bool { return int64(len(r.Body)) == r.BodySize }
 // credential, take for a new one and run again: client.Resume refuses to
 // send it when its Client cannot add them (client.ErrCredentials), and a
 // caller of NewRequest adds them before sending. A record written before
-// the jars kept these names withholds none.
+// the jars kept these names withholds none. AddedCredentials among them
+// stands for credentials the program added to each attempt itself.
 func (r Record) Withheld() []string { return secrethdr.Withheld(r.Header) }
+
+// AddedCredentials is the name that Record.Withheld gives the credentials
+// a program added to each attempt itself, as client.Options.Header adds
+// them, which leave no name of their own in the record: a client.Client
+// records it for each operation it begins with Options.Header set. No
+// request carries a header of that name: a resume is to add whatever
+// credentials the program added (client.Resume sends such an operation
+// only through a Client with Options.Header, and idemctl resume only
+// given at least one credential, unless told to send it without).
+// A Transport whose Base adds credentials records nothing of them.
+const AddedCredentials = secrethdr.Added
 
 // ErrBodyNotStored is returned, wrapped with the operation's name, by
 // Record.NewRequest for a record that does not hold its request's body (it

@@ -118,7 +118,9 @@ type Options struct {
 	// Header, when not nil, is called on every request the Client sends,
 	// each attempt and every resume included, on a copy of the request, to
 	// add what the jar does not keep: credentials (Authorization, API
-	// keys, cookies). The jar never sees what Header adds. It is not called
+	// keys, cookies). The jar never sees what Header adds; each operation
+	// records only that something was added (idem.AddedCredentials, see
+	// ResumeWithoutCredentials). It is not called
 	// for a redirect that leaves the request's host or scheme (an https
 	// request redirected to http, where credentials would cross the
 	// network in the clear), nor for any request after it in the redirect
@@ -149,7 +151,10 @@ type Options struct {
 	// send an operation whose first send carried credentials on its
 	// request (idem.Record.Withheld) without those Header does not add,
 	// instead of refusing it with a *CredentialsError: for a server known
-	// not to need them (idemctl resume --without-credentials).
+	// not to need them (idemctl resume --without-credentials). An operation
+	// that a Client with Header began withholds idem.AddedCredentials,
+	// which a Client without Header refuses to resume unless this is set:
+	// the credentials Header added leave no name of their own.
 	ResumeWithoutCredentials bool
 
 	// Policy is the retry policy of each call; the zero value is the
@@ -564,6 +569,11 @@ func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Respons
 func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Response, error) {
 	tr := &tracker{}
 	ctx = context.WithValue(ctx, trackerKey{}, tr)
+	if c.addsHeader {
+		// The operation's record says that credentials were added: they
+		// leave no name of their own (idem.AddedCredentials).
+		ctx = secrethdr.MarkAdded(ctx)
+	}
 	if op != "" {
 		ctx = idem.WithOperation(ctx, op)
 	}

@@ -75,8 +75,17 @@ func (e *CredentialsError) Error() string {
 	if e.header {
 		why = "Options.Header did not add them"
 	}
+	names := make([]string, 0, len(e.Missing))
+	for _, name := range e.Missing {
+		if name == idem.AddedCredentials {
+			// No header of that name: what the Options.Header of the
+			// Client that began it added.
+			name = "credentials its Client's Options.Header added (" + name + ")"
+		}
+		names = append(names, name)
+	}
 	return fmt.Sprintf("client: resume %q: its first send carried %s, which the jar does not keep, and %s; nothing was sent: %s",
-		e.Op, ctlesc.Escape(strings.Join(e.Missing, ", ")), why, ErrCredentials.Error())
+		e.Op, ctlesc.Escape(strings.Join(names, ", ")), why, ErrCredentials.Error())
 }
 
 // Is reports whether target is ErrCredentials.

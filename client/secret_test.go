@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -469,4 +470,74 @@ func TestQuerySecretsMaskedInErrors(t *testing.T) {
 			t.Errorf("%s: StatusError.URL %q", tc.name, se.URL)
 		}
 	}
+}
+
+// TestResumeOfCredentialsOptionsHeaderAdded: credentials that
+// Options.Header adds leave no name of their own in the jar; the record
+// says that some were added (idem.AddedCredentials). A Client without
+// Options.Header refuses to resume such an operation with a
+// *CredentialsError, nothing sent; before, it sent the request without
+// them, and the reference server, which scopes keys by credential, charged
+// the order again. A Client with Options.Header resumes it under its key,
+// with what Header adds and no header of the record's name; one with
+// ResumeWithoutCredentials sends it without.
+func TestResumeOfCredentialsOptionsHeaderAdded(t *testing.T) {
+	ctx := context.Background()
+	s := newShop()
+	jar := &idem.MemoryJar{}
+	var sent []http.Header
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent = append(sent, r.Header.Clone())
+		return inProcess{s}.RoundTrip(r)
+	})
+	newWith := func(o client.Options) *client.Client {
+		o.Jar, o.Base = jar, base
+		c, err := client.New(ctx, "", &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	adds := newWith(client.Options{Header: withAuth, Policy: retry.Policy{MaxAttempts: 1}})
+	bare := newWith(client.Options{})
+	for _, order := range []string{"o1", "o2"} {
+		s.failNext(503)
+		if _, err := adds.PostJSON(ctx, "charge:"+order, chargesURL, chargeReq{Order: order, Amount: 5}, nil); !errors.Is(err, idem.ErrPending) {
+			t.Fatalf("first call of %s: %v; want pending", order, err)
+		}
+	}
+	before, err := jar.Get(ctx, "charge:o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := before.Withheld(); !slices.Equal(w, []string{idem.AddedCredentials}) {
+		t.Fatalf("Withheld() = %q; want [%s]", w, idem.AddedCredentials)
+	}
+
+	resp, err := bare.Resume(ctx, "charge:o1")
+	var ce *client.CredentialsError
+	if resp != nil || !errors.As(err, &ce) || !slices.Equal(ce.Missing, []string{idem.AddedCredentials}) ||
+		!strings.Contains(err.Error(), "credentials its Client's Options.Header added") || s.sends() != 2 {
+		t.Fatalf("resume through a Client without Options.Header: %v, %v, %d sends, charged %d; want a *CredentialsError naming what Options.Header added, nothing sent",
+			resp, err, s.sends(), s.charges("o1"))
+	}
+
+	resp, err = adds.Resume(ctx, "charge:o1")
+	if err != nil || resp.StatusCode != 201 || s.key(2) != before.Key || s.charges("o1") != 1 {
+		t.Fatalf("resume with Options.Header: %v, %v; want 201 under the first key, one charge", resp, err)
+	}
+	resp.Body.Close()
+	if last := sent[len(sent)-1]; last.Get("Authorization") != authValue || slices.ContainsFunc(slices.Collect(maps.Keys(last)), func(k string) bool {
+		return strings.EqualFold(k, idem.AddedCredentials)
+	}) {
+		t.Fatalf("the resume sent %q; want Authorization and no %s entry", last, idem.AddedCredentials)
+	}
+
+	lax := newWith(client.Options{ResumeWithoutCredentials: true})
+	resp, err = lax.Resume(ctx, "charge:o2")
+	if err != nil || resp.StatusCode != 201 || sent[len(sent)-1].Get("Authorization") != "" {
+		t.Fatalf("resume with ResumeWithoutCredentials: %v, %v; want it sent without credentials", resp, err)
+	}
+	resp.Body.Close()
 }

@@ -284,7 +284,12 @@ func showRecord(s *session, r idem.Record) error {
 	field("request", cell(r.Method+" "+dsn.MaskURL(r.URL), 0))
 	h := shownHeader(r.Header)
 	for _, name := range sortedKeys(h) {
-		if secrethdr.IsWithheld(name, h[name]) {
+		switch {
+		case name == idem.AddedCredentials && len(h[name]) == 0:
+			// No header of that name: its program added credentials to
+			// each attempt, as client.Options.Header does.
+			field("header", "credentials its program added to each attempt, as client.Options.Header does (not stored)")
+		case secrethdr.IsWithheld(name, h[name]):
 			// Withheld: the first send carried it, a resume must too.
 			field("header", cell(name, 0)+" (not stored)")
 		}
@@ -640,7 +645,7 @@ func resume(ctx context.Context, s *session, fs *flag.FlagSet, args []string) er
 			why := "" // said once
 			if !toldNoCredentials {
 				toldNoCredentials = true
-				why = "; those a program adds itself, as client.Options.Header does, leave no name in it, and a server that scopes keys by credential runs a request without them again, as a new one: give the first send's credentials, or, if it carried none, --without-credentials"
+				why = "; those a program adds itself, as client.Options.Header does, are not kept in it, and a server that scopes keys by credential runs a request without them again, as a new one: give the first send's credentials, or, if it carried none, --without-credentials"
 			}
 			given := "no header given (--header, IDEM_HEADER)"
 			if len(hf.h) > 0 {

@@ -46,7 +46,8 @@
 // as "not stored"): resume does not send an operation when the headers
 // given lack one of them, but says which on stderr and counts it failed,
 // unless --without-credentials is given. Credentials a program added
-// another way, as client.Options.Header adds them, leave no name: given no
+// another way, as client.Options.Header adds them, leave no name of their
+// own (show says that its program added some): given no
 // credential (no header at all, or only headers that idem.SecretHeader does
 // not name, as a trace id), resume sends no pending operation whose record
 // holds no credential of its own (as one of an earlier version may), but

@@ -282,7 +282,9 @@ func testShow(t *testing.T, srv *server, path string) {
 		t.Fatalf("show names a field sent; Created is when the key was stored:\n%s", out)
 	}
 	for _, want := range []string{"key:", rec.Key, "key stored:", "state:", "pending", "POST " + srv.URL + "/v1/charges",
-		"Content-Type: application/json", `{"order_id":"charge:p1","amount":100}`, "connection refused", "lease:", "free"} {
+		"Content-Type: application/json", `{"order_id":"charge:p1","amount":100}`, "connection refused", "lease:", "free",
+		// fill's program added credentials with client.Options.Header.
+		"header:", "credentials its program added to each attempt, as client.Options.Header does (not stored)"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("show output lacks %q:\n%s", want, out)
 		}

@@ -4,6 +4,7 @@
 package secrethdr
 
 import (
+	"context"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -115,10 +116,17 @@ func lower(c byte) byte {
 }
 
 // Lacking returns the names of want that h holds no value of, in any case
-// of the name: the credentials a resume would send without.
+// of the name: the credentials a resume would send without. Added is
+// never among them: no header bears its name, and what stands for it is
+// the program's to add (client.Options.Header, run before this check) or
+// the operator's to give (idemctl resume asks for a credential when the
+// record holds none).
 func Lacking(h http.Header, want []string) []string {
 	var missing []string
 	for _, name := range want {
+		if name == Added {
+			continue
+		}
 		found := false
 		for k, vs := range h {
 			if len(vs) > 0 && strings.EqualFold(k, name) {
@@ -131,4 +139,24 @@ func Lacking(h http.Header, want []string) []string {
 		}
 	}
 	return missing
+}
+
+// Added is the name of the entry, with no values, that a record's header
+// holds when the program added credentials to each attempt itself
+// (client.Options.Header): they leave no name of their own in the record,
+// and a resume without any is a new request to a server that scopes keys
+// by credential. Is names it, so Withheld lists it, and a version that
+// does not know it refuses a resume without it, as for any credential.
+const Added = "Idem-Added-Credentials"
+
+type added struct{}
+
+// MarkAdded returns ctx marked so that the Transport records Added with
+// the operation it begins.
+func MarkAdded(ctx context.Context) context.Context { return context.WithValue(ctx, added{}, true) }
+
+// AddsCredentials reports whether ctx was marked by MarkAdded.
+func AddsCredentials(ctx context.Context) bool {
+	v, _ := ctx.Value(added{}).(bool)
+	return v
 }
