@@ -36,7 +36,9 @@
 // 1 when some are not (those left pending stay in the jar for the next run;
 // one the server refused, with a 400 say, is asked again with its key and
 // gets the same answer; when that gets no answer, the order is reported
-// done in an earlier run, no answer this run, not pending), 2 for bad
+// done in an earlier run, no answer this run, not pending), or when the
+// jar's Close fails (its file moved or removed while the run had it open:
+// the next run would not find this run's keys; stderr says so), 2 for bad
 // flags; -h prints the usage and exits 0.
 // What the server answers is printed quoted as a Go string when it holds
 // control characters or bidi format characters (\x1b, \u202e): a terminal
@@ -98,7 +100,7 @@ const opPrefix = "charge:"
 // within the years a jar stores (1678 to 2262).
 const maxLease = 100 * 365 * 24 * time.Hour
 
-func run(ctx context.Context, args []string, token string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, token string, stdout, stderr io.Writer) (code int) {
 	fs := flag.NewFlagSet("charge", flag.ContinueOnError)
 	fs.SetOutput(argsMasked{stderr, args})
 	server := fs.String("server", "http://127.0.0.1:8080", "base URL of the payments server")
@@ -154,7 +156,16 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		fmt.Fprintln(stderr, "charge:", err)
 		return 1
 	}
-	defer c.Close()
+	defer func() {
+		// Close writes the outcomes the jar still holds in memory; its
+		// error says what a run did not keep (keyjar.ErrMoved: the jar
+		// file was moved or removed while the run had it open, and the
+		// next run, which opens the path, will not find these keys).
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(stderr, "charge: closing the key jar:", err)
+			code = 1
+		}
+	}()
 
 	resumed, failed, notSent := resumePending(ctx, c, stdout)
 	for _, id := range ids {

@@ -679,3 +679,27 @@ func TestImportsOnlyPublicPackages(t *testing.T) {
 		}
 	}
 }
+
+// The jar file moved while a run had it open (a cleanup job, a deploy that
+// replaced the directory): the next run, which opens the path, would not
+// find this run's keys. The jar's Close says so, and the run reports it
+// and fails; before, it exited 0 and said nothing.
+func TestJarMovedDuringTheRunIsReported(t *testing.T) {
+	dir := t.TempDir()
+	jarPath := filepath.Join(dir, "charge.db")
+	payco, mw := newServer(t, dir)
+	app := (&payments.App{PayCo: payco, Idempotency: mw}).Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := os.Rename(jarPath, filepath.Join(dir, "moved.db")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Error(err)
+		}
+		app.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"-server", srv.URL, "-jar", jarPath, "-orders", "m1"}, "", &out, &out)
+	t.Logf("run = %d:\n%s", code, out.String())
+	if code != 1 || !strings.Contains(out.String(), "charge: closing the key jar:") || !strings.Contains(out.String(), "moved") {
+		t.Fatalf("run = %d; want 1 and the jar's Close error, which says it moved\n%s", code, out.String())
+	}
+}
