@@ -20,8 +20,11 @@
 // timeout) answers 503 with Retry-After. Under the default ErrorPolicy,
 // ReleaseClaim, the Middleware releases the claim after every status of
 // 500 or more, 429, 408 and 425, and the client's retry runs the handler again. A
-// 500 says the failure is final: its claim is released as well, but no
-// idem client retries it. Under SaveError each of these answers is saved
+// 500 says the failure is final: its claim is released as well, and no
+// idem client retries it within the call; but a later call that names the
+// same operation sends it again under its key (idem.Transport asks again
+// for a done operation's saved answer), and with the claim released the
+// handler runs again. Under SaveError each of these answers is saved
 // and replayed, and a replayed 503 is final too: a transient failure then
 // sticks to its key.
 //
