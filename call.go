@@ -942,6 +942,11 @@ func isHostHeader(name string) bool {
 // body, a fresh one.
 func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, error) {
 	d := c.policy.AttemptTimeout
+	if lease := c.t.lease(c.policy); d <= 0 || d > lease/2 {
+		// The attempt may outlast its lease: renewed while it runs.
+		k := c.keepLease(ctx, lease)
+		defer k.stop()
+	}
 	if d <= 0 {
 		// No timeout: the attempt needs no context of its own.
 		return c.roundTrip(c.attempt(ctx, rc))

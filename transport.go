@@ -198,10 +198,10 @@ func Operation(ctx context.Context) string {
 //     (Lease) covers each call, across goroutines and processes sharing
 //     the jar, and is renewed before each attempt. A holder whose process
 //     is gone (same host) is taken over at once; any other waits for the
-//     lease to end. An attempt that outlasts the lease may be joined by
-//     another holder's: the server's in-flight claim answers it 409, so
-//     keep Lease above Policy.AttemptTimeout (the default is at least
-//     twice it).
+//     lease to end. An attempt that may run longer than half the lease
+//     renews it every half lease while it runs; one whose renewal the jar
+//     refuses or cannot write may be joined by another holder's attempt
+//     once the lease ends: the server's in-flight claim answers it 409.
 //   - http.Transport may itself re-send one attempt on a dead reused
 //     connection, because the key header makes the request replayable: the
 //     server can see more attempts than the SDK counts. That is safe. Over
@@ -286,7 +286,10 @@ type Transport struct {
 
 	// Lease is how long one call holds an operation before another holder
 	// may take it over. Zero or negative means one minute, or twice
-	// Policy.AttemptTimeout when that is longer (at most a century).
+	// Policy.AttemptTimeout when that is longer (at most a century). An
+	// attempt that may run longer than half of it (no AttemptTimeout, or a
+	// longer one) renews it every half lease while it runs, an Acquire of
+	// the jar's each time.
 	Lease time.Duration
 
 	// Hooks are called on each attempt, retry, give-up, replay and

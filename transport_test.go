@@ -1468,20 +1468,29 @@ func postWhileTaken(t *testing.T, ctx context.Context, tr *idem.Transport, jar *
 	return other, resp, err
 }
 
+// unrenewableJar is a MemoryJar whose Acquire fails, as a jar that is
+// down does: a call's lease is not renewed while its attempt runs.
+type unrenewableJar struct{ *idem.MemoryJar }
+
+func (unrenewableJar) Acquire(context.Context, string, string, time.Time, time.Duration) (idem.Record, error) {
+	return idem.Record{}, errors.New("jar unreachable")
+}
+
 // TestLateOutcomeFenced: a call whose attempt outlasted its lease, which
-// another holder took meanwhile, changes nothing in the record when its
-// answer comes, neither a final one nor a give-up: the other holder keeps
-// its lease, as a stalled worker's save and release are fenced on the
-// server. Through a Deferrer and through a plain Jar.
+// it could not renew (the jar refused) and another holder took meanwhile,
+// changes nothing in the record when its answer comes, neither a final one
+// nor a give-up: the other holder keeps its lease, as a stalled worker's
+// save and release are fenced on the server. Through a Deferrer and
+// through a plain Jar.
 func TestLateOutcomeFenced(t *testing.T) {
 	for _, deferrer := range []bool{true, false} {
 		for _, code := range []int{http.StatusCreated, http.StatusServiceUnavailable} {
 			t.Run(fmt.Sprintf("deferrer=%v/%d", deferrer, code), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					mem := &idem.MemoryJar{}
-					var jar idem.Jar = mem
+					var jar idem.Jar = unrenewableJar{mem}
 					if !deferrer {
-						jar = struct{ idem.Jar }{mem} // no Defer method
+						jar = struct{ idem.Jar }{jar} // no Defer method
 					}
 					base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 						time.Sleep(10 * time.Second) // past the 5 s lease
@@ -2232,3 +2241,51 @@ func TestStalledBodyEndsWithTheContext(t *testing.T) {
 
 // jsonHeader is the header a record keeps of a request post sends.
 func jsonHeader() http.Header { return http.Header{"Content-Type": {"application/json"}} }
+
+// TestLeaseRenewedWhileAttemptRuns: an attempt that runs longer than the
+// lease (no AttemptTimeout, or one longer than half the lease) keeps it,
+// renewed every half lease: another holder (a resume, another process, an
+// abandon) finds the operation leased throughout, not free once the first
+// lease ends. Once the answer comes the lease is given back, and no
+// renewal takes it again. Before, the other holder took it 7 s into a 5 s
+// lease, and could send or abandon the operation while the first attempt
+// still ran.
+func TestLeaseRenewedWhileAttemptRuns(t *testing.T) {
+	for _, timeout := range []time.Duration{0, 20 * time.Second} {
+		t.Run(fmt.Sprintf("AttemptTimeout=%v", timeout), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				jar := &idem.MemoryJar{}
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					time.Sleep(12 * time.Second) // past the 5 s lease
+					return &http.Response{StatusCode: 201, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+				})
+				tr := &idem.Transport{Base: base, Jar: jar, Lease: 5 * time.Second, Policy: retry.Policy{MaxAttempts: 1, AttemptTimeout: timeout}}
+				start := time.Now()
+				var taken []time.Duration
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					// At 1, 4, 7, 10 and 13 s: never when a lease ends
+					// (5 s, then every 2.5 s as it is renewed).
+					time.Sleep(time.Second)
+					for range 5 {
+						if _, err := jar.Acquire(context.Background(), "op", "other", time.Now(), time.Nanosecond); err == nil {
+							taken = append(taken, time.Since(start))
+						}
+						time.Sleep(3 * time.Second)
+					}
+				})
+				resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+				if err != nil || resp.StatusCode != 201 {
+					t.Fatalf("got %v, %v; want the 201", resp, err)
+				}
+				wg.Wait()
+				if len(taken) != 1 || taken[0] != 13*time.Second {
+					t.Fatalf("the other holder took the lease at %v; want it leased until the answer came at 12 s, taken at 13 s", taken)
+				}
+				if r, _ := jar.Get(context.Background(), "op"); r.State != idem.StateDone {
+					t.Fatalf("record %+v; want done", r)
+				}
+			})
+		})
+	}
+}

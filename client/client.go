@@ -916,8 +916,8 @@ func (c *Client) resume(ctx context.Context, rec idem.Record, req *http.Request)
 // or process is sending it (a process on this host that is gone is not,
 // see idem.HolderGone), and while an attempt of it that this Client sent
 // waits for its answer, even past its lease (another process's attempt
-// that outlasts its lease is not seen: see Options.Policy's
-// AttemptTimeout), and a *StateError (ErrState) when its outcome is
+// keeps its lease renewed while it runs, as long as its jar writes the
+// renewals: see idem.Transport.Lease), and a *StateError (ErrState) when its outcome is
 // known (done or failed). Abandoning an abandoned operation changes nothing.
 // When ctx ends, or the jar fails, after Abandon took the operation's
 // lease, the operation stays as it was and Abandon gives the lease back,
