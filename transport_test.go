@@ -2289,3 +2289,34 @@ func TestLeaseRenewedWhileAttemptRuns(t *testing.T) {
 		})
 	}
 }
+
+// hangingAcquireJar is a MemoryJar whose Acquire waits for its context to
+// end, as a jar on a database server that stopped answering does.
+type hangingAcquireJar struct{ *idem.MemoryJar }
+
+func (hangingAcquireJar) Acquire(ctx context.Context, _, _ string, _ time.Time, _ time.Duration) (idem.Record, error) {
+	<-ctx.Done()
+	return idem.Record{}, ctx.Err()
+}
+
+// TestLeaseRenewalDoesNotHoldTheAnswer: an answer that comes while a
+// renewal of the lease waits for a jar that hangs is returned at once: the
+// renewal is cancelled, not waited for until its own timeout (half the
+// lease, 30 s here).
+func TestLeaseRenewalDoesNotHoldTheAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			time.Sleep(40 * time.Second) // the renewal began at 30 s
+			return &http.Response{StatusCode: 201, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+		})
+		tr := &idem.Transport{Base: base, Jar: hangingAcquireJar{&idem.MemoryJar{}}, Policy: retry.Policy{MaxAttempts: 1}}
+		start := time.Now()
+		resp, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("got %v, %v; want the 201", resp, err)
+		}
+		if took := time.Since(start); took != 40*time.Second {
+			t.Fatalf("the call returned after %v; want 40 s, when the answer came", took)
+		}
+	})
+}
