@@ -60,7 +60,8 @@ func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
 	}
 }
 
-// Unreachable server: each retry after a network error costs ErrorCost.
+// Unreachable server: each retry after a refused connection costs
+// RetryCost (5 by default), as after an answer, not TimeoutCost.
 func TestBudgetStopsRetriesToAnUnreachableServer(t *testing.T) {
 	addr := refusetest.Addr(t) // connections are refused
 
@@ -70,7 +71,7 @@ func TestBudgetStopsRetriesToAnUnreachableServer(t *testing.T) {
 		dials.Add(1)
 		return base.RoundTrip(r)
 	})
-	budget := &retry.Budget{Capacity: 50, ErrorCost: 10}
+	budget := &retry.Budget{Capacity: 50}
 	c := newClient(t, nil, &client.Options{Base: counting, Budget: budget})
 	for i := range 10 {
 		_, err := c.PostJSON(context.Background(), fmt.Sprint("charge:", i), "http://"+addr+"/charges", chargeReq{}, nil)
@@ -79,9 +80,9 @@ func TestBudgetStopsRetriesToAnUnreachableServer(t *testing.T) {
 			t.Fatalf("call %d: %v; want a pending error with the network error", i, err)
 		}
 	}
-	// 10 first attempts + 5 retries (50 tokens / 10), instead of 50 attempts.
-	if got := dials.Load(); got != 15 {
-		t.Fatalf("%d attempts; want 15", got)
+	// 10 first attempts + 10 retries (50 tokens / 5), instead of 50 attempts.
+	if got := dials.Load(); got != 20 {
+		t.Fatalf("%d attempts; want 20", got)
 	}
 	if budget.Available() != 0 {
 		t.Fatalf("budget holds %d; want it spent", budget.Available())

@@ -172,7 +172,7 @@ type Options struct {
 
 	// Budget is the retry quota shared by all of the Client's calls. Nil
 	// means a new retry.Budget with its defaults (500 tokens; a retry costs 5,
-	// 10 after a network error).
+	// 10 after an attempt that timed out).
 	// Give a Budget with a very large Capacity to retry within Policy
 	// alone.
 	Budget *retry.Budget

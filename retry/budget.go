@@ -1,6 +1,10 @@
 package retry
 
-import "sync"
+import (
+	"errors"
+	"net"
+	"sync"
+)
 
 // Budget is a retry quota shared by many calls, in the manner of the AWS
 // SDKs' retry quota: a token bucket that every retry draws from and that
@@ -18,12 +22,18 @@ type Budget struct {
 	// Capacity is the most tokens the bucket holds; it starts full. Zero
 	// means 500.
 	Capacity int
-	// RetryCost is what a retry after a retryable answer (408, 409, 425, 429,
-	// 502, 503, 504) costs. Zero means 5.
+	// RetryCost is what a retry costs after a retryable answer (408, 409,
+	// 425, 429, 502, 503, 504) or a network error that is no timeout (a
+	// refused or reset connection). Zero means 5.
 	RetryCost int
-	// ErrorCost is what a retry after an attempt without an answer (a
-	// network error or a timeout) costs. Zero means 10.
-	ErrorCost int
+	// TimeoutCost is what a retry costs after an attempt that timed out: a
+	// net.Error whose Timeout is true (a dial, a TLS handshake or
+	// Policy.AttemptTimeout that ran out). Zero means 10. As in the AWS
+	// SDKs, a server too slow to answer is likely overloaded, and its
+	// retries are the first to stop; one that refuses connections (down,
+	// restarting) costs nothing to ask again, and is retried as after an
+	// answer.
+	TimeoutCost int
 	// Refund is given back when a call's first attempt gets a final
 	// answer. Zero means 1.
 	Refund int
@@ -41,15 +51,15 @@ func orDefault(v, def int) int {
 
 func (b *Budget) capacity() int { return orDefault(b.Capacity, 500) }
 
-// Withdraw takes the cost of one retry out of the bucket: ErrorCost when
-// the attempt being retried failed without an answer (err is not nil),
-// RetryCost otherwise. It returns the cost taken, or 0 and false when the
-// bucket holds less than the cost: then nothing is taken and the retry
-// must not be sent.
+// Withdraw takes the cost of one retry out of the bucket: TimeoutCost when
+// the attempt being retried timed out (err is a net.Error whose Timeout is
+// true, or wraps one), RetryCost otherwise. It returns the cost taken, or
+// 0 and false when the bucket holds less than the cost: then nothing is
+// taken and the retry must not be sent.
 func (b *Budget) Withdraw(err error) (cost int, ok bool) {
 	cost = orDefault(b.RetryCost, 5)
-	if err != nil {
-		cost = orDefault(b.ErrorCost, 10)
+	if ne := net.Error(nil); err != nil && errors.As(err, &ne) && ne.Timeout() {
+		cost = orDefault(b.TimeoutCost, 10)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -1,8 +1,14 @@
 package retry_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/idemkit/idem/retry"
@@ -16,16 +22,42 @@ func TestBudgetZeroValueDefaults(t *testing.T) {
 	if cost, ok := b.Withdraw(nil); !ok || cost != 5 {
 		t.Fatalf("retry after an answer: cost %d, %v; want 5, true", cost, ok)
 	}
-	if cost, ok := b.Withdraw(errors.New("reset")); !ok || cost != 10 {
-		t.Fatalf("retry after a network error: cost %d, %v; want 10, true", cost, ok)
+	if cost, ok := b.Withdraw(errors.New("reset")); !ok || cost != 5 {
+		t.Fatalf("retry after a network error: cost %d, %v; want 5, true", cost, ok)
 	}
-	if got := b.Available(); got != 485 {
-		t.Fatalf("after two retries: %d; want 485", got)
+	if cost, ok := b.Withdraw(os.ErrDeadlineExceeded); !ok || cost != 10 {
+		t.Fatalf("retry after a timeout: cost %d, %v; want 10, true", cost, ok)
+	}
+	if got := b.Available(); got != 480 {
+		t.Fatalf("after three retries: %d; want 480", got)
+	}
+}
+
+// A timeout costs TimeoutCost, wherever it is in the chain; any other
+// error, a refused connection included, RetryCost.
+func TestBudgetTimeoutCostsMore(t *testing.T) {
+	refused := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/", Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}
+	dialTimeout := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/", Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"answer", nil, 3},
+		{"refused connection", refused, 3},
+		{"reset", fmt.Errorf("read: %w", syscall.ECONNRESET), 3},
+		{"dial timeout", dialTimeout, 7},
+		{"context deadline", fmt.Errorf("attempt: %w", context.DeadlineExceeded), 7},
+	} {
+		b := &retry.Budget{Capacity: 100, RetryCost: 3, TimeoutCost: 7}
+		if cost, ok := b.Withdraw(tc.err); !ok || cost != tc.want || b.Available() != 100-tc.want {
+			t.Errorf("%s: cost %d, %v, %d left; want %d, true, %d left", tc.name, cost, ok, b.Available(), tc.want, 100-tc.want)
+		}
 	}
 }
 
 func TestBudgetEmptiesAndRefuses(t *testing.T) {
-	b := &retry.Budget{Capacity: 20, RetryCost: 5, ErrorCost: 10}
+	b := &retry.Budget{Capacity: 20, RetryCost: 5, TimeoutCost: 10}
 	var granted int
 	for range 10 {
 		if _, ok := b.Withdraw(nil); ok {
@@ -39,10 +71,10 @@ func TestBudgetEmptiesAndRefuses(t *testing.T) {
 		t.Fatalf("empty budget: %d, %v; want 0, false", cost, ok)
 	}
 
-	b = &retry.Budget{Capacity: 15, RetryCost: 5, ErrorCost: 10}
+	b = &retry.Budget{Capacity: 15, RetryCost: 5, TimeoutCost: 10}
 	b.Withdraw(nil) // 10 left
 	b.Withdraw(nil) // 5 left
-	if _, ok := b.Withdraw(errors.New("timeout")); ok {
+	if _, ok := b.Withdraw(os.ErrDeadlineExceeded); ok {
 		t.Fatalf("a retry costing 10 was granted with 5 left")
 	}
 	if b.Available() != 5 {
@@ -51,8 +83,8 @@ func TestBudgetEmptiesAndRefuses(t *testing.T) {
 }
 
 func TestBudgetDepositRefillsUpToCapacity(t *testing.T) {
-	b := &retry.Budget{Capacity: 30, RetryCost: 5, ErrorCost: 10, Refund: 2}
-	cost, _ := b.Withdraw(errors.New("reset"))
+	b := &retry.Budget{Capacity: 30, RetryCost: 5, TimeoutCost: 10, Refund: 2}
+	cost, _ := b.Withdraw(os.ErrDeadlineExceeded)
 	b.Deposit(cost) // the retried call got an answer: its last retry is refunded
 	if b.Available() != 30 {
 		t.Fatalf("after refunding the retry: %d; want 30", b.Available())
