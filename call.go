@@ -63,10 +63,12 @@ type call struct {
 	returned bool
 }
 
-func (c *call) pending(err error, next time.Time) *PendingError {
+// pending is the error of a call that stopped, for why, without a final
+// answer.
+func (c *call) pending(err error, next time.Time, why string) *PendingError {
 	return &PendingError{Op: c.op, Key: c.key, Attempts: c.attempts, LastStatus: c.lastCode,
 		Elapsed: c.sched.Elapsed(), NextAttempt: next, Err: err, State: c.rec.State,
-		unnamed: c.unnamed()}
+		Reason: why, unnamed: c.unnamed()}
 }
 
 // unnamed reports whether the call was sent without a name (neither
@@ -228,7 +230,8 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				}
 				c.lastErr = err
 				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
-					c.giveUp(ctx, c.lastErr, "operation leased by another holder", time.Time{})
+					const why = "operation leased by another holder"
+					c.giveUp(ctx, c.lastErr, why, time.Time{})
 					// The earliest a call can take it, unless its holder
 					// ends first: the lease's end, or the server's
 					// Retry-After when it comes later.
@@ -236,7 +239,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					if rec.NextAttempt.After(next) {
 						next = rec.NextAttempt
 					}
-					return nil, c.pending(c.lastErr, next)
+					return nil, c.pending(c.lastErr, next, why)
 				}
 				continue
 			case errors.Is(err, ErrNotFound) && c.resuming && c.attempts == 0:
@@ -257,7 +260,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				if c.attempts == 0 {
 					return nil, &JarError{Op: c.op, Err: err}
 				}
-				return nil, c.stop(ctx, err)
+				return nil, c.stopFor(ctx, err, "the jar failed")
 			}
 			c.rec, leased, c.held = rec, true, true
 			if c.attempts == 0 {
@@ -300,7 +303,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 
 		if nextBody == nil {
 			if nextBody, err = c.openBody(); err != nil {
-				return nil, c.stop(ctx, err)
+				return nil, c.stopFor(ctx, err, "the request body could not be read again")
 			}
 		}
 		// Count the attempt before it is sent, so that one cut off by a
@@ -369,7 +372,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				// The body's source failed as it was sent: every attempt
 				// reads it alike. The server got a body cut short, which it
 				// does not apply; the operation stays pending.
-				return nil, c.stop(ctx, be)
+				return nil, c.stopFor(ctx, be, "the request body failed")
 			}
 		}
 		switch retry.Classify(resp, err) {
@@ -384,7 +387,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				if err, ok := c.abandonNeverConnected(ctx, err); ok {
 					return nil, err
 				}
-				return nil, c.stop(ctx, err)
+				return nil, c.stopFor(ctx, err, "an error not retried")
 			}
 			if c.t.Budget != nil {
 				c.t.Budget.Deposit(c.cost) // a final answer too, 422
@@ -406,14 +409,16 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		decided := time.Now()
 		ra, hasRA := retry.RetryAfter(resp, decided)
 		wait, more, deferred := c.sched.Next(ra, hasRA)
-		if c.attempts >= c.policy.MaxAttempts {
-			more = false
-		}
-		why := "attempts or budget spent after "
-		if deferred {
+		var why string
+		switch {
+		case deferred:
 			why = "the server's Retry-After, longer than MaxRetryAfter, stored as the next attempt time, after "
-		}
-		if more && c.t.Budget != nil {
+		case c.attempts >= c.policy.MaxAttempts:
+			more = false
+			why = "MaxAttempts (" + strconv.Itoa(c.policy.MaxAttempts) + ") reached after "
+		case !more:
+			why = "the next wait would pass the call's MaxElapsed (" + c.policy.MaxElapsed.String() + ") after "
+		case c.t.Budget != nil:
 			if c.cost, more = c.t.Budget.Withdraw(err); more {
 				c.costDue = true
 			} else {
@@ -445,11 +450,12 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				next = limit
 			}
 			c.update(ctx, Change{NextAttempt: next, Release: true})
-			c.giveUp(ctx, err, why+reason(resp, err), next)
+			why += reason(resp, err)
+			c.giveUp(ctx, err, why, next)
 			if resp != nil {
 				return resp, nil // the last answer; the operation stays pending
 			}
-			return nil, c.pending(err, next)
+			return nil, c.pending(err, next, why)
 		}
 		// The server's Retry-After is recorded before the wait: a call
 		// stopped during it (its context, the process) leaves it behind.
@@ -470,7 +476,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if err, ok := c.abandonNeverConnected(ctx, context.DeadlineExceeded); ok {
 				return nil, err
 			}
-			return nil, c.stop(ctx, context.DeadlineExceeded)
+			return nil, c.stopFor(ctx, context.DeadlineExceeded, "the next wait would end past the context's deadline")
 		}
 		e = c.event(0, err) // the attempt's own status: none after a network error
 		if resp != nil {
@@ -574,8 +580,11 @@ func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 	return true
 }
 
-// stop ends the call without a response: the operation stays pending.
-func (c *call) stop(ctx context.Context, err error) error { return c.stopFor(ctx, err, "stopped") }
+// stop ends the call without a response, as its context ended: the
+// operation stays pending.
+func (c *call) stop(ctx context.Context, err error) error {
+	return c.stopFor(ctx, err, "the call's context ended")
+}
 
 // stopFor is stop, giving why to OnGiveUp and the log.
 func (c *call) stopFor(ctx context.Context, err error, why string) error {
@@ -584,7 +593,7 @@ func (c *call) stopFor(ctx context.Context, err error, why string) error {
 	}
 	c.release(ctx)
 	c.giveUp(ctx, err, why, c.rec.NextAttempt)
-	return c.pending(err, c.rec.NextAttempt)
+	return c.pending(err, c.rec.NextAttempt, why)
 }
 
 // notSent ends the call whose attempt the base transport says it did not
@@ -605,7 +614,7 @@ func (c *call) notSent(ctx context.Context, err error) error {
 	}
 	c.release(ctx)
 	c.giveUp(ctx, err, "not sent", time.Time{})
-	return c.pending(err, c.rec.NextAttempt)
+	return c.pending(err, c.rec.NextAttempt, "not sent")
 }
 
 // abandonUnsent abandons, durably, the operation of a call that sent

@@ -239,6 +239,11 @@ type PendingError struct {
 	// error still matches ErrPending, as the call's answer is unknown,
 	// but Resume refuses the operation: call it again.
 	State State
+	// Reason says why the call stopped, in a few words, as OnGiveUp's
+	// Event.Reason does: "retry budget empty after network error",
+	// "MaxAttempts (5) reached after status 503", "the call's context
+	// ended", "operation leased by another holder"…; "" when not known.
+	Reason string
 
 	// unnamed is set for a call sent without a name (neither WithOperation
 	// nor a key of the caller's): its operation's name was generated.
@@ -256,11 +261,11 @@ func init() {
 func (e *PendingError) Error() string {
 	var msg, again string
 	if e.State == "" || e.State == StatePending {
-		msg = fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v, outcome unknown; ", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond))
+		msg = fmt.Sprintf("idem: operation %q (key %q) still pending after %d attempt(s) in %v%s, outcome unknown; ", e.Op, e.Key, e.Attempts, e.Elapsed.Round(time.Millisecond), e.because())
 		again = "resume it"
 	} else {
-		msg = fmt.Sprintf("idem: operation %q (key %q) is %s, its outcome known, but this call, which sent it again for the server's saved answer, got none after %d attempt(s) in %v; ",
-			e.Op, e.Key, e.State, e.Attempts, e.Elapsed.Round(time.Millisecond))
+		msg = fmt.Sprintf("idem: operation %q (key %q) is %s, its outcome known, but this call, which sent it again for the server's saved answer, got none after %d attempt(s) in %v%s; ",
+			e.Op, e.Key, e.State, e.Attempts, e.Elapsed.Round(time.Millisecond), e.because())
 		again = "call it again"
 	}
 	name := " under the same name"
@@ -281,6 +286,14 @@ func (e *PendingError) Error() string {
 		msg += ": " + dsn.MaskPasswords(e.Err.Error())
 	}
 	return msg
+}
+
+// because is Reason in parentheses, or "".
+func (e *PendingError) because() string {
+	if e.Reason == "" {
+		return ""
+	}
+	return " (" + e.Reason + ")"
 }
 
 // Unwrap returns the last error, so that errors.Is(err, context.Canceled)

@@ -540,7 +540,7 @@ func TestRetryHookOnlyForARetry(t *testing.T) {
 		wait       time.Duration
 		err        error
 	}{
-		{"deadline before the wait ends", "2", time.Second, "stopped", 2 * time.Second, context.DeadlineExceeded},
+		{"deadline before the wait ends", "2", time.Second, "past the context's deadline", 2 * time.Second, context.DeadlineExceeded},
 		{"Retry-After past MaxRetryAfter", "31", 0, "Retry-After, longer than MaxRetryAfter", 31 * time.Second, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {

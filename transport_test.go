@@ -898,12 +898,73 @@ func TestPendingErrorSaysWhatToDo(t *testing.T) {
 			`idem: operation "charge:o1" (key "k1") still pending after 5 attempt(s) in 0s, outcome unknown; resume it later under the same name: EOF`},
 		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 1, LastStatus: 503, NextAttempt: at},
 			`idem: operation "charge:o1" (key "k1") still pending after 1 attempt(s) in 0s, outcome unknown; resume it under the same name after 2025-03-01T12:00:00Z`},
+		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 1, Err: io.EOF, Reason: "retry budget empty after network error"},
+			`idem: operation "charge:o1" (key "k1") still pending after 1 attempt(s) in 0s (retry budget empty after network error), outcome unknown; resume it later under the same name: EOF`},
 		{&idem.PendingError{Op: "charge:o1", Key: "k1", Attempts: 2, Err: io.EOF, State: idem.StateDone},
 			`idem: operation "charge:o1" (key "k1") is done, its outcome known, but this call, which sent it again for the server's saved answer, got none after 2 attempt(s) in 0s; call it again later under the same name: EOF`},
 	} {
 		if got := c.err.Error(); got != c.want {
 			t.Errorf("got %q; want %q", got, c.want)
 		}
+	}
+}
+
+// TestPendingErrorSaysWhy: a *PendingError's Reason, and its message, say
+// what stopped the call, as OnGiveUp's Event does: a caller whose call
+// stopped after one attempt learns that the shared budget, not the
+// policy, stopped it.
+func TestPendingErrorSaysWhy(t *testing.T) {
+	refused := netErr(syscall.ECONNREFUSED)
+	for _, c := range []struct {
+		name   string
+		steps  []func() (*http.Response, error)
+		set    func(*idem.Transport)
+		ctx    func(context.Context) (context.Context, context.CancelFunc)
+		reason string
+	}{
+		{"attempts", []func() (*http.Response, error){refused, refused, refused}, func(tr *idem.Transport) { tr.Policy.MaxAttempts = 3 }, nil,
+			"MaxAttempts (3) reached after network error"},
+		{"budget", []func() (*http.Response, error){refused, refused}, func(tr *idem.Transport) { tr.Budget = &retry.Budget{Capacity: 5} }, nil,
+			"retry budget empty after network error"},
+		{"elapsed", []func() (*http.Response, error){refused, refused}, func(tr *idem.Transport) {
+			tr.Policy = retry.Policy{InitialInterval: 40 * time.Second, NoJitter: true, MaxElapsed: 30 * time.Second}
+		}, nil, "the next wait would pass the call's MaxElapsed (30s) after network error"},
+		{"deadline", []func() (*http.Response, error){refused, refused}, func(tr *idem.Transport) {
+			tr.Policy = retry.Policy{InitialInterval: 10 * time.Second, NoJitter: true}
+		}, func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 5*time.Second)
+		},
+			"the next wait would end past the context's deadline"},
+		{"cancelled", []func() (*http.Response, error){refused, refused}, func(tr *idem.Transport) {
+			tr.Policy = retry.Policy{InitialInterval: 10 * time.Second, NoJitter: true}
+		}, func(ctx context.Context) (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(time.Second, cancel)
+			return ctx, cancel
+		}, "the call's context ended"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, _, _ := newTransport(t, c.steps...)
+				c.set(tr)
+				var gaveUp []string
+				tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Reason) }
+				ctx := idem.WithOperation(context.Background(), "op")
+				if c.ctx != nil {
+					var cancel context.CancelFunc
+					ctx, cancel = c.ctx(ctx)
+					defer cancel()
+				}
+				_, err := post(t, ctx, tr, `{}`)
+				var pe *idem.PendingError
+				if !errors.As(err, &pe) || pe.Reason != c.reason || !strings.Contains(err.Error(), "("+c.reason+")") {
+					t.Fatalf("got %v; want a *PendingError whose Reason, and message, say %q", err, c.reason)
+				}
+				if !slices.Equal(gaveUp, []string{c.reason}) {
+					t.Errorf("OnGiveUp saw %q; want %q", gaveUp, c.reason)
+				}
+			})
+		})
 	}
 }
 
