@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/internal/sendable"
+	"github.com/idemkit/idem/internal/stopped"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -453,7 +454,8 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			why += reason(resp, err)
 			c.giveUp(ctx, err, why, next)
 			if resp != nil {
-				return resp, nil // the last answer; the operation stays pending
+				stopped.Mark(resp, why) // for package client's *PendingError
+				return resp, nil        // the last answer; the operation stays pending
 			}
 			return nil, c.pending(err, next, why)
 		}

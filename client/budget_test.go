@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -25,13 +26,14 @@ func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
 		name   string
 		budget *retry.Budget
 		sends  int
+		last   string // the last call's PendingError.Reason
 	}{
 		// 40 calls of at most 5 attempts: 40 first attempts + 160 retries.
-		{"unlimited", &retry.Budget{Capacity: 1 << 30}, 200},
+		{"unlimited", &retry.Budget{Capacity: 1 << 30}, 200, "MaxAttempts (5) reached after status 503"},
 		// 50 tokens at 5 per retry pay for 10 retries in all.
-		{"budget 50", &retry.Budget{Capacity: 50, RetryCost: 5}, calls + 10},
+		{"budget 50", &retry.Budget{Capacity: 50, RetryCost: 5}, calls + 10, "retry budget empty after status 503"},
 		// The default: 500 tokens at 5 per retry, 100 retries.
-		{"no budget given", nil, calls + 100},
+		{"no budget given", nil, calls + 100, "retry budget empty after status 503"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -46,6 +48,9 @@ func TestBudgetStopsRetriesToAServerThatIsDown(t *testing.T) {
 					var pe *idem.PendingError
 					if !errors.As(err, &pe) || pe.LastStatus != 503 {
 						t.Fatalf("call %d: %v; want the last 503 as a pending error", i, err)
+					}
+					if i == calls-1 && (pe.Reason != tt.last || !strings.Contains(err.Error(), tt.last)) {
+						t.Fatalf("last call: %v (Reason %q); want its Reason and message to say %q", err, pe.Reason, tt.last)
 					}
 				}
 				if got := sends.Load(); got != int64(tt.sends) {

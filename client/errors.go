@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/ctlesc"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/stopped"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -283,7 +284,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed, anonymous 
 			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next, State: state}
 		} else {
 			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
-				Elapsed: elapsed, NextAttempt: next, State: state}
+				Elapsed: elapsed, NextAttempt: next, State: state, Reason: stopped.Reason(r.Response)}
 		}
 	}
 	return se
