@@ -188,6 +188,9 @@ func TestStatusesBecomeTypedErrors(t *testing.T) {
 		if ce.Attempts != 3 || ce.Key != s.key(0) || s.sends() != 3 || state(t, c.Jar(), "charge:o1") != idem.StatePending {
 			t.Fatalf("conflict %+v after %d sends, state %q; want 3 attempts with the key, pending", ce, s.sends(), state(t, c.Jar(), "charge:o1"))
 		}
+		if why := "MaxAttempts (3) reached after status 409"; ce.Reason != why || !strings.Contains(err.Error(), "("+why+")") {
+			t.Errorf("got %v (Reason %q); want its Reason and message to say %q", err, ce.Reason, why)
+		}
 	})
 	// A done operation sent again for its saved answer keeps its outcome:
 	// the error of a call left without an answer, *idem.PendingError for

@@ -213,6 +213,10 @@ type ConflictError struct {
 	// *idem.PendingError: StatePending (or "", the same), or StateDone or
 	// StateFailed for an operation sent again for its saved answer.
 	State idem.State
+	// Reason says why the Transport stopped retrying, as
+	// *idem.PendingError's does ("MaxAttempts (5) reached after status
+	// 409"); "" when not known.
+	Reason string
 
 	// unnamed is set for a call with an empty name, whose operation's
 	// name was generated: as *idem.PendingError's message says, the same
@@ -223,18 +227,26 @@ type ConflictError struct {
 func (e *ConflictError) Error() string {
 	var msg string
 	if e.State == "" || e.State == idem.StatePending {
-		msg = fmt.Sprintf("client: operation %q (key %q) still in flight on the server after %d attempt(s); it stays pending: resume it later", e.Op, e.Key, e.Attempts)
+		msg = fmt.Sprintf("client: operation %q (key %q) still in flight on the server after %d attempt(s)%s; it stays pending: resume it later", e.Op, e.Key, e.Attempts, because(e.Reason))
 		if e.unnamed {
 			msg += " under its name (the call had none, and one made again without a name is a new operation under a new key)"
 		}
 	} else {
-		msg = fmt.Sprintf("client: operation %q (key %q) is %s, its outcome known, but the server was still running a request with its key after %d attempt(s) of this call, which sent it again for the server's saved answer: call it again later under the same name",
-			e.Op, e.Key, e.State, e.Attempts)
+		msg = fmt.Sprintf("client: operation %q (key %q) is %s, its outcome known, but the server was still running a request with its key after %d attempt(s) of this call%s, which sent it again for the server's saved answer: call it again later under the same name",
+			e.Op, e.Key, e.State, e.Attempts, because(e.Reason))
 	}
 	if !e.NextAttempt.IsZero() {
 		msg += ", after " + e.NextAttempt.UTC().Format(time.RFC3339)
 	}
 	return msg
+}
+
+// because is why in parentheses, or "".
+func because(why string) string {
+	if why == "" {
+		return ""
+	}
+	return " (" + why + ")"
 }
 
 // Is reports whether target is idem.ErrPending, whatever the State: the
@@ -281,7 +293,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed, anonymous 
 	case retry.Classify(r.Response, nil) == retry.Retry:
 		next, state := c.nextAttempt(ctx, r)
 		if r.StatusCode == http.StatusConflict {
-			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next, State: state}
+			se.Err = &ConflictError{Op: r.Op, Key: r.Key, Attempts: attempts, NextAttempt: next, State: state, Reason: stopped.Reason(r.Response)}
 		} else {
 			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
 				Elapsed: elapsed, NextAttempt: next, State: state, Reason: stopped.Reason(r.Response)}
