@@ -363,8 +363,10 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 				return resp, nil
 			}
 			c.update(ctx, Change{Release: true, NextAttempt: c.rec.NextAttempt})
+			why := "credentials refused: " + reason(resp, nil)
+			stopped.Mark(resp, why)
 			if c.rec.State == StatePending {
-				c.giveUp(ctx, nil, "credentials refused: "+reason(resp, nil), time.Time{})
+				c.giveUp(ctx, nil, why, time.Time{})
 			}
 			return resp, nil
 		}

@@ -316,15 +316,16 @@ func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
 		name, op, key, ctxOp string
 		codes                []int
 		unnamed              bool
+		why                  string // the error's Reason, in its message too
 	}{
-		{"unnamed, 503", "", "", "", []int{503, 503}, true},
-		{"unnamed, 401 after a 503", "", "", "", []int{503, 401}, true},
-		{"named, 503", "charge:o1", "", "", []int{503, 503}, false},
-		{"the caller's key, 503", "", "k1", "", []int{503, 503}, false},
-		{"named by the context, 503", "", "", "charge:o1", []int{503, 503}, false},
-		{"unnamed, 409", "", "", "", []int{409, 409}, true},
-		{"named, 409", "charge:o1", "", "", []int{409, 409}, false},
-		{"named by the context, 409", "", "", "charge:o1", []int{409, 409}, false},
+		{"unnamed, 503", "", "", "", []int{503, 503}, true, "MaxAttempts (2) reached after status 503"},
+		{"unnamed, 401 after a 503", "", "", "", []int{503, 401}, true, "credentials refused: status 401"},
+		{"named, 503", "charge:o1", "", "", []int{503, 503}, false, "MaxAttempts (2) reached after status 503"},
+		{"the caller's key, 503", "", "k1", "", []int{503, 503}, false, "MaxAttempts (2) reached after status 503"},
+		{"named by the context, 503", "", "", "charge:o1", []int{503, 503}, false, "MaxAttempts (2) reached after status 503"},
+		{"unnamed, 409", "", "", "", []int{409, 409}, true, "MaxAttempts (2) reached after status 409"},
+		{"named, 409", "charge:o1", "", "", []int{409, 409}, false, "MaxAttempts (2) reached after status 409"},
+		{"named by the context, 409", "", "", "charge:o1", []int{409, 409}, false, "MaxAttempts (2) reached after status 409"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newShop()
@@ -347,6 +348,9 @@ func TestPendingErrorOfAnUnnamedCall(t *testing.T) {
 			}
 			if got := strings.Contains(err.Error(), warning); got != tc.unnamed {
 				t.Errorf("%q: says a call made again is a new operation: %v, want %v", err, got, tc.unnamed)
+			}
+			if !strings.Contains(err.Error(), "("+tc.why+")") {
+				t.Errorf("%q: want it to say why the call stopped, (%s)", err, tc.why)
 			}
 		})
 	}

@@ -288,7 +288,7 @@ func (c *Client) statusError(ctx context.Context, r *Response, keyed, anonymous 
 		if rec, err := c.jar.Get(context.WithoutCancel(ctx), r.Op); err == nil &&
 			(rec.State == idem.StatePending || !anonymous && (rec.State == idem.StateDone || rec.State == idem.StateFailed)) {
 			se.Err = &idem.PendingError{Op: r.Op, Key: r.Key, Attempts: attempts, LastStatus: r.StatusCode,
-				Elapsed: elapsed, NextAttempt: rec.NextAttempt, State: rec.State}
+				Elapsed: elapsed, NextAttempt: rec.NextAttempt, State: rec.State, Reason: stopped.Reason(r.Response)}
 		}
 	case retry.Classify(r.Response, nil) == retry.Retry:
 		next, state := c.nextAttempt(ctx, r)
