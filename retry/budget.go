@@ -30,9 +30,9 @@ type Budget struct {
 	// net.Error whose Timeout is true (a dial, a TLS handshake or
 	// Policy.AttemptTimeout that ran out). Zero means 10. As in the AWS
 	// SDKs, a server too slow to answer is likely overloaded, and its
-	// retries are the first to stop; one that refuses connections (down,
-	// restarting) costs nothing to ask again, and is retried as after an
-	// answer.
+	// retries are the first to stop; a refused connection (a server down
+	// or restarting) costs the server next to nothing, and its retry
+	// costs as one after an answer.
 	TimeoutCost int
 	// Refund is given back when a call's first attempt gets a final
 	// answer. Zero means 1.
