@@ -304,7 +304,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 
 		if nextBody == nil {
 			if nextBody, err = c.openBody(); err != nil {
-				return nil, c.stopFor(ctx, err, "the request body could not be read again")
+				return nil, c.stopFor(ctx, err, "GetBody could not give the body again")
 			}
 		}
 		// Count the attempt before it is sent, so that one cut off by a
