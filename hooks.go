@@ -16,7 +16,7 @@ type Event struct {
 	Status  int           // the attempt's status, 0 when it got no answer (OnGiveUp, OnReconcile: the last one known, 0 when none)
 	Err     error         // the attempt's error, or why the call stopped
 	Wait    time.Duration // OnRetry: the wait before the next attempt; OnGiveUp: until the operation's next attempt time the server asked for, when the call stored one
-	Reason  string        // OnRetry and OnGiveUp: why, in a few words
+	Reason  string        // OnRetry and OnGiveUp: why, in a few words (OnGiveUp's is the *PendingError's Reason)
 }
 
 // Hooks are callbacks on an operation's steps, for metrics and tracing. A
