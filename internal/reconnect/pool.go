@@ -66,6 +66,23 @@ func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 	return conn.Conn().PgConn().IsClosed()
 }
 
+// Discard closes conn, a connection of the pool that a statement ran on
+// under ctx, when err says that its session's transactions are read-only
+// (SQLSTATE 25006): a session keeps the default_transaction_read_only it
+// started with, so that one made while the database's or the role's was on
+// would refuse every write until the pool retires it, long after the
+// setting was reset. Closed, it is dropped when released, and the pool
+// dials another, which starts with the setting as it is then: read-only
+// still (a hot standby, a window not yet over) fails its write again, as
+// it must. Call it after Lost, which takes a closed connection for a lost
+// one.
+func Discard(ctx context.Context, conn *pgxpool.Conn, err error) {
+	var pe *pgconn.PgError
+	if conn != nil && errors.As(err, &pe) && pe.Code == "25006" {
+		_ = conn.Conn().Close(ctx)
+	}
+}
+
 // refusal reports whether a server that ends a new session with pe
 // refuses the session itself, as it will every session made the same way
 // until someone changes the role, the database or the connection string:
@@ -122,6 +139,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, bound time.Duration, until tim
 		defer done()
 		err = statement(sctx, conn, lost != nil)
 		if !Lost(sctx, conn, err) {
+			Discard(sctx, conn, err)
 			return false, err
 		}
 		if lost == nil {

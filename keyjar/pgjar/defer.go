@@ -223,7 +223,11 @@ func (j *Jar) send(changes []deferred) (sent, lostConn bool, err error) {
 	}
 	defer done()
 	err = conn.SendBatch(ctx, b).Close()
-	return true, reconnect.Lost(ctx, conn, err), err
+	lostConn = reconnect.Lost(ctx, conn, err)
+	if !lostConn {
+		reconnect.Discard(ctx, conn, err)
+	}
+	return true, lostConn, err
 }
 
 // refusedData reports whether err is the database refusing a statement for

@@ -119,6 +119,13 @@
 // New keeps its own ShouldPing: pgxpool's default lets each connection
 // idle for less than a second fail one statement after a restart.
 //
+// A session keeps the default_transaction_read_only it started with: one
+// made while the database's or the role's was on refuses every write
+// (SQLSTATE 25006) after the setting is reset. The jar closes a connection
+// whose session refused a write so, rather than give it back to the pool,
+// and the next write runs on a new session, with the setting as it is then;
+// a connection that only read meanwhile costs one failed write.
+//
 // When the connection to the server is lost before the applier has its
 // answer (none could be made, or the one in use closed: the server
 // restarted, or ended the session; not when the server refused the
