@@ -562,7 +562,7 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// program would do, which idemctl says in its own words.
 		_, path, _ := strings.Cut(err.Error(), pgjar.ErrNoSchema.Error()+": ")
 		path, _, _ = strings.Cut(path, "; ")
-		return fmt.Errorf("%s holds no key jar: %s; name the jar's schema with search_path=… in the URL", where, path)
+		return fmt.Errorf("%s holds no key jar: %s; name the jar's schema with search_path=… in the URL, and grant the role USAGE on it", where, path)
 	case errors.Is(err, pgjar.ErrSchema):
 		// pgjar names what is missing after the sentinel (a table, an
 		// index, the record of the version): a table dropped took its

@@ -256,7 +256,7 @@ func TestPostgresJarInASchema(t *testing.T) {
 
 	code, _, errOut = idemctl("--jar", withPassword(t, dsn)+"&search_path=nowhere", "list")
 	wantError(t, code, errOut, 1, `postgres://postgres:xxxxx@`)
-	if want := `: search_path "nowhere" names no schema that exists;`; !strings.Contains(errOut, want) ||
+	if want := `: search_path "nowhere" names no schema that exists, or none that this role may use;`; !strings.Contains(errOut, want) ||
 		strings.Contains(errOut, "hunter2") || strings.Contains(errOut, "pgjar:") {
 		t.Errorf("stderr %q; want idemctl's own words with %q, the password masked", errOut, want)
 	}

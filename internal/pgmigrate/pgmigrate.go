@@ -483,7 +483,8 @@ const CurrentQuery = `SELECT pg_catalog.current_schema(), pg_catalog.current_set
 
 // Current returns the schema that scan, the Scan method of CurrentQuery's
 // row (pgx's or database/sql's), reads: current_schema(), the first schema
-// of the search_path that exists. When none exists, it returns noSchema,
+// of the search_path that exists and that the role may use (USAGE). When
+// there is none, it returns noSchema,
 // wrapped with the search_path and, after "; ", what to do.
 func Current(scan func(dest ...any) error, noSchema error) (string, error) {
 	var (
@@ -494,7 +495,7 @@ func Current(scan func(dest ...any) error, noSchema error) (string, error) {
 		return "", err
 	}
 	if schema == nil {
-		return "", fmt.Errorf("%w: search_path %q names no schema that exists; create one it names (CREATE SCHEMA), or set search_path=… in the connection string to a schema that exists", noSchema, path)
+		return "", fmt.Errorf("%w: search_path %q names no schema that exists, or none that this role may use; create one it names (CREATE SCHEMA), or GRANT USAGE on the schema that holds the tables to the role, or set search_path=… in the connection string to a schema that exists", noSchema, path)
 	}
 	return *schema, nil
 }

@@ -252,3 +252,27 @@ func TestOpenRefusesAJarInASchemaWithoutUsage(t *testing.T) {
 		t.Errorf("tables %s in schema public after the opens; want none", tables)
 	}
 }
+
+// TestOpenSchemaWithoutUsage: a search_path whose only schema exists, and
+// holds the jar, but which the role may not use (USAGE, which
+// current_schema() skips it for) leaves current_schema() null too: the
+// ErrNoSchema of Open and New says that the role may not use it, and what
+// to grant. Before, it said only that the search_path named no schema that
+// exists, and to create one, which the schema's owner could not.
+func TestOpenSchemaWithoutUsage(t *testing.T) {
+	dsn := pgtest.DB(t)
+	if _, err := pgtest.Connect(t, dsn).Exec(t.Context(), `CREATE SCHEMA jobs`); err != nil {
+		t.Fatal(err)
+	}
+	open(t, dsn+"&search_path=jobs", nil).Close()
+	app := pgtest.AppRole(t, dsn, `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA jobs`)
+	for name, opened := range openers(t, app+"&search_path=jobs") {
+		j, err := opened()
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrNoSchema) || !strings.Contains(err.Error(), `"jobs"`) || !strings.Contains(err.Error(), "USAGE") {
+			t.Errorf("%s: %v; want ErrNoSchema naming the search_path and USAGE", name, err)
+		}
+	}
+}

@@ -40,7 +40,8 @@
 // the connections the pool makes later (a role's setting changed since, an
 // AfterConnect that sets another) and a temporary table of the same name
 // (pg_temp is searched first) neither hides its entries nor receives them.
-// A search_path that names no schema that exists is ErrNoSchema.
+// A search_path that names no schema that exists, or none that the role
+// may use (USAGE), is ErrNoSchema.
 // Before they create the store's table from scratch, they look for
 // it in the other schemas of the search_path: a schema before
 // current_schema() that holds it but that the role may not use
