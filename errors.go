@@ -328,7 +328,11 @@ type JarError struct {
 	Err error
 }
 
-func (e *JarError) Error() string { return fmt.Sprintf("idem: jar: operation %q: %v", e.Op, e.Err) }
+// Error says that the call sent nothing, which a log line read without the
+// type would not tell from an outcome left unknown.
+func (e *JarError) Error() string {
+	return fmt.Sprintf("idem: jar: operation %q, nothing sent: %v", e.Op, e.Err)
+}
 
 // Unwrap returns the jar's error.
 func (e *JarError) Unwrap() error { return e.Err }

@@ -1561,3 +1561,19 @@ func TestUnnamedNeverConnectedAbandonedAtDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestJarErrorSaysNothingSent: the message of a *JarError says that the
+// call sent nothing, as its type does, so that a log line read without the
+// code tells an operator that the jar failed before the send and not after
+// it (the outcome is not unknown: no key went out in this call).
+func TestJarErrorSaysNothingSent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, mj := newTransport(t, status(201))
+		tr.Jar = lostBeginJar{mj}
+		_, err := post(t, idem.WithOperation(context.Background(), "op"), tr, `{}`)
+		var je *idem.JarError
+		if !errors.As(err, &je) || rec.attempts() != 0 || !strings.Contains(err.Error(), "nothing sent") {
+			t.Fatalf("got %v after %d sends; want a *JarError whose message says nothing was sent", err, rec.attempts())
+		}
+	})
+}
