@@ -66,21 +66,26 @@ func Lost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 	return conn.Conn().PgConn().IsClosed()
 }
 
-// Discard closes conn, a connection of the pool that a statement ran on
-// under ctx, when err says that its session's transactions are read-only
-// (SQLSTATE 25006): a session keeps the default_transaction_read_only it
-// started with, so that one made while the database's or the role's was on
-// would refuse every write until the pool retires it, long after the
-// setting was reset. Closed, it is dropped when released, and the pool
-// dials another, which starts with the setting as it is then: read-only
-// still (a hot standby, a window not yet over) fails its write again, as
-// it must. Call it after Lost, which takes a closed connection for a lost
-// one.
-func Discard(ctx context.Context, conn *pgxpool.Conn, err error) {
+// ReadOnly reports whether err, which a statement on conn (a connection of
+// pool) returned under ctx, is its session refusing a write as read-only
+// (SQLSTATE 25006), and then closes conn and resets pool. A session keeps
+// the default_transaction_read_only it started with: those the pool made
+// while the database's or the role's was on would refuse every write until
+// the pool retires them, long after the setting was reset. Closed, they are
+// dropped (one in use, when released), and the pool dials others, which
+// start with the setting as it is then. The refused write applied nothing:
+// the caller may run it once more, on a new session, which fails again
+// only while transactions are still read-only (a window not yet over, a
+// hot standby). Call it after Lost, which takes a closed connection for a
+// lost one.
+func ReadOnly(ctx context.Context, pool *pgxpool.Pool, conn *pgxpool.Conn, err error) bool {
 	var pe *pgconn.PgError
-	if conn != nil && errors.As(err, &pe) && pe.Code == "25006" {
-		_ = conn.Conn().Close(ctx)
+	if conn == nil || !errors.As(err, &pe) || pe.Code != "25006" {
+		return false
 	}
+	_ = conn.Conn().Close(ctx)
+	pool.Reset()
+	return true
 }
 
 // refusal reports whether a server that ends a new session with pe
@@ -128,9 +133,12 @@ func UnsupportedParameter(pe *pgconn.PgError) string {
 // safe when running it twice does what running it once does. Run returns
 // the last attempt's error and, as lost, the error of the first attempt
 // so lost, or nil; statement's unsure tells it whether there was one, so
-// that it can recognise its own earlier work.
+// that it can recognise its own earlier work. A statement that a session
+// refused as read-only runs once more after the pool is reset (see
+// ReadOnly).
 func Run(ctx context.Context, pool *pgxpool.Pool, bound time.Duration, until time.Time, resend bool,
 	statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error) (lost, err error) {
+	reset := false
 	err = Retry(ctx, until, func() (bool, error) {
 		conn, sctx, done, err := Acquire(ctx, pool, bound)
 		if err != nil {
@@ -139,8 +147,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, bound time.Duration, until tim
 		defer done()
 		err = statement(sctx, conn, lost != nil)
 		if !Lost(sctx, conn, err) {
-			Discard(sctx, conn, err)
-			return false, err
+			again := ReadOnly(sctx, pool, conn, err) && !reset
+			reset = reset || again
+			return again, err
 		}
 		if lost == nil {
 			lost = err

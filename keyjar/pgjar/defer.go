@@ -163,7 +163,7 @@ func (j *Jar) apply(batch []deferred) {
 	err := j.deliver(batch)
 	if len(batch) > 1 && refusedData(err) {
 		for i := range batch {
-			if _, _, err := j.send(batch[i : i+1]); err != nil {
+			if _, _, _, err := j.send(batch[i : i+1]); err != nil {
 				j.dropped(batch[i], err) // dropped, as documented
 			}
 		}
@@ -196,9 +196,13 @@ func (j *Jar) dropped(d deferred, err error) {
 // others are dropped.
 func (j *Jar) deliver(changes []deferred) error {
 	start := time.Now()
-	lostConn := false
+	lostConn, reset := false, false
 	err := reconnect.Retry(context.Background(), j.outage.Until(start, 2*j.timeout), func() (bool, error) {
-		sent, again, err := j.send(changes)
+		sent, again, readOnly, err := j.send(changes)
+		if readOnly && !reset {
+			reset = true // the batch applied nothing: once more, on a new session
+			return true, err
+		}
 		if lostConn = again; again && sent {
 			changes = slices.DeleteFunc(slices.Clone(changes), func(d deferred) bool { return !d.replayable })
 			again = len(changes) > 0
@@ -210,24 +214,23 @@ func (j *Jar) deliver(changes []deferred) error {
 }
 
 // send sends changes as one pgx.Batch, under one statement's deadline. It
-// reports whether the batch was sent (a connection was taken), and whether
-// an error is the loss of the connection (see reconnect.Lost).
-func (j *Jar) send(changes []deferred) (sent, lostConn bool, err error) {
+// reports whether the batch was sent (a connection was taken), whether an
+// error is the loss of the connection (see reconnect.Lost), and whether it
+// is its session refusing the batch as read-only (see reconnect.ReadOnly).
+// The batch is one implicit transaction: refused, none of it was applied.
+func (j *Jar) send(changes []deferred) (sent, lostConn, readOnly bool, err error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(changes))}
 	for _, d := range changes {
 		b.Queue(j.sql.update, d.args...)
 	}
 	conn, ctx, done, err := j.conn(context.Background())
 	if err != nil {
-		return false, reconnect.Lost(context.Background(), nil, err), err
+		return false, reconnect.Lost(context.Background(), nil, err), false, err
 	}
 	defer done()
 	err = conn.SendBatch(ctx, b).Close()
 	lostConn = reconnect.Lost(ctx, conn, err)
-	if !lostConn {
-		reconnect.Discard(ctx, conn, err)
-	}
-	return true, lostConn, err
+	return true, lostConn, !lostConn && reconnect.ReadOnly(ctx, j.pool, conn, err), err
 }
 
 // refusedData reports whether err is the database refusing a statement for

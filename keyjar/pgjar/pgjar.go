@@ -122,10 +122,11 @@
 //
 // A session keeps the default_transaction_read_only it started with: one
 // made while the database's or the role's was on refuses every write
-// (SQLSTATE 25006) after the setting is reset. The jar closes a connection
-// whose session refused a write so, rather than give it back to the pool,
-// and the next write runs on a new session, with the setting as it is then;
-// a connection that only read meanwhile costs one failed write.
+// (SQLSTATE 25006) after the setting is reset. When a session refuses a
+// write so, the jar closes every connection of its pool (those in use when
+// they come back) and runs the write once more on a new session, which
+// starts with the setting as it is then: the first write after such a
+// window succeeds, and one during it fails with the server's error.
 //
 // When the connection to the server is lost before the applier has its
 // answer (none could be made, or the one in use closed: the server

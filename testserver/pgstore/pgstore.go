@@ -93,6 +93,14 @@
 // New keeps its own ShouldPing: pgxpool's default lets each connection
 // idle for less than a second fail one statement after a restart.
 //
+// A session keeps the default_transaction_read_only it started with: one
+// made while the database's or the role's was on refuses every write
+// (SQLSTATE 25006) after the setting is reset. When a session refuses a
+// write so, the store closes every connection of its pool (those in use
+// when they come back) and runs the write once more on a new session
+// (Prune does not: its next call does), which starts with the setting as it
+// is then.
+//
 // While the server is down, Claim and Prune fail with the pool's or the
 // server's error: a claim that could not be sent made nothing, and fails
 // closed at once (the Middleware answers 503, and runs nothing; its caller
@@ -495,6 +503,7 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 	}
 	defer done()
 	tag, err := conn.Exec(ctx, query, args...)
+	reconnect.ReadOnly(ctx, s.pool, conn, err) // the next statement runs on a new session
 	return tag.RowsAffected(), s.closedOr(err)
 }
 

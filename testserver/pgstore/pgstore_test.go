@@ -1465,3 +1465,35 @@ func TestOpenBehindTransactionPooler(t *testing.T) {
 		}
 	})
 }
+
+// TestReadOnlyWindowEnds: a session made while the database's transactions
+// were read-only (default_transaction_read_only set for the database, later
+// reset) keeps that default for its life. A claim during the window fails
+// with the server's error (SQLSTATE 25006), and the first claim after it
+// succeeds: the store drops the sessions made meanwhile rather than give
+// them back to its pool, which would keep them for up to an hour.
+func TestReadOnlyWindowEnds(t *testing.T) {
+	dsn := pgtest.DB(t)
+	s := open(t, dsn+"&pool_max_conns=1", nil)
+	ctx := t.Context()
+	if _, _, err := s.Claim(ctx, "s", "before", "fp", testserver.Fence{Token: 1}, t0); err != nil {
+		t.Fatal(err)
+	}
+	admin := pgtest.Connect(t, dsn) // made before the window: it may write
+	setDatabaseDefault(t, dsn, "default_transaction_read_only", "on")
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := s.Claim(ctx, "s", "during", "fp", testserver.Fence{Token: 2}, t0)
+	if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || pe.Code != "25006" {
+		t.Fatalf("Claim while transactions are read-only: %v; want SQLSTATE 25006", err)
+	}
+	if _, err := admin.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{admin.Config().Database}.Sanitize()+
+		` RESET default_transaction_read_only`); err != nil {
+		t.Fatal(err)
+	}
+	if _, claimed, err := s.Claim(ctx, "s", "after", "fp", testserver.Fence{Token: 3}, t0); err != nil || !claimed {
+		t.Errorf("Claim once transactions may write again = %v, %v; want claimed", claimed, err)
+	}
+}
