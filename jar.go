@@ -272,7 +272,8 @@ type Jar interface {
 //     closed, the change is invalid). A fenced change refused when applied
 //     (ErrLeaseLost, ErrNotFound), or one lost to a database error or a
 //     crash, is dropped: the record stays as it was, at worst pending, which
-//     a resume settles with the server's replay.
+//     a resume settles with the server's replay. The jar's Close reports
+//     the changes dropped on an error (ErrDropped).
 type Deferrer interface {
 	Jar
 	Defer(op, holder string, c Change) error
@@ -299,6 +300,13 @@ var (
 	// one given, is neither pending nor reconcile, or is leased to another
 	// holder: nothing was changed.
 	ErrNotAbandoned = errors.New("idem: operation not abandoned: it has another key, is neither pending nor reconcile, or is leased")
+	// ErrDropped is returned, wrapped, by the Close method of *keyjar.Jar
+	// and *pgjar.Jar when changes that Defer accepted since the jar was
+	// opened were dropped on an error (not on a fence: see Deferrer), as
+	// os.File's Close reports a write that did not reach the disk. Their
+	// operations stay as they were, at worst pending, which a resume
+	// settles with the server's replay. The jar is closed all the same.
+	ErrDropped = errors.New("idem: deferred changes were dropped")
 )
 
 // RecordError is returned, wrapped, by the Begin, Get, List, ByKey,

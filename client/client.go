@@ -452,7 +452,8 @@ func (c *Client) Jar() Jar { return c.jar }
 // Pending, Abandon, Forget and the HTTPClient's requests), which end
 // within their contexts and the Policy, so that their outcomes are in the
 // jar; then it closes idle connections and the jar New opened, which
-// first writes the outcomes it was still to write. A jar given in
+// first writes the outcomes it was still to write, and returns the jar's
+// error (idem.ErrDropped: outcomes that were not written). A jar given in
 // Options.Jar is left open: close it too, after Close. As database/sql's
 // DB.Close does, Close refuses the calls that would begin once it began:
 // they, and Close called again, return an error matching ErrClosed,

@@ -162,7 +162,11 @@ func (j *Jar) commitLoop() {
 // dropped logs jb, a deferred change, to Options.Logger when its
 // transaction failed: nobody else learns that it was not written.
 func (j *Jar) dropped(jb *job) {
-	if jb.err == nil || j.logger == nil {
+	if jb.err == nil {
+		return
+	}
+	j.drops.Add(jb.err)
+	if j.logger == nil {
 		return
 	}
 	j.logger.LogAttrs(context.Background(), slog.LevelWarn, "keyjar: a deferred change was not written; the operation stays as it was",

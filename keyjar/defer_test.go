@@ -242,7 +242,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // TestDeferDroppedIsLogged: a deferred change whose transaction fails is
 // dropped, as Defer says, and Options.Logger gets one Warn record naming
 // the operation and the error; a change fenced off is dropped silently.
-// Before, a dropped change reached nobody.
+// Close then returns idem.ErrDropped. Before, a dropped change reached
+// nobody, and Close returned nil.
 func TestDeferDroppedIsLogged(t *testing.T) {
 	var fail atomic.Bool
 	injected := errors.New("injected: disk I/O error")
@@ -284,5 +285,12 @@ func TestDeferDroppedIsLogged(t *testing.T) {
 	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "op=op") ||
 		!strings.Contains(lines[0], `err="injected: disk I/O error"`) {
 		t.Fatalf("logged %q; want one Warn record naming op and the error", logged.String())
+	}
+	// Close reports it too, as os.File's Close reports a write that did not
+	// reach the disk; the change fenced off is not counted.
+	err = j.Close()
+	if !errors.Is(err, idem.ErrDropped) || !strings.Contains(err.Error(), "1 since") ||
+		!strings.Contains(err.Error(), "injected: disk I/O error") {
+		t.Errorf("Close = %v; want idem.ErrDropped, counting 1 change, on the injected error", err)
 	}
 }

@@ -158,6 +158,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dropped"
 	"github.com/idemkit/idem/internal/sqliteopt"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 	sqlite3 "modernc.org/sqlite/lib"
@@ -259,7 +260,8 @@ type Jar struct {
 	maxBatch int
 	done     chan struct{} // closed when the committer has exited
 	hooks    hooks
-	logger   *slog.Logger // Options.Logger: deferred changes dropped
+	logger   *slog.Logger  // Options.Logger: deferred changes dropped
+	drops    dropped.Count // the deferred changes dropped, for Close
 
 	mu     sync.RWMutex // guards closed and sends on queue
 	closed bool
@@ -871,7 +873,10 @@ func syncDir(dir string) error {
 // names its file (see File in the package doc): what was committed is not
 // there. It is in the file the jar opened, wherever that went, and the
 // -wal file at the path is emptied, so that a file put in the jar's place
-// is not read with the jar's pages.
+// is not read with the jar's pages. When deferred changes were dropped on
+// an error since the jar was opened, those Close wrote included, Close
+// returns an error matching idem.ErrDropped that counts them, after
+// closing the jar.
 //
 // Close does not wait for the calls of an idem.Transport over the jar: one
 // still running when it closes records nothing more, its outcome included
@@ -911,6 +916,9 @@ func (j *Jar) Close() error {
 		err = errors.Join(err, cerr)
 	}
 	openJars.remove(j)
+	if derr := j.drops.Err(); derr != nil {
+		err = errors.Join(err, derr)
+	}
 	if err != nil {
 		return wrapf(err, "close %s", j.path)
 	}

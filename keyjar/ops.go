@@ -175,7 +175,8 @@ func (j *Jar) Update(ctx context.Context, op, holder string, c idem.Change) (ide
 // transaction, in order with the jar's other writes; Get and List wait for
 // the changes deferred before they were called, so what a goroutine deferred
 // it reads back. A change that is fenced off, whose op is unknown, or whose
-// transaction fails is dropped (Options.Logger hears of the last). Defer returns ErrInvalid for an invalid
+// transaction fails is dropped (Options.Logger hears of the last, and Close
+// counts it: see idem.ErrDropped). Defer returns ErrInvalid for an invalid
 // change and ErrClosed after Close; Close writes every change deferred
 // before it. A deferred change is not synced of its own, a change to
 // StateAbandoned included: abandon with Update, which syncs it.

@@ -41,7 +41,8 @@ type deferred struct {
 // 64 in one round trip, each as the fenced UPDATE that Update runs. A
 // change that is fenced off (holder no longer holds the lease), whose op is
 // unknown, or that a database error or timeout loses, is dropped: the record
-// stays as it was. One whose connection to the server was lost is sent
+// stays as it was (Options.Logger hears of one lost to an error, and Close
+// counts it: see idem.ErrDropped). One whose connection to the server was lost is sent
 // again first, for a bounded time (see the package documentation). Defer
 // waits only when 1024 changes are already queued. Every batch commits as
 // Update commits its changes, with synchronous_commit=off unless the DSN
@@ -181,6 +182,7 @@ func (j *Jar) apply(batch []deferred) {
 // it.
 func (j *Jar) dropped(d deferred, err error) {
 	err = pgmigrate.OneLine(err) // one line, as a call's error
+	j.drops.Add(err)
 	if j.logger != nil {
 		j.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgjar: a deferred change was dropped on an error; the operation may stay as it was",
 			slog.String("op", d.op), slog.String("err", dsn.MaskPasswords(err.Error())))

@@ -468,6 +468,25 @@ func TestRefusedChangeSparesItsBatch(t *testing.T) {
 		!strings.Contains(lines[0], "out of range") {
 		t.Errorf("logged %q; want one Warn record naming b and the database's error", logged.String())
 	}
+	closeDropped(t, j, "1 since", "22003")
+}
+
+// closeDropped closes j and checks that Close reports the deferred changes
+// dropped: an error matching idem.ErrDropped whose text holds each of want.
+func closeDropped(t *testing.T, j *pgjar.Jar, want ...string) {
+	t.Helper()
+	err := j.Close()
+	if !errors.Is(err, idem.ErrDropped) {
+		t.Fatalf("Close = %v; want it to match idem.ErrDropped", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("Close = %q; want it to say %q", err, w)
+		}
+	}
+	if err := j.Close(); !errors.Is(err, pgjar.ErrClosed) {
+		t.Errorf("Close again = %v; want ErrClosed", err)
+	}
 }
 
 // TestDroppedBatchIsLogged: a batch of deferred changes that fails whole
@@ -504,6 +523,7 @@ func TestDroppedBatchIsLogged(t *testing.T) {
 		!strings.Contains(lines[0], "57014") {
 		t.Errorf("logged %q; want one Warn record naming a and the statement timeout", logged.String())
 	}
+	closeDropped(t, j, "1 since", "57014")
 }
 
 // TestStatusOutOfRange: a LastStatus that PostgreSQL's integer column cannot

@@ -178,6 +178,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/dropped"
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/errprefix"
 	"github.com/idemkit/idem/internal/hdrjson"
@@ -429,7 +430,8 @@ type Jar struct {
 	updateCommit string // synchronous_commit for Update's transactions
 	sql          statements
 	closed       atomic.Bool
-	logger       *slog.Logger // Options.Logger: deferred changes dropped
+	logger       *slog.Logger  // Options.Logger: deferred changes dropped
+	drops        dropped.Count // the deferred changes dropped, for Close
 
 	// The deferred changes (see Defer). queueMu guards sends on queue
 	// against Close, which closes it; the applier receives from it and
@@ -598,7 +600,9 @@ func start(ctx context.Context, pool *pgxpool.Pool, o Options, updateCommit stri
 // if Open created it, after the statements running on it: a jar from New
 // leaves its caller's pool open. Every method called after it, Close
 // included, returns ErrClosed, and so does a call that was yet to take a
-// connection.
+// connection. When deferred changes were dropped on an error since the jar
+// was opened, those Close applied included, Close returns an error
+// matching idem.ErrDropped that counts them, after closing the jar.
 //
 // Close does not wait for the calls of an idem.Transport over the jar: one
 // still running when it closes records nothing more, its outcome included
@@ -617,6 +621,9 @@ func (j *Jar) Close() error {
 	<-j.applied
 	if j.owned {
 		j.pool.Close()
+	}
+	if err := j.drops.Err(); err != nil {
+		return wrapf(err, "close")
 	}
 	return nil
 }

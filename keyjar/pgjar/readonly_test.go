@@ -79,4 +79,5 @@ func TestReadOnlyWindowEnds(t *testing.T) {
 		t.Errorf("Get after a change deferred once transactions may write again = %s, status %d, %v; want done, 201",
 			rec.State, rec.LastStatus, err)
 	}
+	closeDropped(t, j, "1 since", "25006") // the change of the first window alone
 }
