@@ -852,7 +852,7 @@ func (c *call) begin(ctx context.Context) (err error) {
 			// it counts, fenced by this call's holder id: where Begin
 			// wrote nothing, nothing changes.
 			c.rec, c.created = r, true
-			return c.stop(ctx, ctxErr)
+			return c.stopFor(ctx, ctxErr, "the call's context ended as the jar stored the operation, which it may not hold: nothing sent")
 		}
 		// Nothing is sent. The jar may have written the record all the
 		// same (a commit whose answer was lost): it would stay pending,

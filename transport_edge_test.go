@@ -624,6 +624,9 @@ func TestContextEndingInBeginLeavesPendingAndFree(t *testing.T) {
 		if !errors.Is(err, idem.ErrPending) || !errors.Is(err, context.Canceled) || errors.As(err, &je) || rec.attempts() != 0 {
 			t.Fatalf("got %T %v after %d sends; want a *PendingError wrapping context.Canceled, nothing sent", err, err, rec.attempts())
 		}
+		if pe := (*idem.PendingError)(nil); errors.As(err, &pe) && !strings.Contains(pe.Reason, "nothing sent") {
+			t.Errorf("Reason %q; want it to say that nothing was sent", pe.Reason)
+		}
 		r, err := mj.Get(context.Background(), "op")
 		if err != nil || r.Holder != "" || r.Attempts != 0 || r.State != idem.StatePending {
 			t.Fatalf("record %+v, %v; want pending, no lease, no attempt", r, err)
