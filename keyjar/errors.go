@@ -64,12 +64,17 @@ var (
 	// version: ErrOldVersion then, which matches ErrReadOnly too).
 	ErrReadOnly = errors.New("keyjar: jar is read-only")
 
-	// ErrOldVersion is returned by Open with Options.ReadOnly for a jar of
-	// an older schema version (1, before the index List with a State
-	// reads) whose -wal or -shm file is missing: an Open without ReadOnly
-	// would create them and upgrade it, a write (with them, Open reads the
-	// jar as it is). It matches ErrReadOnly too (errors.Is), as it did before it was told
-	// apart, and is wrapped with the jar's version.
+	// ErrOldVersion is returned by Open with Options.MustExist for a jar
+	// of an older schema version (1, before the index List with a State
+	// reads), which MustExist does not upgrade, as pgjar's does not: a
+	// program built with an earlier version of this package refuses the
+	// jar once upgraded, and one that only opens a jar it did not create
+	// (idemctl) must not do that to the program that did. And by Open with
+	// Options.ReadOnly for such a jar whose -wal or -shm file is missing:
+	// an Open without ReadOnly would create them and upgrade it, a write
+	// (with them, Open reads the jar as it is); that one matches
+	// ErrReadOnly too (errors.Is), as it did before it was told apart.
+	// It is wrapped with the jar's version.
 	ErrOldVersion error = oldVersion{}
 
 	// ErrOptions is returned by Open for an Options field out of range: a
@@ -102,11 +107,15 @@ var (
 // ReadOnly could not do without writing) still matches, with "keyjar: "
 // said once in its message, where wrapping both sentinels would say it
 // twice.
-type oldVersion struct{}
+// Only the read-only Open's matches ErrReadOnly: MustExist's is an Open
+// that could write.
+type oldVersion struct{ readOnly bool }
 
 func (oldVersion) Error() string { return "keyjar: jar file has an older schema version" }
 
-func (oldVersion) Is(target error) bool { return target == ErrReadOnly }
+func (e oldVersion) Is(target error) bool {
+	return target == ErrOldVersion || (e.readOnly && target == ErrReadOnly)
+}
 
 // wrapf returns err after "keyjar: " and what format says happened, with
 // "keyjar: " said once (errprefix.Wrapf).

@@ -68,7 +68,8 @@
 // the index on (state, created, op) that List with a State reads (the walk
 // of the pending operations: client.Pending, idemctl list --status and
 // resume --all); a jar of version 1 gets it at its first Open without
-// ReadOnly, after which a program built with an earlier version of this
+// ReadOnly or MustExist (which refuses it with ErrOldVersion, as pgjar's
+// does), after which a program built with an earlier version of this
 // package refuses the jar with ErrVersion. Times are stored as Unix nanoseconds, so a Record's times must
 // lie between the years 1678 and 2262 (or be zero); headers are stored as
 // JSON, byte for byte: a name or value that is not UTF-8 is kept in base64.
@@ -180,9 +181,11 @@ type Options struct {
 	MaxBatch int
 
 	// MustExist makes Open open only an existing jar: it creates no file
-	// and no schema. It returns an error matching fs.ErrNotExist for a
-	// missing file (one removed while Open ran included) and ErrCorrupt
-	// for an empty one, which it leaves empty. A program that only
+	// and no schema, and does not upgrade one. It returns an error
+	// matching fs.ErrNotExist for a missing file (one removed while Open
+	// ran included), ErrCorrupt for an empty one, which it leaves empty,
+	// and ErrOldVersion for a jar of an older schema version, which it
+	// leaves as it is. A program that only
 	// inspects or resumes the operations of a jar (as idemctl does) sets
 	// it, so that a wrong path fails instead of showing a new, empty jar.
 	// False means Open creates the file and its schema when they do not
@@ -471,6 +474,9 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	if version == 0 && o.MustExist {
 		return nil, errEmpty(abs)
+	}
+	if version < schemaVersion && o.MustExist {
+		return nil, wrapf(notUpgraded(version), "open %s", abs)
 	}
 	// On a file already in WAL mode, which the look found, this changes
 	// nothing and takes no lock; switching another file to WAL mode does.

@@ -693,15 +693,14 @@ func dump(t *testing.T, path string) (rows, schema []string) {
 	return rows, append(schema, fmt.Sprint("user_version: ", v))
 }
 
-// TestMigrateFromVersion1: Open, with or without MustExist, upgrades a jar
-// of schema version 1 to the current version: it keeps every row as it
-// was, ends with the schema (and user_version) a new jar has, and its walk
-// of the pending operations is read from the index on (state, created,
-// op).
+// TestMigrateFromVersion1: Open upgrades a jar of schema version 1 to the
+// current version: it keeps every row as it was, ends with the schema (and
+// user_version) a new jar has, and its walk of the pending operations is
+// read from the index on (state, created, op).
 func TestMigrateFromVersion1(t *testing.T) {
 	_, fresh := openTemp(t, nil)
 	_, want := dump(t, fresh)
-	for name, opts := range map[string]*keyjar.Options{"default": nil, "MustExist": {MustExist: true}} {
+	for name, opts := range map[string]*keyjar.Options{"default": nil} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "keys.db")
 			jarV1(false)(t, path)
@@ -739,6 +738,27 @@ func TestMigrateFromVersion1(t *testing.T) {
 				t.Errorf("integrity_check after the migration: %s", got)
 			}
 		})
+	}
+}
+
+// TestMustExistDoesNotUpgrade: an Open with MustExist of a jar of schema
+// version 1 refuses it with ErrOldVersion, naming its version, and leaves
+// it as it was (its rows, its schema, its user_version), as pgjar's does:
+// after an upgrade, a program built with the earlier version refuses the
+// jar. It is no ErrReadOnly: MustExist's Open may write. Before, it
+// upgraded the jar.
+func TestMustExistDoesNotUpgrade(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	jarV1(false)(t, path)
+	before, schema := dump(t, path)
+	_, err := keyjar.Open(t.Context(), path, &keyjar.Options{MustExist: true})
+	if !errors.Is(err, keyjar.ErrOldVersion) || errors.Is(err, keyjar.ErrReadOnly) || !strings.Contains(err.Error(), "version 1,") {
+		t.Fatalf("Open with MustExist of a version 1 jar: %v; want ErrOldVersion naming version 1, not ErrReadOnly", err)
+	}
+	after, schemaAfter := dump(t, path)
+	if !slices.Equal(after, before) || !slices.Equal(schemaAfter, schema) {
+		t.Errorf("the jar changed:\n%s\n%s\nwas\n%s\n%s", strings.Join(after, "\n"), strings.Join(schemaAfter, "\n"),
+			strings.Join(before, "\n"), strings.Join(schema, "\n"))
 	}
 }
 

@@ -116,6 +116,13 @@ func checkIDs(app, version int32, about string) error {
 // write the read-only Open does not make.
 func older(version int) error {
 	return fmt.Errorf("%w: the jar has schema version %d and its -wal or -shm file is missing: an Open without ReadOnly creates them and upgrades the jar to %d; open it once without ReadOnly to upgrade it",
+		oldVersion{readOnly: true}, version, schemaVersion)
+}
+
+// notUpgraded returns, for an Open with MustExist of a jar of an older
+// schema version, ErrOldVersion: MustExist does not upgrade it.
+func notUpgraded(version int) error {
+	return fmt.Errorf("%w: version %d, which an Open with MustExist does not upgrade to %d (after which a program built with an earlier version refuses the jar); open it without MustExist to upgrade it",
 		ErrOldVersion, version, schemaVersion)
 }
 

@@ -25,9 +25,10 @@
 // looks for the jar in the first schema of the search_path that exists.
 //
 // The jar must exist: idemctl never creates one, neither a file nor the
-// tables in a database, and never upgrades a PostgreSQL jar of an older
-// schema version (pgjar.ErrOldVersion): it says so, with the version the
-// jar records.
+// tables in a database, and never upgrades a jar of an older schema
+// version (keyjar.ErrOldVersion, pgjar.ErrOldVersion), after which the
+// program built with the earlier version of idem that uses it would refuse
+// it: it says so, with the version the jar records.
 //
 // resume sends a pending operation again from the request stored in the jar,
 // with the same Idempotency-Key. The jar never holds credentials: give them
@@ -631,8 +632,13 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
 	case isStatementTimeout(err), isJarDeadline(err):
 		return statementTimeout(path, lockTimeout)
-	case errors.Is(err, keyjar.ErrOldVersion): // before ErrReadOnly, which it matches too
-		return fmt.Errorf("%s: the jar has an older schema version and its -wal and -shm files are missing: list, show and export read such a jar only by opening it for writing, which creates them and upgrades it, after which the program built with the earlier version of idem that uses it refuses it; nothing written. Read it with the idemctl of that version, or while its program has it open (which keeps the files); once every program that uses the jar runs this version, the first to open it upgrades it (and so do resume, abandon, forget and prune)", path)
+	case errors.Is(err, keyjar.ErrOldVersion) && errors.Is(err, keyjar.ErrReadOnly):
+		return fmt.Errorf("%s: the jar has an older schema version and its -wal and -shm files are missing: list, show and export read such a jar only by opening it for writing, which creates them and upgrades it, after which the program built with the earlier version of idem that uses it refuses it; nothing written. Read it with the idemctl of that version, or while its program has it open (which keeps the files); once every program that uses the jar runs this version, the first to open it upgrades it", path)
+	case errors.Is(err, keyjar.ErrOldVersion):
+		// keyjar gives the version after the sentinel.
+		_, version, _ := strings.Cut(err.Error(), strings.TrimPrefix(keyjar.ErrOldVersion.Error(), "keyjar: "))
+		version, _, _ = strings.Cut(version, ",")
+		return fmt.Errorf("%s holds a key jar of an older schema version%s, which idemctl does not upgrade, nothing written: a program built with this version of idem upgrades it when it opens it, after which one built with the earlier version refuses it. Use the idemctl of that version; once every program that uses the jar runs this version, the first to open it upgrades it", path, version)
 	case errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
 	case errors.Is(err, syscall.EROFS): // before fs.ErrPermission, which keyjar makes it match too

@@ -2726,6 +2726,31 @@ func TestListPrintsLongNamesWhole(t *testing.T) {
 	}
 }
 
+// TestWriteCommandsDoNotUpgradeAnOlderJar: resume, abandon, forget and
+// prune of a jar of schema version 1 say that idemctl does not upgrade it,
+// naming its version, and write nothing, as for a PostgreSQL jar: after an
+// upgrade, the program built with the earlier version of idem that uses
+// the jar refuses it. Before, they upgraded it.
+func TestWriteCommandsDoNotUpgradeAnOlderJar(t *testing.T) {
+	path := seed(t, newServer(t))
+	db := toVersion1(t, path)
+	before := written(t, path)
+	for _, args := range [][]string{{"resume", "charge:p1"}, {"abandon", "--reason", "refunded", "charge:p1"}, {"forget", "charge:p1"}, {"prune", "--older-than", "1h"}} {
+		code, out, errOut := idemctl(append([]string{"--jar", path}, args...)...)
+		wantError(t, code, errOut, 1, path+" holds a key jar of an older schema version: version 1, which idemctl does not upgrade, nothing written")
+		if out != "" {
+			t.Errorf("%q of a version 1 jar printed %q; want nothing", args, out)
+		}
+	}
+	if after := written(t, path); !maps.Equal(after, before) {
+		t.Errorf("the jar file or its -wal file changed: %q, were %q", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(before)))
+	}
+	var version int
+	if err := db.QueryRow("PRAGMA user_version").Scan(&version); err != nil || version != 1 {
+		t.Errorf("the jar's user_version is %d (%v); want 1", version, err)
+	}
+}
+
 // toVersion1 makes the jar at path one of schema version 1, which is
 // version 2 without its index, through a connection that stays open until
 // the test ends, as a program that has the jar open: its -wal and -shm
