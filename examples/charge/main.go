@@ -160,7 +160,9 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		// Close writes the outcomes the jar still holds in memory; its
 		// error says what a run did not keep (keyjar.ErrMoved: the jar
 		// file was moved or removed while the run had it open, and the
-		// next run, which opens the path, will not find these keys).
+		// next run, which opens the path, will not find these keys;
+		// idem.ErrDropped: outcomes the jar could not write, whose
+		// operations the next run resumes, getting the server's replay).
 		if err := c.Close(); err != nil {
 			fmt.Fprintln(stderr, "charge: closing the key jar:", err)
 			code = 1
