@@ -161,17 +161,17 @@ func (j *Jar) apply(batch []deferred) {
 		(*hook)(len(batch))
 	}
 	slices.SortStableFunc(batch, func(a, b deferred) int { return strings.Compare(a.op, b.op) })
-	err := j.deliver(batch)
-	if len(batch) > 1 && refusedData(err) {
-		for i := range batch {
-			if _, _, _, err := j.send(batch[i : i+1]); err != nil {
-				j.dropped(batch[i], err) // dropped, as documented
+	left, err := j.deliver(batch)
+	if len(left) > 1 && refusedData(err) {
+		for i := range left {
+			if _, _, _, err := j.send(left[i : i+1]); err != nil {
+				j.dropped(left[i], err) // dropped, as documented
 			}
 		}
 		return
 	}
 	if err != nil {
-		for _, d := range batch {
+		for _, d := range left {
 			j.dropped(d, err)
 		}
 	}
@@ -195,24 +195,37 @@ func (j *Jar) dropped(d deferred, err error) {
 // losses in a row: a server down for longer costs each later batch one
 // attempt, until one gets through). A batch that was sent may have been
 // applied: it is sent again with its replayable changes only, and the
-// others are dropped.
-func (j *Jar) deliver(changes []deferred) error {
+// others are dropped (see dropped: they may have been applied, and sending
+// them again could apply them twice). On an error it returns the changes it
+// still held, none of them applied unless the error is a lost answer.
+func (j *Jar) deliver(changes []deferred) (left []deferred, err error) {
 	start := time.Now()
 	lostConn, reset := false, false
-	err := reconnect.Retry(context.Background(), j.outage.Until(start, 2*j.timeout), func() (bool, error) {
+	err = reconnect.Retry(context.Background(), j.outage.Until(start, 2*j.timeout), func() (bool, error) {
 		sent, again, readOnly, err := j.send(changes)
 		if readOnly && !reset {
 			reset = true // the batch applied nothing: once more, on a new session
 			return true, err
 		}
 		if lostConn = again; again && sent {
-			changes = slices.DeleteFunc(slices.Clone(changes), func(d deferred) bool { return !d.replayable })
+			kept := make([]deferred, 0, len(changes))
+			for _, d := range changes {
+				if d.replayable {
+					kept = append(kept, d)
+				} else {
+					j.dropped(d, err)
+				}
+			}
+			changes = kept
 			again = len(changes) > 0
 		}
 		return again, err
 	})
 	j.outage.Note(start, lostConn)
-	return err
+	if err != nil {
+		return changes, err
+	}
+	return nil, nil
 }
 
 // send sends changes as one pgx.Batch, under one statement's deadline. It

@@ -679,9 +679,12 @@ func TestDeferAcrossRestart(t *testing.T) {
 // applier sends again only the change that applying twice applies once
 // (an outcome that releases the lease, which the second run finds
 // released), not one that adds an attempt, which would count it twice.
+// The one it does not send again is dropped as one lost to an error is:
+// Options.Logger hears of it, and Close reports it. Before, nobody did.
 func TestDeferAnswerLost(t *testing.T) {
 	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
-	j := open(t, dsn, nil)
+	var logged syncBuffer
+	j := open(t, dsn, &pgjar.Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	g := holdApplier(t, j)
 	leased(t, j, "counted")
 	leased(t, j, "released")
@@ -714,4 +717,9 @@ func TestDeferAnswerLost(t *testing.T) {
 	default:
 		t.Error("the relay lost no answer")
 	}
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "op=counted") {
+		t.Errorf("logged %q; want one Warn record naming counted", logged.String())
+	}
+	closeDropped(t, j, "1 since")
 }

@@ -138,7 +138,8 @@
 // was lost may have been applied: it is sent again only with the changes
 // that applying twice applies once, those fenced by a holder that release
 // the lease (a second run is fenced off) or add no attempts, as every
-// change idem.Transport defers does. The others are dropped.
+// change idem.Transport defers does. The others are dropped, logged and
+// counted as dropped on an error (see Defer).
 //
 // Begin, Acquire and Update run their statements again in the same way,
 // for up to twice QueryTimeout from the call and within its context. A
