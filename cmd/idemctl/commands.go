@@ -1161,16 +1161,23 @@ func optTime(t time.Time) *time.Time {
 }
 
 // last is the outcome of an operation's last attempt, in a few words, its
-// error as lastError gives it.
+// error as lastError gives it. A record with both a status and an error
+// holds the last answer the operation got and the error of a later attempt
+// that got none (a 503, then a refused connection): printed as "503:
+// <error>", that read as the answer's error.
 func last(r idem.Record) string {
 	lastErr := lastError(r)
+	status := ""
+	if r.LastStatus != 0 {
+		status = strings.TrimSpace(strconv.Itoa(r.LastStatus) + " " + http.StatusText(r.LastStatus))
+	}
 	switch {
-	case lastErr != "" && r.LastStatus != 0:
-		return strconv.Itoa(r.LastStatus) + ": " + lastErr
+	case lastErr != "" && status != "":
+		return status + ", then " + lastErr
 	case lastErr != "":
 		return lastErr
-	case r.LastStatus != 0:
-		return strconv.Itoa(r.LastStatus) + " " + http.StatusText(r.LastStatus)
+	case status != "":
+		return status
 	}
 	return "-"
 }

@@ -270,6 +270,25 @@ func testList(t *testing.T, _ *server, path string) {
 	wantError(t, code, errOut, 2, `unknown --status "bogus"`)
 }
 
+// TestLastAnswerThenError: an operation whose last answer was a 503 and
+// whose later attempt got none (a refused connection) is listed and shown
+// as "503 Service Unavailable, then" the error. Before, it read "503:
+// dial tcp …", as if the 503 had come with that error.
+func TestLastAnswerThenError(t *testing.T) {
+	r := idem.Record{Op: "charge:1", Key: "k1", Method: "POST", URL: "http://127.0.0.1:1/v1/charges",
+		Created: time.Now(), Attempts: 3, LastStatus: 503, LastError: "dial tcp 127.0.0.1:1: connect: connection refused"}
+	path := jarWith(t, r)
+	const want = "503 Service Unavailable, then dial tcp 127.0.0.1:1: connect: connection refused"
+	code, out, errOut := idemctl("--jar", path, "show", "charge:1")
+	if code != 0 || !strings.Contains(out, "last:         "+want+"\n") {
+		t.Errorf("show: exit %d, %s\n%s\nwant last: %s", code, errOut, out, want)
+	}
+	code, out, errOut = idemctl("--jar", path, "list")
+	if code != 0 || !strings.Contains(out, "503 Service Unavailable, then dial tcp") {
+		t.Errorf("list: exit %d, %s\n%s\nwant %q", code, errOut, out, want[:38])
+	}
+}
+
 func TestShow(t *testing.T) { eachJar(t, testShow) }
 
 func testShow(t *testing.T, srv *server, path string) {
