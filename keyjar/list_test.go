@@ -63,7 +63,9 @@ func TestListPagePlan(t *testing.T) {
 // none of idem's (the table has no CHECK on it; another program may write
 // one), return an *idem.RecordError holding the fields that decode (name,
 // key, state and creation time), which matches ErrCorrupt, and ForgetKey
-// deletes the record under that key.
+// deletes the record under that key. Under another key ForgetKey returns
+// idem.ErrNotForgotten, as for any record, and keeps it; before, it
+// returned the RecordError of the read that tells why nothing was deleted.
 func TestRecordThatDoesNotDecode(t *testing.T) {
 	for _, damage := range []struct {
 		set   string
@@ -94,6 +96,9 @@ func TestRecordThatDoesNotDecode(t *testing.T) {
 				if got := re.Record; got.Op != r.Op || got.Key != r.Key || got.State != damage.state || !got.Created.Equal(t0) || got.Header != nil {
 					t.Errorf("%s: RecordError.Record = %+v; want op, key, state %q and creation time, no header", what, got, damage.state)
 				}
+			}
+			if err := j.ForgetKey(ctx, "op-1", "other"); !errors.Is(err, idem.ErrNotForgotten) {
+				t.Errorf("ForgetKey under another key of a record that does not decode: %v; want ErrNotForgotten", err)
 			}
 			if err := j.ForgetKey(ctx, "op-1", "k1"); err != nil {
 				t.Fatalf("ForgetKey of a record that does not decode: %v", err)

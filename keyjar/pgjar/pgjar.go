@@ -1256,14 +1256,22 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 				return nil
 			}
 		}
-		// A second statement tells why nothing was deleted.
-		rec, err := j.get(ctx, until, op)
+		// A second statement tells why nothing was deleted, reading no
+		// header: a record that does not decode (idem.RecordError) is not
+		// forgotten as any other.
+		var (
+			gotKey, state, note string
+			updated             *int64
+		)
+		_, err := j.run(ctx, until, true, func(ctx context.Context, conn *pgxpool.Conn) error {
+			return conn.QueryRow(ctx, j.sql.abandonedKey, op).Scan(&gotKey, &state, &note, &updated)
+		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows) && unsure:
 			return nil // the DELETE whose answer was lost deleted it
 		case errors.Is(err, pgx.ErrNoRows):
 			err = idem.ErrNotFound
-		case err == nil && (rec.Key != key || rec.State == idem.StatePending):
+		case err == nil && (gotKey != key || state == string(idem.StatePending)):
 			err = idem.ErrNotForgotten
 		}
 		if err != nil {
@@ -1341,7 +1349,8 @@ func (j *Jar) AbandonKey(ctx context.Context, op, key, holder, note string, now 
 
 // abandonKeySQL is AbandonKey's UPDATE: $1 op, $2 key, $3 holder, $4 note,
 // $5 now. The lease's condition is idem.Record.CanLease's. abandonedKeySQL
-// reads what tells why it changed nothing.
+// reads what tells why it changed nothing (and ForgetKey why it deleted
+// nothing).
 const (
 	abandonKeySQL = `UPDATE {schema}.idem_operations SET state = 'abandoned', note = $4, updated = $5,
 		next_attempt = NULL, holder = '', lease_until = NULL

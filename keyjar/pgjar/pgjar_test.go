@@ -1215,7 +1215,9 @@ func TestListAfterAnOpTextCannotHold(t *testing.T) {
 // another program could meanwhile). Before, the UPDATE committed and its
 // caller got the error of a change the jar had made. A header stored
 // with a value that begins with a NUL byte, which hdrjson writes in
-// base64, is acquired and updated as any other.
+// base64, is acquired and updated as any other. ForgetKey of one that is
+// pending returns idem.ErrNotForgotten, as of any other, where it returned
+// the RecordError of the read that tells why nothing was deleted.
 func TestUndecodableRecordIsLeftAsItWas(t *testing.T) {
 	dsn := pgtest.DB(t)
 	j := open(t, dsn, nil)
@@ -1250,6 +1252,11 @@ func TestUndecodableRecordIsLeftAsItWas(t *testing.T) {
 		before := row(op)
 		_, aerr := j.Acquire(ctx, op, "h", t0, time.Hour)
 		_, uerr := j.Update(ctx, op, "h", done)
+		for _, key := range []string{"key-" + op, "other"} {
+			if err := j.ForgetKey(ctx, op, key); !errors.Is(err, idem.ErrNotForgotten) {
+				t.Errorf("ForgetKey(%s, %s) of a pending record that does not decode: %v; want ErrNotForgotten", op, key, err)
+			}
+		}
 		for call, err := range map[string]error{"Acquire": aerr, "Update": uerr} {
 			if re := (*idem.RecordError)(nil); !errors.As(err, &re) || re.Record.Op != op {
 				t.Errorf("%s of %s: %v; want an *idem.RecordError", call, op, err)
