@@ -428,14 +428,8 @@ func (j *Jar) AbandonKey(ctx context.Context, op, key, holder, note string, now 
 		if err != nil || n > 0 {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM operations WHERE op = ?", op).Scan(&n); err != nil {
-			return err
-		}
-		refusal = idem.ErrNotAbandoned
-		if n == 0 {
-			refusal = idem.ErrNotFound
-		}
-		return nil
+		refusal, err = why(ctx, tx, op, idem.ErrNotAbandoned)
+		return err
 	})
 	if err == nil {
 		err = refusal
@@ -470,16 +464,8 @@ func (j *Jar) forget(ctx context.Context, verb, op string, stmt *sql.Stmt, args 
 		if err != nil || n > 0 {
 			return err
 		}
-		// Whether op exists, reading nothing else: a record that does
-		// not decode (idem.RecordError) is not forgotten as any other.
-		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM operations WHERE op = ?", op).Scan(&n); err != nil {
-			return err
-		}
-		refusal = idem.ErrNotForgotten
-		if n == 0 {
-			refusal = idem.ErrNotFound
-		}
-		return nil
+		refusal, err = why(ctx, tx, op, idem.ErrNotForgotten)
+		return err
 	})
 	if err == nil {
 		err = refusal
@@ -488,6 +474,21 @@ func (j *Jar) forget(ctx context.Context, verb, op string, stmt *sql.Stmt, args 
 		return wrapf(err, "%s %q", verb, op)
 	}
 	return nil
+}
+
+// why tells why a statement on op changed nothing: refusal is
+// idem.ErrNotFound when op has no record, otherwise refused. It reads
+// whether op exists and nothing else, so that a record that does not
+// decode (idem.RecordError) is refused as any other.
+func why(ctx context.Context, tx *sql.Tx, op string, refused error) (refusal, err error) {
+	var n int64
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM operations WHERE op = ?", op).Scan(&n); err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return idem.ErrNotFound, nil
+	}
+	return refused, nil
 }
 
 // allStates lists every idem.State, for Prune to pick the prunable ones.
