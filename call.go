@@ -876,8 +876,7 @@ func (c *call) begin(ctx context.Context) (err error) {
 		if from := c.req.Response; from != nil && from.Request != nil {
 			// An http.Client following a redirect sends the request again,
 			// to another URL: a new name is not the fix its caller needs.
-			return fmt.Errorf("%w; this request follows the %d redirect of %s %s: to get the redirect back as the answer, set the http.Client's CheckRedirect to return http.ErrUseLastResponse",
-				err, from.StatusCode, from.Request.Method, from.Request.URL.Redacted())
+			err.redirect = fmt.Sprintf("%d redirect of %s %s", from.StatusCode, from.Request.Method, from.Request.URL.Redacted())
 		}
 		return err
 	}

@@ -130,6 +130,11 @@ type MismatchError struct {
 	// State is the stored operation's state, "" when unknown (a server's
 	// 422). A pending one stays pending: a new name does not resolve it.
 	State State
+
+	// redirect names the redirect an http.Client follows with this
+	// request ("307 redirect of POST URL"), when it does: a new name is
+	// not the fix its caller needs.
+	redirect string
 }
 
 func (e *MismatchError) Error() string {
@@ -148,6 +153,8 @@ func (e *MismatchError) Error() string {
 		msg = fmt.Sprintf("idem: operation %q has key %q; the request carries key %q", e.Op, e.Key, e.GotKey)
 	case e.StoredType != e.GotType:
 		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with %s, this request has %s: a server that counts the type takes them for different requests; send it with the first's type, or use a new operation name for a new request", e.Op, e.Key, contentType(e.StoredType), contentType(e.GotType))
+	case e.redirect != "":
+		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body: this request follows the %s, which the http.Client sends again under the operation's name; to get the redirect back as the answer, set the http.Client's CheckRedirect to return http.ErrUseLastResponse", e.Op, e.Key, e.redirect)
 	default:
 		msg = fmt.Sprintf("idem: operation %q (key %q) was first sent with a different method, URL or body; use a new operation name for a new request", e.Op, e.Key)
 	}

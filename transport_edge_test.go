@@ -532,6 +532,8 @@ func TestRedirectOfANamedOperation(t *testing.T) {
 	// Its message names the redirect and the fix, not only a new name.
 	if msg := err.Error(); !strings.Contains(msg, "307 redirect of POST "+srv.URL+"/old") || !strings.Contains(msg, "CheckRedirect") {
 		t.Fatalf("error %q; want it to name the 307 redirect of POST %s/old and CheckRedirect", msg, srv.URL)
+	} else if strings.Contains(msg, "new operation name") {
+		t.Errorf("error %q advises a new operation name, which is not the fix for a redirect", msg)
 	}
 	if rec, err := jar.Get(ctx, "op"); err != nil || rec.State != idem.StateDone || rec.LastStatus != http.StatusTemporaryRedirect {
 		t.Fatalf("record %+v, %v; want done with 307", rec, err)
