@@ -184,7 +184,8 @@ func Operation(ctx context.Context) string {
 //     which http.Client adds. http.Client.Timeout bounds the whole call, retries and waits
 //     included, and when it fires http.Client may replace this error with
 //     its own, which only says that the time ran out (it does when its own
-//     timer is seen before the Transport returns, a race): errors.Is(err,
+//     timer is seen before the Transport returns: for a timeout that fires
+//     during an attempt, usually): errors.Is(err,
 //     ErrPending) and errors.As with a *PendingError then fail, although
 //     the operation stays pending. Bound a call with its request's context
 //     (context.WithTimeout) and each attempt with Policy.AttemptTimeout
