@@ -1259,19 +1259,13 @@ func (j *Jar) ForgetKey(ctx context.Context, op, key string) error {
 		// A second statement tells why nothing was deleted, reading no
 		// header: a record that does not decode (idem.RecordError) is not
 		// forgotten as any other.
-		var (
-			gotKey, state, note string
-			updated             *int64
-		)
-		_, err := j.run(ctx, until, true, func(ctx context.Context, conn *pgxpool.Conn) error {
-			return conn.QueryRow(ctx, j.sql.abandonedKey, op).Scan(&gotKey, &state, &note, &updated)
-		})
+		got, err := j.keyState(ctx, until, op)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows) && unsure:
 			return nil // the DELETE whose answer was lost deleted it
 		case errors.Is(err, pgx.ErrNoRows):
 			err = idem.ErrNotFound
-		case err == nil && (gotKey != key || state == string(idem.StatePending)):
+		case err == nil && (got.key != key || got.state == string(idem.StatePending)):
 			err = idem.ErrNotForgotten
 		}
 		if err != nil {
@@ -1324,18 +1318,13 @@ func (j *Jar) AbandonKey(ctx context.Context, op, key, holder, note string, now 
 	n, lost, err := j.exec(ctx, until, true, j.sql.abandonKey, op, key, holder, note, *at)
 	if err == nil && n == 0 {
 		// A second statement tells why nothing changed, reading no header.
-		var (
-			gotKey, state, gotNote string
-			updated                *int64
-		)
-		_, err = j.run(ctx, until, true, func(ctx context.Context, conn *pgxpool.Conn) error {
-			return conn.QueryRow(ctx, j.sql.abandonedKey, op).Scan(&gotKey, &state, &gotNote, &updated)
-		})
+		var got keyState
+		got, err = j.keyState(ctx, until, op)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			err = idem.ErrNotFound
 		case err != nil:
-		case lost != nil && gotKey == key && state == string(idem.StateAbandoned) && gotNote == note && updated != nil && *updated == *at:
+		case lost != nil && got.key == key && got.state == string(idem.StateAbandoned) && got.note == note && got.updated != nil && *got.updated == *at:
 			// The UPDATE whose answer was lost abandoned it.
 		default:
 			err = idem.ErrNotAbandoned
@@ -1347,10 +1336,25 @@ func (j *Jar) AbandonKey(ctx context.Context, op, key, holder, note string, now 
 	return nil
 }
 
+// keyState is what abandonedKeySQL reads of a record: enough to tell why
+// AbandonKey or ForgetKey changed nothing, and no header, so that it reads
+// a record that does not decode.
+type keyState struct {
+	key, state, note string
+	updated          *int64
+}
+
+// keyState reads op's keyState, or pgx.ErrNoRows for an unknown op.
+func (j *Jar) keyState(ctx context.Context, until time.Time, op string) (ks keyState, err error) {
+	_, err = j.run(ctx, until, true, func(ctx context.Context, conn *pgxpool.Conn) error {
+		return conn.QueryRow(ctx, j.sql.abandonedKey, op).Scan(&ks.key, &ks.state, &ks.note, &ks.updated)
+	})
+	return ks, err
+}
+
 // abandonKeySQL is AbandonKey's UPDATE: $1 op, $2 key, $3 holder, $4 note,
 // $5 now. The lease's condition is idem.Record.CanLease's. abandonedKeySQL
-// reads what tells why it changed nothing (and ForgetKey why it deleted
-// nothing).
+// reads what tells why it changed nothing (see keyState).
 const (
 	abandonKeySQL = `UPDATE {schema}.idem_operations SET state = 'abandoned', note = $4, updated = $5,
 		next_attempt = NULL, holder = '', lease_until = NULL
