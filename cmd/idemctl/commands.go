@@ -408,14 +408,22 @@ func resumeFlags(fs *flag.FlagSet) {
 
 // resumePolicy returns the retry policy of resume's --attempt-timeout and
 // --horizon, or a usage error when the horizon is not positive (0 would be
-// the default, not what was asked) or the attempt timeout is not a positive
-// duration of at most the horizon: past the horizon no timed-out attempt is
-// retried, and 0 would be no limit, the hang the flag is there to end.
+// the default, not what was asked) or the attempt timeout given is not a
+// positive duration of at most the horizon: past the horizon no timed-out
+// attempt is retried, and 0 would be no limit, the hang the flag is there
+// to end. Not given, it is a minute or the horizon, whichever is shorter.
 func resumePolicy(fs *flag.FlagSet) (retry.Policy, error) {
 	get := func(name string) time.Duration { return fs.Lookup(name).Value.(flag.Getter).Get().(time.Duration) }
 	p := retry.Policy{AttemptTimeout: get("attempt-timeout"), Horizon: get("horizon")}
 	if p.Horizon <= 0 {
 		return p, cliflag.Usagef("--horizon %v: want a positive duration", p.Horizon)
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "attempt-timeout" })
+	if !given {
+		// The default, a minute, is at most the horizon: a shorter
+		// --horizon alone is no usage error.
+		p.AttemptTimeout = min(p.AttemptTimeout, p.Horizon)
 	}
 	if p.AttemptTimeout <= 0 || p.AttemptTimeout > p.Horizon {
 		return p, cliflag.Usagef("--attempt-timeout %v: want a positive duration of at most %v, the retry horizon (--horizon)", p.AttemptTimeout, p.Horizon)

@@ -83,7 +83,7 @@
 // a PUT or a DELETE that a program keyed (its Methods) as a POST.
 //
 // resume gives up an attempt that has no answer (its response headers)
-// after --attempt-timeout, 1m by default, and sends it again with the same
+// after --attempt-timeout, 1m by default (--horizon when shorter), and sends it again with the same
 // key within the retry policy's defaults: at most 5 attempts, and no wait
 // for a retry that would end more than a minute (MaxElapsed) after it
 // began to resume the operation. The default is that minute, so that one

@@ -33,6 +33,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/cliflag"
 	"github.com/idemkit/idem/internal/hdrjson"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/refusetest"
@@ -1381,6 +1382,39 @@ func TestResumeAttemptTimeoutRefused(t *testing.T) {
 	code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--attempt-timeout", "24h", "--header", "Authorization: "+secret, "--host", srv.URL)
 	if code != 0 || !strings.Contains(out, "charge:p1: 201 Created, key "+before.Key) {
 		t.Fatalf("resume --attempt-timeout 24h: exit %d, %q, %q; want 201 Created", code, out, errOut)
+	}
+}
+
+// TestResumeShortHorizonAlone: a --horizon shorter than the default
+// --attempt-timeout (a minute), given alone, is no usage error: the attempt
+// timeout not given is the horizon then. Given, it is held to the horizon.
+func TestResumeShortHorizonAlone(t *testing.T) {
+	parse := func(args ...string) (retry.Policy, error) {
+		set := flag.NewFlagSet("resume", flag.ContinueOnError)
+		resumeFlags(set)
+		if err := set.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return resumePolicy(set)
+	}
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{[]string{"--horizon", "30s"}, 30 * time.Second},
+		{[]string{"--horizon", "1ms"}, time.Millisecond},
+		{[]string{"--horizon", "2h"}, time.Minute},
+		{nil, time.Minute},
+		{[]string{"--horizon", "30s", "--attempt-timeout", "10s"}, 10 * time.Second},
+	} {
+		p, err := parse(c.args...)
+		if err != nil || p.AttemptTimeout != c.want {
+			t.Errorf("resume %q: attempt timeout %v, %v; want %v", c.args, p.AttemptTimeout, err, c.want)
+		}
+	}
+	var ue *cliflag.UsageError
+	if _, err := parse("--horizon", "30s", "--attempt-timeout", "1m"); !errors.As(err, &ue) {
+		t.Errorf("resume --horizon 30s --attempt-timeout 1m: %v; want a usage error", err)
 	}
 }
 
