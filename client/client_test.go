@@ -1009,14 +1009,14 @@ func TestStateErrorSaysTheState(t *testing.T) {
 	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateAbandoned} {
 		op := "op:" + string(st)
 		_, err := c.Resume(ctx, op)
-		check("Resume "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s, not pending; nothing was sent: %v", op, st, client.ErrState))
+		check("Resume "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s, not pending; nothing was sent: the operation's state does not allow this", op, st))
 		_, err = c.ResumeWithBody(ctx, op, func() (io.ReadCloser, error) { return http.NoBody, nil })
-		check("ResumeWithBody "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s, not pending; nothing was sent: %v", op, st, client.ErrState))
+		check("ResumeWithBody "+op, err, st, fmt.Sprintf("client: resume %q: the operation is %s, not pending; nothing was sent: the operation's state does not allow this", op, st))
 	}
 	check("Abandon op:done", c.Abandon(ctx, "op:done", "checked"), idem.StateDone,
-		`client: abandon "op:done": the operation is done, its outcome is known: `+client.ErrState.Error())
+		`client: abandon "op:done": the operation is done, its outcome is known: the operation's state does not allow this`)
 	check("Forget op:pending", c.Forget(ctx, "op:pending"), idem.StatePending,
-		`client: forget "op:pending": the operation is pending, its outcome unknown; resume or abandon it first: `+client.ErrState.Error())
+		`client: forget "op:pending": the operation is pending, its outcome unknown; resume or abandon it first: the operation's state does not allow this`)
 }
 
 // TestSchemeMisspelt: over the default Base, an *http.Transport that the

@@ -135,7 +135,8 @@ func (e *StateError) Error() string {
 	if e.State != "" {
 		msg += "the operation is " + string(e.State)
 	}
-	msg += e.detail + ": " + ErrState.Error()
+	// ErrState's text without its "client: ", which begins msg.
+	msg += e.detail + ": " + strings.TrimPrefix(ErrState.Error(), "client: ")
 	if e.err != nil {
 		msg += " (" + e.err.Error() + ")"
 	}
