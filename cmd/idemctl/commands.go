@@ -1210,10 +1210,12 @@ func stamp(t time.Time) string {
 }
 
 // cell makes s safe to print on one line of a table: a string with control
-// characters, bidi format characters or bytes that are not UTF-8 is printed
-// as a Go string literal, between double quotes, those escaped and so its
-// backslashes and quotes (ctlesc.Quote): a name holding an ESC is not
-// printed as the one spelled with a backslash, x, 1 and b. It is cut at n
+// characters, bidi format characters, characters that show as nothing or
+// as a plain space, a space at either end, or bytes that are not UTF-8 is
+// printed as a Go string literal, between double quotes, those escaped and
+// so its backslashes and quotes (ctlesc.Quote): a name holding an ESC is
+// not printed as the one spelled with a backslash, x, 1 and b, nor one
+// holding a zero-width space as the one without. It is cut at n
 // runes (0: no limit).
 func cell(s string, n int) string {
 	if s == "" {

@@ -197,9 +197,11 @@
 // body, last error, note) and of a server's answers (a status, an error's
 // body) has its control characters and bidi format characters escaped
 // (\x1b, \u202e), never sent to the terminal as they are. A record's field
-// that has any is printed whole as a Go string literal, between double
-// quotes ("a\x1bb"), its backslashes and quotes escaped too: it is not
-// printed as one without them (a\x1bb, printed as it is). Commands take
+// that has any, or a character that shows as nothing or as a plain space
+// (\u200b, \u00a0), or a space at either end, is printed whole as a Go
+// string literal, between double quotes ("a\x1bb", "pay:1 "), those and
+// its backslashes and quotes escaped: it is not printed as one without
+// them (a\x1bb, printed as it is; pay:1). Commands take
 // a name as it is: one printed quoted is given as the literal says (in
 // bash, $'a\x1bb'); one printed unquoted, as it is printed. list prints
 // a name whole, however long, so that two names that begin alike are not

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -2162,6 +2163,42 @@ func TestEscapedNameTellsOperationsApart(t *testing.T) {
 	for op, want := range map[string]idem.State{`a\x1bb`: idem.StateAbandoned, "a\x1bb": idem.StatePending} {
 		if r, err := jarState(t, path, op); err != nil || r.State != want {
 			t.Errorf("after abandon of the literal name, %q is %s (%v); want %s", op, r.State, err, want)
+		}
+	}
+}
+
+// TestInvisibleNameTellsOperationsApart: names that differ only by a
+// character a terminal shows as nothing (a zero-width space) or by a
+// trailing space are printed differently by list and show, the one that
+// has it quoted, as a literal that reads back as the name.
+func TestInvisibleNameTellsOperationsApart(t *testing.T) {
+	now := time.Now()
+	names := []string{"zw:zero", "zw:\u200bzero", "pay:1", "pay:1 "}
+	var recs []idem.Record
+	for i, op := range names {
+		recs = append(recs, idem.Record{Op: op, Key: fmt.Sprint("key-", i), Fingerprint: "fp", State: idem.StatePending,
+			Method: "POST", URL: "http://127.0.0.1/v1/charges", Created: now.Add(time.Duration(i) * time.Second), Updated: now})
+	}
+	path := jarWith(t, recs...)
+	code, out, errOut := idemctl("--jar", path, "list")
+	if code != 0 {
+		t.Fatalf("list: exit %d, %s", code, errOut)
+	}
+	var printed []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		printed = append(printed, strings.TrimRight(l[:strings.Index(l, "  pending")], " "))
+	}
+	want := []string{"zw:zero", `"zw:\u200bzero"`, "pay:1", `"pay:1 "`}
+	if !slices.Equal(printed, want) {
+		t.Errorf("list printed the names %q; want %q:\n%s", printed, want, out)
+	}
+	for i, op := range names {
+		_, out, errOut := idemctl("--jar", path, "show", op)
+		if !strings.HasPrefix(out, "op:") || strings.TrimSpace(strings.SplitN(out, "\n", 2)[0][len("op:"):]) != want[i] {
+			t.Errorf("show %q: stdout %q, stderr %q; want op: %s", op, out, errOut, want[i])
+		}
+		if back, err := strconv.Unquote(want[i]); err == nil && back != op {
+			t.Errorf("%s reads back as %q; want %q", want[i], back, op)
 		}
 	}
 }

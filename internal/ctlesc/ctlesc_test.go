@@ -57,6 +57,22 @@ func TestQuote(t *testing.T) {
 		{`say "hi"`, `say "hi"`},
 		{"back\\slash\u202e", `"back\\slash\u202e"`},
 		{"bad\xff", `"bad\xff"`},
+		// What a terminal shows as nothing, or as a plain space: a name
+		// holding one would print as the one without it.
+		{"zw:\u200bzero", `"zw:\u200bzero"`},
+		{"soft\u00adhyphen", `"soft\u00adhyphen"`},
+		{"\ufeffbom", `"\ufeffbom"`},
+		{"join\u200d", `"join\u200d"`},
+		{"heart\u2764\ufe0f", `"heart` + "\u2764" + `\ufe0f"`},
+		{"filler\u3164", `"filler\u3164"`},
+		{"tag\U000e0041", `"tag\U000e0041"`},
+		{"no\u00a0break", `"no\u00a0break"`},
+		{"line\u2028sep", `"line\u2028sep"`},
+		// A space at either end, which shows as nothing at the end of a
+		// line; one inside shows.
+		{"trailing ", `"trailing "`},
+		{" leading", `" leading"`},
+		{"a b", "a b"},
 	} {
 		got := ctlesc.Quote(tc.in)
 		if got != tc.want {
