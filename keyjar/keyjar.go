@@ -446,6 +446,13 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	defer func() {
 		if err != nil {
+			// A jar file this Open refuses (one of an older version with
+			// MustExist, of a newer version, locked) keeps its -wal and
+			// -shm files, as Close leaves them: without them a read-only
+			// Open of it fails.
+			if j.wconn != nil && !created {
+				j.keepWAL()
+			}
 			j.closeDBs()
 		}
 	}()
