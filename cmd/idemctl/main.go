@@ -203,7 +203,8 @@
 // its backslashes and quotes escaped: it is not printed as one without
 // them (a\x1bb, printed as it is; pay:1). Commands take
 // a name as it is: one printed quoted is given as the literal says (in
-// bash, $'a\x1bb'); one printed unquoted, as it is printed. list prints
+// bash, $'a\x1bb'); one printed unquoted, as it is printed (one that
+// begins with "-" after "--", which ends the flags). list prints
 // a name whole, however long, so that two names that begin alike are not
 // printed alike (it cuts a last error and a note, with "…"). A record written by a version
 // that stored a URL's userinfo (user:password@) keeps it in its URL, and in
@@ -289,6 +290,9 @@ commands:
   export [--json]                        every operation as a JSON array; a string that is not UTF-8 has
                                          its bytes in base64 beside it (op_base64, url_base64, header_base64…)
 
+A name is given as it is; one that begins with "-" goes after --, after the flags
+(idemctl abandon --reason R -- -name).
+
 flags of every command:
   --jar PATH|URL      the jar file, or a postgres:// URL (default: $IDEM_JAR)
   --lock-timeout D    how long to wait for a jar locked by another process (default 2s);
@@ -317,6 +321,12 @@ type command struct {
 	check func(fs *flag.FlagSet, args []string) error
 	// readOnly: the command only reads the jar, which it opens so.
 	readOnly bool
+}
+
+// takesName reports whether the command called name takes an operation's
+// name as its argument.
+func takesName(name string) bool {
+	return name == "show" || name == "resume" || name == "abandon" || name == "forget"
 }
 
 // lookup returns the command called name.
@@ -394,6 +404,11 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	pos, err := parseInterspersed(set, args)
 	if err != nil {
+		if takesName(name) && strings.HasPrefix(err.Error(), "flag provided but not defined") {
+			// list prints a name that begins with "-" as it is.
+			return cliflag.Usagef("%s; a name that begins with \"-\" goes after --, as in idemctl %s -- -name",
+				dsn.Scrub(err.Error(), args...), name)
+		}
 		return flagError(err, args)
 	}
 	if *jarPath == "" {

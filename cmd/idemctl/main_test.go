@@ -3011,3 +3011,23 @@ func TestReadOnlyFileSystem(t *testing.T) {
 	}
 	wantReadOnlyFS("list")
 }
+
+// TestDashNameHint: list prints a name that begins with "-" as it is, and
+// the flag package takes such an argument for a flag: the usage error of a
+// command that takes a name says to give it after "--", as the usage does.
+func TestDashNameHint(t *testing.T) {
+	jar := filepath.Join(t.TempDir(), "missing.db")
+	for _, cmd := range [][]string{{"show", "-charge:1"}, {"forget", "--all"}, {"abandon", "-x", "--reason", "r"}, {"resume", "-x"}} {
+		code, _, errOut := idemctl(append([]string{"--jar", jar}, cmd...)...)
+		if code != 2 || !strings.Contains(errOut, "flag provided but not defined") || !strings.Contains(errOut, `begins with "-" goes after --`) {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 and the hint to give the name after --", cmd, code, errOut)
+		}
+	}
+	// list takes no name: no hint.
+	if code, _, errOut := idemctl("--jar", jar, "list", "-x"); code != 2 || strings.Contains(errOut, "goes after --") {
+		t.Errorf("list -x: exit %d, stderr %q; want exit 2, no hint", code, errOut)
+	}
+	if !strings.Contains(usage, "--") || !strings.Contains(usage, `begins with "-"`) {
+		t.Errorf("the usage does not say that a name that begins with \"-\" goes after --")
+	}
+}
