@@ -204,7 +204,9 @@
 // them (a\x1bb, printed as it is; pay:1). Commands take
 // a name as it is: one printed quoted is given as the literal says (in
 // bash, $'a\x1bb'); one printed unquoted, as it is printed (one that
-// begins with "-" after "--", which ends the flags). list prints
+// begins with "-" after "--", which ends the flags). A name holding a NUL
+// (\x00) cannot be given: a command line ends the argument there, at the
+// name of another operation, if any; show it by its key. list prints
 // a name whole, however long, so that two names that begin alike are not
 // printed alike (it cuts a last error and a note, with "…"). A record written by a version
 // that stored a URL's userinfo (user:password@) keeps it in its URL, and in
