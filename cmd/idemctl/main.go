@@ -436,7 +436,13 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		// Close writes what the command left deferred (an outcome, a
 		// lease's release) and syncs the jar: its failure is the
 		// command's, unless the command failed first.
-		if cerr := closeJar(); cerr != nil && err == nil {
+		cerr := closeJar()
+		if errors.Is(cerr, idem.ErrDropped) {
+			// resume's answers, printed, whose outcome the jar did not
+			// write (another process held it past --lock-timeout).
+			cerr = fmt.Errorf("%w; an answer printed above may not be recorded: its operation then stays pending, and a later resume of it gets the server's saved answer", cerr)
+		}
+		if cerr != nil && err == nil {
 			err = cerr
 		}
 	}()

@@ -2064,6 +2064,24 @@ func TestCloseErrorFailsTheCommand(t *testing.T) {
 	})
 }
 
+// TestDroppedOutcomeSaysPending: a resume whose outcome the jar could not
+// write (its Close returns idem.ErrDropped) fails, saying that the answer
+// it printed may not be recorded and the operation then stays pending.
+func TestDroppedOutcomeSaysPending(t *testing.T) {
+	eachJar(t, func(t *testing.T, srv *server, path string) {
+		wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+			return j, func() error {
+				return errors.Join(closeJar(), fmt.Errorf("%w: 1 since the jar was opened", idem.ErrDropped))
+			}
+		})
+		code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret, "--host", srv.URL)
+		if !strings.Contains(out, "charge:p1: 201 Created") {
+			t.Errorf("resume: stdout %q; want the answer", out)
+		}
+		wantError(t, code, errOut, 1, "deferred changes were dropped: 1 since the jar was opened; an answer printed above may not be recorded: its operation then stays pending")
+	})
+}
+
 // controls returns the control characters of s but newlines, its bidi
 // format characters, and its bytes that are not UTF-8 (which a terminal
 // may take for C1 controls).
