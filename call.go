@@ -715,18 +715,15 @@ func (c *call) abandonNeverConnected(ctx context.Context, err error) (error, boo
 // neverConnected reports whether every attempt of the call failed to
 // connect (a dial refused, a host name that does not exist, directly or
 // to the proxy, a SOCKS5 proxy that could not reach the host, a server's
-// certificate refused) through net/http's own Transport, with its body
-// unread, so that no byte of the request left: a base of another kind may
-// have sent an attempt of its own before the error it returns.
+// certificate refused) through net/http's own Transport (Base, or
+// package client's wrapper of one, which sends through it once), with its
+// body unread, so that no byte of the request left: a base of another kind
+// may have sent an attempt of its own before the error it returns.
 func (c *call) neverConnected() bool {
 	if c.reached {
 		return false
 	}
-	switch c.t.base().(type) {
-	case *http.Transport:
-		return true
-	}
-	return false
+	return sendable.NetHTTP(c.t.base())
 }
 
 // unwind runs when the call ends. A retry it paid for but did not send

@@ -1130,6 +1130,12 @@ func sameOrigin(r *http.Request) bool {
 // scheme over an *http.Transport.
 func (s *sender) Unwrap() http.RoundTripper { return s.base }
 
+// SendsOnceThrough returns the base transport, through which the sender
+// sends each attempt once (sendable.Once): over an *http.Transport, the
+// Transport abandons an unnamed operation whose every attempt failed to
+// connect, as over the http.Transport itself.
+func (s *sender) SendsOnceThrough() http.RoundTripper { return s.base }
+
 func (s *sender) CloseIdleConnections() {
 	type closeIdler interface{ CloseIdleConnections() }
 	if ci, ok := s.base.(closeIdler); ok {

@@ -29,6 +29,32 @@ func Over(rt http.RoundTripper) bool {
 	return false
 }
 
+// Once is a wrapper of a base transport that sends each request it is
+// given through that base, once, and nothing of its own (package client's
+// wrapper of its Options.Base): what the base's error says of an attempt,
+// the wrapper's says too.
+type Once interface {
+	SendsOnceThrough() http.RoundTripper
+}
+
+// NetHTTP reports whether rt is an *http.Transport, or a wrapper that
+// sends through one once (Once), up to 16 deep: its error for an attempt
+// is net/http's own, which tells a dial that failed before anything of the
+// request was written.
+func NetHTTP(rt http.RoundTripper) bool {
+	for range 16 {
+		switch b := rt.(type) {
+		case *http.Transport:
+			return true
+		case Once:
+			rt = b.SendsOnceThrough()
+		default:
+			return false
+		}
+	}
+	return false
+}
+
 // Head names the first part of r's head that net/http's Transport does
 // not send, each attempt alike, or "" when there is none: a method that is
 // not a token, refused unsent (but over an HTTP/2 connection already
