@@ -3,10 +3,13 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -20,7 +23,9 @@ import (
 // Options.Header) sent nothing, and no call can name it: it is abandoned,
 // as the Transport abandons it over an *http.Transport of its own, not left
 // pending for Pending and Resume to send once the host answers, after its
-// caller was told it failed. A named one stays pending.
+// caller was told it failed. A named one stays pending, and so does an
+// unnamed one whose first attempt reached the server before the dials of
+// its retries were refused.
 func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
 	dialing := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return nil, refused }}
@@ -30,6 +35,20 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 	}
 	closed := "http://" + ln.Addr().String() + "/charges" // nothing listens there
 	ln.Close()
+	// A server that reads the request and drops the connection, reached
+	// by the first dial alone.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		panic(http.ErrAbortHandler)
+	}))
+	defer srv.Close()
+	var dials atomic.Int32
+	onceThenRefused := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if dials.Add(1) > 1 {
+			return nil, refused
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, srv.Listener.Addr().String())
+	}}
 	for _, c := range []struct {
 		name   string
 		base   http.RoundTripper
@@ -41,6 +60,7 @@ func TestUnnamedNeverConnectedIsAbandoned(t *testing.T) {
 		{"an http.Transport", dialing, nil, "", idem.StateAbandoned},
 		{"an http.Transport, Options.Header", dialing, withAuth, "", idem.StateAbandoned},
 		{"default Base, named", nil, nil, "charge:o1", idem.StatePending},
+		{"sent, then refused", onceThenRefused, nil, "", idem.StatePending},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := context.Background()
