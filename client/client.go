@@ -638,9 +638,12 @@ func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Respons
 // and closed. Errors are those of Do; a url that does not parse is
 // http.NewRequest's *url.Error, with its password masked (user:xxxxx@) as
 // url.URL.Redacted masks it, in its URL and in its Err, and the secrets of
-// its query as Do's errors mask them (?api_key=xxxxx); a body that does not decode, or is
-// larger than Options.MaxJSONBody (ErrTooLarge), is an error returned with
-// the Response: the operation did happen. A Client whose Options.Methods
+// its query as Do's errors mask them (?api_key=xxxxx); a body that does not decode, is
+// larger than Options.MaxJSONBody (ErrTooLarge), or could not be read to
+// its end (the connection closed mid-body) is an error returned with the
+// Response, which does not match idem.ErrPending: the operation did happen,
+// and is done in the jar; a call under its name again gets the server's
+// saved answer, if it keeps one. A Client whose Options.Methods
 // leave POST out sends nothing and returns an error matching ErrMethod.
 func (c *Client) PostJSON(ctx context.Context, op, url string, in, out any) (*Response, error) {
 	if err := c.enter(ctx); err != nil {
@@ -808,7 +811,8 @@ func (c *Client) Resume(ctx context.Context, op string) (*Response, error) {
 // 2xx answer's JSON body into out as PostJSON does (unless out is nil or
 // the body is empty), and returns the Response with its body read and
 // closed. Its errors are Resume's, and PostJSON's for a body that does not
-// decode, returned with the Response: the operation did happen.
+// decode or could not be read whole, returned with the Response: the
+// operation did happen.
 func (c *Client) ResumeJSON(ctx context.Context, op string, out any) (*Response, error) {
 	resp, err := c.Resume(ctx, op)
 	if err != nil {
