@@ -418,6 +418,14 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	if h.checked != nil {
 		h.checked(abs)
 	}
+	// A jar this Open refuses keeps its -wal and -shm files if it had them
+	// (see below), and gets none if it had none.
+	hadSides := false
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if _, err := os.Lstat(abs + suffix); err == nil {
+			hadSides = true
+		}
+	}
 	// SQLite opens the file with mode=rw: a file removed since it was
 	// checked is not created again, empty.
 	busy := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(o.BusyTimeout), 10)
@@ -446,11 +454,12 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	defer func() {
 		if err != nil {
-			// A jar file this Open refuses (one of an older version with
-			// MustExist, of a newer version, locked) keeps its -wal and
-			// -shm files, as Close leaves them: without them a read-only
-			// Open of it fails.
-			if j.wconn != nil && !created {
+			// A file this Open refuses (a jar of an older version with
+			// MustExist, of a newer version, locked) keeps the -wal and
+			// -shm files it had, as Close leaves them: without them a
+			// read-only Open of a jar fails. One that had none (another
+			// program's database, closed) is left without.
+			if j.wconn != nil && hadSides {
 				j.keepWAL()
 			}
 			j.closeDBs()
