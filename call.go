@@ -444,12 +444,15 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			}
 			// Past the horizon, counted from the first send, the
 			// operation is reconciled, not sent: a later time means
-			// nothing more, and a jar may not hold it.
+			// nothing more, and a jar may not hold it. Nor may it hold
+			// one past a century under a longer Horizon (keyjar stores
+			// Unix nanoseconds, which end in 2262): a change it refuses
+			// would leave the lease held and the Retry-After unknown.
 			from := time.Now()
 			if c.rec.Created.Before(from) {
 				from = c.rec.Created
 			}
-			if limit := from.Add(c.policy.Horizon); next.After(limit) {
+			if limit := from.Add(min(c.policy.Horizon, maxNextAttempt)); next.After(limit) {
 				next = limit
 			}
 			c.update(ctx, Change{NextAttempt: next, Release: true})

@@ -356,6 +356,11 @@ func (t *Transport) lease(p retry.Policy) time.Duration {
 // maxLease is the longest default lease: a century.
 const maxLease = 100 * 365 * 24 * time.Hour
 
+// maxNextAttempt is the farthest a call stores an operation's next attempt
+// time from its first send, whatever the Horizon: a century, which every
+// jar of this module can hold.
+const maxNextAttempt = maxLease
+
 // CloseIdleConnections closes the idle connections of Base, when it has
 // such a method.
 func (t *Transport) CloseIdleConnections() {
