@@ -291,6 +291,11 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			if wait > c.policy.MaxRetryAfter || c.sched.Elapsed()+wait > c.policy.MaxElapsed {
 				return nil, c.stopFor(ctx, nil, "the operation's next attempt time, stored in the jar (the server's Retry-After), is past MaxRetryAfter or the call's budget: nothing sent")
 			}
+			if pastDeadline(ctx, c.rec.NextAttempt) {
+				// Nothing can be sent before the deadline (see sleepUntil):
+				// the call stops now, its context still running.
+				return nil, c.stopFor(ctx, context.DeadlineExceeded, "the operation's next attempt time, stored in the jar (the server's Retry-After), would come past the context's deadline")
+			}
 			e := c.event(0, nil)
 			e.Wait, e.Reason = wait, "the server's Retry-After, stored in the jar"
 			c.log(ctx, slog.LevelInfo, "idem: waiting for the operation's next attempt time", e)

@@ -1,0 +1,48 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// TestPendingErrorSaysWhyStoredNextAttemptPastDeadline: a call whose
+// context's deadline comes before the operation's stored next attempt time
+// returns at once, and its Reason says so, as for a retry's wait past the
+// deadline: its context has not ended, and the caller must not read that
+// it was cancelled or ran out.
+func TestPendingErrorSaysWhyStoredNextAttemptPastDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, _ := newTransport(t, status(503, "Retry-After", "3600"), status(201))
+		var gaveUp []string
+		tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Reason) }
+		ctx := idem.WithOperation(context.Background(), "op")
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("got %v, %v; want the 503 back", resp, err)
+		}
+		resp.Body.Close()
+		gaveUp = nil
+		tr.Policy.MaxRetryAfter, tr.Policy.MaxElapsed = 2*time.Hour, 2*time.Hour
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err = post(t, ctx, tr, `{}`)
+		const want = "the operation's next attempt time, stored in the jar (the server's Retry-After), would come past the context's deadline"
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || pe.Reason != want || !strings.Contains(err.Error(), "("+want+")") ||
+			!errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 0 || rec.attempts() != 1 {
+			t.Fatalf("got %v after %v, %d attempts; want at once a *PendingError matching context.DeadlineExceeded whose Reason, and message, say %q",
+				err, time.Since(start), rec.attempts(), want)
+		}
+		if !slices.Equal(gaveUp, []string{want}) {
+			t.Errorf("OnGiveUp saw %q; want %q", gaveUp, want)
+		}
+	})
+}
