@@ -84,7 +84,8 @@ func (d Decision) String() string {
 // under the same key, a 409 or 503 it marks false is Final. It does not
 // outrank a replay or a 422, nor a value other than those two, and an
 // answer below 400 is not an error (stripe-go reads the header of errors
-// only): a 200 marked true is Final.
+// only): a 200 marked true is Final. (idem.Transport returns a 401 or 407
+// at once whatever it says: see NotApplied.)
 //
 // Errors are classified by type: context.Canceled stops; a net.Error
 // (timeouts included, so an attempt's own deadline retries), io.EOF,
@@ -152,10 +153,11 @@ func Classify(resp *http.Response, err error) Decision {
 // NotApplied reports whether a status says that the server did not apply
 // the request because its credentials were refused (RFC 9110 §15.5.2:
 // 401 "has not been applied"; 407, the same for a proxy). Classify calls
-// it Final, as any other 4xx; the answer says nothing of an earlier
-// attempt's outcome, so the Transport leaves the operation's state as it
-// was (but for a call without a name refused at its only send: done, as
-// no call can name it to resume it).
+// it Final, as any other 4xx (Retry when Stripe-Should-Retry: true says
+// so); the Transport returns it at once either way. The answer says
+// nothing of an earlier attempt's outcome, so the Transport leaves the
+// operation's state as it was (but for a call without a name refused at
+// its only send: done, as no call can name it to resume it).
 func NotApplied(code int) bool {
 	return code == http.StatusUnauthorized || code == http.StatusProxyAuthRequired
 }
@@ -556,7 +558,9 @@ func (s *Schedule) Elapsed() time.Duration { return s.b.GetElapsedTime() }
 // another attempt: the wait, or the backoff interval before its jitter is
 // drawn, would end after MaxElapsed. It reports deferred when the server
 // asked for a longer wait than MaxRetryAfter: the caller then records the
-// time and stops rather than sleep, whatever is left of the budget.
+// time and stops rather than sleep, whatever is left of the budget. Next
+// does not count attempts: its caller holds them to MaxAttempts, as
+// idem.Transport does.
 func (s *Schedule) Next(retryAfter time.Duration, ok bool) (wait time.Duration, more, deferred bool) {
 	if ok && retryAfter > s.p.MaxRetryAfter {
 		return retryAfter, false, true
