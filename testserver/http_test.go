@@ -221,6 +221,31 @@ func TestBodyShorterThanContentLength(t *testing.T) {
 	}
 }
 
+// TestShortBodyLoggedWithItsLengths: the record of a body shorter than its
+// Content-Length names the length the handler declared and the bytes it
+// wrote, not those of the handler-failed answer put in its place.
+func TestShortBodyLoggedWithItsLengths(t *testing.T) {
+	for _, policy := range []testserver.ErrorPolicy{testserver.ReleaseClaim, testserver.SaveError} {
+		t.Run(policy.String(), func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "10")
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "abc")
+			})
+			var logged syncBuffer
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), OnError: policy, Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+			srv := httptest.NewServer(mw.Wrap(h))
+			defer srv.Close()
+			if a := try(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "k"); a.err == nil {
+				t.Fatalf("first caller: %s %q, read whole; want the answer broken off", a.resp.Status, a.body)
+			}
+			if got := logged.String(); !strings.Contains(got, "content_length=10 written=3") {
+				t.Fatalf("log:\n%s\nwant the short body logged with content_length=10 written=3", got)
+			}
+		})
+	}
+}
+
 // TestTrailersOfTheFirstAnswer: the first answer carries the trailers the
 // handler set, declared (Trailer) or prefixed (http.TrailerPrefix), as
 // trailers and not as headers, as net/http sends them, over HTTP/1.1 and

@@ -1108,6 +1108,9 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	// again, which SaveError promises never happens.
 	aborted := v == http.ErrAbortHandler
 	short := v == nil && rec.short(r.Method)
+	// The lengths of a short body, for its record: the handler-failed
+	// answer written in its place below replaces them.
+	declared, written := rec.declared, rec.size
 	abort := aborted || short
 	if v != nil || abort {
 		if rec.streamed {
@@ -1183,7 +1186,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		m.logPanic(r, key, v, stack)
 	case short:
 		m.log(r.Context(), slog.LevelError, "idempotency: handler's body is shorter than its Content-Length", slog.String("key", key),
-			slog.Int64("content_length", rec.declared), slog.Int64("written", rec.size))
+			slog.Int64("content_length", declared), slog.Int64("written", written))
 	case silent:
 		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned no answer after its lease ended", slog.String("key", key))
 	case hctx.Err() != nil:
