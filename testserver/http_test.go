@@ -246,6 +246,51 @@ func TestShortBodyLoggedWithItsLengths(t *testing.T) {
 	}
 }
 
+// TestFlushErrorOfAStreamedAnswer: once the answer outgrew
+// MaxSavedResponse and streams, an http.ResponseController's Flush returns
+// the error of the connection's flush, as without the Middleware, so that
+// a streaming handler stops once its caller left, rather than stream to no
+// one until its lease ends (its context outlives the caller). Before it
+// streams, a Flush sends nothing and fails nothing.
+func TestFlushErrorOfAStreamedAnswer(t *testing.T) {
+	buffered := make(chan error, 1)
+	failed := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		io.WriteString(w, "small")
+		buffered <- rc.Flush()
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			io.WriteString(w, strings.Repeat("x", 4096))
+			if err := rc.Flush(); err != nil {
+				failed <- err
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		failed <- nil
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: 64, Logger: slog.New(slog.DiscardHandler)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: t\r\nIdempotency-Key: k\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chargeBody), chargeBody)
+	if err := <-buffered; err != nil {
+		t.Errorf("Flush of a buffered answer: %v; want nil", err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != nil { // the answer streams
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := <-failed; err == nil {
+		t.Fatal("Flush of a streamed answer whose caller left: nil for 5 s; want the connection's error")
+	}
+}
+
 // TestTrailersOfTheFirstAnswer: the first answer carries the trailers the
 // handler set, declared (Trailer) or prefixed (http.TrailerPrefix), as
 // trailers and not as headers, as net/http sends them, over HTTP/1.1 and

@@ -134,7 +134,9 @@ func (p ErrorPolicy) String() string {
 // a replay sends the saved final answer only. A 101 Switching Protocols is
 // dropped (the connection cannot be hijacked). The handler's writer is an
 // http.Flusher for streaming handlers, but a Flush sends nothing until the
-// answer outgrows MaxSavedResponse and is streamed. Through
+// answer outgrows MaxSavedResponse and is streamed; from then on, an
+// http.ResponseController's Flush returns the connection's error (a caller
+// that left), as net/http's does. Through
 // it an http.ResponseController sets the connection's deadlines, but cannot
 // hijack it nor enable full duplex (http.ErrNotSupported). Saving and
 // releasing are fenced by the claim's token and ID (Fence): a worker that
@@ -1536,9 +1538,18 @@ func (rec *recorder) informational(code int) {
 // saved. Once the answer is streamed (past the limit), it flushes the
 // connection, when the underlying writer can.
 func (rec *recorder) Flush() {
-	if rec.streamed {
-		http.NewResponseController(rec.w).Flush()
+	rec.FlushError()
+}
+
+// FlushError is Flush with its error, which http.ResponseController's Flush
+// returns: nil while the answer is buffered; once it streams, the error of
+// the connection's flush (a caller that left), so that a streaming handler
+// can stop, its context outliving the caller.
+func (rec *recorder) FlushError() error {
+	if !rec.streamed {
+		return nil
 	}
+	return http.NewResponseController(rec.w).Flush()
 }
 
 // SetReadDeadline and SetWriteDeadline set the connection's deadlines for
