@@ -334,6 +334,41 @@ func TestTrailersOfTheFirstAnswer(t *testing.T) {
 	}
 }
 
+// TestTrailerNetHTTPRefuses: a field that net/http refuses to send as a
+// trailer (Content-Type, Cache-Control, ...), though the handler declares it
+// in Trailer, is sent in the header, as net/http sends it: the first answer
+// carries it, as its replay does.
+func TestTrailerNetHTTPRefuses(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "Content-Type, Cache-Control, X-Sum")
+		w.Header().Set("Content-Type", "text/x-mine")
+		w.Header().Set("Cache-Control", "private")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body of the answer")
+		w.Header().Set("X-Sum", "abc")
+	})
+	for _, http2 := range []bool{false, true} {
+		start := func(h http.Handler) *httptest.Server {
+			srv := httptest.NewUnstartedServer(h)
+			srv.EnableHTTP2 = http2
+			srv.StartTLS()
+			t.Cleanup(srv.Close)
+			return srv
+		}
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+		srv, plain := start(mw.Wrap(h)), start(h)
+		for _, a := range []struct {
+			name string
+			answer
+		}{{"without the Middleware", post(t, plain, "k")}, {"first", post(t, srv, "k")}, {"replay", post(t, srv, "k")}} {
+			if ct, cc := a.resp.Header.Get("Content-Type"), a.resp.Header.Get("Cache-Control"); ct != "text/x-mine" || cc != "private" || a.resp.Trailer.Get("X-Sum") != "abc" && a.name != "replay" {
+				t.Errorf("%s %s: Content-Type %q, Cache-Control %q, trailers %v; want text/x-mine, private and X-Sum: abc",
+					a.resp.Proto, a.name, ct, cc, a.resp.Trailer)
+			}
+		}
+	}
+}
+
 // TestResponseController: a handler's http.ResponseController sets the
 // connection's deadlines through the Middleware's writer, as a handler
 // that runs long extends its write deadline. One set in the past fails the
