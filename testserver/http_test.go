@@ -334,6 +334,44 @@ func TestTrailersOfTheFirstAnswer(t *testing.T) {
 	}
 }
 
+// TestCloseNotifier: the handler's writer is an http.CloseNotifier, as
+// net/http's is (a router's streaming helper asserts it: gin's
+// Context.Stream), whose channel receives once the handler's context ends,
+// with its lease: a handler that stops on it stops as one that honours its
+// context does, not when its caller leaves.
+func TestCloseNotifier(t *testing.T) {
+	fired := make(chan time.Duration, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cn, ok := w.(interface{ CloseNotify() <-chan bool }) // http.CloseNotifier, deprecated
+		if !ok {
+			fired <- -1
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		start := time.Now()
+		select {
+		case <-cn.CloseNotify():
+			fired <- time.Since(start)
+		case <-time.After(5 * time.Second):
+			fired <- 0
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+	srv := httptest.NewServer(mw.Wrap(h))
+	defer srv.Close()
+	a := post(t, srv, "k")
+	switch d := <-fired; {
+	case d < 0:
+		t.Fatal("the handler's writer is not an http.CloseNotifier")
+	case d == 0:
+		t.Fatal("CloseNotify: nothing received for 5 s; want a value once the lease ended")
+	}
+	if a.resp.StatusCode != http.StatusCreated {
+		t.Fatalf("first answer: %s; want 201", a.resp.Status)
+	}
+}
+
 // TestTrailerNetHTTPRefuses: a field that net/http refuses to send as a
 // trailer (Content-Type, Cache-Control, ...), though the handler declares it
 // in Trailer, is sent in the header, as net/http sends it: the first answer

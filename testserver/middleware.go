@@ -136,7 +136,9 @@ func (p ErrorPolicy) String() string {
 // http.Flusher for streaming handlers, but a Flush sends nothing until the
 // answer outgrows MaxSavedResponse and is streamed; from then on, an
 // http.ResponseController's Flush returns the connection's error (a caller
-// that left), as net/http's does. Through
+// that left), as net/http's does. It is also an http.CloseNotifier, as
+// net/http's is, whose channel receives when the handler's context ends,
+// with its lease. Through
 // it an http.ResponseController sets the connection's deadlines, but cannot
 // hijack it nor enable full duplex (http.ErrNotSupported). Saving and
 // releasing are fenced by the claim's token and ID (Fence): a worker that
@@ -1060,6 +1062,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	detached := context.WithoutCancel(r.Context()) // the handler's, and the save's or release's after it
 	hctx, cancel := context.WithTimeout(context.WithValue(detached, claimKey{}, c), lease)
 	defer cancel()
+	rec.done = hctx.Done()
 	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -1436,9 +1439,10 @@ type recorder struct {
 	size     int64 // body bytes the handler wrote
 	declared int64 // the Content-Length set when the status was, or -1
 	streamed bool
-	head     bool   // the request is a HEAD, whose answer has no body on the wire
-	dropped  bool   // a HEAD's body outgrew limit: it is counted, not kept
-	onStream func() // called once the answer outgrew limit, before it streams
+	head     bool            // the request is a HEAD, whose answer has no body on the wire
+	dropped  bool            // a HEAD's body outgrew limit: it is counted, not kept
+	onStream func()          // called once the answer outgrew limit, before it streams
+	done     <-chan struct{} // the handler's context's, for CloseNotify
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
@@ -1550,6 +1554,22 @@ func (rec *recorder) FlushError() error {
 		return nil
 	}
 	return http.NewResponseController(rec.w).Flush()
+}
+
+// CloseNotify implements http.CloseNotifier, deprecated, as net/http's
+// writer does: some routers' streaming helpers assert it (gin's
+// Context.Stream), and would panic without it. Its channel receives once
+// the handler's context ends, with its lease, not when the caller leaves:
+// the handler's work runs on and is saved for the caller's retry.
+func (rec *recorder) CloseNotify() <-chan bool {
+	ch := make(chan bool, 1)
+	if done := rec.done; done != nil {
+		go func() { // ends with run, which cancels the context
+			<-done
+			ch <- true
+		}()
+	}
+	return ch
 }
 
 // SetReadDeadline and SetWriteDeadline set the connection's deadlines for
