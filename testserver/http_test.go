@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -369,6 +370,48 @@ func TestCloseNotifier(t *testing.T) {
 	}
 	if a.resp.StatusCode != http.StatusCreated {
 		t.Fatalf("first answer: %s; want 201", a.resp.Status)
+	}
+}
+
+// TestTrailerPrefixedBeforeTheHeader: a trailer named with
+// http.TrailerPrefix before WriteHeader, with no Trailer header declaring
+// it, reaches the first caller, as without the Middleware: net/http sees
+// the prefixed key when the header is written and sends the answer chunked,
+// the trailer after it. And the value of a declared trailer set before
+// WriteHeader is sent in the header too, as net/http sends it.
+func TestTrailerPrefixedBeforeTheHeader(t *testing.T) {
+	prefixed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(http.TrailerPrefix+"X-Late", "def")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body of the answer")
+	})
+	declared := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Sum")
+		w.Header().Set("X-Sum", "early")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body of the answer")
+		w.Header().Set("X-Sum", "abc")
+	})
+	for _, http2 := range []bool{false, true} {
+		for _, h := range []http.Handler{prefixed, declared} {
+			start := func(h http.Handler) *httptest.Server {
+				srv := httptest.NewUnstartedServer(h)
+				srv.EnableHTTP2 = http2
+				srv.StartTLS()
+				t.Cleanup(srv.Close)
+				return srv
+			}
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+			want, got := post(t, start(h), "k"), post(t, start(mw.Wrap(h)), "k")
+			if len(want.resp.Trailer) == 0 {
+				t.Fatalf("%s without the Middleware: no trailers", want.resp.Proto)
+			}
+			if !maps.EqualFunc(got.resp.Trailer, want.resp.Trailer, slices.Equal) || got.body != want.body ||
+				got.resp.Header.Get("X-Sum") != want.resp.Header.Get("X-Sum") {
+				t.Errorf("%s first answer: trailers %v, header X-Sum %q, body %q; want %v, %q and %q, as without the Middleware",
+					got.resp.Proto, got.resp.Trailer, got.resp.Header.Get("X-Sum"), got.body, want.resp.Trailer, want.resp.Header.Get("X-Sum"), want.body)
+			}
+		}
 	}
 }
 

@@ -1643,18 +1643,17 @@ func (rec *recorder) send() {
 	}
 }
 
-// start writes the status, the header but the trailers, and the body
-// recorded so far to the real writer. The header as it was at WriteHeader
-// replaces the writer's: it began as a copy of it, and holds the handler's
-// deletions.
+// start writes the status, the header, and the body recorded so far to
+// the real writer. The header as it was at WriteHeader replaces the
+// writer's: it began as a copy of it, and holds the handler's deletions.
+// Its trailers are in it as net/http saw them then: a key with
+// http.TrailerPrefix, which net/http does not send in the header but which
+// makes it send the answer chunked, for the trailer; the value a declared
+// trailer had then, which it sends in the header too.
 func (rec *recorder) start() {
 	h := rec.w.Header()
 	clear(h)
-	for name, vs := range rec.sent {
-		if !rec.trailer(name) {
-			h[name] = vs
-		}
-	}
+	maps.Copy(h, rec.sent)
 	rec.w.WriteHeader(rec.status)
 	rec.w.Write(rec.body.Bytes())
 }
