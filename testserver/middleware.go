@@ -1660,14 +1660,12 @@ func (rec *recorder) start() {
 
 // trailer reports whether the header named name is a trailer: declared in
 // the Trailer header as it was at WriteHeader, as net/http reads it, or
-// named with http.TrailerPrefix. A declared field that net/http does not
-// send as a trailer (badTrailer) stays in the header, where it sends it.
+// named with http.TrailerPrefix. (A declared field that net/http does not
+// send as a trailer, such as Content-Type, is in the header start hands
+// it, where it sends it; send's copy of it after the body changes nothing.)
 func (rec *recorder) trailer(name string) bool {
 	if strings.HasPrefix(name, http.TrailerPrefix) {
 		return true
-	}
-	if badTrailer[name] {
-		return false
 	}
 	for _, v := range rec.sent["Trailer"] {
 		for k := range strings.SplitSeq(v, ",") {
@@ -1677,15 +1675,4 @@ func (rec *recorder) trailer(name string) bool {
 		}
 	}
 	return false
-}
-
-// badTrailer holds the fields that net/http ignores when a handler declares
-// them in Trailer (RFC 9110, section 6.5.1; golang.org/x/net/http/httpguts'
-// ValidTrailerHeader), and sends in the header as any other.
-var badTrailer = map[string]bool{
-	"Authorization": true, "Cache-Control": true, "Connection": true, "Content-Encoding": true,
-	"Content-Length": true, "Content-Range": true, "Content-Type": true, "Expect": true, "Host": true,
-	"Keep-Alive": true, "Max-Forwards": true, "Pragma": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Proxy-Connection": true, "Range": true, "Realm": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Www-Authenticate": true,
 }
