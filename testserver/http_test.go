@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem/testserver"
@@ -267,7 +268,6 @@ func TestFlushErrorOfAStreamedAnswer(t *testing.T) {
 				failed <- err
 				return
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
 		failed <- nil
 	})
@@ -338,39 +338,33 @@ func TestTrailersOfTheFirstAnswer(t *testing.T) {
 // TestCloseNotifier: the handler's writer is an http.CloseNotifier, as
 // net/http's is (a router's streaming helper asserts it: gin's
 // Context.Stream), whose channel receives once the handler's context ends,
-// with its lease: a handler that stops on it stops as one that honours its
-// context does, not when its caller leaves.
+// with its lease, not before: a handler that stops on it stops as one that
+// honours its context does, not when its caller leaves.
 func TestCloseNotifier(t *testing.T) {
-	fired := make(chan time.Duration, 1)
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cn, ok := w.(interface{ CloseNotify() <-chan bool }) // http.CloseNotifier, deprecated
-		if !ok {
-			fired <- -1
-			w.WriteHeader(http.StatusInternalServerError)
-			return
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 300 * time.Millisecond
+		var waited time.Duration
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cn, ok := w.(interface{ CloseNotify() <-chan bool }) // http.CloseNotifier, deprecated
+			if !ok {
+				t.Error("the handler's writer is not an http.CloseNotifier")
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			start := time.Now()
+			<-cn.CloseNotify()
+			waited = time.Since(start)
+			w.WriteHeader(http.StatusCreated)
+		})
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: lease, Logger: slog.New(slog.DiscardHandler)}
+		w := serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if waited != lease {
+			t.Errorf("CloseNotify received after %v; want %v, the lease", waited, lease)
 		}
-		start := time.Now()
-		select {
-		case <-cn.CloseNotify():
-			fired <- time.Since(start)
-		case <-time.After(5 * time.Second):
-			fired <- 0
+		if w.Code != http.StatusCreated {
+			t.Errorf("first answer: %d; want the handler's 201", w.Code)
 		}
-		w.WriteHeader(http.StatusCreated)
 	})
-	mw := &testserver.Middleware{Store: new(testserver.MemoryStore), LockTimeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
-	srv := httptest.NewServer(mw.Wrap(h))
-	defer srv.Close()
-	a := post(t, srv, "k")
-	switch d := <-fired; {
-	case d < 0:
-		t.Fatal("the handler's writer is not an http.CloseNotifier")
-	case d == 0:
-		t.Fatal("CloseNotify: nothing received for 5 s; want a value once the lease ended")
-	}
-	if a.resp.StatusCode != http.StatusCreated {
-		t.Fatalf("first answer: %s; want 201", a.resp.Status)
-	}
 }
 
 // TestTrailerPrefixedBeforeTheHeader: a trailer named with
