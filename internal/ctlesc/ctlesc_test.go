@@ -2,7 +2,10 @@ package ctlesc_test
 
 import (
 	"strconv"
+	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/internal/ctlesc"
 )
@@ -85,4 +88,35 @@ func TestQuote(t *testing.T) {
 			t.Errorf("Quote(%q) = %s, which reads back as %q (%v); want the string", tc.in, got, back, err)
 		}
 	}
+}
+
+// FuzzQuote: Quote's result never holds a character that a terminal acts
+// on or shows as nothing, nor a byte that is not UTF-8; it is s itself, or
+// a literal that strconv.Unquote reads back as s, and only the latter
+// begins with a double quote.
+func FuzzQuote(f *testing.F) {
+	for _, s := range []string{"charge:1", "a\x1bb", `"x"`, "zw:\u200bzero", "pay:1 ", "bad\xff", "\u2764\ufe0f", "tag\U000e0041"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		q := ctlesc.Quote(s)
+		if !utf8.ValidString(q) {
+			t.Fatalf("Quote(%q) = %q: not UTF-8", s, q)
+		}
+		for _, r := range q {
+			if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Variation_Selector, r) ||
+				unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) || (unicode.IsSpace(r) && r != ' ') {
+				t.Fatalf("Quote(%q) = %q holds %U", s, q, r)
+			}
+		}
+		if q == s {
+			if strings.HasPrefix(s, `"`) || strings.HasPrefix(s, " ") || strings.HasSuffix(s, " ") {
+				t.Fatalf("Quote(%q) left it as it is", s)
+			}
+			return
+		}
+		if back, err := strconv.Unquote(q); err != nil || back != s {
+			t.Fatalf("Quote(%q) = %s, which reads back as %q (%v)", s, q, back, err)
+		}
+	})
 }
