@@ -409,6 +409,43 @@ func TestTrailerPrefixedBeforeTheHeader(t *testing.T) {
 	}
 }
 
+// TestTrailerDeletedAfterTheHeader: a trailer set before WriteHeader,
+// declared or named with http.TrailerPrefix, and deleted by the handler
+// after it, is not sent as a trailer, as without the Middleware: net/http
+// sends the trailers the header holds once the handler returns.
+func TestTrailerDeletedAfterTheHeader(t *testing.T) {
+	prefixed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(http.TrailerPrefix+"X-Late", "early")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body of the answer")
+		w.Header().Del(http.TrailerPrefix + "X-Late")
+	})
+	declared := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Sum")
+		w.Header().Set("X-Sum", "early")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "body of the answer")
+		w.Header().Del("X-Sum")
+	})
+	for _, http2 := range []bool{false, true} {
+		for _, h := range []http.Handler{prefixed, declared} {
+			start := func(h http.Handler) *httptest.Server {
+				srv := httptest.NewUnstartedServer(h)
+				srv.EnableHTTP2 = http2
+				srv.StartTLS()
+				t.Cleanup(srv.Close)
+				return srv
+			}
+			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+			want, got := post(t, start(h), "k"), post(t, start(mw.Wrap(h)), "k")
+			if !maps.EqualFunc(got.resp.Trailer, want.resp.Trailer, slices.Equal) || got.body != want.body {
+				t.Errorf("%s first answer: trailers %q, body %q; want %q and %q, as without the Middleware",
+					got.resp.Proto, got.resp.Trailer, got.body, want.resp.Trailer, want.body)
+			}
+		}
+	}
+}
+
 // TestTrailerNetHTTPRefuses: a field that net/http refuses to send as a
 // trailer (Content-Type, Cache-Control, ...), though the handler declares it
 // in Trailer, is sent in the header, as net/http sends it: the first answer

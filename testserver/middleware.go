@@ -1630,12 +1630,19 @@ func (rec *recorder) sniff(b []byte) {
 
 // send writes the buffered answer to the real writer, unless it was
 // streamed already, and then the trailers the handler set: net/http sends
-// those it finds in the header once the handler returns.
+// those it finds in the header once the handler returns. A trailer start
+// handed it with the header, and that the handler deleted since, is
+// deleted, so that its early value is not sent as the trailer.
 func (rec *recorder) send() {
 	if !rec.streamed {
 		rec.start()
 	}
 	h := rec.w.Header()
+	for name := range h {
+		if _, ok := rec.header[name]; !ok && rec.trailer(name) {
+			delete(h, name)
+		}
+	}
 	for name, vs := range rec.header {
 		if rec.trailer(name) {
 			h[name] = vs
