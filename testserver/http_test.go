@@ -367,6 +367,36 @@ func TestCloseNotifier(t *testing.T) {
 	})
 }
 
+// TestCloseNotifyOneChannel: CloseNotify returns the same channel each
+// time, as net/http's does, so that a handler that asks for it in a loop
+// (a select on it per event it streams) does not start a goroutine per
+// call, each held until the lease ends.
+func TestCloseNotifyOneChannel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const calls = 1000
+		var grew int
+		var same bool
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cn := w.(interface{ CloseNotify() <-chan bool })
+			first := cn.CloseNotify()
+			before := runtime.NumGoroutine()
+			same = true
+			for range calls {
+				if cn.CloseNotify() != first {
+					same = false
+				}
+			}
+			grew = runtime.NumGoroutine() - before
+			w.WriteHeader(http.StatusCreated)
+		})
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Logger: slog.New(slog.DiscardHandler)}
+		serve(mw.Wrap(h), request("POST", "/", chargeBody, "Idempotency-Key", "k"))
+		if !same || grew >= calls/2 {
+			t.Errorf("%d calls of CloseNotify: the same channel: %v, %d goroutines more; want the same channel, no goroutine per call", calls, same, grew)
+		}
+	})
+}
+
 // TestTrailerPrefixedBeforeTheHeader: a trailer named with
 // http.TrailerPrefix before WriteHeader, with no Trailer header declaring
 // it, reaches the first caller, as without the Middleware: net/http sees

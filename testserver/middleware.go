@@ -1443,6 +1443,9 @@ type recorder struct {
 	dropped  bool            // a HEAD's body outgrew limit: it is counted, not kept
 	onStream func()          // called once the answer outgrew limit, before it streams
 	done     <-chan struct{} // the handler's context's, for CloseNotify
+
+	closeOnce sync.Once // makes closeCh, CloseNotify's channel
+	closeCh   chan bool
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
@@ -1561,15 +1564,21 @@ func (rec *recorder) FlushError() error {
 // Context.Stream), and would panic without it. Its channel receives once
 // the handler's context ends, with its lease, not when the caller leaves:
 // the handler's work runs on and is saved for the caller's retry.
+// It returns the same channel each time, as net/http's does, which
+// receives one value: a handler that asks for it per event it streams
+// starts one goroutine, not one per call.
 func (rec *recorder) CloseNotify() <-chan bool {
-	ch := make(chan bool, 1)
-	if done := rec.done; done != nil {
-		go func() { // ends with run, which cancels the context
-			<-done
-			ch <- true
-		}()
-	}
-	return ch
+	rec.closeOnce.Do(func() {
+		ch := make(chan bool, 1)
+		rec.closeCh = ch
+		if done := rec.done; done != nil {
+			go func() { // ends with run, which cancels the context
+				<-done
+				ch <- true
+			}()
+		}
+	})
+	return rec.closeCh
 }
 
 // SetReadDeadline and SetWriteDeadline set the connection's deadlines for
