@@ -85,8 +85,9 @@ func (e *CredentialsError) Error() string {
 		}
 		names = append(names, name)
 	}
+	// ErrCredentials's text without its "client: ", which begins the message.
 	return fmt.Sprintf("client: resume %q: its first send carried %s, which the jar does not keep, and %s; nothing was sent: %s",
-		e.Op, ctlesc.Escape(strings.Join(names, ", ")), why, ErrCredentials.Error())
+		e.Op, ctlesc.Escape(strings.Join(names, ", ")), why, strings.TrimPrefix(ErrCredentials.Error(), "client: "))
 }
 
 // Is reports whether target is ErrCredentials.

@@ -541,3 +541,13 @@ func TestResumeOfCredentialsOptionsHeaderAdded(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// TestCredentialsErrorSaysClientOnce: a CredentialsError says "client:"
+// once, as a StateError does: ErrCredentials's text follows its own
+// message without the prefix.
+func TestCredentialsErrorSaysClientOnce(t *testing.T) {
+	err := &client.CredentialsError{Op: "charge:o1", Key: "k", Missing: []string{"X-Api-Key"}}
+	if msg := err.Error(); strings.Count(msg, "client:") != 1 || !strings.HasSuffix(msg, "nothing was sent: the resume lacks the credentials of the first send") {
+		t.Errorf("%q; want \"client:\" once, at its start, and ending \"nothing was sent: the resume lacks the credentials of the first send\"", msg)
+	}
+}
