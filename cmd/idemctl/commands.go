@@ -396,7 +396,7 @@ func resumeFlags(fs *flag.FlagSet) {
 	// after about a minute an operation whose server never answers.
 	cliflag.Duration(fs, "attempt-timeout", (retry.Policy{}).Defaults().MaxElapsed,
 		"how long one attempt waits for the server's answer (a `duration`, at most the retry horizon, 24h); "+
-			"the default, 1m, is the retry policy's MaxElapsed: a hung attempt spends it and the resume ends")
+			"the default, 1m (the horizon when shorter), is the retry policy's MaxElapsed: a hung attempt spends it and the resume ends")
 	// The jar does not record the horizon of the program that sent an
 	// operation. Its server keeps keys for a while; past that, a send
 	// under the key runs the request again: the program's shorter horizon

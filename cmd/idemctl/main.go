@@ -277,7 +277,7 @@ commands:
                                          in pages of 1000, each with its columns aligned on its own
   show (OP | KEY)                        one operation in full, by its name or by its Idempotency-Key
   resume (OP | --all) [--header 'N: V'  send pending operations again with their keys, giving up an
-         --host URL]                     attempt without an answer after D (default 1m, at most H);
+         --host URL]                     attempt without an answer after D (default 1m, or H if shorter; at most H);
          [--attempt-timeout D]           one first sent more than H ago (default 24h) is marked reconcile;
          [--horizon H]                   the jar keeps no credential: give the first send's with --header
          [--without-credentials]         or, out of the process list, in $IDEM_HEADER ('N: V', one per line),
