@@ -87,8 +87,9 @@ func escaped(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bi
 // names that differ by them would print alike: the other format characters
 // (U+200B zero-width space, U+200D joiner, U+00AD soft hyphen, U+FEFF),
 // variation selectors, the other default-ignorable code points (U+034F,
-// U+3164) and every white space but U+0020 (U+00A0 no-break space, U+2028).
+// U+3164), every white space but U+0020 (U+00A0 no-break space, U+2028)
+// and U+2800, the blank Braille pattern, a symbol drawn as a space.
 func invisible(r rune) bool {
 	return escaped(r) || unicode.Is(unicode.Cf, r) || unicode.Is(unicode.Variation_Selector, r) ||
-		unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) || (unicode.IsSpace(r) && r != ' ')
+		unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r) || (unicode.IsSpace(r) && r != ' ') || r == '\u2800'
 }

@@ -71,6 +71,7 @@ func TestQuote(t *testing.T) {
 		{"tag\U000e0041", `"tag\U000e0041"`},
 		{"no\u00a0break", `"no\u00a0break"`},
 		{"line\u2028sep", `"line\u2028sep"`},
+		{"braille\u2800blank", `"braille\u2800blank"`},
 		// A space at either end, which shows as nothing at the end of a
 		// line; one inside shows.
 		{"trailing ", `"trailing "`},
