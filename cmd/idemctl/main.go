@@ -442,7 +442,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 			// write (another process held it past --lock-timeout).
 			cerr = fmt.Errorf("%w; an answer printed above may not be recorded: its operation then stays pending, and a later resume of it gets the server's saved answer", cerr)
 		}
-		if cerr != nil && err == nil {
+		if cerr != nil && (err == nil || errors.Is(err, errFailed)) {
+			// A command whose failures are printed already (resume --all
+			// of which some failed) exits 1 all the same: the close's
+			// error is said, rather than nothing more.
 			err = cerr
 		}
 	}()

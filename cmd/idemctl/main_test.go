@@ -2082,6 +2082,40 @@ func TestDroppedOutcomeSaysPending(t *testing.T) {
 	})
 }
 
+// TestDroppedOutcomeSaidAfterFailures: resume --all of which one operation
+// failed (a 422, said on its own line) and whose Close dropped the outcome
+// of another, printed as a 201, says that too: the command's failures do
+// not hide the close's error.
+func TestDroppedOutcomeSaidAfterFailures(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	now := time.Now()
+	var recs []idem.Record
+	for i, p := range []string{"/ok", "/bad"} {
+		fp := sha256.Sum256([]byte("POST\n" + srv.URL + p + "\n{}"))
+		recs = append(recs, idem.Record{Op: "charge" + p, Key: fmt.Sprint("key-", i), Fingerprint: hex.EncodeToString(fp[:]),
+			State: idem.StatePending, Method: "POST", URL: srv.URL + p, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: []byte(`{}`), BodySize: 2, Created: now.Add(time.Duration(i) * time.Second), Updated: now})
+	}
+	path := jarWith(t, recs...)
+	wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+		return j, func() error {
+			return errors.Join(closeJar(), fmt.Errorf("%w: 1 since the jar was opened", idem.ErrDropped))
+		}
+	})
+	code, out, errOut := idemctl("--jar", path, "resume", "--all", "--without-credentials")
+	if code != 1 || !strings.Contains(out, "charge/ok: 201 Created") || !strings.Contains(errOut, "charge/bad: ") ||
+		!strings.Contains(errOut, "an answer printed above may not be recorded") {
+		t.Errorf("resume --all: exit %d, stdout %q, stderr %q; want exit 1, the 201, the 422's failure and the dropped outcome said", code, out, errOut)
+	}
+}
+
 // controls returns the control characters of s but newlines, its bidi
 // format characters, and its bytes that are not UTF-8 (which a terminal
 // may take for C1 controls).
