@@ -317,11 +317,7 @@ func TestTrailersOfTheFirstAnswer(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			mw := &testserver.Middleware{Store: new(testserver.MemoryStore), MaxSavedResponse: tt.maxSaved}
-			srv := httptest.NewUnstartedServer(mw.Wrap(h))
-			srv.EnableHTTP2 = tt.http2
-			srv.StartTLS()
-			defer srv.Close()
-			a := post(t, srv, "k")
+			a := post(t, startTLS(t, mw.Wrap(h), tt.http2), "k")
 			if a.err != nil || a.resp.StatusCode != http.StatusCreated || a.body != "body of the answer" || (a.resp.ProtoMajor == 2) != tt.http2 {
 				t.Fatalf("%s %s %q, read error %v; want 201 and the body", a.resp.Proto, a.resp.Status, a.body, a.err)
 			}
@@ -397,6 +393,23 @@ func TestCloseNotifyOneChannel(t *testing.T) {
 	})
 }
 
+// startTLS starts a TLS server of h on 127.0.0.1, speaking HTTP/2 when
+// http2 is set, until t ends.
+func startTLS(t *testing.T, h http.Handler, http2 bool) *httptest.Server {
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = http2
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// plainAndWrapped posts one keyed request to h served as it is, and one to
+// h through a Middleware over a MemoryStore, and returns both answers.
+func plainAndWrapped(t *testing.T, h http.Handler, http2 bool) (plain, first answer) {
+	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
+	return post(t, startTLS(t, h, http2), "k"), post(t, startTLS(t, mw.Wrap(h), http2), "k")
+}
+
 // TestTrailerPrefixedBeforeTheHeader: a trailer named with
 // http.TrailerPrefix before WriteHeader, with no Trailer header declaring
 // it, reaches the first caller, as without the Middleware: net/http sees
@@ -418,15 +431,7 @@ func TestTrailerPrefixedBeforeTheHeader(t *testing.T) {
 	})
 	for _, http2 := range []bool{false, true} {
 		for _, h := range []http.Handler{prefixed, declared} {
-			start := func(h http.Handler) *httptest.Server {
-				srv := httptest.NewUnstartedServer(h)
-				srv.EnableHTTP2 = http2
-				srv.StartTLS()
-				t.Cleanup(srv.Close)
-				return srv
-			}
-			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-			want, got := post(t, start(h), "k"), post(t, start(mw.Wrap(h)), "k")
+			want, got := plainAndWrapped(t, h, http2)
 			if len(want.resp.Trailer) == 0 {
 				t.Fatalf("%s without the Middleware: no trailers", want.resp.Proto)
 			}
@@ -459,15 +464,7 @@ func TestTrailerDeletedAfterTheHeader(t *testing.T) {
 	})
 	for _, http2 := range []bool{false, true} {
 		for _, h := range []http.Handler{prefixed, declared} {
-			start := func(h http.Handler) *httptest.Server {
-				srv := httptest.NewUnstartedServer(h)
-				srv.EnableHTTP2 = http2
-				srv.StartTLS()
-				t.Cleanup(srv.Close)
-				return srv
-			}
-			mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-			want, got := post(t, start(h), "k"), post(t, start(mw.Wrap(h)), "k")
+			want, got := plainAndWrapped(t, h, http2)
 			if !maps.EqualFunc(got.resp.Trailer, want.resp.Trailer, slices.Equal) || got.body != want.body {
 				t.Errorf("%s first answer: trailers %q, body %q; want %q and %q, as without the Middleware",
 					got.resp.Proto, got.resp.Trailer, got.body, want.resp.Trailer, want.body)
@@ -490,15 +487,8 @@ func TestTrailerNetHTTPRefuses(t *testing.T) {
 		w.Header().Set("X-Sum", "abc")
 	})
 	for _, http2 := range []bool{false, true} {
-		start := func(h http.Handler) *httptest.Server {
-			srv := httptest.NewUnstartedServer(h)
-			srv.EnableHTTP2 = http2
-			srv.StartTLS()
-			t.Cleanup(srv.Close)
-			return srv
-		}
 		mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-		srv, plain := start(mw.Wrap(h)), start(h)
+		srv, plain := startTLS(t, mw.Wrap(h), http2), startTLS(t, h, http2)
 		for _, a := range []struct {
 			name string
 			answer
@@ -759,10 +749,7 @@ func TestBodyTheHandlerNeverReads(t *testing.T) {
 func TestKeySentTwiceOverHTTP2(t *testing.T) {
 	var runs atomic.Int32
 	mw := &testserver.Middleware{Store: new(testserver.MemoryStore)}
-	srv := httptest.NewUnstartedServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) })))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	defer srv.Close()
+	srv := startTLS(t, mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs.Add(1) })), true)
 	resp := send(t, srv, http.MethodPost, "/", chargeBody, "Idempotency-Key", "a", "Idempotency-Key", "b").resp
 	if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusBadRequest || runs.Load() != 0 {
 		t.Fatalf("%s %s after %d runs; want HTTP/2 400, no run", resp.Proto, resp.Status, runs.Load())
