@@ -426,6 +426,12 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			why = "MaxAttempts (" + strconv.Itoa(c.policy.MaxAttempts) + ") reached after "
 		case !more:
 			why = "the next wait would pass the call's MaxElapsed (" + c.policy.MaxElapsed.String() + ") after "
+		case c.policy.Expired(c.rec.Created, decided.Add(wait)):
+			// The attempt after the wait would not be sent but
+			// reconciled: the call stops now, the operation pending, and
+			// a later call under its name reconciles it past the horizon.
+			more = false
+			why = "the next wait would end past the retry horizon (" + c.policy.Horizon.String() + ") after "
 		case c.t.Budget != nil:
 			if c.cost, more = c.t.Budget.Withdraw(err); more {
 				c.costDue = true

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/retry"
 )
 
 // TestPendingErrorSaysWhyStoredNextAttemptPastDeadline: a call whose
@@ -43,6 +44,40 @@ func TestPendingErrorSaysWhyStoredNextAttemptPastDeadline(t *testing.T) {
 		}
 		if !slices.Equal(gaveUp, []string{want}) {
 			t.Errorf("OnGiveUp saw %q; want %q", gaveUp, want)
+		}
+	})
+}
+
+// TestWaitPastHorizonStopsNow: a retry whose wait would end past the
+// operation's horizon is not waited for, only to be reconciled after it:
+// the call returns the last answer at once, as when MaxElapsed stops it,
+// saying why, and the operation stays pending, reconciled by the next call
+// under its name past the horizon.
+func TestWaitPastHorizonStopsNow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(503))
+		tr.Policy = retry.Policy{Horizon: 2 * time.Second, InitialInterval: time.Second, NoJitter: true, MaxAttempts: 10}
+		var gaveUp []string
+		tr.Hooks.OnGiveUp = func(e idem.Event) { gaveUp = append(gaveUp, e.Reason) }
+		ctx := idem.WithOperation(context.Background(), "op")
+		start := time.Now()
+		resp, err := post(t, ctx, tr, `{}`)
+		if err != nil || resp.StatusCode != 503 || time.Since(start) != time.Second || rec.attempts() != 2 {
+			t.Fatalf("got %v, %v after %v and %d attempts; want the second 503 after 1s (the next wait, 2s, ends past the 2s horizon)",
+				resp, err, time.Since(start), rec.attempts())
+		}
+		resp.Body.Close()
+		const want = "the next wait would end past the retry horizon (2s) after status 503"
+		if !slices.Equal(gaveUp, []string{want}) {
+			t.Errorf("OnGiveUp saw %q; want %q", gaveUp, want)
+		}
+		if r, err := jar.Get(ctx, "op"); err != nil || r.State != idem.StatePending {
+			t.Fatalf("record %+v, %v; want pending", r, err)
+		}
+		time.Sleep(2 * time.Second) // past the horizon, on synctest's clock
+		var re *idem.ReconcileError
+		if _, err := post(t, ctx, tr, `{}`); !errors.As(err, &re) || rec.attempts() != 2 {
+			t.Fatalf("the next call: %v after %d attempts; want a *ReconcileError, nothing sent", err, rec.attempts())
 		}
 	})
 }

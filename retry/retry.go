@@ -465,7 +465,8 @@ type Policy struct {
 	// means no per-attempt limit (the caller's context still applies).
 	AttemptTimeout time.Duration
 	// Horizon is how long after its first send an operation may still be
-	// retried. Past it, the SDK stops in favour of reconciliation. It must
+	// retried. Past it, the SDK stops in favour of reconciliation; a call
+	// whose next wait would end past it stops before that wait. It must
 	// stay below the server's key retention (Stripe keeps keys ≥ 24 h).
 	// Zero means 24 h.
 	Horizon time.Duration
