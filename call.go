@@ -547,7 +547,7 @@ func sleepUntil(ctx context.Context, end time.Time) error {
 // each case nothing may be sent.
 func (c *call) notOurs() error {
 	switch rec := c.rec; {
-	case rec.Key != c.key || (!c.bodyless && !c.body.matches(rec.Fingerprint)):
+	case rec.Key != c.key || (!c.bodyless && !c.body.same(rec, c.req.Method)):
 		return &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: c.callerKey, State: rec.State}
 	case rec.State == StateReconcile:
 		return c.reconcileError(rec)
@@ -882,7 +882,7 @@ func (c *call) begin(ctx context.Context) (err error) {
 	}
 	c.lastCode, c.lastErr = rec.LastStatus, storedError(rec)
 	gotKey := c.callerKey
-	if !c.body.matches(rec.Fingerprint) || (gotKey != "" && gotKey != rec.Key) {
+	if !c.body.same(rec, c.req.Method) || (gotKey != "" && gotKey != rec.Key) {
 		err := &MismatchError{Op: c.op, Key: rec.Key, Stored: rec.Fingerprint, Got: c.body.fp, GotKey: gotKey, State: rec.State}
 		if from := c.req.Response; from != nil && from.Request != nil {
 			// An http.Client following a redirect sends the request again,

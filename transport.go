@@ -514,6 +514,20 @@ func (rb *reqBody) matches(fp string) bool {
 	return rb.rawFP != "" && fp == rb.rawFP
 }
 
+// same reports whether rec is this request: its fingerprint is, or rec
+// holds this request's method, URL and body, byte for byte. The second is
+// for a record whose fingerprint an earlier version made of a body this
+// version fingerprints otherwise (a JSON body with a key twice, bytes that
+// are not UTF-8 or half a surrogate pair, its type under a key that is not
+// canonical: see canon.JSON), which its resume sends unchanged.
+func (rb *reqBody) same(rec Record, method string) bool {
+	if rb.matches(rec.Fingerprint) {
+		return true
+	}
+	return rb.saved != nil && rec.Body != nil && rec.BodyStored() &&
+		rec.Method == method && rec.URL == rb.url && bytes.Equal(rec.Body, rb.saved)
+}
+
 // fingerprint returns the fingerprint of a request whose body is hashed
 // as body is, as prepareBody makes it of a body it does not canonicalise.
 func fingerprint(method, url string, body []byte) string {

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -374,6 +375,94 @@ func TestFingerprintsOfEarlierRecords(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBodyFingerprintsOfEarlierRecords: versions that canonicalised a JSON
+// body with a key twice, bytes that are not UTF-8 or half a surrogate pair,
+// and that read its type from "Content-Type" alone, left operations pending
+// under fingerprints this version does not make. The same request, its
+// method, URL and body byte for byte, resumed from the record or called
+// again, is sent with the record's key; another body is still refused, one
+// whose earlier canonical form is the record's body's included.
+func TestBodyFingerprintsOfEarlierRecords(t *testing.T) {
+	earlier := func(body string) string { // method, URL, body as earlier versions canonicalised it
+		dec := json.NewDecoder(strings.NewReader(body))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		s := sha256.Sum256([]byte("POST\n" + chargeURL + "\n" + strings.TrimSuffix(b.String(), "\n")))
+		return hex.EncodeToString(s[:])
+	}
+	json := http.Header{"Content-Type": {"application/json"}}
+	cases := []struct {
+		name   string
+		header http.Header
+		body   string
+	}{
+		{"a key twice", json, `{"a":1,"a":2}`},
+		{"a key twice but for case", json, `{"a":1,"A":2}`},
+		{"not UTF-8", json, "{\"a\":\"\xff\"}"},
+		{"half a surrogate pair", json, `{"a":"\ud800"}`},
+		{"its type under a key not canonical", http.Header{"content-type": {"text/plain"}}, `{"b": 1, "a": 2}`},
+	}
+	for _, c := range cases {
+		for _, resumed := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/resumed=%v", c.name, resumed), func(t *testing.T) {
+				tr, rec, jar := newTransport(t, status(201))
+				ctx := idem.WithOperation(context.Background(), "op")
+				now := time.Now()
+				r, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: earlier(c.body), State: idem.StatePending,
+					Method: "POST", URL: chargeURL, Header: c.header, Body: []byte(c.body), BodySize: int64(len(c.body)),
+					Created: now, Updated: now, Attempts: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var req *http.Request
+				if resumed {
+					req, err = r.NewRequest(ctx)
+				} else {
+					req, err = http.NewRequestWithContext(ctx, http.MethodPost, chargeURL, strings.NewReader(c.body))
+					for k, v := range c.header {
+						req.Header[k] = v
+					}
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatalf("the request of the record: %v (sent %d); want it resumed with key k1", err, rec.attempts())
+				}
+				resp.Body.Close()
+				if rec.attempts() != 1 || rec.keys[0] != "k1" {
+					t.Fatalf("keys sent %q; want k1 once", rec.keys)
+				}
+			})
+		}
+	}
+	t.Run("another body of the same earlier form", func(t *testing.T) {
+		tr, rec, jar := newTransport(t, status(201))
+		ctx := idem.WithOperation(context.Background(), "op")
+		now := time.Now()
+		if _, _, err := jar.Begin(ctx, idem.Record{Op: "op", Key: "k1", Fingerprint: fingerprintOf(t, `{"a":1,"a":2}`), State: idem.StatePending,
+			Method: "POST", URL: chargeURL, Header: json, Body: []byte(`{"a":1,"a":2}`), BodySize: 13,
+			Created: now, Updated: now, Attempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := post(t, ctx, tr, `{"a":2}`)
+		var mm *idem.MismatchError
+		if !errors.As(err, &mm) || rec.attempts() != 0 {
+			t.Fatalf("got %v, sent %d; want a *MismatchError, nothing sent", err, rec.attempts())
+		}
+	})
 }
 
 // TestBudgetRefilledByEveryFinalAnswer: a final answer gives the call's
