@@ -1059,6 +1059,11 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	if s.header != nil && sameOrigin(r) {
 		r = r.Clone(r.Context())
 		err := s.header(r)
+		if r.Header == nil {
+			// A Header that replaced the map with nil: the key is set
+			// again below, as into any header Header left.
+			r.Header = make(http.Header)
+		}
 		if err != nil {
 			err = fmt.Errorf("client: Options.Header: %w: %w", idem.ErrNotSent, err)
 		} else if what := sendable.Head(r); what != "" && sendable.Over(s.base) {

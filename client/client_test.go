@@ -807,6 +807,10 @@ func TestHeaderCannotChangeTheKey(t *testing.T) {
 			r.Header.Del(idem.KeyHeader)
 			return withAuth(r)
 		},
+		"header replaced by nil": func(r *http.Request) error {
+			r.Header = nil
+			return nil
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := newShop()
