@@ -1006,7 +1006,10 @@ func (c *call) send(ctx context.Context, rc io.ReadCloser) (*http.Response, erro
 	}
 	timer.Stop()
 	cancel()
-	if timedOut.Load() && ctx.Err() == nil {
+	if timedOut.Load() && ctx.Err() == nil && !errors.Is(err, ErrNotSent) {
+		// A Base that says it sent nothing (ErrNotSent: a token it could
+		// not get in time) is taken at its word, as before the timeout:
+		// neither counted nor retried.
 		return nil, &attemptTimeoutError{d: d, err: err}
 	}
 	return nil, err

@@ -3,6 +3,8 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -78,6 +80,34 @@ func TestWaitPastHorizonStopsNow(t *testing.T) {
 		var re *idem.ReconcileError
 		if _, err := post(t, ctx, tr, `{}`); !errors.As(err, &re) || rec.attempts() != 2 {
 			t.Fatalf("the next call: %v after %d attempts; want a *ReconcileError, nothing sent", err, rec.attempts())
+		}
+	})
+}
+
+// TestNotSentAfterAttemptTimeout: a Base that is still getting what it
+// needs to send (a credential) when Policy.AttemptTimeout fires, and then
+// says it sent nothing (ErrNotSent), is taken at its word, as before the
+// timeout: the attempt is neither counted nor retried, and the call stops
+// with a *PendingError wrapping ErrNotSent, not an attempt timeout.
+func TestNotSentAfterAttemptTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var calls int
+		jar := &idem.MemoryJar{}
+		tr := &idem.Transport{Jar: jar, Policy: retry.Policy{AttemptTimeout: 100 * time.Millisecond, MaxAttempts: 3},
+			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				calls++
+				<-r.Context().Done() // the token never comes
+				return nil, fmt.Errorf("%w: getting a token: %w", idem.ErrNotSent, r.Context().Err())
+			})}
+		ctx := idem.WithOperation(context.Background(), "op")
+		start := time.Now()
+		_, err := post(t, ctx, tr, `{}`)
+		var pe *idem.PendingError
+		if !errors.As(err, &pe) || !errors.Is(err, idem.ErrNotSent) || calls != 1 || time.Since(start) != 100*time.Millisecond {
+			t.Fatalf("got %v after %v and %d calls of Base; want a *PendingError wrapping ErrNotSent after one call, 100ms", err, time.Since(start), calls)
+		}
+		if r, err := jar.Get(ctx, "op"); err != nil || r.Attempts != 0 || r.State != idem.StatePending {
+			t.Fatalf("record %+v, %v; want pending, no attempt counted", r, err)
 		}
 	})
 }
