@@ -120,7 +120,12 @@ type Options struct {
 	// add what the jar does not keep: credentials (Authorization, API
 	// keys, cookies). The jar never sees what Header adds; each operation
 	// records only that something was added (idem.AddedCredentials, see
-	// ResumeWithoutCredentials). It is not called
+	// ResumeWithoutCredentials). It must add the same credential to every
+	// attempt and resume of an operation: a server that scopes keys by
+	// credential, as the reference server does (testserver.Middleware's
+	// Scope), takes an attempt under a refreshed token for a new request
+	// and runs it again; refresh a token between operations, not within
+	// one. It is not called
 	// for a redirect that leaves the request's host or scheme (an https
 	// request redirected to http, where credentials would cross the
 	// network in the clear), nor for any request after it in the redirect
@@ -442,7 +447,11 @@ func (c *Client) keyed(method string) bool { return keyhdr.Keyed(c.tr.Methods, m
 // and PATCH by default) get keys and retries (name the operation with
 // idem.WithOperation); statuses are not turned into errors. Close waits
 // for its requests as for the Client's calls, and once Close began they
-// return an error (a *url.Error) matching ErrClosed, nothing sent.
+// return an error (a *url.Error) matching ErrClosed, nothing sent. It is
+// the http.Client that Do, PostJSON and the resumes send through: leave
+// its fields as they are. A Timeout set on it ends their calls too, with
+// net/http's own error, which matches no idem.ErrPending though the
+// operation stays pending; bound a call with its context's deadline.
 func (c *Client) HTTPClient() *http.Client { return c.hc }
 
 // Jar returns the Client's jar.
