@@ -313,6 +313,20 @@ func TestFragmentIsNotPartOfTheRequest(t *testing.T) {
 	}
 }
 
+// wantSentWithK1 sends req, the request of a record stored under the key
+// k1, and checks that it was sent once, with that key.
+func wantSentWithK1(t *testing.T, tr *idem.Transport, rec *recorder, req *http.Request) {
+	t.Helper()
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("the request of the record: %v (sent %d); want it resumed with key k1", err, rec.attempts())
+	}
+	resp.Body.Close()
+	if rec.attempts() != 1 || rec.keys[0] != "k1" {
+		t.Fatalf("keys sent %q; want k1 once", rec.keys)
+	}
+}
+
 // TestFingerprintsOfEarlierRecords: versions that stored and fingerprinted
 // a URL's fragment, and those before 6592bb2 its userinfo too, left
 // operations pending under those fingerprints: called again with the same
@@ -365,14 +379,7 @@ func TestFingerprintsOfEarlierRecords(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				t.Fatalf("the request of the record: %v (sent %d); want it resumed with key k1", err, rec.attempts())
-			}
-			resp.Body.Close()
-			if rec.attempts() != 1 || rec.keys[0] != "k1" {
-				t.Fatalf("keys sent %q; want k1 once", rec.keys)
-			}
+			wantSentWithK1(t, tr, rec, req)
 		})
 	}
 }
@@ -437,14 +444,7 @@ func TestBodyFingerprintsOfEarlierRecords(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				resp, err := tr.RoundTrip(req)
-				if err != nil {
-					t.Fatalf("the request of the record: %v (sent %d); want it resumed with key k1", err, rec.attempts())
-				}
-				resp.Body.Close()
-				if rec.attempts() != 1 || rec.keys[0] != "k1" {
-					t.Fatalf("keys sent %q; want k1 once", rec.keys)
-				}
+				wantSentWithK1(t, tr, rec, req)
 			})
 		}
 	}
