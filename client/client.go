@@ -103,7 +103,8 @@ type Options struct {
 	Jar Jar
 
 	// JarOptions are passed to keyjar.Open when Jar is nil, with Logger
-	// as their Logger when they set none.
+	// as their Logger when they set none. Set with Jar, which they cannot
+	// configure, they are ErrOptions.
 	JarOptions *keyjar.Options
 
 	// Base sends each attempt. Nil means a clone of http.DefaultTransport
@@ -250,8 +251,9 @@ func (c *Client) isSending(op string) bool {
 // New returns a Client over the jar file at path, opened with keyjar.Open
 // (created with mode 0600 if it does not exist), or over opts.Jar, in
 // which case path must be "". opts may be nil. Given neither, or both, New
-// returns ErrOptions, as for an Options.Methods that is empty but not nil
-// or lists a string that is not a method.
+// returns ErrOptions, as for Options.JarOptions beside Options.Jar, and
+// for an Options.Methods that is empty but not nil or lists a string that
+// is not a method.
 //
 // A relative path is relative to the working directory: a program started
 // from another directory opens another jar, empty, and sends its pending
@@ -287,6 +289,10 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		return nil, fmt.Errorf("%w: both a path (%q) and Options.Jar are given; give one", ErrOptions, path)
 	case o.Jar == nil && path == "":
 		return nil, fmt.Errorf("%w: no jar: give a path or Options.Jar", ErrOptions)
+	case o.Jar != nil && o.JarOptions != nil:
+		// They configure the jar file New opens, which a Client over a jar
+		// of the caller's does not: ignored, they would look applied.
+		return nil, fmt.Errorf("%w: both Options.Jar and Options.JarOptions are given; JarOptions configure only the jar file New opens at a path: configure a jar of your own where you open it", ErrOptions)
 	case o.Jar == nil:
 		jo := keyjar.Options{Logger: o.Logger}
 		if o.JarOptions != nil {

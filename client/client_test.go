@@ -914,6 +914,12 @@ func TestNewChecksItsJar(t *testing.T) {
 	if _, err := client.New(ctx, t.TempDir()+"/j.db", &client.Options{Jar: &idem.MemoryJar{}}); !errors.Is(err, client.ErrOptions) {
 		t.Fatalf("New with both a path and a jar: %v; want ErrOptions", err)
 	}
+	// JarOptions configure the jar New opens: beside a jar of the caller's
+	// they would configure nothing, without a word.
+	both := &client.Options{Jar: &idem.MemoryJar{}, JarOptions: &keyjar.Options{BusyTimeout: time.Second}}
+	if _, err := client.New(ctx, "", both); !errors.Is(err, client.ErrOptions) || !strings.Contains(err.Error(), "JarOptions") {
+		t.Fatalf("New with both Options.Jar and Options.JarOptions: %v; want ErrOptions naming JarOptions", err)
+	}
 	c, err := client.New(ctx, "", &client.Options{Jar: &idem.MemoryJar{}})
 	if err != nil {
 		t.Fatal(err)

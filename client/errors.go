@@ -94,8 +94,10 @@ func (e *CredentialsError) Error() string {
 func (e *CredentialsError) Is(target error) bool { return target == ErrCredentials }
 
 // ErrOptions is returned by New for arguments that name no jar, or two
-// (neither a path nor Options.Jar, or both), and for an Options.Methods
-// that is empty but not nil, which would key no request.
+// (neither a path nor Options.Jar, or both), for Options.JarOptions
+// beside Options.Jar (they configure only the jar file New opens), and
+// for an Options.Methods that is empty but not nil, which would key no
+// request, or lists a string that is not a method.
 var ErrOptions = errors.New("client: invalid options")
 
 // ErrNilContext is returned, wrapped, by New and by every method of the
