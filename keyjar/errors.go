@@ -92,7 +92,11 @@ var (
 	// or replaced, whose commits only Close writes into the jar file. A
 	// Begin that returns it committed nothing: the check comes before the
 	// commit. It is wrapped with the path, and with the error that found
-	// it missing (fs.ErrNotExist) when nothing is there. Open returns it
+	// it missing (fs.ErrNotExist) when nothing is there. A read (Get, List,
+	// ByKey) that fails once the file moved returns it too, with SQLite's
+	// error after it: one that needs a new connection to the file finds
+	// nothing at the path to open (a read over a connection already open
+	// reads on from the file that moved). Open returns it
 	// for a path from which a jar this process still has open moved: its
 	// -wal and -shm files are still there, which SQLite would take for the
 	// files of a file opened at the path; close that jar first. So does
@@ -237,6 +241,12 @@ func cantOpen(path string, readOnly bool) error {
 
 // isSQLiteCode reports whether err is a SQLite error with the primary result
 // code code.
+// isSQLiteError reports whether err is, or wraps, an error of SQLite's.
+func isSQLiteError(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se)
+}
+
 func isSQLiteCode(err error, code int) bool {
 	var se *sqlite.Error
 	return errors.As(err, &se) && se.Code()&0xff == code

@@ -86,6 +86,8 @@
 // first key creation and then at most every tenth of a second, as two
 // stats on every Begin cost it 15 %: a key begun in the tenth of a second
 // after a move may still be committed to the file that moved, and sent.
+// A read (Get, List) that fails once the file moved, as one that opens a
+// new connection does when nothing is at the path, returns ErrMoved too.
 // Close returns ErrMoved too when the jar file moved, once it has written
 // what the jar committed into the file it opened and emptied the -wal file
 // at the path. An abandon (an Update to StateAbandoned, AbandonKey), synced as a key

@@ -344,3 +344,45 @@ func TestLinkRepointedWhileOpen(t *testing.T) {
 		})
 	}
 }
+
+// TestReadsAfterTheFileMoved: a read (Get, List, ByKey) that needs a new
+// connection once the jar file was removed or renamed finds nothing at the
+// path to open. It fails with ErrMoved, as Begin and Close do, with
+// SQLite's own error kept in the message, not with SQLite's error alone,
+// which names no cause.
+func TestReadsAfterTheFileMoved(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		move func(path string) error
+	}{
+		{"removed", os.Remove},
+		{"renamed", func(path string) error { return os.Rename(path, path+".old") }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := t.Context()
+			path := filepath.Join(t.TempDir(), "keys.db")
+			j := openPath(t, path, nil)
+			if _, _, err := j.Begin(ctx, newRecord("before")); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.move(path); err != nil {
+				t.Fatal(err)
+			}
+			reads := map[string]func() error{
+				"Get":   func() error { _, err := j.Get(ctx, "before"); return err },
+				"List":  func() error { _, err := j.List(ctx, idem.Filter{State: idem.StatePending}); return err },
+				"ByKey": func() error { _, err := j.ByKey(ctx, "key-before"); return err },
+			}
+			for name, read := range reads {
+				err := read()
+				if !errors.Is(err, keyjar.ErrMoved) || !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("%s once the jar file was %s: %v; want ErrMoved and fs.ErrNotExist", name, c.name, err)
+				}
+				prefixOnce(t, name, err)
+			}
+			if err := j.Close(); !errors.Is(err, keyjar.ErrMoved) {
+				t.Errorf("Close: %v; want ErrMoved", err)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -586,9 +587,17 @@ func (j *Jar) writable() error {
 	return nil
 }
 
+// readError is the error of a read that failed with err. A read that
+// opened a new connection after the jar file moved finds nothing at the
+// path, or another file: SQLite's error then names no cause, and the
+// read's is ErrMoved, with SQLite's error after it.
 func (j *Jar) readError(verb, op string, err error) error {
 	if j.readable(context.Background()) == ErrClosed {
 		err = ErrClosed // closed while reading
+	} else if j.file != nil && isSQLiteError(err) {
+		if merr := j.moved(false); errors.Is(merr, ErrMoved) {
+			err = fmt.Errorf("%w (%w)", merr, classify(err))
+		}
 	}
 	if op != "" {
 		return wrapf(j.damaged(err), "%s %q", verb, op)
