@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/keyhdr"
 	"github.com/idemkit/idem/internal/pgtext"
+	"github.com/idemkit/idem/internal/presend"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/internal/sendable"
@@ -749,7 +750,9 @@ func (c *call) neverConnected() bool {
 // stop leaves it, or keeps the outcome recorded before the panic; the
 // response in hand, which the caller never gets, is closed. An operation
 // without a name whose first attempt was not sent is abandoned, as
-// notSent does.
+// notSent does; so is one whose Base panicked in the code it runs before
+// it sends (presend: package client's Options.Header), which sent nothing
+// of that attempt.
 func (c *call) unwind(ctx context.Context) {
 	if c.costDue {
 		c.t.Budget.Deposit(c.cost)
@@ -757,8 +760,18 @@ func (c *call) unwind(ctx context.Context) {
 	if c.returned {
 		return
 	}
+	if c.attempts > 0 && !c.unsent && presend.Running(ctx) {
+		// Base panicked in the code it runs before it sends (package
+		// client's Options.Header): nothing of the attempt was sent, as
+		// when its OnAttempt hook panics, and a retry's cost goes back.
+		c.unsent = true
+		c.costDue = c.attempts > 1 && c.t.Budget != nil
+		if c.costDue {
+			c.t.Budget.Deposit(c.cost)
+		}
+	}
 	firstUnsent := c.created && (c.attempts == 0 || c.attempts == 1 && c.unsent)
-	if c.held && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, -1, "the call ended before its first send (a hook or the Logger panicked)")) {
+	if c.held && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, -1, "the call ended before its first send (a hook, the Logger or the code its Base runs before it sends panicked)")) {
 		c.release(ctx)
 	}
 	if c.resp != nil {

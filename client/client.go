@@ -50,6 +50,7 @@ import (
 	"github.com/idemkit/idem/internal/body"
 	"github.com/idemkit/idem/internal/dsn"
 	"github.com/idemkit/idem/internal/keyhdr"
+	"github.com/idemkit/idem/internal/presend"
 	"github.com/idemkit/idem/internal/redirect"
 	"github.com/idemkit/idem/internal/resume"
 	"github.com/idemkit/idem/internal/secrethdr"
@@ -144,6 +145,10 @@ type Options struct {
 	// sets that net/http does not send (a value with a line break, as a
 	// token read from a file keeps it): the error wraps
 	// idem.ErrInvalidHeader too, and names the field, not its value.
+	// A panic of Header ends the call and reaches its caller as it is, as
+	// a hook's does (idem.Hooks): nothing of that attempt was sent, and,
+	// as after an error, it is not counted, and an operation without a
+	// name whose first attempt it was is abandoned.
 	//
 	// Resume sends the method, URL and Host the jar holds, and Header adds
 	// its credentials to whatever they are: whoever can write the jar can
@@ -354,7 +359,7 @@ func (c *Client) enter(ctx context.Context) error {
 type tracked struct{ c *Client }
 
 func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
-	tr, _ := r.Context().Value(trackerKey{}).(*tracker)
+	tr, _ := presend.From(r.Context()).(*tracker)
 	if tr == nil {
 		if err := t.c.enter(r.Context()); err != nil {
 			if r.Body != nil {
@@ -364,7 +369,7 @@ func (t *tracked) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		defer t.c.calls.Done()
 		tr = &tracker{}
-		r = r.WithContext(context.WithValue(r.Context(), trackerKey{}, tr))
+		r = r.WithContext(presend.With(r.Context(), tr))
 	}
 	defer func() { // a panic of a hook, the Logger or Base too
 		if op := tr.stopSending(); op != "" {
@@ -584,7 +589,7 @@ func (c *Client) Do(ctx context.Context, op string, req *http.Request) (*Respons
 // do is Do within a call that enter counted.
 func (c *Client) do(ctx context.Context, op string, req *http.Request) (*Response, error) {
 	tr := &tracker{}
-	ctx = context.WithValue(ctx, trackerKey{}, tr)
+	ctx = presend.With(ctx, tr)
 	if c.addsHeader {
 		// The operation's record says that credentials were added: they
 		// leave no name of their own (idem.AddedCredentials).
@@ -1073,7 +1078,13 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	key := r.Header.Values(idem.KeyHeader)
 	if s.header != nil && sameOrigin(r) {
 		r = r.Clone(r.Context())
+		t, _ := presend.From(r.Context()).(*tracker)
+		// Until Header returns, a panic of it sends nothing: the
+		// Transport neither counts the attempt nor leaves an operation
+		// without a name pending (presend).
+		t.presend(true)
 		err := s.header(r)
+		t.presend(false)
 		if r.Header == nil {
 			// A Header that replaced the map with nil: the key is set
 			// again below, as into any header Header left.
@@ -1112,7 +1123,7 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	if len(key) > 0 {
 		op := idem.Operation(r.Context())
-		if t, ok := r.Context().Value(trackerKey{}).(*tracker); ok {
+		if t, ok := presend.From(r.Context()).(*tracker); ok {
 			t.sent(op, key[0])
 			if op != "" && t.startSending(op) {
 				// Sending from its first attempt until the Transport has
@@ -1168,12 +1179,30 @@ func (s *sender) CloseIdleConnections() {
 }
 
 // tracker counts the attempts of one Do call and keeps the operation's
-// name and the key they carried.
+// name and the key they carried. It is the call's presend.Guard.
 type tracker struct {
 	mu       sync.Mutex
 	attempts int
 	op, key  string
 	sending  string // the operation counted in Client.sending, until the Transport returns
+	header   bool   // Options.Header is running, before the attempt is sent
+}
+
+// presend records whether Options.Header is running (on a nil t, none).
+func (t *tracker) presend(running bool) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.header = running
+}
+
+// Running implements presend.Guard.
+func (t *tracker) Running() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.header
 }
 
 // startSending reports whether op is to be counted in Client.sending: at
@@ -1196,8 +1225,6 @@ func (t *tracker) stopSending() string {
 	t.sending = ""
 	return op
 }
-
-type trackerKey struct{}
 
 func (t *tracker) sent(op, key string) {
 	t.mu.Lock()
