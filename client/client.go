@@ -136,7 +136,12 @@ type Options struct {
 	// Do, which net/http would send there (an X-Api-Key to any host, an
 	// Authorization over http). It cannot change a keyed request's
 	// Idempotency-Key: the operation's key is sent whatever Header sets or
-	// removes. An error stops the call before the attempt is sent: the
+	// removes; nor its method, which the jar records: a Header that
+	// changes it stops the call as an error does. It must leave the body
+	// as it is: the body Header leaves in the request is sent, while the
+	// jar keeps, and Resume sends, the one the call was given, and a body
+	// read from r.Body is not there to send: to sign the body, read a copy
+	// from r.GetBody. An error stops the call before the attempt is sent: the
 	// error wraps idem.ErrNotSent, and the attempt is neither counted nor
 	// retried; the operation stays pending (one without a name, never
 	// sent, is abandoned). So does a resume's Header that does not add
@@ -1077,6 +1082,7 @@ type sender struct {
 func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 	key := r.Header.Values(idem.KeyHeader)
 	if s.header != nil && sameOrigin(r) {
+		method := r.Method
 		r = r.Clone(r.Context())
 		t, _ := presend.From(r.Context()).(*tracker)
 		// Until Header returns, a panic of it sends nothing: the
@@ -1092,6 +1098,11 @@ func (s *sender) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		if err != nil {
 			err = fmt.Errorf("client: Options.Header: %w: %w", idem.ErrNotSent, err)
+		} else if len(key) > 0 && r.Method != method {
+			// The jar records the operation's method, which a resume
+			// sends again and the server fingerprints with the key.
+			err = fmt.Errorf("client: Options.Header: %w: it changed a keyed request's method from %q to %q, which the jar records: leave it as it is",
+				idem.ErrNotSent, method, r.Method)
 		} else if what := sendable.Head(r); what != "" && sendable.Over(s.base) {
 			// What net/http does not send as it is, which the
 			// Transport refused before it stored the operation.

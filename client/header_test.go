@@ -90,3 +90,33 @@ func TestPanickingHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestHeaderCannotChangeTheMethod: the jar records a keyed request's
+// method, which a resume sends again, and the server fingerprints it with
+// the key: an Options.Header that changed it would send another request
+// than the record says under the operation's key. The call stops before
+// the attempt is sent, with an error wrapping idem.ErrNotSent, as for an
+// error of Header: the attempt is not counted and the operation stays
+// pending.
+func TestHeaderCannotChangeTheMethod(t *testing.T) {
+	var methods []string
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r.Body.Close()
+		methods = append(methods, r.Method)
+		return &http.Response{StatusCode: http.StatusCreated, Body: http.NoBody, Request: r}, nil
+	})
+	header := func(r *http.Request) error {
+		r.Method = http.MethodPut
+		return withAuth(r)
+	}
+	jar := &idem.MemoryJar{}
+	cl := newClient(t, nil, &client.Options{Jar: jar, Base: base, Header: header})
+	_, err := cl.PostJSON(context.Background(), "charge:o1", chargesURL, chargeReq{Order: "o1", Amount: 100}, nil)
+	if !errors.Is(err, idem.ErrNotSent) || len(methods) != 0 {
+		t.Fatalf("a Header that changes POST to PUT: %v, sent %q; want an error wrapping idem.ErrNotSent, nothing sent", err, methods)
+	}
+	r, err := jar.Get(context.Background(), "charge:o1")
+	if err != nil || r.State != idem.StatePending || r.Attempts != 0 || r.Method != http.MethodPost {
+		t.Fatalf("record: %s %s, %d attempts, %v; want a pending POST, 0 attempts", r.State, r.Method, r.Attempts, err)
+	}
+}
