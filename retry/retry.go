@@ -435,7 +435,8 @@ func RetryAfter(resp *http.Response, now time.Time) (time.Duration, bool) {
 
 // Policy is how one logical operation is retried. The zero value is the
 // default written beside each field. A negative duration or count, and a
-// negative or NaN Multiplier, is treated as its default.
+// negative or NaN Multiplier, is treated as its default; a Multiplier
+// between 0 and 1 as 1.
 type Policy struct {
 	// MaxAttempts is the number of attempts one call may send, the first
 	// included. Zero means 5.
@@ -446,7 +447,14 @@ type Policy struct {
 	// MaxInterval caps one backoff interval. Zero means 10 s.
 	MaxInterval time.Duration
 	// Multiplier grows the interval after each retry. Zero means 2; one
-	// below 1 shrinks the interval instead (0.5 halves it each time).
+	// between 0 and 1 means 1: every interval is InitialInterval, never
+	// less. Below 1 the interval would shrink towards zero, and a call
+	// with a large MaxAttempts would send its attempts to a failing
+	// server without waiting (10 000 in milliseconds, stopped by the
+	// Budget alone). github.com/cenkalti/backoff's ExponentialBackOff,
+	// which Schedule uses, shrinks it so; Java's Spring refuses a
+	// multiplier below 1, but a Policy has no constructor to return an
+	// error from.
 	Multiplier float64
 	// NoJitter disables full jitter. With jitter (the default) each wait
 	// is drawn uniformly from [0, interval), so that clients that failed
@@ -473,7 +481,8 @@ type Policy struct {
 }
 
 // Defaults returns p with every zero or negative field (and a NaN
-// Multiplier) set to its default.
+// Multiplier) set to its default, and a Multiplier between 0 and 1 set
+// to 1.
 func (p Policy) Defaults() Policy {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = 5
@@ -486,6 +495,9 @@ func (p Policy) Defaults() Policy {
 	}
 	if !(p.Multiplier > 0) { // NaN too
 		p.Multiplier = 2
+	} else if p.Multiplier < 1 {
+		// The interval would shrink towards zero.
+		p.Multiplier = 1
 	}
 	if p.MaxRetryAfter <= 0 {
 		p.MaxRetryAfter = 30 * time.Second

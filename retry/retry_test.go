@@ -411,6 +411,30 @@ func TestScheduleMultiplierNaN(t *testing.T) {
 	})
 }
 
+// A Multiplier between 0 and 1 would shrink the interval towards zero: a
+// call with many attempts would send them to a failing server without
+// waiting (10 000 in 2 ms). It is 1: every interval is InitialInterval,
+// never less, as Spring's ExponentialBackOff, which refuses a multiplier
+// below 1, has it.
+func TestScheduleMultiplierBelowOne(t *testing.T) {
+	for _, m := range []float64{0.5, 0.999, math.SmallestNonzeroFloat64} {
+		synctest.Test(t, func(t *testing.T) {
+			p := retry.Policy{InitialInterval: 10 * time.Millisecond, Multiplier: m, NoJitter: true, MaxElapsed: time.Hour, MaxAttempts: 10000}
+			if got := p.Defaults().Multiplier; got != 1 {
+				t.Errorf("Defaults of Multiplier %v: got %v; want 1", m, got)
+			}
+			s := p.Schedule()
+			for i := range 100 {
+				wait, more, _ := s.Next(0, false)
+				if !more || wait != p.InitialInterval {
+					t.Fatalf("retry %d with Multiplier %v: got %v, more=%v; want %v, true", i, m, wait, more, p.InitialInterval)
+				}
+				time.Sleep(wait)
+			}
+		})
+	}
+}
+
 // A Retry-After near the largest duration, honoured because MaxRetryAfter
 // is as large, still does not fit in the call's budget.
 func TestScheduleHugeRetryAfterKeepsBudget(t *testing.T) {
