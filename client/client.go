@@ -141,9 +141,9 @@ type Options struct {
 	// as it is: the body Header leaves in the request is sent, while the
 	// jar keeps, and Resume sends, the one the call was given, and a body
 	// read from r.Body is not there to send: to sign the body, read a copy
-	// from r.GetBody. An error stops the call before the attempt is sent: the
-	// error wraps idem.ErrNotSent, and the attempt is neither counted nor
-	// retried; the operation stays pending (one without a name, never
+	// from r.GetBody. An error stops the call before the attempt is sent:
+	// the error wraps idem.ErrNotSent, and the attempt is neither counted
+	// nor retried; the operation stays pending (one without a name, never
 	// sent, is abandoned). So does a resume's Header that does not add
 	// the credentials the first send carried on its request
 	// (*CredentialsError), and, over an *http.Transport, a header Header

@@ -596,7 +596,7 @@ func (j *Jar) readError(verb, op string, err error) error {
 		err = ErrClosed // closed while reading
 	} else if j.file != nil && isSQLiteError(err) {
 		if merr := j.moved(false); errors.Is(merr, ErrMoved) {
-			err = fmt.Errorf("%w (%w)", merr, classify(err))
+			err = fmt.Errorf("%w (%w)", merr, err) // classified below
 		}
 	}
 	if op != "" {
