@@ -239,14 +239,14 @@ func cantOpen(path string, readOnly bool) error {
 	return nil
 }
 
-// isSQLiteCode reports whether err is a SQLite error with the primary result
-// code code.
 // isSQLiteError reports whether err is, or wraps, an error of SQLite's.
 func isSQLiteError(err error) bool {
 	var se *sqlite.Error
 	return errors.As(err, &se)
 }
 
+// isSQLiteCode reports whether err is a SQLite error with the primary result
+// code code.
 func isSQLiteCode(err error, code int) bool {
 	var se *sqlite.Error
 	return errors.As(err, &se) && se.Code()&0xff == code
