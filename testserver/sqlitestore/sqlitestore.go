@@ -17,7 +17,10 @@
 // loss; every transaction begins IMMEDIATE (it takes the write lock at
 // once, so two writers never deadlock upgrading), waits up to BusyTimeout
 // for another process's lock (then fails with ErrLocked), and goes through
-// one connection. Open refuses
+// one connection. A Save, TakeOver or Release whose context ends as SQLite
+// commits its statement reports the write made (the store reads the entry
+// back), not the context's error, which the driver returns for an
+// interrupted statement and a committed one alike. Open refuses
 // a negative BusyTimeout with ErrOptions, creating nothing; zero is the
 // default.
 //
@@ -499,9 +502,63 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 	return n, nil
 }
 
+// entryState is what write reads of an entry after its statement failed
+// with the end of its context.
+type entryState struct {
+	exists bool
+	status testserver.Status
+	fence  testserver.Fence
+}
+
+// write runs one statement that writes the entry of (scope, key) and
+// returns how many rows it changed. modernc.org/sqlite returns the
+// context's error for a statement during which ctx ended, whether SQLite
+// interrupted it (nothing written) or had committed it already: the
+// driver's watcher interrupts the connection as the context ends, and the
+// statement's result is replaced by the context's error. Then write reads
+// the entry, on the same connection and without that context, and
+// returns 1 and nil when done says the statement took effect, so that a
+// caller is not told a write failed that was made: the Middleware would
+// log a saved answer as a failed save, counted among its store errors.
+// When it cannot tell, or the read fails, the context's error stands.
+func (s *Store) write(ctx context.Context, scope, key string, done func(entryState) bool, query string, args ...any) (int64, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return 0, s.fail(err)
+	}
+	defer conn.Close()
+	res, err := conn.ExecContext(ctx, query, args...)
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			// A read, in WAL mode: it waits for no writer, but at most
+			// BusyTimeout for a file being recovered. It also clears the
+			// interruption, which would make the driver drop the
+			// connection.
+			var e entryState
+			rerr := conn.QueryRowContext(context.WithoutCancel(ctx), `SELECT status, locked_at, claim_id
+				FROM idempotency_keys WHERE scope = ? AND key = ?`, scope, key).Scan(&e.status, &e.fence.Token, &e.fence.ClaimID)
+			e.exists = rerr == nil
+			if (rerr == nil || errors.Is(rerr, sql.ErrNoRows)) && done(e) {
+				return 1, nil
+			}
+		}
+		return 0, s.fail(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, s.fail(err)
+	}
+	return n, nil
+}
+
 // TakeOver implements testserver.Store.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
-	n, err := s.exec(ctx, `UPDATE idempotency_keys SET locked_at = ?, claim_id = ?
+	n, err := s.write(ctx, scope, key, func(e entryState) bool {
+		return e.exists && e.status == testserver.StatusInFlight && e.fence == new // new's ClaimID is the caller's alone
+	}, `UPDATE idempotency_keys SET locked_at = ?, claim_id = ?
 		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`,
 		new.Token, new.ClaimID, scope, key, old.Token, old.ClaimID)
 	return n == 1, err
@@ -517,7 +574,10 @@ func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence,
 	if body == nil {
 		body = []byte{}
 	}
-	n, err := s.exec(ctx, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
+	n, err := s.write(ctx, scope, key, func(e entryState) bool {
+		// Only the holder of f saves under it, once.
+		return e.exists && e.status == testserver.StatusDone && e.fence == f
+	}, `UPDATE idempotency_keys SET status = 'done', response_status = ?, response_header = ?, response_body = ?
 		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`,
 		resp.Status, string(header), body, scope, key, f.Token, f.ClaimID)
 	if err == nil && n == 0 {
@@ -528,7 +588,12 @@ func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence,
 
 // Release implements testserver.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, f testserver.Fence) (bool, error) {
-	n, err := s.exec(ctx, `DELETE FROM idempotency_keys
+	n, err := s.write(ctx, scope, key, func(e entryState) bool {
+		// Gone: deleted by this call, unless the claim was never made
+		// (its Claim failed) or was taken over and ended meanwhile; either
+		// way no claim of f is left in flight.
+		return !e.exists
+	}, `DELETE FROM idempotency_keys
 		WHERE scope = ? AND key = ? AND status = 'in_flight' AND locked_at = ? AND claim_id = ?`, scope, key, f.Token, f.ClaimID)
 	return n == 1, err
 }

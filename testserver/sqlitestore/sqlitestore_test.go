@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/idemkit/idem/testserver/payments"
 	"github.com/idemkit/idem/testserver/sqlitestore"
 	"github.com/idemkit/idem/testserver/storetest"
+	"modernc.org/sqlite"
 )
 
 func open(t *testing.T, path string) *sqlitestore.Store {
@@ -643,4 +645,110 @@ func otherProcess(t *testing.T, path string) *sql.Conn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// commitHook installs f as the commit hook of the store's one connection,
+// until the test ends.
+func commitHook(t *testing.T, s *sqlitestore.Store, f sqlite.CommitHookFn) {
+	t.Helper()
+	type hooker interface{ RegisterCommitHook(sqlite.CommitHookFn) }
+	set := func(f sqlite.CommitHookFn) {
+		conn, err := s.DB().Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := conn.Raw(func(dc any) error { dc.(hooker).RegisterCommitHook(f); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(f)
+	t.Cleanup(func() { set(nil) })
+}
+
+// TestWriteCommittedAsContextEnds: a Save, TakeOver or Release whose
+// context ends while its statement runs, after SQLite committed it,
+// reports what was done, not the context's error. modernc.org/sqlite
+// returns the context's error whenever it ended during the statement,
+// committed or interrupted: the Middleware would log a saved answer as a
+// failed save, counted among its store errors, a claim released as one
+// left in flight, and refuse a request whose take-over it made. A write
+// rolled back as its context ends still fails.
+func TestWriteCommittedAsContextEnds(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "keys.db"))
+	now := time.Unix(1_700_000_000, 0)
+	f, next := testserver.Fence{Token: 7, ClaimID: "c"}, testserver.Fence{Token: 8, ClaimID: "d"}
+	// write runs w with a context that ends as SQLite commits its
+	// statement, which the commit hook then lets through, or rolls back.
+	write := func(commit bool, w func(ctx context.Context) error) error {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// On the connection the write runs on: the driver replaces one
+		// that was interrupted.
+		var armed atomic.Bool
+		commitHook(t, s, func() int32 {
+			if !armed.Load() {
+				return 0
+			}
+			cancel()
+			// The driver's watcher sees the context end, and interrupts
+			// a statement that is committing already.
+			time.Sleep(100 * time.Millisecond)
+			if commit {
+				return 0
+			}
+			return 1 // rolled back
+		})
+		armed.Store(true)
+		defer armed.Store(false)
+		return w(ctx)
+	}
+	for _, key := range []string{"saved", "taken", "released", "rolled back"} {
+		if _, claimed, err := s.Claim(context.Background(), "", key, "fp", f, now); err != nil || !claimed {
+			t.Fatalf("Claim(%s): claimed %v, %v", key, claimed, err)
+		}
+	}
+	if err := write(true, func(ctx context.Context) error {
+		return s.Save(ctx, "", "saved", f, testserver.Response{Status: 201, Body: []byte("ok")})
+	}); err != nil {
+		t.Errorf("Save committed as its context ended: %v; want nil", err)
+	}
+	if err := write(true, func(ctx context.Context) error {
+		won, err := s.TakeOver(ctx, "", "taken", f, next)
+		if err == nil && !won {
+			return errors.New("not won")
+		}
+		return err
+	}); err != nil {
+		t.Errorf("TakeOver committed as its context ended: %v; want won", err)
+	}
+	if err := write(true, func(ctx context.Context) error {
+		released, err := s.Release(ctx, "", "released", f)
+		if err == nil && !released {
+			return errors.New("not released")
+		}
+		return err
+	}); err != nil {
+		t.Errorf("Release committed as its context ended: %v; want released", err)
+	}
+	if err := write(false, func(ctx context.Context) error {
+		return s.Save(ctx, "", "rolled back", f, testserver.Response{Status: 201})
+	}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Save rolled back as its context ended: %v; want context.Canceled", err)
+	}
+
+	other := testserver.Fence{Token: 9, ClaimID: "e"}
+	if e, _, err := s.Claim(context.Background(), "", "saved", "fp", other, now); err != nil || e.Status != testserver.StatusDone || e.Response == nil || string(e.Response.Body) != "ok" {
+		t.Errorf("the key saved as the context ended: %+v, %v; want it done with the answer", e, err)
+	}
+	if e, _, err := s.Claim(context.Background(), "", "taken", "fp", other, now); err != nil || e.Status != testserver.StatusInFlight || e.Fence != next {
+		t.Errorf("the key taken over as the context ended: %+v, %v; want it in flight with the new fence", e, err)
+	}
+	if _, claimed, err := s.Claim(context.Background(), "", "released", "fp", other, now); err != nil || !claimed {
+		t.Errorf("the key released as the context ended: claimed %v, %v; want it free", claimed, err)
+	}
+	if e, _, err := s.Claim(context.Background(), "", "rolled back", "fp", other, now); err != nil || e.Status != testserver.StatusInFlight || e.Fence != f {
+		t.Errorf("the key whose save rolled back: %+v, %v; want it in flight with its claim's fence", e, err)
+	}
 }
