@@ -291,7 +291,15 @@ type Middleware struct {
 	// ReplayHeaders are the response headers saved and replayed. Nil means
 	// Content-Type, Content-Encoding, Content-Language, Content-Location,
 	// Location, ETag, Last-Modified, Cache-Control, Expires, Link, Vary,
-	// and Content-Range and Allow, which a 206 and a 405 must carry. The
+	// Content-Range and Allow, which a 206 and a 405 must carry, and
+	// Content-Disposition and X-Content-Type-Options, which tell a browser
+	// how to treat the body (nosniff, attachment) as the first answer did.
+	// The CORS headers (Access-Control-*) are not among them: they answer
+	// the Origin of each request, and a replay is another request, perhaps
+	// from another origin. Set them in a middleware outside Wrap, which
+	// answers the replay as it answers the first request (set inside, by the
+	// handler, they reach the first caller only); listed here, the first
+	// request's replace the replay's own. The
 	// answer to a HEAD also saves and replays the Content-Length its
 	// handler set, which net/http sends as it is, the length of the GET's
 	// body, whatever body the handler wrote.
@@ -961,8 +969,16 @@ func canonical(h http.Header, keep func(name string) bool) http.Header {
 	return out
 }
 
+// defaultReplayHeaders are the ReplayHeaders of nil: those that describe
+// the body and the resource, which a replay of the same body carries as
+// the first answer did, safety headers included (X-Content-Type-Options,
+// Content-Disposition). Not the CORS headers (Access-Control-*): their
+// values answer the request's Origin, which the retry may send otherwise,
+// and a CORS middleware outside Wrap sets them on the replay for its own;
+// saved, the first request's would replace those.
 var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
-	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow"}
+	"Location", "ETag", "Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow",
+	"Content-Disposition", "X-Content-Type-Options"}
 
 // replayable reports whether a response header may be saved and
 // replayed, in the answer to a HEAD when head is. A HEAD's Content-Length

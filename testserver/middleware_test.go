@@ -434,7 +434,8 @@ func TestZeroValues(t *testing.T) {
 	})
 	t.Run("ReplayHeaders", func(t *testing.T) {
 		replayed := []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Location", "ETag",
-			"Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow"}
+			"Last-Modified", "Cache-Control", "Expires", "Link", "Vary", "Content-Range", "Allow",
+			"Content-Disposition", "X-Content-Type-Options"}
 		srv := (&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			for _, name := range append(replayed, "Set-Cookie", "X-Run") {
 				w.Header().Set(name, "v")
@@ -2212,6 +2213,44 @@ func TestReplayHeaders(t *testing.T) {
 	}
 	if replay.Code != 200 || replay.Body.String() != first.Body.String() {
 		t.Errorf("replay %d %q; want 200 %q", replay.Code, replay.Body, first.Body)
+	}
+}
+
+// TestReplaySafetyHeaders: by default a replay carries the headers that
+// tell a browser how to treat the body, as the first answer did:
+// X-Content-Type-Options (nosniff), which keeps it from sniffing a type
+// the server did not declare, and Content-Disposition (attachment), which
+// keeps it from rendering the body inline. The CORS headers are not
+// replayed: they answer the request's Origin, and a CORS middleware
+// outside Wrap sets them on each request, the replay's included, for its
+// own Origin.
+func TestReplaySafetyHeaders(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Content-Disposition", `attachment; filename="receipt.txt"`)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "<html>receipt</html>")
+	})
+	cors := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+			w.Header().Add("Vary", "Origin")
+			next.ServeHTTP(w, r)
+		})
+	}
+	srv := cors((&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h))
+	first := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k", "Origin", "https://a.example"))
+	replay := serve(srv, request("POST", "/", chargeBody, "Idempotency-Key", "k", "Origin", "https://b.example"))
+	if replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("second request: %d %v; want a replay", replay.Code, replay.Header())
+	}
+	for _, name := range []string{"X-Content-Type-Options", "Content-Disposition"} {
+		if got, want := replay.Header().Values(name), first.Header().Values(name); !slices.Equal(got, want) {
+			t.Errorf("replay's %s: %q; want the first answer's, %q", name, got, want)
+		}
+	}
+	if got := replay.Header().Get("Access-Control-Allow-Origin"); got != "https://b.example" {
+		t.Errorf("replay's Access-Control-Allow-Origin: %q; want the one its own Origin gets, https://b.example", got)
 	}
 }
 
