@@ -962,3 +962,54 @@ func TestHeaderKeysEqualButForCase(t *testing.T) {
 		}
 	})
 }
+
+// TestHandlersOwnContinue: a handler that answers a request with Expect:
+// 100-continue with its own 100 Continue, before it reads the body, has
+// its client told to go on once, as under plain net/http, where the
+// handler's 100 takes the place of the one the server sends when the body
+// is first read. The Middleware reads the body, and net/http sends its 100
+// Continue, before the handler runs: the handler's own would be a second.
+func TestHandlersOwnContinue(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusContinue)
+		b, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(b)
+	})
+	// continues sends a POST with Expect: 100-continue to srv, its body
+	// once the first 100 Continue came, and returns how many came, and the
+	// whole answer.
+	continues := func(srv *httptest.Server, key string) (int, string) {
+		t.Helper()
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+			key, len(chargeBody))
+		const cont = "HTTP/1.1 100 Continue\r\n\r\n"
+		got := make([]byte, len(cont))
+		if _, err := io.ReadFull(conn, got); err != nil || string(got) != cont {
+			t.Fatalf("before the body: %q, %v; want %q", got, err, cont)
+		}
+		io.WriteString(conn, chargeBody)
+		rest, err := io.ReadAll(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := string(got) + string(rest)
+		return strings.Count(all, "HTTP/1.1 100 Continue\r\n"), all
+	}
+	plain := httptest.NewServer(h)
+	defer plain.Close()
+	if n, all := continues(plain, "k"); n != 1 || !strings.Contains(all, "201 Created") {
+		t.Fatalf("plain net/http: %d 100 Continue in %q; want one, then 201", n, all)
+	}
+	srv := httptest.NewServer((&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h))
+	defer srv.Close()
+	if n, all := continues(srv, "k"); n != 1 || !strings.Contains(all, "201 Created") || !strings.HasSuffix(all, chargeBody) {
+		t.Errorf("through the Middleware: %d 100 Continue in %q; want one, as plain net/http sends, then 201 with the body", n, all)
+	}
+}

@@ -132,7 +132,9 @@ func (p ErrorPolicy) String() string {
 // informational answer (1xx), such as 103 Early Hints, goes to the first
 // caller at once, as net/http sends it, and is neither saved nor replayed:
 // a replay sends the saved final answer only. A 101 Switching Protocols is
-// dropped (the connection cannot be hijacked). The handler's writer is an
+// dropped (the connection cannot be hijacked), and so is a 100 Continue:
+// the body was read, and net/http sent its own 100 Continue if the client
+// asked for one, before the handler ran. The handler's writer is an
 // http.Flusher for streaming handlers, but a Flush sends nothing until the
 // answer outgrows MaxSavedResponse and is streamed; from then on, an
 // http.ResponseController's Flush returns the connection's error (a caller
@@ -1480,8 +1482,14 @@ func (rec *recorder) WriteHeader(code int) {
 		// not the answer, and is neither saved nor replayed. 101 Switching
 		// Protocols is no interim answer but a switch to another protocol,
 		// which needs the connection this writer cannot hijack: it is
-		// dropped, and the handler's final answer is the answer.
-		if code != http.StatusSwitchingProtocols {
+		// dropped, and the handler's final answer is the answer. So is a
+		// 100 Continue, which asks the client to send the body: the
+		// Middleware has read it whole before the handler ran, and
+		// net/http sent its own 100 Continue then, when the client asked
+		// for one (Expect: 100-continue); under plain net/http a handler's
+		// 100 Continue takes the place of that one, and sent here it would
+		// be a second.
+		if code != http.StatusSwitchingProtocols && code != http.StatusContinue {
 			rec.informational(code)
 		}
 		return
