@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"maps"
 	"net"
@@ -1012,4 +1013,53 @@ func TestHandlersOwnContinue(t *testing.T) {
 	if n, all := continues(srv, "k"); n != 1 || !strings.Contains(all, "201 Created") || !strings.HasSuffix(all, chargeBody) {
 		t.Errorf("through the Middleware: %d 100 Continue in %q; want one, as plain net/http sends, then 201 with the body", n, all)
 	}
+}
+
+// superfluous answers twice, the second WriteHeader ignored.
+func superfluous(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusCreated)
+	w.WriteHeader(http.StatusInternalServerError)
+	io.WriteString(w, "charged")
+}
+
+// TestSuperfluousWriteHeader: a second WriteHeader changes nothing and is
+// logged, as net/http logs it, with the handler's line that called it: to
+// the Logger when there is one, otherwise the line plain net/http writes
+// to the server's ErrorLog.
+func TestSuperfluousWriteHeader(t *testing.T) {
+	// run serves one POST through h on a server whose ErrorLog it returns.
+	run := func(h http.Handler) string {
+		t.Helper()
+		var buf syncBuffer
+		srv := httptest.NewUnstartedServer(h)
+		srv.Config.ErrorLog = log.New(&buf, "", 0)
+		srv.Start()
+		defer srv.Close()
+		if a := post(t, srv, "k"); a.resp.StatusCode != http.StatusCreated || a.body != "charged" {
+			t.Fatalf("%s %q; want the first WriteHeader's 201, charged", a.resp.Status, a.body)
+		}
+		return buf.String()
+	}
+	plain := run(http.HandlerFunc(superfluous))
+	if !strings.Contains(plain, "http: superfluous response.WriteHeader call from github.com/idemkit/idem/testserver_test.superfluous (http_test.go:") {
+		t.Fatalf("plain net/http logged %q; want its superfluous WriteHeader line, naming the handler", plain)
+	}
+	t.Run("ErrorLog", func(t *testing.T) {
+		if got := run((&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(http.HandlerFunc(superfluous))); got != plain {
+			t.Errorf("without a Logger, the server's ErrorLog has %q; want plain net/http's %q", got, plain)
+		}
+	})
+	t.Run("Logger", func(t *testing.T) {
+		var logged syncBuffer
+		mw := &testserver.Middleware{Store: new(testserver.MemoryStore), Logger: slog.New(slog.NewTextHandler(&logged, nil))}
+		if got := run(mw.Wrap(http.HandlerFunc(superfluous))); got != "" {
+			t.Errorf("with a Logger, the server's ErrorLog has %q; want nothing", got)
+		}
+		line := strings.TrimPrefix(plain[strings.Index(plain, " from ")+len(" from "):], "github.com/idemkit/idem/testserver_test.superfluous ")
+		line = strings.Trim(strings.TrimSpace(line), "()")
+		if got := logged.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "superfluous response.WriteHeader call") ||
+			!strings.Contains(got, "testserver_test.superfluous") || !strings.Contains(got, line) || !strings.Contains(got, "key=k") {
+			t.Errorf("the Logger has %q; want a warning of the superfluous call, with the key and the handler's %s", got, line)
+		}
+	})
 }

@@ -16,6 +16,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"path"
 	"runtime"
 	"slices"
 	"strconv"
@@ -128,9 +129,10 @@ func (p ErrorPolicy) String() string {
 // never sees an answer that a retry would not get again. Its header is the
 // one the handler had set when it called WriteHeader or first wrote, as
 // net/http sends it: a change after that reaches neither the first caller
-// nor a replay, but for the values of trailers declared by then. Only an
-// informational answer (1xx), such as 103 Early Hints, goes to the first
-// caller at once, as net/http sends it, and is neither saved nor replayed:
+// nor a replay, but for the values of trailers declared by then. A second
+// WriteHeader changes nothing, and is logged as net/http logs it (Logger).
+// Only an informational answer (1xx), such as 103 Early Hints, goes to the
+// first caller at once, as net/http sends it, and is neither saved nor replayed:
 // a replay sends the saved final answer only. A 101 Switching Protocols is
 // dropped (the connection cannot be hijacked), and so is a 100 Continue:
 // the body was read, and net/http sent its own 100 Continue if the client
@@ -339,9 +341,12 @@ type Middleware struct {
 	// Logger receives one record per decision (a request refused for its
 	// body, too large or unreadable, with its key), the error of a request
 	// body that could not be read (the body-unreadable answer does not
-	// name it), and a handler's panic with its stack. Nil means silent
+	// name it), a handler's panic with its stack, and, at Warn, each
+	// superfluous WriteHeader call of a handler (one after its status was
+	// set, which changes nothing), naming its caller. Nil means silent
 	// but for a panic, which is logged with its stack as net/http logs
-	// one: to the ErrorLog of the request's http.Server, or to the log
+	// one, and a superfluous WriteHeader call, logged in net/http's words:
+	// to the ErrorLog of the request's http.Server, or to the log
 	// package's standard logger.
 	//
 	// A Logger that panics (slog's own handlers do not, even for a value
@@ -1219,6 +1224,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 		m.log(r.Context(), slog.LevelWarn, "idempotency: handler returned after its lease ended; a retry could have taken its claim over and run it again",
 			slog.String("key", key), slog.Duration("lock_timeout", m.lockTimeout()))
 	}
+	m.logSuperfluous(r, key, rec.superfluous)
 	if tooLarge {
 		m.log(ctx, slog.LevelWarn, "idempotency: response too large to save; a marker is saved", slog.String("key", key), slog.Int("status", rec.status), slog.Int64("bytes", rec.size))
 	}
@@ -1294,6 +1300,26 @@ func (m *Middleware) logPanic(r *http.Request, key string, v any, stack []byte) 
 		return
 	}
 	log.Printf(format, r.RemoteAddr, key, v, stack)
+}
+
+// logSuperfluous logs each WriteHeader call that came once the status was
+// set, from, which changed nothing: to the Logger, at Warn, or without one
+// as net/http logs it, in its words, to the ErrorLog of r's server or else
+// to the log package's standard logger.
+func (m *Middleware) logSuperfluous(r *http.Request, key string, from []runtime.Frame) {
+	for _, f := range from {
+		if m.Logger != nil {
+			m.Logger.LogAttrs(r.Context(), slog.LevelWarn, "idempotency: superfluous response.WriteHeader call", slog.String("key", key),
+				slog.String("from", fmt.Sprintf("%s (%s:%d)", f.Function, path.Base(f.File), f.Line)))
+			continue
+		}
+		const format = "http: superfluous response.WriteHeader call from %s (%s:%d)"
+		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ErrorLog != nil {
+			srv.ErrorLog.Printf(format, f.Function, path.Base(f.File), f.Line)
+		} else {
+			log.Printf(format, f.Function, path.Base(f.File), f.Line)
+		}
+	}
 }
 
 // saved returns what is stored for the recorded answer: the answer itself,
@@ -1464,12 +1490,41 @@ type recorder struct {
 
 	closeOnce sync.Once // makes closeCh, CloseNotify's channel
 	closeCh   chan bool
+
+	superfluous []runtime.Frame // the callers of WriteHeader once the status was set, the first maxSuperfluous
+}
+
+// maxSuperfluous bounds the superfluous WriteHeader calls of one answer
+// that are logged.
+const maxSuperfluous = 8
+
+// relevantCaller returns the caller of the recorder's WriteHeader that
+// called it, the first frame outside net/http (a handler's http.Error),
+// as net/http names the caller of a superfluous WriteHeader.
+func relevantCaller() runtime.Frame {
+	pc := make([]uintptr, 16)
+	n := runtime.Callers(3, pc) // past runtime.Callers, relevantCaller and WriteHeader
+	frames := runtime.CallersFrames(pc[:n])
+	var frame runtime.Frame
+	for more := n > 0; more; {
+		frame, more = frames.Next()
+		if !strings.HasPrefix(frame.Function, "net/http.") {
+			break
+		}
+	}
+	return frame
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
 
 func (rec *recorder) WriteHeader(code int) {
 	if rec.status != 0 {
+		// Ignored, as net/http ignores it, and logged as net/http logs it,
+		// naming its caller: by run, once the answer is saved, as every
+		// record after the handler ran.
+		if len(rec.superfluous) < maxSuperfluous {
+			rec.superfluous = append(rec.superfluous, relevantCaller())
+		}
 		return
 	}
 	if code < 100 || code > 999 { // as net/http does, in the handler
