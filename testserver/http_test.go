@@ -1063,3 +1063,53 @@ func TestSuperfluousWriteHeader(t *testing.T) {
 		}
 	})
 }
+
+// TestHandlersRequestBody: the handler's request through the Middleware,
+// which read its body whole to fingerprint it, has the body and the
+// length plain net/http gives it: -1 for a body sent chunked, whose length
+// was not declared, and http.NoBody for a request without one.
+func TestHandlersRequestBody(t *testing.T) {
+	seen := make(chan string, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		seen <- fmt.Sprintf("ContentLength %d, NoBody %v, body %q, %v", r.ContentLength, r.Body == http.NoBody, b, err)
+		w.WriteHeader(http.StatusCreated)
+	})
+	// do sends a POST of body to srv, chunked when length is -1, and
+	// returns what the handler saw.
+	do := func(srv *httptest.Server, key, body string, length int64) string {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(strings.NewReader(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body == "" {
+			req.Body = nil
+		}
+		req.ContentLength = length
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "text/plain")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%s; want the handler's 201", resp.Status)
+		}
+		return <-seen
+	}
+	plain := httptest.NewServer(h)
+	defer plain.Close()
+	srv := httptest.NewServer((&testserver.Middleware{Store: new(testserver.MemoryStore)}).Wrap(h))
+	defer srv.Close()
+	for i, c := range []struct {
+		body   string
+		length int64
+	}{{"abc", -1}, {"abc", 3}, {"", 0}} {
+		want := do(plain, fmt.Sprint(i), c.body, c.length)
+		if got := do(srv, fmt.Sprint(i), c.body, c.length); got != want {
+			t.Errorf("a body %q of length %d: through the Middleware the handler saw %s; want %s, as under plain net/http", c.body, c.length, got, want)
+		}
+	}
+}

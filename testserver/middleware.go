@@ -153,7 +153,9 @@ func (p ErrorPolicy) String() string {
 // handler's answer is sent; the claim stays in flight until LockTimeout,
 // after which a retry takes it over.
 //
-// The handler's request has a fresh body holding the bytes read, and a
+// The handler's request has a fresh body holding the bytes read (but
+// http.NoBody for a request without one, and the ContentLength the request
+// declared, -1 for a body sent chunked, as net/http gives them), and a
 // context cancelled when the claim's lease ends, LockTimeout after the
 // claim was taken, so that a handler that honours its context cannot
 // outlive its claim. A handler that returns once its context ended without
@@ -1087,9 +1089,21 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, h http.Handler,
 	defer cancel()
 	rec.done = hctx.Done()
 	hr := r.WithContext(hctx)
-	hr.Body = io.NopCloser(bytes.NewReader(body))
-	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	hr.ContentLength = int64(len(body))
+	// The body read, afresh, as net/http hands a handler its request:
+	// http.NoBody for a request that had none, and the length declared, -1
+	// for a body sent chunked, although the Middleware read it whole. (A
+	// form an outer handler parsed, whose fields stand for the body, is
+	// its own length.)
+	if len(body) == 0 && (r.Body == nil || r.Body == http.NoBody) {
+		hr.Body = http.NoBody
+		hr.GetBody = func() (io.ReadCloser, error) { return http.NoBody, nil }
+	} else {
+		hr.Body = io.NopCloser(bytes.NewReader(body))
+		hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	if r.ContentLength >= 0 {
+		hr.ContentLength = int64(len(body))
+	}
 	v, stack := m.call(h, rec, hr)
 	if rec.streamed {
 		// The marker is the key's final answer now. Counted out whether
