@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -674,7 +675,15 @@ func commitHook(t *testing.T, s *sqlitestore.Store, f sqlite.CommitHookFn) {
 // failed save, counted among its store errors, a claim released as one
 // left in flight, and refuse a request whose take-over it made. A write
 // rolled back as its context ends still fails.
+//
+// It runs in a synctest bubble so that the commit hook can wait for the
+// driver's watcher goroutine to have seen the context end (synctest.Wait),
+// instead of sleeping for it.
 func TestWriteCommittedAsContextEnds(t *testing.T) {
+	synctest.Test(t, testWriteCommittedAsContextEnds)
+}
+
+func testWriteCommittedAsContextEnds(t *testing.T) {
 	s := open(t, filepath.Join(t.TempDir(), "keys.db"))
 	now := time.Unix(1_700_000_000, 0)
 	f, next := testserver.Fence{Token: 7, ClaimID: "c"}, testserver.Fence{Token: 8, ClaimID: "d"}
@@ -693,8 +702,9 @@ func TestWriteCommittedAsContextEnds(t *testing.T) {
 			}
 			cancel()
 			// The driver's watcher sees the context end, and interrupts
-			// a statement that is committing already.
-			time.Sleep(100 * time.Millisecond)
+			// a statement that is committing already: once every other
+			// goroutine of the bubble is blocked, it has.
+			synctest.Wait()
 			if commit {
 				return 0
 			}
