@@ -949,7 +949,8 @@ func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) err
 	if err != nil {
 		return err
 	}
-	n, err := s.jar.Prune(ctx, time.Now().Add(-age), 0)
+	before := time.Now().Add(-age)
+	n, err := s.jar.Prune(ctx, before, 0)
 	if err != nil && ctx.Err() != nil {
 		// Interrupted: the jar deletes in batches, and n counts those it
 		// finished. The one it was deleting may have been committed as
@@ -973,7 +974,49 @@ func prune(ctx context.Context, s *session, fs *flag.FlagSet, args []string) err
 		return errFailed
 	}
 	fmt.Fprintf(s.stdout, "pruned %d operation(s) done, failed or abandoned and not updated for %s\n", n, v)
+	if left, err := leftDue(ctx, s.jar, before); err == nil && left > 0 {
+		// A PostgreSQL jar skips the rows another transaction holds
+		// locked (FOR UPDATE SKIP LOCKED), rather than wait: the count
+		// alone would say that none was left.
+		fmt.Fprintf(s.stderr, "idemctl: %d operation(s) not updated for %s left: another transaction held them locked (a worker changing them, or another prune deleting them); prune again later\n", left, v)
+	}
 	return nil
+}
+
+// errEnoughRead ends leftDue's walk of a state's operations.
+var errEnoughRead = errors.New("read up to the cutoff")
+
+// leftDue counts the operations of jar that a Prune with before would
+// delete and that are still there after one: those another transaction
+// held locked, which a PostgreSQL jar skips. It reads each prunable state's
+// operations in List's order (by creation) up to the first created after
+// before, past which none was last updated before it (but for clocks that
+// disagree between hosts, which it then counts short).
+func leftDue(ctx context.Context, jar client.Jar, before time.Time) (int, error) {
+	n := 0
+	due := func(r idem.Record) bool {
+		if r.Created.After(before) {
+			return false
+		}
+		if r.Updated.IsZero() || !r.Updated.After(before) {
+			n++
+		}
+		return true
+	}
+	for _, st := range []idem.State{idem.StateDone, idem.StateFailed, idem.StateAbandoned} {
+		err := eachPage(ctx, jar, idem.Filter{State: st}, func(page []idem.Record) error {
+			for _, r := range page {
+				if !due(r) {
+					return errEnoughRead
+				}
+			}
+			return nil
+		}, func(re *idem.RecordError) { due(re.Record) })
+		if err != nil && !errors.Is(err, errEnoughRead) {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // parseAge reads --older-than: a Go duration (720h) or a number of days (30d).

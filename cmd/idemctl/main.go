@@ -123,7 +123,11 @@
 // many it had deleted (the batch it was deleting then may be gone too,
 // uncounted), and it exits with status 1. A prune that fails (a jar locked past
 // --lock-timeout, a database error) says so in the same way, on the line
-// of its error: the jar holds every other operation as it was.
+// of its error: the jar holds every other operation as it was. On a
+// PostgreSQL jar, prune skips the operations another transaction holds
+// locked (a worker changing one, another prune deleting it) rather than
+// wait for them: a line on stderr then says how many it left, for a later
+// prune, and it exits with status 0.
 //
 // A jar file may be in use by a running program. list, show and export
 // only read it: they do not wait for the program's writes and show what it
