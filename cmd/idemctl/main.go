@@ -313,8 +313,11 @@ type session struct {
 	jar         client.Jar
 	path        string // the jar's name, fit to print
 	lockTimeout time.Duration
-	stdout      io.Writer
-	stderr      io.Writer
+	// hint is what of the command may need a longer --lock-timeout on
+	// a large PostgreSQL jar (timeoutHint).
+	hint   string
+	stdout io.Writer
+	stderr io.Writer
 }
 
 type command struct {
@@ -453,7 +456,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 			err = cerr
 		}
 	}()
-	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, stdout: stdout, stderr: stderr}
+	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, hint: timeoutHint(name, set), stdout: stdout, stderr: stderr}
 	return s.describe(cmd.run(ctx, s, set, pos))
 }
 
@@ -615,7 +618,7 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: no answer within %v", where, connectTimeout)
 		}
-		return statementTimeout(where, lockTimeout)
+		return statementTimeout(where, lockTimeout, "")
 	case errors.As(err, &connectErr) && errors.As(err, &pgErr):
 		// The server's refusal (no such database, a wrong password)
 		// alone: pgx lists every address and TLS mode it tried, and the
@@ -637,8 +640,34 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 	return explain(where, lockTimeout, err)
 }
 
-func statementTimeout(where string, lockTimeout time.Duration) error {
-	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout: a large jar may need a longer one for show by key, which reads all of it", where, lockTimeout)
+// statementTimeout is the error of a PostgreSQL statement that ran out of
+// --lock-timeout; hint, what of the command may need a longer one on a
+// large jar ("" for none: a command, or the open, whose statements each
+// read or write one operation, or the jar's schema).
+func statementTimeout(where string, lockTimeout time.Duration, hint string) error {
+	if hint != "" {
+		hint = ": a large jar may need a longer one, as " + hint
+	}
+	return fmt.Errorf("%s: a statement ran out of --lock-timeout (%v), waiting for another process or on a slow database; try again later or raise --lock-timeout%s", where, lockTimeout, hint)
+}
+
+// timeoutHint returns the hint of statementTimeout for the command called
+// name, whose flags are set: what of it reads much of the jar in one
+// statement.
+func timeoutHint(name string, set *flag.FlagSet) string {
+	switch name {
+	case "show":
+		return "show by key reads all of it (and so does show of a name it does not hold, which it then looks up as a key)"
+	case "list", "export":
+		return name + " reads it 1000 operations per statement"
+	case "resume":
+		if f := set.Lookup("all"); f != nil && f.Value.String() == "true" {
+			return "resume --all reads its pending operations 1000 per statement"
+		}
+	case "prune":
+		return "prune counts all of the operations it may delete in one statement, then deletes them 1000 per statement"
+	}
+	return ""
 }
 
 // printable returns the jar's name fit to print: a PostgreSQL URL without
@@ -652,6 +681,11 @@ func printable(spec string) string {
 
 // explain turns a jar error into a sentence for the operator.
 func explain(path string, lockTimeout time.Duration, err error) error {
+	return explainHint(path, lockTimeout, "", err)
+}
+
+// explainHint is explain for a command whose statementTimeout hint is hint.
+func explainHint(path string, lockTimeout time.Duration, hint string, err error) error {
 	switch {
 	case errors.Is(err, keyjar.ErrCorrupt):
 		// keyjar says what it found after the sentinel's words: the
@@ -663,7 +697,7 @@ func explain(path string, lockTimeout time.Duration, err error) error {
 	case errors.Is(err, keyjar.ErrVersion), errors.Is(err, pgjar.ErrVersion):
 		return fmt.Errorf("%s was written by a newer version of idem; use a newer idemctl", path)
 	case isStatementTimeout(err), isJarDeadline(err):
-		return statementTimeout(path, lockTimeout)
+		return statementTimeout(path, lockTimeout, hint)
 	case errors.Is(err, keyjar.ErrOldVersion) && errors.Is(err, keyjar.ErrReadOnly):
 		return fmt.Errorf("%s: the jar has an older schema version and its -wal and -shm files are missing: list, show and export read such a jar only by opening it for writing, which creates them and upgrades it, after which the program built with the earlier version of idem that uses it refuses it; nothing written. Read it with the idemctl of that version, or while its program has it open (which keeps the files); once every program that uses the jar runs this version, the first to open it upgrades it", path)
 	case errors.Is(err, keyjar.ErrOldVersion):
@@ -695,7 +729,7 @@ func (s *session) describe(err error) error {
 	if errors.As(err, &ue) || errors.Is(err, errFailed) {
 		return err
 	}
-	return explain(s.path, s.lockTimeout, err)
+	return explainHint(s.path, s.lockTimeout, s.hint, err)
 }
 
 // isStatementTimeout reports whether PostgreSQL cancelled a statement
