@@ -137,13 +137,14 @@
 // (keyjar.Options.ReadOnly) and write nothing there: they need read access
 // to the file and its -wal and -shm files (a SQLite file in WAL mode), and
 // none to their directory. (A jar last closed by a version of keyjar that
-// removed its -wal and -shm files is opened for writing once, which
-// creates them, when the user may; when the user may not, the command
-// says so.) They read a jar of an older schema version as it is, and
+// removed its -wal and -shm files, or one of them, is opened for writing
+// once, which creates them, when the user may; when the user may not, the
+// command says which is missing, and whether the user may not write the
+// directory, the file, which that open writes too, or both.) They read a jar of an older schema version as it is, and
 // never upgrade it: keyjar upgrades it when it opens it for writing, after
 // which a program built with the earlier version of idem, which may be
 // running on it, refuses it (keyjar.ErrVersion). So they refuse one whose
-// -wal and -shm files are missing, which only that open creates, and
+// -wal or -shm file is missing, which only that open creates, and
 // write nothing: read it with the idemctl of that version. resume,
 // abandon, forget and prune upgrade it. The
 // other commands open it as its
@@ -241,6 +242,7 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -525,6 +527,10 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 			// A read-only file system is said as such: no user may
 			// create the files there.
 			err = werr
+		} else if refusedFile(werr, spec) {
+			// The jar file itself is read-only to this user, whatever
+			// its directory.
+			err = fmt.Errorf("%w (%w)", err, errJarFileReadOnly)
 		}
 	}
 	if errors.Is(err, fs.ErrNotExist) {
@@ -538,6 +544,47 @@ func openJar(ctx context.Context, spec string, lockTimeout time.Duration, readOn
 
 // openKeyjar is keyjar.Open; tests replace it.
 var openKeyjar = keyjar.Open
+
+// errJarFileReadOnly marks the error of a read-only open of a jar file
+// without its -wal and -shm files that this user may not open for writing,
+// which creates them, as the file itself is read-only to the user.
+var errJarFileReadOnly = errors.New("the jar file is read-only to this user")
+
+// refusedFile reports whether err, a keyjar.Open's permission error, is
+// the refusal of the jar file at path itself, rather than of its directory
+// or the files beside it.
+func refusedFile(err error, path string) bool {
+	var pe *fs.PathError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	refused, err1 := os.Stat(pe.Path)
+	jar, err2 := os.Stat(path)
+	return err1 == nil && err2 == nil && os.SameFile(refused, jar)
+}
+
+// walMissing says which of the -wal and -shm files of the jar file at
+// path, read-only Open's refusal of which (keyjar.ErrReadOnly) says that
+// one is missing, are missing now, with what them refers to, the file or
+// the files.
+func walMissing(path string) (missing, them string) {
+	if p, err := filepath.EvalSymlinks(path); err == nil {
+		path = p // SQLite's -wal and -shm files are beside the file
+	}
+	var gone []string
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if _, err := os.Lstat(path + suffix); errors.Is(err, fs.ErrNotExist) {
+			gone = append(gone, suffix)
+		}
+	}
+	switch len(gone) {
+	case 1:
+		return "its " + gone[0] + " file is missing", "it"
+	case 0: // created since the open
+		return "its -wal or -shm file was missing", "it"
+	}
+	return "its -wal and -shm files are missing", "them"
+}
 
 // connectTimeout bounds connecting to a PostgreSQL jar and opening it.
 const connectTimeout = 30 * time.Second
@@ -699,14 +746,38 @@ func explainHint(path string, lockTimeout time.Duration, hint string, err error)
 	case isStatementTimeout(err), isJarDeadline(err):
 		return statementTimeout(path, lockTimeout, hint)
 	case errors.Is(err, keyjar.ErrOldVersion) && errors.Is(err, keyjar.ErrReadOnly):
-		return fmt.Errorf("%s: the jar has an older schema version and its -wal and -shm files are missing: list, show and export read such a jar only by opening it for writing, which creates them and upgrades it, after which the program built with the earlier version of idem that uses it refuses it; nothing written. Read it with the idemctl of that version, or while its program has it open (which keeps the files); once every program that uses the jar runs this version, the first to open it upgrades it", path)
+		missing, them := walMissing(path)
+		return fmt.Errorf("%s: the jar has an older schema version and %s: list, show and export read such a jar only by opening it for writing, which creates %s and upgrades it, after which the program built with the earlier version of idem that uses it refuses it; nothing written. Read it with the idemctl of that version, or while its program has it open (which keeps the files); once every program that uses the jar runs this version, the first to open it upgrades it", path, missing, them)
 	case errors.Is(err, keyjar.ErrOldVersion):
 		// keyjar gives the version after the sentinel.
 		_, version, _ := strings.Cut(err.Error(), strings.TrimPrefix(keyjar.ErrOldVersion.Error(), "keyjar: "))
 		version, _, _ = strings.Cut(version, ",")
 		return fmt.Errorf("%s holds a key jar of an older schema version%s, which idemctl does not upgrade, nothing written: a program built with this version of idem upgrades it when it opens it, after which one built with the earlier version refuses it. Use the idemctl of that version; once every program that uses the jar runs this version, the first to open it upgrades it", path, version)
 	case errors.Is(err, keyjar.ErrReadOnly):
-		return fmt.Errorf("%s: its -wal and -shm files are missing (the last program that closed the jar removed them), and this user may not create them: list, show and export read a jar without writing only when they exist. Run any idemctl command once as a user who may write the jar's directory, or start the program that uses the jar: keyjar creates them and keeps them from then on", path)
+		missing, them := walMissing(path)
+		who := "the jar's directory"
+		if errors.Is(err, errJarFileReadOnly) {
+			// Its directory may be writable: the open that creates
+			// them writes the file too.
+			dir := path
+			if p, err := filepath.EvalSymlinks(path); err == nil {
+				dir = p
+			}
+			switch ok, known := mayWrite(filepath.Dir(dir)); {
+			case ok:
+				who = "the jar file"
+				missing += ", and this user may not write the jar file, which the open that creates " + them + " writes"
+			case known:
+				who = "the jar file and its directory"
+				missing += ", and this user may write neither the jar file, which the open that creates " + them + " writes, nor its directory"
+			default:
+				who = "the jar file and its directory"
+				missing += ", and this user may not write the jar file, which the open that creates " + them + " writes"
+			}
+		} else {
+			missing += ", and this user may not create " + them
+		}
+		return fmt.Errorf("%s: %s: list, show and export read a jar without writing only when its -wal and -shm files exist. Run any idemctl command once as a user who may write %s, or start the program that uses the jar: keyjar creates them and keeps them from then on", path, missing, who)
 	case errors.Is(err, syscall.EROFS): // before fs.ErrPermission, which keyjar makes it match too
 		return fmt.Errorf("%s: the file system it is on is read-only (EROFS), which no user may write: list, show and export read the jar without writing, when its -wal and -shm files are there; resume, abandon, forget and prune write it, and its -wal and -shm files beside it: remount the file system read-write to run them", path)
 	case errors.Is(err, fs.ErrPermission):

@@ -113,11 +113,13 @@ func TestReadWithoutWriteAccess(t *testing.T) {
 	wantUnchanged(t, dir, before)
 	// A jar without its -wal and -shm files cannot be read without
 	// creating them, which this user may not: said, and nothing changes.
+	// The file and its directory are both read-only to the user
+	// (TestReadOnlyJarFileWithoutWALFiles: the file alone).
 	moveWALFiles(t, path, "", ".away")
 	before = dirFiles(t, dir)
 	code, _, errOut = run("--jar", path, "list")
 	wantError(t, code, errOut, 1, path+": its -wal and -shm files are missing")
-	if !strings.Contains(errOut, "as a user who may write the jar's directory") {
+	if !strings.Contains(errOut, "as a user who may write the jar file and its directory") {
 		t.Errorf("list of a jar without its -wal and -shm files: %q; want it to say who may create them", errOut)
 	}
 	wantUnchanged(t, dir, before)
