@@ -251,7 +251,37 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 	if err != nil {
 		return err
 	}
-	return showRecord(s, r)
+	if err := showRecord(s, r); err != nil {
+		return err
+	}
+	if r.Key != op {
+		return nil
+	}
+	// Named by its key, as an operation sent without a name under the
+	// caller's Idempotency-Key is: other operations sent with that key
+	// (under names of their own) are what show by key would find too.
+	// Another operation whose key is the name of one with a key of its
+	// own is not looked for: that would read all of the jar for every
+	// name.
+	found, err := byKey(ctx, s.jar, op)
+	if err != nil {
+		return err
+	}
+	var others []string
+	for _, rec := range found {
+		if rec.Op != op {
+			others = append(others, cell(rec.Op, 0))
+		}
+	}
+	if len(others) > 0 {
+		const most = 5
+		list := strings.Join(others[:min(len(others), most)], ", ")
+		if len(others) > most {
+			list += fmt.Sprintf(" and %d more", len(others)-most)
+		}
+		fmt.Fprintf(s.stderr, "idemctl: note: %s is also the key of %s: show printed the operation named %s; show those by name\n", cell(op, 0), list, cell(op, 0))
+	}
+	return nil
 }
 
 // undecoded is show's error for a record that does not decode: one record

@@ -110,6 +110,15 @@
 // gives up what the program would still retry. --attempt-timeout is at
 // most --horizon.
 //
+// show X shows the operation named X when there is one, and otherwise
+// every operation whose key is X, as a server's log shows it (reading all
+// of the jar: no index leads from keys to operations). The name wins: of
+// an operation named by its own key (one sent without a name under the
+// caller's Idempotency-Key), a line on stderr names the other operations
+// sent with that key, if any; an operation whose key is the name of
+// another, which has a key of its own, is not looked for (that would read
+// all of the jar for every name): export lists it, with its key.
+//
 // abandon of an operation abandoned already changes nothing, its note
 // (the reason given then) included: it says so, with that note, and that
 // the reason given was not recorded.
