@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/internal/chanbatch"
 	"github.com/idemkit/idem/internal/dsn"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // A job is one write waiting for the committer: run executes its statements
@@ -64,7 +65,8 @@ func (jb *job) take() bool {
 // told is what the jar holds. That wait is for the batch's statements and
 // its COMMIT, not for another process's lock, which the committer takes
 // before it takes the jobs (but waits for again, up to Options.BusyTimeout,
-// when a failed job makes it run the rest of the batch again).
+// when a failed job makes it run the rest of the batch again), and stops
+// waiting for once no job of the batch has a caller waiting (begin).
 func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Context, tx *sql.Tx) error) error {
 	if err := j.writable(); err != nil {
 		return err
@@ -236,7 +238,7 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 	// Each round either commits or drops the job that failed: at most
 	// len(batch) rounds.
 	for len(live) > 0 {
-		tx, err := j.wconn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
+		tx, err := j.begin(ctx, live)
 		if err != nil {
 			fail(err)
 			return syncMode
@@ -287,6 +289,42 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 		return syncMode
 	}
 	return syncMode
+}
+
+// busySlice is the longest one BEGIN IMMEDIATE of the committer waits for
+// another process's write lock (the writer's busy_timeout) before begin
+// looks whether anyone still waits for the batch: SQLite's busy handler
+// watches no context.
+const busySlice = 100 * time.Millisecond
+
+// begin begins the IMMEDIATE transaction (_txlock) of the jobs live. While
+// another process holds the write lock, it waits for it up to
+// Options.BusyTimeout, as SQLite's busy handler would, but in slices of
+// busySlice, and gives up between two, with SQLite's SQLITE_BUSY
+// (ErrLocked), once none of live has a caller waiting for it: each was
+// withdrawn, or its caller's context ended (a deferred change's never
+// does). A Close that follows a write whose context ended (a command
+// interrupted) then does not wait out BusyTimeout for a lock that nothing
+// needs.
+func (j *Jar) begin(ctx context.Context, live []*job) (*sql.Tx, error) {
+	deadline := time.Now().Add(j.busyTimeout)
+	for {
+		tx, err := j.wconn.BeginTx(ctx, nil)
+		if err == nil || !isSQLiteCode(err, sqlite3.SQLITE_BUSY) || !time.Now().Before(deadline) || !awaited(live) {
+			return tx, err
+		}
+	}
+}
+
+// awaited reports whether a job of live may still be run: not failed,
+// withdrawn, or of a caller whose context ended.
+func awaited(live []*job) bool {
+	for _, jb := range live {
+		if jb.err == nil && jb.state.Load() != withdrawn && jb.ctx.Err() == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // overwriteFailed commits one page after a COMMIT that failed. SQLite may

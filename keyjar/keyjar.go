@@ -137,7 +137,10 @@
 // batch that other callers share: when it ends before the committer takes
 // the caller's write, the write is withdrawn and the method returns the
 // context's error; once taken, the method waits for that batch's commit and
-// returns what it wrote.
+// returns what it wrote. The committer takes another process's write lock
+// before it takes a batch's writes, and stops waiting for it once none of
+// them has a caller still waiting (a deferred change always has): a Close
+// after a write withdrawn so does not wait out BusyTimeout.
 package keyjar
 
 import (
@@ -263,10 +266,15 @@ type Jar struct {
 
 	queue    chan *job
 	maxBatch int
-	done     chan struct{} // closed when the committer has exited
-	hooks    hooks
-	logger   *slog.Logger  // Options.Logger: deferred changes dropped
-	drops    dropped.Count // the deferred changes dropped, for Close
+	// busyTimeout is Options.BusyTimeout, which the committer's BEGIN
+	// waits in slices of busySlice (begin); busySlice is the writer's
+	// busy_timeout in milliseconds once it is open.
+	busyTimeout time.Duration
+	busySlice   string
+	done        chan struct{} // closed when the committer has exited
+	hooks       hooks
+	logger      *slog.Logger  // Options.Logger: deferred changes dropped
+	drops       dropped.Count // the deferred changes dropped, for Close
 
 	mu     sync.RWMutex // guards closed and sends on queue
 	closed bool
@@ -539,6 +547,14 @@ func openFile(path string, o Options, h hooks) (_ *Jar, err error) {
 	}
 	if j.reader, err = openReaders(abs, "rw", busy); err != nil {
 		return nil, err
+	}
+	// The committer waits for another process's write lock in slices
+	// (begin), between which it looks whether anyone still waits for its
+	// batch.
+	j.busyTimeout = o.BusyTimeout
+	j.busySlice = strconv.FormatInt(sqliteopt.BusyTimeoutMillis(min(o.BusyTimeout, busySlice)), 10)
+	if _, err = j.wconn.ExecContext(bg, "PRAGMA busy_timeout = "+j.busySlice); err != nil {
+		return nil, openError(abs, err, false)
 	}
 	j.queue = make(chan *job, o.MaxBatch)
 	j.done = make(chan struct{})
@@ -994,7 +1010,14 @@ func (j *Jar) checkpointMoved(moved error) error {
 		return nil
 	}
 	var busy, frames, done int
-	err := j.wconn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
+	// It waits for the other connections up to BusyTimeout, not a slice.
+	ctx := context.Background()
+	full := strconv.FormatInt(sqliteopt.BusyTimeoutMillis(j.busyTimeout), 10)
+	if _, err := j.wconn.ExecContext(ctx, "PRAGMA busy_timeout = "+full); err != nil {
+		return classify(err)
+	}
+	defer j.wconn.ExecContext(ctx, "PRAGMA busy_timeout = "+j.busySlice)
+	err := j.wconn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
 	if err == nil && busy != 0 {
 		err = fmt.Errorf("%w: the -wal file could not be emptied (%d of its %d frames written into the jar file)", ErrLocked, done, frames)
 	}

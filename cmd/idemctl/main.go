@@ -142,6 +142,11 @@
 // only read it: they do not wait for the program's writes and show what it
 // has committed. resume, abandon, forget and prune write: they wait for
 // the program's write to end, up to --lock-timeout, and then fail.
+// SIGINT (Ctrl-C), SIGTERM or SIGHUP ends that wait: the command says it
+// was interrupted, exits with status 1, and writes nothing it was waiting
+// to write; resume, whose request was not sent, still waits up to
+// --lock-timeout at its end to give back the operation's lease (a second
+// signal ends it at once: the lease, if it held one, runs out on its own).
 // list, show and export open a jar file for reading alone
 // (keyjar.Options.ReadOnly) and write nothing there: they need read access
 // to the file and its -wal and -shm files (a SQLite file in WAL mode), and
@@ -468,7 +473,14 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		}
 	}()
 	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, hint: timeoutHint(name, set), stdout: stdout, stderr: stderr}
-	return s.describe(cmd.run(ctx, s, set, pos))
+	err = cmd.run(ctx, s, set, pos)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && !strings.HasPrefix(err.Error(), "interrupted: ") {
+		// SIGINT, SIGTERM or SIGHUP ended a jar's call (abandon's,
+		// forget's, waiting for another process's lock): said as such,
+		// as list and export say it.
+		err = interrupted(err)
+	}
+	return s.describe(err)
 }
 
 // parseInterspersed parses set's flags wherever they are among args, as in

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// TestInterruptedWhileLocked: abandon, forget or prune interrupted (its
+// context cancelled, as SIGINT does) while it waits for another process's
+// write lock on a jar file stops waiting at once, rather than after
+// --lock-timeout: it exits 1 saying it was interrupted, and the jar is as
+// it was.
+func TestInterruptedWhileLocked(t *testing.T) {
+	srv := newServer(t)
+	for _, args := range [][]string{
+		{"abandon", "charge:p1", "--reason", "x"},
+		{"forget", "charge:done"},
+		{"prune", "--older-than", "1h"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			path := seed(t, srv)
+			lockJar(t, path, false)
+			code, stderr, took := interruptedAfter(t, 200*time.Millisecond, append([]string{"--jar", path, "--lock-timeout", "20s"}, args...)...)
+			if took > 5*time.Second {
+				t.Fatalf("%s interrupted after 200ms took %v: exit %d, stderr %q; want it to stop waiting for the lock at once",
+					args[0], took.Round(time.Millisecond), code, stderr)
+			}
+			wantError(t, code, stderr, 1, "interrupted")
+			wantAsSeeded(t, path)
+		})
+	}
+}
+
+// TestResumeInterruptedWhileLocked: resume of one operation interrupted
+// while it waits for another process's write lock on a jar file stops
+// waiting for it at once; its Close still waits, up to --lock-timeout, to
+// write the release of the lease that the transport defers (a lease it
+// never took: a no-op, fenced by its holder), and no longer twice that.
+func TestResumeInterruptedWhileLocked(t *testing.T) {
+	srv := newServer(t)
+	path := seed(t, srv)
+	lockJar(t, path, false)
+	const lockTimeout = 3 * time.Second
+	code, stderr, took := interruptedAfter(t, 200*time.Millisecond, "--jar", path, "--lock-timeout", lockTimeout.String(),
+		"resume", "charge:p1", "--header", "Authorization: "+secret, "--host", srv.URL)
+	if code != 1 || took > lockTimeout+lockTimeout/2 || !strings.Contains(stderr, "the call's context ended") {
+		t.Fatalf("resume interrupted after 200ms took %v: exit %d, stderr %q; want exit 1, the call's context ended, within one --lock-timeout (%v)",
+			took.Round(time.Millisecond), code, stderr, lockTimeout)
+	}
+	wantAsSeeded(t, path)
+}
+
+// interruptedAfter runs idemctl with args and cancels its context after d,
+// as SIGINT does: it returns the exit status, stderr and how long it ran.
+func interruptedAfter(t *testing.T, d time.Duration, args ...string) (int, string, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(d, cancel)
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := runContext(ctx, args, &stdout, &stderr)
+	return code, stderr.String(), time.Since(start)
+}
+
+// wantAsSeeded checks that the jar at path holds charge:p1 pending and
+// charge:done done, as seed left them.
+func wantAsSeeded(t *testing.T, path string) {
+	t.Helper()
+	for op, want := range map[string]idem.State{"charge:p1": idem.StatePending, "charge:done": idem.StateDone} {
+		if r, err := jarState(t, path, op); err != nil || r.State != want || r.Note != "" {
+			t.Errorf("%s after the interrupted command: %+v, %v; want it %s, as it was", op, r, err, want)
+		}
+	}
+}
