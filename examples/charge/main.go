@@ -176,7 +176,14 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 			continue
 		}
 		if ctx.Err() != nil {
-			notSent++ // interrupted (SIGINT, SIGTERM, SIGHUP): nothing more is sent
+			// Interrupted (SIGINT, SIGTERM, SIGHUP): nothing more is
+			// sent. An order an earlier run charged is neither an order
+			// not sent nor one not charged.
+			if rec, err := c.Jar().Get(context.WithoutCancel(ctx), op); err == nil &&
+				rec.State == idem.StateDone && rec.LastStatus >= 200 && rec.LastStatus < 300 {
+				continue
+			}
+			notSent++
 			continue
 		}
 		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State != idem.StateAbandoned {

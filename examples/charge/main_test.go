@@ -662,6 +662,62 @@ func TestInterruptWhileResuming(t *testing.T) {
 	}
 }
 
+// An interrupt stops a run whose orders an earlier run partly charged:
+// those it charged are not counted among the orders not sent nor among
+// those not charged, which the run could not tell the user otherwise.
+func TestInterruptDoesNotCountEarlierChargesAsNotCharged(t *testing.T) {
+	dir := t.TempDir()
+	jar := filepath.Join(dir, "charge.db")
+	payco, mw := newServer(t, dir)
+	api := (&payments.App{PayCo: payco, Idempotency: mw}).Handler()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if orderOf(r) == "p1" { // resumed by the second run: interrupted during it
+			cancel()
+			<-r.Context().Done()
+			return
+		}
+		api.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	// An earlier run charged o1.
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"-server", srv.URL, "-jar", jar, "-orders", "o1"}, "", &out, &out); code != 0 {
+		t.Fatalf("first run: exit %d; want 0\n%s", code, out.String())
+	}
+	// And left p1 pending: its first send was refused.
+	refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	})
+	c, err := client.New(context.Background(), jar, &client.Options{Base: refused, Policy: retry.Policy{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := chargeRequest{Amount: 1000, Currency: "usd", OrderID: "p1"}
+	if _, err := c.PostJSON(context.Background(), opPrefix+"p1", srv.URL+"/v1/charges", body, nil); !errors.Is(err, idem.ErrPending) {
+		t.Fatalf("seeding p1: %v; want it pending", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-server", srv.URL, "-jar", jar, "-orders", "o1,p1,n1"}, "", &stdout, &stderr)
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	if code != 1 {
+		t.Errorf("exit %d; want 1", code)
+	}
+	if !strings.Contains(stdout.String(), "2 order(s) not charged; run again to send the 2 left pending or never sent") {
+		t.Errorf("stdout does not count the 2 orders not charged, p1 left pending and n1 never sent (o1 was charged before):\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "charge: stopped: context canceled; 1 order(s) not sent") {
+		t.Errorf("stderr %q; want it to count n1 alone as not sent", stderr.String())
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
