@@ -10,10 +10,17 @@
 //
 // Kill it with kill -9 while a charge is in flight and run it again: the
 // interrupted charge is sent again with its first key, the server replays
-// its answer, and the order is charged once. A run that restarts while the
-// server still runs the first attempt gets 409 with a Retry-After (the
-// reference server's: as long as the first attempt has run, at most its
-// lease left), waits for it, asks again, and then gets the answer.
+// its answer, and the order is charged once. Kill the charge process
+// itself, not go run: a SIGKILL ends the go command alone, and the program
+// it started runs on, still charging. Build it to have its process id:
+//
+//	go build -o charge ./examples/charge && ./charge -jar "$PWD/charge.db" -orders 5 &
+//	kill -9 $!
+//
+// A run that restarts while the server still runs the first attempt gets
+// 409 with a Retry-After (the reference server's: as long as the first
+// attempt has run, at most its lease left), waits for it, asks again, and
+// then gets the answer.
 //
 // Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal closed; not under
 // nohup) stops the run: the charge in flight stays pending, for the next
