@@ -39,14 +39,18 @@
 //
 // The credential for the server, if it needs one, is read from the
 // environment variable CHARGE_TOKEN (sent as "Authorization: Bearer …") and
-// is never written to the jar. Exit status: 0 when every order is charged,
-// 1 when some are not (those left pending stay in the jar for the next run;
-// one the server refused, with a 400 say, is asked again with its key and
-// gets the same answer; when that gets no answer, the order is reported
-// done in an earlier run, no answer this run, not pending), or when the
-// jar's Close fails (its file moved or removed while the run had it open:
-// the next run would not find this run's keys; stderr says so), 2 for bad
-// flags; -h prints the usage and exits 0.
+// is never written to the jar. Run again after a kill with the same token:
+// the reference server scopes keys by credential, and takes a resume under
+// another token for a new charge, which it runs again.
+//
+// Exit status: 0 when every order is charged, 1 when some are not (those
+// left pending stay in the jar for the next run; one the server refused,
+// with a 400 say, is asked again with its key and gets the same answer;
+// when that gets no answer, the order is reported done in an earlier run,
+// no answer this run, not pending), or when the jar's Close fails (its file
+// moved or removed while the run had it open: the next run would not find
+// this run's keys; stderr says so), 2 for bad flags; -h prints the usage
+// and exits 0.
 // What the server answers is printed quoted as a Go string when it holds
 // control characters or bidi format characters (\x1b, \u202e): a terminal
 // does not run them, nor reorder what it shows.
