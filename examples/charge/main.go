@@ -224,8 +224,14 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 			failed++
 		}
 	}
-	if notSent > 0 {
-		fmt.Fprintf(stderr, "charge: stopped: %v; %d order(s) not sent\n", context.Cause(ctx), notSent)
+	if ctx.Err() != nil && (notSent > 0 || failed > 0) {
+		// Stopped with orders left: say by what, also when the charge
+		// cut off was the last one left to send.
+		fmt.Fprintf(stderr, "charge: stopped: %v", context.Cause(ctx))
+		if notSent > 0 {
+			fmt.Fprintf(stderr, "; %d order(s) not sent", notSent)
+		}
+		fmt.Fprintln(stderr)
 		failed += notSent
 	}
 	if failed > 0 {

@@ -666,6 +666,37 @@ func TestInterruptWhileResuming(t *testing.T) {
 // those it charged are not counted among the orders not sent nor among
 // those not charged, which the run could not tell the user otherwise.
 func TestInterruptDoesNotCountEarlierChargesAsNotCharged(t *testing.T) {
+	code, stdout, stderr := runInterruptedAfterEarlierCharge(t, "o1,p1,n1")
+	if code != 1 {
+		t.Errorf("exit %d; want 1", code)
+	}
+	if !strings.Contains(stdout, "2 order(s) not charged; run again to send the 2 left pending or never sent") {
+		t.Errorf("stdout does not count the 2 orders not charged, p1 left pending and n1 never sent (o1 was charged before):\n%s", stdout)
+	}
+	if !strings.Contains(stderr, "charge: stopped: context canceled; 1 order(s) not sent") {
+		t.Errorf("stderr %q; want it to count n1 alone as not sent", stderr)
+	}
+}
+
+// An interrupt while resuming, all the other orders charged before: the
+// run still says on stderr that it was stopped, and by what.
+func TestInterruptWithNothingLeftToSendSaysStopped(t *testing.T) {
+	code, stdout, stderr := runInterruptedAfterEarlierCharge(t, "o1,p1")
+	if code != 1 {
+		t.Errorf("exit %d; want 1", code)
+	}
+	if !strings.Contains(stdout, "1 order(s) not charged; run again to send the 1 left pending or never sent") {
+		t.Errorf("stdout does not count p1, left pending, as the 1 order not charged:\n%s", stdout)
+	}
+	if !strings.Contains(stderr, "charge: stopped: context canceled") {
+		t.Errorf("stderr %q; want it to say the run was stopped, and by what", stderr)
+	}
+}
+
+// runInterruptedAfterEarlierCharge charges o1 in a first run and leaves p1
+// pending, then runs charge with orders, interrupted while it resumes p1.
+func runInterruptedAfterEarlierCharge(t *testing.T, orders string) (code int, stdout, stderr string) {
+	t.Helper()
 	dir := t.TempDir()
 	jar := filepath.Join(dir, "charge.db")
 	payco, mw := newServer(t, dir)
@@ -704,18 +735,10 @@ func TestInterruptDoesNotCountEarlierChargesAsNotCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{"-server", srv.URL, "-jar", jar, "-orders", "o1,p1,n1"}, "", &stdout, &stderr)
-	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-	if code != 1 {
-		t.Errorf("exit %d; want 1", code)
-	}
-	if !strings.Contains(stdout.String(), "2 order(s) not charged; run again to send the 2 left pending or never sent") {
-		t.Errorf("stdout does not count the 2 orders not charged, p1 left pending and n1 never sent (o1 was charged before):\n%s", stdout.String())
-	}
-	if !strings.Contains(stderr.String(), "charge: stopped: context canceled; 1 order(s) not sent") {
-		t.Errorf("stderr %q; want it to count n1 alone as not sent", stderr.String())
-	}
+	var o, e bytes.Buffer
+	code = run(ctx, []string{"-server", srv.URL, "-jar", jar, "-orders", orders}, "", &o, &e)
+	t.Logf("stdout:\n%s\nstderr:\n%s", o.String(), e.String())
+	return code, o.String(), e.String()
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
