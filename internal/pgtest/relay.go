@@ -26,6 +26,10 @@ type Relay struct {
 	mu    sync.Mutex
 	lose  string // the command tag to lose the next answer of; "" for none
 	lost  chan struct{}
+	hold  string        // the command tag to hold the next answer of; "" for none
+	held  chan struct{} // closed once that answer is held
+	let   chan struct{} // closed to pass it on
+	done  chan struct{} // closed by close, which passes nothing on
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
@@ -42,7 +46,7 @@ func NewRelay(t testing.TB, dsn string) (*Relay, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Relay{ln: ln, target: u.Host, refused: make(chan struct{}, 1), conns: make(map[net.Conn]struct{})}
+	r := &Relay{ln: ln, target: u.Host, refused: make(chan struct{}, 1), conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 	r.wg.Go(r.accept)
 	t.Cleanup(r.close)
 	u.Host = ln.Addr().String()
@@ -61,6 +65,22 @@ func (r *Relay) LoseNext(tag string) <-chan struct{} {
 	defer r.mu.Unlock()
 	r.lose, r.lost = tag, make(chan struct{})
 	return r.lost
+}
+
+// HoldNext makes the relay hold the next answer to a statement whose
+// command tag begins with tag ("UPDATE", say): when that CommandComplete
+// comes from the server, which sends it once the statement has committed
+// (see LoseNext), the relay closes held and passes it on, and what follows
+// it, only once let is called. The client waits for the answer meanwhile,
+// as across a slow network, and its context may end while the statement
+// is committed. let may be called more than once.
+func (r *Relay) HoldNext(tag string) (held <-chan struct{}, let func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, l := make(chan struct{}), make(chan struct{})
+	r.hold, r.held, r.let = tag, h, l
+	var once sync.Once
+	return h, func() { once.Do(func() { close(l) }) }
 }
 
 // Refused returns a channel that receives when the relay could not reach
@@ -142,6 +162,15 @@ func (r *Relay) answers(client, server net.Conn) {
 		if head[0] == 'C' && r.loses(msg[5:]) {
 			return
 		}
+		if head[0] == 'C' {
+			if let := r.holds(msg[5:]); let != nil {
+				select {
+				case <-let:
+				case <-r.done:
+					return
+				}
+			}
+		}
 		if _, err := client.Write(msg); err != nil {
 			return
 		}
@@ -161,7 +190,21 @@ func (r *Relay) loses(tag []byte) bool {
 	return true
 }
 
+// holds returns, when the CommandComplete with tag is the one to hold, the
+// channel that lets it pass, and disarms the relay; nil otherwise.
+func (r *Relay) holds(tag []byte) chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.hold == "" || !bytes.HasPrefix(tag, []byte(r.hold)) {
+		return nil
+	}
+	r.hold = ""
+	close(r.held)
+	return r.let
+}
+
 func (r *Relay) close() {
+	close(r.done)
 	r.ln.Close()
 	r.mu.Lock()
 	for c := range r.conns {

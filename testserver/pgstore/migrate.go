@@ -162,6 +162,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, o Options) (string, error)
 // They are built once per store.
 type statements struct {
 	claim, takeOver, save, release, exists, prune string
+	taken, saved                                  string // see settle
 }
 
 // newStatements returns the statements on the store in schema name.
@@ -173,6 +174,8 @@ func newStatements(name string) statements {
 		save:     q(saveSQL),
 		release:  q(releaseSQL),
 		exists:   q(existsSQL),
+		taken:    q(takenSQL),
+		saved:    q(savedSQL),
 		prune:    q(pruneSQL),
 	}
 }

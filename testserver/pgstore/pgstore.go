@@ -8,7 +8,13 @@
 // clause. Each statement runs under its
 // own deadline (Options.QueryTimeout), on the server and on the client,
 // inside the caller's context. Any error, a timeout included, is returned
-// as an error: the store never reports a claim it did not make. Open and
+// as an error: the store never reports a claim it did not make. A Save,
+// TakeOver or Release whose context (the caller's, or that deadline) ends
+// as the server commits its statement reports the write made, not the
+// context's error, which pgx returns for a statement the server applied
+// and one it did not alike: the store then reads the entry back, on
+// another connection and within QueryTimeout, and reports the write that
+// took effect. Open and
 // New refuse, with ErrOptions and before they connect, a QueryTimeout
 // above MaxQueryTimeout (the longest statement_timeout PostgreSQL takes)
 // and a negative QueryTimeout or PruneBatch; a zero one is the default.
@@ -518,15 +524,44 @@ func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx con
 	return lost, s.closedOr(err)
 }
 
-// write runs query, a write fenced by the claim's fence, as run does, and returns
-// how many rows it changed.
-func (s *Store) write(ctx context.Context, until time.Time, query string, args ...any) (n int64, lost, err error) {
-	lost, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
-		tag, err := conn.Exec(ctx, query, args...)
-		n = tag.RowsAffected()
+// settle runs statement, a write fenced by the claim's fence, as run does.
+// When its last attempt ended with the context it ran under (the
+// caller's, or the store's deadline for the statement), pgx gave the
+// connection up and returned the context's error, whether the server had
+// applied nothing or had committed the statement already and its answer
+// was on its way. Then settle runs check on another connection, under
+// ctx without its end and within QueryTimeout, and reports applied, and
+// no error, when check says that the write took effect: a caller is not
+// told that a write failed that was made (the Middleware would log a saved
+// answer as a failed save, counted among its store errors, a claim
+// released as one left in flight, and refuse a request whose take-over it
+// made). When check cannot tell, or fails, the statement's error stands.
+// A statement that the server had yet to apply (one waiting for a lock)
+// is cancelled by pgx as it gives its connection up; should it commit
+// after check all the same, the write is reported failed and was made, as
+// before settle.
+func (s *Store) settle(ctx context.Context, until time.Time, statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error,
+	check func(ctx context.Context, conn *pgxpool.Conn) (bool, error)) (lost error, applied bool, err error) {
+	ended := false // the last attempt's context ended
+	lost, err = s.run(ctx, until, func(sctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+		err := statement(sctx, conn, unsure)
+		ended = err != nil && sctx.Err() != nil
 		return err
 	})
-	return n, lost, err
+	if err == nil || !ended || s.closed.Load() {
+		return lost, false, err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	conn, cctx, done, cerr := s.conn(cctx)
+	if cerr != nil {
+		return lost, false, err
+	}
+	defer done()
+	if ok, cerr := check(cctx, conn); cerr != nil || !ok {
+		return lost, false, err
+	}
+	return lost, true, nil
 }
 
 // TakeOver implements testserver.Store. When the connection to the server
@@ -543,11 +578,16 @@ func (s *Store) write(ctx context.Context, until time.Time, query string, args .
 // win reported wrongly would run the operation twice.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	var n int64
-	lost, err := s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+	lost, applied, err := s.settle(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
 		tag, err := conn.Exec(ctx, s.sql.takeOver, scope, key, old.Token, old.ClaimID, new.Token, new.ClaimID, unsure)
 		n = tag.RowsAffected()
 		return err
+	}, func(ctx context.Context, conn *pgxpool.Conn) (taken bool, err error) {
+		return taken, conn.QueryRow(ctx, s.sql.taken, scope, key, new.Token, new.ClaimID).Scan(&taken)
 	})
+	if applied {
+		n = 1
+	}
 	if err == nil && n == 0 && lost != nil && new.ClaimID == "" {
 		err = fmt.Errorf("key %q no longer in flight under token %d after an attempt whose answer was lost, and the new fence has no ClaimID to tell the attempt's take-over from another's: %w", key, old.Token, lost)
 	}
@@ -565,6 +605,12 @@ const takeOverSQL = `UPDATE {schema}.idempotency_keys SET locked_at = $5, claim_
 	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND (locked_at = $3 AND claim_id = $4 OR
 		$7::boolean AND $6 <> '' AND locked_at = $5 AND claim_id = $6)`
 
+// takenSQL tells whether an entry is in flight under a fence whose ClaimID
+// is not empty: a TakeOver to that fence took effect (see settle). Without
+// a ClaimID it proves nothing.
+const takenSQL = `SELECT EXISTS (SELECT FROM {schema}.idempotency_keys
+	WHERE scope = $1 AND key = $2 AND status = 'in_flight' AND $4 <> '' AND locked_at = $3 AND claim_id = $4)`
+
 // saveSQL marks an entry done with its answer, fenced by its status and
 // fence. Its last argument is true when an earlier attempt of the same Save
 // may have been applied (the connection was lost after it was sent): an
@@ -574,6 +620,12 @@ const saveSQL = `UPDATE {schema}.idempotency_keys
 	SET status = 'done', response_status = $4, response_header = $5, response_body = $6
 	WHERE scope = $1 AND key = $2 AND locked_at = $3 AND claim_id = $8 AND (status = 'in_flight' OR $7::boolean AND
 		status = 'done' AND response_status = $4 AND response_header = $5 AND response_body = $6)`
+
+// savedSQL tells whether an entry is done under a fence with an answer: a
+// Save of that answer under that fence took effect (see settle).
+const savedSQL = `SELECT EXISTS (SELECT FROM {schema}.idempotency_keys
+	WHERE scope = $1 AND key = $2 AND locked_at = $3 AND claim_id = $7 AND status = 'done' AND
+		response_status = $4 AND response_header = $5 AND response_body = $6)`
 
 // Save implements testserver.Store. When the connection to the server is
 // lost before the answer (see the package documentation), it runs its
@@ -589,11 +641,16 @@ func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence,
 		body = []byte{} // NULL is for an entry in flight
 	}
 	var n int64
-	_, err = s.run(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+	_, applied, err := s.settle(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
 		tag, err := conn.Exec(ctx, s.sql.save, scope, key, f.Token, resp.Status, string(header), body, unsure, f.ClaimID)
 		n = tag.RowsAffected()
 		return err
+	}, func(ctx context.Context, conn *pgxpool.Conn) (saved bool, err error) {
+		return saved, conn.QueryRow(ctx, s.sql.saved, scope, key, f.Token, resp.Status, string(header), body, f.ClaimID).Scan(&saved)
 	})
+	if applied {
+		n = 1
+	}
 	if err != nil {
 		return fmt.Errorf("pgstore: save: %w", err)
 	}
@@ -611,7 +668,22 @@ func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence,
 // and Release reports it released; one still there is not this call's.
 func (s *Store) Release(ctx context.Context, scope, key string, f testserver.Fence) (bool, error) {
 	until := time.Now().Add(2 * s.timeout)
-	n, lost, err := s.write(ctx, until, s.sql.release, scope, key, f.Token, f.ClaimID)
+	var n int64
+	lost, applied, err := s.settle(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+		tag, err := conn.Exec(ctx, s.sql.release, scope, key, f.Token, f.ClaimID)
+		n = tag.RowsAffected()
+		return err
+	}, func(ctx context.Context, conn *pgxpool.Conn) (gone bool, err error) {
+		// Gone: deleted by this call, unless the claim was never made or
+		// was taken over and ended meanwhile; either way no claim of f is
+		// left in flight, as after an attempt whose answer was lost.
+		var there bool
+		err = conn.QueryRow(ctx, s.sql.exists, scope, key).Scan(&there)
+		return !there, err
+	})
+	if applied {
+		n = 1
+	}
 	if err == nil && n == 0 && lost != nil {
 		var there bool
 		_, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {

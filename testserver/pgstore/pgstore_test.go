@@ -1497,3 +1497,128 @@ func TestReadOnlyWindowEnds(t *testing.T) {
 		t.Errorf("Claim once transactions may write again = %v, %v; want claimed", claimed, err)
 	}
 }
+
+// TestWriteCommittedAsContextEnds: a Save, TakeOver or Release whose
+// context ends after the server committed its statement, while its answer
+// is on its way, reports what was done, not the context's error. pgx
+// gives up the connection as the context ends and returns the context's
+// error, whether or not the server had applied the statement: the
+// Middleware would log a saved answer as a failed save, counted among its
+// store errors, a claim released as one left in flight, and refuse a
+// request whose take-over it made. A write whose context ends before the
+// server applied it still fails, and is not applied.
+//
+// The relay holds the statement's answer, which the server sends once it
+// has committed, until the call returned: no sleep orders the events.
+func TestWriteCommittedAsContextEnds(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	s := open(t, dsn, nil)
+	f, next := testserver.Fence{Token: 7, ClaimID: "c"}, testserver.Fence{Token: 8, ClaimID: "d"}
+	// write runs w with a context that ends once the server has committed
+	// the statement whose command tag begins with tag, before its answer
+	// reaches the store.
+	write := func(tag string, w func(ctx context.Context) error) error {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		held, let := relay.HoldNext(tag)
+		defer let()
+		result := make(chan error, 1)
+		go func() { result <- w(ctx) }()
+		select {
+		case <-held:
+		case err := <-result:
+			t.Fatalf("%s returned before its answer was held: %v", tag, err)
+		}
+		cancel()
+		return <-result
+	}
+	for _, key := range []string{"saved", "taken", "released", "blocked"} {
+		if _, claimed, err := s.Claim(t.Context(), "s", key, "fp", f, t0); err != nil || !claimed {
+			t.Fatalf("Claim(%s): claimed %v, %v", key, claimed, err)
+		}
+	}
+	if err := write("UPDATE", func(ctx context.Context) error {
+		return s.Save(ctx, "s", "saved", f, testserver.Response{Status: 201, Body: []byte("ok")})
+	}); err != nil {
+		t.Errorf("Save committed as its context ended: %v; want nil", err)
+	}
+	if err := write("UPDATE", func(ctx context.Context) error {
+		won, err := s.TakeOver(ctx, "s", "taken", f, next)
+		if err == nil && !won {
+			return errors.New("not won")
+		}
+		return err
+	}); err != nil {
+		t.Errorf("TakeOver committed as its context ended: %v; want won", err)
+	}
+	if err := write("DELETE", func(ctx context.Context) error {
+		released, err := s.Release(ctx, "s", "released", f)
+		if err == nil && !released {
+			return errors.New("not released")
+		}
+		return err
+	}); err != nil {
+		t.Errorf("Release committed as its context ended: %v; want released", err)
+	}
+
+	// A Save that waits for a row lock as its context ends: the server
+	// applied nothing, and the store's read finds the entry in flight.
+	tx, err := s.Pool().Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `SELECT FROM idempotency_keys WHERE key = 'blocked' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	result := make(chan error, 1)
+	go func() { result <- s.Save(ctx, "s", "blocked", f, testserver.Response{Status: 201}) }()
+	// Watched from outside tx, whose snapshot of pg_stat_activity would
+	// stay as it first read it.
+	waitBlocked(t, s.Pool(), 1)
+	cancel()
+	if err := <-result; !errors.Is(err, context.Canceled) {
+		t.Errorf("Save cancelled while it waited for a lock: %v; want context.Canceled", err)
+	}
+	// pgx cancels the statement of the connection it gave up: once the
+	// server has, the lock can go without the save being applied.
+	waitNotBlocked(t, s.Pool())
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	other := testserver.Fence{Token: 9, ClaimID: "e"}
+	if e, _, err := s.Claim(t.Context(), "s", "saved", "fp", other, t0); err != nil || e.Status != testserver.StatusDone || e.Response == nil || string(e.Response.Body) != "ok" {
+		t.Errorf("the key saved as the context ended: %+v, %v; want it done with the answer", e, err)
+	}
+	if e, _, err := s.Claim(t.Context(), "s", "taken", "fp", other, t0); err != nil || e.Status != testserver.StatusInFlight || e.Fence != next {
+		t.Errorf("the key taken over as the context ended: %+v, %v; want it in flight with the new fence", e, err)
+	}
+	if _, claimed, err := s.Claim(t.Context(), "s", "released", "fp", other, t0); err != nil || !claimed {
+		t.Errorf("the key released as the context ended: claimed %v, %v; want it free", claimed, err)
+	}
+	if e, _, err := s.Claim(t.Context(), "s", "blocked", "fp", other, t0); err != nil || e.Status != testserver.StatusInFlight || e.Fence != f {
+		t.Errorf("the key whose save was cancelled: %+v, %v; want it in flight with its claim's fence", e, err)
+	}
+}
+
+// waitNotBlocked waits until no backend of the database waits for a lock.
+func waitNotBlocked(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) {
+	t.Helper()
+	for range 100_000 {
+		var waiting int
+		err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 0 {
+			return
+		}
+	}
+	t.Fatal("a backend still waits for a lock")
+}
