@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,4 +181,71 @@ drain: // the refusals from before this request
 		}
 	}
 	return nil
+}
+
+// TestTransportBeginCommittedAsContextEnds ends the caller's context once
+// the server has committed Begin's INSERT, before its answer arrives (the
+// relay holds it): pgx returns the context's error, and Begin with it,
+// though the record is written. The call sends nothing, and gives back
+// the lease and the attempt Begin counted, so that the record is pending,
+// free and unsent; the next call of the operation sends it once, under
+// the key the jar holds.
+func TestTransportBeginCommittedAsContextEnds(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	j := open(t, dsn, nil)
+	var sent atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
+		w.Header().Set("X-Key", r.Header.Get(idem.KeyHeader))
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	tr := &idem.Transport{Jar: j}
+	do := func(ctx context.Context) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(idem.WithOperation(ctx, "op"), http.MethodPost, srv.URL, strings.NewReader(`{}`))
+		if err != nil {
+			return nil, err
+		}
+		return tr.RoundTrip(req)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	held, let := relay.HoldNext("INSERT")
+	defer let()
+	result := make(chan error, 1)
+	go func() {
+		resp, err := do(ctx)
+		if resp != nil {
+			resp.Body.Close()
+		}
+		result <- err
+	}()
+	select {
+	case <-held:
+	case err := <-result:
+		t.Fatalf("the call returned before Begin's answer was held: %v", err)
+	}
+	cancel()
+	if err := <-result; !errors.Is(err, context.Canceled) {
+		t.Errorf("call whose context ended as Begin committed: %v; want context.Canceled", err)
+	}
+	let()
+	if n := sent.Load(); n != 0 {
+		t.Errorf("sent %d requests; want none", n)
+	}
+	rec, err := j.Get(t.Context(), "op")
+	if err != nil || rec.State != idem.StatePending || rec.Holder != "" || rec.Attempts != 0 {
+		t.Fatalf("record after the call = state %q, holder %q, attempts %d, %v; want pending, free, no attempt",
+			rec.State, rec.Holder, rec.Attempts, err)
+	}
+	resp, err := do(t.Context())
+	if err != nil {
+		t.Fatalf("the next call: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("X-Key") != rec.Key || sent.Load() != 1 {
+		t.Errorf("the next call = %d, key %q, %d sent; want 201, the stored key %q, one sent",
+			resp.StatusCode, resp.Header.Get("X-Key"), sent.Load(), rec.Key)
+	}
 }
