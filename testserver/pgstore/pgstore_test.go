@@ -1622,3 +1622,72 @@ func waitNotBlocked(t *testing.T, db interface {
 	}
 	t.Fatal("a backend still waits for a lock")
 }
+
+// TestMiddlewareTakeOverAsCallerHangsUp: a caller hangs up once the server
+// has committed the Middleware's take-over of a stale claim, before its
+// answer reaches the store (the relay holds it). The take-over is made:
+// the handler runs, under it, and its answer is saved, for the caller's
+// retry to replay, with no store error. Before, the store returned the
+// caller's context's error: the Middleware ran nothing and left the
+// take-over it had made in flight, the caller's retries refused with 409
+// until the lock timeout.
+func TestMiddlewareTakeOverAsCallerHangsUp(t *testing.T) {
+	relay, dsn := pgtest.NewRelay(t, pgtest.DB(t))
+	s := open(t, dsn, nil)
+	const body = `{"amount":1}`
+	var runs, takenOver atomic.Int64
+	mw := &testserver.Middleware{Store: s, LockTimeout: time.Minute, Now: func() time.Time { return t0.Add(2 * time.Minute) }}
+	handler := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, _ := testserver.ClaimFrom(r.Context()); c.TakenOver {
+			takenOver.Add(1)
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "charge %d", runs.Add(1))
+	}))
+	srv := httptest.NewServer(handler)
+	fp := testserver.Fingerprint(httptest.NewRequest(http.MethodPost, "/", nil), "", []byte(body)) // post's
+	if _, claimed, err := s.Claim(t.Context(), "", "k", fp, testserver.Fence{Token: t0.UnixNano(), ClaimID: "stale"}, t0); err != nil || !claimed {
+		t.Fatalf("stale Claim = %v, %v", claimed, err)
+	}
+
+	held, let := relay.HoldNext("UPDATE")
+	defer let()
+	ctx, hangUp := context.WithCancel(t.Context())
+	defer hangUp()
+	result := make(chan error, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(body))
+		if err == nil {
+			req.Header.Set("Idempotency-Key", "k")
+			var resp *http.Response
+			if resp, err = srv.Client().Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		result <- err
+	}()
+	select {
+	case <-held:
+	case err := <-result:
+		t.Fatalf("the request ended before the take-over's answer was held: %v", err)
+	}
+	hangUp() // the server sees the connection close, and ends the request's context
+	if err := <-result; !errors.Is(err, context.Canceled) {
+		t.Fatalf("request hung up: %v; want context.Canceled", err)
+	}
+	// Close waits for the request the caller left, and what the
+	// Middleware does after it.
+	srv.Close()
+
+	if n := mw.Stats().StoreErrors; n != 0 {
+		t.Errorf("store errors = %d; want 0", n)
+	}
+	if r, to := runs.Load(), takenOver.Load(); r != 1 || to != 1 {
+		t.Errorf("the handler ran %d times, %d taking over; want once, taking over", r, to)
+	}
+	srv = httptest.NewServer(handler)
+	defer srv.Close()
+	if a := post(t, srv, "k", "", body); a.status != http.StatusCreated || a.body != "charge 1" || a.replayed != "true" {
+		t.Errorf("retry = %d %q, replayed %q; want the replay of 201 charge 1", a.status, a.body, a.replayed)
+	}
+}
