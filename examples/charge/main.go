@@ -27,6 +27,12 @@
 // run to resume, and no other order is sent; stderr says how many were
 // not, and the exit status is 1.
 //
+// Every run resumes only what its jar file holds: it says on stderr which
+// file that is, as an absolute path, with "(new)" when it creates it. The
+// default -jar, charge.db, is in the working directory: a run from another
+// directory opens another jar and charges again what the first left
+// pending. Give every run the same -jar, an absolute path.
+//
 // A run killed mid-charge leaves that charge leased in the jar: a restart
 // on the same host sees that the holder process is gone and resumes at
 // once; another host waits for the lease (-lease, one minute) to end.
@@ -70,6 +76,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -115,7 +122,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 	fs := flag.NewFlagSet("charge", flag.ContinueOnError)
 	fs.SetOutput(argsMasked{stderr, args})
 	server := fs.String("server", "http://127.0.0.1:8080", "base URL of the payments server")
-	jarPath := fs.String("jar", "charge.db", "the key jar file")
+	jarPath := fs.String("jar", "charge.db", "the key jar `file`; a relative path is relative to the working directory: give every run the same one")
 	orders := fs.String("orders", "3", "how many orders to charge (order-1 … order-N), or a comma-separated list of order ids")
 	amount := fs.Int64("amount", 1000, "amount of each charge, in the currency's minor unit")
 	currency := fs.String("currency", "usd", "currency of each charge")
@@ -153,6 +160,18 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		return 2
 	}
 	url := strings.TrimSuffix(*server, "/") + "/v1/charges"
+
+	// A relative -jar is relative to the working directory: a run from
+	// another one opens another jar, without the keys of the charges left
+	// pending here, and charges them again. Say which file this run uses.
+	if abs, err := filepath.Abs(*jarPath); err == nil {
+		*jarPath = abs
+	}
+	if _, err := os.Stat(*jarPath); errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(stderr, "charge: key jar %s (new)\n", *jarPath)
+	} else {
+		fmt.Fprintf(stderr, "charge: key jar %s\n", *jarPath)
+	}
 
 	// A charge left in flight by a killed run on another host is leased
 	// until its lease ends: each call's budget outlasts it, so that a

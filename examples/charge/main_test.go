@@ -782,3 +782,29 @@ func TestJarMovedDuringTheRunIsReported(t *testing.T) {
 		t.Fatalf("run = %d; want 1 and the jar's Close error, which says it moved\n%s", code, out.String())
 	}
 }
+
+// A relative -jar (the default, charge.db) is relative to the working
+// directory: a run from another directory opens a new, empty jar and
+// charges again what the jar of the first holds pending. The run says on
+// stderr which file it uses, as an absolute path, and that it is new.
+func TestSaysTheJarsAbsolutePath(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1","amount":1000,"currency":"usd","order_id":"x1"}`)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	t.Chdir(dir)
+	want := "charge: key jar " + filepath.Join(dir, "charge.db")
+	for n, isNew := range []bool{true, false} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), []string{"-server", srv.URL, "-orders", "x1"}, "", &stdout, &stderr); code != 0 {
+			t.Fatalf("run %d = %d; want 0\n%s%s", n+1, code, stdout.String(), stderr.String())
+		}
+		line, _, _ := strings.Cut(stderr.String(), "\n")
+		if !strings.HasPrefix(line, want) || strings.Contains(line, "(new") != isNew {
+			t.Errorf("run %d: stderr's first line %q; want %q, saying (new) only on the first run", n+1, line, want)
+		}
+	}
+}
