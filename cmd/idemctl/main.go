@@ -50,11 +50,12 @@
 // another way, as client.Options.Header adds them, leave no name of their
 // own (show says that its program added some): given no
 // credential (no header at all, or only headers that idem.SecretHeader does
-// not name, as a trace id), resume sends no pending operation whose record
-// holds no credential of its own (as one of an earlier version may), but
-// says so on stderr and counts it failed, unless --without-credentials is
-// given. The headers go with every request sent,
-// but an Idempotency-Key, which is always the operation's own, and only
+// not name, as a trace id), resume sends no pending operation (but one
+// whose record holds a credential of its own, as one of an earlier version
+// may): it says so on stderr, nothing sent, and counts it failed (exit
+// status 1). Only --without-credentials sends it, without any. The
+// headers go with every request sent, but an Idempotency-Key, which is
+// always the operation's own, and only
 // to the scheme and host that --host names (https://api.example.com, in
 // any case, with the port unless it is the scheme's default, 80 or 443), which
 // headers need: the jar says where each operation goes, and whoever can
