@@ -266,10 +266,27 @@ func setDatabaseDefault(t *testing.T, dsn, setting, value string) {
 	}
 }
 
-// waitBlocked waits until n backends of the database wait for a lock.
-func waitBlocked(t *testing.T, db interface {
+type queryRower interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, n int) {
+}
+
+// waitBlocked waits until n backends of the database wait for a lock.
+func waitBlocked(t *testing.T, db queryRower, n int) {
+	t.Helper()
+	waitLockWaiters(t, db, func(waiting int) bool { return waiting >= n }, fmt.Sprintf("%d backends waiting for a lock", n))
+}
+
+// waitNotBlocked waits until no backend of the database waits for a lock.
+func waitNotBlocked(t *testing.T, db queryRower) {
+	t.Helper()
+	waitLockWaiters(t, db, func(waiting int) bool { return waiting == 0 }, "no backend waiting for a lock")
+}
+
+// waitLockWaiters polls pg_stat_activity, a bounded number of times, until
+// done says the count of the database's backends waiting for a lock is
+// what the test waits for, what. db must not be in a transaction, in which
+// pg_stat_activity is read once.
+func waitLockWaiters(t *testing.T, db queryRower, done func(waiting int) bool, what string) {
 	t.Helper()
 	for range 100_000 {
 		var waiting int
@@ -278,11 +295,11 @@ func waitBlocked(t *testing.T, db interface {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waiting >= n {
+		if done(waiting) {
 			return
 		}
 	}
-	t.Fatalf("never saw %d backends waiting for a lock", n)
+	t.Fatalf("never saw %s", what)
 }
 
 func TestQueryTimeoutFailsClosed(t *testing.T) {
@@ -1602,25 +1619,6 @@ func TestWriteCommittedAsContextEnds(t *testing.T) {
 	if e, _, err := s.Claim(t.Context(), "s", "blocked", "fp", other, t0); err != nil || e.Status != testserver.StatusInFlight || e.Fence != f {
 		t.Errorf("the key whose save was cancelled: %+v, %v; want it in flight with its claim's fence", e, err)
 	}
-}
-
-// waitNotBlocked waits until no backend of the database waits for a lock.
-func waitNotBlocked(t *testing.T, db interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) {
-	t.Helper()
-	for range 100_000 {
-		var waiting int
-		err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting == 0 {
-			return
-		}
-	}
-	t.Fatal("a backend still waits for a lock")
 }
 
 // TestMiddlewareTakeOverAsCallerHangsUp: a caller hangs up once the server
