@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idem/internal/secrethdr"
 	"github.com/idemkit/idem/internal/sendable"
 	"github.com/idemkit/idem/internal/stopped"
+	"github.com/idemkit/idem/internal/unwritten"
 	"github.com/idemkit/idem/retry"
 )
 
@@ -58,7 +59,13 @@ type call struct {
 	// What unwind gives back when the call ends without returning (a
 	// panic in a hook): the lease, an attempt counted but not sent, and
 	// the response in hand. returned is set once run has returned.
+	//
+	// held is true while the jar gave the call the lease (Begin, Acquire)
+	// and nothing since took it away or gave it back; unsure while a
+	// write that would have given it (Begin, Acquire) failed without
+	// saying whether it was made, its answer lost (see mayHold).
 	held     bool
+	unsure   bool
 	unsent   bool
 	reached  bool // an attempt may have reached the server: it did more than fail to dial
 	resp     *http.Response
@@ -87,7 +94,7 @@ func (c *call) unnamed() bool {
 func (c *call) update(ctx context.Context, ch Change) {
 	c.fill(&ch)
 	if ch.Release {
-		c.held = false
+		c.held, c.unsure = false, false
 	}
 	if d, ok := c.t.Jar.(Deferrer); ok && d.Defer(c.op, c.holder, ch) == nil {
 		return
@@ -218,7 +225,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 			rec, err := c.t.Jar.Acquire(ctx, c.op, c.holder, now, c.t.lease(c.policy))
 			switch {
 			case errors.Is(err, ErrLeased):
-				c.rec, c.held = rec, false
+				c.rec, c.held, c.unsure = rec, false, false
 				if err := c.notOurs(); err != nil {
 					return nil, err
 				}
@@ -256,15 +263,23 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					"for its lease; nothing was sent. Another call may have sent it under this key: ask the server "+
 					"before calling under its name again, which begins it anew under a new key", c.op, c.key, ErrNotFound)
 			case err != nil:
+				// The jar may have taken the lease all the same, its answer
+				// lost (pgjar's connection dropped after the statement ran),
+				// unless it says the write was never made (keyjar's, withdrawn
+				// as the context ended while it waited for another process's
+				// write lock): given back, fenced by this call's holder id,
+				// unless it is surely not this call's.
+				c.unsure = c.unsure || !unwritten.Is(err)
 				if ctxErr := retry.CtxErr(ctx); ctxErr != nil {
 					return nil, c.stop(ctx, ctxErr) // the caller's context, not the jar, ended the call
 				}
 				if c.attempts == 0 {
+					c.release(ctx)
 					return nil, &JarError{Op: c.op, Err: err}
 				}
 				return nil, c.stopFor(ctx, err, "the jar failed")
 			}
-			c.rec, leased, c.held = rec, true, true
+			c.rec, leased, c.held, c.unsure = rec, true, true, false
 			if c.attempts == 0 {
 				// What other holders learnt meanwhile is the latest outcome.
 				c.lastCode, c.lastErr = rec.LastStatus, storedError(rec)
@@ -318,7 +333,9 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 		if !c.created || c.attempts > 0 {
 			if c.countAttempt(ctx) != nil {
 				// Not sent: the lease is taken again, or waited for,
-				// as before any attempt.
+				// as before any attempt. The jar refused the count
+				// because another holder has the lease (Update is fenced
+				// by the holder alone): this call holds none.
 				leased, c.held = false, false
 				continue
 			}
@@ -646,7 +663,7 @@ func (c *call) abandonUnsent(ctx context.Context, attempts int, why string) bool
 	_, err := c.t.Jar.Update(detach(ctx), c.op, c.holder, Change{Now: time.Now(), State: StateAbandoned,
 		Attempts: attempts, Release: true, Note: "never sent: " + why})
 	if err == nil {
-		c.held = false
+		c.held, c.unsure = false, false
 	}
 	return err == nil
 }
@@ -771,7 +788,7 @@ func (c *call) unwind(ctx context.Context) {
 		}
 	}
 	firstUnsent := c.created && (c.attempts == 0 || c.attempts == 1 && c.unsent)
-	if c.held && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, -1, "the call ended before its first send (a hook, the Logger or the code its Base runs before it sends panicked)")) {
+	if c.mayHold() && !(firstUnsent && c.unnamed() && c.abandonUnsent(ctx, -1, "the call ended before its first send (a hook, the Logger or the code its Base runs before it sends panicked)")) {
 		c.release(ctx)
 	}
 	if c.resp != nil {
@@ -782,14 +799,30 @@ func (c *call) unwind(ctx context.Context) {
 
 // release gives the lease back and leaves the operation pending, with an
 // attempt that was counted but never sent uncounted: the first, which Begin
-// counted, or one whose OnAttempt hook panicked.
+// counted, or one whose OnAttempt hook panicked. A call that holds no lease
+// (see mayHold) writes nothing: the change, fenced by its holder id, would
+// change nothing, but the jar would still have to write it, and a
+// Deferrer's Close would wait for it (keyjar's, for another process's
+// write lock, up to its BusyTimeout).
 func (c *call) release(ctx context.Context) {
+	if !c.mayHold() {
+		return
+	}
 	ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
 	if c.unsent || c.created && c.attempts == 0 {
 		ch.Attempts = -1
 	}
 	c.update(ctx, ch)
 }
+
+// mayHold reports whether the operation's lease may be this call's: the
+// jar gave it (held), or a Begin or an Acquire failed without saying
+// whether it was made (unsure). Where neither, the call never took the
+// lease (it stopped before it took it, or as it waited for another
+// holder's, or for the jar's write lock), or the jar said another holder
+// has it (Acquire's ErrLeased, an attempt's count refused with
+// ErrLeaseLost), or the call gave it back.
+func (c *call) mayHold() bool { return c.held || c.unsure }
 
 // giveUp runs OnGiveUp and logs it; the event's Wait is how long until
 // next, the operation's next attempt time, unless it is zero.
@@ -874,8 +907,9 @@ func (c *call) begin(ctx context.Context) (err error) {
 			// the record may be written all the same (a commit outlives
 			// the wait for it). Give back its lease and the first attempt
 			// it counts, fenced by this call's holder id: where Begin
-			// wrote nothing, nothing changes.
-			c.rec, c.created = r, true
+			// wrote nothing, nothing changes; where the jar says it wrote
+			// nothing (a write withdrawn: unwritten), nothing is written.
+			c.rec, c.created, c.unsure = r, true, !unwritten.Is(err)
 			return c.stopFor(ctx, ctxErr, "the call's context ended as the jar stored the operation, which it may not hold: nothing sent")
 		}
 		// Nothing is sent. The jar may have written the record all the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/internal/chanbatch"
 	"github.com/idemkit/idem/internal/dsn"
+	"github.com/idemkit/idem/internal/unwritten"
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
@@ -72,10 +73,13 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return unwritten.Mark(err)
 	}
 	jb := &job{ctx: ctx, durable: durable, run: run, done: make(chan error, 1)}
 	if err := j.enqueue(ctx, jb); err != nil {
+		if err == ctx.Err() {
+			err = unwritten.Mark(err) // never queued
+		}
 		return err
 	}
 	select {
@@ -83,7 +87,10 @@ func (j *Jar) write(ctx context.Context, durable bool, run func(ctx context.Cont
 		return err
 	case <-ctx.Done():
 		if jb.state.CompareAndSwap(queued, withdrawn) || jb.state.Load() == withdrawn {
-			return ctx.Err() // withdrawn, by this call or by the committer
+			// Withdrawn, by this call or by the committer: never run,
+			// which the Transport reads to give back no lease that an
+			// Acquire withdrawn would have taken.
+			return unwritten.Mark(ctx.Err())
 		}
 		return <-jb.done // taken: its answer
 	}
@@ -249,7 +256,7 @@ func (j *Jar) commit(batch []*job, syncMode string) string {
 				continue // withdrawn, or failed in an earlier round
 			}
 			if !jb.take() {
-				jb.err = jb.ctx.Err() // its caller's context ended: skipped
+				jb.err = unwritten.Mark(jb.ctx.Err()) // its caller's context ended: skipped, never run
 				continue
 			}
 			if err := j.runJob(ctx, tx, jb); err != nil {

@@ -3,11 +3,15 @@ package keyjar_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/resume"
+	"github.com/idemkit/idem/internal/unwritten"
 	"github.com/idemkit/idem/keyjar"
 )
 
@@ -46,5 +50,73 @@ func TestWithdrawnWritesStopWaitingForLock(t *testing.T) {
 	defer j.Close()
 	if r, err := j.Get(context.Background(), "op"); err != nil || r.State != idem.StatePending {
 		t.Fatalf("op after the withdrawn Forget: %+v, %v; want it as it was", r, err)
+	}
+}
+
+// TestCallInterruptedWhileLockedLeavesNothingToWrite: a Transport call
+// whose context ends while another process holds the jar's write lock, as
+// it begins a new operation or as a resume takes the lease, has its write
+// withdrawn, unwritten, and defers no release of a lease it never took:
+// Close then has nothing to write and returns at once, without error,
+// rather than wait out BusyTimeout for a release fenced to nothing and
+// report it dropped.
+func TestCallInterruptedWhileLockedLeavesNothingToWrite(t *testing.T) {
+	for _, resuming := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Begin", true: "resume's Acquire"}[resuming], func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "keys.db")
+			newJarFile(t, path)
+			j, err := keyjar.Open(context.Background(), path, &keyjar.Options{BusyTimeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			unlock := lockFile(t, path, false)
+			defer unlock()
+			sent := 0
+			tr := &idem.Transport{Jar: j, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+				sent++
+				return nil, errors.New("not reached")
+			})}
+			ctx, cancel := context.WithTimeout(idem.WithOperation(context.Background(), "op"), 200*time.Millisecond)
+			defer cancel()
+			if resuming {
+				ctx = resume.Mark(ctx, "key-op")
+			} else {
+				ctx = idem.WithOperation(ctx, "new")
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1/charge", strings.NewReader(`{}`))
+			start := time.Now()
+			_, err = tr.RoundTrip(req)
+			if !errors.Is(err, context.DeadlineExceeded) || sent != 0 {
+				t.Fatalf("RoundTrip while locked: %v after %d sends; want the context's error, nothing sent", err, sent)
+			}
+			err = j.Close()
+			if took := time.Since(start); took > 5*time.Second || err != nil {
+				t.Fatalf("RoundTrip and Close took %v, Close: %v; want Close to return at once, without error: nothing to write", took.Round(time.Millisecond), err)
+			}
+		})
+	}
+}
+
+// TestWithdrawnWriteIsMarkedUnwritten: an Acquire withdrawn as its
+// context ends while the jar is locked says so (internal/unwritten), for
+// the Transport, which then has no lease to give back.
+func TestWithdrawnWriteIsMarkedUnwritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.db")
+	newJarFile(t, path)
+	j, err := keyjar.Open(context.Background(), path, &keyjar.Options{BusyTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	unlock := lockFile(t, path, false)
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = j.Acquire(ctx, "op", "h", time.Now(), time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) || !unwritten.Is(err) {
+		t.Fatalf("Acquire while locked, its context ending: %v (unwritten: %v); want the context's error, marked unwritten", err, unwritten.Is(err))
+	}
+	if _, err := j.Acquire(ctx, "op", "h", time.Now(), time.Minute); !unwritten.Is(err) {
+		t.Fatalf("Acquire with its context ended: %v; want it marked unwritten", err)
 	}
 }
