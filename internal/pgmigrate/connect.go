@@ -50,7 +50,9 @@ func OneLine(err error) error {
 // parameter (see reconnect.UnsupportedParameter), what to do about it, or
 // "". pgjar's and pgstore's Open set three (opened): a PgBouncer refuses
 // the first it does not take, and would refuse the next once that one is
-// let through, so the hint names them all, with the one refused.
+// let through, so the hint names them all. Another one, of the connection
+// string's own (search_path), is not to be ignored, which drops it: the
+// hint says to set it on the role instead.
 func PoolerHint(err error) string {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
@@ -60,11 +62,14 @@ func PoolerHint(err error) string {
 	if name == "" {
 		return ""
 	}
-	names := "the startup parameters idem sets"
+	own := ""
 	if !slices.Contains(opened, name) {
-		names = name + " and " + names
+		// Ignored, it would be dropped: a search_path, the session then on
+		// the role's, would have the tables looked for in another schema.
+		own = "PgBouncer drops the startup parameters it ignores: set " + name + " on the role (ALTER ROLE … IN DATABASE … SET) " +
+			"and take it out of the connection string; "
 	}
-	return "behind a PgBouncer? list " + names + " (" + strings.Join(opened, ", ") + ") in its ignore_startup_parameters, " +
+	return "behind a PgBouncer? " + own + "list the startup parameters idem sets (" + strings.Join(opened, ", ") + ") in its ignore_startup_parameters, " +
 		"and set statement_timeout on the role instead (ALTER ROLE … SET): see README, Behind PgBouncer"
 }
 

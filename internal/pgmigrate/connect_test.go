@@ -64,3 +64,44 @@ func TestOneLine(t *testing.T) {
 		t.Errorf("OneLine(%v) = %v; want it as it is", other, out)
 	}
 }
+
+// TestPoolerHintOwnParameter: PgBouncer's refusal of a startup parameter
+// of the DSN's own (search_path) is followed by a hint that does not say to
+// list it in ignore_startup_parameters, which drops it (the session then
+// runs with the role's search_path, and the tables would be looked for in
+// another schema), but to set it on the role. Before, the hint said to
+// list it there.
+func TestPoolerHintOwnParameter(t *testing.T) {
+	err := &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "unsupported startup parameter: search_path"}
+	hint := PoolerHint(err)
+	if strings.Contains(hint, "list search_path") || !strings.Contains(hint, "set search_path on the role") ||
+		!strings.Contains(hint, "ignore_startup_parameters") {
+		t.Errorf("PoolerHint(%v) = %q; want it to say to set search_path on the role, not to list it in ignore_startup_parameters", err, hint)
+	}
+}
+
+// TestKept: a session's search_path that is the one the config sets, as
+// PostgreSQL reads both, is kept; one another, or none set, is not.
+func TestKept(t *testing.T) {
+	sentinel := errors.New("incomplete")
+	for _, tc := range []struct {
+		want, path string
+		set, kept  bool
+	}{
+		{"", `"$user", public`, false, true},
+		{"jobs", "jobs", true, true},
+		{"jobs,public", "jobs, public", true, true},
+		{"Jobs", "jobs", true, true},
+		{`"Jobs"`, "jobs", true, false},
+		{"jobs", `"$user", public`, true, false},
+	} {
+		params := map[string]string{}
+		if tc.set {
+			params["search_path"] = tc.want
+		}
+		err := Kept(params, tc.path, sentinel)
+		if (err == nil) != tc.kept || (err != nil && !errors.Is(err, sentinel)) {
+			t.Errorf("Kept(%q, %q) = %v; want kept %v", tc.want, tc.path, err, tc.kept)
+		}
+	}
+}

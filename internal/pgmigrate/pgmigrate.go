@@ -194,7 +194,7 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool, t Timeouts) (sc
 	if _, err := tx.Exec(rctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
 		return "", err
 	}
-	if schema, err = s.current(rctx, tx); err != nil {
+	if schema, err = s.current(rctx, tx, pool); err != nil {
 		return "", err
 	}
 	if err := s.readOnly(rctx, tx); err != nil {
@@ -430,7 +430,7 @@ func Insufficient(err error) bool {
 // but holding one, and s.NoSchema for a search path that names no schema
 // that exists.
 func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (string, error) {
-	schema, err := s.current(ctx, pool)
+	schema, err := s.current(ctx, pool, pool)
 	if err != nil {
 		return "", err
 	}
@@ -473,9 +473,43 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 }
 
 // current returns current_schema(), the schema that the migrations create
-// their tables in, or s.NoSchema when it is null.
-func (s Schema) current(ctx context.Context, q querier) (string, error) {
-	return Current(q.QueryRow(ctx, CurrentQuery).Scan, s.NoSchema)
+// their tables in, or s.NoSchema when it is null. When pool's config sets
+// a search_path (the DSN's search_path=…) that the session on q does not
+// run with, it returns s.Incomplete instead (see Kept).
+func (s Schema) current(ctx context.Context, q querier, pool *pgxpool.Pool) (string, error) {
+	return Current(func(dest ...any) error {
+		if err := q.QueryRow(ctx, CurrentQuery).Scan(dest...); err != nil {
+			return err
+		}
+		return Kept(pool.Config().ConnConfig.RuntimeParams, *dest[1].(*string), s.Incomplete)
+	}, s.NoSchema)
+}
+
+// literal returns v as an SQL string literal.
+func literal(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+
+// Kept returns nil unless params, the RuntimeParams of a pool's config,
+// set a search_path other than path, the one its session runs with: a
+// pooler between them dropped the connection string's, as PgBouncer drops
+// a startup parameter that its ignore_startup_parameters lists, and the
+// session runs with the role's or the database's. The tables would then
+// be looked for, and created, in another schema than the one the
+// connection string names, leaving those there, and their keys, behind.
+// The error wraps incomplete, with both search_paths and what to do.
+func Kept(params map[string]string, path string, incomplete error) error {
+	want, set := params["search_path"]
+	if !set || want == path {
+		return nil
+	}
+	if w, ok := splitPath(want); ok {
+		if p, ok := splitPath(path); ok && slices.Equal(w, p) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the connection string sets search_path %s, but the session runs with search_path %s: "+
+		"a pooler between them dropped it (as PgBouncer drops the startup parameters its ignore_startup_parameters lists), "+
+		"and the tables would be looked for in another schema; set it on the role instead "+
+		"(ALTER ROLE … IN DATABASE … SET search_path = …), or connect to the server directly", incomplete, literal(want), literal(path))
 }
 
 // CurrentQuery reads current_schema() and the search_path, for Current.
@@ -776,6 +810,31 @@ func (s Schema) whole(ctx context.Context, q querier, schema string) error {
 // ErrIndexOnly is wrapped, with a Schema's Incomplete, in the error for a
 // schema that lacks only some of its Indexes.
 var ErrIndexOnly = errors.New("only an index is missing, no row is lost")
+
+// Opened checks, on one connection of pool, the settings that pgjar's and
+// pgstore's Open set as startup parameters and rely on, which a pooler
+// between them and the server may have dropped (PgBouncer drops those its
+// ignore_startup_parameters lists, and the session then runs with the
+// role's or the database's): default_transaction_isolation must be read
+// committed, and synchronous_commit on (or remote_apply) unless chosen,
+// the connection string's own choice. It returns errPool, wrapped with the
+// setting and what to do, when either is not.
+func Opened(ctx context.Context, pool *pgxpool.Pool, chosen bool, errPool error) error {
+	var isolation, commit string
+	if err := pool.QueryRow(ctx, `SELECT pg_catalog.current_setting('default_transaction_isolation'),
+		pg_catalog.current_setting('synchronous_commit')`).Scan(&isolation, &commit); err != nil {
+		return OneLine(err)
+	}
+	const dropped = "not what Open sets as a startup parameter: a pooler between it and the server dropped it " +
+		"(as PgBouncer drops those its ignore_startup_parameters lists); set it on the role (ALTER ROLE … IN DATABASE … SET %s = %s)"
+	switch {
+	case isolation != "read committed":
+		return fmt.Errorf("%w: default_transaction_isolation is %q, "+dropped, errPool, isolation, "default_transaction_isolation", "'read committed'")
+	case !chosen && commit != "on" && commit != "remote_apply":
+		return fmt.Errorf("%w: synchronous_commit is %q, "+dropped, errPool, commit, "synchronous_commit", "on")
+	}
+	return nil
+}
 
 // CheckPool checks, on one connection of a caller's pool, that it runs
 // READ COMMITTED by default and synchronous_commit on (or remote_apply),

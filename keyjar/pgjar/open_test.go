@@ -493,3 +493,43 @@ func TestCallRefusedSession(t *testing.T) {
 		t.Errorf("logged %q; want the dropped change's error in one line, as Get's", out)
 	}
 }
+
+// TestOpenSettingsDroppedByPooler: a pooler in front of the server that
+// drops the startup parameters Open sets (PgBouncer with them in its
+// ignore_startup_parameters, as README's Behind PgBouncer says to list them)
+// leaves the session on the role's settings: Open refuses one whose
+// default_transaction_isolation is not read committed, or whose
+// synchronous_commit is off while the DSN chose none, with ErrPool saying
+// which and what to do; with the role's settings as Open needs them, it
+// opens the jar. Before, Open opened it, its keys committed without a
+// flush of the WAL, or its statements run SERIALIZABLE.
+func TestOpenSettingsDroppedByPooler(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	dropped := pgtest.Dropping(t, dsn, "default_transaction_isolation", "synchronous_commit", "statement_timeout")
+	for _, c := range []struct{ set, want string }{
+		{`default_transaction_isolation = 'serializable'`, `default_transaction_isolation is "serializable"`},
+		{`synchronous_commit = off`, `synchronous_commit is "off"`},
+	} {
+		if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` SET `+c.set); err != nil {
+			t.Fatal(err)
+		}
+		j, err := pgjar.Open(ctx, dropped, nil)
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrPool) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "ALTER ROLE") {
+			t.Errorf("Open through a pooler that drops its startup parameters, role with %s: %v; want ErrPool saying %s and ALTER ROLE", c.set, err, c.want)
+		}
+		open(t, dsn, nil).Close() // straight to the server, the DSN's settings win
+		if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` RESET ALL`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(t, dropped, nil).Close()
+}

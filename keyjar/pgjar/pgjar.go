@@ -52,6 +52,24 @@
 // own settings: New checks that they run READ COMMITTED and, unless the
 // pool's config chooses otherwise, synchronous_commit=on (see New).
 //
+// Open sets those two, and statement_timeout, as startup parameters, which
+// a pooler between it and the server may drop: PgBouncer refuses them unless
+// its ignore_startup_parameters lists them, and then drops them. Open then
+// reads the session's own, and refuses with ErrPool a
+// default_transaction_isolation other than read committed, or a
+// synchronous_commit off that the DSN did not choose: set them on the role
+// (ALTER ROLE … IN DATABASE … SET), with statement_timeout. A search_path
+// the DSN sets and the session does not run with is ErrSchema (from New
+// too): set it on the role as well, never in ignore_startup_parameters,
+// or the jar would be looked for, and created, in another schema. Under
+// PgBouncer's transaction pooling, add default_query_exec_mode=exec to the
+// DSN (for New, set the pool's ConnConfig.DefaultQueryExecMode to
+// pgx.QueryExecModeExec): otherwise pgx's statement cache meets statements
+// another client prepared on the same server session, or misses its own,
+// and the jar's calls fail with the server's error (Begin's: nothing sent)
+// and its applier drops deferred changes, leaving their operations pending.
+// README's Behind PgBouncer has what was checked.
+//
 // Open and New find the jar's tables, or create them, in current_schema()
 // of the connection that opens the jar: the first schema of its
 // search_path that exists (the DSN's search_path=…, or the role's or the
@@ -312,7 +330,9 @@ var (
 
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the jar needs (see New). Nothing is
-	// created.
+	// created. It is returned too by Open when a pooler dropped the
+	// settings Open sets (see the package documentation); the jar's
+	// tables may then have been created or upgraded.
 	ErrPool = errors.New("pgjar: the pool's connections do not suit the jar")
 
 	// ErrInvalid is returned by Begin for a record without Op or Key, with
@@ -465,9 +485,11 @@ var (
 // Jar that owns its pool. It returns ErrOptions for an option out of
 // range, before it connects, ErrVersion for a schema newer than this
 // package, ErrSchema for a current one that lacks a table or an index, or
-// for the jar's table without the record of its version, and ErrNoSchema
+// for the jar's table without the record of its version, or for a DSN's
+// search_path that the session does not run with, ErrNoSchema
 // for a search_path that names no schema that exists (see the package
-// documentation). A schema that is current is only read: a role that may
+// documentation), and ErrPool for a session whose isolation or
+// synchronous_commit is not what Open sets (a pooler dropped them). A schema that is current is only read: a role that may
 // not create tables opens it with SELECT on idem_operations_schema and
 // SELECT, INSERT, UPDATE and DELETE on idem_operations, and, unless
 // MustExist is set, EXECUTE on pg_advisory_xact_lock(bigint), which PUBLIC
@@ -489,7 +511,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 		return nil, fmt.Errorf("pgjar: %w", pgmigrate.ParseError(err))
 	}
 	updateCommit := "off"
-	if v, set := cfg.ConnConfig.RuntimeParams["synchronous_commit"]; set {
+	v, chosen := cfg.ConnConfig.RuntimeParams["synchronous_commit"]
+	if chosen {
 		updateCommit = v // the operator's choice, for every write
 	}
 	for name, value := range map[string]string{
@@ -509,6 +532,15 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Jar, error) {
 	j, err := start(ctx, pool, o, updateCommit, true)
 	if err != nil {
 		pool.Close()
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
+	defer cancel()
+	if err := pgmigrate.Opened(cctx, pool, chosen, ErrPool); err != nil {
+		j.Close()
+		if !errors.Is(err, ErrPool) {
+			err = fmt.Errorf("pgjar: %w", err)
+		}
 		return nil, err
 	}
 	return j, nil

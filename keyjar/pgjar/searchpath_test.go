@@ -276,3 +276,57 @@ func TestOpenSchemaWithoutUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestSearchPathDroppedByPooler: a pooler in front of the server that drops
+// the DSN's search_path (PgBouncer with search_path among its
+// ignore_startup_parameters, as the hint of its refusal once said to list
+// it) leaves the session on the role's search_path. Open and New, with
+// MustExist and without, refuse it with ErrSchema naming both search_paths
+// and what to do, and create nothing; once the role's search_path is the
+// DSN's, they open the jar and find its pending operation. Before, Open
+// created an empty jar in public, where the pending operation was not
+// found, and a call under its name would have begun it under a new key.
+func TestSearchPathDroppedByPooler(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA jobs`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := open(t, dsn+"&search_path=jobs", nil).Begin(ctx, record("pending")); err != nil {
+		t.Fatal(err)
+	}
+	dropped := pgtest.Dropping(t, dsn+"&search_path=jobs", "search_path")
+	for name, opened := range openers(t, dropped) {
+		j, err := opened()
+		if err == nil {
+			j.Close()
+		}
+		if !errors.Is(err, pgjar.ErrSchema) || !strings.Contains(err.Error(), `search_path 'jobs'`) ||
+			!strings.Contains(err.Error(), `search_path '"$user", public'`) || !strings.Contains(err.Error(), "ALTER ROLE") {
+			t.Errorf("%s through a pooler that drops search_path: %v; want ErrSchema naming both search_paths and ALTER ROLE", name, err)
+		}
+	}
+	if tables := pgtest.Tables(t, dsn); strings.Contains(tables, "public.") {
+		t.Errorf("tables %s after the opens; want none in public", tables)
+	}
+
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` SET search_path = jobs`); err != nil {
+		t.Fatal(err)
+	}
+	for name, opened := range openers(t, dropped) {
+		j, err := opened()
+		if err != nil {
+			t.Errorf("%s with the role's search_path the DSN's: %v", name, err)
+			continue
+		}
+		if rec, err := j.Get(ctx, "pending"); err != nil || rec.Key != "key-pending" {
+			t.Errorf("%s: Get of the pending operation = %+v, %v; want it", name, rec, err)
+		}
+		j.Close()
+	}
+}

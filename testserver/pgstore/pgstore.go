@@ -36,6 +36,25 @@
 // own settings: New checks that they run READ COMMITTED and, unless the
 // pool's config chooses otherwise, synchronous_commit=on (see New).
 //
+// Open sets those two, and statement_timeout, as startup parameters, which
+// a pooler between it and the server may drop: PgBouncer refuses them unless
+// its ignore_startup_parameters lists them, and then drops them. Open then
+// reads the session's own, and refuses with ErrPool a
+// default_transaction_isolation other than read committed, or a
+// synchronous_commit off that the DSN did not choose: set them on the role
+// (ALTER ROLE … IN DATABASE … SET), with statement_timeout. A search_path
+// the DSN sets and the session does not run with is ErrSchema (from New
+// too): set it on the role as well, never in ignore_startup_parameters.
+// Under PgBouncer's transaction pooling, add default_query_exec_mode=exec
+// to the DSN (for New, set the pool's ConnConfig.DefaultQueryExecMode to
+// pgx.QueryExecModeExec): otherwise pgx's statement cache meets statements
+// another client prepared on the same server session, or misses its own,
+// and a Save that fails so after the handler ran leaves the key in flight
+// until LockTimeout, when a retry takes it over and runs the handler again
+// (through PgBouncer 1.18 in transaction pooling without it, 62 of 500
+// handlers ran twice; with it, none). README's Behind PgBouncer has what
+// was checked.
+//
 // Open and New find the store's table, or create it, in current_schema()
 // of the connection that opens the store: the first schema of its
 // search_path that exists (the DSN's search_path=…, or the role's or the
@@ -238,7 +257,9 @@ var (
 
 	// ErrPool is returned by New for a nil pool, and for a pool whose
 	// connections do not run as the store needs (see New). Nothing is
-	// created.
+	// created. It is returned too by Open when a pooler dropped the
+	// settings Open sets (see the package documentation); the store's
+	// table may then have been created or upgraded.
 	ErrPool = errors.New("pgstore: the pool's connections do not suit the store")
 
 	// ErrOptions is returned by Open and New for an Options field out of
@@ -254,9 +275,11 @@ var (
 // It returns ErrOptions for an option out of range, before it connects,
 // ErrSchemaTooNew for a schema newer than this package,
 // ErrSchema for a current one that lacks a table or an index, or for the
-// store's table without the record of its version, ErrNoSchema for a
+// store's table without the record of its version, or for a DSN's
+// search_path that the session does not run with, ErrNoSchema for a
 // search_path that names no schema that exists (see the package
-// documentation), and ErrMigrationTimeout for an upgrade, or a wait for
+// documentation), ErrPool for a session whose isolation or
+// synchronous_commit is not what Open sets (a pooler dropped them), and ErrMigrationTimeout for an upgrade, or a wait for
 // another process's, that ran out of Options.MigrationTimeout. A schema that is current is only read: a role that may
 // not create tables opens it with SELECT on idempotency_keys_schema,
 // SELECT, INSERT, UPDATE and DELETE on idempotency_keys, and EXECUTE on
@@ -278,6 +301,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", pgmigrate.ParseError(err))
 	}
+	_, chosen := cfg.ConnConfig.RuntimeParams["synchronous_commit"]
 	for name, value := range map[string]string{
 		"synchronous_commit": "on",
 		"statement_timeout":  strconv.FormatInt(max(1, o.QueryTimeout.Milliseconds()), 10),
@@ -298,6 +322,15 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		return nil, err
 	}
 	s.owned = true
+	cctx, cancel := context.WithTimeout(ctx, o.QueryTimeout)
+	defer cancel()
+	if err := pgmigrate.Opened(cctx, pool, chosen, ErrPool); err != nil {
+		s.Close()
+		if !errors.Is(err, ErrPool) {
+			err = fmt.Errorf("pgstore: %w", err)
+		}
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -175,3 +175,99 @@ func TestOpenRefusesAStoreInAnotherSchema(t *testing.T) {
 		t.Errorf("retry of the saved key: %+v, claimed=%v, %v; want its saved answer", e, claimed, err)
 	}
 }
+
+// TestSearchPathDroppedByPooler: a pooler in front of the server that drops
+// the DSN's search_path (PgBouncer with search_path among its
+// ignore_startup_parameters, as the hint of its refusal once said to list
+// it) leaves the session on the role's search_path. Open and New refuse it
+// with ErrSchema naming both search_paths and what to do, and create
+// nothing; once the role's search_path is the DSN's, they open the store,
+// and a retry of a saved key gets its answer. Before, Open created an
+// empty store in public, where the saved key was claimed afresh: its
+// handler would have run again.
+func TestSearchPathDroppedByPooler(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA keys`); err != nil {
+		t.Fatal(err)
+	}
+	claimSave(t, open(t, dsn+"&search_path=keys", nil), "charge-1")
+	dropped := pgtest.Dropping(t, dsn+"&search_path=keys", "search_path")
+	opens, _ := openers(t, dropped)
+	for name, opened := range opens {
+		s, err := opened()
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, pgstore.ErrSchema) || !strings.Contains(err.Error(), `search_path 'keys'`) ||
+			!strings.Contains(err.Error(), `search_path '"$user", public'`) || !strings.Contains(err.Error(), "ALTER ROLE") {
+			t.Errorf("%s through a pooler that drops search_path: %v; want ErrSchema naming both search_paths and ALTER ROLE", name, err)
+		}
+	}
+	if tables := pgtest.Tables(t, dsn); strings.Contains(tables, "public.") {
+		t.Errorf("tables %s after the opens; want none in public", tables)
+	}
+
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` SET search_path = keys`); err != nil {
+		t.Fatal(err)
+	}
+	opens, _ = openers(t, dropped)
+	for name, opened := range opens {
+		s, err := opened()
+		if err != nil {
+			t.Errorf("%s with the role's search_path the DSN's: %v", name, err)
+			continue
+		}
+		if e, claimed, err := s.Claim(ctx, "s", "charge-1", "fp", testserver.Fence{Token: 2, ClaimID: "retry"}, t0); err != nil ||
+			claimed || e.Status != testserver.StatusDone {
+			t.Errorf("%s: retry of the saved key: %+v, claimed=%v, %v; want its saved answer", name, e, claimed, err)
+		}
+		s.Close()
+	}
+}
+
+// TestOpenSettingsDroppedByPooler: a pooler in front of the server that
+// drops the startup parameters Open sets (PgBouncer with them in its
+// ignore_startup_parameters, as README's Behind PgBouncer says to list them)
+// leaves the session on the role's settings: Open refuses one whose
+// default_transaction_isolation is not read committed, or whose
+// synchronous_commit is off while the DSN chose none, with ErrPool saying
+// which and what to do; with the role's settings as Open needs them, it
+// opens the store. Before, Open opened it, its claims committed without a
+// flush of the WAL (a crash could lose a claim whose handler ran), or run
+// SERIALIZABLE.
+func TestOpenSettingsDroppedByPooler(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	dropped := pgtest.Dropping(t, dsn, "default_transaction_isolation", "synchronous_commit", "statement_timeout")
+	for _, c := range []struct{ set, want string }{
+		{`default_transaction_isolation = 'serializable'`, `default_transaction_isolation is "serializable"`},
+		{`synchronous_commit = off`, `synchronous_commit is "off"`},
+	} {
+		if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` SET `+c.set); err != nil {
+			t.Fatal(err)
+		}
+		s, err := pgstore.Open(ctx, dropped, nil)
+		if err == nil {
+			s.Close()
+		}
+		if !errors.Is(err, pgstore.ErrPool) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "ALTER ROLE") {
+			t.Errorf("Open through a pooler that drops its startup parameters, role with %s: %v; want ErrPool saying %s and ALTER ROLE", c.set, err, c.want)
+		}
+		open(t, dsn, nil).Close() // straight to the server, the DSN's settings win
+		if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` RESET ALL`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(t, dropped, nil).Close()
+}
