@@ -52,8 +52,12 @@
 // and a Save that fails so after the handler ran leaves the key in flight
 // until LockTimeout, when a retry takes it over and runs the handler again
 // (through PgBouncer 1.18 in transaction pooling without it, 62 of 500
-// handlers ran twice; with it, none). README's Behind PgBouncer has what
-// was checked.
+// handlers ran twice; with it, none). Set PgBouncer's server_login_retry
+// (15 s by default) well below twice QueryTimeout: once a login to a
+// restarting server failed, PgBouncer refuses every session for that long,
+// and a Save that runs out of its retries meanwhile leaves the key in
+// flight, its handler run again after LockTimeout. README's Behind
+// PgBouncer has what was checked.
 //
 // Open and New find the store's table, or create it, in current_schema()
 // of the connection that opens the store: the first schema of its
