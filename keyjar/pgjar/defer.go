@@ -181,7 +181,7 @@ func (j *Jar) apply(batch []deferred) {
 // answer lost, perhaps applied), to Options.Logger: nobody else learns of
 // it.
 func (j *Jar) dropped(d deferred, err error) {
-	err = pgmigrate.OneLine(err) // one line, as a call's error
+	err = pgmigrate.CacheHint(pgmigrate.OneLine(err)) // one line, with a pooler's hint, as a call's error
 	j.drops.Add(err)
 	if j.logger != nil {
 		j.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgjar: a deferred change was dropped on an error; the operation may stay as it was",

@@ -533,3 +533,45 @@ func TestOpenSettingsDroppedByPooler(t *testing.T) {
 	}
 	open(t, dropped, nil).Close()
 }
+
+// TestDroppedBehindTransactionPooler: a deferred change that the applier
+// drops on a pooler's mix-up of pgx's prepared statements is logged, and
+// counted by Close, with what to do about it, as a call's error is. Before,
+// the log and Close quoted the server's error alone.
+func TestDroppedBehindTransactionPooler(t *testing.T) {
+	const hint = "; behind a pooler in transaction mode? add default_query_exec_mode=exec to the DSN: see README, Behind PgBouncer"
+	ctx := t.Context()
+	var logged syncBuffer
+	j, err := pgjar.Open(ctx, pgtest.DB(t)+"&pool_max_conns=1", &pgjar.Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := j.Begin(ctx, record("op")); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("op", "", idem.Change{Now: t0.Add(time.Second), Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := j.Get(ctx, "op"); err != nil || rec.Attempts != 1 { // waits for the change
+		t.Fatalf("Get after the first change: %+v, %v; want it applied", rec, err)
+	}
+	conn, err := pgjar.PoolOf(j).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Conn().PgConn().Exec(ctx, "DEALLOCATE ALL").ReadAll() // what a pooler's session switch amounts to
+	conn.Release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Defer("op", "", idem.Change{Now: t0.Add(2 * time.Second), Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	err = j.Close()
+	if !errors.Is(err, idem.ErrDropped) || !strings.Contains(err.Error(), "26000") || !strings.HasSuffix(err.Error(), hint) {
+		t.Errorf("Close: %v; want idem.ErrDropped quoting SQLSTATE 26000 and ending with the hint", err)
+	}
+	if !strings.Contains(logged.String(), "default_query_exec_mode=exec") {
+		t.Errorf("log: %s; want the dropped change logged with the hint", logged.String())
+	}
+}
