@@ -673,6 +673,11 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 		// index, the record of the version): a table dropped took its
 		// keys with it, and pgjar re-creates nothing.
 		_, missing, _ := strings.Cut(err.Error(), pgjar.ErrSchema.Error()+": ")
+		if errors.Is(err, pgmigrate.ErrPathDropped) {
+			// Nothing is wrong with the tables: the session looks for
+			// them elsewhere, and pgjar says why and what to do.
+			return fmt.Errorf("%s: %s", where, missing)
+		}
 		if errors.Is(err, pgmigrate.ErrIndexOnly) {
 			// pgjar says which index and how to create it: a restore
 			// from a backup would lose the keys written since.

@@ -370,3 +370,29 @@ func TestPostgresJarOfAnOlderVersion(t *testing.T) {
 		t.Errorf("the jar's versions after idemctl: %q (%v); want 1", versions, err)
 	}
 }
+
+// TestSearchPathDroppedByPooler: through a pooler that drops the URL's
+// search_path (PgBouncer with search_path among its
+// ignore_startup_parameters), idemctl says so and what to do, and does not
+// call the jar damaged nor say to restore it from a backup, which would
+// lose the keys written since. Before, it said the jar's schema was
+// damaged.
+func TestSearchPathDroppedByPooler(t *testing.T) {
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	if _, err := admin.Exec(t.Context(), `CREATE SCHEMA jobs`); err != nil {
+		t.Fatal(err)
+	}
+	j, err := pgjar.Open(t.Context(), dsn+"&search_path=jobs", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := idemctl("--jar", pgtest.Dropping(t, dsn+"&search_path=jobs", "search_path"), "list")
+	wantError(t, code, errOut, 1, "the connection string sets search_path 'jobs', but the session runs with search_path")
+	if strings.Contains(errOut, "damaged") || strings.Contains(errOut, "backup") || !strings.Contains(errOut, "ALTER ROLE") {
+		t.Errorf("stderr %q; want what to do (ALTER ROLE), not a damaged jar to restore", errOut)
+	}
+}

@@ -100,7 +100,7 @@ func TestKept(t *testing.T) {
 			params["search_path"] = tc.want
 		}
 		err := Kept(params, tc.path, sentinel)
-		if (err == nil) != tc.kept || (err != nil && !errors.Is(err, sentinel)) {
+		if (err == nil) != tc.kept || (err != nil && (!errors.Is(err, sentinel) || !errors.Is(err, ErrPathDropped))) {
 			t.Errorf("Kept(%q, %q) = %v; want kept %v", tc.want, tc.path, err, tc.kept)
 		}
 	}

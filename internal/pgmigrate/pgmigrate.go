@@ -495,7 +495,8 @@ func literal(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + 
 // session runs with the role's or the database's. The tables would then
 // be looked for, and created, in another schema than the one the
 // connection string names, leaving those there, and their keys, behind.
-// The error wraps incomplete, with both search_paths and what to do.
+// The error wraps incomplete and ErrPathDropped, with both search_paths
+// and what to do.
 func Kept(params map[string]string, path string, incomplete error) error {
 	want, set := params["search_path"]
 	if !set || want == path {
@@ -506,11 +507,16 @@ func Kept(params map[string]string, path string, incomplete error) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: the connection string sets search_path %s, but the session runs with search_path %s: "+
+	return &absentMisplaced{msg: fmt.Sprintf("%v: the connection string sets search_path %s, but the session runs with search_path %s: "+
 		"a pooler between them dropped it (as PgBouncer drops the startup parameters its ignore_startup_parameters lists), "+
 		"and the tables would be looked for in another schema; set it on the role instead "+
-		"(ALTER ROLE … IN DATABASE … SET search_path = …), or connect to the server directly", incomplete, literal(want), literal(path))
+		"(ALTER ROLE … IN DATABASE … SET search_path = …), or connect to the server directly", incomplete, literal(want), literal(path)),
+		errs: []error{incomplete, ErrPathDropped}}
 }
+
+// ErrPathDropped is wrapped, with a Schema's Incomplete, in Kept's error:
+// nothing is wrong with the tables, which are elsewhere.
+var ErrPathDropped = errors.New("the session does not run with the connection string's search_path")
 
 // CurrentQuery reads current_schema() and the search_path, for Current.
 const CurrentQuery = `SELECT pg_catalog.current_schema(), pg_catalog.current_setting('search_path')`
