@@ -684,8 +684,9 @@ func explainOpen(ctx context.Context, where string, lockTimeout time.Duration, e
 			return fmt.Errorf("%s: the key jar's schema lacks an index, nothing written (%s)", where, missing)
 		}
 		return fmt.Errorf("%s: the key jar's schema is damaged (%s); keys may be lost: restore the jar's tables from a backup", where, missing)
-	case errors.Is(err, pgjar.ErrPrivilege):
-		// pgjar names the table and what to grant; the line names the
+	case errors.Is(err, pgjar.ErrPrivilege), errors.Is(err, pgjar.ErrPool):
+		// pgjar names the table and what to grant, or the setting a
+		// pooler dropped and where to set it; the line names the
 		// database, as every other refusal at open does.
 		return fmt.Errorf("%s: %w", where, err)
 	case errors.Is(err, context.DeadlineExceeded):

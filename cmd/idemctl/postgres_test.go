@@ -396,3 +396,32 @@ func TestSearchPathDroppedByPooler(t *testing.T) {
 		t.Errorf("stderr %q; want what to do (ALTER ROLE), not a damaged jar to restore", errOut)
 	}
 }
+
+// TestSettingsDroppedByPooler: through a pooler that drops the startup
+// parameters pgjar sets, onto a role whose synchronous_commit is off,
+// idemctl names the database and says what to do, as for every refusal
+// at open. Before, it did not name the database.
+func TestSettingsDroppedByPooler(t *testing.T) {
+	dsn := pgtest.DB(t)
+	admin := pgtest.Connect(t, dsn)
+	var db string
+	if err := admin.QueryRow(t.Context(), `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(t.Context(), `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` SET synchronous_commit = off`); err != nil {
+		t.Fatal(err)
+	}
+	j, err := pgjar.Open(t.Context(), dsn, nil) // straight to the server: the DSN's settings win
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	jar := pgtest.Dropping(t, dsn, "default_transaction_isolation", "synchronous_commit", "statement_timeout")
+	code, _, errOut := idemctl("--jar", jar, "list")
+	wantError(t, code, errOut, 1, `synchronous_commit is "off"`)
+	if !strings.HasPrefix(errOut, "idemctl: "+jar+": ") || !strings.Contains(errOut, "ALTER ROLE") {
+		t.Errorf("stderr %q; want it to begin with the database and say what to do (ALTER ROLE)", errOut)
+	}
+}
