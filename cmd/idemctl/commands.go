@@ -264,6 +264,17 @@ func show(ctx context.Context, s *session, fs *flag.FlagSet, args []string) erro
 	// own is not looked for: that would read all of the jar for every
 	// name.
 	found, err := byKey(ctx, s.jar, op)
+	if err != nil && ctx.Err() == nil {
+		// An aside: the operation named op was shown, and show succeeds.
+		// The look fails on another record with that key that does not
+		// decode, or on a large PostgreSQL jar past --lock-timeout.
+		why := oneLine(s.describe(err).Error())
+		if re := (*idem.RecordError)(nil); errors.As(err, &re) {
+			why = "the record of " + cell(re.Record.Op, 0) + ", which has that key, does not decode: show " + cell(re.Record.Op, 0) + " says more"
+		}
+		fmt.Fprintf(s.stderr, "idemctl: note: show printed the operation named %s; the look for other operations with that key as theirs failed: %s\n", cell(op, 0), why)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -116,7 +116,8 @@
 // of the jar: no index leads from keys to operations). The name wins: of
 // an operation named by its own key (one sent without a name under the
 // caller's Idempotency-Key), a line on stderr names the other operations
-// sent with that key, if any; an operation whose key is the name of
+// sent with that key, if any (or says that the look for them failed, show
+// still exiting 0); an operation whose key is the name of
 // another, which has a key of its own, is not looked for (that would read
 // all of the jar for every name): export lists it, with its key.
 //

@@ -34,3 +34,26 @@ func TestShowNameThatIsAlsoAKey(t *testing.T) {
 		t.Fatalf("show charge:2: exit %d, stdout %q, stderr %q; want it alone, no note", code, out, errOut)
 	}
 }
+
+// TestShowNameThatIsAlsoAKeyOfADamagedRecord: show K of the operation
+// named K succeeds, its record printed and exit status 0, when the look
+// for other operations with key K fails (here, another one's record does
+// not decode; on a large PostgreSQL jar, the scan may run out of
+// --lock-timeout): that look only adds a note, which then says it failed.
+func TestShowNameThatIsAlsoAKeyOfADamagedRecord(t *testing.T) {
+	now := time.Now()
+	rec := func(op, key string) idem.Record {
+		return idem.Record{Op: op, Key: key, Fingerprint: "fp", State: idem.StateDone, Method: "POST",
+			URL: "http://127.0.0.1/v1/charges", Created: now, Updated: now, Attempts: 1, LastStatus: 201}
+	}
+	const k = "3f1c9b62-5d0e-4b8a-9a57-2c4e8f6d1a90"
+	path := jarWith(t, rec(k, k), rec("charge:1", k))
+	damageHeaders(t, path, "charge:1")
+	code, out, errOut := idemctl("--jar", path, "show", k)
+	if code != 0 || strings.Count(out, "op:") != 1 || !strings.Contains(out, k) {
+		t.Fatalf("show %s: exit %d, stdout %q, stderr %q; want exit 0 and the operation named %s", k, code, out, errOut, k)
+	}
+	if !strings.Contains(errOut, "other operations with that key as theirs failed") || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("show %s: stderr %q; want one line saying that the look for other operations with that key failed", k, errOut)
+	}
+}
