@@ -146,9 +146,11 @@
 // the program's write to end, up to --lock-timeout, and then fail.
 // SIGINT (Ctrl-C), SIGTERM or SIGHUP ends that wait: the command says it
 // was interrupted, exits with status 1, and writes nothing it was waiting
-// to write; resume, whose request was not sent, still waits up to
-// --lock-timeout at its end to give back the operation's lease (a second
-// signal ends it at once: the lease, if it held one, runs out on its own).
+// to write, resume included, which then never took the operation's lease
+// and has none to give back. A resume interrupted once it holds the lease
+// (its request under way) waits up to --lock-timeout at its end to give
+// it back (a second signal ends it at once: the lease runs out on its
+// own).
 // list, show and export open a jar file for reading alone
 // (keyjar.Options.ReadOnly) and write nothing there: they need read access
 // to the file and its -wal and -shm files (a SQLite file in WAL mode), and
