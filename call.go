@@ -808,6 +808,20 @@ func (c *call) release(ctx context.Context) {
 	if !c.mayHold() {
 		return
 	}
+	if c.rec.Op == "" {
+		// A resume whose Acquire failed without saying whether it was
+		// made has not read the record: a release built from nothing
+		// would clear its last outcome and the server's next attempt
+		// time (a Change's zero values clear them). It is read first: a
+		// lease held by another holder, or by none, is not this call's
+		// to give back, and one it cannot read runs out on its own.
+		r, err := c.t.Jar.Get(detach(ctx), c.op)
+		if err != nil || r.Holder != c.holder {
+			c.held, c.unsure = false, false
+			return
+		}
+		c.rec, c.lastCode, c.lastErr = r, r.LastStatus, storedError(r)
+	}
 	ch := Change{Release: true, NextAttempt: c.rec.NextAttempt}
 	if c.unsent || c.created && c.attempts == 0 {
 		ch.Attempts = -1

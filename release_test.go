@@ -273,3 +273,50 @@ func TestReleaseOfALeaseItMayHold(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseAfterLostAcquireKeepsTheOutcome: a resume whose Acquire's
+// answer was lost (made, as pgjar's may be, its answer an error) gives
+// back the lease it may hold, and leaves the record's last outcome and the
+// server's next attempt time as they were: the resume never read the
+// record, and a release built from nothing would clear them (Change's
+// LastStatus 0, LastError "" and zero NextAttempt clear), so that the
+// next call sent at once what the server asked to wait for.
+func TestReleaseAfterLostAcquireKeepsTheOutcome(t *testing.T) {
+	fp := fingerprintOf(t, `{}`)
+	lost := errors.New("connection reset after COMMIT")
+	for _, ctxEnds := range []bool{false, true} {
+		t.Run(map[bool]string{false: "answer lost", true: "answer lost as the context ends"}[ctxEnds], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, rec, mj := newTransport(t, status(201))
+				jar := &releaseJar{MemoryJar: mj}
+				tr.Jar = jar
+				now := time.Now()
+				next := now.Add(10 * time.Minute) // the server's Retry-After
+				if _, _, err := mj.Begin(context.Background(), idem.Record{Op: "op", Key: "k1", Fingerprint: fp, Header: jsonHeader(), State: idem.StatePending,
+					Created: now, Updated: now, Attempts: 1, LastStatus: 503, LastError: "unavailable", NextAttempt: next}); err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+				defer cancel()
+				jar.acquire = func(n int, ctx context.Context, op, holder string, now time.Time, ttl time.Duration) (idem.Record, error) {
+					if _, err := jar.MemoryJar.Acquire(ctx, op, holder, now, ttl); err != nil {
+						t.Fatal(err)
+					}
+					if ctxEnds {
+						cancel()
+						return idem.Record{}, ctx.Err()
+					}
+					return idem.Record{}, lost
+				}
+				if _, err := post(t, resume.Mark(ctx, "k1"), tr, `{}`); err == nil || rec.attempts() != 0 {
+					t.Fatalf("resume: %v after %d sends; want an error, nothing sent", err, rec.attempts())
+				}
+				r, err := mj.Get(context.Background(), "op")
+				if err != nil || r.Holder != "" || r.LastStatus != 503 || r.LastError != "unavailable" || !r.NextAttempt.Equal(next) {
+					t.Fatalf("record after the resume: holder %q, last %d %q, next attempt %v (%v); want the lease given back, last 503 \"unavailable\", next attempt %v",
+						r.Holder, r.LastStatus, r.LastError, r.NextAttempt, err, next)
+				}
+			})
+		})
+	}
+}
