@@ -51,8 +51,9 @@
 // symbolic link opens the file it points to, or creates it there when
 // nothing is there yet, and the -wal and -shm files are
 // beside that file; a link on the path pointed elsewhere while the jar is
-// open is a file moved (ErrMoved). Each connection sets busy_timeout (Options.BusyTimeout);
-// the writer also uses journal_mode=WAL, synchronous=FULL (NORMAL for
+// open is a file moved (ErrMoved). Each connection sets busy_timeout (Options.BusyTimeout;
+// the writer's is at most 100 ms, a slice of the committer's wait for the
+// write lock, which lasts BusyTimeout all the same); the writer also uses journal_mode=WAL, synchronous=FULL (NORMAL for
 // batches without a key creation), fullfsync and checkpoint_fullfsync (on
 // macOS an fsync leaves the write in the disk's cache, and SQLite then
 // syncs with F_FULLFSYNC, as Go's File.Sync does; elsewhere they change
