@@ -209,8 +209,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 			// Interrupted (SIGINT, SIGTERM, SIGHUP): nothing more is
 			// sent. An order an earlier run charged is neither an order
 			// not sent nor one not charged.
-			if rec, err := c.Jar().Get(context.WithoutCancel(ctx), op); err == nil &&
-				rec.State == idem.StateDone && rec.LastStatus >= 200 && rec.LastStatus < 300 {
+			if rec, err := c.Jar().Get(context.WithoutCancel(ctx), op); err == nil && charged(rec) {
 				continue
 			}
 			notSent++
@@ -218,7 +217,7 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		}
 		if rec, err := c.Jar().Get(ctx, op); err == nil && rec.State != idem.StateAbandoned {
 			switch {
-			case rec.State == idem.StateDone && rec.LastStatus >= 200 && rec.LastStatus < 300:
+			case charged(rec):
 				fmt.Fprintf(stdout, "%s: charged in an earlier run (key %s)\n", id, rec.Key)
 				continue
 			case rec.State == idem.StateDone:
@@ -262,6 +261,12 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		return 1
 	}
 	return 0
+}
+
+// charged reports whether rec is of an order the server charged: done,
+// with a success (2xx).
+func charged(rec idem.Record) bool {
+	return rec.State == idem.StateDone && rec.LastStatus >= 200 && rec.LastStatus < 300
 }
 
 // leftToSend returns how many of the orders ids, and of the operations a
