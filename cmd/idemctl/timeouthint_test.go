@@ -14,7 +14,7 @@ import (
 func TestPostgresLockTimeoutHint(t *testing.T) {
 	srv := newServer(t)
 	dsn := seedPostgres(t, srv)
-	lockTableOnceOpen(t, dsn)
+	opened := lockTableOnceOpen(t, dsn)
 	for _, c := range []struct {
 		args    []string
 		want    string
@@ -29,7 +29,21 @@ func TestPostgresLockTimeoutHint(t *testing.T) {
 		{[]string{"resume", "--all", "--header", "Authorization: " + secret, "--host", srv.URL}, "resume --all reads", []string{"show"}},
 		{[]string{"resume", "charge:p1", "--header", "Authorization: " + secret, "--host", srv.URL}, "waiting for another process", []string{"show", "a large jar"}},
 	} {
-		code, _, errOut := idemctl(append([]string{"--jar", dsn, "--lock-timeout", "100ms"}, c.args...)...)
+		// The open's own statements run under --lock-timeout too, and on
+		// a loaded machine one may run out of 100ms before the command's
+		// do: such a run says nothing of the command, and is run again.
+		var code int
+		var errOut string
+		for range 5 {
+			*opened = false
+			code, _, errOut = idemctl(append([]string{"--jar", dsn, "--lock-timeout", "100ms"}, c.args...)...)
+			if *opened {
+				break
+			}
+		}
+		if !*opened {
+			t.Fatalf("%s: the jar did not open in 5 runs: exit %d, stderr %q", c.args[0], code, errOut)
+		}
 		if code != 1 || !strings.Contains(errOut, "ran out of --lock-timeout (100ms)") || !strings.Contains(errOut, c.want) {
 			t.Errorf("%s: exit %d, stderr %q; want exit 1, ran out of --lock-timeout, and %q", c.args[0], code, errOut, c.want)
 		}
