@@ -80,11 +80,10 @@ func PoolerHint(err error) string {
 // statements per session, and pgx caches which it has prepared on each of
 // its connections: a pooler in transaction mode, such as PgBouncer's
 // pool_mode = transaction, hands one server session to many of them, and
-// the two disagree. pgx's exec mode prepares nothing by name. errors.As
-// still finds the *pgconn.PgError.
+// the two disagree (see reconnect.MixedUp). pgx's exec mode prepares
+// nothing by name. errors.As still finds the *pgconn.PgError.
 func CacheHint(err error) error {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || (pe.Code != "42P05" && pe.Code != "26000") || !strings.Contains(pe.Message, `"stmtcache_`) {
+	if !reconnect.MixedUp(err) {
 		return err
 	}
 	return &explained{msg: err.Error() + "; behind a pooler in transaction mode? add default_query_exec_mode=exec to the DSN: see README, Behind PgBouncer", err: err}

@@ -318,60 +318,92 @@ func RefusedByPgBouncer(t testing.TB, pkg string, open func(dsn string) (io.Clos
 	}
 }
 
-// PoolerMixUp fails t unless a pooler in transaction mode that hands pgx
-// a server session other than the one its statement cache prepared on
-// makes a call fail with what to do about it, and unless doing that works.
-// open opens pgjar's or pgstore's Open on the DSN it is given, and returns
-// the pool it opened and call, one of its statements. After call has run
-// once, the session of the pool's one connection forgets the statements
-// prepared on it (DEALLOCATE ALL, what a pooler's session switch amounts
-// to): call must then fail with SQLSTATE 26000 and the hint to set
-// default_query_exec_mode=exec in the DSN, and go through the time after,
-// pgx having prepared it again. With that in dsn, as the hint says, call
-// must go through every time.
+// PoolerMixUp fails t unless a call goes through on a session whose
+// prepared statements are not those pgx's statement cache holds, as behind
+// a pooler in transaction mode, which hands pgx another server session than
+// the one it prepared on. open opens pgjar's or pgstore's Open on the DSN it
+// is given, and returns the pool it opened and call, one of its statements.
+// After call has run once, the pool's one connection is mixed up (see
+// MixUp): its session forgets the statements pgx prepared (SQLSTATE 26000
+// when pgx uses one) or holds one pgx is about to prepare (42P05). call
+// must go through, run again at once in pgx's exec mode, and so must the
+// call after; with default_query_exec_mode=exec in dsn, call prepares
+// nothing by name and goes through too.
 func PoolerMixUp(t *testing.T, dsn string, open func(dsn string) (*pgxpool.Pool, func() error)) {
-	for _, exec := range []bool{false, true} {
-		t.Run(fmt.Sprintf("exec=%v", exec), func(t *testing.T) {
-			u, err := url.Parse(dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := u.Query()
-			q.Set("pool_max_conns", "1")
-			if exec {
-				q.Set("default_query_exec_mode", "exec")
-			}
-			u.RawQuery = q.Encode()
-			pool, call := open(u.String())
-			if err := call(); err != nil {
-				t.Fatalf("first call: %v", err)
-			}
-			conn, err := pool.Acquire(t.Context())
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = conn.Conn().PgConn().Exec(t.Context(), "DEALLOCATE ALL").ReadAll()
-			conn.Release()
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = call()
-			if exec {
+	for _, code := range []string{"26000", "42P05"} {
+		for _, exec := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/exec=%v", code, exec), func(t *testing.T) {
+				u, err := url.Parse(dsn)
 				if err != nil {
-					t.Fatalf("call on a session that forgot its prepared statements, in exec mode: %v; want it through", err)
+					t.Fatal(err)
 				}
-				return
-			}
-			var pe *pgconn.PgError
-			if !errors.As(err, &pe) || pe.Code != "26000" ||
-				!strings.HasSuffix(err.Error(), `; behind a pooler in transaction mode? add default_query_exec_mode=exec to the DSN: see README, Behind PgBouncer`) {
-				t.Fatalf("call on a session that forgot its prepared statements: %v; want *pgconn.PgError 26000 followed by the hint to add default_query_exec_mode=exec to the DSN", err)
-			}
-			if err := call(); err != nil {
-				t.Errorf("the call after: %v; want it through, pgx having prepared the statement again", err)
-			}
-		})
+				q := u.Query()
+				q.Set("pool_max_conns", "1")
+				if exec {
+					q.Set("default_query_exec_mode", "exec")
+				}
+				u.RawQuery = q.Encode()
+				pool, call := open(u.String())
+				if err := call(); err != nil {
+					t.Fatalf("first call: %v", err)
+				}
+				if err := MixUp(t.Context(), pool, code); err != nil {
+					t.Fatal(err)
+				}
+				if err := call(); err != nil {
+					t.Fatalf("call on a session whose prepared statements are not pgx's (%s): %v; want it through", code, err)
+				}
+				if err := call(); err != nil {
+					t.Errorf("the call after: %v; want it through", err)
+				}
+			})
+		}
 	}
+}
+
+// MixUp makes the prepared statements of the session of a connection of
+// pool (take one of pool_max_conns=1 for the connection a store uses)
+// disagree with pgx's statement cache, as a pooler in transaction mode
+// does when it hands pgx another server session: with code "26000" the
+// session forgets them (DEALLOCATE ALL, sent behind pgx's back), and pgx's
+// next use of one fails with SQLSTATE 26000 (prepared statement
+// "stmtcache_…" does not exist); with "42P05" pgx forgets them and the
+// session holds another statement under each name, and pgx's next
+// preparation of one fails with 42P05 (… already exists). A session on
+// which pgx prepared nothing (exec mode) is left as it is.
+func MixUp(ctx context.Context, pool *pgxpool.Pool, code string) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	pc := conn.Conn().PgConn()
+	rr, err := pc.Exec(ctx, `SELECT name FROM pg_prepared_statements WHERE starts_with(name, 'stmtcache_')`).ReadAll()
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, r := range rr {
+		for _, row := range r.Rows {
+			names = append(names, string(row[0]))
+		}
+	}
+	switch code {
+	case "26000":
+		_, err = pc.Exec(ctx, "DEALLOCATE ALL").ReadAll()
+		return err
+	case "42P05":
+		if err := conn.Conn().DeallocateAll(ctx); err != nil {
+			return err
+		}
+		for _, name := range names {
+			if _, err := pc.Exec(ctx, "PREPARE "+pgx.Identifier{name}.Sanitize()+" AS SELECT 1").ReadAll(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("mix up: SQLSTATE %q: want 26000 or 42P05", code)
 }
 
 // OpensOnceUnlocked runs open, which opens a package's tables in dsn's

@@ -135,9 +135,10 @@ func UnsupportedParameter(pe *pgconn.PgError) string {
 // so lost, or nil; statement's unsure tells it whether there was one, so
 // that it can recognise its own earlier work. A statement that a session
 // refused as read-only runs once more after the pool is reset (see
-// ReadOnly).
+// ReadOnly). One refused as a mix-up of pgx's prepared statements runs
+// again at once on the same connection, in pgx's exec mode (see Fallback).
 func Run(ctx context.Context, pool *pgxpool.Pool, bound time.Duration, until time.Time, resend bool,
-	statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error) (lost, err error) {
+	statement func(ctx context.Context, conn Conn, unsure bool) error) (lost, err error) {
 	reset := false
 	err = Retry(ctx, until, func() (bool, error) {
 		conn, sctx, done, err := Acquire(ctx, pool, bound)
@@ -145,7 +146,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, bound time.Duration, until tim
 			return Lost(ctx, nil, err), err
 		}
 		defer done()
-		err = statement(sctx, conn, lost != nil)
+		unsure := lost != nil
+		err = Fallback(conn, func(c Conn) error { return statement(sctx, c, unsure) })
 		if !Lost(sctx, conn, err) {
 			again := ReadOnly(sctx, pool, conn, err) && !reset
 			reset = reset || again

@@ -233,6 +233,10 @@ func (j *Jar) deliver(changes []deferred) (left []deferred, err error) {
 // error is the loss of the connection (see reconnect.Lost), and whether it
 // is its session refusing the batch as read-only (see reconnect.ReadOnly).
 // The batch is one implicit transaction: refused, none of it was applied.
+// Refused as a mix-up of pgx's prepared statements (see
+// reconnect.Fallback), the changes are sent again at once on the same
+// connection in pgx's exec mode, which a pgx.Batch takes from the pool's
+// configuration alone: one statement each, in one transaction.
 func (j *Jar) send(changes []deferred) (sent, lostConn, readOnly bool, err error) {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(changes))}
 	for _, d := range changes {
@@ -243,7 +247,19 @@ func (j *Jar) send(changes []deferred) (sent, lostConn, readOnly bool, err error
 		return false, reconnect.Lost(context.Background(), nil, err), false, err
 	}
 	defer done()
-	err = conn.SendBatch(ctx, b).Close()
+	err = reconnect.Fallback(conn, func(c reconnect.Conn) error {
+		if !c.Again() {
+			return conn.SendBatch(ctx, b).Close()
+		}
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			for _, d := range changes {
+				if _, err := tx.Exec(ctx, j.sql.update, c.Args(d.args...)...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
 	lostConn = reconnect.Lost(ctx, conn, err)
 	return true, lostConn, !lostConn && reconnect.ReadOnly(ctx, j.pool, conn, err), err
 }

@@ -64,11 +64,17 @@
 // or the jar would be looked for, and created, in another schema. Under
 // PgBouncer's transaction pooling, add default_query_exec_mode=exec to the
 // DSN (for New, set the pool's ConnConfig.DefaultQueryExecMode to
-// pgx.QueryExecModeExec): otherwise pgx's statement cache meets statements
-// another client prepared on the same server session, or misses its own,
-// and the jar's calls fail with the server's error (Begin's: nothing sent)
-// and its applier drops deferred changes, leaving their operations pending.
-// README's Behind PgBouncer has what was checked.
+// pgx.QueryExecModeExec), which prepares no statement by name: otherwise
+// pgx's statement cache meets statements another client prepared on the
+// same server session, or misses its own, and the server refuses the
+// statement before running it (SQLSTATE 42P05 or 26000). The jar's calls
+// then run it again at once, on the same connection, in pgx's exec mode,
+// and the applier sends the batch's changes so, in one transaction: each
+// such refusal costs a round trip, and Open, whose migration is not run
+// again so, may fail on one, with that advice. Before they did, calls
+// failed with the server's error (Begin's: nothing sent) and the applier
+// dropped deferred changes, leaving their operations pending. README's
+// Behind PgBouncer has what was checked.
 //
 // Open and New find the jar's tables, or create them, in current_schema()
 // of the connection that opens the jar: the first schema of its
@@ -697,11 +703,11 @@ func (j *Jar) retryUntil() time.Time { return time.Now().Add(2 * j.timeout) }
 // before the answer, until until (the zero time for one attempt), and when
 // the statement was sent only if resend is true: see reconnect.Run, which
 // says what lost is.
-func (j *Jar) run(ctx context.Context, until time.Time, resend bool, statement func(ctx context.Context, conn *pgxpool.Conn) error) (lost, err error) {
+func (j *Jar) run(ctx context.Context, until time.Time, resend bool, statement func(ctx context.Context, conn reconnect.Conn) error) (lost, err error) {
 	if err := j.check(ctx); err != nil {
 		return nil, err
 	}
-	lost, err = reconnect.Run(ctx, j.pool, 2*j.timeout, until, resend, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+	lost, err = reconnect.Run(ctx, j.pool, 2*j.timeout, until, resend, func(ctx context.Context, conn reconnect.Conn, _ bool) error {
 		return statement(ctx, conn)
 	})
 	return lost, j.closedOr(err)
@@ -709,7 +715,7 @@ func (j *Jar) run(ctx context.Context, until time.Time, resend bool, statement f
 
 // record runs one statement that returns at most one record, as run does.
 func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query string, args ...any) (rec idem.Record, lost, err error) {
-	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn *pgxpool.Conn) error {
+	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn reconnect.Conn) error {
 		var err error
 		rec, err = scanRecord(conn.QueryRow(ctx, query, args...))
 		return err
@@ -730,10 +736,10 @@ func (j *Jar) record(ctx context.Context, until time.Time, resend bool, query st
 // A COMMIT whose answer was lost is an UPDATE whose answer was lost: it
 // may have been applied, and it is run again only when resend is true.
 func (j *Jar) recordTx(ctx context.Context, until time.Time, resend bool, query string, args ...any) (rec idem.Record, lost, err error) {
-	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn *pgxpool.Conn) error {
+	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn reconnect.Conn) error {
 		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			var err error
-			rec, err = scanRecord(tx.QueryRow(ctx, query, args...))
+			rec, err = scanRecord(tx.QueryRow(ctx, query, conn.Args(args...)...))
 			return err
 		})
 	})
@@ -743,7 +749,7 @@ func (j *Jar) recordTx(ctx context.Context, until time.Time, resend bool, query 
 // exec runs one statement, as run does, and returns how many rows it
 // changed.
 func (j *Jar) exec(ctx context.Context, until time.Time, resend bool, query string, args ...any) (n int64, lost, err error) {
-	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn *pgxpool.Conn) error {
+	lost, err = j.run(ctx, until, resend, func(ctx context.Context, conn reconnect.Conn) error {
 		tag, err := conn.Exec(ctx, query, args...)
 		n = tag.RowsAffected()
 		return err
@@ -1207,7 +1213,7 @@ const byKeySQL = `SELECT ` + columns + ` FROM {schema}.idem_operations
 // and again while the connection is lost (see run).
 func (j *Jar) records(ctx context.Context, verb, query string, args ...any) ([]idem.Record, error) {
 	var out []idem.Record
-	_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn *pgxpool.Conn) error {
+	_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn reconnect.Conn) error {
 		out = nil
 		rows, err := conn.Query(ctx, query, args...)
 		if err != nil {
@@ -1378,7 +1384,7 @@ type keyState struct {
 
 // keyState reads op's keyState, or pgx.ErrNoRows for an unknown op.
 func (j *Jar) keyState(ctx context.Context, until time.Time, op string) (ks keyState, err error) {
-	_, err = j.run(ctx, until, true, func(ctx context.Context, conn *pgxpool.Conn) error {
+	_, err = j.run(ctx, until, true, func(ctx context.Context, conn reconnect.Conn) error {
 		return conn.QueryRow(ctx, j.sql.abandonedKey, op).Scan(&ks.key, &ks.state, &ks.note, &ks.updated)
 	})
 	return ks, err
@@ -1445,7 +1451,7 @@ func (j *Jar) Prune(ctx context.Context, before time.Time, limit int) (int, erro
 	if limit <= 0 {
 		// Bound the batches by what is due now.
 		var due int64
-		_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn *pgxpool.Conn) error {
+		_, err := j.run(ctx, j.retryUntil(), true, func(ctx context.Context, conn reconnect.Conn) error {
 			return conn.QueryRow(ctx, j.sql.due, cut).Scan(&due)
 		})
 		if err != nil {

@@ -47,12 +47,17 @@
 // too): set it on the role as well, never in ignore_startup_parameters.
 // Under PgBouncer's transaction pooling, add default_query_exec_mode=exec
 // to the DSN (for New, set the pool's ConnConfig.DefaultQueryExecMode to
-// pgx.QueryExecModeExec): otherwise pgx's statement cache meets statements
-// another client prepared on the same server session, or misses its own,
-// and a Save that fails so after the handler ran leaves the key in flight
-// until LockTimeout, when a retry takes it over and runs the handler again
-// (through PgBouncer 1.18 in transaction pooling without it, 62 of 500
-// handlers ran twice; with it, none). Set PgBouncer's server_login_retry
+// pgx.QueryExecModeExec), which prepares no statement by name: otherwise
+// pgx's statement cache meets statements another client prepared on the
+// same server session, or misses its own, and the server refuses the
+// statement before running it (SQLSTATE 42P05 or 26000). Claim, TakeOver,
+// Save, Release and Prune then run it again at once, on the same
+// connection, in pgx's exec mode: each such refusal costs a round trip, and
+// Open, whose migration is not run again so, may fail on one, with that
+// advice. Before they did (through PgBouncer 1.18 in transaction pooling
+// without it), a Save refused so after the handler ran left the key in
+// flight until LockTimeout, when a retry took it over and ran the handler
+// again: 62 of 500 handlers ran twice. Set PgBouncer's server_login_retry
 // (15 s by default) well below twice QueryTimeout: once a login to a
 // restarting server failed, PgBouncer refuses every session for that long,
 // and a Save that runs out of its retries meanwhile leaves the key in
@@ -178,6 +183,7 @@ import (
 	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/idemkit/idem/testserver"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -488,7 +494,7 @@ func (s *Store) Claim(ctx context.Context, scope, key, fingerprint string, f tes
 		if unsure != nil {
 			last = until
 		}
-		lost, err := s.run(ctx, last, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+		lost, err := s.run(ctx, last, func(ctx context.Context, conn reconnect.Conn, _ bool) error {
 			row := conn.QueryRow(ctx, s.sql.claim, scope, key, fingerprint, f.Token, created, f.ClaimID)
 			var err error
 			e, err = scanEntry(row, scope, key, &claimed)
@@ -545,7 +551,11 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 		return 0, err
 	}
 	defer done()
-	tag, err := conn.Exec(ctx, query, args...)
+	var tag pgconn.CommandTag
+	err = reconnect.Fallback(conn, func(c reconnect.Conn) (err error) {
+		tag, err = c.Exec(ctx, query, args...)
+		return err
+	})
 	reconnect.ReadOnly(ctx, s.pool, conn, err) // the next statement runs on a new session
 	return tag.RowsAffected(), s.closedOr(err)
 }
@@ -553,7 +563,7 @@ func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, err
 // run runs statement, which runs twice as it runs once, and runs it again
 // while the connection is lost before the answer, until until (see the
 // package documentation and reconnect.Run), or returns ErrClosed.
-func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error) (lost, err error) {
+func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx context.Context, conn reconnect.Conn, unsure bool) error) (lost, err error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -577,10 +587,10 @@ func (s *Store) run(ctx context.Context, until time.Time, statement func(ctx con
 // is cancelled by pgx as it gives its connection up; should it commit
 // after check all the same, the write is reported failed and was made, as
 // before settle.
-func (s *Store) settle(ctx context.Context, until time.Time, statement func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error,
-	check func(ctx context.Context, conn *pgxpool.Conn) (bool, error)) (lost error, applied bool, err error) {
+func (s *Store) settle(ctx context.Context, until time.Time, statement func(ctx context.Context, conn reconnect.Conn, unsure bool) error,
+	check func(ctx context.Context, conn reconnect.Conn) (bool, error)) (lost error, applied bool, err error) {
 	ended := false // the last attempt's context ended
-	lost, err = s.run(ctx, until, func(sctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+	lost, err = s.run(ctx, until, func(sctx context.Context, conn reconnect.Conn, unsure bool) error {
 		err := statement(sctx, conn, unsure)
 		ended = err != nil && sctx.Err() != nil
 		return err
@@ -595,7 +605,11 @@ func (s *Store) settle(ctx context.Context, until time.Time, statement func(ctx 
 		return lost, false, err
 	}
 	defer done()
-	if ok, cerr := check(cctx, conn); cerr != nil || !ok {
+	var ok bool
+	if cerr := reconnect.Fallback(conn, func(c reconnect.Conn) (cerr error) {
+		ok, cerr = check(cctx, c)
+		return cerr
+	}); cerr != nil || !ok {
 		return lost, false, err
 	}
 	return lost, true, nil
@@ -615,11 +629,11 @@ func (s *Store) settle(ctx context.Context, until time.Time, statement func(ctx 
 // win reported wrongly would run the operation twice.
 func (s *Store) TakeOver(ctx context.Context, scope, key string, old, new testserver.Fence) (bool, error) {
 	var n int64
-	lost, applied, err := s.settle(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+	lost, applied, err := s.settle(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn reconnect.Conn, unsure bool) error {
 		tag, err := conn.Exec(ctx, s.sql.takeOver, scope, key, old.Token, old.ClaimID, new.Token, new.ClaimID, unsure)
 		n = tag.RowsAffected()
 		return err
-	}, func(ctx context.Context, conn *pgxpool.Conn) (taken bool, err error) {
+	}, func(ctx context.Context, conn reconnect.Conn) (taken bool, err error) {
 		return taken, conn.QueryRow(ctx, s.sql.taken, scope, key, new.Token, new.ClaimID).Scan(&taken)
 	})
 	if applied {
@@ -678,11 +692,11 @@ func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence,
 		body = []byte{} // NULL is for an entry in flight
 	}
 	var n int64
-	_, applied, err := s.settle(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn *pgxpool.Conn, unsure bool) error {
+	_, applied, err := s.settle(ctx, time.Now().Add(2*s.timeout), func(ctx context.Context, conn reconnect.Conn, unsure bool) error {
 		tag, err := conn.Exec(ctx, s.sql.save, scope, key, f.Token, resp.Status, string(header), body, unsure, f.ClaimID)
 		n = tag.RowsAffected()
 		return err
-	}, func(ctx context.Context, conn *pgxpool.Conn) (saved bool, err error) {
+	}, func(ctx context.Context, conn reconnect.Conn) (saved bool, err error) {
 		return saved, conn.QueryRow(ctx, s.sql.saved, scope, key, f.Token, resp.Status, string(header), body, f.ClaimID).Scan(&saved)
 	})
 	if applied {
@@ -706,11 +720,11 @@ func (s *Store) Save(ctx context.Context, scope, key string, f testserver.Fence,
 func (s *Store) Release(ctx context.Context, scope, key string, f testserver.Fence) (bool, error) {
 	until := time.Now().Add(2 * s.timeout)
 	var n int64
-	lost, applied, err := s.settle(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+	lost, applied, err := s.settle(ctx, until, func(ctx context.Context, conn reconnect.Conn, _ bool) error {
 		tag, err := conn.Exec(ctx, s.sql.release, scope, key, f.Token, f.ClaimID)
 		n = tag.RowsAffected()
 		return err
-	}, func(ctx context.Context, conn *pgxpool.Conn) (gone bool, err error) {
+	}, func(ctx context.Context, conn reconnect.Conn) (gone bool, err error) {
 		// Gone: deleted by this call, unless the claim was never made or
 		// was taken over and ended meanwhile; either way no claim of f is
 		// left in flight, as after an attempt whose answer was lost.
@@ -723,7 +737,7 @@ func (s *Store) Release(ctx context.Context, scope, key string, f testserver.Fen
 	}
 	if err == nil && n == 0 && lost != nil {
 		var there bool
-		_, err = s.run(ctx, until, func(ctx context.Context, conn *pgxpool.Conn, _ bool) error {
+		_, err = s.run(ctx, until, func(ctx context.Context, conn reconnect.Conn, _ bool) error {
 			return conn.QueryRow(ctx, s.sql.exists, scope, key).Scan(&there)
 		})
 		if !there {

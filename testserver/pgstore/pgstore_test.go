@@ -1469,8 +1469,10 @@ func TestOpenThatCannotWrite(t *testing.T) {
 }
 
 // TestOpenBehindTransactionPooler: behind a pooler in transaction mode, a
-// statement pgx prepared on another server session fails with what to do
-// about it, and default_query_exec_mode=exec in Open's DSN does it.
+// claim whose statement pgx prepared on another server session (or would
+// prepare under a name the session holds) is run again at once in pgx's
+// exec mode, and goes through; with default_query_exec_mode=exec in Open's
+// DSN it prepares nothing by name.
 func TestOpenBehindTransactionPooler(t *testing.T) {
 	pgtest.PoolerMixUp(t, pgtest.DB(t), func(dsn string) (*pgxpool.Pool, func() error) {
 		s := open(t, dsn, nil)
@@ -1481,6 +1483,123 @@ func TestOpenBehindTransactionPooler(t *testing.T) {
 			return err
 		}
 	})
+}
+
+// TestSaveBehindTransactionPooler: a Save after the handler ran, on a
+// session whose prepared statements are not those of pgx's cache (a
+// pooler in transaction mode handed pgx another server session; here
+// pgtest.MixUp), is run again at once in pgx's exec mode: the caller gets
+// the handler's answer, and its retry after LockTimeout the replay, the
+// handler having run once. Before, the save failed (SQLSTATE 26000 or
+// 42P05), the claim stayed in flight, and the retry took it over and ran
+// the handler again.
+func TestSaveBehindTransactionPooler(t *testing.T) {
+	for _, code := range []string{"26000", "42P05"} {
+		t.Run(code, func(t *testing.T) {
+			s := open(t, pgtest.DB(t)+"&pool_max_conns=1", nil)
+			var runs, now atomic.Int64
+			now.Store(t0.UnixNano())
+			mw := &testserver.Middleware{Store: s, LockTimeout: time.Minute, Now: func() time.Time { return time.Unix(0, now.Load()) }}
+			srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Idempotency-Key") == "k" {
+					if err := pgtest.MixUp(r.Context(), pgstore.PoolOf(s), code); err != nil {
+						t.Error(err)
+					}
+					runs.Add(1)
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "charge %d", runs.Load())
+			})))
+			defer srv.Close()
+			// The first request has pgx prepare the claim and the save.
+			if a := post(t, srv, "warm", "", `{"amount":1}`); a.status != http.StatusCreated {
+				t.Fatalf("first request = %d %q; want 201", a.status, a.body)
+			}
+			if a := post(t, srv, "k", "", `{"amount":1}`); a.status != http.StatusCreated || a.body != "charge 1" {
+				t.Errorf("request = %d %q; want 201 charge 1", a.status, a.body)
+			}
+			// The retries come after LockTimeout; one that meets the store
+			// down (503) is sent again, as a client does.
+			for i := range 3 {
+				now.Add(int64(2 * time.Minute))
+				a := post(t, srv, "k", "", `{"amount":1}`)
+				if a.status == http.StatusServiceUnavailable && i < 2 {
+					continue
+				}
+				if a.status != http.StatusCreated || a.body != "charge 1" || a.replayed != "true" {
+					t.Errorf("retry %d = %d %q, replayed %q; want the replay of 201 charge 1", i+1, a.status, a.body, a.replayed)
+				}
+				break
+			}
+			if n := runs.Load(); n != 1 {
+				t.Errorf("the handler ran %d times; want 1", n)
+			}
+			if st := mw.Stats(); st.StoreErrors != 0 || st.Takeovers != 0 {
+				t.Errorf("stats %+v; want no store error and no take-over", st)
+			}
+		})
+	}
+}
+
+// TestWritesBehindTransactionPooler: Claim, TakeOver, Save, Release and
+// Prune, each on a session whose prepared statements are not those of
+// pgx's cache (see pgtest.MixUp), go through, run again at once in pgx's
+// exec mode.
+func TestWritesBehindTransactionPooler(t *testing.T) {
+	for _, code := range []string{"26000", "42P05"} {
+		t.Run(code, func(t *testing.T) {
+			s := open(t, pgtest.DB(t)+"&pool_max_conns=1", nil)
+			ctx := t.Context()
+			f1, f2 := testserver.Fence{Token: 1, ClaimID: "c1"}, testserver.Fence{Token: 2, ClaimID: "c2"}
+			resp := testserver.Response{Status: 201, Body: []byte("ok")}
+			round := func(key string) error {
+				if _, claimed, err := s.Claim(ctx, "s", key, "fp", f1, t0); err != nil || !claimed {
+					return fmt.Errorf("claim %s: %v, %v", key, claimed, err)
+				}
+				if won, err := s.TakeOver(ctx, "s", key, f1, f2); err != nil || !won {
+					return fmt.Errorf("take over %s: %v, %v", key, won, err)
+				}
+				if err := s.Save(ctx, "s", key, f2, resp); err != nil {
+					return fmt.Errorf("save %s: %w", key, err)
+				}
+				if _, claimed, err := s.Claim(ctx, "s", key+"-r", "fp", f1, t0); err != nil || !claimed {
+					return fmt.Errorf("claim %s-r: %v, %v", key, claimed, err)
+				}
+				if released, err := s.Release(ctx, "s", key+"-r", f1); err != nil || !released {
+					return fmt.Errorf("release %s-r: %v, %v", key, released, err)
+				}
+				if _, err := s.Prune(ctx, t0.Add(-time.Hour), 10); err != nil {
+					return fmt.Errorf("prune: %w", err)
+				}
+				return nil
+			}
+			if err := round("warm"); err != nil {
+				t.Fatal(err)
+			}
+			steps := []struct {
+				name string
+				call func() error
+			}{
+				{"claim", func() error { _, _, err := s.Claim(ctx, "s", "k", "fp", f1, t0); return err }},
+				{"take over", func() error { _, err := s.TakeOver(ctx, "s", "k", f1, f2); return err }},
+				{"save", func() error { return s.Save(ctx, "s", "k", f2, resp) }},
+				{"claim", func() error { _, _, err := s.Claim(ctx, "s", "k-r", "fp", f1, t0); return err }},
+				{"release", func() error { _, err := s.Release(ctx, "s", "k-r", f1); return err }},
+				{"prune", func() error { _, err := s.Prune(ctx, t0.Add(-time.Hour), 10); return err }},
+			}
+			for _, step := range steps {
+				if err := pgtest.MixUp(ctx, pgstore.PoolOf(s), code); err != nil {
+					t.Fatal(err)
+				}
+				if err := step.call(); err != nil {
+					t.Errorf("%s on a mixed-up session: %v; want it through", step.name, err)
+				}
+			}
+			if e, claimed, err := s.Claim(ctx, "s", "k", "fp", f1, t0); err != nil || claimed || e.Status != testserver.StatusDone || e.Fence != f2 {
+				t.Errorf("claim of k = %+v, %v, %v; want its entry done under %+v", e, claimed, err, f2)
+			}
+		})
+	}
 }
 
 // TestReadOnlyWindowEnds: a session made while the database's transactions
