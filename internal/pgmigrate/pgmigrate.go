@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem/internal/reconnect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -130,7 +131,20 @@ type Timeouts struct {
 // statement that ran out of time before the commit (the server's
 // statement_timeout, SQLSTATE 57014, or a deadline of t or ctx) is
 // s.Timeout, wrapped with what was being done and err (see timedOut).
+//
+// A statement the server refuses as a mix-up of pgx's prepared statements
+// (see reconnect.MixedUp) ends the transaction, rolled back: Migrate then
+// runs it all again at once, every statement in pgx's exec mode.
 func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool, t Timeouts) (schema string, err error) {
+	schema, err = s.migrate(ctx, pool, t, false)
+	if reconnect.MixedUp(err) {
+		schema, err = s.migrate(ctx, pool, t, true)
+	}
+	return schema, err
+}
+
+// migrate is Migrate, its statements in pgx's exec mode when exec is true.
+func (s Schema) migrate(ctx context.Context, pool *pgxpool.Pool, t Timeouts, exec bool) (schema string, err error) {
 	within := func(d time.Duration) (context.Context, context.CancelFunc) {
 		if d <= 0 {
 			return context.WithCancel(ctx)
@@ -161,6 +175,9 @@ func (s Schema) Migrate(ctx context.Context, pool *pgxpool.Pool, t Timeouts) (sc
 	tx, err := conn.BeginTx(qctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return "", err
+	}
+	if exec {
+		tx = execTx{tx}
 	}
 	defer func() {
 		if err != nil {
@@ -429,19 +446,28 @@ func Insufficient(err error) bool {
 // s.Incomplete for one missing one of s.Objects, or recording no version
 // but holding one, and s.NoSchema for a search path that names no schema
 // that exists.
-func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (string, error) {
-	schema, err := s.current(ctx, pool, pool)
+func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (schema string, err error) {
+	err = onPool(pool, func(q poolQuerier) error {
+		schema, err = s.check(ctx, q, pool, absent)
+		return err
+	})
+	return schema, err
+}
+
+// check is Check, its statements run on q.
+func (s Schema) check(ctx context.Context, q poolQuerier, pool *pgxpool.Pool, absent error) (string, error) {
+	schema, err := s.current(ctx, q, pool)
 	if err != nil {
 		return "", err
 	}
 	// Looked for before the version: a migration commits the objects and
 	// the version together, so objects found here and no version read
 	// after are a version lost, not a migration that committed between.
-	found, err := s.found(ctx, pool, schema)
+	found, err := s.found(ctx, q, schema)
 	if err != nil {
 		return "", err
 	}
-	v, versions, err := s.version(ctx, pool, schema)
+	v, versions, err := s.version(ctx, q, schema)
 	if err != nil {
 		return "", err
 	}
@@ -449,7 +475,7 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 	case v == 0 && len(found) > 0:
 		return "", s.unrecorded(schema, versions, found)
 	case !versions:
-		m, err := s.elsewhere(ctx, pool, schema)
+		m, err := s.elsewhere(ctx, q, schema)
 		if err != nil {
 			return "", err
 		}
@@ -466,7 +492,7 @@ func (s Schema) Check(ctx context.Context, pool *pgxpool.Pool, absent error) (st
 		return "", fmt.Errorf("%w in schema %s (%s records version %d, not %d)", absent, quote(schema), s.Table, v,
 			len(s.Migrations))
 	}
-	if err := s.whole(ctx, pool, schema); err != nil {
+	if err := s.whole(ctx, q, schema); err != nil {
 		return "", err
 	}
 	return schema, nil
@@ -827,8 +853,10 @@ var ErrIndexOnly = errors.New("only an index is missing, no row is lost")
 // setting and what to do, when either is not.
 func Opened(ctx context.Context, pool *pgxpool.Pool, chosen bool, errPool error) error {
 	var isolation, commit string
-	if err := pool.QueryRow(ctx, `SELECT pg_catalog.current_setting('default_transaction_isolation'),
-		pg_catalog.current_setting('synchronous_commit')`).Scan(&isolation, &commit); err != nil {
+	if err := onPool(pool, func(q poolQuerier) error {
+		return q.QueryRow(ctx, `SELECT pg_catalog.current_setting('default_transaction_isolation'),
+			pg_catalog.current_setting('synchronous_commit')`).Scan(&isolation, &commit)
+	}); err != nil {
 		return OneLine(err)
 	}
 	const dropped = "not what Open sets as a startup parameter: a pooler between it and the server dropped it " +
@@ -852,8 +880,10 @@ func CheckPool(ctx context.Context, pool *pgxpool.Pool, errPool error) (commit s
 		return "", fmt.Errorf("%w: nil pool", errPool)
 	}
 	var isolation string
-	if err := pool.QueryRow(ctx, `SELECT current_setting('default_transaction_isolation'),
-		current_setting('synchronous_commit')`).Scan(&isolation, &commit); err != nil {
+	if err := onPool(pool, func(q poolQuerier) error {
+		return q.QueryRow(ctx, `SELECT current_setting('default_transaction_isolation'),
+			current_setting('synchronous_commit')`).Scan(&isolation, &commit)
+	}); err != nil {
 		return "", err
 	}
 	if isolation != "read committed" {
@@ -868,4 +898,49 @@ func CheckPool(ctx context.Context, pool *pgxpool.Pool, errPool error) (commit s
 			errPool, commit)
 	}
 	return "", nil
+}
+
+// poolQuerier is a pool, or a pool whose statements run in pgx's exec
+// mode (execPool).
+type poolQuerier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// onPool runs f on pool and, when the server refused a statement of f as
+// a mix-up of pgx's prepared statements (see reconnect.MixedUp), which it
+// did before running it, runs f again at once with pool's statements in
+// pgx's exec mode, which prepares none by name.
+func onPool(pool *pgxpool.Pool, f func(q poolQuerier) error) error {
+	err := f(pool)
+	if reconnect.MixedUp(err) {
+		err = f(execPool{pool})
+	}
+	return err
+}
+
+// execPool is a pool whose statements run in pgx's exec mode.
+type execPool struct{ pool *pgxpool.Pool }
+
+func (p execPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return p.pool.Query(ctx, sql, reconnect.ExecArgs(args...)...)
+}
+
+func (p execPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return p.pool.QueryRow(ctx, sql, reconnect.ExecArgs(args...)...)
+}
+
+// execTx is a transaction whose statements run in pgx's exec mode.
+type execTx struct{ pgx.Tx }
+
+func (t execTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.Tx.Exec(ctx, sql, reconnect.ExecArgs(args...)...)
+}
+
+func (t execTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.Tx.Query(ctx, sql, reconnect.ExecArgs(args...)...)
+}
+
+func (t execTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.Tx.QueryRow(ctx, sql, reconnect.ExecArgs(args...)...)
 }

@@ -40,8 +40,12 @@ func (c Conn) Args(args ...any) []any {
 	if !c.exec {
 		return args
 	}
-	return append([]any{pgx.QueryExecModeExec}, args...)
+	return ExecArgs(args...)
 }
+
+// ExecArgs returns args after pgx.QueryExecModeExec: a statement's
+// arguments for running it in pgx's exec mode (see Fallback).
+func ExecArgs(args ...any) []any { return append([]any{pgx.QueryExecModeExec}, args...) }
 
 // Again reports whether Fallback runs the statement again, in pgx's exec
 // mode, which prepares no statement by name.

@@ -120,3 +120,28 @@ func TestNewPoolSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestNewBehindTransactionPooler: New, with and without MustExist, on a
+// pool whose one session's prepared statements are not those of pgx's
+// cache (see pgtest.MixUp) goes through, its statements run again at once
+// in pgx's exec mode. Before, it failed with SQLSTATE 26000 or 42P05.
+func TestNewBehindTransactionPooler(t *testing.T) {
+	for _, code := range []string{"26000", "42P05"} {
+		t.Run(code, func(t *testing.T) {
+			pool := newPool(t, pgtest.DB(t)+"&pool_max_conns=1")
+			for _, opts := range []*pgjar.Options{nil, {MustExist: true}} {
+				if err := onPool(t, pool, opts).Close(); err != nil { // pgx prepares New's statements
+					t.Fatal(err)
+				}
+				if err := pgtest.MixUp(t.Context(), pool, code); err != nil {
+					t.Fatal(err)
+				}
+				j, err := pgjar.New(t.Context(), pool, opts)
+				if err != nil {
+					t.Fatalf("New (%+v) on a mixed-up session: %v; want it through", opts, err)
+				}
+				j.Close()
+			}
+		})
+	}
+}

@@ -69,12 +69,13 @@
 // same server session, or misses its own, and the server refuses the
 // statement before running it (SQLSTATE 42P05 or 26000). The jar's calls
 // then run it again at once, on the same connection, in pgx's exec mode,
-// and the applier sends the batch's changes so, in one transaction: each
-// such refusal costs a round trip, and Open, whose migration is not run
-// again so, may fail on one, with that advice. Before they did, calls
-// failed with the server's error (Begin's: nothing sent) and the applier
-// dropped deferred changes, leaving their operations pending. README's
-// Behind PgBouncer has what was checked.
+// the applier sends the batch's changes so, in one transaction, and Open
+// and New run their statements so (the migration's whole transaction):
+// each such refusal costs a round trip. Before they did, calls failed with
+// the server's error (Begin's: nothing sent), the applier dropped deferred
+// changes, leaving their operations pending, and Open failed once another
+// client had used the server sessions. README's Behind PgBouncer has what
+// was checked.
 //
 // Open and New find the jar's tables, or create them, in current_schema()
 // of the connection that opens the jar: the first schema of its

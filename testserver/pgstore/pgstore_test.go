@@ -1808,3 +1808,32 @@ func TestMiddlewareTakeOverAsCallerHangsUp(t *testing.T) {
 		t.Errorf("retry = %d %q, replayed %q; want the replay of 201 charge 1", a.status, a.body, a.replayed)
 	}
 }
+
+// TestNewBehindTransactionPooler: New on a pool whose one session's
+// prepared statements are not those of pgx's cache (see pgtest.MixUp)
+// goes through, its statements run again at once in pgx's exec mode.
+// Before, it failed with SQLSTATE 26000 or 42P05.
+func TestNewBehindTransactionPooler(t *testing.T) {
+	for _, code := range []string{"26000", "42P05"} {
+		t.Run(code, func(t *testing.T) {
+			pool, err := pgxpool.New(t.Context(), pgtest.DB(t)+"&pool_max_conns=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			s, err := pgstore.New(t.Context(), pool, nil) // pgx prepares New's statements
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			if err := pgtest.MixUp(t.Context(), pool, code); err != nil {
+				t.Fatal(err)
+			}
+			s, err = pgstore.New(t.Context(), pool, nil)
+			if err != nil {
+				t.Fatalf("New on a mixed-up session: %v; want it through", err)
+			}
+			s.Close()
+		})
+	}
+}
