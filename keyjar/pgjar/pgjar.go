@@ -71,11 +71,8 @@
 // then run it again at once, on the same connection, in pgx's exec mode,
 // the applier sends the batch's changes so, in one transaction, and Open
 // and New run their statements so (the migration's whole transaction):
-// each such refusal costs a round trip. Before they did, calls failed with
-// the server's error (Begin's: nothing sent), the applier dropped deferred
-// changes, leaving their operations pending, and Open failed once another
-// client had used the server sessions. README's Behind PgBouncer has what
-// was checked.
+// each such refusal costs a round trip. README's Behind PgBouncer has what
+// to set, and what was checked.
 //
 // Open and New find the jar's tables, or create them, in current_schema()
 // of the connection that opens the jar: the first schema of its

@@ -54,11 +54,7 @@
 // Save, Release and Prune then run it again at once, on the same
 // connection, in pgx's exec mode, and Open and New their statements (the
 // migration's whole transaction): each such refusal costs a round trip.
-// Before they did (through PgBouncer 1.18 in transaction pooling without
-// it), a Save refused so after the handler ran left the key in flight
-// until LockTimeout, when a retry took it over and ran the handler again
-// (62 of 500 handlers ran twice), and Open failed once another store had
-// used the server sessions. Set PgBouncer's server_login_retry
+// Set PgBouncer's server_login_retry
 // (15 s by default) well below twice QueryTimeout: once a login to a
 // restarting server failed, PgBouncer refuses every session for that long,
 // and a Save that runs out of its retries meanwhile leaves the key in
