@@ -77,15 +77,21 @@ func report(op string, resp *client.Response, id string, err error) {
 	state := idem.StatePending
 	var pe *idem.PendingError
 	var ce *client.ConflictError // a 409 left: the server still runs an earlier attempt
+	var ste *client.StateError   // Resume: another run sharing the jar settled it meanwhile
 	if errors.As(err, &pe) {
 		state = pe.State
 	} else if errors.As(err, &ce) {
 		state = ce.State
+	} else if errors.As(err, &ste) {
+		state = ste.State
 	}
 	var se *client.StatusError
 	switch {
 	case err == nil:
 		fmt.Println(op, "charged", id, "replayed:", resp.Replayed)
+	case ste != nil:
+		// Nothing sent: the jar holds the other run's outcome.
+		fmt.Println(op, state, "by another run meanwhile; nothing sent")
 	case errors.Is(err, idem.ErrPending) && (state == idem.StateDone || state == idem.StateFailed):
 		// No answer this time, but the jar holds the outcome: not pending,
 		// and neither Pending nor Resume will send it again.
