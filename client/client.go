@@ -261,9 +261,10 @@ func (c *Client) isSending(op string) bool {
 // New returns a Client over the jar file at path, opened with keyjar.Open
 // (created with mode 0600 if it does not exist), or over opts.Jar, in
 // which case path must be "". opts may be nil. Given neither, or both, New
-// returns ErrOptions, as for Options.JarOptions beside Options.Jar, and
-// for an Options.Methods that is empty but not nil or lists a string that
-// is not a method.
+// returns ErrOptions, as for Options.JarOptions beside Options.Jar, for a
+// path that is a postgres:// or postgresql:// URL (open a PostgreSQL jar
+// with pgjar.Open and give it as Options.Jar), and for an Options.Methods
+// that is empty but not nil or lists a string that is not a method.
 //
 // A relative path is relative to the working directory: a program started
 // from another directory opens another jar, empty, and sends its pending
@@ -295,6 +296,10 @@ func New(ctx context.Context, path string, opts *Options) (*Client, error) {
 		// As a config file's "POST " or "post,put" gives it: no request's
 		// method would match it, and those it meant would go unkeyed.
 		return nil, fmt.Errorf("%w: Options.Methods[%d] is %q, which is not an HTTP method (a token: letters, digits and !#$%%&'*+-.^_`|~, no space or comma), so no request would match it", ErrOptions, nonMethod, o.Methods[nonMethod])
+	case dsn.IsURL(strings.ToLower(path)):
+		// As idemctl --jar takes one: not a file name, and not quoted,
+		// since it may hold a password.
+		return nil, fmt.Errorf("%w: the path is a PostgreSQL URL, and New opens only a jar file (keyjar): open a PostgreSQL jar with pgjar.Open and give it as Options.Jar, with an empty path", ErrOptions)
 	case o.Jar != nil && path != "":
 		return nil, fmt.Errorf("%w: both a path (%q) and Options.Jar are given; give one", ErrOptions, path)
 	case o.Jar == nil && path == "":

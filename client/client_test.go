@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -1122,5 +1123,25 @@ func TestKeyedAnswerWithoutRequest(t *testing.T) {
 		if !errors.As(err, &se) || se.Op != "charge:o1" || se.Key == "" || !errors.Is(err, idem.ErrPending) && !errors.As(err, new(*client.ConflictError)) {
 			t.Errorf("%d: %v (%#v); want the operation's pending error, with its name and key", code, err, se)
 		}
+	}
+}
+
+// A PostgreSQL URL given as New's path, as idemctl --jar takes one, is not
+// a file to open: New says to open the jar with pgjar and give it as
+// Options.Jar, without quoting the URL (which may hold a password), and
+// creates nothing.
+func TestNewRefusesAPostgresURLAsPath(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, u := range []string{"postgres://worker:s3cret@127.0.0.1:1/app", "postgresql://worker:s3cret@127.0.0.1:1/app"} {
+		c, err := client.New(context.Background(), u, nil)
+		if err == nil {
+			c.Close()
+		}
+		if !errors.Is(err, client.ErrOptions) || !strings.Contains(err.Error(), "pgjar") || !strings.Contains(err.Error(), "Options.Jar") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("New(%q): %v; want ErrOptions saying to open it with pgjar and give it as Options.Jar, without the password", u, err)
+		}
+	}
+	if ents, _ := os.ReadDir("."); len(ents) != 0 {
+		t.Errorf("New created %v in the working directory", ents)
 	}
 }
