@@ -154,6 +154,9 @@ func run(ctx context.Context, args []string, token string, stdout, stderr io.Wri
 		bad = fmt.Sprintf("-server %s: want an http:// or https:// URL with a host, such as http://127.0.0.1:8080", quoteMasked(*server))
 	case fs.NArg() > 0:
 		bad = fmt.Sprintf("unexpected argument %s: give the orders with -orders", quoteMasked(fs.Arg(0)))
+	case strings.HasPrefix(strings.ToLower(*jarPath), "postgres://") || strings.HasPrefix(strings.ToLower(*jarPath), "postgresql://"):
+		// Not a file name: unquoted, as it may hold a password.
+		bad = "-jar: a PostgreSQL URL; charge keeps its keys in a SQLite file (keyjar): give a file path (a program of your own opens a PostgreSQL jar with pgjar.Open and gives it as client.Options.Jar)"
 	}
 	if bad != "" {
 		fmt.Fprintf(stderr, "charge: %s (charge -h for usage)\n", bad)

@@ -808,3 +808,18 @@ func TestSaysTheJarsAbsolutePath(t *testing.T) {
 		}
 	}
 }
+
+// A -jar that is a PostgreSQL URL (as idemctl --jar takes one) is a usage
+// error: charge keeps its keys in a SQLite file, and would otherwise take
+// the URL for a file name under the working directory and print it, its
+// password included.
+func TestPostgresJarIsAUsageError(t *testing.T) {
+	const pw = "s3cretPW"
+	for _, u := range []string{"postgres://ops:" + pw + "@127.0.0.1:1/idem", "postgresql://ops:" + pw + "@127.0.0.1:1/idem"} {
+		var out bytes.Buffer
+		code := run(context.Background(), []string{"-server", "http://127.0.0.1:1", "-jar", u}, "", &out, &out)
+		if code != 2 || strings.Contains(out.String(), pw) || !strings.Contains(out.String(), "-jar") || !strings.Contains(out.String(), "SQLite") {
+			t.Errorf("run(-jar %q) = %d, printed %q; want 2, saying -jar takes a SQLite file, without the password", u, code, out.String())
+		}
+	}
+}
