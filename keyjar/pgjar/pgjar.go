@@ -7,14 +7,23 @@
 // without waiting for a round trip to the database.
 //
 // A program hands the jar to an idem.Transport, or to package client, which
-// leaves it open on Close:
+// leaves it open on Close (client.New takes a file path only: a postgres://
+// URL goes to Open):
 //
-//	jar, err := pgjar.Open(ctx, "postgres://worker@db:5432/app", nil)
+//	jar, err := pgjar.Open(ctx, "postgres://worker@db:5432/app", &pgjar.Options{Logger: logger})
 //	if err != nil { ... }
-//	defer jar.Close()
-//	c, err := client.New(ctx, "", &client.Options{Jar: jar})
+//	defer func() {
+//		if err := jar.Close(); err != nil { // idem.ErrDropped: outcomes not written
+//			logger.Error("key jar", "err", err)
+//		}
+//	}()
+//	c, err := client.New(ctx, "", &client.Options{Jar: jar, Logger: logger})
 //	if err != nil { ... }
-//	defer c.Close()
+//	defer c.Close() // before jar.Close: it waits for the calls' outcomes
+//
+// client.Options.Logger reaches only the jar file New opens: give a jar of
+// your own its Options.Logger, which logs each outcome it drops; Close
+// counts them in its error, and their operations stay pending.
 //
 // Every method is one atomic statement, or a short sequence of them that
 // retries when a concurrent writer changed the row in between:
