@@ -238,7 +238,7 @@ func (c *call) run(ctx context.Context) (*http.Response, error) {
 					continue
 				}
 				c.lastErr = err
-				if !c.wait(ctx, rec.LeaseUntil.Sub(now)) {
+				if !c.wait(ctx, rec.LeaseUntil.Sub(now), rec.Holder, rec.LeaseUntil) {
 					const why = "operation leased by another holder"
 					c.giveUp(ctx, c.lastErr, why, time.Time{})
 					// The earliest a call can take it, unless its holder
@@ -593,8 +593,10 @@ func (c *call) reconcileError(rec Record) error {
 // wait sleeps before trying to take a lease again, at most until the lease
 // ends, within the call's budget. It reports false when the budget or the
 // context (its deadline before the wait's end included) does not allow
-// another try.
-func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
+// another try. Its record names the lease's holder and end (until), which
+// an operator reads to tell a live process from one on another host or in
+// another container whose lease is waited out.
+func (c *call) wait(ctx context.Context, leaseLeft time.Duration, holder string, until time.Time) bool {
 	wait, more, _ := c.sched.Next(0, false)
 	if leaseLeft > 0 && (leaseLeft < wait || !more && leaseLeft <= c.policy.MaxElapsed-c.sched.Elapsed()) {
 		// The lease ends at a known time: wait for it when the budget
@@ -608,7 +610,8 @@ func (c *call) wait(ctx context.Context, leaseLeft time.Duration) bool {
 	}
 	e := c.event(0, nil)
 	e.Wait, e.Reason = wait, "operation leased by another holder"
-	c.log(ctx, slog.LevelInfo, "idem: waiting for another holder's lease", e)
+	c.log(ctx, slog.LevelInfo, "idem: waiting for another holder's lease", e,
+		slog.String("holder", holder), slog.Time("lease_until", until.UTC()))
 	if err := sleepUntil(ctx, time.Now().Add(wait)); err != nil {
 		c.lastErr = err
 		return false

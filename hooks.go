@@ -60,7 +60,7 @@ func (c *call) event(status int, err error) Event {
 	return Event{Op: c.op, Key: c.key, Attempt: c.attempts, Status: status, Err: err}
 }
 
-func (c *call) log(ctx context.Context, level slog.Level, msg string, e Event) {
+func (c *call) log(ctx context.Context, level slog.Level, msg string, e Event, extra ...slog.Attr) {
 	l := c.t.Logger
 	if l == nil || !l.Enabled(ctx, level) {
 		return
@@ -80,7 +80,7 @@ func (c *call) log(ctx context.Context, level slog.Level, msg string, e Event) {
 	if e.Reason != "" {
 		attrs = append(attrs, slog.String("reason", e.Reason))
 	}
-	l.LogAttrs(ctx, level, msg, attrs...)
+	l.LogAttrs(ctx, level, msg, append(attrs, extra...)...)
 }
 
 func fire(fn func(Event), e Event) {

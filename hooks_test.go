@@ -444,6 +444,7 @@ func TestLoggerSaysWhenACallWaits(t *testing.T) {
 		name, msg, reason string
 		rec               func(now time.Time) idem.Record // the operation as another call left it
 		holder            string                          // its holder after a Logger's panic
+		also              string                          // more the record says
 	}{
 		{
 			name: "lease", msg: "idem: waiting for another holder's lease", reason: "operation leased by another holder",
@@ -451,6 +452,9 @@ func TestLoggerSaysWhenACallWaits(t *testing.T) {
 				return idem.Record{Attempts: 1, Holder: "other", LeaseUntil: now.Add(5 * time.Second)}
 			},
 			holder: "other",
+			// Whose lease, and until when (synctest's clock starts at
+			// 2000-01-01 00:00:00 UTC).
+			also: "holder=other lease_until=2000-01-01T00:00:05.000Z",
 		},
 		{
 			name: "next attempt", msg: "idem: waiting for the operation's next attempt time", reason: "the server's Retry-After, stored in the jar",
@@ -483,8 +487,8 @@ func TestLoggerSaysWhenACallWaits(t *testing.T) {
 						continue
 					}
 					if !strings.Contains(line, "level=INFO") || !strings.Contains(line, "op=op key=k-op") ||
-						!strings.Contains(line, `reason="`+c.reason+`"`) {
-						t.Errorf("record %q; want Info, the operation, its key and why it waits", line)
+						!strings.Contains(line, `reason="`+c.reason+`"`) || !strings.Contains(line, c.also) {
+						t.Errorf("record %q; want Info, the operation, its key, why it waits and %q", line, c.also)
 					}
 					// A record leaves out a wait of zero, which full jitter
 					// draws from fastPolicy's 1 ms interval about once in a

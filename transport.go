@@ -300,7 +300,7 @@ type Transport struct {
 	Hooks Hooks
 
 	// Logger receives a record per retry, per wait for another holder's
-	// lease and per wait for the next attempt time an earlier call stored
+	// lease (naming the holder and the lease's end) and per wait for the next attempt time an earlier call stored
 	// (Info), give-up and reconciliation (Warn), and attempt (Debug), and
 	// one (Warn) when the
 	// jar does not take a change of a call's progress (its outcome, which
