@@ -459,15 +459,21 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if err != nil {
 		return err
 	}
+	out := &counting{w: stdout}
 	defer func() {
 		// Close writes what the command left deferred (an outcome, a
 		// lease's release) and syncs the jar: its failure is the
 		// command's, unless the command failed first.
 		cerr := closeJar()
-		if errors.Is(cerr, idem.ErrDropped) {
+		switch {
+		case errors.Is(cerr, idem.ErrDropped) && out.n > 0:
 			// resume's answers, printed, whose outcome the jar did not
 			// write (another process held it past --lock-timeout).
 			cerr = fmt.Errorf("%w; an answer printed above may not be recorded: its operation then stays pending, and a later resume of it gets the server's saved answer", cerr)
+		case errors.Is(cerr, idem.ErrDropped):
+			// Nothing printed: a lease's release, or the outcome of a
+			// call that printed no answer.
+			cerr = fmt.Errorf("%w; the operation stays as the jar last recorded it (a lease it records runs out on its own)", cerr)
 		}
 		if cerr != nil && (err == nil || errors.Is(err, errFailed)) {
 			// A command whose failures are printed already (resume --all
@@ -476,7 +482,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 			err = cerr
 		}
 	}()
-	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, hint: timeoutHint(name, set), stdout: stdout, stderr: stderr}
+	s := &session{jar: jar, path: printable(*jarPath), lockTimeout: *lockTimeout, hint: timeoutHint(name, set), stdout: out, stderr: stderr}
 	err = cmd.run(ctx, s, set, pos)
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) && !strings.HasPrefix(err.Error(), "interrupted: ") {
 		// SIGINT, SIGTERM or SIGHUP ended a jar's call (abandon's,
@@ -861,4 +867,18 @@ func isJarDeadline(err error) bool {
 // for a malformed HTTPS_PROXY), which the jar keeps masked.
 func oneLine(s string) string {
 	return ctlesc.Escape(dsn.MaskPasswords(strings.Join(strings.Fields(s), " ")))
+}
+
+// counting is an io.Writer that counts the bytes written through it to w:
+// whether a command printed anything (an answer whose outcome Close may
+// then drop).
+type counting struct {
+	w io.Writer
+	n int64
+}
+
+func (c *counting) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }

@@ -2082,6 +2082,29 @@ func TestDroppedOutcomeSaysPending(t *testing.T) {
 	})
 }
 
+// TestDroppedReleaseWithNothingPrinted: a resume that printed no answer
+// (the server unreachable: the operation stays pending) and whose Close
+// dropped a deferred change (the lease's release) does not speak of an
+// answer printed above: it says the operation stays as the jar recorded
+// it.
+func TestDroppedReleaseWithNothingPrinted(t *testing.T) {
+	eachJar(t, func(t *testing.T, srv *server, path string) {
+		wrapOpenedJar(t, func(j client.Jar, closeJar func() error) (client.Jar, func() error) {
+			return j, func() error {
+				return errors.Join(closeJar(), fmt.Errorf("%w: 1 since the jar was opened", idem.ErrDropped))
+			}
+		})
+		srv.Close()
+		code, out, errOut := idemctl("--jar", path, "resume", "charge:p1", "--header", "Authorization: "+secret, "--host", srv.URL,
+			"--horizon", "1s", "--attempt-timeout", "500ms")
+		if code != 1 || out != "" || strings.Contains(errOut, "printed above") || !strings.Contains(errOut, "still pending") ||
+			!strings.Contains(errOut, "deferred changes were dropped: 1 since the jar was opened; the operation stays as the jar last recorded it") {
+			t.Errorf("resume: exit %d, stdout %q, stderr %q; want exit 1, nothing printed, the call's error and the dropped change said, no answer printed above spoken of",
+				code, out, errOut)
+		}
+	})
+}
+
 // TestDroppedOutcomeSaidAfterFailures: resume --all of which one operation
 // failed (a 422, said on its own line) and whose Close dropped the outcome
 // of another, printed as a 201, says that too: the command's failures do
