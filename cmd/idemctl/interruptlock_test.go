@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/client"
 )
 
 // TestInterruptedWhileLocked: abandon, forget or prune interrupted (its
@@ -57,17 +58,34 @@ func TestResumeInterruptedWhileLocked(t *testing.T) {
 	wantAsSeeded(t, path)
 }
 
-// interruptedAfter runs idemctl with args and cancels its context after d,
-// as SIGINT does: it returns the exit status, stderr and how long it ran.
+// interruptedAfter runs idemctl with args and cancels its context d after
+// it opened the jar, as SIGINT does, by when the command waits for the
+// lock: it returns the exit status, stderr and how long it ran from then.
+// A command that ended before, or did not open the jar, fails the test:
+// it did not wait for the lock, and its result says nothing of an
+// interrupt during that wait.
 func interruptedAfter(t *testing.T, d time.Duration, args ...string) (int, string, time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	time.AfterFunc(d, cancel)
+	var opened time.Time
+	real := openJarFn
+	t.Cleanup(func() { openJarFn = real })
+	openJarFn = func(ctx context.Context, spec string, lockTimeout time.Duration, readOnly bool) (client.Jar, func() error, error) {
+		j, closeJar, err := real(ctx, spec, lockTimeout, readOnly)
+		if err == nil {
+			opened = time.Now()
+			time.AfterFunc(d, cancel)
+		}
+		return j, closeJar, err
+	}
 	var stdout, stderr bytes.Buffer
-	start := time.Now()
 	code := runContext(ctx, args, &stdout, &stderr)
-	return code, stderr.String(), time.Since(start)
+	if opened.IsZero() || ctx.Err() == nil {
+		t.Fatalf("%s ended before it was interrupted, %v after it opened the jar: exit %d, stderr %q; want it waiting for the lock",
+			args, d, code, stderr.String())
+	}
+	return code, stderr.String(), time.Since(opened)
 }
 
 // wantAsSeeded checks that the jar at path holds charge:p1 pending and
