@@ -630,9 +630,23 @@ func (c *call) stopFor(ctx context.Context, err error, why string) error {
 	if err == nil {
 		err = c.lastErr
 	}
+	c.rec.NextAttempt = upcoming(c.rec.NextAttempt)
 	c.release(ctx)
-	c.giveUp(ctx, err, why, c.rec.NextAttempt)
-	return c.pending(err, c.rec.NextAttempt, why)
+	next := upcoming(c.rec.NextAttempt)
+	c.giveUp(ctx, err, why, next)
+	return c.pending(err, next, why)
+}
+
+// upcoming returns next, an operation's next attempt time, or the zero
+// time when it has passed: the server's Retry-After that a longer backoff,
+// or the attempt sent after it, outlived asks for no more wait, and a
+// record, a *PendingError or OnGiveUp's Wait that gave it would tell the
+// caller to wait until a time already past.
+func upcoming(next time.Time) time.Time {
+	if !next.After(time.Now()) {
+		return time.Time{}
+	}
+	return next
 }
 
 // notSent ends the call whose attempt the base transport says it did not
@@ -651,9 +665,10 @@ func (c *call) notSent(ctx context.Context, err error) error {
 			return err
 		}
 	}
+	c.rec.NextAttempt = upcoming(c.rec.NextAttempt)
 	c.release(ctx)
 	c.giveUp(ctx, err, "not sent", time.Time{})
-	return c.pending(err, c.rec.NextAttempt, "not sent")
+	return c.pending(err, upcoming(c.rec.NextAttempt), "not sent")
 }
 
 // abandonUnsent abandons, durably, the operation of a call that sent
@@ -847,7 +862,7 @@ func (c *call) giveUp(ctx context.Context, err error, why string, next time.Time
 	e := c.event(c.lastCode, err)
 	e.Reason = why
 	if !next.IsZero() {
-		e.Wait = time.Until(next)
+		e.Wait = max(time.Until(next), 0) // a Retry-After of 0 asks for no wait
 	}
 	fire(c.t.Hooks.OnGiveUp, e)
 	c.log(ctx, slog.LevelWarn, "idem: giving up; operation stays pending", e)

@@ -635,3 +635,51 @@ func TestPanickingHookOfAnUnnamedOperation(t *testing.T) {
 		})
 	}
 }
+
+// TestGiveUpAfterRetryAfterPassed: a call that stops after the time the
+// server's Retry-After asked for has passed (its context ended during a
+// longer backoff, or a later attempt failed) has no next attempt time left
+// to report: OnGiveUp's Wait is not negative, and neither the
+// *PendingError nor the record gives a time already past.
+func TestGiveUpAfterRetryAfterPassed(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		second func() (*http.Response, error)
+		cancel time.Duration // 0: none
+	}{
+		{"context ended in a backoff longer than the Retry-After", status(201), 3 * time.Second},
+		{"a later attempt stopped", func() (*http.Response, error) { return nil, errors.New("not retried") }, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr, _, jar := newTransport(t, status(503, "Retry-After", "1"), c.second)
+				tr.Policy = retry.Policy{InitialInterval: 5 * time.Second, MaxInterval: 5 * time.Second, NoJitter: true}
+				var giveUps []idem.Event
+				tr.Hooks.OnGiveUp = func(e idem.Event) { giveUps = append(giveUps, e) }
+				ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+				defer cancel()
+				if c.cancel > 0 {
+					time.AfterFunc(c.cancel, cancel)
+				}
+				resp, err := post(t, ctx, tr, `{}`)
+				if resp != nil {
+					resp.Body.Close()
+				}
+				var pe *idem.PendingError
+				if !errors.As(err, &pe) {
+					t.Fatalf("got %v; want a *PendingError", err)
+				}
+				now := time.Now()
+				if len(giveUps) != 1 || giveUps[0].Wait < 0 {
+					t.Errorf("OnGiveUp %+v; want one, with no negative Wait", giveUps)
+				}
+				if !pe.NextAttempt.IsZero() && pe.NextAttempt.Before(now) {
+					t.Errorf("PendingError.NextAttempt %v, before now (%v): %v", pe.NextAttempt, now, err)
+				}
+				if r, _ := jar.Get(context.Background(), "op"); !r.NextAttempt.IsZero() && r.NextAttempt.Before(now) {
+					t.Errorf("record's NextAttempt %v, before now (%v)", r.NextAttempt, now)
+				}
+			})
+		})
+	}
+}
