@@ -46,7 +46,12 @@ type Hooks struct {
 	// operation stays pending. A 401 or 407 that leaves a pending
 	// operation pending is such a stop, and so is an attempt Base did not
 	// send (ErrNotSent; Reason "not sent"), which abandons an unnamed
-	// operation never sent.
+	// operation never sent. An unnamed operation whose every attempt
+	// failed to connect is abandoned too when the call stops (see
+	// PendingError): OnGiveUp then has Reason "not sent", whatever
+	// stopped the call (MaxAttempts, the budget, the context's end, which
+	// a named one's Reason gives), and Err the dial's error, or the
+	// context's.
 	OnGiveUp func(Event)
 	// OnReplay runs when the server answered with Idempotent-Replayed: true.
 	OnReplay func(Event)
