@@ -1,12 +1,16 @@
 package pgtest
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
@@ -103,4 +107,46 @@ func dropRelay(c net.Conn, target string, names []string, track func(net.Conn)) 
 	go func() { io.Copy(c, s); c.Close(); done <- struct{}{} }()
 	<-done
 	<-done
+}
+
+// SettingsDropped checks a package's Open (pgjar's, pgstore's) through a
+// pooler that drops the three startup parameters Open sets (Dropping):
+// the session then runs on the role's settings, and Open must refuse one
+// whose default_transaction_isolation is not read committed, or whose
+// synchronous_commit is off while the DSN chose none, with errPool saying
+// which and ALTER ROLE; straight to the server, where the DSN's settings
+// win, and with the role's settings reset, open must succeed. open opens
+// and closes what the package opens.
+func SettingsDropped(t *testing.T, open func(ctx context.Context, dsn string) error, errPool error) {
+	t.Helper()
+	ctx := t.Context()
+	dsn := DB(t)
+	admin := Connect(t, dsn)
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	role := `ALTER ROLE CURRENT_USER IN DATABASE ` + pgx.Identifier{db}.Sanitize()
+	dropped := Dropping(t, dsn, "default_transaction_isolation", "synchronous_commit", "statement_timeout")
+	for _, c := range []struct{ set, want string }{
+		{`default_transaction_isolation = 'serializable'`, `default_transaction_isolation is "serializable"`},
+		{`synchronous_commit = off`, `synchronous_commit is "off"`},
+	} {
+		if _, err := admin.Exec(ctx, role+` SET `+c.set); err != nil {
+			t.Fatal(err)
+		}
+		err := open(ctx, dropped)
+		if !errors.Is(err, errPool) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "ALTER ROLE") {
+			t.Errorf("Open through a pooler that drops its startup parameters, role with %s: %v; want %v saying %s and ALTER ROLE", c.set, err, errPool, c.want)
+		}
+		if err := open(ctx, dsn); err != nil { // straight to the server, the DSN's settings win
+			t.Errorf("Open straight to the server, role with %s: %v; want it open", c.set, err)
+		}
+		if _, err := admin.Exec(ctx, role+` RESET ALL`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := open(ctx, dropped); err != nil {
+		t.Errorf("Open through the pooler, the role's settings reset: %v; want it open", err)
+	}
 }

@@ -564,34 +564,13 @@ func TestCallRefusedSession(t *testing.T) {
 // opens the jar. Before, Open opened it, its keys committed without a
 // flush of the WAL, or its statements run SERIALIZABLE.
 func TestOpenSettingsDroppedByPooler(t *testing.T) {
-	ctx := t.Context()
-	dsn := pgtest.DB(t)
-	admin := pgtest.Connect(t, dsn)
-	var db string
-	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
-		t.Fatal(err)
-	}
-	dropped := pgtest.Dropping(t, dsn, "default_transaction_isolation", "synchronous_commit", "statement_timeout")
-	for _, c := range []struct{ set, want string }{
-		{`default_transaction_isolation = 'serializable'`, `default_transaction_isolation is "serializable"`},
-		{`synchronous_commit = off`, `synchronous_commit is "off"`},
-	} {
-		if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` SET `+c.set); err != nil {
-			t.Fatal(err)
+	pgtest.SettingsDropped(t, func(ctx context.Context, dsn string) error {
+		j, err := pgjar.Open(ctx, dsn, nil)
+		if err != nil {
+			return err
 		}
-		j, err := pgjar.Open(ctx, dropped, nil)
-		if err == nil {
-			j.Close()
-		}
-		if !errors.Is(err, pgjar.ErrPool) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "ALTER ROLE") {
-			t.Errorf("Open through a pooler that drops its startup parameters, role with %s: %v; want ErrPool saying %s and ALTER ROLE", c.set, err, c.want)
-		}
-		open(t, dsn, nil).Close() // straight to the server, the DSN's settings win
-		if _, err := admin.Exec(ctx, `ALTER ROLE CURRENT_USER IN DATABASE `+pgx.Identifier{db}.Sanitize()+` RESET ALL`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	open(t, dropped, nil).Close()
+		return j.Close()
+	}, pgjar.ErrPool)
 }
 
 // TestDeferredBehindTransactionPooler: a deferred change that adds an
