@@ -15,6 +15,19 @@ import (
 	"github.com/idemkit/idem/retry"
 )
 
+// newReleaseTransport returns a Transport over a releaseJar over a
+// MemoryJar, which retries every 100 ms for an hour, and a context naming
+// the operation "op", with its cancel.
+func newReleaseTransport(t *testing.T) (*idem.Transport, *recorder, *idem.MemoryJar, *releaseJar, context.Context, context.CancelFunc) {
+	t.Helper()
+	tr, rec, mj := newTransport(t, status(201))
+	tr.Policy = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxElapsed: time.Hour}
+	jar := &releaseJar{MemoryJar: mj}
+	tr.Jar = jar
+	ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+	return tr, rec, mj, jar, ctx, cancel
+}
+
 // releaseJar is a Deferrer over a MemoryJar that records the holder of
 // each change that releases a lease, written or deferred (applied at
 // once), and lets a test step into Begin and Acquire.
@@ -131,11 +144,7 @@ func TestNoReleaseOfALeaseNeverTaken(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				tr, rec, mj := newTransport(t, status(201))
-				tr.Policy = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxElapsed: time.Hour}
-				jar := &releaseJar{MemoryJar: mj}
-				tr.Jar = jar
-				ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+				tr, rec, mj, jar, ctx, cancel := newReleaseTransport(t)
 				defer cancel()
 				ctx = tc.setup(t, jar, ctx, cancel)
 				before, _ := mj.Get(context.Background(), "op")
@@ -241,11 +250,7 @@ func TestReleaseOfALeaseItMayHold(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				tr, _, mj := newTransport(t, status(201))
-				tr.Policy = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxElapsed: time.Hour}
-				jar := &releaseJar{MemoryJar: mj}
-				tr.Jar = jar
-				ctx, cancel := context.WithCancel(idem.WithOperation(context.Background(), "op"))
+				tr, _, mj, jar, ctx, cancel := newReleaseTransport(t)
 				defer cancel()
 				ctx = tc.setup(t, tr, jar, ctx, cancel)
 				err := func() (err error) {
