@@ -15,19 +15,27 @@ import (
 	"github.com/idemkit/idem/keyjar"
 )
 
+// lockedJar opens a new jar file with a BusyTimeout of 20 s, and holds
+// its write lock from another connection, as another process would, until
+// unlock (which may be called more than once).
+func lockedJar(t *testing.T) (path string, j *keyjar.Jar, unlock func()) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "keys.db")
+	newJarFile(t, path)
+	j, err := keyjar.Open(context.Background(), path, &keyjar.Options{BusyTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, j, lockFile(t, path, false)
+}
+
 // TestWithdrawnWritesStopWaitingForLock: while another process holds the
 // write lock, a write whose caller's context ends returns at once, and the
 // committer stops waiting for the lock once no caller waits for its batch:
 // Close then returns without waiting out BusyTimeout, and nothing changed.
 // A write whose caller still waits is not given up (TestLockedWrite...).
 func TestWithdrawnWritesStopWaitingForLock(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "keys.db")
-	newJarFile(t, path)
-	j, err := keyjar.Open(context.Background(), path, &keyjar.Options{BusyTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	unlock := lockFile(t, path, false)
+	path, j, unlock := lockedJar(t)
 	defer unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -35,7 +43,7 @@ func TestWithdrawnWritesStopWaitingForLock(t *testing.T) {
 	if err := j.Forget(ctx, "op"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Forget while locked, its context ending: %v; want the context's error", err)
 	}
-	err = j.Close()
+	err := j.Close()
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("Forget and Close took %v (Close: %v): want the committer to stop waiting for the lock once the caller left", took.Round(time.Millisecond), err)
 	}
@@ -63,13 +71,7 @@ func TestWithdrawnWritesStopWaitingForLock(t *testing.T) {
 func TestCallInterruptedWhileLockedLeavesNothingToWrite(t *testing.T) {
 	for _, resuming := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Begin", true: "resume's Acquire"}[resuming], func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "keys.db")
-			newJarFile(t, path)
-			j, err := keyjar.Open(context.Background(), path, &keyjar.Options{BusyTimeout: 20 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			unlock := lockFile(t, path, false)
+			_, j, unlock := lockedJar(t)
 			defer unlock()
 			sent := 0
 			tr := &idem.Transport{Jar: j, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
@@ -85,7 +87,7 @@ func TestCallInterruptedWhileLockedLeavesNothingToWrite(t *testing.T) {
 			}
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://127.0.0.1/charge", strings.NewReader(`{}`))
 			start := time.Now()
-			_, err = tr.RoundTrip(req)
+			_, err := tr.RoundTrip(req)
 			if !errors.Is(err, context.DeadlineExceeded) || sent != 0 {
 				t.Fatalf("RoundTrip while locked: %v after %d sends; want the context's error, nothing sent", err, sent)
 			}
