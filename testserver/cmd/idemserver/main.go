@@ -22,7 +22,10 @@
 // answer. A request without a key
 // (-optional-key) that -delay holds longer is cut off. A second SIGINT,
 // SIGTERM or SIGHUP ends the process at once, also when it was started with SIGINT
-// ignored, as a non-interactive shell starts a background job. Several
+// ignored, as a non-interactive shell starts a background job: the keys of
+// the requests it cuts off stay claimed, and their retries are answered 409,
+// for up to -lock-timeout, after which a retry takes the claim over and runs
+// the request again (the line that says it is stopping says so). Several
 // processes may serve the same -db at once: on one machine a SQLite file,
 // across machines a PostgreSQL database, where they share the keys and the
 // ledger.
@@ -515,7 +518,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-ctx.Done():
 	}
 	grace := mw.LockTimeout + stopWait
-	fmt.Fprintf(stdout, "idemserver: stopping: waiting up to %v for requests in flight (SIGINT, SIGTERM or SIGHUP again stops at once)\n", grace)
+	fmt.Fprintf(stdout, "idemserver: stopping: waiting up to %v for requests in flight (SIGINT, SIGTERM or SIGHUP again stops at once, "+
+		"and the keys of the requests it cuts off stay claimed for up to -lock-timeout, %v, before a retry may run them again)\n", grace, mw.LockTimeout)
 	if err := shutdown(srv, grace); err != nil {
 		return err
 	}

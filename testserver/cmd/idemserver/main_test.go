@@ -519,7 +519,9 @@ func testSecondSignal(t *testing.T, bin string) {
 			}
 			// The line comes once a second signal stops the process.
 			line, err := stdout.ReadString('\n')
-			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT, SIGTERM or SIGHUP again stops at once)", testserver.DefaultLockTimeout+stopWait)
+			want := fmt.Sprintf("waiting up to %v for requests in flight (SIGINT, SIGTERM or SIGHUP again stops at once, "+
+				"and the keys of the requests it cuts off stay claimed for up to -lock-timeout, %v, before a retry may run them again)",
+				testserver.DefaultLockTimeout+stopWait, testserver.DefaultLockTimeout)
 			if err != nil || !strings.Contains(line, want) {
 				t.Fatalf("after %v: %q, %v; want a line saying %q", tc.first, line, err, want)
 			}
