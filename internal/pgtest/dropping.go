@@ -3,11 +3,9 @@ package pgtest
 import (
 	"context"
 	"errors"
-	"io"
+	"fmt"
 	"net"
-	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -22,91 +20,40 @@ import (
 // connections.
 func Dropping(t testing.TB, dsn string, names ...string) string {
 	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	track := func(c net.Conn) {
-		mu.Lock()
-		conns = append(conns, c)
-		mu.Unlock()
-	}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	target := u.Host
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			track(c)
-			wg.Go(func() { dropRelay(c, target, names, track) })
-		}
-	})
-	u.Host = ln.Addr().String()
-	return u.String()
+	_, relayed := newRelay(t, dsn, names)
+	return relayed
 }
 
-// dropRelay reads c's startup message, refusing TLS, sends it to target
-// without names, and then copies both ways until either side closes.
-func dropRelay(c net.Conn, target string, names []string, track func(net.Conn)) {
-	defer c.Close()
+// dropStartup reads c's startup message, refusing TLS, and sends it to s
+// without names.
+func dropStartup(c, s net.Conn, names []string) error {
 	b := pgproto3.NewBackend(c, c)
 	var sm *pgproto3.StartupMessage
 	for sm == nil {
 		msg, err := b.ReceiveStartupMessage()
 		if err != nil {
-			return
+			return err
 		}
 		switch m := msg.(type) {
 		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
 			if _, err := c.Write([]byte{'N'}); err != nil {
-				return
+				return err
 			}
 		case *pgproto3.StartupMessage:
 			sm = m
 		default:
-			return
+			return fmt.Errorf("unexpected startup message %T", msg)
 		}
 	}
 	for _, name := range names {
 		delete(sm.Parameters, name)
 	}
-	s, err := net.Dial("tcp", target)
-	if err != nil {
-		return
-	}
-	track(s)
-	defer s.Close()
 	buf, err := sm.Encode(nil)
 	if err != nil {
-		return
+		return err
 	}
-	if _, err := s.Write(buf); err != nil {
-		return
-	}
-	done := make(chan struct{}, 2)
-	go func() { io.Copy(s, c); s.Close(); done <- struct{}{} }()
-	go func() { io.Copy(c, s); c.Close(); done <- struct{}{} }()
-	<-done
-	<-done
+	_, err = s.Write(buf)
+	return err
 }
 
 // SettingsDropped checks a package's Open (pgjar's, pgstore's) through a

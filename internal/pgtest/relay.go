@@ -20,6 +20,7 @@ import (
 type Relay struct {
 	ln     net.Listener
 	target string
+	drop   []string // the startup parameters to remove from each session (Dropping)
 
 	refused chan struct{} // see Refused
 
@@ -38,6 +39,13 @@ type Relay struct {
 // and returns it and dsn with the relay's address in place of the server's.
 func NewRelay(t testing.TB, dsn string) (*Relay, string) {
 	t.Helper()
+	return newRelay(t, dsn, nil)
+}
+
+// newRelay is NewRelay, the relay removing the startup parameters drop
+// from each session.
+func newRelay(t testing.TB, dsn string, drop []string) (*Relay, string) {
+	t.Helper()
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +54,7 @@ func NewRelay(t testing.TB, dsn string) (*Relay, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Relay{ln: ln, target: u.Host, refused: make(chan struct{}, 1), conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
+	r := &Relay{ln: ln, target: u.Host, drop: drop, refused: make(chan struct{}, 1), conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 	r.wg.Go(r.accept)
 	t.Cleanup(r.close)
 	u.Host = ln.Addr().String()
@@ -113,7 +121,9 @@ func (r *Relay) accept() {
 			return
 		}
 		r.wg.Go(func() {
-			io.Copy(s, c)
+			if len(r.drop) == 0 || dropStartup(c, s, r.drop) == nil {
+				io.Copy(s, c)
+			}
 			s.Close()
 			c.Close()
 		})
